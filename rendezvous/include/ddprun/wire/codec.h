@@ -1,0 +1,100 @@
+// The TCPStore wire codec: pure bytes in, messages out. No sockets, no threads, and it never
+// throws on network bytes: bad input is reported as ParseStatus::Bad with a reason.
+// Byte-level format: docs/PROTOCOL.md (summarised from shared TCPSTORE_PROTOCOL.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddprun::wire {
+
+// D0 = PyTorch 1.13/2.0, D1 = 2.1, D2 = 2.2 .. 2.11+ (VALIDATE first, PING from 2.5/2.6).
+enum class Dialect : uint8_t { Unknown = 0, D0 = 1, D1 = 2, D2 = 3 };
+const char* dialect_name(Dialect d);
+
+enum class Op : uint8_t {
+  Validate, Set, CompareSet, Get, Add, Check, Wait, GetNumKeys, DeleteKey, Append, MultiGet,
+  MultiSet, CancelWait, Ping, QueuePush, QueuePop, QueueLen, ListKeys, Barrier, WatchKey,
+};
+const char* op_name(Op op);
+
+// The magic of the D2 VALIDATE message (little-endian on the wire: CE F7 85 3C).
+inline constexpr uint32_t kValidateMagic = 0x3C85F7CEu;
+
+// Reply status bytes.
+inline constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;
+inline constexpr uint8_t kWaitStop = 0, kWaitCanceled = 1;
+inline constexpr uint8_t kWatchKeyUpdated = 0, kWatchKeyCreated = 1, kWatchKeyDeleted = 2,
+                         kWatchCallbackRegistered = 3;
+
+// Hard limits on every length; a request over any of them is Bad (its connection closed).
+// Defaults follow PyTorch's libuv server (its default backend since 2.4).
+struct Limits {
+  uint64_t max_key_len = 8 * 1024;
+  uint64_t max_value_len = 8 * 1024 * 1024;
+  uint64_t max_keys = 128 * 1024;
+  uint64_t max_request_bytes = 64 * 1024 * 1024;
+};
+
+// Code <-> operation for a dialect. Legacy codes 7/8 follow `d` (D0: WATCH_KEY/DELETE_KEY,
+// D1: DELETE_KEY/APPEND).
+std::optional<Op> op_from_code(Dialect d, uint8_t code);
+std::optional<uint8_t> code_for_op(Dialect d, Op op);
+
+struct Request {
+  Op op = Op::Validate;
+  std::vector<std::string> keys;    // every key-carrying op; MULTI_SET keys here
+  std::vector<std::string> values;  // SET/APPEND/QUEUE_PUSH value; COMPARE_SET expected,desired; MULTI_SET values
+  int64_t number = 0;               // ADD delta; BARRIER world size
+  uint32_t u32 = 0;                 // VALIDATE magic; PING nonce
+};
+
+enum class ParseStatus { Ok, NeedMore, Bad };
+
+struct ParseResult {
+  ParseStatus status = ParseStatus::NeedMore;
+  size_t consumed = 0;     // Ok: bytes of the request
+  size_t need_total = 0;   // NeedMore: the buffer must hold at least this many bytes
+  std::string error;       // Bad: why
+};
+
+// Parses one request of dialect `d` (not Unknown) from the start of `buf`.
+ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits& limits, Request& out);
+
+// First bytes of a connection: D2 if they are VALIDATE with the right magic (consumed = 5),
+// otherwise the legacy dialect given (consumed = 0, the bytes are the first request).
+// NeedMore while fewer than 5 bytes decide it; Bad for 00 + wrong magic is impossible to tell
+// from a legacy SET, so it is reported as legacy and fails later on its absurd key length.
+struct DetectResult {
+  ParseStatus status = ParseStatus::NeedMore;
+  Dialect dialect = Dialect::Unknown;
+  size_t consumed = 0;
+};
+DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect);
+
+// ---- encoding (client requests and server replies) ----
+class Writer {
+ public:
+  explicit Writer(std::string& out) : out_(out) {}
+  Writer& u8(uint8_t v) { out_.push_back(static_cast<char>(v)); return *this; }
+  Writer& u32(uint32_t v);
+  Writer& u64(uint64_t v);
+  Writer& i64(int64_t v) { return u64(static_cast<uint64_t>(v)); }
+  Writer& blob(std::string_view b) { u64(b.size()); out_.append(b); return *this; }
+ private:
+  std::string& out_;
+};
+
+// Encodes `req` in dialect `d`; returns false if `d` has no code for req.op.
+bool encode_request(Dialect d, const Request& req, std::string& out);
+
+// Reads little-endian integers (no bounds check: callers check the length).
+uint32_t load_u32(const uint8_t* p);
+uint64_t load_u64(const uint8_t* p);
+
+}  // namespace ddprun::wire

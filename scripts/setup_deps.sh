@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything ddprun needs to build and test, skipping what is already present.
+#   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo), Debian's
+#   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge, iproute2.
+#   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2).
+# Nothing is downloaded at build time; this script is the only place packages come from.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
+TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
+
+debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
+      catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
+      slurm-wlm munge iproute2 procps psmisc time)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] apt-get install: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "[setup] Debian packages already installed"
+fi
+
+if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]]; then
+  if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; then
+    echo "[setup] torch $TORCH2_VERSION already in $VENV"
+  else
+    echo "[setup] creating $VENV with torch==$TORCH2_VERSION from PyPI"
+    /usr/bin/python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
+  fi
+fi
