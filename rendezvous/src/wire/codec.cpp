@@ -1,0 +1,304 @@
+#include "ddprun/wire/codec.h"
+
+#include <cstring>
+
+namespace ddprun::wire {
+
+const char* dialect_name(Dialect d) {
+  switch (d) {
+    case Dialect::D0: return "D0 (PyTorch 1.13/2.0)";
+    case Dialect::D1: return "D1 (PyTorch 2.1)";
+    case Dialect::D2: return "D2 (PyTorch 2.2+)";
+    default: return "unknown";
+  }
+}
+
+const char* op_name(Op op) {
+  static constexpr const char* kNames[] = {
+      "VALIDATE", "SET", "COMPARE_SET", "GET", "ADD", "CHECK", "WAIT", "GETNUMKEYS", "DELETE_KEY",
+      "APPEND", "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING", "QUEUE_PUSH", "QUEUE_POP",
+      "QUEUE_LEN", "LIST_KEYS", "BARRIER", "WATCH_KEY"};
+  auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+namespace {
+// D2 codes are the Op order for Validate..Barrier (0..18).
+constexpr Op kD2[] = {Op::Validate, Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check,
+                      Op::Wait, Op::GetNumKeys, Op::DeleteKey, Op::Append, Op::MultiGet,
+                      Op::MultiSet, Op::CancelWait, Op::Ping, Op::QueuePush, Op::QueuePop,
+                      Op::QueueLen, Op::ListKeys, Op::Barrier};
+constexpr Op kD0[] = {Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check, Op::Wait,
+                      Op::GetNumKeys, Op::WatchKey, Op::DeleteKey};
+constexpr Op kD1[] = {Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check, Op::Wait,
+                      Op::GetNumKeys, Op::DeleteKey, Op::Append, Op::MultiGet, Op::MultiSet,
+                      Op::CancelWait};
+
+template <size_t N>
+std::optional<Op> lookup(const Op (&table)[N], uint8_t code) {
+  if (code < N) return table[code];
+  return std::nullopt;
+}
+template <size_t N>
+std::optional<uint8_t> reverse(const Op (&table)[N], Op op) {
+  for (size_t i = 0; i < N; ++i)
+    if (table[i] == op) return static_cast<uint8_t>(i);
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<Op> op_from_code(Dialect d, uint8_t code) {
+  switch (d) {
+    case Dialect::D2: return lookup(kD2, code);
+    case Dialect::D1: return lookup(kD1, code);
+    case Dialect::D0:
+      // Codes 9..11 exist only in D1; a legacy client sending them is a 2.1 client.
+      if (code >= 9) return lookup(kD1, code);
+      return lookup(kD0, code);
+    default: return std::nullopt;
+  }
+}
+
+std::optional<uint8_t> code_for_op(Dialect d, Op op) {
+  switch (d) {
+    case Dialect::D2: return reverse(kD2, op);
+    case Dialect::D1: return reverse(kD1, op);
+    case Dialect::D0: return reverse(kD0, op);
+    default: return std::nullopt;
+  }
+}
+
+uint32_t load_u32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+uint64_t load_u64(const uint8_t* p) {
+  return uint64_t(load_u32(p)) | uint64_t(load_u32(p + 4)) << 32;
+}
+
+Writer& Writer::u32(uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out_.append(b, 4);
+  return *this;
+}
+Writer& Writer::u64(uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out_.append(b, 8);
+  return *this;
+}
+
+namespace {
+
+// A cursor over the buffer. Every read checks bounds and limits first; a length prefix is
+// checked against its limit before anything is allocated for it.
+class Reader {
+ public:
+  Reader(std::span<const uint8_t> buf, const Limits& limits) : buf_(buf), limits_(limits) {}
+
+  // false => result already filled (NeedMore or Bad)
+  bool u32(uint32_t& v) {
+    if (!have(4)) return false;
+    v = load_u32(buf_.data() + pos_);
+    pos_ += 4;
+    return true;
+  }
+  bool u64(uint64_t& v) {
+    if (!have(8)) return false;
+    v = load_u64(buf_.data() + pos_);
+    pos_ += 8;
+    return true;
+  }
+  bool blob(std::string& out, uint64_t limit, const char* what) {
+    uint64_t n = 0;
+    if (!u64(n)) return false;
+    if (n > limit) return bad(std::string(what) + " length " + std::to_string(n) + " exceeds the limit of " +
+                              std::to_string(limit) + " bytes");
+    if (!have(n)) return false;
+    out.assign(reinterpret_cast<const char*>(buf_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool count(uint64_t& n) {
+    if (!u64(n)) return false;
+    if (n > limits_.max_keys)
+      return bad("key count " + std::to_string(n) + " exceeds the limit of " + std::to_string(limits_.max_keys));
+    return true;
+  }
+  bool key(std::string& k) { return blob(k, limits_.max_key_len, "key"); }
+  bool value(std::string& v) { return blob(v, limits_.max_value_len, "value"); }
+
+  bool bad(std::string why) {
+    result.status = ParseStatus::Bad;
+    result.error = std::move(why);
+    return false;
+  }
+  ParseResult ok() {
+    result.status = ParseStatus::Ok;
+    result.consumed = pos_;
+    return result;
+  }
+  size_t pos() const { return pos_; }
+  void skip(size_t n) { pos_ += n; }
+
+  ParseResult result;
+
+ private:
+  bool have(uint64_t n) {
+    if (pos_ + n > limits_.max_request_bytes)
+      return bad("request larger than the limit of " + std::to_string(limits_.max_request_bytes) + " bytes");
+    if (buf_.size() - pos_ >= n) return true;
+    result.status = ParseStatus::NeedMore;
+    result.need_total = pos_ + n;
+    return false;
+  }
+  std::span<const uint8_t> buf_;
+  const Limits& limits_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits& limits, Request& out) {
+  Reader r(buf, limits);
+  if (buf.empty()) {
+    r.result.need_total = 1;
+    return r.result;
+  }
+  const uint8_t code = buf[0];
+  auto op = op_from_code(d, code);
+  if (!op) {
+    r.bad("unknown command byte " + std::to_string(code) + " for dialect " + dialect_name(d));
+    return r.result;
+  }
+  r.skip(1);
+  out.op = *op;
+  out.keys.clear();
+  out.values.clear();
+  out.number = 0;
+  out.u32 = 0;
+
+  auto keys_n = [&](uint64_t n) -> bool {
+    out.keys.resize(n);
+    for (uint64_t i = 0; i < n; ++i)
+      if (!r.key(out.keys[i])) return false;
+    return true;
+  };
+  auto one_key = [&]() -> bool { return keys_n(1); };
+  auto one_value = [&]() -> bool {
+    out.values.emplace_back();
+    return r.value(out.values.back());
+  };
+
+  bool ok = true;
+  switch (*op) {
+    case Op::Validate:
+    case Op::Ping: ok = r.u32(out.u32); break;
+    case Op::Set:
+    case Op::Append:
+    case Op::QueuePush: ok = one_key() && one_value(); break;
+    case Op::CompareSet: ok = one_key() && one_value() && one_value(); break;
+    case Op::Get:
+    case Op::DeleteKey:
+    case Op::QueuePop:
+    case Op::QueueLen:
+    case Op::WatchKey: ok = one_key(); break;
+    case Op::Add: {
+      uint64_t v = 0;
+      ok = one_key() && r.u64(v);
+      out.number = static_cast<int64_t>(v);
+      break;
+    }
+    case Op::Barrier: {
+      uint64_t v = 0;
+      ok = one_key() && r.u64(v);
+      out.number = static_cast<int64_t>(v);
+      break;
+    }
+    case Op::Check:
+    case Op::Wait:
+    case Op::MultiGet: {
+      uint64_t n = 0;
+      ok = r.count(n);
+      if (ok) {
+        // Every key needs at least its 8-byte length: reject before allocating for a lie.
+        if (n * 8 > limits.max_request_bytes) { r.bad("key count too large for the request limit"); ok = false; }
+        else ok = keys_n(n);
+      }
+      break;
+    }
+    case Op::MultiSet: {
+      uint64_t n = 0;
+      ok = r.count(n);
+      if (ok) {
+        if (n * 16 > limits.max_request_bytes) { r.bad("key count too large for the request limit"); ok = false; break; }
+        out.keys.resize(n);
+        out.values.resize(n);
+        for (uint64_t i = 0; ok && i < n; ++i) ok = r.key(out.keys[i]) && r.value(out.values[i]);
+      }
+      break;
+    }
+    case Op::GetNumKeys:
+    case Op::CancelWait:
+    case Op::ListKeys: break;
+  }
+  if (!ok) return r.result;
+  return r.ok();
+}
+
+DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect) {
+  DetectResult res;
+  if (buf.empty()) return res;
+  if (buf[0] != 0) {
+    res.status = ParseStatus::Ok;
+    res.dialect = legacy_dialect;
+    return res;
+  }
+  if (buf.size() < 5) return res;
+  res.status = ParseStatus::Ok;
+  if (load_u32(buf.data() + 1) == kValidateMagic) {
+    res.dialect = Dialect::D2;
+    res.consumed = 5;
+  } else {
+    res.dialect = legacy_dialect;  // a legacy SET (code 0); its key length decides the rest
+  }
+  return res;
+}
+
+bool encode_request(Dialect d, const Request& req, std::string& out) {
+  auto code = code_for_op(d, req.op);
+  if (!code) return false;
+  Writer w(out);
+  w.u8(*code);
+  switch (req.op) {
+    case Op::Validate:
+    case Op::Ping: w.u32(req.u32); break;
+    case Op::Set:
+    case Op::Append:
+    case Op::QueuePush: w.blob(req.keys.at(0)).blob(req.values.at(0)); break;
+    case Op::CompareSet: w.blob(req.keys.at(0)).blob(req.values.at(0)).blob(req.values.at(1)); break;
+    case Op::Get:
+    case Op::DeleteKey:
+    case Op::QueuePop:
+    case Op::QueueLen:
+    case Op::WatchKey: w.blob(req.keys.at(0)); break;
+    case Op::Add:
+    case Op::Barrier: w.blob(req.keys.at(0)).i64(req.number); break;
+    case Op::Check:
+    case Op::Wait:
+    case Op::MultiGet:
+      w.u64(req.keys.size());
+      for (const auto& k : req.keys) w.blob(k);
+      break;
+    case Op::MultiSet:
+      w.i64(static_cast<int64_t>(req.keys.size()));
+      for (size_t i = 0; i < req.keys.size(); ++i) w.blob(req.keys[i]).blob(req.values.at(i));
+      break;
+    case Op::GetNumKeys:
+    case Op::CancelWait:
+    case Op::ListKeys: break;
+  }
+  return true;
+}
+
+}  // namespace ddprun::wire
