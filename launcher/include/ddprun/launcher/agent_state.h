@@ -1,0 +1,122 @@
+// The agent's decisions, as a pure state machine: events in (a worker exited, a signal
+// arrived, the armed timer expired), actions out (start an attempt, signal the workers, arm a
+// timer, finish with an exit code). No processes, no clock: the agent (agent.cpp) performs
+// the actions and feeds back events; tests drive it directly.
+//
+//   Running --worker fails--> Stopping --all exited--> Running (next attempt) or Done
+//      |                        |  timer: SIGKILL
+//      |--signal--> Stopping    v
+//      |                      Killing --all exited or timer--> (same as above)
+//      '--all exited 0--> Done(0)
+//
+// Thread-safety: none (one owner).
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ddprun::launcher {
+
+// How a worker ended (from waitpid).
+struct WorkerStatus {
+  bool signaled = false;
+  int code = 0;  // exit code, or the signal number when signaled
+
+  static WorkerStatus exited(int c) { return {false, c}; }
+  static WorkerStatus killed_by(int signo) { return {true, signo}; }
+  bool success() const { return !signaled && code == 0; }
+  // The launcher's exit code for this status: the exit code, or 128 + signal.
+  int exit_code() const { return signaled ? 128 + code : code; }
+  // "exit code 3" or "signal SIGKILL (9)".
+  std::string describe() const;
+};
+
+struct WorkerExited {
+  int local_rank = 0;
+  WorkerStatus status;
+};
+struct SignalReceived {
+  int signo = 0;
+};
+struct TimerExpired {};
+using AgentEvent = std::variant<WorkerExited, SignalReceived, TimerExpired>;
+
+struct Action {
+  enum class Kind {
+    StartAttempt,   // (re)start every local worker; `attempt` = TORCHELASTIC_RESTART_COUNT.
+                    // For attempt > 0 the worker keyspace must be reset first.
+    ReportFailure,  // `local_rank` failed with `status` in `attempt`; `will_restart` says what next
+    SignalWorkers,  // send `signo` to the process group of every worker of the attempt
+    ArmTimer,       // (re)arm the single timer to expire in `seconds`
+    DisarmTimer,
+    AbandonWorkers,  // workers still not reaped after SIGKILL + grace: stop waiting for them
+    Finish,          // exit with `exit_code`
+  };
+  Kind kind;
+  int attempt = 0;
+  int local_rank = -1;
+  WorkerStatus status{};
+  bool will_restart = false;
+  int signo = 0;
+  double seconds = 0;
+  int exit_code = 0;
+
+  bool operator==(const Action&) const = default;
+};
+
+struct AgentConfig {
+  int nproc = 1;
+  int max_restarts = 0;
+  double shutdown_timeout_s = 30;  // SIGTERM -> SIGKILL grace
+  double kill_wait_s = 5;          // SIGKILL -> give up waiting (processes stuck in the kernel)
+};
+
+struct FailureRecord {
+  int local_rank = -1;
+  int attempt = 0;
+  WorkerStatus status;
+};
+
+class AgentState {
+ public:
+  enum class Phase { Idle, Running, Stopping, Killing, Done };
+
+  explicit AgentState(AgentConfig config);
+
+  // Idle -> Running: StartAttempt(0).
+  std::vector<Action> start();
+  std::vector<Action> on_event(const AgentEvent& event);
+
+  Phase phase() const { return phase_; }
+  int attempt() const { return attempt_; }
+  const std::set<int>& alive() const { return alive_; }
+  // The first failure of the latest failed attempt (what the summary reports).
+  const std::optional<FailureRecord>& last_failure() const { return failure_; }
+  // The signal that made the agent stop, if any.
+  std::optional<int> stop_signal() const { return stop_signal_; }
+  std::optional<int> exit_code() const { return exit_code_; }
+
+ private:
+  std::vector<Action> on_exit(const WorkerExited& e);
+  std::vector<Action> on_signal(const SignalReceived& e);
+  std::vector<Action> on_timer();
+  void begin_attempt(std::vector<Action>& out);
+  void group_stopped(std::vector<Action>& out);
+  void finish(int code, std::vector<Action>& out);
+
+  AgentConfig config_;
+  Phase phase_ = Phase::Idle;
+  int attempt_ = 0;
+  std::set<int> alive_;
+  std::optional<FailureRecord> failure_;
+  bool failed_this_attempt_ = false;
+  std::optional<int> stop_signal_;
+  std::optional<int> exit_code_;
+};
+
+const char* phase_name(AgentState::Phase p);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,133 @@
+// ddprun's command line: torchrun's flags (both `--under_score` and `--dash-ed` spellings),
+// each also from a `PET_<FLAG>` environment variable (the command line wins).
+//
+// Two steps, both pure:
+//   1. setup_options(app, raw) binds every flag to a string in RawOptions (CLI11 prefix-command
+//      mode: `ddprun [opts] entrypoint args...`);
+//   2. finalize_options(raw, env, sys) fills the environment fallbacks, validates every value
+//      and returns typed LaunchOptions, or throws UsageError with a one-line message naming
+//      the flag and its accepted forms.
+// parse_command_line() runs both and is what main() and the tests call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace ddprun::launcher {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// Bad command line input. The message is one line, names the flag and the accepted forms.
+// main() prints it and exits with kUsageExitCode; nothing has been started.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr int kUsageExitCode = 2;
+
+// What the host offers, for `--nproc_per_node=cpu|gpu|auto`. probe_system() fills it from
+// the machine (the launcher never links CUDA: GPUs are counted from CUDA_VISIBLE_DEVICES, or
+// else /dev/nvidia[0-9]*).
+struct SystemInfo {
+  int cpu_count = 1;
+  int gpu_count = 0;
+};
+SystemInfo probe_system(const EnvMap& env);
+int count_visible_gpus(const EnvMap& env, int dev_nvidia_count);
+
+// Which of a worker's streams go to a file (redirects) or to file and console (tee).
+enum StdStreamMask : int { kStreamNone = 0, kStreamOut = 1, kStreamErr = 2, kStreamBoth = 3 };
+
+// `-r/--redirects` and `-t/--tee`: one mask for every local rank ("3"), or per local rank
+// ("0:3,1:0"; ranks not listed get 0).
+struct StdStreamSpec {
+  int all = kStreamNone;
+  std::map<int, int> per_rank;
+  int for_rank(int local_rank) const;
+};
+
+struct LaunchOptions {
+  // Resolved worker count on this node.
+  int nproc_per_node = 1;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  // Unset: 29500, or a free port when 29500 is taken. Set (even 29500): exactly that port;
+  // 0 asks for a free port.
+  std::optional<uint16_t> master_port;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;  // host[:port], as given
+  std::string rdzv_host;
+  uint16_t rdzv_port = 29400;
+  std::string rdzv_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  bool standalone = false;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // accepted for compatibility; ddprun never polls
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  bool run_path = false;
+  std::string log_dir;  // empty: no log files (error files go to a temporary directory)
+  StdStreamSpec redirects;
+  StdStreamSpec tee;
+  std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
+  std::string local_addr;
+  std::vector<int> signals_to_handle;  // signal numbers
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  double shutdown_timeout_s = 30.0;
+  bool virtual_local_rank = false;
+  int verbosity = 0;  // -v: debug logs
+  std::string entrypoint;
+  std::vector<std::string> args;
+
+  bool multi_node() const { return max_nodes > 1; }
+};
+
+// The raw strings given for each flag (canonical name without dashes, e.g.
+// "nproc_per_node"), exactly as typed; flags that take no value map to "1".
+struct RawOptions {
+  std::map<std::string, std::string> given;
+  std::vector<std::string> rest;  // entrypoint and its arguments
+};
+
+// Declares every flag on `app` (prefix-command mode) writing into `raw`. `raw` must outlive
+// `app`'s parse.
+void setup_options(CLI::App& app, RawOptions& raw);
+
+// Validates and converts. Throws UsageError.
+LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const SystemInfo& sys);
+
+struct ParseOutcome {
+  std::optional<LaunchOptions> options;  // set when the launch should go ahead
+  int exit_code = 0;                     // otherwise: 0 for --help, kUsageExitCode for errors
+  std::string message;                   // help text or the one-line error
+};
+
+// argv[0] is the program name. Never throws.
+ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvMap& env,
+                                const SystemInfo& sys);
+
+// The pieces, exposed for tests. Each throws UsageError naming `flag`.
+int parse_nproc_per_node(const std::string& value, const SystemInfo& sys);
+std::pair<int, int> parse_nnodes(const std::string& value);
+StdStreamSpec parse_std_streams(const std::string& flag, const std::string& value);
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& value);
+std::vector<int> parse_signals(const std::string& value);
+std::set<int> parse_local_ranks_filter(const std::string& value);
+
+// The environment of this process as a map.
+EnvMap current_environment();
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,54 @@
+// Starting and signalling worker processes (Linux). The only place that forks.
+//
+// Each worker runs in its own process group (so a signal reaches its children too), gets
+// SIGKILL when the agent dies (PR_SET_PDEATHSIG, with the getppid() race checked), starts with
+// an empty signal mask and default dispositions, and inherits no descriptor but 0-2.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddprun::launcher {
+
+struct SpawnRequest {
+  std::string executable;         // resolved path (see find_executable)
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> envp;  // "K=V"
+  int stdin_fd = -1;              // -1: inherit the agent's stdin
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;
+  int stdout_fd = -1;  // read ends, non-blocking, close-on-exec; the caller owns them
+  int stderr_fd = -1;
+  int exec_status_fd = -1;  // reads EOF once exec succeeded, or an errno (int) if it failed
+};
+
+// Forks the worker. Throws std::system_error when pipe/fork fail. An exec failure shows later
+// as exit code 127 (and through exec_status_fd).
+SpawnedProcess spawn_process(const SpawnRequest& req);
+
+// Waits (blocking) until exec succeeded or failed; returns 0 or the errno of the failed exec.
+// Closes the fd.
+int wait_exec_status(int exec_status_fd);
+
+// `name` with a '/' is returned as is when executable; otherwise searched on `path_var`.
+std::optional<std::string> find_executable(const std::string& name, const std::string& path_var);
+
+// Makes this process the reaper of orphaned descendants (PR_SET_CHILD_SUBREAPER).
+void become_child_subreaper();
+
+// kill(-pgid, signo); ESRCH (group already gone) is not an error. Returns whether any
+// process was signalled.
+bool signal_process_group(pid_t pgid, int signo);
+
+// Children of `parent` right now (from /proc), e.g. orphans adopted as subreaper.
+std::vector<pid_t> children_of(pid_t parent);
+
+// Makes sure descriptors 0, 1 and 2 are open (on /dev/null when not).
+void ensure_std_fds_open();
+
+}  // namespace ddprun::launcher

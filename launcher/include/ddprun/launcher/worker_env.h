@@ -1,0 +1,39 @@
+// What each worker is started with: its environment (TORCHRUN_COMPAT.md's list on top of the
+// parent's) and its argv. Pure: no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddprun/launcher/options.h"
+
+namespace ddprun::launcher {
+
+// The layout of one attempt on this node, as the rendezvous decided it.
+struct GroupLayout {
+  int node_rank = 0;
+  int num_nodes = 1;
+  int local_world_size = 1;
+  int world_size = 1;
+  int global_rank_base = 0;  // global rank of local rank 0
+  std::string store_host = "127.0.0.1";
+  uint16_t store_port = 29500;
+  std::string run_id = "none";
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT of this attempt
+};
+
+// The environment of local rank `local_rank`: `parent` plus the torchrun variables (those
+// marked "unless set" keep the parent's value). `error_file` is its TORCHELASTIC_ERROR_FILE.
+EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
+                        int local_rank, const std::string& error_file);
+
+// argv of a worker: `.py` -> {python, -u, script, args...}; -m -> {python, -u, -m, mod, ...};
+// --run_path -> python runs the file through runpy; --no_python or any other entry point ->
+// {program, args...}. python is $PYTHON_EXEC from `env`, else "python3" (found on PATH).
+std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env);
+
+// "K=V" strings, for execve.
+std::vector<std::string> to_envp(const EnvMap& env);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,752 @@
+#include "ddprun/launcher/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/launcher/agent_state.h"
+#include "ddprun/launcher/error_file.h"
+#include "ddprun/launcher/output.h"
+#include "ddprun/launcher/process.h"
+#include "ddprun/launcher/rendezvous.h"
+#include "ddprun/launcher/signal_names.h"
+#include "ddprun/launcher/worker_env.h"
+#include "ddprun/server/store_server.h"
+
+namespace ddprun::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::system_clock;
+
+constexpr uint16_t kDefaultMasterPort = 29500;
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxDrainBytes = 16 * 1024 * 1024;  // per stream, when a worker has exited
+constexpr double kKillWaitS = 5.0;                   // SIGKILL -> stop waiting
+constexpr size_t kMaxErrorFileBytes = 1024 * 1024;
+
+// Every system call checked at its call site: file:line and strerror.
+#define DDPRUN_CHECK_SYS(expr)                                                                  \
+  do {                                                                                           \
+    if ((expr) < 0) {                                                                            \
+      throw std::system_error(errno, std::generic_category(),                                   \
+                              std::string(#expr) + " at " + __FILE__ + ":" + std::to_string(__LINE__)); \
+    }                                                                                            \
+  } while (0)
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // console gone (EPIPE) or disk full: drop, the run goes on
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+std::string wall_time(WallClock::time_point t) {
+  std::time_t tt = WallClock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+struct Stream {
+  int fd = -1;
+  int log_fd = -1;
+  bool console = true;
+  LineSplitter splitter;
+};
+
+struct Worker {
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = -1;
+  bool reaped = false;
+  Stream out;
+  Stream err;
+  TailBuffer tail{20};
+  std::string error_file;
+  Clock::time_point started;
+  std::optional<WorkerStatus> status;
+  WallClock::time_point ended_wall;
+  Clock::time_point ended;
+};
+
+struct FailureDetails {
+  int attempt = 0;
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = -1;
+  WorkerStatus status;
+  WallClock::time_point when;
+  double after_s = 0;
+  std::deque<std::string> tail;
+  std::string error_file;
+  std::optional<std::string> error_file_content;
+};
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& opts, const EnvMap& env)
+      : opts_(opts), env_(env), state_(AgentConfig{opts.nproc_per_node, opts.max_restarts,
+                                                    opts.shutdown_timeout_s, kKillWaitS}) {}
+  ~Agent() { close_all(); }
+
+  int run();
+
+ private:
+  void setup_signals();
+  void start_store();
+  void prepare_command();
+  void prepare_log_root();
+  void loop();
+  void dispatch(const AgentEvent& e);
+  void perform(const Action& a);
+  void start_attempt(int attempt);
+  void end_attempt();
+  void on_signalfd();
+  void reap_children();
+  void on_pipe(int fd);
+  bool read_stream(Worker& w, Stream& s, bool is_err, size_t budget);
+  void close_stream(Stream& s);
+  void emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof);
+  void drain(Worker& w);
+  void signal_workers(int signo);
+  void arm_timer(double seconds);
+  void record_failure(const Action& a);
+  void reap_leftovers(double seconds);
+  void close_all();
+  std::string summary() const;
+
+  const LaunchOptions& opts_;
+  const EnvMap& env_;
+  AgentState state_;
+  Clock::time_point t_launch_ = Clock::now();
+
+  std::unique_ptr<server::StoreServer> store_;
+  std::unique_ptr<Rendezvous> rdzv_;
+  GroupLayout layout_;
+  std::string store_host_;
+  uint16_t store_port_ = 0;
+
+  std::string executable_;
+  std::vector<std::string> argv_;
+  fs::path log_root_;
+  bool log_root_is_temp_ = false;
+  bool keep_log_root_ = true;
+  int stdin_fd_ = -1;
+
+  int epoll_fd_ = -1;
+  int signal_fd_ = -1;
+  int timer_fd_ = -1;
+  sigset_t handled_{};
+
+  std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's
+  std::unordered_map<pid_t, Worker*> by_pid_;
+  std::unordered_map<int, std::pair<Worker*, bool>> by_fd_;  // fd -> (worker, is_err)
+  std::vector<pid_t> old_pgroups_;                          // previous attempts', to clean up
+  Clock::time_point attempt_started_;
+
+  bool done_ = false;
+  int exit_code_ = 1;
+  std::optional<FailureDetails> failure_;
+  int failures_seen_ = 0;
+};
+
+void Agent::setup_signals() {
+  ::signal(SIGPIPE, SIG_IGN);
+  sigemptyset(&handled_);
+  sigaddset(&handled_, SIGCHLD);
+  for (int s : opts_.signals_to_handle) sigaddset(&handled_, s);
+  // Blocked before any thread starts, so only the signalfd ever sees them.
+  if (int rc = ::pthread_sigmask(SIG_BLOCK, &handled_, nullptr); rc != 0) {
+    throw std::system_error(rc, std::generic_category(), "pthread_sigmask");
+  }
+  signal_fd_ = ::signalfd(-1, &handled_, SFD_NONBLOCK | SFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(signal_fd_);
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(timer_fd_);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  DDPRUN_CHECK_SYS(epoll_fd_);
+  for (int fd : {signal_fd_, timer_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
+  }
+}
+
+void Agent::start_store() {
+  // Where the workers' store listens: --master_port (static), the rendezvous endpoint's port
+  // (c10d, --standalone: 0 = free), else 29500 or a free port when 29500 is taken.
+  std::optional<uint16_t> port = opts_.master_port;
+  if (opts_.rdzv_backend == "c10d") port = opts_.rdzv_port;
+  auto start_on = [&](uint16_t p) {
+    server::StoreServerOptions so;
+    so.host = "";
+    so.port = p;
+    auto s = std::make_unique<server::StoreServer>(so);
+    s->start();
+    return s;
+  };
+  if (port) {
+    try {
+      store_ = start_on(*port);
+    } catch (const std::system_error& e) {
+      throw std::runtime_error("cannot host the store on port " + std::to_string(*port) + ": " +
+                               e.what() + " (use another --master_port, or 0 for a free port)");
+    }
+  } else {
+    try {
+      store_ = start_on(kDefaultMasterPort);
+    } catch (const std::system_error& e) {
+      spdlog::info("port {} is taken ({}); the store uses a free port instead", kDefaultMasterPort,
+                   e.what());
+      store_ = start_on(0);
+    }
+  }
+  store_port_ = store_->port();
+  if (!opts_.local_addr.empty()) {
+    store_host_ = opts_.local_addr;
+  } else if (opts_.rdzv_backend == "c10d") {
+    store_host_ = opts_.rdzv_host.empty() || opts_.rdzv_host == "localhost" ? "127.0.0.1" : opts_.rdzv_host;
+  } else {
+    store_host_ = opts_.master_addr;
+  }
+}
+
+void Agent::prepare_command() {
+  argv_ = build_worker_argv(opts_, env_);
+  auto path = env_.count("PATH") ? env_.at("PATH") : std::string();
+  auto exe = find_executable(argv_[0], path);
+  if (!exe) {
+    throw UsageError("cannot find '" + argv_[0] + "'" +
+                     (argv_[0].find('/') == std::string::npos ? " on PATH" : "") +
+                     (argv_[0] != opts_.entrypoint ? " (the Python interpreter; set PYTHON_EXEC)" : ""));
+  }
+  executable_ = *exe;
+  if (::isatty(0)) {
+    // Workers live in their own process groups: reading the terminal would stop them.
+    stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+}
+
+void Agent::prepare_log_root() {
+  if (!opts_.log_dir.empty()) {
+    log_root_ = opts_.log_dir;
+    return;
+  }
+  // Error files (and redirected logs when no --log_dir) need a home.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/ddprun-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    throw std::system_error(errno, std::generic_category(), "mkdtemp " + templ);
+  }
+  log_root_ = buf.data();
+  log_root_is_temp_ = true;
+  bool any_files = false;
+  for (int r = 0; r < opts_.nproc_per_node; ++r) {
+    any_files = any_files || (opts_.redirects.for_rank(r) | opts_.tee.for_rank(r)) != 0;
+  }
+  keep_log_root_ = any_files;
+  if (any_files) spdlog::info("no --log_dir: worker logs go to {}", log_root_.string());
+}
+
+int Agent::run() {
+  try {
+    ensure_std_fds_open();
+    setup_signals();
+    become_child_subreaper();
+    prepare_command();
+    auto t_store = Clock::now();
+    start_store();
+    double store_ms = ms_since(t_store);
+    prepare_log_root();
+    rdzv_ = std::make_unique<StaticSingleNodeRendezvous>(opts_.nproc_per_node, opts_.rdzv_id,
+                                                         store_host_, store_port_);
+    spdlog::debug("store up on port {} in {:.1f} ms", store_port_, store_ms);
+    for (const auto& a : state_.start()) perform(a);
+    spdlog::info("store up on {}:{} ({:.1f} ms), {} workers started in {:.1f} ms, ready {:.1f} ms "
+                 "after launch{}",
+                 store_host_, store_port_, store_ms, opts_.nproc_per_node,
+                 std::chrono::duration<double, std::milli>(Clock::now() - attempt_started_).count(),
+                 ms_since(t_launch_),
+                 opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "");
+    loop();
+  } catch (const UsageError& e) {
+    spdlog::default_logger()->flush();
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    close_all();
+    return kUsageExitCode;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    signal_workers(SIGKILL);
+    exit_code_ = 1;
+  }
+  // Tear down whatever is left: process groups of every attempt, adopted orphans.
+  for (auto& w : workers_) drain(*w);
+  signal_workers(SIGKILL);
+  for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
+  reap_leftovers(kKillWaitS);
+  rdzv_.reset();
+  if (store_) store_->stop();
+  std::string text = summary();
+  close_all();
+  if (log_root_is_temp_ && !keep_log_root_) {
+    std::error_code ec;
+    fs::remove_all(log_root_, ec);
+  }
+  spdlog::default_logger()->flush();
+  if (!text.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+  }
+  return exit_code_;
+}
+
+void Agent::loop() {
+  epoll_event events[64];
+  while (!done_) {
+    int n = ::epoll_wait(epoll_fd_, events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      DDPRUN_CHECK_SYS(n);
+    }
+    for (int i = 0; i < n && !done_; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == signal_fd_) {
+        on_signalfd();
+      } else if (fd == timer_fd_) {
+        uint64_t expirations = 0;
+        if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) {
+          dispatch(TimerExpired{});
+        }
+      } else {
+        on_pipe(fd);
+      }
+    }
+  }
+}
+
+void Agent::dispatch(const AgentEvent& e) {
+  for (const auto& a : state_.on_event(e)) perform(a);
+}
+
+void Agent::perform(const Action& a) {
+  switch (a.kind) {
+    case Action::Kind::StartAttempt:
+      start_attempt(a.attempt);
+      break;
+    case Action::Kind::ReportFailure:
+      record_failure(a);
+      break;
+    case Action::Kind::SignalWorkers:
+      signal_workers(a.signo);
+      break;
+    case Action::Kind::ArmTimer:
+      arm_timer(a.seconds);
+      break;
+    case Action::Kind::DisarmTimer:
+      arm_timer(0);
+      break;
+    case Action::Kind::AbandonWorkers: {
+      std::string pids;
+      for (auto& w : workers_) {
+        if (!w->reaped) pids += " " + std::to_string(w->pid);
+      }
+      spdlog::error("workers{} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no longer "
+                    "waiting for them",
+                    pids, kKillWaitS);
+      break;
+    }
+    case Action::Kind::Finish:
+      done_ = true;
+      exit_code_ = a.exit_code;
+      break;
+  }
+}
+
+void Agent::end_attempt() {
+  for (auto& w : workers_) {
+    drain(*w);
+    close_stream(w->out);
+    close_stream(w->err);
+    by_pid_.erase(w->pid);
+    signal_process_group(w->pid, SIGKILL);  // leftovers of its group (grandchildren)
+    old_pgroups_.push_back(w->pid);
+  }
+  // Orphans adopted as subreaper that left their worker's process group.
+  for (pid_t child : children_of(::getpid())) {
+    if (!by_pid_.count(child)) ::kill(child, SIGKILL);
+  }
+  workers_.clear();
+}
+
+void Agent::start_attempt(int attempt) {
+  if (attempt > 0) {
+    auto t0 = Clock::now();
+    end_attempt();
+    store_->reset_keyspace();  // no attempt ever reads the previous attempt's keys
+    spdlog::info("restarting the worker group: attempt {} of {} (previous group cleaned up, "
+                 "fresh store keyspace in {:.1f} ms)",
+                 attempt, opts_.max_restarts, ms_since(t0));
+  }
+  layout_ = rdzv_->next_round(attempt);
+  attempt_started_ = Clock::now();
+  const fs::path attempt_dir = log_root_ / layout_.run_id / ("attempt_" + std::to_string(attempt));
+  std::vector<SpawnedProcess> spawned;
+  for (int lr = 0; lr < layout_.local_world_size; ++lr) {
+    auto w = std::make_unique<Worker>();
+    w->local_rank = lr;
+    w->global_rank = layout_.global_rank_base + lr;
+    const fs::path dir = attempt_dir / std::to_string(lr);
+    fs::create_directories(dir);
+    w->error_file = (dir / "error.json").string();
+    std::error_code ec;
+    fs::remove(w->error_file, ec);
+    const int redirect = opts_.redirects.for_rank(lr);
+    const int tee = opts_.tee.for_rank(lr);
+    const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
+    auto setup = [&](Stream& s, int bit, const char* name) {
+      if ((redirect | tee) & bit) {
+        std::string path = (dir / name).string();
+        s.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (s.log_fd < 0) {
+          throw std::system_error(errno, std::generic_category(), "open " + path);
+        }
+      }
+      s.console = console_allowed && (!(redirect & bit) || (tee & bit));
+    };
+    setup(w->out, kStreamOut, "stdout.log");
+    setup(w->err, kStreamErr, "stderr.log");
+
+    SpawnRequest req;
+    req.executable = executable_;
+    req.argv = argv_;
+    req.envp = to_envp(build_worker_env(env_, opts_, layout_, lr, w->error_file));
+    req.stdin_fd = stdin_fd_;
+    SpawnedProcess p = spawn_process(req);
+    w->pid = p.pid;
+    w->started = Clock::now();
+    w->out.fd = p.stdout_fd;
+    w->err.fd = p.stderr_fd;
+    for (auto [fd, is_err] : {std::pair{p.stdout_fd, false}, std::pair{p.stderr_fd, true}}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
+      by_fd_[fd] = {w.get(), is_err};
+    }
+    by_pid_[w->pid] = w.get();
+    spawned.push_back(p);
+    workers_.push_back(std::move(w));
+  }
+  // All forked; now wait for each exec (a few ms in all, not per worker).
+  for (size_t i = 0; i < spawned.size(); ++i) {
+    int err = wait_exec_status(spawned[i].exec_status_fd);
+    if (err != 0) {
+      std::string msg = "ddprun: cannot exec " + executable_ + ": " + std::strerror(err);
+      workers_[i]->tail.push(msg);
+      spdlog::error("local rank {}: {}", i, msg);
+    }
+  }
+  spdlog::debug("attempt {}: {} workers exec'd in {:.1f} ms (pids{})", attempt, spawned.size(),
+                ms_since(attempt_started_), [&] {
+                  std::string s;
+                  for (auto& w : workers_) s += " " + std::to_string(w->pid);
+                  return s;
+                }());
+}
+
+void Agent::on_signalfd() {
+  bool child = false;
+  std::vector<int> others;
+  while (true) {
+    signalfd_siginfo si{};
+    ssize_t n = ::read(signal_fd_, &si, sizeof si);
+    if (n != static_cast<ssize_t>(sizeof si)) break;
+    if (static_cast<int>(si.ssi_signo) == SIGCHLD) {
+      child = true;
+    } else {
+      others.push_back(static_cast<int>(si.ssi_signo));
+    }
+  }
+  if (child) reap_children();
+  for (int s : others) {
+    if (done_) break;
+    spdlog::warn("received {}: forwarding it to every worker's process group", signal_name(s));
+    dispatch(SignalReceived{s});
+  }
+}
+
+void Agent::reap_children() {
+  while (true) {
+    int st = 0;
+    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) break;
+    auto it = by_pid_.find(pid);
+    if (it == by_pid_.end()) {
+      spdlog::debug("reaped descendant pid {}", pid);
+      continue;
+    }
+    Worker& w = *it->second;
+    w.reaped = true;
+    w.ended = Clock::now();
+    w.ended_wall = WallClock::now();
+    w.status = WIFSIGNALED(st) ? WorkerStatus::killed_by(WTERMSIG(st))
+                               : WorkerStatus::exited(WEXITSTATUS(st));
+    drain(w);  // its output is complete now (grandchildren aside), before anyone reads the tail
+    spdlog::debug("worker r{} (pid {}) ended: {} after {:.1f} ms", w.global_rank, pid,
+                  w.status->describe(),
+                  std::chrono::duration<double, std::milli>(w.ended - w.started).count());
+    if (done_) continue;
+    dispatch(WorkerExited{w.local_rank, *w.status});
+  }
+}
+
+void Agent::on_pipe(int fd) {
+  auto it = by_fd_.find(fd);
+  if (it == by_fd_.end()) return;
+  auto [w, is_err] = it->second;
+  read_stream(*w, is_err ? w->err : w->out, is_err, kReadChunk);
+}
+
+// Reads up to `budget` bytes; returns false at end of stream (and closes it).
+bool Agent::read_stream(Worker& w, Stream& s, bool is_err, size_t budget) {
+  char buf[kReadChunk];
+  size_t total = 0;
+  while (s.fd >= 0 && total < budget) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      total += static_cast<size_t>(n);
+      emit_lines(w, s, is_err, std::string_view(buf, static_cast<size_t>(n)), false);
+      if (static_cast<size_t>(n) < sizeof buf) return true;  // nothing more right now
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    emit_lines(w, s, is_err, {}, true);
+    close_stream(s);
+    return false;
+  }
+  return s.fd >= 0;
+}
+
+void Agent::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof) {
+  if (s.log_fd >= 0 && !data.empty()) write_all(s.log_fd, data);
+  std::vector<std::string> lines;
+  s.splitter.feed(data, lines);
+  std::string rest;
+  if (eof && s.splitter.flush(rest)) lines.push_back(std::move(rest));
+  if (lines.empty()) return;
+  std::string console;
+  const std::string prefix = console_prefix(layout_.node_rank, w.global_rank, opts_.multi_node());
+  for (const auto& line : lines) {
+    if (is_err) w.tail.push(line);
+    if (s.console) {
+      console += prefix;
+      console += line;
+      console += '\n';
+    }
+  }
+  if (!console.empty()) write_all(is_err ? 2 : 1, console);
+}
+
+void Agent::close_stream(Stream& s) {
+  if (s.fd >= 0) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+    by_fd_.erase(s.fd);
+    ::close(s.fd);
+    s.fd = -1;
+  }
+  if (s.log_fd >= 0) {
+    ::close(s.log_fd);
+    s.log_fd = -1;
+  }
+}
+
+void Agent::drain(Worker& w) {
+  // Non-blocking: a grandchild may hold the pipe open; take what is there, bounded.
+  read_stream(w, w.out, false, kMaxDrainBytes);
+  read_stream(w, w.err, true, kMaxDrainBytes);
+}
+
+void Agent::signal_workers(int signo) {
+  for (auto& w : workers_) {
+    // The group outlives its leader while grandchildren remain, so signal it even then.
+    if (signal_process_group(w->pid, signo)) {
+      spdlog::debug("sent {} to process group {} (r{})", signal_name(signo), w->pid, w->global_rank);
+    }
+  }
+}
+
+void Agent::arm_timer(double seconds) {
+  itimerspec spec{};
+  if (seconds > 0) {
+    auto ns = static_cast<long long>(seconds * 1e9);
+    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000LL);
+    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000LL);
+  }
+  if (seconds > 0 && spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
+  DDPRUN_CHECK_SYS(::timerfd_settime(timer_fd_, 0, &spec, nullptr));
+}
+
+void Agent::record_failure(const Action& a) {
+  ++failures_seen_;
+  Worker* w = nullptr;
+  for (auto& x : workers_) {
+    if (x->local_rank == a.local_rank) w = x.get();
+  }
+  if (!w) return;
+  FailureDetails f;
+  f.attempt = a.attempt;
+  f.local_rank = w->local_rank;
+  f.global_rank = w->global_rank;
+  f.pid = w->pid;
+  f.status = a.status;
+  f.when = w->ended_wall;
+  f.after_s = std::chrono::duration<double>(w->ended - w->started).count();
+  f.tail = w->tail.lines();
+  f.error_file = w->error_file;
+  std::ifstream in(w->error_file, std::ios::binary);
+  if (in) {
+    std::string content(kMaxErrorFileBytes, '\0');
+    in.read(content.data(), static_cast<std::streamsize>(content.size()));
+    content.resize(static_cast<size_t>(in.gcount()));
+    f.error_file_content = std::move(content);
+  }
+  failure_ = std::move(f);
+  if (a.will_restart) {
+    spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group "
+                 "and restarting ({} of {} restarts left)",
+                 w->global_rank, w->local_rank, w->pid, a.status.describe(), failure_->after_s,
+                 opts_.max_restarts - a.attempt, opts_.max_restarts);
+  } else {
+    spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group "
+                 "(no restarts left)",
+                 w->global_rank, w->local_rank, w->pid, a.status.describe(), failure_->after_s);
+  }
+}
+
+void Agent::reap_leftovers(double seconds) {
+  // Every child (workers and adopted orphans) is SIGKILLed by now or about to be; reap them,
+  // bounded: something stuck in the kernel must not keep the agent.
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    for (pid_t child : children_of(::getpid())) ::kill(child, SIGKILL);
+    int st = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
+    }
+    if (pid < 0 && errno == ECHILD) return;
+    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      spdlog::warn("some child processes did not exit after SIGKILL; leaving them");
+      return;
+    }
+    pollfd p{signal_fd_, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(std::min(left, 0.1) * 1000) + 1);
+    signalfd_siginfo si{};
+    while (::read(signal_fd_, &si, sizeof si) == sizeof si) {
+    }
+  }
+}
+
+void Agent::close_all() {
+  for (auto& w : workers_) {
+    close_stream(w->out);
+    close_stream(w->err);
+  }
+  for (int* fd : {&epoll_fd_, &signal_fd_, &timer_fd_, &stdin_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+std::string Agent::summary() const {
+  std::ostringstream s;
+  const std::string bar(72, '=');
+  if (exit_code_ == 0) {
+    if (failures_seen_ > 0) {
+      spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nproc_per_node, state_.attempt());
+    }
+    return "";
+  }
+  s << "[ddprun] " << bar << "\n";
+  if (auto sig = state_.stop_signal()) {
+    s << "[ddprun] stopped by " << signal_name(*sig) << ": the workers were sent " << signal_name(*sig)
+      << " (SIGKILL after " << opts_.shutdown_timeout_s << " s); exit code " << exit_code_ << "\n";
+  }
+  if (failure_) {
+    const auto& f = *failure_;
+    s << "[ddprun] FAILED: worker rank " << f.global_rank << " (local rank " << f.local_rank
+      << ", pid " << f.pid << ") " << f.status.describe() << "\n";
+    s << "[ddprun]   at " << wall_time(f.when) << ", " << std::fixed << std::setprecision(3) << f.after_s << " s after it started; attempt "
+      << f.attempt << " (max_restarts " << opts_.max_restarts << "), run id " << layout_.run_id
+      << ", exit code " << exit_code_ << "\n";
+    if (f.tail.empty()) {
+      s << "[ddprun]   (no stderr output)\n";
+    } else {
+      s << "[ddprun]   last " << f.tail.size() << " lines of its stderr:\n";
+      for (const auto& line : f.tail) s << "    " << line << "\n";
+    }
+    if (f.error_file_content) {
+      s << "[ddprun]   error file " << f.error_file << ":\n";
+      s << format_error_file(parse_error_file(*f.error_file_content)) << "\n";
+    }
+  } else if (!state_.stop_signal()) {
+    s << "[ddprun] FAILED: exit code " << exit_code_ << " (see the errors above)\n";
+  }
+  s << "[ddprun] " << bar << "\n";
+  return s.str();
+}
+
+}  // namespace
+
+int run(const LaunchOptions& opts, const EnvMap& env) {
+  auto logger = spdlog::stderr_logger_st("ddprun");
+  logger->set_pattern("[ddprun] %^%l%$: %v");
+  logger->set_level(opts.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  Agent agent(opts, env);
+  return agent.run();
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,139 @@
+#include "ddprun/launcher/agent_state.h"
+
+#include <csignal>
+
+#include "ddprun/launcher/signal_names.h"
+
+namespace ddprun::launcher {
+
+std::string WorkerStatus::describe() const {
+  if (signaled) return "signal " + signal_name(code) + " (" + std::to_string(code) + ")";
+  return "exit code " + std::to_string(code);
+}
+
+const char* phase_name(AgentState::Phase p) {
+  switch (p) {
+    case AgentState::Phase::Idle: return "idle";
+    case AgentState::Phase::Running: return "running";
+    case AgentState::Phase::Stopping: return "stopping";
+    case AgentState::Phase::Killing: return "killing";
+    case AgentState::Phase::Done: return "done";
+  }
+  return "?";
+}
+
+AgentState::AgentState(AgentConfig config) : config_(config) {}
+
+std::vector<Action> AgentState::start() {
+  std::vector<Action> out;
+  if (phase_ != Phase::Idle) return out;
+  attempt_ = 0;
+  begin_attempt(out);
+  return out;
+}
+
+void AgentState::begin_attempt(std::vector<Action>& out) {
+  phase_ = Phase::Running;
+  failed_this_attempt_ = false;
+  alive_.clear();
+  for (int r = 0; r < config_.nproc; ++r) alive_.insert(r);
+  out.push_back({.kind = Action::Kind::StartAttempt, .attempt = attempt_});
+}
+
+std::vector<Action> AgentState::on_event(const AgentEvent& event) {
+  if (phase_ == Phase::Idle || phase_ == Phase::Done) return {};
+  if (auto* e = std::get_if<WorkerExited>(&event)) return on_exit(*e);
+  if (auto* s = std::get_if<SignalReceived>(&event)) return on_signal(*s);
+  return on_timer();
+}
+
+std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
+  std::vector<Action> out;
+  if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
+  if (phase_ == Phase::Running) {
+    if (e.status.success()) {
+      if (alive_.empty()) finish(0, out);
+      return out;
+    }
+    failure_ = FailureRecord{e.local_rank, attempt_, e.status};
+    failed_this_attempt_ = true;
+    const bool restart = attempt_ < config_.max_restarts;
+    out.push_back({.kind = Action::Kind::ReportFailure,
+                   .attempt = attempt_,
+                   .local_rank = e.local_rank,
+                   .status = e.status,
+                   .will_restart = restart});
+    // Stop the whole group, including process groups whose leader is gone.
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+    if (alive_.empty()) {
+      group_stopped(out);
+    } else {
+      phase_ = Phase::Stopping;
+      out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+    }
+    return out;
+  }
+  // Stopping or Killing: wait for the rest.
+  if (alive_.empty()) {
+    out.push_back({.kind = Action::Kind::DisarmTimer});
+    group_stopped(out);
+  }
+  return out;
+}
+
+std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
+  std::vector<Action> out;
+  if (phase_ == Phase::Running || (phase_ == Phase::Stopping && !stop_signal_)) {
+    // Forward the signal itself; the workers decide how to wind down. A signal while a
+    // failed group is stopping cancels the restart.
+    stop_signal_ = s.signo;
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = s.signo});
+    if (phase_ == Phase::Running) {
+      phase_ = Phase::Stopping;
+      out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+    }
+    return out;
+  }
+  if (phase_ == Phase::Stopping) {
+    // A second signal: the user does not want to wait for the grace period.
+    phase_ = Phase::Killing;
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGKILL});
+    out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.kill_wait_s});
+  }
+  return out;
+}
+
+std::vector<Action> AgentState::on_timer() {
+  std::vector<Action> out;
+  if (phase_ == Phase::Stopping) {
+    phase_ = Phase::Killing;
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGKILL});
+    out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.kill_wait_s});
+  } else if (phase_ == Phase::Killing) {
+    out.push_back({.kind = Action::Kind::AbandonWorkers});
+    alive_.clear();
+    group_stopped(out);
+  }
+  return out;
+}
+
+void AgentState::group_stopped(std::vector<Action>& out) {
+  if (stop_signal_) {
+    finish(128 + *stop_signal_, out);
+    return;
+  }
+  if (failed_this_attempt_ && attempt_ < config_.max_restarts) {
+    ++attempt_;
+    begin_attempt(out);
+    return;
+  }
+  finish(failure_ ? (failure_->status.exit_code() != 0 ? failure_->status.exit_code() : 1) : 1, out);
+}
+
+void AgentState::finish(int code, std::vector<Action>& out) {
+  phase_ = Phase::Done;
+  exit_code_ = code;
+  out.push_back({.kind = Action::Kind::Finish, .exit_code = code});
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,44 @@
+#include "ddprun/launcher/output.h"
+
+namespace ddprun::launcher {
+
+std::string console_prefix(int node_rank, int global_rank, bool multi_node) {
+  if (multi_node) return "[n" + std::to_string(node_rank) + " r" + std::to_string(global_rank) + "]: ";
+  return "[r" + std::to_string(global_rank) + "]: ";
+}
+
+void LineSplitter::feed(std::string_view bytes, std::vector<std::string>& lines) {
+  while (!bytes.empty()) {
+    size_t nl = bytes.find('\n');
+    std::string_view piece = nl == std::string_view::npos ? bytes : bytes.substr(0, nl);
+    // Respect the bound even inside a piece (invariant: partial_.size() <= max_line_).
+    while (partial_.size() + piece.size() > max_line_) {
+      size_t take = max_line_ - partial_.size();
+      partial_.append(piece.substr(0, take));
+      lines.push_back(std::move(partial_));
+      partial_.clear();
+      piece.remove_prefix(take);
+    }
+    partial_.append(piece);
+    if (nl == std::string_view::npos) return;
+    if (!partial_.empty() && partial_.back() == '\r') partial_.pop_back();
+    lines.push_back(std::move(partial_));
+    partial_.clear();
+    bytes.remove_prefix(nl + 1);
+  }
+}
+
+bool LineSplitter::flush(std::string& line) {
+  if (partial_.empty()) return false;
+  line = std::move(partial_);
+  partial_.clear();
+  return true;
+}
+
+void TailBuffer::push(std::string_view line) {
+  if (capacity_ == 0) return;
+  if (lines_.size() == capacity_) lines_.pop_front();
+  lines_.emplace_back(line.substr(0, max_line_));
+}
+
+}  // namespace ddprun::launcher

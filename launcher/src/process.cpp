@@ -1,0 +1,184 @@
+#include "ddprun/launcher/process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+namespace ddprun::launcher {
+namespace {
+
+[[noreturn]] void throw_errno(const char* what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+void close_fds_from(int first) {
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, 0U) == 0) return;
+#endif
+  long max = ::sysconf(_SC_OPEN_MAX);
+  if (max < 0 || max > 65536) max = 65536;
+  for (int fd = first; fd < max; ++fd) ::close(fd);
+}
+
+// Only async-signal-safe calls from here on: the agent has other threads (the store).
+[[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, int out_w, int err_w,
+                             int status_w, char* const* argv, char* const* envp) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(126);  // the agent died before prctl took effect
+
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) {
+    if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
+  }
+
+  if (req.stdin_fd >= 0) ::dup2(req.stdin_fd, 0);
+  ::dup2(out_w, 1);
+  ::dup2(err_w, 2);
+  // Keep only 0-2 and the exec-status pipe (close-on-exec itself).
+  int keep = ::fcntl(status_w, F_DUPFD_CLOEXEC, 3);
+  if (keep < 0) ::_exit(127);
+  if (keep > 3) {
+    ::dup2(keep, 3);
+    ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  }
+  close_fds_from(4);
+  ::execve(req.executable.c_str(), argv, envp);
+  int err = errno;
+  ssize_t ignored = ::write(3, &err, sizeof err);
+  (void)ignored;
+  ::_exit(127);
+}
+
+}  // namespace
+
+SpawnedProcess spawn_process(const SpawnRequest& req) {
+  // Everything that allocates happens before fork.
+  std::vector<char*> argv;
+  for (const auto& a : req.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  int out[2], err[2], status[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw_errno("pipe2");
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    errno = e;
+    throw_errno("pipe2");
+  }
+  if (::pipe2(status, O_CLOEXEC) != 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    errno = e;
+    throw_errno("pipe2");
+  }
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) ::close(fd);
+    errno = e;
+    throw_errno("fork");
+  }
+  if (pid == 0) exec_child(req, parent, out[1], err[1], status[1], argv.data(), envp.data());
+
+  // Also from the parent, so that signalling the group cannot race the child's own setpgid.
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(status[1]);
+  ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
+  return SpawnedProcess{pid, out[0], err[0], status[0]};
+}
+
+int wait_exec_status(int fd) {
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(fd, &err, sizeof err);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof err) ? err : 0;
+}
+
+std::optional<std::string> find_executable(const std::string& name, const std::string& path_var) {
+  auto ok = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.empty()) return std::nullopt;
+  if (name.find('/') != std::string::npos) return ok(name) ? std::optional(name) : std::nullopt;
+  std::stringstream in(path_var.empty() ? std::string("/usr/local/bin:/usr/bin:/bin") : path_var);
+  std::string dir;
+  while (std::getline(in, dir, ':')) {
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (ok(candidate)) return candidate;
+  }
+  return std::nullopt;
+}
+
+void become_child_subreaper() {
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) throw_errno("prctl(PR_SET_CHILD_SUBREAPER)");
+}
+
+bool signal_process_group(pid_t pgid, int signo) {
+  if (pgid <= 1) return false;
+  return ::kill(-pgid, signo) == 0;
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may contain spaces and parentheses.
+    auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
+void ensure_std_fds_open() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      int n = ::open("/dev/null", O_RDWR);
+      if (n >= 0 && n != fd) {
+        ::dup2(n, fd);
+        ::close(n);
+      }
+    }
+  }
+}
+
+}  // namespace ddprun::launcher

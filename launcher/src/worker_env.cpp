@@ -1,0 +1,93 @@
+#include "ddprun/launcher/worker_env.h"
+
+#include <sstream>
+
+namespace ddprun::launcher {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, ',')) {
+    if (!cur.empty()) out.push_back(cur);
+  }
+  return out;
+}
+
+}  // namespace
+
+EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
+                        int local_rank, const std::string& error_file) {
+  EnvMap env = parent;
+  const int rank = g.global_rank_base + local_rank;
+  auto set = [&](const char* k, const std::string& v) { env[k] = v; };
+  auto set_default = [&](const char* k, const std::string& v) { env.emplace(k, v); };
+
+  set("LOCAL_RANK", std::to_string(opts.virtual_local_rank ? 0 : local_rank));
+  set("RANK", std::to_string(rank));
+  set("GROUP_RANK", std::to_string(g.node_rank));
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_NAME", opts.role);
+  set("LOCAL_WORLD_SIZE", std::to_string(g.local_world_size));
+  set("WORLD_SIZE", std::to_string(g.world_size));
+  set("GROUP_WORLD_SIZE", std::to_string(g.num_nodes));
+  set("ROLE_WORLD_SIZE", std::to_string(g.world_size));
+  set("MASTER_ADDR", g.store_host);
+  set("MASTER_PORT", std::to_string(g.store_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(g.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opts.max_restarts));
+  set("TORCHELASTIC_RUN_ID", g.run_id);
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  set("TORCHELASTIC_ERROR_FILE", error_file);
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", opts.signals_to_handle_text);
+  set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");
+  set_default("NCCL_NVLS_ENABLE", "0");
+  if (g.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
+  if (opts.virtual_local_rank) {
+    auto it = parent.find("CUDA_VISIBLE_DEVICES");
+    std::string device = std::to_string(local_rank);
+    if (it != parent.end()) {
+      auto devices = split_commas(it->second);
+      if (local_rank < static_cast<int>(devices.size())) device = devices[local_rank];
+    }
+    set("CUDA_VISIBLE_DEVICES", device);
+  }
+  return env;
+}
+
+std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env) {
+  std::string python = "python3";
+  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) python = it->second;
+  std::vector<std::string> argv;
+  if (opts.no_python) {
+    argv.push_back(opts.entrypoint);
+  } else if (opts.module) {
+    argv = {python, "-u", "-m", opts.entrypoint};
+  } else if (opts.run_path) {
+    argv = {python, "-u", "-c",
+            "import runpy, sys; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')",
+            opts.entrypoint};
+  } else if (ends_with(opts.entrypoint, ".py")) {
+    argv = {python, "-u", opts.entrypoint};
+  } else {
+    argv.push_back(opts.entrypoint);
+  }
+  argv.insert(argv.end(), opts.args.begin(), opts.args.end());
+  return argv;
+}
+
+std::vector<std::string> to_envp(const EnvMap& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace ddprun::launcher
