@@ -136,8 +136,12 @@ struct StoreServer::Impl {
     if (c->in_size < c->need_total) return;
     c->need_total = 0;
     if (c->dialect == wire::Dialect::Unknown) {
-      auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect);
+      auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
       if (det.status == wire::ParseStatus::NeedMore) return;
+      if (det.status == wire::ParseStatus::Bad) {
+        close(c, "first message is VALIDATE with a wrong magic", true);
+        return;
+      }
       c->dialect = det.dialect;
       pos = det.consumed;
       spdlog::debug("[ddprund] connection {} from {} speaks {}", c->id, c->peer, wire::dialect_name(c->dialect));

@@ -246,7 +246,7 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
   return r.ok();
 }
 
-DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect) {
+DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect, const Limits& limits) {
   DetectResult res;
   if (buf.empty()) return res;
   if (buf[0] != 0) {
@@ -259,8 +259,10 @@ DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect
   if (load_u32(buf.data() + 1) == kValidateMagic) {
     res.dialect = Dialect::D2;
     res.consumed = 5;
+  } else if (load_u32(buf.data() + 1) > limits.max_key_len) {
+    res.status = ParseStatus::Bad;  // neither VALIDATE nor a plausible legacy SET
   } else {
-    res.dialect = legacy_dialect;  // a legacy SET (code 0); its key length decides the rest
+    res.dialect = legacy_dialect;  // a legacy SET (code 0)
   }
   return res;
 }

@@ -68,14 +68,14 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
 
 // First bytes of a connection: D2 if they are VALIDATE with the right magic (consumed = 5),
 // otherwise the legacy dialect given (consumed = 0, the bytes are the first request).
-// NeedMore while fewer than 5 bytes decide it; Bad for 00 + wrong magic is impossible to tell
-// from a legacy SET, so it is reported as legacy and fails later on its absurd key length.
+// NeedMore while fewer than 5 bytes decide it. 00 + wrong magic could be a legacy SET, whose
+// next 4 bytes are the low half of its key length: Bad when that length is over the limit.
 struct DetectResult {
   ParseStatus status = ParseStatus::NeedMore;
   Dialect dialect = Dialect::Unknown;
   size_t consumed = 0;
 };
-DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect);
+DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect, const Limits& limits);
 
 // ---- encoding (client requests and server replies) ----
 class Writer {

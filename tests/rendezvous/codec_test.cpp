@@ -1,0 +1,173 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/wire/codec.h"
+
+using namespace ddprun::wire;
+
+namespace {
+std::span<const uint8_t> bytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+std::string hex_bytes(std::initializer_list<int> v) {
+  std::string s;
+  for (int b : v) s.push_back(static_cast<char>(b));
+  return s;
+}
+}  // namespace
+
+TEST_CASE("SetRequestMatchesPyTorch211Capture", "[codec]") {
+  // Captured from PyTorch 2.11: SET "/k1" = "v1".
+  const std::string wire = hex_bytes({0x01, 3, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31, 2, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
+  Request r;
+  auto res = parse_request(bytes(wire), Dialect::D2, Limits{}, r);
+  REQUIRE(res.status == ParseStatus::Ok);
+  CHECK(res.consumed == wire.size());
+  CHECK(r.op == Op::Set);
+  CHECK(r.keys.at(0) == "/k1");
+  CHECK(r.values.at(0) == "v1");
+  std::string out;
+  REQUIRE(encode_request(Dialect::D2, r, out));
+  CHECK(out == wire);
+}
+
+TEST_CASE("AddInitCaptureBothDialects", "[codec]") {
+  std::string d2 = hex_bytes({0x04, 5, 0, 0, 0, 0, 0, 0, 0, 'i', 'n', 'i', 't', '/', 1, 0, 0, 0, 0, 0, 0, 0});
+  std::string d0 = d2;
+  d0[0] = 0x03;
+  for (auto [wire, d] : {std::pair{d2, Dialect::D2}, std::pair{d0, Dialect::D0}}) {
+    Request r;
+    auto res = parse_request(bytes(wire), d, Limits{}, r);
+    REQUIRE(res.status == ParseStatus::Ok);
+    CHECK(r.op == Op::Add);
+    CHECK(r.keys.at(0) == "init/");
+    CHECK(r.number == 1);
+  }
+}
+
+TEST_CASE("EveryPrefixOfARequestNeedsMore", "[codec]") {
+  Request r;
+  r.op = Op::CompareSet;
+  r.keys = {"/torch.rendezvous.job"};
+  r.values = {"", "Y2FuaW1hZGFt"};
+  std::string wire;
+  REQUIRE(encode_request(Dialect::D2, r, wire));
+  for (size_t n = 0; n < wire.size(); ++n) {
+    Request out;
+    auto res = parse_request(bytes(wire.substr(0, n)), Dialect::D2, Limits{}, out);
+    REQUIRE(res.status == ParseStatus::NeedMore);
+    CHECK(res.need_total > n);
+    CHECK(res.need_total <= wire.size());
+  }
+  Request out;
+  auto res = parse_request(bytes(wire + "garbage"), Dialect::D2, Limits{}, out);
+  REQUIRE(res.status == ParseStatus::Ok);
+  CHECK(res.consumed == wire.size());
+  CHECK(out.values == r.values);
+}
+
+TEST_CASE("RoundTripOfEveryOpInEveryDialect", "[codec]") {
+  for (Dialect d : {Dialect::D0, Dialect::D1, Dialect::D2}) {
+    for (int o = 0; o <= static_cast<int>(Op::WatchKey); ++o) {
+      Request r;
+      r.op = static_cast<Op>(o);
+      r.keys = {"a"};
+      r.values = {"x", "y"};
+      r.number = -7;
+      r.u32 = 0x01020304;
+      if (r.op == Op::MultiSet) r.values = {"x"};
+      if (r.op == Op::Check || r.op == Op::Wait || r.op == Op::MultiGet) r.keys = {"a", "", "ccc"};
+      std::string wire;
+      if (!encode_request(d, r, wire)) {
+        CHECK_FALSE(code_for_op(d, r.op).has_value());
+        continue;
+      }
+      Request back;
+      auto res = parse_request(bytes(wire), d, Limits{}, back);
+      INFO(dialect_name(d) << " " << op_name(r.op));
+      REQUIRE(res.status == ParseStatus::Ok);
+      CHECK(back.op == r.op);
+      CHECK(res.consumed == wire.size());
+    }
+  }
+}
+
+TEST_CASE("LegacyCodesSevenAndEightFollowTheDialect", "[codec]") {
+  CHECK(op_from_code(Dialect::D0, 7) == Op::WatchKey);
+  CHECK(op_from_code(Dialect::D0, 8) == Op::DeleteKey);
+  CHECK(op_from_code(Dialect::D1, 7) == Op::DeleteKey);
+  CHECK(op_from_code(Dialect::D1, 8) == Op::Append);
+  CHECK(op_from_code(Dialect::D0, 11) == Op::CancelWait);  // only 2.1 sends it
+  CHECK(op_from_code(Dialect::D2, 12) == Op::CancelWait);
+  CHECK(op_from_code(Dialect::D2, 18) == Op::Barrier);
+  CHECK_FALSE(op_from_code(Dialect::D2, 19).has_value());
+  CHECK_FALSE(op_from_code(Dialect::D1, 12).has_value());
+}
+
+TEST_CASE("UnknownCommandIsBad", "[codec]") {
+  Request r;
+  auto res = parse_request(bytes(hex_bytes({0x63})), Dialect::D2, Limits{}, r);
+  CHECK(res.status == ParseStatus::Bad);
+  CHECK_THAT(res.error, Catch::Contains("unknown command byte 99"));
+}
+
+TEST_CASE("AbsurdLengthPrefixIsBadWithoutAllocating", "[codec]") {
+  Request r;
+  std::string wire = hex_bytes({0x03, 0, 0, 0, 0, 0, 0, 0, 0x10});  // GET, key length 2^60
+  auto res = parse_request(bytes(wire), Dialect::D2, Limits{}, r);
+  CHECK(res.status == ParseStatus::Bad);
+  CHECK_THAT(res.error, Catch::Contains("exceeds the limit"));
+}
+
+TEST_CASE("KeyOverTheLimitIsBad", "[codec]") {
+  Limits lim;
+  lim.max_key_len = 4;
+  Request r;
+  r.op = Op::Get;
+  r.keys = {"12345"};
+  std::string wire;
+  encode_request(Dialect::D2, r, wire);
+  CHECK(parse_request(bytes(wire), Dialect::D2, lim, r).status == ParseStatus::Bad);
+  lim.max_key_len = 5;
+  CHECK(parse_request(bytes(wire), Dialect::D2, lim, r).status == ParseStatus::Ok);
+}
+
+TEST_CASE("TooManyKeysIsBad", "[codec]") {
+  std::string wire = hex_bytes({0x06});
+  Writer(wire).u64(uint64_t(1) << 40);
+  Request r;
+  CHECK(parse_request(bytes(wire), Dialect::D2, Limits{}, r).status == ParseStatus::Bad);
+}
+
+TEST_CASE("DialectDetection", "[codec]") {
+  auto d2 = detect_dialect(bytes(hex_bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x0D})), Dialect::D0, Limits{});
+  CHECK(d2.status == ParseStatus::Ok);
+  CHECK(d2.dialect == Dialect::D2);
+  CHECK(d2.consumed == 5);
+  CHECK(detect_dialect(bytes(hex_bytes({0x00, 0xCE})), Dialect::D0, Limits{}).status == ParseStatus::NeedMore);
+  auto legacy = detect_dialect(bytes(hex_bytes({0x03, 5, 0})), Dialect::D0, Limits{});
+  CHECK(legacy.dialect == Dialect::D0);
+  CHECK(legacy.consumed == 0);
+  auto legacy_set = detect_dialect(bytes(hex_bytes({0x00, 3, 0, 0, 0, 0, 0, 0, 0})), Dialect::D1, Limits{});
+  CHECK(legacy_set.dialect == Dialect::D1);
+  CHECK(legacy_set.consumed == 0);
+  auto wrong_magic = detect_dialect(bytes(hex_bytes({0x00, 0xEF, 0xBE, 0xAD, 0xDE})), Dialect::D0, Limits{});
+  CHECK(wrong_magic.status == ParseStatus::Bad);
+}
+
+TEST_CASE("RandomBytesNeverCrashTheParser", "[codec][fuzz]") {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  Limits lim;
+  lim.max_request_bytes = 1 << 20;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string buf;
+    size_t n = (x >> 7) % 64;
+    for (size_t i = 0; i < n; ++i) {
+      x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+      buf.push_back(static_cast<char>(i == 0 ? x % 20 : (x % 4 == 0 ? 0 : x & 0xff)));
+    }
+    Request r;
+    for (Dialect d : {Dialect::D0, Dialect::D1, Dialect::D2}) {
+      auto res = parse_request(bytes(buf), d, lim, r);
+      if (res.status == ParseStatus::Ok) CHECK(res.consumed <= buf.size());
+      if (res.status == ParseStatus::NeedMore) CHECK(res.need_total > buf.size());
+    }
+  }
+}

@@ -1,0 +1,272 @@
+// The server and the client over real loopback sockets: every operation, deferred WAIT
+// replies, CANCEL_WAIT, fragmentation, and hostile clients that must only lose their own
+// connection.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <thread>
+
+#include "ddprun/client/store_client.h"
+#include "ddprun/server/store_server.h"
+
+using namespace ddprun;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<server::StoreServer> start_server(wire::Limits limits = {}) {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.limits = limits;
+  auto s = std::make_unique<server::StoreServer>(o);
+  s->start();
+  return s;
+}
+
+client::StoreClientOptions client_opts(uint16_t port, wire::Dialect d = wire::Dialect::D2) {
+  client::StoreClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.dialect = d;
+  o.timeout = 5s;
+  o.connect_timeout = 5s;
+  return o;
+}
+
+// A raw socket, for speaking bytes the client would never send.
+struct Raw {
+  int fd = -1;
+  explicit Raw(uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  ~Raw() { ::close(fd); }
+  void send(const std::string& s) { REQUIRE(::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == (ssize_t)s.size()); }
+  // Bytes received within `timeout`, or until EOF. Returns {bytes, eof}.
+  std::pair<std::string, bool> recv_for(std::chrono::milliseconds timeout, size_t want = 1 << 20) {
+    std::string out;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < want) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, (int)left.count()) <= 0) break;
+      char buf[4096];
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return {out, true};
+      out.append(buf, n);
+    }
+    return {out, false};
+  }
+};
+
+std::string validate() {
+  std::string s;
+  wire::Writer(s).u8(0).u32(wire::kValidateMagic);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("ClientSpeaksEveryOperation", "[server]") {
+  auto srv = start_server();
+  client::StoreClient c(client_opts(srv->port()));
+  c.set("a", "1");
+  CHECK(c.get("a") == "1");
+  CHECK(c.add("n", 3) == 3);
+  CHECK(c.add("n", -1) == 2);
+  CHECK(c.get("n") == "2");
+  CHECK(c.compare_set("cas", "", "x") == "x");
+  CHECK(c.compare_set("cas", "wrong", "y") == "x");
+  CHECK(c.check({"a", "n"}));
+  CHECK_FALSE(c.check({"a", "zzz"}));
+  c.append("ap", "he");
+  c.append("ap", "llo");
+  CHECK(c.get("ap") == "hello");
+  c.multi_set({"m1", "m2"}, {"v1", "v2"});
+  CHECK(c.multi_get({"m2", "m1"}) == std::vector<std::string>{"v2", "v1"});
+  CHECK(c.delete_key("m1"));
+  CHECK_FALSE(c.delete_key("m1"));
+  CHECK(c.num_keys() == 5);  // a, n, cas, ap, m2
+  c.queue_push("q", "first");
+  c.queue_push("q", "second");
+  CHECK(c.queue_len("q") == 2);
+  CHECK(c.queue_pop("q", 1s) == "first");
+  auto keys = c.list_keys();
+  CHECK(std::find(keys.begin(), keys.end(), "ap") != keys.end());
+  CHECK(c.ping() > 0ns);
+  CHECK(srv->stats().connections_closed_for_bad_input == 0);
+}
+
+TEST_CASE("WaitIsWokenBySetFromAnotherClient", "[server]") {
+  auto srv = start_server();
+  client::StoreClient waiter(client_opts(srv->port()));
+  auto fut = std::async(std::launch::async, [&] { return waiter.get("late"); });
+  client::StoreClient setter(client_opts(srv->port()));
+  // The waiter may or may not have registered yet; either way it must see the value.
+  setter.set("late", "here");
+  CHECK(fut.get() == "here");
+}
+
+TEST_CASE("WaitTimeoutCancelsAndKeepsTheConnectionUsable", "[server]") {
+  auto srv = start_server();
+  client::StoreClient c(client_opts(srv->port()));
+  CHECK_THROWS_AS(c.wait({"never"}, 50ms), client::StoreTimeout);
+  c.set("after", "ok");
+  CHECK(c.get("after") == "ok");
+  client::StoreClient other(client_opts(srv->port()));
+  other.set("never", "now");  // must not send a stray byte to `c`
+  CHECK(c.add("cnt", 1) == 1);
+}
+
+TEST_CASE("LegacyDialectClientWorks", "[server]") {
+  auto srv = start_server();
+  client::StoreClient c(client_opts(srv->port(), wire::Dialect::D0));
+  c.set("k", "v");
+  CHECK(c.get("k") == "v");
+  CHECK(c.add("init", 1) == 1);
+  CHECK(c.compare_set("k", "v", "w") == "w");
+  client::StoreClient d2(client_opts(srv->port()));
+  CHECK(d2.get("k") == "w");  // one keyspace for every dialect
+}
+
+TEST_CASE("ByteByByteFragmentationIsParsed", "[server]") {
+  auto srv = start_server();
+  Raw r(srv->port());
+  std::string req = validate();
+  wire::Request add;
+  add.op = wire::Op::Add;
+  add.keys = {"/frag"};
+  add.number = 41;
+  wire::encode_request(wire::Dialect::D2, add, req);
+  for (char ch : req) r.send(std::string(1, ch));
+  auto [bytes, eof] = r.recv_for(2s, 8);
+  REQUIRE(bytes.size() == 8);
+  CHECK(wire::load_u64(reinterpret_cast<const uint8_t*>(bytes.data())) == 41);
+}
+
+TEST_CASE("HostileClientsLoseOnlyTheirOwnConnection", "[server][robustness]") {
+  wire::Limits lim;
+  lim.max_key_len = 1024;
+  auto srv = start_server(lim);
+  client::StoreClient good(client_opts(srv->port()));
+  good.set("alive", "yes");
+
+  auto bad_case = [&](const std::string& name, const std::string& bytes) {
+    INFO(name);
+    Raw r(srv->port());
+    r.send(bytes);
+    auto [got, eof] = r.recv_for(3s);
+    CHECK(eof);
+    CHECK(good.get("alive") == "yes");
+  };
+  std::string s;
+  bad_case("unknown command", validate() + std::string(1, '\x63'));
+  s = validate();
+  wire::Writer(s).u8(3).u64(uint64_t(1) << 60);
+  bad_case("absurd length prefix 2^60", s);
+  s = validate();
+  wire::Writer(s).u8(3).blob(std::string(2000, 'k'));
+  bad_case("key over the limit", s);
+  s = validate();
+  wire::Writer(s).u8(1).blob("/txt").blob("abc").u8(4).blob("/txt").i64(1);
+  bad_case("non-numeric ADD", s);
+  s = validate() + validate();
+  bad_case("second VALIDATE", s);
+  s.clear();
+  wire::Writer(s).u8(0).u32(0xdeadbeef);
+  bad_case("bad magic (read as a legacy SET with an absurd key)", s);
+
+  {  // disconnect mid-request
+    Raw r(srv->port());
+    std::string part = validate();
+    wire::Writer(part).u8(1).u64(100).u8('x');
+    r.send(part);
+  }
+  {  // disconnect while waiting
+    Raw r(srv->port());
+    std::string w = validate();
+    wire::Writer(w).u8(6).u64(1).blob("/never");
+    r.send(w);
+  }
+  good.set("never", "set");  // no crash writing to a vanished waiter
+  CHECK(good.get("alive") == "yes");
+  CHECK(srv->stats().connections_closed_for_bad_input >= 6);
+}
+
+TEST_CASE("ResetKeyspaceEmptiesTheStoreAndDropsClients", "[server]") {
+  auto srv = start_server();
+  auto c = std::make_unique<client::StoreClient>(client_opts(srv->port()));
+  c->set("old", "attempt0");
+  srv->reset_keyspace();
+  CHECK_THROWS_AS(c->get_nowait("old"), client::StoreError);
+  client::StoreClient fresh(client_opts(srv->port()));
+  CHECK(fresh.num_keys() == 0);
+}
+
+TEST_CASE("JoinStormOf300Clients", "[server]") {
+  auto srv = start_server();
+  constexpr int kClients = 300;
+  std::vector<std::unique_ptr<client::StoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(std::make_unique<client::StoreClient>(client_opts(srv->port())));
+  std::vector<std::thread> threads;
+  std::atomic<int> released{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      if (clients[i]->add("joined", 1) == kClients) clients[i]->set("last", "1");
+      clients[i]->wait({"last"});
+      ++released;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(released == kClients);
+  CHECK(srv->stats().connections_open == kClients);
+}
+
+TEST_CASE("ConnectRetriesUntilTheServerComesUp", "[server]") {
+  // Reserve a free port, release it, then start the server there after the client began.
+  uint16_t port;
+  {
+    auto probe = start_server();
+    port = probe->port();
+  }
+  auto fut = std::async(std::launch::async, [&] {
+    client::StoreClient c(client_opts(port));
+    return c.add("x", 1);
+  });
+  std::this_thread::sleep_for(100ms);  // let the client see ECONNREFUSED at least once
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  server::StoreServer srv(o);
+  srv.start();
+  CHECK(fut.get() == 1);
+}
+
+TEST_CASE("ConnectFailureSaysWhatToCheck", "[server]") {
+  uint16_t port;
+  {
+    auto probe = start_server();
+    port = probe->port();
+  }
+  auto o = client_opts(port);
+  o.connect_timeout = 200ms;
+  try {
+    client::StoreClient c(o);
+    FAIL("connected to nothing");
+  } catch (const client::StoreError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot connect to the store at 127.0.0.1"));
+  }
+}

@@ -1,0 +1,211 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/store/store_state.h"
+
+using namespace ddprun;
+using wire::Op;
+
+namespace {
+struct Harness {
+  store::StoreState state;
+  std::vector<store::Outgoing> others;
+  std::string reply;
+  store::ApplyResult last;
+
+  std::string call(store::ConnId c, Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
+                   int64_t number = 0) {
+    wire::Request r;
+    r.op = op;
+    r.keys = std::move(keys);
+    r.values = std::move(values);
+    r.number = number;
+    reply.clear();
+    others.clear();
+    last = state.apply(c, wire::Dialect::D2, r, reply, others);
+    return reply;
+  }
+};
+std::string blob(const std::string& s) {
+  std::string out;
+  wire::Writer(out).blob(s);
+  return out;
+}
+std::string i64(int64_t v) {
+  std::string out;
+  wire::Writer(out).i64(v);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("CompareSetMatrix", "[state]") {
+  Harness h;
+  // missing key, empty expected: stored
+  CHECK(h.call(1, Op::CompareSet, {"k"}, {"", "a"}) == blob("a"));
+  CHECK(h.state.contains("k"));
+  // present, matching: stored
+  CHECK(h.call(1, Op::CompareSet, {"k"}, {"a", "b"}) == blob("b"));
+  // present, mismatching: current value returned, nothing stored
+  CHECK(h.call(1, Op::CompareSet, {"k"}, {"zz", "c"}) == blob("b"));
+  CHECK(h.call(1, Op::Get, {"k"}) == blob("b"));
+  // missing key, non-empty expected: the server pretends, echoes expected, stores nothing
+  CHECK(h.call(1, Op::CompareSet, {"m"}, {"x", "y"}) == blob("x"));
+  CHECK_FALSE(h.state.contains("m"));
+  // present, matching, empty desired: stored empty
+  CHECK(h.call(1, Op::CompareSet, {"k"}, {"b", ""}) == blob(""));
+  CHECK(h.state.contains("k"));
+}
+
+TEST_CASE("AddStoresDecimalTextAndParsesLikeStoll", "[state]") {
+  Harness h;
+  CHECK(h.call(1, Op::Add, {"c"}, {}, 5) == i64(5));
+  CHECK(h.call(1, Op::Add, {"c"}, {}, -8) == i64(-3));
+  CHECK(h.call(1, Op::Get, {"c"}) == blob("-3"));
+  h.call(1, Op::Set, {"s"}, {" 12 trailing"});
+  CHECK(h.call(1, Op::Add, {"s"}, {}, 1) == i64(13));
+}
+
+TEST_CASE("AddOnNonNumericValueClosesAndChangesNothing", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"s"}, {"abc"});
+  h.call(1, Op::Add, {"s"}, {}, 1);
+  CHECK(h.last.close);
+  CHECK(h.call(1, Op::Get, {"s"}) == blob("abc"));
+  h.call(1, Op::Set, {"e"}, {""});
+  h.call(1, Op::Add, {"e"}, {}, 1);
+  CHECK(h.last.close);
+  h.call(1, Op::Set, {"big"}, {"99999999999999999999999"});
+  h.call(1, Op::Add, {"big"}, {}, 1);
+  CHECK(h.last.close);
+}
+
+TEST_CASE("WaitIsDeferredUntilEveryKeyExists", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"a"}, {"1"});
+  CHECK(h.call(2, Op::Wait, {"a", "b", "c", "b"}).empty());  // deferred
+  CHECK(h.state.num_waiting_connections() == 1);
+  h.call(3, Op::Set, {"b"}, {"1"});
+  CHECK(h.others.empty());
+  h.call(3, Op::Add, {"c"}, {}, 1);
+  REQUIRE(h.others.size() == 1);
+  CHECK(h.others[0].conn == 2);
+  CHECK(h.others[0].bytes == std::string(1, '\0'));
+  CHECK(h.state.num_waiting_connections() == 0);
+  // Present keys answer at once; an empty list too.
+  CHECK(h.call(2, Op::Wait, {"a"}) == std::string(1, '\0'));
+  CHECK(h.call(2, Op::Wait, {}) == std::string(1, '\0'));
+}
+
+TEST_CASE("EveryWritingOpWakesWaiters", "[state]") {
+  for (Op op : {Op::Set, Op::Add, Op::Append, Op::MultiSet, Op::CompareSet}) {
+    Harness h;
+    h.call(2, Op::Wait, {"k"});
+    if (op == Op::CompareSet) h.call(1, op, {"k"}, {"", "v"});
+    else h.call(1, op, {"k"}, {"1"}, 1);
+    INFO(wire::op_name(op));
+    REQUIRE(h.others.size() == 1);
+    CHECK(h.others[0].conn == 2);
+  }
+}
+
+TEST_CASE("CancelWaitRemovesTheWaiterAndAlwaysRepliesOne", "[state]") {
+  Harness h;
+  h.call(2, Op::Wait, {"k"});
+  CHECK(h.call(2, Op::CancelWait) == std::string(1, '\1'));
+  h.call(1, Op::Set, {"k"}, {"v"});
+  CHECK(h.others.empty());  // no stray 00 after a cancel
+  CHECK(h.call(2, Op::CancelWait) == std::string(1, '\1'));  // nothing pending: still 01
+}
+
+TEST_CASE("DisconnectDropsTheWaiter", "[state]") {
+  Harness h;
+  h.call(2, Op::Wait, {"k"});
+  h.state.disconnect(2);
+  h.call(1, Op::Set, {"k"}, {"v"});
+  CHECK(h.others.empty());
+}
+
+TEST_CASE("DeleteDoesNotWakeAndReportsRemoval", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"k"}, {"v"});
+  CHECK(h.call(1, Op::DeleteKey, {"k"}) == i64(1));
+  CHECK(h.call(1, Op::DeleteKey, {"k"}) == i64(0));
+  CHECK(h.call(1, Op::GetNumKeys) == i64(0));
+}
+
+TEST_CASE("GetOfMissingKeyIsEmptyBlob", "[state]") {
+  Harness h;
+  CHECK(h.call(1, Op::Get, {"nope"}) == blob(""));
+  h.call(1, Op::Set, {"a"}, {"1"});
+  CHECK(h.call(1, Op::MultiGet, {"a", "nope"}) == blob("1") + blob(""));
+}
+
+TEST_CASE("AppendConcatenatesOrCreates", "[state]") {
+  Harness h;
+  h.call(1, Op::Append, {"k"}, {"ab"});
+  h.call(1, Op::Append, {"k"}, {"cd"});
+  CHECK(h.call(1, Op::Get, {"k"}) == blob("abcd"));
+}
+
+TEST_CASE("QueuesAreFifoAndSeparateFromKeys", "[state]") {
+  Harness h;
+  h.call(2, Op::Wait, {"q"});
+  h.call(3, Op::Wait, {"q"});
+  h.call(1, Op::QueuePush, {"q"}, {"one"});
+  REQUIRE(h.others.size() == 1);  // a push wakes exactly one waiter
+  CHECK(h.others[0].conn == 2);
+  h.call(1, Op::QueuePush, {"q"}, {"two"});
+  REQUIRE(h.others.size() == 1);
+  CHECK(h.others[0].conn == 3);
+  CHECK(h.call(1, Op::QueueLen, {"q"}) == i64(2));
+  CHECK(h.call(1, Op::Check, {"q"}) == std::string(1, '\0'));
+  CHECK(h.call(1, Op::QueuePop, {"q"}) == i64(2) + blob("one"));
+  CHECK(h.call(1, Op::QueuePop, {"q"}) == i64(1) + blob("two"));
+  CHECK(h.call(1, Op::QueuePop, {"q"}) == i64(0));
+  CHECK(h.call(1, Op::GetNumKeys) == i64(0));
+}
+
+TEST_CASE("ListKeysReturnsRawKeys", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"/a"}, {"1"});
+  h.call(1, Op::Add, {"init/"}, {}, 1);
+  std::string r = h.call(1, Op::ListKeys);
+  CHECK(r.substr(0, 8) == i64(2));
+  CHECK(r.find(blob("/a")) != std::string::npos);
+  CHECK(r.find(blob("init/")) != std::string::npos);
+}
+
+TEST_CASE("BarrierReleasesEveryoneAtWorldSize", "[state]") {
+  Harness h;
+  CHECK(h.call(1, Op::Barrier, {"b"}, {}, 3).empty());
+  CHECK(h.call(2, Op::Barrier, {"b"}, {}, 3).empty());
+  CHECK(h.call(3, Op::Barrier, {"b"}, {}, 3) == std::string(1, '\0'));
+  REQUIRE(h.others.size() == 2);
+}
+
+TEST_CASE("WatchKeySendsEventsOnChange", "[state]") {
+  Harness h;
+  CHECK(h.call(5, Op::WatchKey, {"w"}) == std::string(1, '\3'));
+  h.call(1, Op::Set, {"w"}, {"v1"});
+  REQUIRE(h.others.size() == 1);
+  std::string created;
+  wire::Writer(created).u8(wire::kWatchKeyCreated).blob("w").blob("").blob("v1");
+  CHECK(h.others[0].bytes == created);
+  h.call(1, Op::DeleteKey, {"w"});
+  REQUIRE(h.others.size() == 1);
+  CHECK(h.others[0].bytes[0] == wire::kWatchKeyDeleted);
+}
+
+TEST_CASE("SecondValidateCloses", "[state]") {
+  Harness h;
+  h.call(1, Op::Validate);
+  CHECK(h.last.close);
+}
+
+TEST_CASE("ClearEmptiesEverything", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"a"}, {"1"});
+  h.call(2, Op::Wait, {"b"});
+  h.state.clear();
+  CHECK(h.state.num_keys() == 0);
+  CHECK(h.state.num_waiting_connections() == 0);
+}
