@@ -41,7 +41,7 @@ struct StoreClientOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   // Default timeout of wait()/get(); the store owns it, like c10d's Store.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Dialect to speak. D2 = PyTorch >= 2.2 servers and ddprund. Auto probes (TCPSTORE §7).
+  // Dialect to speak: D2 = PyTorch >= 2.2 servers and ddprund; D1 = 2.1; D0 = 1.13/2.0.
   wire::Dialect dialect = wire::Dialect::D2;
   // Send PING after VALIDATE (2.5+/ddprund). Ignored for legacy dialects.
   bool ping_on_connect = true;
