@@ -1,0 +1,21 @@
+# Finds Gloo (Debian's libgloo-dev ships a GlooConfig.cmake whose imported target is plain
+# `gloo` with no namespace; other installs ship nothing). Provides Gloo::gloo.
+if(TARGET Gloo::gloo)
+  set(Gloo_FOUND TRUE)
+  return()
+endif()
+find_package(Gloo CONFIG QUIET NO_MODULE)
+if(TARGET gloo)
+  get_target_property(_gloo_loc gloo LOCATION)
+  get_target_property(_gloo_inc gloo INTERFACE_INCLUDE_DIRECTORIES)
+endif()
+find_path(Gloo_INCLUDE_DIR gloo/allreduce.h HINTS ${_gloo_inc})
+find_library(Gloo_LIBRARY NAMES gloo HINTS /usr/lib /usr/local/lib)
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(Gloo REQUIRED_VARS Gloo_LIBRARY Gloo_INCLUDE_DIR)
+if(Gloo_FOUND AND NOT TARGET Gloo::gloo)
+  add_library(Gloo::gloo UNKNOWN IMPORTED)
+  set_target_properties(Gloo::gloo PROPERTIES IMPORTED_LOCATION "${Gloo_LIBRARY}"
+                                              INTERFACE_INCLUDE_DIRECTORIES "${Gloo_INCLUDE_DIR}")
+endif()
+mark_as_advanced(Gloo_INCLUDE_DIR Gloo_LIBRARY)

@@ -1,0 +1,233 @@
+// `train`: the seed's DDP program in C++ (Linear 10->50, ReLU, Linear 50->1, MSE, SGD 0.01,
+// 100 samples, batch 20 per rank, 5 epochs), with flags for bigger MLPs, checkpoints and
+// fault injection. CPU path here (Gloo); GPU path in train_gpu.cu (NCCL + cuBLAS).
+//   ddprun --nproc_per_node=2 train
+//   ddprun --nproc_per_node=2 --max_restarts=3 train --checkpoint-dir /tmp/ck --fail-at-step 7,13
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <spdlog/spdlog.h>
+
+#include "ddprun/worker/checkpoint.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/cpu/mlp.h"
+#include "ddprun/worker/error_file.h"
+#include "ddprun/worker/reducer.h"
+#include "ddprun/worker/runtime.h"
+#include "ddprun/worker/sampler.h"
+#include "train_common.h"
+
+namespace dw = ddprun::worker;
+
+namespace train {
+
+void maybe_inject_fault(const Options& o, const dw::WorkerEnv& env, int64_t step) {
+  if (env.rank != o.fail_rank) return;
+  for (size_t i = 0; i < o.fail_at_step.size(); ++i) {
+    const int attempt = o.fail_attempt >= 0 ? o.fail_attempt : static_cast<int>(i);
+    if (o.fail_at_step[i] != step || env.restart_count != attempt) continue;
+    std::fprintf(stderr, "[train] rank %d attempt %d: injected fault (%s) before step %" PRId64 "\n", env.rank,
+                 env.restart_count, o.fail_mode.c_str(), step);
+    std::fflush(stderr);
+    if (o.fail_mode == "exit") {
+      dw::write_error_file(env.error_file, "injected failure before step " + std::to_string(step),
+                           "train --fail-at-step " + std::to_string(step));
+      std::_Exit(dw::kExitError);
+    }
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+namespace {
+
+std::string config_fingerprint(const Options& o) {
+  return "in=" + std::to_string(o.in) + " width=" + std::to_string(o.width) + " depth=" + std::to_string(o.depth) +
+         " samples=" + std::to_string(o.samples) + " batch=" + std::to_string(o.batch);
+}
+
+int run_cpu(const Options& o, dw::Runtime& rt) {
+  const dw::WorkerEnv& env = rt.env();
+  dw::Communicator& comm = rt.comm();
+  const int rank = env.rank, world = env.world_size;
+  if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
+
+  const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
+  dw::cpu::CpuMlp model(shape);
+  const size_t n = dw::cpu::mlp_num_params(shape);
+  std::vector<float> params(n), grads(n, 0.f), momentum(o.momentum != 0.f ? n : 0);
+  dw::cpu::mlp_init(shape, o.seed, params.data());
+
+  dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
+  const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
+  // meta = {global step, epoch, step in epoch, momentum initialised}
+  int64_t meta[4] = {0, 0, 0, 0};
+  if (!o.checkpoint_dir.empty()) {
+    if (auto ck = dw::load_latest_checkpoint(o.checkpoint_dir)) {
+      if (ck->section("config") != config_fingerprint(o))
+        throw dw::WorkerError("checkpoint in " + o.checkpoint_dir + " is for '" + ck->section("config") +
+                              "', not '" + config_fingerprint(o) + "'");
+      ck->get_into("params", params.data(), n * sizeof(float));
+      if (!momentum.empty() && ck->has("momentum")) ck->get_into("momentum", momentum.data(), n * sizeof(float));
+      meta[0] = static_cast<int64_t>(ck->step);
+      meta[1] = static_cast<int64_t>(ck->get_u64("epoch"));
+      meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
+      meta[3] = static_cast<int64_t>(ck->get_u64("momentum_init"));
+      if (ck->get_u64("world_size") != static_cast<uint64_t>(world)) {
+        spdlog::warn("checkpoint was written with world size {}, now {}: restarting its epoch", ck->get_u64("world_size"), world);
+        meta[2] = 0;
+      }
+      if (rank == 0) std::printf("[train] resumed from step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ")\n", meta[0], meta[1], meta[2]);
+    }
+  }
+  // Rank 0's state wins everywhere (DDP's initial broadcast).
+  comm.broadcast(params.data(), n * sizeof(float), 0);
+  if (!momentum.empty()) comm.broadcast(momentum.data(), n * sizeof(float), 0);
+  comm.broadcast(meta, sizeof meta, 0);
+  int64_t step = meta[0];
+  int64_t start_epoch = meta[1], start_in_epoch = meta[2];
+  bool momentum_init = meta[3] != 0;
+  if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
+
+  std::vector<dw::GradView> views;
+  for (const auto& t : model.tensors()) views.push_back({grads.data() + t.offset, t.count});
+  dw::ReducerOptions ro;
+  ro.overlap = !o.no_overlap;
+  dw::Reducer reducer(comm, views, dw::DType::F32, ro);
+
+  if (rank == 0)
+    std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
+                " buckets=%zu\n",
+                world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size());
+  std::fflush(stdout);
+
+  std::vector<float> x, y;
+  using Clock = std::chrono::steady_clock;
+  double timed_ms = 0;
+  int64_t timed_steps = 0, run_steps = 0;
+  auto epoch_t0 = Clock::now();
+  bool stop = false;
+  for (int64_t epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    double loss_sum = 0;
+    int64_t loss_n = 0, epoch_samples = 0;
+    epoch_t0 = Clock::now();
+    for (int64_t s = (epoch == start_epoch ? start_in_epoch : 0); s < steps_per_epoch; ++s) {
+      if (o.max_steps > 0 && step >= o.max_steps) { stop = true; break; }
+      maybe_inject_fault(o, env, step);
+      const auto t0 = Clock::now();
+      const auto idx = sampler.batch(static_cast<size_t>(s), static_cast<size_t>(o.batch));
+      const int b = static_cast<int>(idx.size());
+      x.resize(static_cast<size_t>(b) * o.in);
+      y.resize(static_cast<size_t>(b));
+      for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, &x[static_cast<size_t>(i) * o.in], &y[i]);
+      reducer.prepare_for_backward();
+      const float loss = model.forward_backward(params.data(), x.data(), y.data(), b, grads.data(), false,
+                                                [&](size_t t) { reducer.mark_ready(t); });
+      reducer.finalize();
+      dw::cpu::sgd_step(params.data(), grads.data(), momentum.empty() ? nullptr : momentum.data(), n, o.lr, o.momentum,
+                        !momentum_init);
+      momentum_init = true;
+      ++step;
+      ++run_steps;
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (run_steps > o.warmup_steps) { timed_ms += ms; ++timed_steps; }
+      loss_sum += loss;
+      ++loss_n;
+      epoch_samples += static_cast<int64_t>(b) * world;
+      if (rank == 0 && o.log_every > 0 && step % o.log_every == 0)
+        std::printf("[train] epoch %" PRId64 " step %" PRId64 " loss %.6f step_ms %.2f samples/s %.0f\n", epoch, step,
+                    loss, ms, static_cast<double>(b) * world / (ms / 1000.0));
+      const bool epoch_end = s + 1 == steps_per_epoch;
+      const bool ckpt_now = !o.checkpoint_dir.empty() &&
+                            (o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end);
+      if (ckpt_now && rank == 0) {
+        dw::Checkpoint ck;
+        ck.step = static_cast<uint64_t>(step);
+        ck.put_vector("params", params);
+        if (!momentum.empty()) ck.put_vector("momentum", momentum);
+        ck.put_u64("epoch", static_cast<uint64_t>(epoch));
+        ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
+        ck.put_u64("momentum_init", momentum_init ? 1 : 0);
+        ck.put_u64("world_size", static_cast<uint64_t>(world));
+        ck.put_u64("rng_state", o.seed);  // data and shuffles are counter-based: the seed is the whole RNG state
+        const std::string cfg = config_fingerprint(o);
+        ck.put("config", cfg.data(), cfg.size());
+        dw::save_checkpoint(o.checkpoint_dir, ck, o.keep_checkpoints);
+      }
+    }
+    if (rank == 0 && loss_n > 0) {
+      const double sec = std::chrono::duration<double>(Clock::now() - epoch_t0).count();
+      std::printf("[train] epoch %" PRId64 " done: step %" PRId64 " loss %.6f samples/s %.0f\n", epoch, step,
+                  loss_sum / static_cast<double>(loss_n), static_cast<double>(epoch_samples) / sec);
+      std::fflush(stdout);
+    }
+  }
+  comm.barrier();
+  if (rank == 0) {
+    if (timed_steps > 0) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", timed_ms / static_cast<double>(timed_steps), timed_steps);
+    std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
+                dw::fnv1a64(params.data(), n * sizeof(float)));
+    std::fflush(stdout);
+  }
+  return dw::kExitOk;
+}
+
+}  // namespace
+}  // namespace train
+
+int main(int argc, char** argv) {
+  train::Options o;
+  CLI::App app{"ddprun example: data-parallel MLP training (the seed's DDP program)"};
+  app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--depth", o.depth, "hidden width x width layers (0 = the seed's model)")->check(CLI::NonNegativeNumber);
+  app.add_option("--in-features", o.in, "input features")->check(CLI::PositiveNumber);
+  app.add_option("--samples", o.samples, "dataset size")->check(CLI::PositiveNumber);
+  app.add_option("--batch", o.batch, "batch size per rank")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", o.epochs, "epochs")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", o.lr, "SGD learning rate");
+  app.add_option("--momentum", o.momentum, "SGD momentum");
+  app.add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16 on CUDA)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--threads", o.threads, "CPU threads per rank (the CPU kernels use 1)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", o.seed, "seed of init, data and shuffles");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of checkpoints (resume from the newest valid one)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = every epoch)");
+  app.add_option("--keep-checkpoints", o.keep_checkpoints, "checkpoints kept (0 = all)");
+  app.add_option("--fail-at-step", o.fail_at_step, "inject a fault before these global steps (i-th on attempt i)")
+      ->delimiter(',');
+  app.add_option("--fail-rank", o.fail_rank, "rank that fails");
+  app.add_option("--fail-attempt", o.fail_attempt, "attempt (TORCHELASTIC_RESTART_COUNT) on which every fault fires");
+  app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
+      ->check(CLI::IsMember({"kill", "exit"}));
+  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)");
+  app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
+  app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
+  app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
+  app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : dw::kExitUsage;
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return dw::run_worker_main([&] {
+    dw::RuntimeOptions ro;
+    ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;
+    ro.timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000));
+    auto rt = dw::init(ro);
+    if (rt->on_cuda()) {
+#ifdef DDPRUN_TRAIN_HAVE_CUDA
+      return train::run_gpu(o, *rt);
+#else
+      throw dw::WorkerError("train was built without CUDA");
+#endif
+    }
+    return train::run_cpu(o, *rt);
+  });
+}

@@ -1,0 +1,61 @@
+// Shared between the CPU (train.cpp) and GPU (train_gpu.cu) paths of the `train` example.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddprun/worker/hash.h"
+#include "ddprun/worker/runtime.h"
+
+namespace train {
+
+struct Options {
+  int in = 10;
+  int width = 50;
+  int depth = 0;  // hidden width x width layers: total Linear layers = depth + 2
+  int64_t samples = 100;
+  int batch = 20;  // per rank
+  int epochs = 5;
+  float lr = 0.01f;
+  float momentum = 0.f;
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (bf16/fp16: CUDA only)
+  std::string device = "auto";     // cpu | cuda | auto
+  int threads = 1;
+  uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;    // steps; 0 = at the end of every epoch (when a dir is given)
+  int keep_checkpoints = 3;
+  std::vector<int64_t> fail_at_step;  // i-th entry fires on attempt i (or on --fail-attempt)
+  int fail_rank = 0;
+  int fail_attempt = -1;
+  std::string fail_mode = "kill";  // kill (SIGKILL self) | exit (error file + exit 1)
+  double timeout_s = 30;
+  int64_t max_steps = 0;           // stop after this many global steps (0 = all epochs)
+  int log_every = 0;               // 0 = once per epoch
+  int warmup_steps = 3;            // excluded from the step-time average
+  bool no_overlap = false;
+  bool sync_data = false;          // rank 0 generates data (debug)
+};
+
+// Deterministic synthetic data: sample i is a pure function of (seed, i).
+inline void make_sample(uint64_t seed, int64_t i, int in, float* x, float* y) {
+  using ddprun::worker::splitmix64;
+  double t = 0;
+  for (int j = 0; j < in; ++j) {
+    const uint64_t h = splitmix64(splitmix64(seed ^ 0x5eed) + static_cast<uint64_t>(i) * 1315423911ull + j);
+    x[j] = static_cast<float>(static_cast<double>(h >> 40) / 16777216.0 * 2.0 - 1.0);
+    const uint64_t w = splitmix64(0xc0ffee + j);
+    t += (static_cast<double>(w >> 40) / 16777216.0 - 0.5) * x[j];
+  }
+  y[0] = static_cast<float>(t + 0.1 * x[0] * x[(in > 1) ? 1 : 0]);
+}
+
+// Applies --fail-at-step: on the chosen rank and attempt, before global step `step` runs.
+void maybe_inject_fault(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
+
+#ifdef DDPRUN_TRAIN_HAVE_CUDA
+int run_gpu(const Options& o, ddprun::worker::Runtime& rt);
+#endif
+
+}  // namespace train

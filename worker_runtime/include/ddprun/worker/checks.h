@@ -1,0 +1,54 @@
+// Error policy of the worker runtime (see worker_runtime/README.md).
+//
+// Two kinds of failure:
+//  * Recoverable: typed exceptions. CommError = a collective or the store failed (peer died,
+//    timeout, I/O error); the program should let it reach run_worker_main()/report_fatal(),
+//    which writes the error file and exits with kExitCommFailure so the launcher restarts the
+//    group. WorkerError = anything else the runtime could not do (bad env, bad checkpoint dir).
+//  * Broken invariants: DDPRUN_ENFORCE, which throws std::logic_error with file:line and both
+//    the condition and a message.
+// Every system / library call is checked at the call site with a macro adding file:line and
+// the library's own error string (DDPRUN_SYSCHECK here; CUDA/NCCL/cuBLAS in gpu_checks.h).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace ddprun::worker {
+
+// Exit codes of a worker (documented in worker_runtime/README.md).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;          // unexpected error (bug, bad input)
+inline constexpr int kExitUsage = 2;          // bad command line
+inline constexpr int kExitCommFailure = 75;   // EX_TEMPFAIL: a peer/collective/store failed; restart the group
+
+class WorkerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A collective, the store, or a peer failed. Recoverable by restarting the group.
+class CommError : public WorkerError {
+ public:
+  using WorkerError::WorkerError;
+};
+
+namespace detail {
+[[noreturn]] void throw_errno(const char* expr, const char* file, int line, int err);
+[[noreturn]] void throw_enforce(const char* cond, const char* file, int line, const std::string& msg);
+}  // namespace detail
+
+}  // namespace ddprun::worker
+
+// For POSIX calls that return -1 and set errno.
+#define DDPRUN_SYSCHECK(expr)                                                        \
+  do {                                                                               \
+    if ((expr) == -1)                                                                \
+      ::ddprun::worker::detail::throw_errno(#expr, __FILE__, __LINE__, errno);       \
+  } while (0)
+
+#define DDPRUN_ENFORCE(cond, msg)                                                    \
+  do {                                                                               \
+    if (!(cond))                                                                     \
+      ::ddprun::worker::detail::throw_enforce(#cond, __FILE__, __LINE__, (msg));     \
+  } while (0)

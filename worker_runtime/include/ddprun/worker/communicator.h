@@ -1,0 +1,79 @@
+// The communicator: the few collectives data-parallel training needs, behind one interface
+// with two backends (Gloo on CPU, NCCL on GPU) and a test fake.
+//
+// Contract for every backend:
+//  * Collectives are in place and must be issued in the same order on every rank.
+//  * Failures (peer died, I/O error, timeout, abort()) throw CommError, never hang past the
+//    communicator's timeout.
+//  * Not thread-safe: one thread issues collectives at a time (the Reducer's communication
+//    thread during backward, the caller otherwise). abort() alone may be called from any
+//    thread, at any time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ddprun::worker {
+
+enum class DType : uint8_t { F32, BF16, F16, I32 };
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
+
+inline size_t dtype_size(DType d) { return d == DType::F32 || d == DType::I32 ? 4 : 2; }
+const char* dtype_name(DType d);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  // In place over `count` elements at `buf` (host memory for Gloo, device memory for NCCL).
+  // Gloo: blocks until done. NCCL: stream-ordered, enqueued on the communication stream.
+  virtual void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+  // `bytes` at `buf` on every rank become root's.
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // Host-blocking on every backend.
+  virtual void barrier() = 0;
+  // Makes current and future operations fail with CommError. Any thread; never throws.
+  virtual void abort() noexcept = 0;
+
+  // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
+  virtual bool stream_ordered() const { return false; }
+  // The caller's compute stream (a cudaStream_t; default: the legacy default stream).
+  virtual void set_compute_stream(void* /*stream*/) {}
+  // The communication stream waits for work already issued on the compute stream.
+  virtual void comm_waits_for_compute() {}
+  // The compute stream waits for all communication issued so far.
+  virtual void compute_waits_for_comm() {}
+  // Blocks the host until all issued communication finished (throws CommError on failure).
+  virtual void synchronize() {}
+};
+
+struct GlooOptions {
+  // Collective and connect timeout: a dead or stuck peer surfaces as CommError after this.
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // Local address for Gloo's TCP pairs: a hostname/IP, or "" = derive (GLOO_SOCKET_IFNAME,
+  // loopback when MASTER_ADDR is loopback, else this host's name).
+  std::string hostname;
+  std::string iface;       // network interface name (GLOO_SOCKET_IFNAME); wins over hostname
+  std::string key_prefix = "ddprun/gloo/";
+};
+
+}  // namespace ddprun::worker
+
+namespace ddprun::client {
+class StoreClient;
+}
+
+namespace ddprun::worker {
+
+// Builds a full-mesh Gloo context over `store` (keys under options.key_prefix).
+// Throws CommError when the mesh cannot be formed within the timeout.
+std::unique_ptr<Communicator> make_gloo_communicator(client::StoreClient& store, int rank, int size,
+                                                     const GlooOptions& options);
+
+}  // namespace ddprun::worker

@@ -1,0 +1,124 @@
+// The data-parallel gradient reducer (PyTorch DDP's Reducer, model-agnostic).
+//
+// The program registers its parameter gradients in registration (forward) order. They are
+// grouped into buckets in reverse registration order — the order backward produces them —
+// with a small first bucket (so communication starts early) and ~25 MiB after that. During
+// backward the program calls mark_ready(i) when gradient i is final; when the last gradient
+// of a bucket arrives, the bucket's all-reduce (average over ranks) is launched at once and
+// overlaps the rest of backward:
+//   * host communicators (Gloo): on the reducer's communication thread;
+//   * stream-ordered communicators (NCCL): on the communication stream, after an event on
+//     the compute stream (comm_waits_for_compute), with the compute stream made to wait in
+//     finalize().
+// finalize() waits for every bucket; afterwards every rank holds the same averaged gradient.
+// Buckets are reduced in the same order on every rank with fixed chunking, so results are
+// deterministic run to run (bit-identical resume).
+//
+// Memory: a bucket whose gradients tile one contiguous range (in any order) is reduced in
+// place; otherwise (host memory only) it is staged through a copy. Lay gradients out in one
+// flat buffer in registration order to get the in-place path.
+//
+// Thread-safety: the Reducer is driven from one thread (the training loop).
+// Errors: a failed all-reduce is rethrown from finalize() as CommError.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker {
+
+struct ReducerOptions {
+  size_t bucket_cap_bytes = 25u << 20;
+  size_t first_bucket_cap_bytes = 1u << 20;
+  bool overlap = true;  // false: launch every bucket in finalize() (for measuring overlap)
+};
+
+struct GradView {
+  void* ptr = nullptr;
+  size_t count = 0;  // elements
+};
+
+// Bucket assignment: parameter indices per bucket, buckets in launch order, each bucket's
+// members in the order backward makes them ready (reverse registration). A bucket is closed
+// once its size reaches the cap (the first bucket's cap for bucket 0); a parameter larger
+// than the cap gets a bucket of its own.
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
+                                              size_t bucket_cap_bytes);
+
+class Reducer {
+ public:
+  Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Call before each backward pass.
+  void prepare_for_backward();
+  // Gradient `index` (registration order) is final for this backward pass.
+  void mark_ready(size_t index);
+  // Waits for all buckets (launching any not yet launched). Throws CommError.
+  void finalize();
+
+  // Gradient accumulation: while sync is off, mark_ready/finalize do no communication and
+  // gradients accumulate locally (PyTorch's no_sync()).
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& r) : r_(r), prev_(r.sync()) { r_.set_sync(false); }
+    ~NoSyncGuard() { r_.set_sync(prev_); }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+   private:
+    Reducer& r_;
+    bool prev_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
+  // Number of buckets launched before finalize() in the last pass (overlap evidence).
+  size_t buckets_launched_early() const { return launched_early_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> members;
+    size_t pending = 0;
+    bool launched = false;
+    void* base = nullptr;   // in-place range, or nullptr when staged
+    size_t count = 0;
+    std::vector<unsigned char> staging;
+  };
+  void launch(size_t b);
+  void reduce_bucket(Bucket& bk);  // host path, on the communication thread
+  void comm_thread_main();
+
+  Communicator& comm_;
+  std::vector<GradView> grads_;
+  DType dtype_;
+  ReducerOptions options_;
+  std::vector<std::vector<size_t>> plan_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  size_t next_to_launch_ = 0;  // buckets launch strictly in order on every rank
+  size_t launched_early_ = 0;
+  bool sync_ = true;
+  bool in_backward_ = false;
+
+  // Host communication thread.
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;
+  size_t completed_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+}  // namespace ddprun::worker

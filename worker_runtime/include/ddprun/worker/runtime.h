@@ -1,0 +1,62 @@
+// One-call initialisation of a worker: environment, store, communicator.
+//
+//   auto rt = ddprun::worker::init();               // reads RANK/WORLD_SIZE/... or SLURM_*
+//   ddprun::worker::Reducer reducer(rt->comm(), grads, DType::F32);
+//
+// Tunables (each with its default here, overridable by the environment variable named):
+//   timeout              30 s   DDPRUN_COLLECTIVE_TIMEOUT_S  collective/connect timeout
+//   store_timeout       300 s   DDPRUN_STORE_TIMEOUT_S       wait/get on the store during init
+//   device             auto     DDPRUN_DEVICE                cpu | cuda | auto
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ddprun/worker/communicator.h"
+#include "ddprun/worker/env.h"
+
+namespace ddprun::worker {
+
+enum class DeviceKind { Auto, Cpu, Cuda };
+
+struct RuntimeOptions {
+  DeviceKind device = DeviceKind::Auto;
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds store_timeout{std::chrono::seconds(300)};
+  bool apply_env_overrides = true;  // read the DDPRUN_* variables above
+};
+
+// True when this build has the CUDA/NCCL backend and a GPU is visible.
+bool cuda_available();
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual const WorkerEnv& env() const = 0;
+  virtual Communicator& comm() = 0;
+  // The store connection (nullptr for a standalone 1-rank run without launcher variables).
+  virtual client::StoreClient* store() = 0;
+  virtual bool on_cuda() const = 0;
+  virtual int cuda_device() const = 0;  // LOCAL_RANK when on_cuda()
+  int rank() const { return env().rank; }
+  int world_size() const { return env().world_size; }
+};
+
+// Reads the environment, connects to the store at MASTER_ADDR:MASTER_PORT as a
+// PyTorch-compatible client (keys prefixed by '/'), and builds the communicator: NCCL when
+// running on CUDA (rank 0 publishes the unique id), Gloo otherwise. A 1-rank run without
+// launcher variables needs no store. Throws WorkerError (bad env) or CommError (store/peers
+// unreachable within the timeouts).
+std::unique_ptr<Runtime> init(RuntimeOptions options = {});
+
+// Last-resort error path of a worker: logs `e`, writes TORCHELASTIC_ERROR_FILE in PyTorch's
+// format and returns the exit code (kExitCommFailure for CommError, kExitError otherwise).
+int report_fatal(const std::exception& e, const std::string& where = "");
+
+// Runs body() and turns any exception into report_fatal()'s exit code: the usual main().
+int run_worker_main(const std::function<int()>& body);
+
+}  // namespace ddprun::worker

@@ -1,0 +1,250 @@
+#include "ddprun/worker/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <spdlog/spdlog.h>
+#include <system_error>
+
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/hash.h"
+
+namespace ddprun::worker {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'D', 'P', 'R', 'C', 'K', 'P', '1'};
+constexpr char kTrailer[8] = {'D', 'D', 'P', 'R', 'E', 'N', 'D', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 24;
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kSuffix = ".ddpck";
+
+template <class T>
+void append_le(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // x86-64 and aarch64 hosts are little-endian
+  out.append(b, sizeof(T));
+}
+template <class T>
+bool read_le(std::string_view& in, T& v) {
+  if (in.size() < sizeof(T)) return false;
+  std::memcpy(&v, in.data(), sizeof(T));
+  in.remove_prefix(sizeof(T));
+  return true;
+}
+
+[[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
+  throw std::system_error(err, std::generic_category(), what + " " + path);
+}
+
+bool read_file(const std::string& path, std::string& out, std::string* why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) { if (why) *why = std::string("open: ") + std::strerror(errno); return false; }
+  out.clear();
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (why) *why = std::string("read: ") + std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
+// Steps of the checkpoint files in dir, newest first.
+std::vector<uint64_t> list_steps(const std::string& dir) {
+  std::vector<uint64_t> steps;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return steps;
+  const std::string pre = kPrefix, suf = kSuffix;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() <= pre.size() + suf.size() || n.compare(0, pre.size(), pre) != 0 ||
+        n.compare(n.size() - suf.size(), suf.size(), suf) != 0)
+      continue;
+    std::string digits = n.substr(pre.size(), n.size() - pre.size() - suf.size());
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    steps.push_back(std::stoull(digits));
+  }
+  ::closedir(d);
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+void mkdirs(const std::string& dir) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    cur = dir.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) throw_io("mkdir", cur, errno);
+  }
+}
+
+}  // namespace
+
+const std::string& Checkpoint::section(const std::string& name) const {
+  auto it = sections.find(name);
+  if (it == sections.end()) throw WorkerError("checkpoint has no section '" + name + "'");
+  return it->second;
+}
+
+void Checkpoint::get_into(const std::string& name, void* dst, size_t bytes) const {
+  const std::string& s = section(name);
+  if (s.size() != bytes)
+    throw WorkerError("checkpoint section '" + name + "' has " + std::to_string(s.size()) + " bytes, expected " +
+                      std::to_string(bytes));
+  std::memcpy(dst, s.data(), bytes);
+}
+
+uint64_t Checkpoint::get_u64(const std::string& name) const {
+  uint64_t v = 0;
+  get_into(name, &v, sizeof v);
+  return v;
+}
+
+std::string encode_checkpoint(const Checkpoint& ckpt) {
+  Checkpoint c = ckpt;
+  c.put_u64("__step", ckpt.step);
+  std::string payload;
+  for (const auto& [name, data] : c.sections) {
+    append_le<uint32_t>(payload, static_cast<uint32_t>(name.size()));
+    payload += name;
+    append_le<uint64_t>(payload, data.size());
+    payload += data;
+  }
+  std::string out(kMagic, sizeof kMagic);
+  append_le<uint32_t>(out, kVersion);
+  append_le<uint32_t>(out, static_cast<uint32_t>(c.sections.size()));
+  append_le<uint64_t>(out, payload.size());
+  out += payload;
+  uint32_t crc = crc32c(out.data() + 8, out.size() - 8);
+  append_le<uint32_t>(out, crc);
+  out.append(kTrailer, sizeof kTrailer);
+  return out;
+}
+
+std::optional<Checkpoint> decode_checkpoint(std::string_view bytes, std::string* why) {
+  auto fail = [&](const std::string& m) -> std::optional<Checkpoint> { if (why) *why = m; return std::nullopt; };
+  if (bytes.size() < kHeaderBytes + 4 + sizeof kTrailer) return fail("truncated: " + std::to_string(bytes.size()) + " bytes");
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("bad magic");
+  std::string_view in = bytes.substr(8);
+  uint32_t version = 0, count = 0;
+  uint64_t payload_len = 0;
+  read_le(in, version);
+  read_le(in, count);
+  read_le(in, payload_len);
+  if (version != kVersion) return fail("unsupported version " + std::to_string(version));
+  if (payload_len != bytes.size() - kHeaderBytes - 4 - sizeof kTrailer)
+    return fail("torn: payload length " + std::to_string(payload_len) + " does not match file size " +
+                std::to_string(bytes.size()));
+  if (std::memcmp(bytes.data() + bytes.size() - sizeof kTrailer, kTrailer, sizeof kTrailer) != 0)
+    return fail("torn: trailer missing");
+  uint32_t stored = 0;
+  std::memcpy(&stored, bytes.data() + kHeaderBytes + payload_len, 4);
+  const uint32_t actual = crc32c(bytes.data() + 8, kHeaderBytes - 8 + payload_len);
+  if (stored != actual) {
+    char buf[80];
+    std::snprintf(buf, sizeof buf, "checksum mismatch: stored %08x, computed %08x", stored, actual);
+    return fail(buf);
+  }
+  Checkpoint c;
+  std::string_view p = bytes.substr(kHeaderBytes, payload_len);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t nlen = 0;
+    uint64_t dlen = 0;
+    if (!read_le(p, nlen) || p.size() < nlen) return fail("bad section name");
+    std::string name(p.substr(0, nlen));
+    p.remove_prefix(nlen);
+    if (!read_le(p, dlen) || p.size() < dlen) return fail("bad section '" + name + "'");
+    c.sections[name] = std::string(p.substr(0, dlen));
+    p.remove_prefix(dlen);
+  }
+  if (!p.empty()) return fail("trailing bytes in payload");
+  auto it = c.sections.find("__step");
+  if (it == c.sections.end() || it->second.size() != 8) return fail("no step");
+  std::memcpy(&c.step, it->second.data(), 8);
+  c.sections.erase(it);
+  return c;
+}
+
+std::string checkpoint_path(const std::string& dir, uint64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%012llu%s", kPrefix, static_cast<unsigned long long>(step), kSuffix);
+  return dir + "/" + name;
+}
+
+void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_last) {
+  mkdirs(dir);
+  const std::string bytes = encode_checkpoint(ckpt);
+  const std::string final_path = checkpoint_path(dir, ckpt.step);
+  const std::string tmp = dir + "/.tmp-" + std::to_string(::getpid()) + "-" + std::to_string(ckpt.step);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io("open", tmp, errno);
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw_io("write", tmp, e);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) { int e = errno; ::close(fd); ::unlink(tmp.c_str()); throw_io("fsync", tmp, e); }
+  if (::close(fd) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("close", tmp, e); }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("rename", final_path, e); }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw_io("open", dir, errno);
+  if (::fsync(dfd) != 0) { int e = errno; ::close(dfd); throw_io("fsync", dir, e); }
+  ::close(dfd);
+  if (keep_last > 0) {
+    auto steps = list_steps(dir);
+    for (size_t i = static_cast<size_t>(keep_last); i < steps.size(); ++i)
+      ::unlink(checkpoint_path(dir, steps[i]).c_str());
+  }
+}
+
+std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    spdlog::info("checkpoint dir {} does not exist: starting fresh", dir);
+    return std::nullopt;
+  }
+  for (uint64_t step : list_steps(dir)) {
+    const std::string path = checkpoint_path(dir, step);
+    std::string bytes, why;
+    if (!read_file(path, bytes, &why)) {
+      spdlog::warn("skipping checkpoint {}: {}", path, why);
+      continue;
+    }
+    auto c = decode_checkpoint(bytes, &why);
+    if (!c) {
+      spdlog::warn("skipping checkpoint {}: {}", path, why);
+      continue;
+    }
+    if (c->step != step) {
+      spdlog::warn("skipping checkpoint {}: its step {} does not match its name", path, c->step);
+      continue;
+    }
+    return c;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddprun::worker

@@ -1,0 +1,183 @@
+// Gloo backend: a gloo::rendezvous::Store adapter over our StoreClient, the TCP transport,
+// and a full-mesh context whose timeout bounds every collective.
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "ddprun/client/store_client.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker {
+namespace {
+
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(client::StoreClient& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = store_.get(prefix_ + key, timeout_);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> k;
+    k.reserve(keys.size());
+    for (const auto& key : keys) k.push_back(prefix_ + key);
+    store_.wait(k, timeout == gloo::kNoTimeout ? timeout_ : timeout);
+  }
+
+ private:
+  client::StoreClient& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+template <class T>
+void reduce_sum(void* c, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+}
+template <class T>
+void reduce_max(void* c, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = x[i] > y[i] ? x[i] : y[i];
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(client::StoreClient& store, int rank, int size, const GlooOptions& opt)
+      : rank_(rank), size_(size), timeout_(opt.timeout) {
+    gloo::transport::tcp::attr attr;
+    if (!opt.iface.empty()) {
+      attr.iface = opt.iface;
+    } else {
+      attr.hostname = opt.hostname;
+      if (attr.hostname.empty()) {
+        char host[256] = {};
+        DDPRUN_SYSCHECK(::gethostname(host, sizeof host - 1));
+        attr.hostname = host;
+      }
+    }
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(timeout_);
+      GlooStoreAdapter adapter(store, opt.key_prefix, timeout_);
+      ctx->connectFullMesh(adapter, device_);
+      ctx_ = std::move(ctx);
+    } catch (const std::exception& e) {
+      throw CommError(std::string("gloo: cannot form the full mesh (rank ") + std::to_string(rank) + " of " +
+                      std::to_string(size) + ", local address '" + (attr.iface.empty() ? attr.hostname : attr.iface) +
+                      "'): " + e.what());
+    }
+  }
+  ~GlooCommunicator() override = default;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo"; }
+
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    check_alive("allreduce");
+    if (count == 0) return;
+    guarded("allreduce", [&] {
+      gloo::AllreduceOptions o(ctx_);
+      o.setTag(next_tag());
+      o.setTimeout(timeout_);
+      if (dtype == DType::F32) {
+        o.setOutput(static_cast<float*>(buf), count);
+        o.setReduceFunction(op == ReduceOp::Max ? &reduce_max<float> : &reduce_sum<float>);
+      } else if (dtype == DType::I32) {
+        o.setOutput(static_cast<int32_t*>(buf), count);
+        o.setReduceFunction(op == ReduceOp::Max ? &reduce_max<int32_t> : &reduce_sum<int32_t>);
+      } else {
+        throw WorkerError(std::string("gloo backend: all-reduce of ") + dtype_name(dtype) + " is not supported");
+      }
+      gloo::allreduce(o);
+    });
+    if (op == ReduceOp::Avg) {
+      if (dtype == DType::F32) {
+        auto* p = static_cast<float*>(buf);
+        const float n = static_cast<float>(size_);
+        for (size_t i = 0; i < count; ++i) p[i] /= n;
+      } else {
+        auto* p = static_cast<int32_t*>(buf);
+        for (size_t i = 0; i < count; ++i) p[i] /= size_;
+      }
+    }
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    check_alive("broadcast");
+    if (bytes == 0) return;
+    guarded("broadcast", [&] {
+      gloo::BroadcastOptions o(ctx_);
+      o.setTag(next_tag());
+      o.setTimeout(timeout_);
+      o.setOutput(static_cast<uint8_t*>(buf), bytes);
+      o.setRoot(root);
+      gloo::broadcast(o);
+    });
+  }
+
+  void barrier() override {
+    check_alive("barrier");
+    guarded("barrier", [&] {
+      gloo::BarrierOptions o(ctx_);
+      o.setTag(next_tag());
+      o.setTimeout(timeout_);
+      gloo::barrier(o);
+    });
+  }
+
+  void abort() noexcept override { aborted_.store(true); }
+
+ private:
+  uint32_t next_tag() { return tag_++; }
+  void check_alive(const char* what) {
+    if (aborted_.load()) throw CommError(std::string("gloo ") + what + ": communicator aborted");
+  }
+  template <class F>
+  void guarded(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const WorkerError&) {
+      throw;
+    } catch (const std::exception& e) {
+      aborted_.store(true);  // a failed collective leaves the mesh unusable
+      throw CommError(std::string("gloo ") + what + " failed on rank " + std::to_string(rank_) + " (timeout " +
+                      std::to_string(timeout_.count()) + " ms): " + e.what());
+    }
+  }
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> ctx_;
+  uint32_t tag_ = 1;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(client::StoreClient& store, int rank, int size,
+                                                     const GlooOptions& options) {
+  return std::make_unique<GlooCommunicator>(store, rank, size, options);
+}
+
+}  // namespace ddprun::worker

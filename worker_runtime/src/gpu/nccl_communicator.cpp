@@ -1,0 +1,285 @@
+// NCCL backend. Bootstrap through the store (rank 0 publishes the unique id), a non-blocking
+// communicator so that init and every call can be bounded, a dedicated communication stream,
+// and a watchdog thread that turns an async NCCL error or a collective older than the
+// timeout into abort + error file + exit(kExitCommFailure), so no rank hangs on a dead peer.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "ddprun/client/store_client.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/error_file.h"
+#include "ddprun/worker/gpu_checks.h"
+#include "gpu_backend.h"
+
+namespace ddprun::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kUniqueIdKey = "ddprun/nccl/unique_id";
+
+ncclDataType_t to_nccl(DType d) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+ncclRedOp_t to_nccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(client::StoreClient* store, int rank, int size, int device, std::chrono::milliseconds timeout,
+                   std::string error_file)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout), error_file_(std::move(error_file)) {
+    DDPRUN_CUDA_CHECK(cudaSetDevice(device_));
+    ncclUniqueId id;
+    if (rank_ == 0) {
+      DDPRUN_NCCL_CHECK(ncclGetUniqueId(&id));
+      if (size_ > 1) store->set(kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof id));
+    } else {
+      DDPRUN_ENFORCE(store != nullptr, "NCCL with more than one rank needs the store");
+      const std::string v = store->get(kUniqueIdKey, timeout_);
+      if (v.size() != sizeof id) throw CommError("NCCL unique id in the store has " + std::to_string(v.size()) + " bytes");
+      std::memcpy(&id, v.data(), sizeof id);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    DDPRUN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+    wait_not_in_progress("ncclCommInitRankConfig");
+    DDPRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+    DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+    DDPRUN_CUDA_CHECK(cudaMalloc(&scratch_, 64));
+    watchdog_ = std::thread([this] { watchdog_main(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (comm_) {
+      if (aborted_.load()) {
+        // already aborted
+      } else if (cudaStreamSynchronize(comm_stream_) == cudaSuccess) {
+        ncclCommFinalize(comm_);
+        wait_not_in_progress_noexcept();
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+    }
+    for (auto& p : pending_) cudaEventDestroy(p.event);
+    for (auto e : free_events_) cudaEventDestroy(e);
+    if (scratch_) cudaFree(scratch_);
+    if (compute_done_) cudaEventDestroy(compute_done_);
+    if (comm_done_) cudaEventDestroy(comm_done_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+  bool stream_ordered() const override { return true; }
+  void set_compute_stream(void* stream) override { compute_stream_ = static_cast<cudaStream_t>(stream); }
+
+  void comm_waits_for_compute() override {
+    DDPRUN_CUDA_CHECK(cudaEventRecord(compute_done_, compute_stream_));
+    DDPRUN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, compute_done_, 0));
+  }
+  void compute_waits_for_comm() override {
+    DDPRUN_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
+    DDPRUN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, comm_done_, 0));
+  }
+
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    check_alive("allreduce");
+    if (count == 0) return;
+    DDPRUN_NCCL_CHECK(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
+    wait_not_in_progress("ncclAllReduce");
+    track("allreduce");
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    check_alive("broadcast");
+    comm_waits_for_compute();
+    DDPRUN_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, comm_stream_));
+    wait_not_in_progress("ncclBroadcast");
+    track("broadcast");
+    compute_waits_for_comm();
+  }
+
+  void barrier() override {
+    check_alive("barrier");
+    comm_waits_for_compute();
+    DDPRUN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, comm_stream_));
+    wait_not_in_progress("barrier");
+    track("barrier");
+    synchronize();
+  }
+
+  void synchronize() override {
+    // Poll so that an abort by the watchdog (which exits the process) is never blocked on.
+    for (;;) {
+      check_alive("synchronize");
+      cudaError_t e = cudaStreamQuery(comm_stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) DDPRUN_CUDA_CHECK(e);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void abort() noexcept override {
+    bool expected = false;
+    if (aborted_.compare_exchange_strong(expected, true) && comm_) ncclCommAbort(comm_);
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    Clock::time_point enqueued;
+    const char* what;
+  };
+
+  void check_alive(const char* what) {
+    if (aborted_.load()) throw CommError(std::string("nccl ") + what + ": communicator aborted");
+  }
+
+  // In non-blocking mode any call may return ncclInProgress; the next call must wait for it.
+  void wait_not_in_progress(const char* what) {
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      ncclResult_t st = ncclInProgress;
+      DDPRUN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &st));
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) {
+        abort();
+        throw CommError(std::string("nccl ") + what + ": " + ncclGetErrorString(st) + " (" +
+                        ncclGetLastError(comm_) + ")");
+      }
+      if (Clock::now() > deadline) {
+        abort();
+        throw CommError(std::string("nccl ") + what + ": timed out after " + std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::yield();
+    }
+  }
+  void wait_not_in_progress_noexcept() noexcept {
+    ncclResult_t st = ncclInProgress;
+    const auto deadline = Clock::now() + timeout_;
+    while (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
+      std::this_thread::yield();
+  }
+
+  void track(const char* what) {
+    cudaEvent_t ev;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!free_events_.empty()) {
+        ev = free_events_.back();
+        free_events_.pop_back();
+      } else {
+        DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      }
+    }
+    DDPRUN_CUDA_CHECK(cudaEventRecord(ev, comm_stream_));
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.push_back({ev, Clock::now(), what});
+  }
+
+  [[noreturn]] void die(const std::string& msg) {
+    spdlog::error("rank {}: {}; aborting the NCCL communicator", rank_, msg);
+    abort();
+    write_error_file(error_file_, "CommError: " + msg, "rank " + std::to_string(rank_) + ": nccl watchdog\n" + msg);
+    std::fflush(nullptr);
+    ::_exit(kExitCommFailure);
+  }
+
+  void watchdog_main() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(100));
+      if (stop_ || aborted_.load()) break;
+      ncclResult_t st = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress)
+        die(std::string("NCCL async error: ") + ncclGetErrorString(st) + " (" + ncclGetLastError(comm_) + ")");
+      while (!pending_.empty()) {
+        Pending& p = pending_.front();
+        cudaError_t q = cudaEventQuery(p.event);
+        if (q == cudaSuccess) {
+          free_events_.push_back(p.event);
+          pending_.pop_front();
+          continue;
+        }
+        if (q != cudaErrorNotReady) die(std::string("CUDA error while waiting for ") + p.what + ": " + cudaGetErrorString(q));
+        if (Clock::now() - p.enqueued > timeout_)
+          die(std::string("NCCL ") + p.what + " did not finish within " + std::to_string(timeout_.count()) +
+              " ms (a peer died or hangs)");
+        break;
+      }
+    }
+  }
+
+  int rank_, size_, device_;
+  std::chrono::milliseconds timeout_;
+  std::string error_file_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaStream_t compute_stream_ = nullptr;  // legacy default stream
+  cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
+  void* scratch_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+bool gpu_backend_available() { return true; }
+
+int gpu_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+void gpu_set_device(int device) { DDPRUN_CUDA_CHECK(cudaSetDevice(device)); }
+
+std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient* store, int rank, int size, int device,
+                                                     std::chrono::milliseconds timeout, const std::string& error_file) {
+  try {
+    return std::make_unique<NcclCommunicator>(store, rank, size, device, timeout, error_file);
+  } catch (const client::StoreError& e) {
+    throw CommError(std::string("NCCL bootstrap through the store failed: ") + e.what());
+  }
+}
+
+}  // namespace ddprun::worker

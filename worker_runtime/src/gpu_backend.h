@@ -1,0 +1,23 @@
+// Internal seam between the host runtime and the optional CUDA/NCCL backend. Without CUDA
+// (src/gpu_stub.cpp) every query says "no GPU" and the factories throw.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker {
+
+bool gpu_backend_available();
+int gpu_device_count();
+void gpu_set_device(int device);
+// NCCL communicator: rank 0 creates the unique id and SETs it in the store, the others
+// WAIT+GET it; ncclCommInitRank; a watchdog polls ncclCommGetAsyncError and the age of the
+// oldest unfinished collective, and on error/timeout aborts the communicator, writes the
+// error file and exits the process with kExitCommFailure. `store` may be null for size 1.
+std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient* store, int rank, int size, int device,
+                                                     std::chrono::milliseconds timeout, const std::string& error_file);
+
+}  // namespace ddprun::worker

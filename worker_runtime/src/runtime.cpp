@@ -1,0 +1,154 @@
+#include "ddprun/worker/runtime.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ddprun/client/store_client.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/error_file.h"
+#include "gpu_backend.h"
+
+namespace ddprun::worker {
+namespace {
+
+// A communicator for a world of one: every collective is the identity.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "self"; }
+  void allreduce(void*, size_t, DType, ReduceOp) override {}
+  void broadcast(void*, size_t, int) override {}
+  void barrier() override {}
+  void abort() noexcept override {}
+};
+
+class RuntimeImpl final : public Runtime {
+ public:
+  const WorkerEnv& env() const override { return env_; }
+  Communicator& comm() override { return *comm_; }
+  client::StoreClient* store() override { return store_.get(); }
+  bool on_cuda() const override { return on_cuda_; }
+  int cuda_device() const override { return device_; }
+
+  WorkerEnv env_;
+  std::unique_ptr<client::StoreClient> store_;
+  std::unique_ptr<Communicator> comm_;
+  bool on_cuda_ = false;
+  int device_ = -1;
+};
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(s > 0))
+    throw WorkerError(std::string("environment variable ") + name + "='" + v + "' is not a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
+
+}  // namespace
+
+bool cuda_available() { return gpu_backend_available() && gpu_device_count() > 0; }
+
+std::unique_ptr<Runtime> init(RuntimeOptions options) {
+  auto rt = std::make_unique<RuntimeImpl>();
+  rt->env_ = read_worker_env();
+  const WorkerEnv& env = rt->env_;
+  if (options.apply_env_overrides) {
+    options.timeout = env_seconds("DDPRUN_COLLECTIVE_TIMEOUT_S", options.timeout);
+    options.store_timeout = env_seconds("DDPRUN_STORE_TIMEOUT_S", options.store_timeout);
+    if (const char* d = std::getenv("DDPRUN_DEVICE"); d && *d) {
+      const std::string s = d;
+      if (s == "cpu") options.device = DeviceKind::Cpu;
+      else if (s == "cuda") options.device = DeviceKind::Cuda;
+      else if (s == "auto") options.device = DeviceKind::Auto;
+      else throw WorkerError("DDPRUN_DEVICE='" + s + "': expected cpu, cuda or auto");
+    }
+  }
+  bool cuda = false;
+  if (options.device == DeviceKind::Cuda) {
+    if (!gpu_backend_available()) throw WorkerError("--device cuda: this build has no CUDA support");
+    if (gpu_device_count() == 0) throw WorkerError("--device cuda: no CUDA device visible");
+    cuda = true;
+  } else if (options.device == DeviceKind::Auto) {
+    cuda = cuda_available();
+  }
+  if (cuda) {
+    const int n = gpu_device_count();
+    rt->device_ = env.local_rank % n;
+    gpu_set_device(rt->device_);
+    rt->on_cuda_ = true;
+  }
+
+  const bool need_store = !env.standalone && env.world_size > 1;
+  if (need_store) {
+    client::StoreClientOptions so;
+    so.host = env.master_addr;
+    so.port = env.master_port;
+    so.connect_timeout = options.store_timeout;
+    so.timeout = options.store_timeout;
+    so.pytorch_key_prefix = true;
+    try {
+      rt->store_ = std::make_unique<client::StoreClient>(so);
+    } catch (const std::exception& e) {
+      throw CommError("cannot reach the store at " + env.master_addr + ":" + std::to_string(env.master_port) + ": " +
+                      e.what());
+    }
+  }
+
+  if (cuda) {
+    rt->comm_ = make_nccl_communicator(rt->store_.get(), env.rank, env.world_size, rt->device_, options.timeout,
+                                       env.error_file);
+  } else if (env.world_size == 1) {
+    rt->comm_ = std::make_unique<SelfCommunicator>();
+  } else {
+    GlooOptions go;
+    go.timeout = options.timeout;
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
+    else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
+    try {
+      rt->comm_ = make_gloo_communicator(*rt->store_, env.rank, env.world_size, go);
+    } catch (const client::StoreError& e) {
+      throw CommError(std::string("gloo rendezvous through the store failed: ") + e.what());
+    }
+  }
+  spdlog::debug("rank {}/{} (local {}/{}) backend {} attempt {}", env.rank, env.world_size, env.local_rank,
+                env.local_world_size, rt->comm_->backend(), env.restart_count);
+  return rt;
+}
+
+int report_fatal(const std::exception& e, const std::string& where) {
+  const bool comm = dynamic_cast<const CommError*>(&e) != nullptr ||
+                    dynamic_cast<const client::StoreError*>(&e) != nullptr;
+  WorkerEnv env;
+  try {
+    env = read_worker_env();
+  } catch (...) {
+  }
+  const std::string msg = std::string(comm ? "CommError" : "Error") + ": " + e.what();
+  spdlog::error("rank {}: {}{}", env.rank, msg, where.empty() ? "" : " (in " + where + ")");
+  std::string trace = "rank " + std::to_string(env.rank) + " attempt " + std::to_string(env.restart_count) +
+                      (where.empty() ? "" : ": " + where) + "\n" + msg;
+  write_error_file(env.error_file, msg, trace);
+  return comm ? kExitCommFailure : kExitError;
+}
+
+int run_worker_main(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return report_fatal(e, "main");
+  } catch (...) {
+    return report_fatal(std::runtime_error("unknown exception"), "main");
+  }
+}
+
+}  // namespace ddprun::worker
