@@ -271,8 +271,11 @@ std::set<int> parse_local_ranks_filter(const std::string& value) {
   std::set<int> out;
   for (const auto& part : split(value, ',')) {
     if (part.empty()) continue;
-    out.insert(int_in("local_ranks_filter", value, 0, 1 << 16,
-                      "a comma-separated list of local ranks, e.g. 0,2"));
+    auto r = to_int(part);
+    if (!r || *r < 0 || *r > (1 << 16)) {
+      bad("local_ranks_filter", value, "a comma-separated list of local ranks, e.g. 0,2");
+    }
+    out.insert(static_cast<int>(*r));
   }
   if (out.empty()) bad("local_ranks_filter", value, "a comma-separated list of local ranks, e.g. 0,2");
   return out;

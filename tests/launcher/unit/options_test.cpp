@@ -1,0 +1,204 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/launcher/options.h"
+
+using namespace ddprun::launcher;
+
+namespace {
+
+const SystemInfo kSys{.cpu_count = 8, .gpu_count = 0};
+const SystemInfo kGpuSys{.cpu_count = 16, .gpu_count = 4};
+
+ParseOutcome parse(std::vector<std::string> args, const EnvMap& env = {}, SystemInfo sys = kSys) {
+  args.insert(args.begin(), "ddprun");
+  return parse_command_line(args, env, sys);
+}
+
+LaunchOptions ok(std::vector<std::string> args, const EnvMap& env = {}, SystemInfo sys = kSys) {
+  auto r = parse(std::move(args), env, sys);
+  INFO(r.message);
+  REQUIRE(r.options);
+  return *r.options;
+}
+
+std::string error_of(std::vector<std::string> args, const EnvMap& env = {}) {
+  auto r = parse(std::move(args), env);
+  REQUIRE_FALSE(r.options);
+  CHECK(r.exit_code == kUsageExitCode);
+  CHECK(r.message.find('\n') == std::string::npos);
+  return r.message;
+}
+
+}  // namespace
+
+TEST_CASE("defaults match torchrun", "[options]") {
+  auto o = ok({"train.py"});
+  CHECK(o.nproc_per_node == 1);
+  CHECK(o.min_nodes == 1);
+  CHECK(o.max_nodes == 1);
+  CHECK(o.master_addr == "127.0.0.1");
+  CHECK_FALSE(o.master_port);
+  CHECK(o.rdzv_backend == "static");
+  CHECK(o.rdzv_id == "none");
+  CHECK(o.max_restarts == 0);
+  CHECK(o.role == "default");
+  CHECK(o.shutdown_timeout_s == 30.0);
+  CHECK(o.signals_to_handle.size() == 4);
+  CHECK(o.entrypoint == "train.py");
+  CHECK(o.args.empty());
+}
+
+TEST_CASE("underscore and dash spellings are the same flag", "[options]") {
+  for (const std::string flag : {"--nproc_per_node", "--nproc-per-node"}) {
+    CHECK(ok({flag + "=3", "x"}).nproc_per_node == 3);
+    CHECK(ok({flag, "3", "x"}).nproc_per_node == 3);
+  }
+  CHECK(ok({"--max-restarts=2", "x"}).max_restarts == 2);
+  CHECK(ok({"--max_restarts=2", "x"}).max_restarts == 2);
+  CHECK(ok({"--master-port=1234", "x"}).master_port == 1234);
+  CHECK(ok({"--rdzv-id=job7", "x"}).rdzv_id == "job7");
+  CHECK(ok({"--no-python", "x"}).no_python);
+  CHECK(ok({"--no_python", "x"}).no_python);
+  CHECK(ok({"--local-ranks-filter=0,2", "x"}).local_ranks_filter == std::set<int>{0, 2});
+  CHECK(ok({"--shutdown-timeout=2.5", "x"}).shutdown_timeout_s == 2.5);
+  CHECK(ok({"--virtual-local-rank", "x"}).virtual_local_rank);
+  CHECK(ok({"--log-dir", "/tmp/l", "x"}).log_dir == "/tmp/l");
+}
+
+TEST_CASE("short flags -m -r -t", "[options]") {
+  auto o = ok({"-m", "-r", "3", "-t", "0:1,1:2", "pkg.mod", "--lr", "0.1"});
+  CHECK(o.module);
+  CHECK(o.redirects.all == 3);
+  CHECK(o.tee.for_rank(0) == 1);
+  CHECK(o.tee.for_rank(1) == 2);
+  CHECK(o.tee.for_rank(2) == 0);
+  CHECK(o.entrypoint == "pkg.mod");
+  CHECK(o.args == std::vector<std::string>{"--lr", "0.1"});
+}
+
+TEST_CASE("everything after the entry point belongs to it", "[options]") {
+  auto o = ok({"--nproc_per_node=2", "train.py", "--nproc_per_node=5", "-m", "--help"});
+  CHECK(o.nproc_per_node == 2);
+  CHECK_FALSE(o.module);
+  CHECK(o.args == std::vector<std::string>{"--nproc_per_node=5", "-m", "--help"});
+}
+
+TEST_CASE("PET_ environment variables fill flags; the command line wins", "[options]") {
+  EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "0"},
+             {"PET_NO_PYTHON", "1"}, {"PET_RDZV_ID", "kubeflow"}};
+  auto o = ok({"x"}, env);
+  CHECK(o.nproc_per_node == 4);
+  CHECK(o.max_restarts == 3);
+  CHECK_FALSE(o.standalone);
+  CHECK(o.no_python);
+  CHECK(o.rdzv_id == "kubeflow");
+  auto o2 = ok({"--nproc_per_node=2", "x"}, env);
+  CHECK(o2.nproc_per_node == 2);
+  CHECK(o2.max_restarts == 3);
+}
+
+TEST_CASE("bad PET_ values are reported against the flag", "[options]") {
+  auto msg = error_of({"x"}, {{"PET_NPROC_PER_NODE", "lots"}});
+  CHECK_THAT(msg, Catch::Contains("--nproc_per_node") && Catch::Contains("lots"));
+}
+
+TEST_CASE("nproc_per_node accepts int, cpu, gpu, auto", "[options][nproc]") {
+  CHECK(parse_nproc_per_node("5", kSys) == 5);
+  CHECK(parse_nproc_per_node("cpu", kSys) == 8);
+  CHECK(parse_nproc_per_node("auto", kSys) == 8);
+  CHECK(parse_nproc_per_node("auto", kGpuSys) == 4);
+  CHECK(parse_nproc_per_node("gpu", kGpuSys) == 4);
+  CHECK_THROWS_AS(parse_nproc_per_node("gpu", kSys), UsageError);
+  for (const char* bad : {"abc", "0", "-1", "2.5", "", "3x"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_nproc_per_node(bad, kSys),
+                      Catch::Contains("--nproc_per_node") && Catch::Contains("cpu, gpu or auto"));
+  }
+}
+
+TEST_CASE("GPU count comes from CUDA_VISIBLE_DEVICES, else /dev/nvidiaN", "[options][nproc]") {
+  CHECK(count_visible_gpus({}, 8) == 8);
+  CHECK(count_visible_gpus({{"CUDA_VISIBLE_DEVICES", "0,3"}}, 8) == 2);
+  CHECK(count_visible_gpus({{"CUDA_VISIBLE_DEVICES", ""}}, 8) == 0);
+  CHECK(count_visible_gpus({{"CUDA_VISIBLE_DEVICES", "1,-1,2"}}, 8) == 1);
+  CHECK(count_visible_gpus({{"CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def"}}, 0) == 2);
+}
+
+TEST_CASE("nnodes is N or MIN:MAX", "[options]") {
+  CHECK(parse_nnodes("1") == std::pair{1, 1});
+  CHECK(parse_nnodes("2:4") == std::pair{2, 4});
+  CHECK_THROWS_WITH(parse_nnodes("3:2"), Catch::Contains("--nnodes") && Catch::Contains("MIN:MAX"));
+  CHECK_THROWS_AS(parse_nnodes("0"), UsageError);
+  CHECK_THROWS_AS(parse_nnodes("a:b"), UsageError);
+  CHECK_THROWS_AS(parse_nnodes("1:2:3"), UsageError);
+}
+
+TEST_CASE("multi-node is parsed, validated, and refused for now", "[options]") {
+  CHECK_THAT(error_of({"--nnodes=2", "--node_rank=1", "x"}), Catch::Contains("not yet supported"));
+  CHECK_THAT(error_of({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "x"}),
+             Catch::Contains("not yet supported"));
+  CHECK_THAT(error_of({"--nnodes=2", "--node_rank=2", "x"}), Catch::Contains("--node_rank"));
+  CHECK(ok({"--nnodes=1:1", "x"}).max_nodes == 1);
+}
+
+TEST_CASE("redirects and tee: 0-3 or per local rank", "[options][streams]") {
+  CHECK(parse_std_streams("tee", "3").all == 3);
+  CHECK(parse_std_streams("tee", "3").for_rank(7) == 3);
+  auto per = parse_std_streams("redirects", "0:3,1:0,2:1");
+  CHECK(per.for_rank(0) == 3);
+  CHECK(per.for_rank(1) == 0);
+  CHECK(per.for_rank(2) == 1);
+  CHECK(per.for_rank(3) == 0);
+  for (const char* bad : {"4", "-1", "x", "0:4", "0:", ":1", "0:1:2"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_std_streams("tee", bad), Catch::Contains("--tee"));
+  }
+}
+
+TEST_CASE("rdzv_conf, endpoint, signals, filters", "[options]") {
+  auto conf = parse_rdzv_conf("join_timeout=900, is_host=1,read_timeout=60");
+  CHECK(conf.at("join_timeout") == "900");
+  CHECK(conf.at("is_host") == "1");
+  CHECK_THROWS_AS(parse_rdzv_conf("join_timeout"), UsageError);
+  CHECK_THROWS_AS(parse_rdzv_conf("join_timeout=soon"), UsageError);
+  auto o = ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head:1234", "x"});
+  CHECK(o.rdzv_host == "head");
+  CHECK(o.rdzv_port == 1234);
+  CHECK(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rdzv_port == 29400);
+  CHECK(ok({"--rdzv_endpoint=[::1]:99", "x"}).rdzv_host == "::1");
+  CHECK_THAT(error_of({"--rdzv_endpoint=head:99999", "x"}), Catch::Contains("--rdzv_endpoint"));
+  CHECK_THAT(error_of({"--rdzv_backend=zk", "x"}), Catch::Contains("static or c10d"));
+  CHECK(parse_signals("SIGTERM,INT,15") == std::vector<int>{15, 2, 15});
+  CHECK_THROWS_WITH(parse_signals("SIGKILL"), Catch::Contains("--signals_to_handle"));
+  CHECK_THROWS_AS(parse_signals("SIGNOPE"), UsageError);
+  CHECK_THROWS_AS(parse_local_ranks_filter("a"), UsageError);
+}
+
+TEST_CASE("standalone: one node, free port, random run id", "[options]") {
+  auto a = ok({"--standalone", "x"});
+  auto b = ok({"--standalone", "x"});
+  CHECK(a.rdzv_backend == "c10d");
+  CHECK(a.rdzv_port == 0);
+  CHECK(a.rdzv_id != "none");
+  CHECK(a.rdzv_id != b.rdzv_id);
+  CHECK_THAT(error_of({"--standalone", "--nnodes=2", "x"}), Catch::Contains("--standalone"));
+}
+
+TEST_CASE("bad input: one line naming the flag, exit 2", "[options]") {
+  CHECK_THAT(error_of({"--nproc_per_node=abc", "x"}), Catch::Contains("--nproc_per_node"));
+  CHECK_THAT(error_of({"--nnodes=3:2", "x"}), Catch::Contains("--nnodes"));
+  CHECK_THAT(error_of({}), Catch::Contains("entry point"));
+  CHECK_THAT(error_of({"--nproc_per_node=2"}), Catch::Contains("entry point"));
+  CHECK_THAT(error_of({"--bogus", "x"}), Catch::Contains("--bogus"));
+  CHECK_THAT(error_of({"--max_restarts=-1", "x"}), Catch::Contains("--max_restarts"));
+  CHECK_THAT(error_of({"--master_port=70000", "x"}), Catch::Contains("--master_port"));
+  CHECK_THAT(error_of({"--shutdown_timeout=soon", "x"}), Catch::Contains("--shutdown_timeout"));
+  CHECK_THAT(error_of({"--module", "--no_python", "x"}), Catch::Contains("mutually exclusive"));
+}
+
+TEST_CASE("--help is not an error", "[options]") {
+  auto r = parse({"--help"});
+  CHECK_FALSE(r.options);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.message, Catch::Contains("--nproc_per_node") && Catch::Contains("PET_NPROC_PER_NODE"));
+}

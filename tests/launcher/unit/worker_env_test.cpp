@@ -1,0 +1,125 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/launcher/worker_env.h"
+
+using namespace ddprun::launcher;
+
+namespace {
+
+GroupLayout layout(int nproc) {
+  GroupLayout g;
+  g.local_world_size = nproc;
+  g.world_size = nproc;
+  g.store_host = "10.0.0.1";
+  g.store_port = 4242;
+  g.run_id = "job7";
+  g.restart_count = 2;
+  return g;
+}
+
+LaunchOptions opts(int nproc) {
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.max_restarts = 3;
+  o.role = "trainer";
+  o.entrypoint = "train.py";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("worker environment has torchrun's variables", "[env]") {
+  EnvMap parent{{"PATH", "/usr/bin"}, {"HOME", "/root"}};
+  auto env = build_worker_env(parent, opts(4), layout(4), 3, "/logs/3/error.json");
+  const EnvMap expected{
+      {"RANK", "3"},          {"LOCAL_RANK", "3"},
+      {"GROUP_RANK", "0"},    {"ROLE_RANK", "3"},
+      {"ROLE_NAME", "trainer"}, {"LOCAL_WORLD_SIZE", "4"},
+      {"WORLD_SIZE", "4"},    {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"},
+      {"MASTER_PORT", "4242"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job7"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_ERROR_FILE", "/logs/3/error.json"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}, {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"NCCL_NVLS_ENABLE", "0"}, {"OMP_NUM_THREADS", "1"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+      {"PATH", "/usr/bin"}, {"HOME", "/root"},
+  };
+  for (const auto& [k, v] : expected) {
+    INFO(k);
+    REQUIRE(env.count(k));
+    CHECK(env.at(k) == v);
+  }
+  CHECK(env.size() == expected.size());
+  CHECK_FALSE(env.count("CUDA_VISIBLE_DEVICES"));
+}
+
+TEST_CASE("global rank adds the node's base", "[env]") {
+  auto g = layout(2);
+  g.node_rank = 1;
+  g.num_nodes = 2;
+  g.world_size = 4;
+  g.global_rank_base = 2;
+  auto env = build_worker_env({}, opts(2), g, 1, "e");
+  CHECK(env.at("RANK") == "3");
+  CHECK(env.at("LOCAL_RANK") == "1");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("WORLD_SIZE") == "4");
+}
+
+TEST_CASE("'unless set' variables keep the parent's value", "[env]") {
+  EnvMap parent{{"OMP_NUM_THREADS", "8"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
+                {"NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_NVLS_ENABLE", "1"}, {"RANK", "99"}};
+  auto env = build_worker_env(parent, opts(2), layout(2), 0, "e");
+  CHECK(env.at("OMP_NUM_THREADS") == "8");
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "3");
+  CHECK(env.at("NCCL_NVLS_ENABLE") == "1");
+  CHECK(env.at("RANK") == "0");  // ours always win
+}
+
+TEST_CASE("OMP_NUM_THREADS only with more than one local worker", "[env]") {
+  CHECK_FALSE(build_worker_env({}, opts(1), layout(1), 0, "e").count("OMP_NUM_THREADS"));
+}
+
+TEST_CASE("virtual local rank: LOCAL_RANK 0 and one device", "[env]") {
+  auto o = opts(4);
+  o.virtual_local_rank = true;
+  auto env = build_worker_env({}, o, layout(4), 2, "e");
+  CHECK(env.at("LOCAL_RANK") == "0");
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "2");
+  auto env2 = build_worker_env({{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}}, o, layout(4), 2, "e");
+  CHECK(env2.at("CUDA_VISIBLE_DEVICES") == "6");
+}
+
+TEST_CASE("argv for scripts, modules, programs", "[env]") {
+  auto o = opts(1);
+  o.args = {"--lr", "0.1"};
+  CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"python3", "-u", "train.py", "--lr", "0.1"});
+  CHECK(build_worker_argv(o, {{"PYTHON_EXEC", "/usr/bin/python3"}}) ==
+        std::vector<std::string>{"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"});
+  o.module = true;
+  o.entrypoint = "pkg.train";
+  CHECK(build_worker_argv(o, {}) ==
+        std::vector<std::string>{"python3", "-u", "-m", "pkg.train", "--lr", "0.1"});
+  o.module = false;
+  o.no_python = true;
+  o.entrypoint = "train.py";
+  CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"train.py", "--lr", "0.1"});
+  o.no_python = false;
+  o.entrypoint = "./train";
+  CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"./train", "--lr", "0.1"});
+  o.run_path = true;
+  o.entrypoint = "script";
+  auto rp = build_worker_argv(o, {});
+  REQUIRE(rp.size() == 7);
+  CHECK(rp[1] == "-u");
+  CHECK(rp[2] == "-c");
+  CHECK(rp[4] == "script");
+}
+
+TEST_CASE("envp is K=V", "[env]") {
+  CHECK(to_envp({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
+}
