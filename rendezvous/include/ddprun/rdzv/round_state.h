@@ -1,0 +1,111 @@
+// Rendezvous rounds, run by the server: agents send one JOIN per round and get back one
+// ROUND (node rank, world layout, restart count, the workers' store port). Pure: no sockets,
+// no clock of its own (callers pass `now`), so every timing rule is unit-tested.
+//
+// Rules (docs/RENDEZVOUS.md):
+//  - a round completes when MAX nodes joined; or, after a restart, as soon as every surviving
+//    node of the previous round is back (and >= MIN); or last_call after MIN joined;
+//  - join_timeout bounds the wait: the waiting agents get ERROR naming how many came;
+//  - one restart budget for the whole job; a failure report or a lost node spends one; a
+//    node arriving while the job runs (below MAX) triggers a new round without spending one;
+//  - a failure that repeats before any progress in two attempts in a row ends the job;
+//  - node ranks are stable across rounds; a node with prefer_rank0 (the endpoint host) gets 0;
+//  - a node is lost when its connection closes or its heartbeats stop (heartbeat_timeout_ms).
+//
+// Thread-safety: none; the server calls it on its one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ddprun/rdzv/agent_protocol.h"
+
+namespace ddprun::rdzv {
+
+using ConnId = uint64_t;
+using Clock = std::chrono::steady_clock;
+
+struct Outbound {
+  ConnId conn;
+  Message msg;
+  bool close_after = false;  // close the connection once the message is written
+};
+
+// Where the workers of a round keep their keys: a fresh, empty store per round.
+class WorkerStores {
+ public:
+  virtual ~WorkerStores() = default;
+  // Opens the store of (run_id, round) and returns its TCP port.
+  virtual uint16_t open(const std::string& run_id, int64_t round) = 0;
+  virtual void close(const std::string& run_id, int64_t round) = 0;
+  // Whether the round's workers made progress: all `world_size` of them joined the store
+  // (PyTorch and libddprun_worker clients add 1 to `init/` when they connect).
+  virtual bool progressed(const std::string& run_id, int64_t round, int64_t world_size) = 0;
+};
+
+class RoundState {
+ public:
+  explicit RoundState(WorkerStores& stores) : stores_(stores) {}
+
+  void on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out);
+  void on_disconnect(ConnId conn, Clock::time_point now, std::vector<Outbound>& out);
+  void on_tick(Clock::time_point now, std::vector<Outbound>& out);
+  // The earliest last-call or join deadline, if any. Heartbeat expiry is not included: the
+  // caller ticks periodically (a fraction of the heartbeat timeout) for that.
+  std::optional<Clock::time_point> next_deadline() const;
+
+  size_t num_jobs() const { return jobs_.size(); }
+  size_t num_agents() const { return conn_job_.size(); }
+
+ private:
+  struct Node {
+    ConnId conn = 0;
+    std::string node_id, host;
+    int64_t local_world_size = 1;
+    int64_t fixed_rank = -1;
+    bool prefer_rank0 = false;
+    int64_t last_rank = -1;
+    uint64_t seq = 0;
+    Clock::time_point last_seen;
+  };
+  enum class Phase { Gathering, Running, Finished };
+  struct Job {
+    std::string run_id;
+    int64_t min_nodes = 1, max_nodes = 1, max_restarts = 0;
+    std::chrono::milliseconds last_call{30000}, join_timeout{600000}, heartbeat_timeout{5000};
+    Phase phase = Phase::Gathering;
+    int64_t round = -1;  // last completed round
+    int64_t restart_count = 0;
+    int64_t world_size = 0;
+    std::map<ConnId, Node> members;
+    std::vector<ConnId> participants;  // of the current round, by node rank
+    std::set<ConnId> waiting;          // joined for the next round
+    std::set<ConnId> succeeded;
+    std::optional<Clock::time_point> last_call_deadline, join_deadline;
+    std::optional<Message> first_failure;
+    bool previous_failed_without_progress = false;
+    uint64_t seq = 0;
+  };
+
+  void on_join(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out);
+  void on_failure(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out);
+  void on_succeeded(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out);
+  void node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now, std::vector<Outbound>& out);
+  void maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out);
+  void complete_round(Job& job, std::vector<Outbound>& out);
+  void restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
+               std::vector<Outbound>& out);
+  void fail_job(Job& job, const std::string& reason, std::vector<Outbound>& out);
+  static std::string describe(const Node& n);
+
+  WorkerStores& stores_;
+  std::map<std::string, Job> jobs_;
+  std::map<ConnId, std::string> conn_job_;
+};
+
+}  // namespace ddprun::rdzv

@@ -1,0 +1,97 @@
+#include "ddprun/rdzv/agent_protocol.h"
+
+#include <cstdlib>
+
+namespace ddprun::rdzv {
+
+const char* msg_type_name(MsgType t) {
+  switch (t) {
+    case MsgType::Join: return "JOIN";
+    case MsgType::Heartbeat: return "HEARTBEAT";
+    case MsgType::Failure: return "FAILURE";
+    case MsgType::Succeeded: return "SUCCEEDED";
+    case MsgType::Leave: return "LEAVE";
+    case MsgType::Round: return "ROUND";
+    case MsgType::Restart: return "RESTART";
+    case MsgType::JobDone: return "JOB_DONE";
+    case MsgType::JobFailed: return "JOB_FAILED";
+    case MsgType::Error: return "ERROR";
+  }
+  return "?";
+}
+
+const std::string& Message::get(const std::string& k) const {
+  static const std::string empty;
+  auto it = fields.find(k);
+  return it == fields.end() ? empty : it->second;
+}
+
+int64_t Message::get_int(const std::string& k, int64_t fallback) const {
+  const std::string& v = get(k);
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  return (end && *end == '\0') ? x : fallback;
+}
+
+void encode_message(const Message& m, std::string& out) {
+  std::string payload;
+  wire::Writer w(payload);
+  w.u8(static_cast<uint8_t>(m.type)).u64(m.fields.size());
+  for (const auto& [k, v] : m.fields) w.blob(k).blob(v);
+  wire::Writer(out).u32(static_cast<uint32_t>(payload.size()));
+  out += payload;
+}
+
+wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out) {
+  wire::ParseResult r;
+  if (buf.size() < 4) {
+    r.need_total = 4;
+    return r;
+  }
+  const uint32_t len = wire::load_u32(buf.data());
+  if (len > kMaxFrameBytes || len < 9) {
+    r.status = wire::ParseStatus::Bad;
+    r.error = "agent frame length " + std::to_string(len) + " out of range";
+    return r;
+  }
+  if (buf.size() < 4 + size_t(len)) {
+    r.need_total = 4 + size_t(len);
+    return r;
+  }
+  const uint8_t* p = buf.data() + 4;
+  const uint8_t* end = p + len;
+  auto bad = [&](std::string why) {
+    r.status = wire::ParseStatus::Bad;
+    r.error = std::move(why);
+    return r;
+  };
+  const uint8_t type = *p++;
+  const bool known = (type >= 1 && type <= 5) || (type >= 20 && type <= 24);
+  if (!known) return bad("unknown agent message type " + std::to_string(type));
+  uint64_t n = wire::load_u64(p);
+  p += 8;
+  if (n > kMaxFields) return bad("too many fields in an agent message");
+  out.type = static_cast<MsgType>(type);
+  out.fields.clear();
+  auto read_blob = [&](std::string& s) -> bool {
+    if (end - p < 8) return false;
+    uint64_t l = wire::load_u64(p);
+    p += 8;
+    if (l > uint64_t(end - p)) return false;
+    s.assign(reinterpret_cast<const char*>(p), l);
+    p += l;
+    return true;
+  };
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k, v;
+    if (!read_blob(k) || !read_blob(v)) return bad("truncated field in an agent message");
+    out.fields[std::move(k)] = std::move(v);
+  }
+  if (p != end) return bad("trailing bytes in an agent message");
+  r.status = wire::ParseStatus::Ok;
+  r.consumed = 4 + size_t(len);
+  return r;
+}
+
+}  // namespace ddprun::rdzv

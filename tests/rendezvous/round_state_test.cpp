@@ -1,0 +1,307 @@
+#include <catch2/catch.hpp>
+
+#include "ddprun/rdzv/round_state.h"
+
+using namespace ddprun::rdzv;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct FakeStores : WorkerStores {
+  uint16_t next_port = 40000;
+  std::map<std::pair<std::string, int64_t>, uint16_t> open_stores;
+  bool progress = true;
+  uint16_t open(const std::string& run, int64_t round) override { return open_stores[{run, round}] = next_port++; }
+  void close(const std::string& run, int64_t round) override { open_stores.erase({run, round}); }
+  bool progressed(const std::string&, int64_t, int64_t) override { return progress; }
+};
+
+struct Harness {
+  FakeStores stores;
+  RoundState state{stores};
+  Clock::time_point now = Clock::time_point{} + 1000s;
+  std::vector<Outbound> out;
+
+  Message join_msg(const std::string& host, int64_t nproc = 2, int64_t min = 2, int64_t max = 2, int64_t restarts = 3) {
+    Message m;
+    m.type = MsgType::Join;
+    m.set("run_id", "job").set("node_id", host + "_1").set("host", host).set("local_world_size", nproc);
+    m.set("min_nodes", min).set("max_nodes", max).set("max_restarts", restarts);
+    m.set("last_call_ms", 3000).set("join_timeout_ms", 60000).set("heartbeat_timeout_ms", 5000);
+    return m;
+  }
+  void send(ConnId c, const Message& m) {
+    out.clear();
+    state.on_message(c, m, now, out);
+  }
+  void join(ConnId c, const std::string& host, int64_t nproc = 2, int64_t min = 2, int64_t max = 2) {
+    send(c, join_msg(host, nproc, min, max));
+  }
+  void fail(ConnId c, int64_t round) {
+    Message m;
+    m.type = MsgType::Failure;
+    m.set("round", round).set("global_rank", 3).set("exit_code", 1);
+    send(c, m);
+  }
+  void tick(std::chrono::milliseconds dt) {
+    now += dt;
+    out.clear();
+    state.on_tick(now, out);
+  }
+  const Outbound* to(ConnId c, MsgType t) const {
+    for (const auto& o : out)
+      if (o.conn == c && o.msg.type == t) return &o;
+    return nullptr;
+  }
+  void heartbeat_all(std::initializer_list<ConnId> cs) {
+    for (ConnId c : cs) {
+      Message m;
+      m.type = MsgType::Heartbeat;
+      out.clear();
+      state.on_message(c, m, now, out);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("RoundCompletesWhenMaxNodesJoined", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 2);
+  CHECK(h.out.empty());
+  h.join(2, "b", 3);
+  REQUIRE(h.out.size() == 2);
+  auto* r1 = h.to(1, MsgType::Round);
+  auto* r2 = h.to(2, MsgType::Round);
+  REQUIRE(r1);
+  REQUIRE(r2);
+  CHECK(r1->msg.get_int("node_rank") == 0);
+  CHECK(r2->msg.get_int("node_rank") == 1);
+  CHECK(r2->msg.get_int("base_rank") == 2);  // heterogeneous: 2 + 3 workers
+  CHECK(r1->msg.get_int("world_size") == 5);
+  CHECK(r1->msg.get("local_world_sizes") == "2,3");
+  CHECK(r1->msg.get_int("restart_count") == 0);
+  CHECK(r1->msg.get_int("store_port") == r2->msg.get_int("store_port"));
+}
+
+TEST_CASE("RoundClosesAtLastCallAfterMinJoined", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 3);
+  CHECK(h.out.empty());
+  h.tick(2999ms);
+  CHECK(h.out.empty());
+  h.join(2, "b", 1, 1, 3);
+  CHECK(h.out.empty());
+  h.tick(2ms);
+  REQUIRE(h.to(1, MsgType::Round));
+  CHECK(h.to(2, MsgType::Round)->msg.get_int("nnodes") == 2);
+}
+
+TEST_CASE("JoinTimeoutNamesHowManyCame", "[rdzv]") {
+  Harness h;
+  h.join(1, "hostA", 1, 3, 3);
+  h.heartbeat_all({1});
+  for (int i = 0; i < 60; ++i) {
+    h.tick(1000ms);
+    if (!h.out.empty()) break;
+    h.heartbeat_all({1});
+  }
+  auto* e = h.to(1, MsgType::Error);
+  REQUIRE(e);
+  CHECK_THAT(e->msg.get("message"), Catch::Contains("1 of at least 3 nodes joined job job (hostA)"));
+  CHECK(e->close_after);
+}
+
+TEST_CASE("EndpointHostGetsRankZeroAndRanksAreStable", "[rdzv]") {
+  Harness h;
+  auto m = h.join_msg("b");
+  h.send(1, m);
+  auto m2 = h.join_msg("head");
+  m2.set("prefer_rank0", "1");
+  h.send(2, m2);
+  CHECK(h.to(2, MsgType::Round)->msg.get_int("node_rank") == 0);
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("node_rank") == 1);
+  // A failure: both rejoin (in the other order); ranks stay.
+  h.fail(1, 0);
+  REQUIRE(h.to(1, MsgType::Restart));
+  REQUIRE(h.to(2, MsgType::Restart));
+  h.send(1, m);
+  h.send(2, m2);
+  CHECK(h.to(2, MsgType::Round)->msg.get_int("node_rank") == 0);
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("node_rank") == 1);
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("restart_count") == 1);
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("round") == 1);
+}
+
+TEST_CASE("OneRestartBudgetForTheWholeJob", "[rdzv]") {
+  Harness h;
+  auto a = h.join_msg("a", 1, 2, 2, /*restarts=*/1), b = h.join_msg("b", 1, 2, 2, 1);
+  h.send(1, a);
+  h.send(2, b);
+  h.fail(2, 0);
+  CHECK(h.to(1, MsgType::Restart)->msg.get_int("restart_count") == 1);
+  h.send(1, a);
+  h.send(2, b);
+  REQUIRE(h.to(1, MsgType::Round));
+  h.fail(1, 1);  // the other node fails this time: same budget
+  auto* f = h.to(2, MsgType::JobFailed);
+  REQUIRE(f);
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("restart budget (max_restarts=1) is spent"));
+  CHECK(f->msg.get("first_failure.host") == "b");  // the job's first failure is reported
+}
+
+TEST_CASE("StaleFailureOfAnOldRoundIsIgnored", "[rdzv]") {
+  Harness h;
+  h.join(1, "a");
+  h.join(2, "b");
+  h.fail(1, 0);
+  h.fail(2, 0);  // same round, already restarting: no second restart spent
+  CHECK(h.out.empty());
+  h.join(1, "a");
+  h.join(2, "b");
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("restart_count") == 1);
+}
+
+TEST_CASE("FailureRepeatingBeforeProgressEndsTheJob", "[rdzv]") {
+  Harness h;
+  h.stores.progress = false;
+  h.join(1, "a");
+  h.join(2, "b");
+  h.fail(1, 0);
+  REQUIRE(h.to(1, MsgType::Restart));
+  h.join(1, "a");
+  h.join(2, "b");
+  h.fail(1, 1);
+  auto* f = h.to(2, MsgType::JobFailed);
+  REQUIRE(f);
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("deterministic failure"));
+}
+
+TEST_CASE("LostNodeLeadsToANewRoundWhenMinRemains", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 2, 3);
+  h.join(2, "b", 1, 2, 3);
+  h.join(3, "c", 1, 2, 3);
+  REQUIRE(h.to(3, MsgType::Round));
+  h.out.clear();
+  h.state.on_disconnect(2, h.now, h.out);
+  REQUIRE(h.to(1, MsgType::Restart));
+  CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("lost node b_1 (host b)"));
+  h.join(1, "a", 1, 2, 3);
+  CHECK(h.out.empty());  // c not back yet
+  h.join(3, "c", 1, 2, 3);
+  auto* r = h.to(3, MsgType::Round);
+  REQUIRE(r);  // completes at once: every survivor is back, no last call
+  CHECK(r->msg.get_int("nnodes") == 2);
+  CHECK(r->msg.get_int("node_rank") == 1);  // c keeps its order after a
+}
+
+TEST_CASE("LostNodeBelowMinEndsTheJobNamingIt", "[rdzv]") {
+  Harness h;
+  h.join(1, "a");
+  h.join(2, "b");
+  h.out.clear();
+  h.state.on_disconnect(2, h.now, h.out);
+  auto* f = h.to(1, MsgType::JobFailed);
+  REQUIRE(f);
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("lost node b_1 (host b)"));
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("fewer than the minimum of 2"));
+}
+
+TEST_CASE("MissedHeartbeatsDropANode", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 2);
+  h.join(2, "b", 1, 1, 2);
+  REQUIRE(h.to(1, MsgType::Round));
+  for (int i = 0; i < 4; ++i) {
+    h.tick(1000ms);
+    h.heartbeat_all({1});  // b stays silent (its link is down)
+  }
+  h.tick(1500ms);
+  auto* e = h.to(2, MsgType::Error);
+  REQUIRE(e);
+  CHECK(e->close_after);
+  REQUIRE(h.to(1, MsgType::Restart));
+  CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("heartbeat timeout"));
+}
+
+TEST_CASE("NewNodeWhileRunningScalesUpWithoutSpendingTheBudget", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 3);
+  h.join(2, "b", 1, 1, 3);
+  h.tick(3000ms);
+  REQUIRE(h.to(1, MsgType::Round));
+  h.join(3, "c", 1, 1, 3);
+  auto* rs = h.to(1, MsgType::Restart);
+  REQUIRE(rs);
+  CHECK(rs->msg.get_int("restart_count") == 0);
+  h.join(1, "a", 1, 1, 3);
+  h.join(2, "b", 1, 1, 3);
+  auto* r = h.to(3, MsgType::Round);
+  REQUIRE(r);  // all three: max reached
+  CHECK(r->msg.get_int("nnodes") == 3);
+  CHECK(r->msg.get_int("node_rank") == 2);
+  CHECK(r->msg.get_int("restart_count") == 0);
+}
+
+TEST_CASE("JobDoneWhenEveryNodeSucceeded", "[rdzv]") {
+  Harness h;
+  h.join(1, "a");
+  h.join(2, "b");
+  Message s;
+  s.type = MsgType::Succeeded;
+  s.set("round", 0);
+  h.send(1, s);
+  CHECK(h.out.empty());
+  h.send(2, s);
+  REQUIRE(h.to(1, MsgType::JobDone));
+  REQUIRE(h.to(2, MsgType::JobDone));
+  CHECK(h.stores.open_stores.empty());
+}
+
+TEST_CASE("StaticNodeRanksAreHonouredAndConflictsRefused", "[rdzv]") {
+  Harness h;
+  auto m1 = h.join_msg("x");
+  m1.set("node_rank", 1);
+  auto m0 = h.join_msg("y");
+  m0.set("node_rank", 0);
+  h.send(1, m1);
+  auto dup = h.join_msg("z");
+  dup.set("node_rank", 1);
+  h.send(3, dup);
+  REQUIRE(h.to(3, MsgType::Error));
+  CHECK_THAT(h.to(3, MsgType::Error)->msg.get("message"), Catch::Contains("already taken by x_1"));
+  h.send(2, m0);
+  CHECK(h.to(1, MsgType::Round)->msg.get_int("node_rank") == 1);
+  CHECK(h.to(2, MsgType::Round)->msg.get_int("node_rank") == 0);
+}
+
+TEST_CASE("NnodesMismatchIsRefused", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 2, 2);
+  h.join(2, "b", 1, 1, 4);
+  REQUIRE(h.to(2, MsgType::Error));
+  CHECK_THAT(h.to(2, MsgType::Error)->msg.get("message"), Catch::Contains("--nnodes mismatch"));
+}
+
+TEST_CASE("AgentProtocolFramesRoundTrip", "[rdzv]") {
+  Message m;
+  m.type = MsgType::Round;
+  m.set("a", "1").set("hosts", std::string("x\0y", 3));
+  std::string wire;
+  encode_message(m, wire);
+  encode_message(m, wire);
+  Message back;
+  auto r = parse_message({reinterpret_cast<const uint8_t*>(wire.data()), wire.size()}, back);
+  REQUIRE(r.status == ddprun::wire::ParseStatus::Ok);
+  CHECK(r.consumed == wire.size() / 2);
+  CHECK(back.fields == m.fields);
+  for (size_t n = 0; n < wire.size() / 2; ++n) {
+    auto p = parse_message({reinterpret_cast<const uint8_t*>(wire.data()), n}, back);
+    CHECK(p.status == ddprun::wire::ParseStatus::NeedMore);
+  }
+  std::string bad = wire.substr(0, wire.size() / 2);
+  bad[4] = 99;
+  CHECK(parse_message({reinterpret_cast<const uint8_t*>(bad.data()), bad.size()}, back).status ==
+        ddprun::wire::ParseStatus::Bad);
+}
