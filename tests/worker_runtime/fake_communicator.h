@@ -1,0 +1,92 @@
+// An in-process communicator for N threads: all-reduce sums in rank order (deterministic),
+// so reducer logic is testable without sockets. Lives with the tests (a fake, not a backend).
+#pragma once
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker::testing {
+
+class FakeGroup {
+ public:
+  explicit FakeGroup(int size) : size_(size), slots_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  // Every rank deposits its buffer; the last one combines; all copy the result out.
+  void exchange(int rank, void* buf, size_t bytes, const std::function<void(std::vector<void*>&)>& combine) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const uint64_t gen = gen_;
+    slots_[static_cast<size_t>(rank)] = buf;
+    if (++arrived_ == size_) {
+      combine(slots_);
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lk, [&] { return gen_ != gen || aborted_; });
+      if (aborted_) throw CommError("fake group aborted");
+    }
+    (void)bytes;
+  }
+  void abort() {
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  int size_;
+  std::vector<void*> slots_;
+  int arrived_ = 0;
+  uint64_t gen_ = 0;
+  bool aborted_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+class FakeCommunicator final : public Communicator {
+ public:
+  FakeCommunicator(FakeGroup& g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_.size(); }
+  const char* backend() const override { return "fake"; }
+  size_t allreduce_calls = 0;
+  std::vector<size_t> allreduce_counts;
+
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    DDPRUN_ENFORCE(dtype == DType::F32, "fake: fp32 only");
+    ++allreduce_calls;
+    allreduce_counts.push_back(count);
+    const int n = g_.size();
+    g_.exchange(rank_, buf, count * 4, [&](std::vector<void*>& bufs) {
+      std::vector<float> acc(count, 0.f);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) acc[i] += static_cast<float*>(bufs[static_cast<size_t>(r)])[i];
+      if (op == ReduceOp::Avg)
+        for (auto& v : acc) v /= static_cast<float>(n);
+      for (int r = 0; r < n; ++r) std::memcpy(bufs[static_cast<size_t>(r)], acc.data(), count * 4);
+    });
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    g_.exchange(rank_, buf, bytes, [&](std::vector<void*>& bufs) {
+      for (size_t r = 0; r < bufs.size(); ++r)
+        if (static_cast<int>(r) != root) std::memcpy(bufs[r], bufs[static_cast<size_t>(root)], bytes);
+    });
+  }
+  void barrier() override {
+    char c = 0;
+    g_.exchange(rank_, &c, 1, [](std::vector<void*>&) {});
+  }
+  void abort() noexcept override { g_.abort(); }
+
+ private:
+  FakeGroup& g_;
+  int rank_;
+};
+
+}  // namespace ddprun::worker::testing

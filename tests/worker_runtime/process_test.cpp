@@ -1,0 +1,216 @@
+// End-to-end tests of the `train` example as real processes over a real in-process store:
+// a peer SIGKILLed mid-collective makes the survivor exit fast with the documented code and
+// an error file; and an elastic run (restarted by a minimal launcher loop written here, the
+// way ddprun does it) ends bit-identical to an uninterrupted run.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/server/store_server.h"
+#include "ddprun/worker/checks.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/ddprun-proc-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::optional<int> status;
+};
+
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env, const std::string& out_path) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) {
+    std::string s = *e;
+    bool overridden = false;
+    for (const auto& x : extra_env) overridden |= s.compare(0, x.find('=') + 1, x, 0, x.find('=') + 1) == 0;
+    if (!overridden) env_s.push_back(s);
+  }
+  env_s.insert(env_s.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> argv, envp;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env_s) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+// Waits for all; returns false if the deadline passed (then kills the rest).
+bool wait_all(std::vector<Proc>& ps, Clock::time_point deadline, std::vector<Clock::time_point>* exit_times = nullptr) {
+  if (exit_times) exit_times->assign(ps.size(), Clock::time_point{});
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].status) continue;
+      int st = 0;
+      if (::waitpid(ps[i].pid, &st, WNOHANG) == ps[i].pid) {
+        ps[i].status = st;
+        if (exit_times) (*exit_times)[i] = Clock::now();
+      } else {
+        all = false;
+      }
+    }
+    if (all) return true;
+    if (Clock::now() > deadline) {
+      for (auto& p : ps)
+        if (!p.status) {
+          ::kill(p.pid, SIGKILL);
+          int st = 0;
+          ::waitpid(p.pid, &st, 0);
+          p.status = st;
+        }
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling waitpid, not synchronising
+  }
+}
+
+std::vector<std::string> rank_env(int rank, int world, uint16_t port, int attempt, const std::string& err_file) {
+  return {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(rank),
+          "LOCAL_WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt), "TORCHELASTIC_ERROR_FILE=" + err_file,
+          "DDPRUN_DEVICE=cpu"};
+}
+
+std::string checksum_of(const std::string& log) {
+  std::smatch m;
+  static const std::regex re("final_param_checksum=([0-9a-f]{16})");
+  return std::regex_search(log, m, re) ? m[1].str() : "";
+}
+
+// A minimal launcher: run `world` ranks per attempt on a fresh keyspace; when one fails, stop
+// the others and start the next attempt; returns rank 0's log of the successful attempt.
+std::string run_elastic(const std::vector<std::string>& train_args, int world, int max_restarts, int* attempts_used) {
+  const std::string dir = temp_dir();
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  for (int attempt = 0; attempt <= max_restarts; ++attempt) {
+    server.reset_keyspace();
+    std::vector<Proc> ps(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> args{TRAIN_EXE};
+      args.insert(args.end(), train_args.begin(), train_args.end());
+      const std::string base = dir + "/a" + std::to_string(attempt) + "-r" + std::to_string(r);
+      ps[static_cast<size_t>(r)].pid = spawn(args, rank_env(r, world, server.port(), attempt, base + ".err.json"), base + ".log");
+    }
+    // Watch: the first failure stops the group (SIGTERM is what ddprun sends; SIGKILL after grace).
+    bool failed = false;
+    const auto deadline = Clock::now() + std::chrono::seconds(120);
+    for (;;) {
+      bool all_done = true;
+      for (auto& p : ps) {
+        if (p.status) continue;
+        int st = 0;
+        if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
+          p.status = st;
+          if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) failed = true;
+        } else {
+          all_done = false;
+        }
+      }
+      if (all_done) break;
+      if (failed || Clock::now() > deadline) {
+        for (auto& p : ps)
+          if (!p.status) ::kill(p.pid, SIGTERM);
+        wait_all(ps, Clock::now() + std::chrono::seconds(10));
+        failed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!failed) {
+      *attempts_used = attempt + 1;
+      return slurp(dir + "/a" + std::to_string(attempt) + "-r0.log");
+    }
+  }
+  *attempts_used = max_restarts + 1;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error file", "[process]") {
+  const std::string dir = temp_dir();
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  const std::vector<std::string> args{TRAIN_EXE, "--width", "256", "--depth", "2", "--samples", "1000000", "--batch",
+                                      "32", "--epochs", "1", "--max-steps", "100000", "--fail-at-step", "5",
+                                      "--fail-rank", "1", "--timeout", "30"};
+  std::vector<Proc> ps(2);
+  for (int r = 0; r < 2; ++r)
+    ps[static_cast<size_t>(r)].pid =
+        spawn(args, rank_env(r, 2, server.port(), 0, dir + "/err" + std::to_string(r) + ".json"),
+              dir + "/r" + std::to_string(r) + ".log");
+  std::vector<Clock::time_point> t;
+  REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60), &t));
+  INFO("rank0 log: " << slurp(dir + "/r0.log") << "\nrank1 log: " << slurp(dir + "/r1.log"));
+  REQUIRE(WIFSIGNALED(*ps[1].status));
+  REQUIRE(WTERMSIG(*ps[1].status) == SIGKILL);
+  REQUIRE(WIFEXITED(*ps[0].status));
+  REQUIRE(WEXITSTATUS(*ps[0].status) == ddprun::worker::kExitCommFailure);
+  // Far below the 30 s collective timeout: the dead peer's closed sockets fail the collective.
+  REQUIRE(t[0] - t[1] < std::chrono::seconds(5));
+  const std::string err = slurp(dir + "/err0.json");
+  REQUIRE(err.find("{\"message\": {\"message\": \"CommError") == 0);
+  REQUIRE(err.find("\"timestamp\": \"") != std::string::npos);
+}
+
+TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to an uninterrupted run", "[process]") {
+  const std::vector<std::string> base{"--width", "64", "--depth", "2", "--samples", "400", "--batch", "20",
+                                      "--epochs", "3", "--momentum", "0.9"};
+  int attempts = 0;
+  const std::string clean = run_elastic(base, 2, 0, &attempts);
+  INFO("clean log: " << clean);
+  const std::string want = checksum_of(clean);
+  REQUIRE(!want.empty());
+  REQUIRE(attempts == 1);
+
+  auto args = base;
+  const std::string ck = temp_dir() + "/ck";
+  // 10 steps per epoch; checkpoints every 4; killed before steps 7 (attempt 0) and 23 (attempt 1).
+  args.insert(args.end(), {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--fail-at-step", "7,23",
+                           "--fail-rank", "1"});
+  const std::string resumed = run_elastic(args, 2, 3, &attempts);
+  INFO("resumed log: " << resumed);
+  REQUIRE(attempts == 3);
+  REQUIRE(resumed.find("resumed from step 20") != std::string::npos);
+  REQUIRE(checksum_of(resumed) == want);
+}
