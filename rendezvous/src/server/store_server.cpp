@@ -1,13 +1,16 @@
 #include "ddprun/server/store_server.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 
 #include <boost/asio.hpp>
 #include <cstring>
 #include <future>
+#include <map>
 #include <thread>
 #include <unordered_map>
+
+#include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/round_state.h"
 
 namespace ddprun::server {
 
@@ -17,60 +20,78 @@ using store::ConnId;
 
 namespace {
 constexpr size_t kReadChunk = 64 * 1024;
-}
+constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
+}  // namespace
 
-struct StoreServer::Impl {
-  struct Connection : std::enable_shared_from_this<Connection> {
-    Connection(Impl& s, tcp::socket sock, ConnId i) : server(s), socket(std::move(sock)), id(i) {}
-    Impl& server;
+struct StoreServer::Impl : rdzv::WorkerStores {
+  // A keyspace with its own listener: the main one (TCPStore + agents' rendezvous) and one
+  // per rendezvous round for that round's workers, so every attempt starts empty and no
+  // worker of an old attempt can reach the new one's keys.
+  struct Keyspace {
+    explicit Keyspace(asio::io_context& io) : acceptor(io) {}
+    tcp::acceptor acceptor;
+    store::StoreState state;
+    std::string name;
+  };
+
+  struct Connection {
+    Connection(tcp::socket sock, ConnId i, Keyspace* k) : socket(std::move(sock)), id(i), ks(k) {}
     tcp::socket socket;
     ConnId id;
+    Keyspace* ks;
+    bool agent = false;  // speaks the agents' rendezvous protocol, not TCPStore
     wire::Dialect dialect = wire::Dialect::Unknown;
-    std::vector<uint8_t> in;      // received, not yet parsed
+    std::vector<uint8_t> in;
     size_t in_size = 0;
-    size_t need_total = 0;        // don't re-parse until this many bytes are there
-    std::string out;              // replies waiting to be written
-    std::string writing;          // the buffer of the write in flight
+    size_t need_total = 0;
+    std::string out, writing;
     bool write_in_flight = false;
+    bool close_when_flushed = false;
     bool closed = false;
     std::string peer;
   };
 
-  explicit Impl(StoreServerOptions o) : options(std::move(o)), acceptor(io) {}
+  explicit Impl(StoreServerOptions o) : options(std::move(o)), main_ks(io), rounds(*this), tick_timer(io) {
+    main_ks.name = "main";
+  }
 
   StoreServerOptions options;
   asio::io_context io;
-  tcp::acceptor acceptor;
-  store::StoreState state;
+  Keyspace main_ks;
+  std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> round_ks;
+  rdzv::RoundState rounds;
+  asio::steady_timer tick_timer;
   std::unordered_map<ConnId, std::shared_ptr<Connection>> conns;
   ConnId next_id = 1;
   std::thread thread;
   std::atomic<uint16_t> bound_port{0};
-  std::atomic<uint64_t> accepted{0}, closed_bad{0}, requests{0}, open{0};
-  std::vector<store::Outgoing> others;  // scratch
-  wire::Request req;                    // scratch
-  std::unique_ptr<asio::steady_timer> accept_retry;
+  std::atomic<uint64_t> accepted{0}, closed_bad{0}, requests{0}, open_conns{0};
+  std::vector<store::Outgoing> others;
+  std::vector<rdzv::Outbound> rdzv_out;
+  wire::Request req;
+  rdzv::Message msg;
+  tcp::endpoint bound_endpoint;
 
-  void listen() {
+  // ---- listening ----
+  void bind(Keyspace& ks, const std::string& host, uint16_t port) {
     auto open_and_bind = [&](const tcp::endpoint& ep) {
-      acceptor.open(ep.protocol());
-      acceptor.set_option(tcp::acceptor::reuse_address(true));
-      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(false));
-      acceptor.bind(ep);
+      ks.acceptor.open(ep.protocol());
+      ks.acceptor.set_option(tcp::acceptor::reuse_address(true));
+      if (ep.protocol() == tcp::v6()) ks.acceptor.set_option(asio::ip::v6_only(false));
+      ks.acceptor.bind(ep);
     };
-    const int backlog = options.backlog > 0 ? options.backlog : 65535;  // kernel caps at somaxconn
-    if (options.host.empty()) {
+    const int backlog = options.backlog > 0 ? options.backlog : 65535;  // the kernel caps it at somaxconn
+    if (host.empty()) {
       try {
-        open_and_bind(tcp::endpoint(tcp::v6(), options.port));
+        open_and_bind(tcp::endpoint(tcp::v6(), port));
       } catch (const boost::system::system_error&) {
-        if (acceptor.is_open()) acceptor.close();
-        open_and_bind(tcp::endpoint(tcp::v4(), options.port));
+        if (ks.acceptor.is_open()) ks.acceptor.close();
+        open_and_bind(tcp::endpoint(tcp::v4(), port));
       }
     } else {
       tcp::resolver resolver(io);
-      auto results = resolver.resolve(options.host, std::to_string(options.port),
-                                      tcp::resolver::passive | tcp::resolver::numeric_service);
-      boost::system::error_code last;
+      auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service);
+      boost::system::error_code last = boost::system::errc::make_error_code(boost::system::errc::address_not_available);
       for (const auto& r : results) {
         try {
           open_and_bind(r.endpoint());
@@ -78,45 +99,55 @@ struct StoreServer::Impl {
           break;
         } catch (const boost::system::system_error& e) {
           last = e.code();
-          if (acceptor.is_open()) acceptor.close();
+          if (ks.acceptor.is_open()) ks.acceptor.close();
         }
       }
-      if (last || !acceptor.is_open())
-        throw std::system_error(last ? last.value() : EADDRNOTAVAIL, std::generic_category(),
-                                "cannot bind the store to " + options.host + ":" + std::to_string(options.port));
+      if (last)
+        throw std::system_error(last.value(), std::generic_category(),
+                                "cannot bind the store to " + host + ":" + std::to_string(port));
     }
-    acceptor.listen(backlog);
-    bound_port = acceptor.local_endpoint().port();
+    ks.acceptor.listen(backlog);
   }
 
-  void do_accept() {
-    acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
-      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  void listen() {
+    try {
+      bind(main_ks, options.host, options.port);
+    } catch (const boost::system::system_error& e) {
+      throw std::system_error(e.code().value(), std::generic_category(),
+                              "cannot listen on " + (options.host.empty() ? std::string("*") : options.host) + ":" +
+                                  std::to_string(options.port));
+    }
+    bound_endpoint = main_ks.acceptor.local_endpoint();
+    bound_port = bound_endpoint.port();
+  }
+
+  void do_accept(Keyspace* ks) {
+    ks->acceptor.async_accept([this, ks](boost::system::error_code ec, tcp::socket sock) {
+      if (ec == asio::error::operation_aborted || !ks->acceptor.is_open()) return;
       if (ec) {
-        // EMFILE/ENFILE and friends: the listener stays up; try again shortly.
-        spdlog::warn("[ddprund] accept failed: {}; retrying", ec.message());
-        accept_retry = std::make_unique<asio::steady_timer>(io, std::chrono::milliseconds(10));
-        accept_retry->async_wait([this](boost::system::error_code e2) {
-          if (!e2) do_accept();
+        spdlog::warn("[ddprund] accept failed on the {} store: {}; retrying", ks->name, ec.message());
+        auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(10));
+        t->async_wait([this, ks, t](boost::system::error_code e2) {
+          if (!e2) do_accept(ks);
         });
         return;
       }
       boost::system::error_code ignored;
       sock.set_option(tcp::no_delay(true), ignored);
-      auto c = std::make_shared<Connection>(*this, std::move(sock), next_id++);
+      auto c = std::make_shared<Connection>(std::move(sock), next_id++, ks);
       auto ep = c->socket.remote_endpoint(ignored);
       if (!ignored) c->peer = ep.address().to_string() + ":" + std::to_string(ep.port());
       conns.emplace(c->id, c);
       ++accepted;
-      ++open;
+      ++open_conns;
       start_read(c);
-      do_accept();
+      do_accept(ks);
     });
   }
 
+  // ---- reading and dispatch ----
   void start_read(const std::shared_ptr<Connection>& c) {
     size_t want = std::max(kReadChunk, c->need_total > c->in_size ? c->need_total - c->in_size : 0);
-    // need_total is bounded by the request limit, so this never trusts a length blindly.
     if (c->in.size() < c->in_size + want) c->in.resize(c->in_size + want);
     c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want),
                               [this, c](boost::system::error_code ec, size_t n) {
@@ -132,22 +163,28 @@ struct StoreServer::Impl {
   }
 
   void process(const std::shared_ptr<Connection>& c) {
-    size_t pos = 0;
     if (c->in_size < c->need_total) return;
     c->need_total = 0;
-    if (c->dialect == wire::Dialect::Unknown) {
-      auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
-      if (det.status == wire::ParseStatus::NeedMore) return;
-      if (det.status == wire::ParseStatus::Bad) {
-        close(c, "first message is VALIDATE with a wrong magic", true);
-        return;
+    size_t pos = 0;
+    if (c->dialect == wire::Dialect::Unknown && !c->agent) {
+      if (c->in_size >= 5 && c->in[0] == 0 && wire::load_u32(c->in.data() + 1) == rdzv::kAgentMagic &&
+          c->ks == &main_ks && options.enable_rendezvous) {
+        c->agent = true;
+        pos = 5;
+      } else {
+        auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
+        if (det.status == wire::ParseStatus::NeedMore) return;
+        if (det.status == wire::ParseStatus::Bad) {
+          close(c, "first message is VALIDATE with a wrong magic", true);
+          return;
+        }
+        c->dialect = det.dialect;
+        pos = det.consumed;
       }
-      c->dialect = det.dialect;
-      pos = det.consumed;
-      spdlog::debug("[ddprund] connection {} from {} speaks {}", c->id, c->peer, wire::dialect_name(c->dialect));
     }
-    while (pos < c->in_size) {
-      auto res = wire::parse_request({c->in.data() + pos, c->in_size - pos}, c->dialect, options.limits, req);
+    while (pos < c->in_size && !c->closed) {
+      std::span<const uint8_t> rest{c->in.data() + pos, c->in_size - pos};
+      auto res = c->agent ? rdzv::parse_message(rest, msg) : wire::parse_request(rest, c->dialect, options.limits, req);
       if (res.status == wire::ParseStatus::NeedMore) {
         c->need_total = res.need_total;
         break;
@@ -158,8 +195,14 @@ struct StoreServer::Impl {
       }
       pos += res.consumed;
       ++requests;
+      if (c->agent) {
+        rdzv_out.clear();
+        rounds.on_message(c->id, msg, std::chrono::steady_clock::now(), rdzv_out);
+        deliver(rdzv_out);
+        continue;
+      }
       others.clear();
-      auto applied = state.apply(c->id, c->dialect, req, c->out, others);
+      auto applied = c->ks->state.apply(c->id, c->dialect, req, c->out, others);
       if (applied.close) {
         close(c, std::string(wire::op_name(req.op)) + ": " + applied.error, true);
         return;
@@ -171,7 +214,7 @@ struct StoreServer::Impl {
         if (it->second != c) flush(it->second);
       }
     }
-    // Compact what is left (a partial request) to the front of the buffer.
+    if (c->closed) return;
     if (pos > 0) {
       std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
       c->in_size -= pos;
@@ -184,8 +227,40 @@ struct StoreServer::Impl {
     flush(c);
   }
 
+  void deliver(std::vector<rdzv::Outbound>& out) {
+    for (auto& o : out) {
+      auto it = conns.find(o.conn);
+      if (it == conns.end() || it->second->closed || it->second->close_when_flushed) continue;
+      rdzv::encode_message(o.msg, it->second->out);
+      if (o.close_after) it->second->close_when_flushed = true;
+      flush(it->second);
+    }
+    schedule_tick();
+  }
+
+  void schedule_tick() {
+    auto next = rounds.next_deadline();
+    if (rounds.num_agents() > 0) {
+      auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
+      if (!next || hb < *next) next = hb;
+    }
+    if (!next) return;
+    if (tick_timer.expiry() > std::chrono::steady_clock::now() && tick_timer.expiry() <= *next) return;
+    tick_timer.expires_at(*next);
+    tick_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      rdzv_out.clear();
+      rounds.on_tick(std::chrono::steady_clock::now(), rdzv_out);
+      deliver(rdzv_out);
+    });
+  }
+
   void flush(const std::shared_ptr<Connection>& c) {
-    if (c->write_in_flight || c->out.empty() || c->closed) return;
+    if (c->closed || c->write_in_flight) return;
+    if (c->out.empty()) {
+      if (c->close_when_flushed) close(c, "", false);
+      return;
+    }
     c->writing.swap(c->out);
     c->out.clear();
     c->write_in_flight = true;
@@ -208,17 +283,71 @@ struct StoreServer::Impl {
       ++closed_bad;
       spdlog::warn("[ddprund] closing connection {} from {}: {}", c->id, c->peer, why);
     }
-    state.disconnect(c->id);
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
     c->socket.close(ignored);
     conns.erase(c->id);
-    --open;
+    --open_conns;
+    if (c->agent) {
+      rdzv_out.clear();
+      rounds.on_disconnect(c->id, std::chrono::steady_clock::now(), rdzv_out);
+      deliver(rdzv_out);
+    } else {
+      c->ks->state.disconnect(c->id);
+    }
+  }
+
+  void close_connections_of(Keyspace* ks) {
+    std::vector<std::shared_ptr<Connection>> victims;
+    for (auto& [_, c] : conns)
+      if (c->ks == ks) victims.push_back(c);
+    for (auto& c : victims) close(c, "", false);
   }
 
   void close_all() {
-    auto copy = conns;
-    for (auto& [_, c] : copy) close(c, "", false);
+    std::vector<std::shared_ptr<Connection>> all;
+    for (auto& [_, c] : conns) all.push_back(c);
+    for (auto& c : all) close(c, "", false);
+  }
+
+  // ---- rdzv::WorkerStores: one keyspace and listener per round ----
+  uint16_t open(const std::string& run_id, int64_t round) override {
+    auto ks = std::make_unique<Keyspace>(io);
+    ks->name = run_id + "/round " + std::to_string(round);
+    // Same address as the main listener, any free port.
+    bind(*ks, options.host, 0);
+    const uint16_t port = ks->acceptor.local_endpoint().port();
+    do_accept(ks.get());
+    round_ks[{run_id, round}] = std::move(ks);
+    spdlog::debug("[ddprund] job {} round {}: workers' store on port {}", run_id, round, port);
+    return port;
+  }
+  void close(const std::string& run_id, int64_t round) override {
+    auto it = round_ks.find({run_id, round});
+    if (it == round_ks.end()) return;
+    boost::system::error_code ignored;
+    it->second->acceptor.close(ignored);
+    close_connections_of(it->second.get());
+    // The acceptor may still have a completion queued: free the keyspace after it ran.
+    auto ks = std::shared_ptr<Keyspace>(std::move(it->second));
+    round_ks.erase(it);
+    asio::post(io, [ks] {});
+  }
+  bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
+    auto it = round_ks.find({run_id, round});
+    if (it == round_ks.end()) return false;
+    std::string reply;
+    std::vector<store::Outgoing> ignored;
+    wire::Request get;
+    get.op = wire::Op::Get;
+    get.keys = {"init/"};
+    if (!it->second->state.contains("init/")) return false;
+    it->second->state.apply(0, wire::Dialect::D2, get, reply, ignored);
+    if (reply.size() < 8) return false;
+    std::string value = reply.substr(8);
+    char* end = nullptr;
+    long long n = std::strtoll(value.c_str(), &end, 10);
+    return n >= world_size;
   }
 };
 
@@ -228,13 +357,13 @@ StoreServer::~StoreServer() { stop(); }
 
 void StoreServer::start() {
   impl_->listen();
-  impl_->do_accept();
+  impl_->do_accept(&impl_->main_ks);
   impl_->thread = std::thread([impl = impl_.get()] { impl->io.run(); });
 }
 
 void StoreServer::run() {
   impl_->listen();
-  impl_->do_accept();
+  impl_->do_accept(&impl_->main_ks);
   impl_->io.run();
 }
 
@@ -242,7 +371,9 @@ void StoreServer::stop() {
   if (!impl_) return;
   asio::post(impl_->io, [impl = impl_.get()] {
     boost::system::error_code ignored;
-    impl->acceptor.close(ignored);
+    impl->main_ks.acceptor.close(ignored);
+    for (auto& [_, ks] : impl->round_ks) ks->acceptor.close(ignored);
+    impl->tick_timer.cancel();
     impl->close_all();
     impl->io.stop();
   });
@@ -252,26 +383,28 @@ void StoreServer::stop() {
 uint16_t StoreServer::port() const { return impl_->bound_port; }
 
 void StoreServer::reset_keyspace() {
-  if (!impl_->thread.joinable()) {  // not serving on a background thread: nothing runs concurrently
-    impl_->close_all();
-    impl_->state.clear();
+  auto reset = [impl = impl_.get()] {
+    impl->close_connections_of(&impl->main_ks);
+    impl->main_ks.state.clear();
+  };
+  if (!impl_->thread.joinable()) {
+    reset();
     return;
   }
   std::promise<void> done;
   auto fut = done.get_future();
-  asio::post(impl_->io, [impl = impl_.get(), &done] {
-    impl->close_all();
-    impl->state.clear();
+  asio::post(impl_->io, [&] {
+    reset();
     done.set_value();
   });
-  if (impl_->thread.get_id() == std::this_thread::get_id()) return;  // posted from a handler
+  if (impl_->thread.get_id() == std::this_thread::get_id()) return;
   fut.wait();
 }
 
 StoreServerStats StoreServer::stats() const {
   StoreServerStats s;
   s.connections_accepted = impl_->accepted;
-  s.connections_open = impl_->open;
+  s.connections_open = impl_->open_conns;
   s.connections_closed_for_bad_input = impl_->closed_bad;
   s.requests = impl_->requests;
   return s;

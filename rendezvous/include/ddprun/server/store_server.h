@@ -1,5 +1,6 @@
 // The TCPStore-compatible server: a thin Boost.Asio layer over the pure codec
-// (ddprun/wire/codec.h) and the pure store state (ddprun/store/store_state.h).
+// (ddprun/wire/codec.h), the pure store state (ddprun/store/store_state.h) and the pure
+// rendezvous rounds (ddprun/rdzv/round_state.h), all on one port.
 //
 // One io_context on one thread, like PyTorch's server, so every request is atomic with
 // respect to every other. Bad bytes close only the connection that sent them (and are
@@ -27,6 +28,9 @@ struct StoreServerOptions {
   wire::Limits limits{};      // per-request limits; a request over them closes its connection
   // Meaning of the legacy codes 7 and 8 (TCPSTORE §6.2): D0 (1.13/2.0) or D1 (2.1).
   wire::Dialect legacy_dialect = wire::Dialect::D0;
+  // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
+  // gets a fresh workers' store on its own ephemeral port of the same address.
+  bool enable_rendezvous = true;
 };
 
 struct StoreServerStats {
@@ -51,7 +55,7 @@ class StoreServer {
   void stop();
   uint16_t port() const;
 
-  // Empties the key/value space and queues and closes every client connection: used by the
+  // Empties the main key/value space and queues and closes its TCPStore connections: used by the
   // launcher so that each restart attempt starts from a fresh worker keyspace. Blocks until
   // done on the server thread.
   void reset_keyspace();
