@@ -1,0 +1,270 @@
+"""Multi-host tests: each node is a ddprun agent in its own network namespace.
+
+Usage: test_multinode.py --ddprun PATH SCENARIO   (root required; see netns.py)
+Each scenario asserts exit codes, what every worker saw (ranks, world size, restart count)
+and a time bound (a hang guard, generous: these machines are shared)."""
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Cluster, wait_for  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "worker.py")
+TRAIN_DDP = os.path.join(HERE, "..", "launcher", "train_ddp.py")
+
+
+class Run:
+    def __init__(self, args, nodes):
+        self.args = args
+        self.out = tempfile.mkdtemp(prefix="ddpt-")
+        self.cluster = Cluster(f"{os.getpid() % 100000}")
+        for _ in range(nodes):
+            self.cluster.add_node()
+        self.agents = {}
+
+    def env(self, node, extra=None):
+        e = dict(os.environ)
+        e.update({"DDPT_OUT": self.out, "DDPT_NODE": str(node), "PYTHON_EXEC": "/usr/bin/python3"})
+        e.update(extra or {})
+        return e
+
+    def agent(self, node, flags, entry=WORKER, extra_env=None, entry_args=()):
+        argv = [self.args.ddprun] + flags + [entry] + list(entry_args)
+        p = self.cluster.spawn(node, argv, env=self.env(node, extra_env))
+        self.agents[node] = p
+        return p
+
+    def wait(self, node, timeout):
+        p = self.agents[node]
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except Exception:
+            p.kill()
+            out, _ = p.communicate()
+            print(f"--- node {node} output (killed after {timeout}s) ---\n{out}")
+            raise AssertionError(f"node {node} did not finish within {timeout}s")
+        print(f"--- node {node} exit {p.returncode} ---\n{out}")
+        return p.returncode, out
+
+    def records(self):
+        path = os.path.join(self.out, "records.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def release(self):
+        open(os.path.join(self.out, "release"), "w").close()
+
+    def close(self):
+        self.cluster.close()
+
+
+def dyn_flags(run, nnodes, nproc, rid="job", extra=()):
+    ep = f"{run.cluster.addr(0)}:29400"
+    return [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={ep}", f"--rdzv_id={rid}",
+            f"--nproc_per_node={nproc}", "--rdzv_conf=last_call_timeout=2,join_timeout=20"] + list(extra)
+
+
+def static_flags(run, node, nnodes, nproc, extra=()):
+    return [f"--nnodes={nnodes}", f"--node_rank={node}", f"--master_addr={run.cluster.addr(0)}",
+            "--master_port=29500", f"--nproc_per_node={nproc}"] + list(extra)
+
+
+def check_round(recs, attempt, world, expect_nodes):
+    r = [x for x in recs if int(x["TORCHELASTIC_RESTART_COUNT"]) == attempt]
+    ranks = sorted(int(x["RANK"]) for x in r)
+    assert ranks == list(range(world)), f"attempt {attempt}: ranks {ranks}, expected 0..{world - 1}: {r}"
+    assert all(int(x["WORLD_SIZE"]) == world for x in r), r
+    assert all(int(x["GROUP_WORLD_SIZE"]) == expect_nodes for x in r), r
+    return r
+
+
+def scenario_static2(args):
+    run = Run(args, 2)
+    try:
+        t0 = time.monotonic()
+        for n in (1, 0):  # the non-host first: it must wait for the store, not fail
+            run.agent(n, static_flags(run, n, 2, 2))
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        r = check_round(run.records(), 0, 4, 2)
+        for x in r:
+            assert int(x["GROUP_RANK"]) == int(x["DDPT_NODE"]), x
+            assert int(x["RANK"]) == int(x["GROUP_RANK"]) * 2 + int(x["LOCAL_RANK"]), x
+            assert x["MASTER_ADDR"] == run.cluster.addr(0), x
+        assert time.monotonic() - t0 < 60
+    finally:
+        run.close()
+
+
+def scenario_dynamic3(args):
+    run = Run(args, 3)
+    try:
+        nprocs = {0: 1, 1: 2, 2: 1}  # heterogeneous nodes
+        for n in (2, 1, 0):
+            run.agent(n, dyn_flags(run, "2:3", nprocs[n]))
+        codes = [run.wait(n, 60)[0] for n in range(3)]
+        assert codes == [0, 0, 0], codes
+        r = check_round(run.records(), 0, 4, 3)
+        host = [x for x in r if x["DDPT_NODE"] == "0"]
+        assert all(x["GROUP_RANK"] == "0" for x in host), "the endpoint host is node rank 0"
+        for x in r:
+            assert int(x["LOCAL_WORLD_SIZE"]) == nprocs[int(x["DDPT_NODE"])], x
+    finally:
+        run.close()
+
+
+def hold_three(run, max_restarts=2, nnodes="2:3"):
+    env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "90"}
+    for n in range(3):
+        run.agent(n, dyn_flags(run, nnodes, 1, extra=[f"--max_restarts={max_restarts}"]), extra_env=env)
+    wait_for(lambda: len(run.records()) >= 3, 40, "3 workers of round 0")
+
+
+def scenario_kill_agent(args):
+    run = Run(args, 3)
+    try:
+        hold_three(run)
+        t_kill = time.monotonic()
+        run.agents[2].send_signal(signal.SIGKILL)
+        wait_for(lambda: any(x["TORCHELASTIC_RESTART_COUNT"] == "1" for x in run.records()), 30,
+                 "the survivors' restart")
+        restart_s = time.monotonic() - t_kill
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        check_round(run.records(), 1, 2, 2)
+        assert restart_s < 15, f"restart took {restart_s:.1f}s"
+        print(f"survivors restarted {restart_s:.2f}s after the SIGKILL")
+    finally:
+        run.close()
+
+
+def scenario_link_down(args):
+    run = Run(args, 3)
+    try:
+        hold_three(run)
+        t_cut = time.monotonic()
+        run.cluster.link_down(2)
+        wait_for(lambda: any(x["TORCHELASTIC_RESTART_COUNT"] == "1" for x in run.records()), 40,
+                 "the survivors' restart after the link went down")
+        took = time.monotonic() - t_cut
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        check_round(run.records(), 1, 2, 2)
+        assert took < 20, f"noticed after {took:.1f}s"
+        print(f"cut-off node dropped and survivors restarted after {took:.2f}s")
+    finally:
+        run.close()
+
+
+def scenario_worker_fail(args):
+    run = Run(args, 2)
+    try:
+        env = {"DDPT_FAIL": "1:0:0:3", "DDPT_RUN_SECONDS": "1"}
+        for n in (0, 1):
+            run.agent(n, dyn_flags(run, "2", 2, extra=["--max_restarts=2"]), extra_env=env)
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        recs = run.records()
+        check_round(recs, 0, 4, 2)
+        check_round(recs, 1, 4, 2)  # every node restarted, with the same restart count
+        assert not any(x["TORCHELASTIC_RESTART_COUNT"] == "2" for x in recs)
+    finally:
+        run.close()
+
+
+def scenario_budget_spent(args):
+    run = Run(args, 2)
+    try:
+        env = {"DDPT_FAIL": "1:1:0:5", "DDPT_RUN_SECONDS": "1"}
+        for n in (0, 1):
+            run.agent(n, dyn_flags(run, "2", 2, extra=["--max_restarts=0"]), extra_env=env)
+        (c0, out0), (c1, out1) = run.wait(0, 60), run.wait(1, 60)
+        assert c0 != 0 and c1 != 0, (c0, c1)
+        both = out0 + out1
+        assert "rank 3" in both and "exit code 5" in both, "job-wide summary names the first failure"
+    finally:
+        run.close()
+
+
+def scenario_scale_up(args):
+    run = Run(args, 4)
+    try:
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "90"}
+        for n in range(3):
+            run.agent(n, dyn_flags(run, "3:4", 1, extra=["--max_restarts=0"]), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 3, 40, "round 0 with 3 nodes")
+        run.agent(3, dyn_flags(run, "3:4", 1, extra=["--max_restarts=0"]), extra_env=env)
+        wait_for(lambda: any(x["DDPT_NODE"] == "3" for x in run.records()), 40, "the fourth node's worker")
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in range(4)]
+        assert codes == [0, 0, 0, 0], codes
+        recs = run.records()
+        last = [x for x in recs if x["WORLD_SIZE"] == "4"]
+        assert sorted(int(x["RANK"]) for x in last) == [0, 1, 2, 3], last
+        assert all(x["TORCHELASTIC_RESTART_COUNT"] == "0" for x in recs), "scale-up spends no restart"
+    finally:
+        run.close()
+
+
+def scenario_min_unreachable(args):
+    run = Run(args, 2)
+    try:
+        t0 = time.monotonic()
+        for n in (0, 1):
+            run.agent(n, [f"--nnodes=3", "--rdzv_backend=c10d", f"--rdzv_endpoint={run.cluster.addr(0)}:29400",
+                          "--rdzv_id=job", "--nproc_per_node=1", "--rdzv_conf=join_timeout=3"])
+        (c0, out0), (c1, out1) = run.wait(0, 60), run.wait(1, 60)
+        assert c0 != 0 and c1 != 0, (c0, c1)
+        assert "2 of at least 3 nodes joined" in out0 + out1, "the error says how many nodes came"
+        assert time.monotonic() - t0 < 30
+        assert run.records() == []
+    finally:
+        run.close()
+
+
+def scenario_host_finishes_first(args):
+    run = Run(args, 2)
+    try:
+        run.agent(0, dyn_flags(run, "2", 1), extra_env={"DDPT_RUN_SECONDS": "0"})
+        run.agent(1, dyn_flags(run, "2", 1), extra_env={"DDPT_RUN_SECONDS": "4"})
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+    finally:
+        run.close()
+
+
+def scenario_gloo_static(args):
+    """Real PyTorch (Debian's 1.13) gloo workers across two hosts through env://."""
+    run = Run(args, 2)
+    try:
+        for n in (0, 1):
+            run.agent(n, static_flags(run, n, 2, 1), entry=TRAIN_DDP)
+        (c0, out0), (c1, out1) = run.wait(0, 180), run.wait(1, 180)
+        assert (c0, c1) == (0, 0), (c0, c1)
+        assert "loss" in out0.lower() + out1.lower()
+    finally:
+        run.close()
+
+
+SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("multi-host tests need root for network namespaces", file=sys.stderr)
+        sys.exit(2)
+    SCENARIOS[a.scenario](a)
+    print(f"scenario {a.scenario}: passed")
