@@ -270,3 +270,14 @@ TEST_CASE("ConnectFailureSaysWhatToCheck", "[server]") {
     CHECK_THAT(e.what(), Catch::Contains("cannot connect to the store at 127.0.0.1"));
   }
 }
+
+TEST_CASE("WorldSizeOptionAddsToInitLikePyTorch", "[server]") {
+  auto srv = start_server();
+  auto o = client_opts(srv->port());
+  o.world_size = 2;
+  client::StoreClient a(o), b(o);
+  auto raw = client_opts(srv->port());
+  raw.pytorch_key_prefix = false;
+  client::StoreClient r(raw);
+  CHECK(r.get("init/") == "2");
+}

@@ -51,6 +51,26 @@ int connect_once(const std::string& host, uint16_t port, std::string& error) {
 
 }  // namespace
 
+namespace {
+wire::Request make(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {}, int64_t num = 0) {
+  wire::Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.number = num;
+  return r;
+}
+}  // namespace
+
+#define DDPRUN_SEND(req)                                                                              \
+  do {                                                                                                 \
+    std::string bytes__;                                                                               \
+    if (!wire::encode_request(dialect_, (req), bytes__))                                               \
+      throw StoreError(std::string(wire::op_name((req).op)) + " is not supported by the store's " +   \
+                       wire::dialect_name(dialect_) + " protocol");                                   \
+    send_all(bytes__);                                                                                 \
+  } while (0)
+
 StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)), dialect_(options_.dialect) {
   if (dialect_ == wire::Dialect::Unknown) dialect_ = wire::Dialect::D2;
   connect_and_handshake();
@@ -88,6 +108,10 @@ void StoreClient::connect_and_handshake() {
       recv_exact(b, 4);
       if (wire::load_u32(b) != nonce) throw StoreError("store handshake failed: PING echo mismatch");
     }
+  }
+  if (options_.world_size) {
+    DDPRUN_SEND(make(Op::Add, {"init/"}, {}, 1));
+    recv_i64();
   }
 }
 
@@ -151,25 +175,6 @@ std::string StoreClient::recv_blob() {
   return s;
 }
 
-namespace {
-wire::Request make(Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {}, int64_t num = 0) {
-  wire::Request r;
-  r.op = op;
-  r.keys = std::move(keys);
-  r.values = std::move(values);
-  r.number = num;
-  return r;
-}
-}  // namespace
-
-#define DDPRUN_SEND(req)                                                                              \
-  do {                                                                                                 \
-    std::string bytes__;                                                                               \
-    if (!wire::encode_request(dialect_, (req), bytes__))                                               \
-      throw StoreError(std::string(wire::op_name((req).op)) + " is not supported by the store's " +   \
-                       wire::dialect_name(dialect_) + " protocol");                                   \
-    send_all(bytes__);                                                                                 \
-  } while (0)
 
 void StoreClient::set(const std::string& key, const std::string& value) {
   std::lock_guard lk(mu_);

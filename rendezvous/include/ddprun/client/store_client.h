@@ -48,6 +48,9 @@ struct StoreClientOptions {
   // Prepend '/' to every key, exactly like PyTorch's TCPStore client, so Python peers see
   // the same keys. Off = keys go on the wire verbatim.
   bool pytorch_key_prefix = true;
+  // Like PyTorch's TCPStore(world_size=N): on connect, add 1 to the unprefixed `init/` key.
+  // The rendezvous server reads it as "every worker of the round got this far" (progress).
+  std::optional<int> world_size;
 };
 
 class StoreClient {
