@@ -227,14 +227,14 @@ void Agent::start_store() {
   if (port) {
     try {
       store_ = start_on(*port);
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {
       throw std::runtime_error("cannot host the store on port " + std::to_string(*port) + ": " +
                                e.what() + " (use another --master_port, or 0 for a free port)");
     }
   } else {
     try {
       store_ = start_on(kDefaultMasterPort);
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {
       spdlog::info("port {} is taken ({}); the store uses a free port instead", kDefaultMasterPort,
                    e.what());
       store_ = start_on(0);

@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the ddprun binary: real processes, signals, files.
+
+Usage: test_launcher.py <path to ddprun> [unittest names, e.g. Exit.test_true_exits_0]
+
+Synchronisation is by events (a worker's "ready" line on ddprun's stdout, a pidfd becoming
+readable), never by sleeping; time bounds only guard against hangs.
+"""
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+DDPRUN = None
+PY = sys.executable
+HANG_GUARD = 60.0
+
+
+def run(args, env=None, timeout=HANG_GUARD, cwd=None):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.run([DDPRUN] + args, capture_output=True, text=True, env=full_env,
+                       timeout=timeout, cwd=cwd)
+    p.elapsed = time.monotonic() - t0
+    return p
+
+
+def worker(code):
+    """ddprun args running `code` under this Python, without the .py rule."""
+    return ["--no_python", PY, "-c", code]
+
+
+class Live:
+    """ddprun running in the background; read its stdout line by line with a deadline."""
+
+    def __init__(self, args, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.p = subprocess.Popen([DDPRUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=full_env)
+        self.lines = []
+        self._buf = b""
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.p.stdout, selectors.EVENT_READ)
+
+    def wait_for(self, predicate, timeout=HANG_GUARD):
+        deadline = time.monotonic() + timeout
+        while True:
+            hits = [l for l in self.lines if predicate(l)]
+            if hits:
+                return hits
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting; stdout so far: {self.lines}")
+            if not self.sel.select(left):
+                continue
+            chunk = os.read(self.p.stdout.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"ddprun's stdout closed; lines: {self.lines}; "
+                                     f"stderr: {self.p.stderr.read().decode()}")
+            self._buf += chunk
+            *full, self._buf = self._buf.split(b"\n")
+            self.lines += [l.decode() for l in full]
+
+    def wait_ready(self, n):
+        return self.wait_for(lambda l: False) if n < 0 else self._wait_n(n)
+
+    def _wait_n(self, n):
+        deadline = time.monotonic() + HANG_GUARD
+        while sum(1 for l in self.lines if "ready" in l) < n:
+            try:
+                self.wait_for(lambda l, c=len(self.lines): False, timeout=0.01)
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+        return [l for l in self.lines if "ready" in l]
+
+    def finish(self, timeout=HANG_GUARD):
+        out, err = self.p.communicate(timeout=timeout)
+        tail = (self._buf + out).decode().split("\n")
+        self.lines += [l for l in tail if l]
+        return self.p.returncode, err.decode()
+
+
+def wait_pid_gone(pid, timeout):
+    """True when `pid` has exited within `timeout` (pidfd: no polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+READY_AND_WAIT = (
+    "import os, signal, sys\n"
+    "def on_term(s, f):\n"
+    "    print('got', signal.Signals(s).name, os.environ['RANK'], flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('ready pid', os.getpid(), flush=True)\n"
+    "while True: signal.pause()\n"
+)
+
+
+class Exit(unittest.TestCase):
+    def test_true_exits_0(self):
+        p = run(["--nproc_per_node=2", "--no_python", "true"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("workers started in", p.stderr)
+        self.assertNotIn("FAILED", p.stderr)
+
+    def test_exit_code_and_summary_name_the_rank(self):
+        code = ("import os, sys, signal\n"
+                "if os.environ['RANK'] == '1':\n"
+                "    print('about to fail: bad batch 42', file=sys.stderr); sys.exit(3)\n"
+                "signal.pause()\n")
+        p = run(["--nproc_per_node=2"] + worker(code))
+        self.assertEqual(p.returncode, 3, p.stderr)
+        summary = p.stderr[p.stderr.rindex("FAILED"):]
+        self.assertIn("worker rank 1 (local rank 1", summary)
+        self.assertIn("exit code 3", summary)
+        self.assertIn("about to fail: bad batch 42", summary)
+        self.assertIn("[r1]: about to fail", p.stderr)
+        # The summary is the last thing printed.
+        self.assertTrue(p.stderr.rstrip().endswith("=" * 72), p.stderr)
+        self.assertLess(p.elapsed, 20)  # rank 0 was stopped, not waited for
+
+    def test_sigkilled_worker_is_named_sigkill(self):
+        p = run(["--nproc_per_node=1"] + worker("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+        self.assertEqual(p.returncode, 128 + 9)
+        self.assertIn("signal SIGKILL (9)", p.stderr[p.stderr.rindex("FAILED"):])
+
+    def test_sigsegv_is_named(self):
+        p = run(["--nproc_per_node=1"] + worker("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"))
+        self.assertEqual(p.returncode, 128 + 11)
+        self.assertIn("SIGSEGV", p.stderr[p.stderr.rindex("FAILED"):])
+
+    def test_error_file_is_shown(self):
+        code = ("import json, os, sys\n"
+                "json.dump({'message': {'message': 'ValueError: loss is nan', 'extraInfo': {"
+                "'py_callstack': 'Traceback (most recent call last):\\n  File \"train.py\", line 7\\n"
+                "ValueError: loss is nan', 'timestamp': '1700000000'}}}, "
+                "open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w'))\n"
+                "sys.exit(1)\n")
+        p = run(["--nproc_per_node=1"] + worker(code))
+        self.assertEqual(p.returncode, 1)
+        summary = p.stderr[p.stderr.rindex("FAILED"):]
+        self.assertIn("error file", summary)
+        self.assertIn("message: ValueError: loss is nan", summary)
+        self.assertIn('File "train.py", line 7', summary)
+
+    def test_restart_after_failure_on_attempt_0(self):
+        code = ("import os, sys\n"
+                "n = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+                "print('count', n, 'max', os.environ['TORCHELASTIC_MAX_RESTARTS'], flush=True)\n"
+                "sys.exit(4 if n == '0' and os.environ['RANK'] == '1' else 0)\n")
+        p = run(["--nproc_per_node=2", "--max_restarts=1"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r1]: count 1 max 1", p.stdout)
+        self.assertIn("[r0]: count 1 max 1", p.stdout)
+        self.assertIn("restarting the worker group: attempt 1", p.stderr)
+
+    def test_restart_budget_spent(self):
+        p = run(["--nproc_per_node=2", "--max-restarts=2"] +
+                worker("import os; print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT']); raise SystemExit(6)"))
+        self.assertEqual(p.returncode, 6)
+        for n in range(3):
+            self.assertIn(f"attempt {n}", p.stdout)
+        self.assertIn("attempt 2 (max_restarts 2)", p.stderr)
+
+
+class Signals(unittest.TestCase):
+    def test_sigterm_is_forwarded_to_workers(self):
+        d = Live(["--nproc_per_node=2"] + worker(READY_AND_WAIT))
+        d.wait_ready(2)
+        d.p.send_signal(signal.SIGTERM)
+        rc, err = d.finish()
+        self.assertEqual(rc, 128 + signal.SIGTERM, err)
+        self.assertIn("[r0]: got SIGTERM 0", d.lines)
+        self.assertIn("[r1]: got SIGTERM 1", d.lines)
+        self.assertIn("stopped by SIGTERM", err)
+
+    def test_sigint_forwarded_as_sigint(self):
+        code = READY_AND_WAIT.replace("signal.SIGTERM, on_term", "signal.SIGINT, on_term")
+        d = Live(["--nproc_per_node=1", "--signals-to-handle=SIGINT,SIGTERM"] + worker(code))
+        d.wait_ready(1)
+        d.p.send_signal(signal.SIGINT)
+        rc, err = d.finish()
+        self.assertEqual(rc, 128 + signal.SIGINT, err)
+        self.assertIn("[r0]: got SIGINT 0", d.lines)
+
+    def test_sigkill_of_ddprun_kills_workers(self):
+        d = Live(["--nproc_per_node=2"] + worker(READY_AND_WAIT))
+        ready = d.wait_ready(2)
+        pids = [int(l.split()[-1]) for l in ready]
+        d.p.kill()
+        d.p.wait(timeout=HANG_GUARD)
+        for pid in pids:
+            self.assertTrue(wait_pid_gone(pid, 10), f"worker {pid} survived ddprun's SIGKILL")
+
+    def test_worker_ignoring_sigterm_gets_sigkill_after_shutdown_timeout(self):
+        # Rank 1 fails only once rank 0 ignores SIGTERM (handshake over a FIFO).
+        code = ("import os, signal, sys\n"
+                "fifo = os.environ['HANDSHAKE']\n"
+                "if os.environ['RANK'] == '1':\n"
+                "    open(fifo).read(); sys.exit(2)\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "with open(fifo, 'w') as f: f.write('ignoring')\n"
+                "while True: signal.pause()\n")
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)
+            t0 = time.monotonic()
+            p = run(["--nproc_per_node=2", "--shutdown_timeout=1"] + worker(code), env={"HANDSHAKE": fifo})
+            elapsed = time.monotonic() - t0
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertGreaterEqual(elapsed, 1.0)  # the grace was given
+        self.assertLess(elapsed, 15)           # and then SIGKILL
+        self.assertIn("worker rank 1", p.stderr[p.stderr.rindex("FAILED"):])
+
+    def test_grace_then_sigkill_on_signal(self):
+        code = READY_AND_WAIT.replace("signal.signal(signal.SIGTERM, on_term)",
+                                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+        d = Live(["--nproc_per_node=1", "--shutdown-timeout=0.5"] + worker(code))
+        pid = int(d.wait_ready(1)[0].split()[-1])
+        t0 = time.monotonic()
+        d.p.send_signal(signal.SIGTERM)
+        rc, err = d.finish()
+        self.assertEqual(rc, 128 + signal.SIGTERM)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.5)
+        self.assertTrue(wait_pid_gone(pid, 5))
+
+
+class Hygiene(unittest.TestCase):
+    def test_grandchildren_are_reaped(self):
+        # One grandchild stays in the worker's process group, one escapes it with setsid.
+        code = ("import os, subprocess\n"
+                "a = subprocess.Popen(['sleep', '300'])\n"
+                "b = subprocess.Popen(['setsid', 'sleep', '301'])\n"
+                "print('grandchildren', a.pid, b.pid, flush=True)\n")
+        p = run(["--nproc_per_node=1"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        line = next(l for l in p.stdout.splitlines() if "grandchildren" in l)
+        for pid in map(int, line.split()[-2:]):
+            self.assertTrue(wait_pid_gone(pid, 10), f"grandchild {pid} left running")
+            self.assertFalse(pid_alive(pid))
+
+    def test_workers_have_own_process_group_and_no_extra_fds(self):
+        code = ("import os\n"
+                "print('pg', os.getpgid(0) == os.getpid(), 'fds', sorted(int(f) for f in os.listdir('/proc/self/fd')), flush=True)\n")
+        p = run(["--nproc_per_node=2"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for r in range(2):
+            line = next(l for l in p.stdout.splitlines() if l.startswith(f"[r{r}]: pg"))
+            self.assertIn("pg True", line)
+            fds = json.loads(line.split("fds ")[1])
+            self.assertLessEqual(set(fds) - {0, 1, 2}, {3}, line)  # 3: listdir's own fd
+
+
+class Environment(unittest.TestCase):
+    def test_worker_environment(self):
+        code = ("import json, os\n"
+                "keys = ['RANK','LOCAL_RANK','GROUP_RANK','ROLE_RANK','ROLE_NAME','LOCAL_WORLD_SIZE',"
+                "'WORLD_SIZE','GROUP_WORLD_SIZE','ROLE_WORLD_SIZE','MASTER_ADDR','MASTER_PORT',"
+                "'TORCHELASTIC_RESTART_COUNT','TORCHELASTIC_MAX_RESTARTS','TORCHELASTIC_RUN_ID',"
+                "'TORCHELASTIC_USE_AGENT_STORE','TORCHELASTIC_ERROR_FILE','TORCH_NCCL_ASYNC_ERROR_HANDLING',"
+                "'NCCL_ASYNC_ERROR_HANDLING','OMP_NUM_THREADS','TORCHELASTIC_SIGNALS_TO_HANDLE',"
+                "'NCCL_NVLS_ENABLE','FROM_PARENT']\n"
+                "print('ENV', json.dumps({k: os.environ.get(k) for k in keys}), flush=True)\n")
+        with tempfile.TemporaryDirectory() as d:
+            p = run(["--nproc_per_node=3", "--max_restarts=2", "--rdzv_id=job7", "--role=trainer",
+                     "--master_port=0", "--log_dir", d] + worker(code), env={"FROM_PARENT": "yes"})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            envs = {}
+            for line in p.stdout.splitlines():
+                prefix, _, rest = line.partition(": ENV ")
+                if rest:
+                    envs[prefix] = json.loads(rest)
+            self.assertEqual(sorted(envs), ["[r0]", "[r1]", "[r2]"])
+            ports = set()
+            for r in range(3):
+                e = envs[f"[r{r}]"]
+                expect = {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "ROLE_RANK": str(r),
+                          "ROLE_NAME": "trainer", "LOCAL_WORLD_SIZE": "3", "WORLD_SIZE": "3",
+                          "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                          "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "2",
+                          "TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                          "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
+                          "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0",
+                          "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                          "FROM_PARENT": "yes"}
+                for k, v in expect.items():
+                    self.assertEqual(e[k], v, f"rank {r} {k}")
+                self.assertEqual(e["TORCHELASTIC_ERROR_FILE"],
+                                 os.path.join(d, "job7", "attempt_0", str(r), "error.json"))
+                ports.add(e["MASTER_PORT"])
+            self.assertEqual(len(ports), 1)
+            self.assertNotEqual(ports.pop(), "0")
+
+    def test_unless_set_variables_are_kept(self):
+        p = run(["--nproc_per_node=2"] +
+                worker("import os; print(os.environ['OMP_NUM_THREADS'], os.environ['NCCL_NVLS_ENABLE'])"),
+                env={"OMP_NUM_THREADS": "7", "NCCL_NVLS_ENABLE": "1"})
+        self.assertIn("[r0]: 7 1", p.stdout)
+
+    def test_pet_environment_variables(self):
+        p = run(worker("import os; print('ws', os.environ['WORLD_SIZE'], os.environ['TORCHELASTIC_RUN_ID'])"),
+                env={"PET_NPROC_PER_NODE": "3", "PET_RDZV_ID": "pet"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r2]: ws 3 pet", p.stdout)
+
+    def test_py_entry_point_runs_under_python_exec(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "hello.py")
+            with open(script, "w") as f:
+                f.write("import sys; print('argv', sys.argv[1:], 'unbuffered', '-u' in sys.orig_argv)\n")
+            p = run(["--nproc_per_node=1", script, "--x", "1"], env={"PYTHON_EXEC": PY})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("[r0]: argv ['--x', '1'] unbuffered True", p.stdout)
+
+    def test_module_entry_point(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "pkg"))
+            open(os.path.join(d, "pkg", "__init__.py"), "w").close()
+            with open(os.path.join(d, "pkg", "job.py"), "w") as f:
+                f.write("import sys; print('module', __name__, sys.argv[1:])\n")
+            p = run(["-m", "pkg.job", "a"], env={"PYTHON_EXEC": PY, "PYTHONPATH": d})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("[r0]: module __main__ ['a']", p.stdout)
+
+
+class Console(unittest.TestCase):
+    CODE = ("import os, sys\n"
+            "print('out of', os.environ['RANK'], flush=True)\n"
+            "print('err of', os.environ['RANK'], file=sys.stderr, flush=True)\n")
+
+    def test_local_ranks_filter(self):
+        p = run(["--nproc_per_node=3", "--local_ranks_filter=1"] + worker(self.CODE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([l for l in p.stdout.splitlines()], ["[r1]: out of 1"])
+        self.assertIn("[r1]: err of 1", p.stderr)
+        self.assertNotIn("[r0]", p.stderr)
+
+    def test_log_dir_redirects_and_tee(self):
+        with tempfile.TemporaryDirectory() as d:
+            # rank 0: both streams to files only; rank 1: stdout to file and console.
+            p = run(["--nproc_per_node=2", "--log_dir", d, "-r", "0:3", "-t", "1:1",
+                     "--rdzv_id", "logs"] + worker(self.CODE))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            base = os.path.join(d, "logs", "attempt_0")
+            self.assertEqual(open(os.path.join(base, "0", "stdout.log")).read(), "out of 0\n")
+            self.assertEqual(open(os.path.join(base, "0", "stderr.log")).read(), "err of 0\n")
+            self.assertEqual(open(os.path.join(base, "1", "stdout.log")).read(), "out of 1\n")
+            self.assertFalse(os.path.exists(os.path.join(base, "1", "stderr.log")))
+            self.assertNotIn("[r0]", p.stdout + p.stderr.split("FAILED")[0])
+            self.assertIn("[r1]: out of 1", p.stdout)
+            self.assertIn("[r1]: err of 1", p.stderr)
+
+    def test_log_dir_per_attempt(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = run(["--max_restarts=1", "--log-dir", d, "--tee=3"] +
+                    worker("import os; print('try', os.environ['TORCHELASTIC_RESTART_COUNT']); "
+                           "raise SystemExit(os.environ['TORCHELASTIC_RESTART_COUNT'] == '0')"))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            for n in range(2):
+                with open(os.path.join(d, "none", f"attempt_{n}", "0", "stdout.log")) as f:
+                    self.assertEqual(f.read(), f"try {n}\n")
+
+    def test_partial_last_line_is_printed(self):
+        p = run(worker("import sys; sys.stdout.write('no newline')"))
+        self.assertEqual(p.stdout, "[r0]: no newline\n")
+
+
+class Ports(unittest.TestCase):
+    def test_busy_default_port_falls_back_to_a_free_one(self):
+        blocker = socket.socket()
+        try:
+            blocker.bind(("", 29500))
+            blocker.listen()
+        except OSError:
+            pass  # already taken by someone else: the same situation
+        try:
+            p = run(worker("import os; print('port', os.environ['MASTER_PORT'])"))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            port = p.stdout.split("port ")[1].strip()
+            self.assertNotEqual(port, "29500")
+        finally:
+            blocker.close()
+
+    def test_busy_explicit_port_is_an_error(self):
+        blocker = socket.socket()
+        blocker.bind(("", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        try:
+            p = run([f"--master_port={port}", "--no_python", "true"])
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(f"port {port}", p.stderr)
+        finally:
+            blocker.close()
+
+    def test_store_is_reachable_by_workers(self):
+        code = ("import os, socket\n"
+                "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 5)\n"
+                "print('connected'); s.close()\n")
+        p = run(["--nproc_per_node=2", "--standalone"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.count("connected"), 2)
+
+
+class BadInput(unittest.TestCase):
+    def check_usage_error(self, args, *words):
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "started")
+            p = run(args + ["--no_python", "touch", marker] if args and args[-1] != "--" else args)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+            for w in words:
+                self.assertIn(w, p.stderr)
+            self.assertFalse(os.path.exists(marker), "a worker was started")
+            self.assertEqual(p.stdout, "")
+
+    def test_unknown_flag(self):
+        self.check_usage_error(["--bogus"], "--bogus")
+
+    def test_bad_nproc(self):
+        self.check_usage_error(["--nproc_per_node=abc"], "--nproc_per_node", "cpu, gpu or auto")
+
+    def test_bad_nnodes(self):
+        self.check_usage_error(["--nnodes=3:2"], "--nnodes", "MIN:MAX")
+
+    def test_multi_node_not_yet(self):
+        self.check_usage_error(["--nnodes=2"], "not yet supported")
+
+    def test_bad_tee(self):
+        self.check_usage_error(["--tee=7"], "--tee")
+
+    def test_missing_entry_point(self):
+        p = run(["--nproc_per_node=2"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("entry point", p.stderr)
+        self.assertEqual(len(p.stderr.strip().splitlines()), 1)
+
+    def test_program_not_found(self):
+        p = run(["--no_python", "no-such-program-ddprun"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no-such-program-ddprun", p.stderr)
+
+    def test_help(self):
+        p = run(["--help"])
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("--nproc-per-node", p.stdout)
+
+
+if __name__ == "__main__":
+    DDPRUN = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)

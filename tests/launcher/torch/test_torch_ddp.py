@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Real PyTorch (gloo DDP) under ddprun: tests/launcher/train_ddp.py with 2 workers.
+
+Usage: test_torch_ddp.py <ddprun> <python with torch> {train|restart}
+Exit 77 (ctest: skipped) only when that Python does not exist, saying why.
+"""
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(os.path.dirname(HERE), "train_ddp.py")
+HANG_GUARD = 280
+
+
+def losses(stdout, attempt=None):
+    """{attempt: [loss per epoch]} from rank 0's lines."""
+    out, current = {}, 0
+    for line in stdout.splitlines():
+        m = re.match(r"\[r0\]: world_size 2 attempt (\d+)", line)
+        if m:
+            current = int(m.group(1))
+            out[current] = []
+        m = re.match(r"\[r0\]: epoch (\d+) loss ([0-9.]+)$", line)
+        if m:
+            out.setdefault(current, []).append(float(m.group(2)))
+    return out
+
+
+def run(ddprun, python, extra_flags, extra_args):
+    env = dict(os.environ, PYTHON_EXEC=python)
+    cmd = [ddprun, "--nproc_per_node=2"] + extra_flags + [TRAIN, "--epochs", "5"] + extra_args
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=HANG_GUARD)
+    print(p.stdout)
+    print(p.stderr, file=sys.stderr)
+    return p
+
+
+def check(cond, what):
+    if not cond:
+        print("FAILED:", what, file=sys.stderr)
+        sys.exit(1)
+    print("ok:", what)
+
+
+def main():
+    ddprun, python, mode = sys.argv[1:4]
+    if not os.path.exists(python):
+        print(f"SKIPPED: {python} does not exist (scripts/setup_deps.sh creates the torch 2.x venv)")
+        sys.exit(77)
+    if mode == "train":
+        p = run(ddprun, python, [], [])
+        check(p.returncode == 0, f"ddprun exit code 0 (got {p.returncode})")
+        l = losses(p.stdout)
+        check(list(l) == [0] and len(l[0]) == 5, f"one attempt, 5 epochs of losses: {l}")
+        check(l[0][-1] < 0.9 * l[0][0], f"the loss decreases: {l[0]}")
+        check("[r1]:" not in p.stdout, "only rank 0 prints")
+    elif mode == "restart":
+        p = run(ddprun, python, ["--max_restarts=1"], ["--fail-rank", "1", "--fail-epoch", "2"])
+        check(p.returncode == 0, f"ddprun exit code 0 after a restart (got {p.returncode})")
+        check("signal SIGKILL" in p.stderr and "restarting the worker group: attempt 1" in p.stderr,
+              "the SIGKILL was seen and the group restarted")
+        l = losses(p.stdout)
+        check(sorted(l) == [0, 1], f"two attempts: {l}")
+        check(len(l[0]) == 2 and len(l[1]) == 5, f"attempt 0 died at epoch 2, attempt 1 finished: {l}")
+        check(l[1][:2] == l[0], "attempt 1 repeats attempt 0 exactly (fresh store, same seed)")
+        check(l[1][-1] < 0.9 * l[1][0], f"the loss decreases: {l[1]}")
+    else:
+        sys.exit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
