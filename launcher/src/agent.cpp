@@ -61,6 +61,12 @@ constexpr size_t kMaxErrorFileBytes = 1024 * 1024;
     }                                                                                            \
   } while (0)
 
+// Whether this process has any child left (workers or adopted orphans), without reaping.
+bool has_children() {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -413,8 +419,10 @@ void Agent::end_attempt() {
     old_pgroups_.push_back(w->pid);
   }
   // Orphans adopted as subreaper that left their worker's process group.
-  for (pid_t child : children_of(::getpid())) {
-    if (!by_pid_.count(child)) ::kill(child, SIGKILL);
+  if (has_children()) {
+    for (pid_t child : children_of(::getpid())) {
+      if (!by_pid_.count(child)) ::kill(child, SIGKILL);
+    }
   }
   workers_.clear();
 }
@@ -669,7 +677,7 @@ void Agent::reap_leftovers(double seconds) {
   // Every child (workers and adopted orphans) is SIGKILLed by now or about to be; reap them,
   // bounded: something stuck in the kernel must not keep the agent.
   auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  while (true) {
+  while (has_children()) {
     for (pid_t child : children_of(::getpid())) ::kill(child, SIGKILL);
     int st = 0;
     pid_t pid;
