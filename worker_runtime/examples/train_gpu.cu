@@ -1,0 +1,396 @@
+// GPU path of `train`: cuBLAS GEMMs, small kernels of our own, fp32 master weights with
+// bf16/fp16 compute copies, the Reducer all-reducing fp32 gradient buckets over NCCL on its own
+// stream while backward continues on the compute stream. fp16 uses dynamic loss scaling with
+// the overflow flag all-reduced (max) so every rank skips the same steps; the scale lives on
+// the device, so no step needs a host synchronisation.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+#include "ddprun/worker/checkpoint.h"
+#include "ddprun/worker/cpu/mlp.h"
+#include "ddprun/worker/gpu_checks.h"
+#include "ddprun/worker/reducer.h"
+#include "ddprun/worker/sampler.h"
+#include "train_common.h"
+
+namespace dw = ddprun::worker;
+
+namespace train {
+namespace {
+
+template <class T> struct TypeOf;
+template <> struct TypeOf<float> { static constexpr cudaDataType_t value = CUDA_R_32F; };
+template <> struct TypeOf<__nv_bfloat16> { static constexpr cudaDataType_t value = CUDA_R_16BF; };
+template <> struct TypeOf<__half> { static constexpr cudaDataType_t value = CUDA_R_16F; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
+
+inline unsigned blocks_for(size_t n, unsigned threads) {
+  return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 65535u * 16));
+}
+
+template <class T>
+__global__ void bias_act_kernel(T* z, const T* b, int rows, int cols, bool relu) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float v = to_f(z[i]) + to_f(b[i % cols]);
+    z[i] = from_f<T>(relu ? fmaxf(v, 0.f) : v);
+  }
+}
+
+// out is [rows, 1]: dz = 2 (o - y) / rows * scale; loss += sum (o - y)^2 / rows.
+template <class T>
+__global__ void mse_grad_kernel(const T* o, const float* y, T* dz, int rows, const float* scale, float* loss) {
+  __shared__ float part[256];
+  float acc = 0.f;
+  const float s = scale ? *scale : 1.f;
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    const float d = to_f(o[i]) - y[i];
+    acc += d * d;
+    dz[i] = from_f<T>(2.f * d / rows * s);
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss = part[0] / rows;
+}
+
+template <class T>
+__global__ void relu_bwd_kernel(T* da, const T* a, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    if (!(to_f(a[i]) > 0.f)) da[i] = from_f<T>(0.f);
+}
+
+// db[j] = sum_i dz[i, j]: one thread per column, rows summed in order (deterministic).
+template <class T>
+__global__ void bias_grad_kernel(const T* dz, float* db, int rows, int cols) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float s = 0.f;
+  for (int i = 0; i < rows; ++i) s += to_f(dz[static_cast<size_t>(i) * cols + j]);
+  db[j] = s;
+}
+
+__global__ void overflow_kernel(const float* g, size_t n, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    bad |= !isfinite(g[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+// p -= lr * (momentum buf | g / scale); refresh the compute copy. Skipped when flag is set.
+template <class T>
+__global__ void sgd_kernel(float* p, const float* g, float* buf, T* copy, size_t n, float lr, float momentum,
+                           bool first, const float* scale, const int* flag) {
+  if (flag && *flag) return;
+  const float inv = scale ? 1.f / *scale : 1.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float d = g[i] * inv;
+    if (buf) {
+      d = first ? d : momentum * buf[i] + d;
+      buf[i] = d;
+    }
+    const float v = p[i] - lr * d;
+    p[i] = v;
+    if (copy) copy[i] = from_f<T>(v);
+  }
+}
+
+template <class T>
+__global__ void cast_kernel(const float* p, T* copy, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    copy[i] = from_f<T>(p[i]);
+}
+
+__global__ void scale_update_kernel(float* scale, int* good, int* flag, int* skipped) {
+  if (*flag) {
+    *scale = fmaxf(*scale * 0.5f, 1.f);
+    *good = 0;
+    ++*skipped;
+  } else if (++*good >= 2000) {
+    *scale *= 2.f;
+    *good = 0;
+  }
+  *flag = 0;
+}
+
+template <class T>
+__global__ void x_to_t_kernel(const float* x, T* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(x[i]);
+}
+
+template <class T>
+struct DeviceBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DeviceBuf(size_t count = 0) { resize(count); }
+  void resize(size_t count) {
+    if (count == n) return;
+    if (p) cudaFree(p);
+    p = nullptr;
+    n = count;
+    if (count) DDPRUN_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  }
+  ~DeviceBuf() { if (p) cudaFree(p); }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+};
+
+std::string config_fingerprint(const Options& o) {
+  return "in=" + std::to_string(o.in) + " width=" + std::to_string(o.width) + " depth=" + std::to_string(o.depth) +
+         " samples=" + std::to_string(o.samples) + " batch=" + std::to_string(o.batch);
+}
+
+template <class T>
+int run_typed(const Options& o, dw::Runtime& rt) {
+  const dw::WorkerEnv& env = rt.env();
+  dw::Communicator& comm = rt.comm();
+  const int rank = env.rank, world = env.world_size;
+  constexpr bool kLow = !std::is_same_v<T, float>;
+  const bool fp16 = std::is_same_v<T, __half>;
+  const cudaDataType_t ct = TypeOf<T>::value;
+
+  cudaStream_t stream;
+  DDPRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  comm.set_compute_stream(stream);
+  cublasHandle_t blas;
+  DDPRUN_CUBLAS_CHECK(cublasCreate(&blas));
+  DDPRUN_CUBLAS_CHECK(cublasSetStream(blas, stream));
+
+  const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
+  const auto tensors = dw::cpu::mlp_param_tensors(shape);
+  const size_t n = dw::cpu::mlp_num_params(shape);
+  std::vector<int> dims{o.in, o.width};
+  for (int i = 0; i < o.depth; ++i) dims.push_back(o.width);
+  dims.push_back(1);
+  const size_t L = dims.size() - 1;
+
+  std::vector<float> host_params(n);
+  dw::cpu::mlp_init(shape, o.seed, host_params.data());
+  DeviceBuf<float> master(n), grads(n), momentum(o.momentum != 0.f ? n : 0);
+  DeviceBuf<T> copy(kLow ? n : 0);
+
+  dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
+  const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
+  int64_t meta[4] = {0, 0, 0, 0};
+  std::vector<float> host_mom(momentum.n, 0.f);
+  if (!o.checkpoint_dir.empty()) {
+    if (auto ck = dw::load_latest_checkpoint(o.checkpoint_dir)) {
+      if (ck->section("config") != config_fingerprint(o)) throw dw::WorkerError("checkpoint is for another model");
+      ck->get_into("params", host_params.data(), n * sizeof(float));
+      if (momentum.n && ck->has("momentum")) ck->get_into("momentum", host_mom.data(), n * sizeof(float));
+      meta[0] = static_cast<int64_t>(ck->step);
+      meta[1] = static_cast<int64_t>(ck->get_u64("epoch"));
+      meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
+      meta[3] = static_cast<int64_t>(ck->get_u64("momentum_init"));
+      if (rank == 0) std::printf("[train] resumed from step %" PRId64 "\n", meta[0]);
+    }
+  }
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(master.p, host_params.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  if (momentum.n)
+    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(momentum.p, host_mom.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  DeviceBuf<int64_t> dmeta(4);
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dmeta.p, meta, sizeof meta, cudaMemcpyHostToDevice, stream));
+  comm.broadcast(master.p, n * sizeof(float), 0);
+  if (momentum.n) comm.broadcast(momentum.p, n * sizeof(float), 0);
+  comm.broadcast(dmeta.p, sizeof meta, 0);
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(meta, dmeta.p, sizeof meta, cudaMemcpyDeviceToHost, stream));
+  DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (kLow) cast_kernel<T><<<blocks_for(n, 256), 256, 0, stream>>>(master.p, copy.p, n);
+  int64_t step = meta[0], start_epoch = meta[1], start_in_epoch = meta[2];
+  bool momentum_init = meta[3] != 0;
+  if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
+
+  const T* W[64];
+  const T* Bv[64];
+  DDPRUN_ENFORCE(2 * L <= 64, "depth too large for this example");
+  for (size_t l = 0; l < L; ++l) {
+    const T* base = kLow ? copy.p : reinterpret_cast<const T*>(master.p);
+    W[l] = base + tensors[2 * l].offset;
+    Bv[l] = base + tensors[2 * l + 1].offset;
+  }
+  const int B = o.batch;
+  std::vector<DeviceBuf<T>> acts(L + 1);
+  for (size_t l = 0; l <= L; ++l) acts[l].resize(static_cast<size_t>(B) * dims[l]);
+  DeviceBuf<T> dz(static_cast<size_t>(B) * o.width), dprev(static_cast<size_t>(B) * o.width);
+  DeviceBuf<float> xin(static_cast<size_t>(B) * o.in), yin(static_cast<size_t>(B)), dloss(1), dscale(1);
+  DeviceBuf<int> dflag(1), dgood(1), dskipped(1);
+  const float init_scale = 65536.f;
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dscale.p, &init_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
+  DDPRUN_CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, sizeof(int), stream));
+  DDPRUN_CUDA_CHECK(cudaMemsetAsync(dgood.p, 0, sizeof(int), stream));
+  DDPRUN_CUDA_CHECK(cudaMemsetAsync(dskipped.p, 0, sizeof(int), stream));
+  float* hx = nullptr;
+  DDPRUN_CUDA_CHECK(cudaMallocHost(&hx, (static_cast<size_t>(B) * (o.in + 1)) * sizeof(float)));
+  float* hy = hx + static_cast<size_t>(B) * o.in;
+
+  std::vector<dw::GradView> views;
+  for (const auto& t : tensors) views.push_back({grads.p + t.offset, t.count});
+  dw::ReducerOptions ro;
+  ro.overlap = !o.no_overlap;
+  dw::Reducer reducer(comm, views, dw::DType::F32, ro);
+  if (rank == 0)
+    std::printf("[train] world=%d backend=%s device=cuda:%d precision=%s params=%zu width=%d depth=%d batch/rank=%d "
+                "steps/epoch=%" PRId64 " buckets=%zu\n",
+                world, comm.backend(), rt.cuda_device(), o.precision.c_str(), n, o.width, o.depth, B, steps_per_epoch,
+                reducer.buckets().size());
+
+  const float one = 1.f, zero = 0.f;
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int m, int nn, int k, const void* A, cudaDataType_t at,
+                  int lda, const void* Bm, cudaDataType_t bt, int ldb, void* C, cudaDataType_t cty, int ldc) {
+    DDPRUN_CUBLAS_CHECK(cublasGemmEx(blas, ta, tb, m, nn, k, &one, A, at, lda, Bm, bt, ldb, &zero, C, cty, ldc,
+                                     compute, CUBLAS_GEMM_DEFAULT));
+  };
+
+  using Clock = std::chrono::steady_clock;
+  cudaEvent_t t_start, t_end;
+  DDPRUN_CUDA_CHECK(cudaEventCreate(&t_start));
+  DDPRUN_CUDA_CHECK(cudaEventCreate(&t_end));
+  int64_t run_steps = 0, timed_steps = 0;
+  bool stop = false;
+  auto epoch_t0 = Clock::now();
+  for (int64_t epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    epoch_t0 = Clock::now();
+    int64_t epoch_samples = 0;
+    for (int64_t s = (epoch == start_epoch ? start_in_epoch : 0); s < steps_per_epoch; ++s) {
+      if (o.max_steps > 0 && step >= o.max_steps) { stop = true; break; }
+      maybe_inject_fault(o, env, step);
+      if (run_steps == o.warmup_steps) DDPRUN_CUDA_CHECK(cudaEventRecord(t_start, stream));
+      const auto idx = sampler.batch(static_cast<size_t>(s), static_cast<size_t>(B));
+      const int b = static_cast<int>(idx.size());
+      // The host buffer is reused: wait until the previous step's copy has consumed it.
+      DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, hx + static_cast<size_t>(i) * o.in, hy + i);
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(xin.p, hx, static_cast<size_t>(b) * o.in * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream));
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(yin.p, hy, static_cast<size_t>(b) * sizeof(float), cudaMemcpyHostToDevice, stream));
+      x_to_t_kernel<T><<<blocks_for(static_cast<size_t>(b) * o.in, 256), 256, 0, stream>>>(xin.p, acts[0].p, static_cast<size_t>(b) * o.in);
+      // forward
+      for (size_t l = 0; l < L; ++l) {
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, dims[l + 1], b, dims[l], W[l], ct, dims[l], acts[l].p, ct, dims[l], acts[l + 1].p, ct,
+             dims[l + 1]);
+        bias_act_kernel<T><<<blocks_for(static_cast<size_t>(b) * dims[l + 1], 256), 256, 0, stream>>>(
+            acts[l + 1].p, Bv[l], b, dims[l + 1], l + 1 < L);
+      }
+      reducer.prepare_for_backward();
+      mse_grad_kernel<T><<<1, 256, 0, stream>>>(acts[L].p, yin.p, dz.p, b, fp16 ? dscale.p : nullptr, dloss.p);
+      // backward
+      for (size_t l = L; l-- > 0;) {
+        const int in = dims[l], out = dims[l + 1];
+        float* dW = grads.p + tensors[2 * l].offset;
+        float* db = grads.p + tensors[2 * l + 1].offset;
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, acts[l].p, ct, in, dz.p, ct, out, dW, CUDA_R_32F, in);
+        bias_grad_kernel<T><<<(out + 255) / 256, 256, 0, stream>>>(dz.p, db, b, out);
+        reducer.mark_ready(2 * l + 1);
+        reducer.mark_ready(2 * l);
+        if (l == 0) break;
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, W[l], ct, in, dz.p, ct, out, dprev.p, ct, in);
+        relu_bwd_kernel<T><<<blocks_for(static_cast<size_t>(b) * in, 256), 256, 0, stream>>>(dprev.p, acts[l].p,
+                                                                                          static_cast<size_t>(b) * in);
+        std::swap(dz.p, dprev.p);
+      }
+      reducer.finalize();
+      if (fp16) {
+        overflow_kernel<<<blocks_for(n, 256) > 4096 ? 4096 : blocks_for(n, 256), 256, 0, stream>>>(grads.p, n, dflag.p);
+        if (world > 1) {
+          comm.comm_waits_for_compute();
+          comm.allreduce(dflag.p, 1, dw::DType::I32, dw::ReduceOp::Max);
+          comm.compute_waits_for_comm();
+        }
+      }
+      sgd_kernel<T><<<blocks_for(n, 256) > 8192 ? 8192 : blocks_for(n, 256), 256, 0, stream>>>(
+          master.p, grads.p, momentum.n ? momentum.p : nullptr, kLow ? copy.p : nullptr, n, o.lr, o.momentum,
+          !momentum_init, fp16 ? dscale.p : nullptr, fp16 ? dflag.p : nullptr);
+      if (fp16) scale_update_kernel<<<1, 1, 0, stream>>>(dscale.p, dgood.p, dflag.p, dskipped.p);
+      momentum_init = true;
+      ++step;
+      ++run_steps;
+      if (run_steps > o.warmup_steps) ++timed_steps;
+      epoch_samples += static_cast<int64_t>(b) * world;
+      const bool epoch_end = s + 1 == steps_per_epoch;
+      if (rank == 0 && o.log_every > 0 && step % o.log_every == 0) {
+        float loss = 0;
+        DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&loss, dloss.p, sizeof loss, cudaMemcpyDeviceToHost, stream));
+        DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::printf("[train] epoch %" PRId64 " step %" PRId64 " loss %.6f\n", epoch, step, loss);
+      }
+      const bool ckpt_now = !o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end);
+      if (ckpt_now && rank == 0) {
+        DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        if (momentum.n)
+          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_mom.data(), momentum.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+        dw::Checkpoint ck;
+        ck.step = static_cast<uint64_t>(step);
+        ck.put_vector("params", host_params);
+        if (momentum.n) ck.put_vector("momentum", host_mom);
+        ck.put_u64("epoch", static_cast<uint64_t>(epoch));
+        ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
+        ck.put_u64("momentum_init", 1);
+        ck.put_u64("world_size", static_cast<uint64_t>(world));
+        ck.put_u64("rng_state", o.seed);
+        const std::string cfg = config_fingerprint(o);
+        ck.put("config", cfg.data(), cfg.size());
+        dw::save_checkpoint(o.checkpoint_dir, ck, o.keep_checkpoints);
+      }
+    }
+    if (rank == 0) {
+      float loss = 0;
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&loss, dloss.p, sizeof loss, cudaMemcpyDeviceToHost, stream));
+      DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const double sec = std::chrono::duration<double>(Clock::now() - epoch_t0).count();
+      std::printf("[train] epoch %" PRId64 " done: step %" PRId64 " loss %.6f samples/s %.0f\n", epoch, step, loss,
+                  static_cast<double>(epoch_samples) / sec);
+    }
+  }
+  DDPRUN_CUDA_CHECK(cudaEventRecord(t_end, stream));
+  DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  comm.barrier();
+  float total_ms = 0;
+  if (timed_steps > 0) DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&total_ms, t_start, t_end));
+  DDPRUN_CUDA_CHECK(cudaMemcpy(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost));
+  int skipped = 0;
+  DDPRUN_CUDA_CHECK(cudaMemcpy(&skipped, dskipped.p, sizeof(int), cudaMemcpyDeviceToHost));
+  if (rank == 0) {
+    if (timed_steps > 0) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", total_ms / static_cast<double>(timed_steps), timed_steps);
+    if (fp16) std::printf("fp16_skipped_steps=%d\n", skipped);
+    std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
+                dw::fnv1a64(host_params.data(), n * sizeof(float)));
+    std::fflush(stdout);
+  }
+  cudaFreeHost(hx);
+  cudaEventDestroy(t_start);
+  cudaEventDestroy(t_end);
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  return dw::kExitOk;
+}
+
+}  // namespace
+
+int run_gpu(const Options& o, dw::Runtime& rt) {
+  if (o.precision == "bf16") return run_typed<__nv_bfloat16>(o, rt);
+  if (o.precision == "fp16") return run_typed<__half>(o, rt);
+  return run_typed<float>(o, rt);
+}
+
+}  // namespace train
