@@ -331,6 +331,7 @@ int Agent::run() {
   signal_workers(SIGKILL);
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
   reap_leftovers(kKillWaitS);
+  if (rdzv_) rdzv_->leave();
   rdzv_.reset();
   if (store_) store_->stop();
   std::string text = summary();
@@ -661,6 +662,7 @@ void Agent::record_failure(const Action& a) {
     f.error_file_content = std::move(content);
   }
   failure_ = std::move(f);
+  rdzv_->report_local_failure(a.attempt);
   if (a.will_restart) {
     spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group "
                  "and restarting ({} of {} restarts left)",
@@ -724,8 +726,10 @@ std::string Agent::summary() const {
   }
   if (failure_) {
     const auto& f = *failure_;
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
     s << "[ddprun] FAILED: worker rank " << f.global_rank << " (local rank " << f.local_rank
-      << ", pid " << f.pid << ") " << f.status.describe() << "\n";
+      << ", pid " << f.pid << ", host " << host << ") " << f.status.describe() << "\n";
     s << "[ddprun]   at " << wall_time(f.when) << ", " << std::fixed << std::setprecision(3) << f.after_s << " s after it started; attempt "
       << f.attempt << " (max_restarts " << opts_.max_restarts << "), run id " << layout_.run_id
       << ", exit code " << exit_code_ << "\n";

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -110,12 +111,19 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   return SpawnedProcess{pid, out[0], err[0], status[0]};
 }
 
-int wait_exec_status(int fd) {
+int wait_exec_status(int fd, int timeout_ms) {
   int err = 0;
-  ssize_t n;
+  ssize_t n = -1;
+  pollfd p{fd, POLLIN, 0};
+  int ready;
   do {
-    n = ::read(fd, &err, sizeof err);
-  } while (n < 0 && errno == EINTR);
+    ready = ::poll(&p, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready > 0) {
+    do {
+      n = ::read(fd, &err, sizeof err);
+    } while (n < 0 && errno == EINTR);
+  }
   ::close(fd);
   return n == static_cast<ssize_t>(sizeof err) ? err : 0;
 }

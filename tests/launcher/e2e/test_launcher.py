@@ -337,6 +337,15 @@ class Environment(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("[r0]: argv ['--x', '1'] unbuffered True", p.stdout)
 
+    def test_run_path_entry_point(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "job")  # no .py: --run_path still runs it as Python
+            with open(script, "w") as f:
+                f.write("import sys; print('run_path', __name__, sys.argv)\n")
+            p = run(["--run_path", script, "b"], env={"PYTHON_EXEC": PY})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn(f"[r0]: run_path __main__ ['{script}', 'b']", p.stdout)
+
     def test_module_entry_point(self):
         with tempfile.TemporaryDirectory() as d:
             os.makedirs(os.path.join(d, "pkg"))

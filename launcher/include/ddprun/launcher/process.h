@@ -31,9 +31,9 @@ struct SpawnedProcess {
 // as exit code 127 (and through exec_status_fd).
 SpawnedProcess spawn_process(const SpawnRequest& req);
 
-// Waits (blocking) until exec succeeded or failed; returns 0 or the errno of the failed exec.
-// Closes the fd.
-int wait_exec_status(int exec_status_fd);
+// Waits until exec succeeded or failed, at most `timeout_ms` (then assumes it is under way);
+// returns 0 or the errno of the failed exec. Closes the fd.
+int wait_exec_status(int exec_status_fd, int timeout_ms = 30000);
 
 // `name` with a '/' is returned as is when executable; otherwise searched on `path_var`.
 std::optional<std::string> find_executable(const std::string& name, const std::string& path_var);
