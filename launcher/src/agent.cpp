@@ -181,6 +181,7 @@ class Agent {
   int signal_fd_ = -1;
   int timer_fd_ = -1;
   sigset_t handled_{};
+  std::vector<int> reset_to_default_;
 
   std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's
   std::unordered_map<pid_t, Worker*> by_pid_;
@@ -195,10 +196,21 @@ class Agent {
 };
 
 void Agent::setup_signals() {
-  ::signal(SIGPIPE, SIG_IGN);
+  // A dead console must not kill the agent; workers get SIGPIPE back unless it was ignored
+  // already when we started.
+  if (::signal(SIGPIPE, SIG_IGN) != SIG_IGN) reset_to_default_.push_back(SIGPIPE);
   sigemptyset(&handled_);
   sigaddset(&handled_, SIGCHLD);
-  for (int s : opts_.signals_to_handle) sigaddset(&handled_, s);
+  for (int s : opts_.signals_to_handle) {
+    struct sigaction current {};
+    ::sigaction(s, nullptr, &current);
+    if (current.sa_handler == SIG_IGN) {
+      // Ignored by whoever started us (nohup: SIGHUP): keep ignoring it, and so do the workers.
+      spdlog::debug("{} is ignored by ddprun's parent: not handling it", signal_name(s));
+      continue;
+    }
+    sigaddset(&handled_, s);
+  }
   // Blocked before any thread starts, so only the signalfd ever sees them.
   if (int rc = ::pthread_sigmask(SIG_BLOCK, &handled_, nullptr); rc != 0) {
     throw std::system_error(rc, std::generic_category(), "pthread_sigmask");
@@ -471,6 +483,7 @@ void Agent::start_attempt(int attempt) {
     req.argv = argv_;
     req.envp = to_envp(build_worker_env(env_, opts_, layout_, lr, w->error_file));
     req.stdin_fd = stdin_fd_;
+    req.reset_to_default = reset_to_default_;
     SpawnedProcess p = spawn_process(req);
     w->pid = p.pid;
     w->started = Clock::now();

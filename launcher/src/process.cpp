@@ -43,9 +43,7 @@ void close_fds_from(int first) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) {
-    if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
-  }
+  for (int s : req.reset_to_default) ::sigaction(s, &dfl, nullptr);
 
   if (req.stdin_fd >= 0) ::dup2(req.stdin_fd, 0);
   ::dup2(out_w, 1);

@@ -208,6 +208,24 @@ class Signals(unittest.TestCase):
         self.assertEqual(rc, 128 + signal.SIGINT, err)
         self.assertIn("[r0]: got SIGINT 0", d.lines)
 
+    def test_signal_ignored_by_parent_stays_ignored(self):
+        # Like nohup: ddprun started with SIGHUP ignored neither stops on SIGHUP nor makes its
+        # workers stop on one.
+        code = ("import os, signal, sys\n"
+                "print('ready', signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, flush=True)\n"
+                "sys.stdin.read()\n")
+        full_env = dict(os.environ)
+        p = subprocess.Popen([DDPRUN, "--nproc_per_node=1"] + worker(code), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        first = p.stdout.readline().decode()
+        self.assertEqual(first.strip(), "[r0]: ready True")
+        p.send_signal(signal.SIGHUP)
+        p.stdin.close()  # the worker ends normally once its stdin closes
+        p.stdin = None
+        out, err = p.communicate(timeout=HANG_GUARD)
+        self.assertEqual(p.returncode, 0, err.decode())
+
     def test_sigkill_of_ddprun_kills_workers(self):
         d = Live(["--nproc_per_node=2"] + worker(READY_AND_WAIT))
         ready = d.wait_ready(2)

@@ -2,7 +2,7 @@
 //
 // Each worker runs in its own process group (so a signal reaches its children too), gets
 // SIGKILL when the agent dies (PR_SET_PDEATHSIG, with the getppid() race checked), starts with
-// an empty signal mask and default dispositions, and inherits no descriptor but 0-2.
+// an empty signal mask, and inherits no descriptor but 0-2.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +18,10 @@ struct SpawnRequest {
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> envp;  // "K=V"
   int stdin_fd = -1;              // -1: inherit the agent's stdin
+  // Signals the agent ignores for itself (SIGPIPE) that the worker gets back as SIG_DFL.
+  // Every other disposition is left as inherited (exec resets handlers; a SIG_IGN from the
+  // agent's own parent, e.g. nohup's SIGHUP, stays, as with torchrun).
+  std::vector<int> reset_to_default;
 };
 
 struct SpawnedProcess {
