@@ -218,7 +218,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     if (pos > 0) {
       std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
       c->in_size -= pos;
-      if (c->need_total) c->need_total -= pos;
+      // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
     }
     if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) {
       c->in.resize(kReadChunk);
