@@ -262,7 +262,8 @@ void Agent::start_store() {
   if (!opts_.local_addr.empty()) {
     store_host_ = opts_.local_addr;
   } else if (opts_.rdzv_backend == "c10d") {
-    store_host_ = opts_.rdzv_host.empty() || opts_.rdzv_host == "localhost" ? "127.0.0.1" : opts_.rdzv_host;
+    // One node: the store is ours, whatever host the endpoint names.
+    store_host_ = "127.0.0.1";
   } else {
     store_host_ = opts_.master_addr;
   }

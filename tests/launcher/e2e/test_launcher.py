@@ -454,6 +454,16 @@ class Ports(unittest.TestCase):
         self.assertEqual(p.stdout.count("connected"), 2)
 
 
+    def test_c10d_single_node_hosts_the_store_on_the_endpoint_port(self):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        p = run(["--rdzv_backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--nnodes=1:1"] +
+                worker("import os; print('store', os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(f"[r0]: store 127.0.0.1 {port}", p.stdout)
+
+
 class BadInput(unittest.TestCase):
     def check_usage_error(self, args, *words):
         with tempfile.TemporaryDirectory() as d:
