@@ -1,0 +1,523 @@
+// ddprun_store_bench: a TCPStore load generator built on ddprun's wire codec. Many
+// connections from ONE process and ONE thread (epoll over non-blocking sockets), so on a
+// small machine the client is not the bottleneck. Works against any TCPStore server that
+// speaks dialect D2 (ddprund, PyTorch 2.2+) or D0 (PyTorch 1.13).
+//
+//   ddprun_store_bench ops   --port P --op get|add|compare_set|wait --clients N --seconds S
+//   ddprun_store_bench storm --port P --clients N [--timeout S]
+//   common: --host H (default 127.0.0.1) --dialect D2|D0 --tag T (key namespace)
+//
+// ops: every connection runs a closed loop of one operation, like a PyTorch client would:
+//   get = WAIT(k) + GET(k) (PyTorch's get()), add = ADD, compare_set = COMPARE_SET (always the
+//   success branch, alternating values), wait = a wake-up hop: connection i SETs its
+//   successor's key of round r, then WAITs for its own key of round r (set by its predecessor)
+//   and GETs it; latency = from the predecessor's SET to this connection's wake-up.
+// storm: N connections connect at once, handshake (VALIDATE+PING on D2), ADD a counter, WAIT
+//   on a last-worker key which the connection whose ADD returns N sets; the time until all N
+//   are released. Resets/refusals/EOFs are counted (the goal is zero).
+//
+// Output: one line "RESULT key=value ..." (machine-readable), plus a human line on stderr.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ddprun/wire/codec.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ddprun::wire::Dialect;
+using ddprun::wire::Op;
+
+enum class Reply : uint8_t { None, U8, U32, I64, Blob };
+
+struct Conn {
+  int fd = -1;
+  int idx = 0;
+  bool connected = false, done = false, failed = false, want_out = false;
+  std::string out;
+  size_t out_off = 0;
+  std::vector<uint8_t> in;
+  Reply expect = Reply::None;
+  int step = 0;
+  int64_t round = 0;
+  Clock::time_point t0;
+  std::string value;  // compare_set: current value
+};
+
+struct Options {
+  std::string mode, host = "127.0.0.1", op = "get", tag = "bench";
+  uint16_t port = 0;
+  int clients = 1;
+  double seconds = 3, timeout = 60;
+  Dialect dialect = Dialect::D2;
+};
+
+struct Stats {
+  uint64_t resets = 0, refused = 0, eof = 0, other_errors = 0;
+  std::vector<uint32_t> lat_ns;
+  uint64_t ops = 0;
+};
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "ddprun_store_bench: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+std::string encode(Dialect d, Op op, std::vector<std::string> keys, std::vector<std::string> values = {},
+                   int64_t number = 0, uint32_t u32 = 0) {
+  ddprun::wire::Request r;
+  r.op = op;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.number = number;
+  r.u32 = u32;
+  std::string out;
+  if (!ddprun::wire::encode_request(d, r, out)) die(std::string("dialect cannot encode ") + ddprun::wire::op_name(op));
+  return out;
+}
+
+class Bench {
+ public:
+  explicit Bench(Options o) : o_(std::move(o)) {
+    ep_ = epoll_create1(EPOLL_CLOEXEC);
+    if (ep_ < 0) die("epoll_create1 failed");
+    addr_.sin_family = AF_INET;
+    addr_.sin_port = htons(o_.port);
+    if (inet_pton(AF_INET, o_.host.c_str(), &addr_.sin_addr) != 1) die("--host must be an IPv4 address");
+  }
+
+  // Opens n non-blocking connections at once.
+  void open_all(int n) {
+    conns_.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      Conn& c = conns_[static_cast<size_t>(i)];
+      c.idx = i;
+      c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (c.fd < 0) die(std::string("socket: ") + std::strerror(errno));
+      int one = 1;
+      setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      int rc = ::connect(c.fd, reinterpret_cast<sockaddr*>(&addr_), sizeof addr_);
+      if (rc < 0 && errno != EINPROGRESS) {
+        fail(c, errno);
+        continue;
+      }
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLOUT;
+      ev.data.u32 = static_cast<uint32_t>(i);
+      epoll_ctl(ep_, EPOLL_CTL_ADD, c.fd, &ev);
+      c.want_out = true;
+    }
+  }
+
+  void close_all() {
+    for (auto& c : conns_)
+      if (c.fd >= 0) {
+        ::close(c.fd);
+        c.fd = -1;
+      }
+  }
+
+  // Runs the loop until pred() or the deadline; returns false on deadline.
+  template <typename Pred>
+  bool loop(Clock::time_point deadline, Pred pred) {
+    std::vector<epoll_event> evs(1024);
+    while (!pred()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      int n = epoll_wait(ep_, evs.data(), static_cast<int>(evs.size()), static_cast<int>(std::min<long long>(left, 100)));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        die("epoll_wait failed");
+      }
+      for (int i = 0; i < n; ++i) {
+        Conn& c = conns_[evs[static_cast<size_t>(i)].data.u32];
+        if (c.fd < 0) continue;
+        if (!c.connected && (evs[static_cast<size_t>(i)].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+          int err = 0;
+          socklen_t len = sizeof err;
+          getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          if (err) {
+            fail(c, err);
+            continue;
+          }
+          c.connected = true;
+          ++connected_;
+          on_connected(c);
+          if (c.fd < 0) continue;
+          flush(c);
+          continue;
+        }
+        if (evs[static_cast<size_t>(i)].events & EPOLLOUT) flush(c);
+        if (c.fd >= 0 && (evs[static_cast<size_t>(i)].events & (EPOLLIN | EPOLLERR | EPOLLHUP))) readable(c);
+      }
+    }
+    return true;
+  }
+
+  Options o_;
+  Stats st_;
+  std::vector<Conn> conns_;
+  int connected_ = 0, finished_ = 0;
+  Clock::time_point stop_at_;
+  bool stopping_ = false;
+  // storm
+  int released_ = 0;
+  // wait hops: time of SET of (round, setter)
+  std::unordered_map<uint64_t, Clock::time_point> set_time_;
+
+ private:
+  void fail(Conn& c, int err) {
+    if (err == ECONNRESET || err == EPIPE) ++st_.resets;
+    else if (err == ECONNREFUSED) ++st_.refused;
+    else if (err == 0) ++st_.eof;
+    else ++st_.other_errors;
+    if (st_.resets + st_.refused + st_.eof + st_.other_errors <= 5)
+      std::fprintf(stderr, "connection %d failed: %s\n", c.idx, err ? std::strerror(err) : "EOF from server");
+    if (c.fd >= 0) ::close(c.fd);
+    c.fd = -1;
+    c.failed = true;
+    if (!c.done) {
+      c.done = true;
+      ++finished_;
+    }
+  }
+
+  void send(Conn& c, const std::string& bytes, Reply expect) {
+    c.out += bytes;
+    c.expect = expect;
+    flush(c);
+  }
+
+  void flush(Conn& c) {
+    while (c.fd >= 0 && c.out_off < c.out.size()) {
+      ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) break;
+        fail(c, errno);
+        return;
+      }
+      c.out_off += static_cast<size_t>(n);
+    }
+    if (c.fd < 0) return;
+    if (c.out_off == c.out.size()) {
+      c.out.clear();
+      c.out_off = 0;
+    }
+    bool want = !c.out.empty() || !c.connected;
+    if (want != c.want_out) {
+      epoll_event ev{};
+      ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
+      ev.data.u32 = static_cast<uint32_t>(c.idx);
+      epoll_ctl(ep_, EPOLL_CTL_MOD, c.fd, &ev);
+      c.want_out = want;
+    }
+  }
+
+  // Size of a complete reply at the front of c.in, or 0.
+  static size_t complete(const Conn& c) {
+    const size_t n = c.in.size();
+    switch (c.expect) {
+      case Reply::U8: return n >= 1 ? 1 : 0;
+      case Reply::U32: return n >= 4 ? 4 : 0;
+      case Reply::I64: return n >= 8 ? 8 : 0;
+      case Reply::Blob: {
+        if (n < 8) return 0;
+        uint64_t len = ddprun::wire::load_u64(c.in.data());
+        return n >= 8 + len ? 8 + len : 0;
+      }
+      case Reply::None: return 0;
+    }
+    return 0;
+  }
+
+  void readable(Conn& c) {
+    uint8_t buf[65536];
+    while (c.fd >= 0) {
+      ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      if (n == 0) {
+        fail(c, 0);
+        return;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) break;
+        fail(c, errno);
+        return;
+      }
+      c.in.insert(c.in.end(), buf, buf + n);
+    }
+    while (c.fd >= 0 && !c.done) {
+      size_t sz = complete(c);
+      if (!sz) break;
+      std::string reply(c.in.begin(), c.in.begin() + static_cast<long>(sz));
+      c.in.erase(c.in.begin(), c.in.begin() + static_cast<long>(sz));
+      c.expect = Reply::None;
+      on_reply(c, reply);
+    }
+  }
+
+  std::string k(const std::string& s) const { return "/" + o_.tag + "/" + s; }
+
+  void on_connected(Conn& c) {
+    if (o_.dialect == Dialect::D2) {
+      // VALIDATE + PING in one write, like PyTorch 2.6+ clients.
+      std::string hello = encode(o_.dialect, Op::Validate, {}, {}, 0, ddprun::wire::kValidateMagic) +
+                          encode(o_.dialect, Op::Ping, {}, {}, 0, 0x1000u + static_cast<uint32_t>(c.idx));
+      c.step = -1;
+      send(c, hello, Reply::U32);
+    } else {
+      start(c);
+    }
+  }
+
+  void start(Conn& c) {
+    if (o_.mode == "storm") {
+      c.step = 0;
+      send(c, encode(o_.dialect, Op::Add, {k("storm/count")}, {}, 1), Reply::I64);
+      return;
+    }
+    ready_ops(c);
+  }
+
+ public:
+  int handshaken_ = 0;
+  bool go_ = false;
+  std::vector<int> parked_;
+  void go() {
+    go_ = true;
+    for (int i : parked_) next_op(conns_[static_cast<size_t>(i)]);
+    parked_.clear();
+  }
+
+ private:
+  void ready_ops(Conn& c) {
+    ++handshaken_;
+    // Setup before the clock starts (SET has no reply; the server handles it before the
+    // next request of this connection).
+    if (o_.op == "compare_set") {
+      c.value = "x";
+      send(c, encode(o_.dialect, Op::Set, {k("cas/" + std::to_string(c.idx))}, {"x"}), Reply::None);
+    } else if (o_.op == "get") {
+      send(c, encode(o_.dialect, Op::Set, {k("key")}, {std::string(32, 'v')}), Reply::None);
+    }
+    if (go_) next_op(c);
+    else parked_.push_back(c.idx);
+  }
+
+  void next_op(Conn& c) {
+    if (stopping_ || Clock::now() >= stop_at_) {
+      stopping_ = true;
+      if (!c.done) {
+        c.done = true;
+        ++finished_;
+      }
+      return;
+    }
+    c.t0 = Clock::now();
+    c.step = 0;
+    const Dialect d = o_.dialect;
+    if (o_.op == "get") {
+      send(c, encode(d, Op::Wait, {k("key")}), Reply::U8);
+    } else if (o_.op == "add") {
+      send(c, encode(d, Op::Add, {k("ctr")}, {}, 1), Reply::I64);
+    } else if (o_.op == "compare_set") {
+      std::string desired = c.value == "x" ? "y" : "x";
+      send(c, encode(d, Op::CompareSet, {k("cas/" + std::to_string(c.idx))}, {c.value, desired}), Reply::Blob);
+    } else {  // wait hop
+      const int n = o_.clients;
+      const int succ = (c.idx + 1) % n;
+      set_time_[static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(c.idx)] = Clock::now();
+      std::string bytes = encode(d, Op::Set, {k("w/" + std::to_string(c.round) + "/" + std::to_string(succ))}, {"1"});
+      bytes += encode(d, Op::Wait, {k("w/" + std::to_string(c.round) + "/" + std::to_string(c.idx))});
+      send(c, bytes, Reply::U8);
+    }
+  }
+
+  void record(Clock::time_point from) {
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - from).count();
+    st_.lat_ns.push_back(static_cast<uint32_t>(std::min<long long>(ns, 0xffffffffLL)));
+    ++st_.ops;
+  }
+
+  void on_reply(Conn& c, const std::string& reply) {
+    if (c.step == -1) {  // PING echo
+      if (ddprun::wire::load_u32(reinterpret_cast<const uint8_t*>(reply.data())) != 0x1000u + static_cast<uint32_t>(c.idx))
+        die("PING echo mismatch");
+      start(c);
+      return;
+    }
+    if (o_.mode == "storm") {
+      if (c.step == 0) {  // ADD reply
+        int64_t v = static_cast<int64_t>(ddprun::wire::load_u64(reinterpret_cast<const uint8_t*>(reply.data())));
+        std::string bytes;
+        if (v == o_.clients) bytes = encode(o_.dialect, Op::Set, {k("storm/last_worker")}, {"1"});
+        bytes += encode(o_.dialect, Op::Wait, {k("storm/last_worker")});
+        c.step = 1;
+        send(c, bytes, Reply::U8);
+      } else {
+        c.done = true;
+        ++released_;
+        ++finished_;
+      }
+      return;
+    }
+    const Dialect d = o_.dialect;
+    if (o_.op == "get") {
+      if (c.step == 0) {
+        c.step = 1;
+        send(c, encode(d, Op::Get, {k("key")}), Reply::Blob);
+        return;
+      }
+      record(c.t0);
+    } else if (o_.op == "add") {
+      record(c.t0);
+    } else if (o_.op == "compare_set") {
+      std::string desired = c.value == "x" ? "y" : "x";
+      if (reply.substr(8) != desired) die("compare_set did not take the success branch: got '" + reply.substr(8) + "'");
+      c.value = desired;
+      record(c.t0);
+    } else {  // wait hop: WAIT done, now GET the value like PyTorch's get()
+      if (c.step == 0) {
+        c.step = 1;
+        send(c, encode(d, Op::Get, {k("w/" + std::to_string(c.round) + "/" + std::to_string(c.idx))}), Reply::Blob);
+        return;
+      }
+      const int n = o_.clients;
+      const int pred = (c.idx + n - 1) % n;
+      auto key = static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(pred);
+      auto it = set_time_.find(key);
+      if (it != set_time_.end()) {
+        record(it->second);
+        set_time_.erase(it);
+      }
+      ++c.round;
+    }
+    next_op(c);
+  }
+
+  int ep_ = -1;
+  sockaddr_in addr_{};
+};
+
+double pct(std::vector<uint32_t>& v, double p) {
+  if (v.empty()) return 0;
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
+  return v[i] / 1000.0;
+}
+
+int raise_fd_limit(int need) {
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  getrlimit(RLIMIT_NOFILE, &rl);
+  (void)need;
+  return static_cast<int>(std::min<rlim_t>(rl.rlim_cur, 1 << 30));
+}
+
+const char* dname(Dialect d) { return d == Dialect::D0 ? "D0" : "D2"; }
+
+int run_ops(const Options& o) {
+  Bench b(o);
+  b.stop_at_ = Clock::now() + std::chrono::hours(1);
+  b.open_all(o.clients);
+  // Setup: connect + handshake every connection before the clock starts.
+  auto setup_deadline = Clock::now() + std::chrono::seconds(30);
+  const bool setup_ok = b.loop(setup_deadline, [&] { return b.handshaken_ + static_cast<int>(b.st_.resets + b.st_.refused + b.st_.eof + b.st_.other_errors) >= o.clients; });
+  if (!setup_ok) die("setup did not finish in 30 s");
+  auto t0 = Clock::now();
+  b.stop_at_ = t0 + std::chrono::microseconds(static_cast<long long>(o.seconds * 1e6));
+  b.go();
+  // Ops in flight at the deadline finish within a second; wait hops whose predecessor stopped
+  // never would, so the loop ends there regardless.
+  b.loop(b.stop_at_ + std::chrono::seconds(1), [&] { return b.finished_ >= o.clients; });
+  double elapsed = std::chrono::duration<double>(std::min(Clock::now(), b.stop_at_) - t0).count();
+  uint64_t ops = b.st_.ops;
+  auto lat = b.st_.lat_ns;
+  std::printf("RESULT mode=ops op=%s clients=%d dialect=%s seconds=%.2f ops=%llu ops_per_s=%.0f p50_us=%.1f p99_us=%.1f "
+              "resets=%llu refused=%llu eof=%llu errors=%llu\n",
+              o.op.c_str(), o.clients, dname(o.dialect), elapsed, static_cast<unsigned long long>(ops), ops / elapsed,
+              pct(lat, 0.5), pct(lat, 0.99), static_cast<unsigned long long>(b.st_.resets),
+              static_cast<unsigned long long>(b.st_.refused), static_cast<unsigned long long>(b.st_.eof),
+              static_cast<unsigned long long>(b.st_.other_errors));
+  std::fflush(stdout);
+  b.close_all();
+  return 0;
+}
+
+int run_storm(const Options& o) {
+  const int limit = raise_fd_limit(o.clients + 64);
+  if (o.clients + 64 > limit) {
+    std::printf("RESULT mode=storm clients=%d skipped=1 reason=fd_limit_%d\n", o.clients, limit);
+    return 0;
+  }
+  Bench b(o);
+  auto t0 = Clock::now();
+  b.open_all(o.clients);
+  const bool ok = b.loop(t0 + std::chrono::microseconds(static_cast<long long>(o.timeout * 1e6)),
+                         [&] { return b.finished_ >= o.clients; });
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("RESULT mode=storm clients=%d dialect=%s seconds=%.3f released=%d completed=%d resets=%llu refused=%llu "
+              "eof=%llu errors=%llu\n",
+              o.clients, dname(o.dialect), secs, b.released_, ok ? 1 : 0, static_cast<unsigned long long>(b.st_.resets),
+              static_cast<unsigned long long>(b.st_.refused), static_cast<unsigned long long>(b.st_.eof),
+              static_cast<unsigned long long>(b.st_.other_errors));
+  std::fflush(stdout);
+  b.close_all();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (argc < 2) die("usage: ddprun_store_bench ops|storm --port P [--host H] [--op get|add|compare_set|wait] "
+                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T]");
+  o.mode = argv[1];
+  if (o.mode != "ops" && o.mode != "storm") die("mode must be ops or storm");
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--host") o.host = next();
+    else if (a == "--port") o.port = static_cast<uint16_t>(std::atoi(next().c_str()));
+    else if (a == "--op") o.op = next();
+    else if (a == "--clients") o.clients = std::atoi(next().c_str());
+    else if (a == "--seconds") o.seconds = std::atof(next().c_str());
+    else if (a == "--timeout") o.timeout = std::atof(next().c_str());
+    else if (a == "--tag") o.tag = next();
+    else if (a == "--dialect") {
+      auto d = next();
+      if (d == "D0") o.dialect = Dialect::D0;
+      else if (d == "D2") o.dialect = Dialect::D2;
+      else die("--dialect must be D2 or D0");
+    } else die("unknown argument " + a);
+  }
+  if (!o.port) die("--port is required");
+  if (o.clients < 1) die("--clients must be >= 1");
+  if (o.op != "get" && o.op != "add" && o.op != "compare_set" && o.op != "wait") die("--op must be get|add|compare_set|wait");
+  raise_fd_limit(o.clients + 64);
+  return o.mode == "ops" ? run_ops(o) : run_storm(o);
+}
