@@ -237,9 +237,14 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, sizeof(int), stream));
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dgood.p, 0, sizeof(int), stream));
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dskipped.p, 0, sizeof(int), stream));
-  float* hx = nullptr;
-  DDPRUN_CUDA_CHECK(cudaMallocHost(&hx, (static_cast<size_t>(B) * (o.in + 1)) * sizeof(float)));
-  float* hy = hx + static_cast<size_t>(B) * o.in;
+  // Two pinned staging buffers for the batch, so filling step k+1's never waits for step k.
+  float* hbuf[2] = {nullptr, nullptr};
+  cudaEvent_t hbuf_free[2];
+  for (int k = 0; k < 2; ++k) {
+    DDPRUN_CUDA_CHECK(cudaMallocHost(&hbuf[k], (static_cast<size_t>(B) * (o.in + 1)) * sizeof(float)));
+    DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&hbuf_free[k], cudaEventDisableTiming));
+    DDPRUN_CUDA_CHECK(cudaEventRecord(hbuf_free[k], stream));
+  }
 
   std::vector<dw::GradView> views;
   for (const auto& t : tensors) views.push_back({grads.p + t.offset, t.count});
@@ -277,12 +282,15 @@ int run_typed(const Options& o, dw::Runtime& rt) {
       if (run_steps == o.warmup_steps) DDPRUN_CUDA_CHECK(cudaEventRecord(t_start, stream));
       const auto idx = sampler.batch(static_cast<size_t>(s), static_cast<size_t>(B));
       const int b = static_cast<int>(idx.size());
-      // The host buffer is reused: wait until the previous step's copy has consumed it.
-      DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const int slot = static_cast<int>(run_steps & 1);
+      float* hx = hbuf[slot];
+      float* hy = hx + static_cast<size_t>(B) * o.in;
+      DDPRUN_CUDA_CHECK(cudaEventSynchronize(hbuf_free[slot]));  // its copy two steps ago is done
       for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, hx + static_cast<size_t>(i) * o.in, hy + i);
       DDPRUN_CUDA_CHECK(cudaMemcpyAsync(xin.p, hx, static_cast<size_t>(b) * o.in * sizeof(float),
                                         cudaMemcpyHostToDevice, stream));
       DDPRUN_CUDA_CHECK(cudaMemcpyAsync(yin.p, hy, static_cast<size_t>(b) * sizeof(float), cudaMemcpyHostToDevice, stream));
+      DDPRUN_CUDA_CHECK(cudaEventRecord(hbuf_free[slot], stream));
       x_to_t_kernel<T><<<blocks_for(static_cast<size_t>(b) * o.in, 256), 256, 0, stream>>>(xin.p, acts[0].p, static_cast<size_t>(b) * o.in);
       // forward
       for (size_t l = 0; l < L; ++l) {
@@ -377,7 +385,10 @@ int run_typed(const Options& o, dw::Runtime& rt) {
                 dw::fnv1a64(host_params.data(), n * sizeof(float)));
     std::fflush(stdout);
   }
-  cudaFreeHost(hx);
+  for (int k = 0; k < 2; ++k) {
+    cudaFreeHost(hbuf[k]);
+    cudaEventDestroy(hbuf_free[k]);
+  }
   cudaEventDestroy(t_start);
   cudaEventDestroy(t_end);
   cublasDestroy(blas);
