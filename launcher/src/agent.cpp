@@ -738,7 +738,8 @@ std::string Agent::summary() const {
     s << "[ddprun] stopped by " << signal_name(*sig) << ": the workers were sent " << signal_name(*sig)
       << " (SIGKILL after " << opts_.shutdown_timeout_s << " s); exit code " << exit_code_ << "\n";
   }
-  if (failure_) {
+  // A failure of an earlier attempt that was restarted is history, not the cause.
+  if (failure_ && failure_->attempt == state_.attempt()) {
     const auto& f = *failure_;
     char host[256] = "?";
     ::gethostname(host, sizeof host - 1);
@@ -759,6 +760,9 @@ std::string Agent::summary() const {
     }
   } else if (!state_.stop_signal()) {
     s << "[ddprun] FAILED: exit code " << exit_code_ << " (see the errors above)\n";
+  } else if (failure_) {
+    s << "[ddprun]   (attempt " << failure_->attempt << " had failed: worker rank " << failure_->global_rank
+      << " " << failure_->status.describe() << ")\n";
   }
   s << "[ddprun] " << bar << "\n";
   return s.str();
