@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real PyTorch (gloo DDP) under ddprun: tests/launcher/train_ddp.py with 2 workers.
 
-Usage: test_torch_ddp.py <ddprun> <python with torch> {train|restart}
+Usage: test_torch_ddp.py <ddprun> <python with torch> {train|restart|keyspace}
 Exit 77 (ctest: skipped) only when that Python does not exist, saying why.
 """
 import os
@@ -67,6 +67,28 @@ def main():
         check(len(l[0]) == 2 and len(l[1]) == 5, f"attempt 0 died at epoch 2, attempt 1 finished: {l}")
         check(l[1][:2] == l[0], "attempt 1 repeats attempt 0 exactly (fresh store, same seed)")
         check(l[1][-1] < 0.9 * l[1][0], f"the loss decreases: {l[1]}")
+    elif mode == "keyspace":
+        # Attempt 0 stores a key through PyTorch's own TCPStore client and fails; attempt 1
+        # must find the agent's store empty (PyTorch >= 2.6 uses no attempt prefix).
+        code = ("import os, sys; from datetime import timedelta; import torch.distributed as dist\n"
+                "s = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']),"
+                " is_master=False, timeout=timedelta(seconds=30))\n"
+                "n = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+                "key = 'leftover_' + os.environ['RANK']\n"
+                "if n == '0':\n"
+                "    s.add(key, 5); s.add('counter', 1); sys.exit(1)\n"
+                "print('attempt', n, 'leftover', s.add(key, 0), 'counter', s.add('counter', 1), flush=True)\n")
+        env = dict(os.environ, PYTHON_EXEC=python)
+        p = subprocess.run([ddprun, "--nproc_per_node=2", "--max_restarts=1", "--no_python", python,
+                            "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD)
+        print(p.stdout)
+        print(p.stderr, file=sys.stderr)
+        check(p.returncode == 0, f"ddprun exit code 0 (got {p.returncode})")
+        for r in range(2):
+            line = next((l for l in p.stdout.splitlines() if l.startswith(f"[r{r}]: attempt 1")), "")
+            check("leftover 0 " in line, f"rank {r} sees no key of attempt 0: {line!r}")
+            check(line.endswith("counter 1") or line.endswith("counter 2"),
+                  f"rank {r}: the counter restarted from zero: {line!r}")
     else:
         sys.exit(f"unknown mode {mode}")
 
