@@ -232,8 +232,10 @@ void Agent::setup_signals() {
 void Agent::start_store() {
   // Where the workers' store listens: --master_port (static), the rendezvous endpoint's port
   // (c10d, --standalone: 0 = free), else 29500 or a free port when 29500 is taken.
+  const bool c10d = opts_.rdzv_backend == "c10d";
   std::optional<uint16_t> port = opts_.master_port;
-  if (opts_.rdzv_backend == "c10d") port = opts_.rdzv_port;
+  if (c10d) port = opts_.rdzv_port_given ? std::optional<uint16_t>(opts_.rdzv_port) : std::nullopt;
+  const uint16_t default_port = c10d ? opts_.rdzv_port : kDefaultMasterPort;
   auto start_on = [&](uint16_t p) {
     server::StoreServerOptions so;
     so.host = "";
@@ -247,13 +249,14 @@ void Agent::start_store() {
       store_ = start_on(*port);
     } catch (const std::exception& e) {
       throw std::runtime_error("cannot host the store on port " + std::to_string(*port) + ": " +
-                               e.what() + " (use another --master_port, or 0 for a free port)");
+                               e.what() + (c10d ? " (use another --rdzv_endpoint port, or 0 for a free port)"
+                                                 : " (use another --master_port, or 0 for a free port)"));
     }
   } else {
     try {
-      store_ = start_on(kDefaultMasterPort);
+      store_ = start_on(default_port);
     } catch (const std::exception& e) {
-      spdlog::info("port {} is taken ({}); the store uses a free port instead", kDefaultMasterPort,
+      spdlog::info("port {} is taken ({}); the store uses a free port instead", default_port,
                    e.what());
       store_ = start_on(0);
     }

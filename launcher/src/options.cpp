@@ -395,6 +395,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
       auto p = to_int(port);
       if (!p || *p < 0 || *p > 65535) bad("rdzv_endpoint", *s, "host[:port] with a port 0-65535");
       o.rdzv_port = static_cast<uint16_t>(*p);
+      o.rdzv_port_given = true;
     }
   }
   if (auto s = get("rdzv_id")) o.rdzv_id = trim(*s).empty() ? "none" : trim(*s);
@@ -432,6 +433,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     o.rdzv_backend = "c10d";
     o.rdzv_host = "localhost";
     o.rdzv_port = 0;
+    o.rdzv_port_given = true;
     o.rdzv_id = random_run_id();
     o.min_nodes = o.max_nodes = 1;
   }

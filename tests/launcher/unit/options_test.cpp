@@ -164,7 +164,9 @@ TEST_CASE("rdzv_conf, endpoint, signals, filters", "[options]") {
   auto o = ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head:1234", "x"});
   CHECK(o.rdzv_host == "head");
   CHECK(o.rdzv_port == 1234);
+  CHECK(o.rdzv_port_given);
   CHECK(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rdzv_port == 29400);
+  CHECK_FALSE(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rdzv_port_given);
   CHECK(ok({"--rdzv_endpoint=[::1]:99", "x"}).rdzv_host == "::1");
   CHECK_THAT(error_of({"--rdzv_endpoint=head:99999", "x"}), Catch::Contains("--rdzv_endpoint"));
   CHECK_THAT(error_of({"--rdzv_backend=zk", "x"}), Catch::Contains("static or c10d"));

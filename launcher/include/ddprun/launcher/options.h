@@ -70,6 +70,7 @@ struct LaunchOptions {
   std::string rdzv_endpoint;  // host[:port], as given
   std::string rdzv_host;
   uint16_t rdzv_port = 29400;
+  bool rdzv_port_given = false;  // false: 29400, or a free port when it is taken
   std::string rdzv_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   bool standalone = false;
