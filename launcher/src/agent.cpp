@@ -774,7 +774,8 @@ std::string Agent::summary() const {
 }  // namespace
 
 int run(const LaunchOptions& opts, const EnvMap& env) {
-  auto logger = spdlog::stderr_logger_mt("ddprun")  // _mt: the store server logs from its own thread;
+  // _mt: the in-process store server logs from its own thread.
+  auto logger = spdlog::stderr_logger_mt("ddprun");
   logger->set_pattern("[ddprun] %^%l%$: %v");
   logger->set_level(opts.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
