@@ -87,7 +87,7 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return m / scale;
 }
 
-void check_invariant(int world, bool small_buckets) {
+void check_invariant(int world, bool small_buckets, bool shared_memory) {
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -107,6 +107,7 @@ void check_invariant(int world, bool small_buckets) {
         GlooOptions go;
         go.hostname = "127.0.0.1";
         go.timeout = std::chrono::seconds(20);
+        go.shared_memory = shared_memory;
         auto comm = make_gloo_communicator(store, r, world, go);
         traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, small_buckets);
       } catch (const std::exception& e) {
@@ -137,11 +138,17 @@ void check_invariant(int world, bool small_buckets) {
 
 }  // namespace
 
-TEST_CASE("DDP invariant: 2 ranks over Gloo equal one process on the global batch", "[ddp]") {
-  check_invariant(2, true);
+TEST_CASE("DDP invariant: 2 ranks over Gloo TCP equal one process on the global batch", "[ddp]") {
+  check_invariant(2, true, false);
 }
 
-TEST_CASE("DDP invariant: 3 ranks, default buckets", "[ddp]") { check_invariant(3, false); }
+TEST_CASE("DDP invariant: 3 ranks over Gloo TCP, default buckets", "[ddp]") { check_invariant(3, false, false); }
+
+TEST_CASE("DDP invariant: 2 ranks over the shared-memory path", "[ddp]") { check_invariant(2, true, true); }
+
+TEST_CASE("DDP invariant: 3 ranks over the shared-memory path, default buckets", "[ddp]") {
+  check_invariant(3, false, true);
+}
 
 TEST_CASE("Gloo: a rank that never arrives fails the collective within the timeout", "[ddp]") {
   ddprun::server::StoreServerOptions so;

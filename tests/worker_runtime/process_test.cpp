@@ -165,6 +165,8 @@ std::string run_elastic(const std::vector<std::string>& train_args, int world, i
 }  // namespace
 
 TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error file", "[process]") {
+  const bool shm = GENERATE(true, false);
+  INFO("shared memory path: " << shm);
   const std::string dir = temp_dir();
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
@@ -177,7 +179,11 @@ TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error
   std::vector<Proc> ps(2);
   for (int r = 0; r < 2; ++r)
     ps[static_cast<size_t>(r)].pid =
-        spawn(args, rank_env(r, 2, server.port(), 0, dir + "/err" + std::to_string(r) + ".json"),
+        spawn(args, [&] {
+                auto e = rank_env(r, 2, server.port(), 0, dir + "/err" + std::to_string(r) + ".json");
+                e.push_back(shm ? "DDPRUN_SHM=1" : "DDPRUN_SHM=0");
+                return e;
+              }(),
               dir + "/r" + std::to_string(r) + ".log");
   std::vector<Clock::time_point> t;
   REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60), &t));

@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 
 #include "ddprun/client/store_client.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "shm_allreduce.h"
 
 namespace ddprun::worker {
 namespace {
@@ -80,6 +82,11 @@ class GlooCommunicator final : public Communicator {
       GlooStoreAdapter adapter(store, opt.key_prefix, timeout_);
       ctx->connectFullMesh(adapter, device_);
       ctx_ = std::move(ctx);
+      if (opt.shared_memory && size_ > 1 && size_ <= ShmGroup::kMaxRanks && all_on_this_host(store, opt.key_prefix)) {
+        shm_ = ShmGroup::create(
+            rank_, size_, timeout_, [&](const std::string& name) { store.set(opt.key_prefix + "shm", name); },
+            [&] { return store.get(opt.key_prefix + "shm", timeout_); }, [&] { barrier(); });
+      }
     } catch (const std::exception& e) {
       throw CommError(std::string("gloo: cannot form the full mesh (rank ") + std::to_string(rank) + " of " +
                       std::to_string(size) + ", local address '" + (attr.iface.empty() ? attr.hostname : attr.iface) +
@@ -88,6 +95,8 @@ class GlooCommunicator final : public Communicator {
   }
   ~GlooCommunicator() override = default;
 
+  bool uses_shared_memory() const { return shm_ != nullptr; }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
@@ -95,6 +104,10 @@ class GlooCommunicator final : public Communicator {
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
+    if (shm_) {
+      guarded("allreduce", [&] { shm_->allreduce(buf, count, dtype, op); });
+      return;
+    }
     guarded("allreduce", [&] {
       gloo::AllreduceOptions o(ctx_);
       o.setTag(next_tag());
@@ -149,6 +162,20 @@ class GlooCommunicator final : public Communicator {
 
  private:
   uint32_t next_tag() { return tag_++; }
+
+  // Every rank publishes "hostname boot_id"; true when all are equal to ours.
+  bool all_on_this_host(client::StoreClient& store, const std::string& prefix) {
+    char host[256] = {};
+    DDPRUN_SYSCHECK(::gethostname(host, sizeof host - 1));
+    std::string boot_id;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+    const std::string me = std::string(host) + " " + boot_id;
+    store.set(prefix + "host/" + std::to_string(rank_), me);
+    bool same = true;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && store.get(prefix + "host/" + std::to_string(r), timeout_) != me) same = false;
+    return same;
+  }
   void check_alive(const char* what) {
     if (aborted_.load()) throw CommError(std::string("gloo ") + what + ": communicator aborted");
   }
@@ -156,6 +183,9 @@ class GlooCommunicator final : public Communicator {
   void guarded(const char* what, F&& f) {
     try {
       f();
+    } catch (const CommError&) {
+      aborted_.store(true);
+      throw;
     } catch (const WorkerError&) {
       throw;
     } catch (const std::exception& e) {
@@ -171,6 +201,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   uint32_t tag_ = 1;
   std::atomic<bool> aborted_{false};
+  std::unique_ptr<ShmGroup> shm_;
 };
 
 }  // namespace

@@ -112,6 +112,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   } else {
     GlooOptions go;
     go.timeout = options.timeout;
+    if (const char* shm = std::getenv("DDPRUN_SHM"); shm && std::string(shm) == "0") go.shared_memory = false;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
     try {

@@ -61,6 +61,9 @@ struct GlooOptions {
   std::string hostname;
   std::string iface;       // network interface name (GLOO_SOCKET_IFNAME); wins over hostname
   std::string key_prefix = "ddprun/gloo/";
+  // When every rank runs on this host, all-reduce through shared memory (see
+  // src/shm_allreduce.h); Gloo still carries broadcast and barrier. Env DDPRUN_SHM=0 disables.
+  bool shared_memory = true;
 };
 
 }  // namespace ddprun::worker

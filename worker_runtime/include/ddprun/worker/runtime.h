@@ -7,6 +7,8 @@
 //   timeout              30 s   DDPRUN_COLLECTIVE_TIMEOUT_S  collective/connect timeout
 //   store_timeout       300 s   DDPRUN_STORE_TIMEOUT_S       wait/get on the store during init
 //   device             auto     DDPRUN_DEVICE                cpu | cuda | auto
+//   shared memory        on     DDPRUN_SHM=0 disables        CPU all-reduce through /dev/shm
+//                                                            when all ranks share the host
 #pragma once
 
 #include <chrono>

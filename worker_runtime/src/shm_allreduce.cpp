@@ -1,0 +1,165 @@
+#include "shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "ddprun/worker/checks.h"
+
+namespace ddprun::worker {
+
+struct ShmGroup::Control {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> generation;
+  std::atomic<int32_t> pids[kMaxRanks];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex needs lock-free 32-bit atomics");
+
+namespace {
+
+constexpr size_t kHeaderBytes = 4096;
+using Clock = std::chrono::steady_clock;
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+}  // namespace
+
+std::string ShmGroup::create_segment() {
+  std::random_device rd;
+  name_ = "/ddprun-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  map_segment(name_, true);
+  return name_;
+}
+
+void ShmGroup::map_segment(const std::string& name, bool create) {
+  DDPRUN_ENFORCE(size_ >= 1 && size_ <= kMaxRanks, "shm group size out of range");
+  name_ = name;
+  bytes_ = kHeaderBytes + (static_cast<size_t>(size_) + 1) * kChunkBytes;
+  int fd = ::shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
+  DDPRUN_SYSCHECK(fd);
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    detail::throw_errno("ftruncate(shm)", __FILE__, __LINE__, e);
+  }
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) detail::throw_errno("mmap(shm)", __FILE__, __LINE__, errno);
+  base_ = p;
+  ctl_ = static_cast<Control*>(base_);  // a fresh tmpfs page is zero: counters start at 0
+  slots_ = static_cast<unsigned char*>(base_) + kHeaderBytes;
+  result_ = slots_ + static_cast<size_t>(size_) * kChunkBytes;
+}
+
+void ShmGroup::unlink_name() {
+  if (rank_ == 0 && !name_.empty()) ::shm_unlink(name_.c_str());
+  name_.clear();
+}
+
+void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_barrier) {
+  ctl_->pids[rank_].store(static_cast<int32_t>(::getpid()));
+  outer_barrier();  // everyone mapped and registered
+  unlink_name();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const int pid = ctl_->pids[r].load();
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) throw CommError("shm group: peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") is gone");
+    pidfds_.push_back(fd);
+  }
+}
+
+ShmGroup::~ShmGroup() {
+  unlink_name();
+  for (int fd : pidfds_) ::close(fd);
+  if (base_) ::munmap(base_, bytes_);
+}
+
+void ShmGroup::check_peers() {
+  std::vector<pollfd> fds;
+  for (int fd : pidfds_) fds.push_back({fd, POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), 0) > 0) {
+    broken_ = true;
+    throw CommError("shm all-reduce: a peer process exited in the middle of a collective");
+  }
+}
+
+void ShmGroup::barrier() {
+  const uint32_t gen = ctl_->generation.load(std::memory_order_acquire);
+  if (ctl_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+    ctl_->arrived.store(0, std::memory_order_relaxed);
+    ctl_->generation.fetch_add(1, std::memory_order_release);
+    futex(&ctl_->generation, FUTEX_WAKE, INT_MAX, nullptr);
+    return;
+  }
+  for (int spin = 0; spin < 4000; ++spin) {
+    if (ctl_->generation.load(std::memory_order_acquire) != gen) return;
+    __builtin_ia32_pause();
+  }
+  const auto deadline = Clock::now() + timeout_;
+  const timespec slice{0, 20 * 1000 * 1000};  // re-check peers every 20 ms
+  while (ctl_->generation.load(std::memory_order_acquire) == gen) {
+    futex(&ctl_->generation, FUTEX_WAIT, gen, &slice);
+    if (ctl_->generation.load(std::memory_order_acquire) != gen) return;
+    check_peers();
+    if (Clock::now() > deadline) {
+      broken_ = true;
+      throw CommError("shm all-reduce: peers did not arrive within " + std::to_string(timeout_.count()) + " ms");
+    }
+  }
+}
+
+template <class T>
+void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
+  const size_t chunk = kChunkBytes / sizeof(T);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = std::min(chunk, count - off);
+    std::memcpy(slots_ + static_cast<size_t>(rank_) * kChunkBytes, buf + off, n * sizeof(T));
+    barrier();
+    const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+    const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+    T* __restrict res = reinterpret_cast<T*>(result_);
+    const T* __restrict s0 = reinterpret_cast<const T*>(slots_);
+    for (size_t i = lo; i < hi; ++i) res[i] = s0[i];
+    for (int r = 1; r < size_; ++r) {  // rank order: deterministic
+      const T* __restrict sr = reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
+      if (op == ReduceOp::Max) {
+        for (size_t i = lo; i < hi; ++i) res[i] = res[i] > sr[i] ? res[i] : sr[i];
+      } else {
+        for (size_t i = lo; i < hi; ++i) res[i] += sr[i];
+      }
+    }
+    if (op == ReduceOp::Avg) {
+      const T d = static_cast<T>(size_);
+      for (size_t i = lo; i < hi; ++i) res[i] /= d;
+    }
+    barrier();
+    std::memcpy(buf + off, res, n * sizeof(T));
+  }
+  // The result region is reused by the next collective only after its first barrier, which
+  // every rank reaches after finishing the copy above.
+}
+
+void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
+  if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
+  if (dtype == DType::F32) return allreduce_typed(static_cast<float*>(buf), count, op);
+  if (dtype == DType::I32) return allreduce_typed(static_cast<int32_t*>(buf), count, op);
+  throw WorkerError(std::string("shm all-reduce of ") + dtype_name(dtype) + " is not supported");
+}
+
+}  // namespace ddprun::worker

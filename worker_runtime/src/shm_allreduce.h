@@ -1,0 +1,78 @@
+// Intra-host fast path of the CPU communicator: when every rank of the group runs on one host,
+// all-reduce goes through one shared-memory segment instead of Gloo's TCP loopback (which
+// costs ~24 ms for 16 MiB at 2 ranks on a 2-core host, more than half a training step).
+//
+// Per chunk: each rank copies its chunk into its slot; barrier; rank r sums slice r of all
+// slots in rank order (deterministic) into the result region; barrier; everyone copies the
+// result back. Barriers are futexes on the shared segment. Peers are watched with pidfds, so
+// a peer that dies mid-collective fails the collective at once (CommError) instead of after
+// the timeout; a peer that hangs fails it after the timeout.
+//
+// Not thread-safe: one collective at a time (like the communicator that owns it).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker {
+
+class ShmGroup {
+ public:
+  // Rank 0 creates the segment and publishes its name through `publish`; the others obtain it
+  // through `fetch`; `barrier` is a group barrier over another transport, used once so rank 0
+  // can unlink the name after everyone mapped it (nothing leaks if a process dies later).
+  template <class Publish, class Fetch, class Barrier>
+  static std::unique_ptr<ShmGroup> create(int rank, int size, std::chrono::milliseconds timeout, Publish publish,
+                                          Fetch fetch, Barrier barrier);
+  ~ShmGroup();
+
+  static constexpr int kMaxRanks = 64;
+  static constexpr size_t kChunkBytes = 8u << 20;
+
+  // In place; F32 (Sum/Avg/Max) and I32 (Sum/Max). Throws CommError on peer death/timeout.
+  void allreduce(void* buf, size_t count, DType dtype, ReduceOp op);
+
+ private:
+  struct Control;
+  ShmGroup(int rank, int size, std::chrono::milliseconds timeout) : rank_(rank), size_(size), timeout_(timeout) {}
+  std::string create_segment();  // rank 0
+  void map_segment(const std::string& name, bool create);
+  void unlink_name();
+  void register_self_and_watch_peers(const std::function<void()>& barrier);
+  void barrier();
+  void check_peers();
+  template <class T>
+  void allreduce_typed(T* buf, size_t count, ReduceOp op);
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::string name_;
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  Control* ctl_ = nullptr;
+  unsigned char* slots_ = nullptr;   // size_ slots of kChunkBytes
+  unsigned char* result_ = nullptr;  // kChunkBytes
+  std::vector<int> pidfds_;
+  bool broken_ = false;
+};
+
+template <class Publish, class Fetch, class Barrier>
+std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, std::chrono::milliseconds timeout, Publish publish,
+                                           Fetch fetch, Barrier barrier) {
+  std::unique_ptr<ShmGroup> g(new ShmGroup(rank, size, timeout));
+  if (rank == 0) {
+    publish(g->create_segment());
+  } else {
+    g->map_segment(fetch(), false);
+  }
+  g->register_self_and_watch_peers(barrier);
+  return g;
+}
+
+}  // namespace ddprun::worker
