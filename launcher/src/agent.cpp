@@ -164,6 +164,7 @@ class Agent {
   AgentState state_;
   Clock::time_point t_launch_ = Clock::now();
 
+  std::unique_ptr<Guardian> guardian_;
   std::unique_ptr<server::StoreServer> store_;
   std::unique_ptr<Rendezvous> rdzv_;
   GroupLayout layout_;
@@ -317,6 +318,7 @@ int Agent::run() {
     setup_signals();
     become_child_subreaper();
     prepare_command();
+    guardian_ = std::make_unique<Guardian>();  // before the store's thread exists
     auto t_store = Clock::now();
     start_store();
     double store_ms = ms_since(t_store);
@@ -346,6 +348,7 @@ int Agent::run() {
   for (auto& w : workers_) drain(*w);
   signal_workers(SIGKILL);
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
+  if (guardian_) guardian_->release_and_reap(1000);
   reap_leftovers(kKillWaitS);
   if (rdzv_) rdzv_->leave();
   rdzv_.reset();
@@ -434,11 +437,13 @@ void Agent::end_attempt() {
     by_pid_.erase(w->pid);
     signal_process_group(w->pid, SIGKILL);  // leftovers of its group (grandchildren)
     old_pgroups_.push_back(w->pid);
+    guardian_->forget(w->pid);
   }
+  const pid_t guardian = guardian_ ? guardian_->pid() : -1;
   // Orphans adopted as subreaper that left their worker's process group.
   if (has_children()) {
     for (pid_t child : children_of(::getpid())) {
-      if (!by_pid_.count(child)) ::kill(child, SIGKILL);
+      if (!by_pid_.count(child) && child != guardian) ::kill(child, SIGKILL);
     }
   }
   workers_.clear();
@@ -501,6 +506,7 @@ void Agent::start_attempt(int attempt) {
       by_fd_[fd] = {w.get(), is_err};
     }
     by_pid_[w->pid] = w.get();
+    guardian_->watch(w->pid);
     spawned.push_back(p);
     workers_.push_back(std::move(w));
   }

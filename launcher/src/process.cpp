@@ -6,6 +6,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -185,6 +186,98 @@ void ensure_std_fds_open() {
       }
     }
   }
+}
+
+Guardian::Guardian() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe2 (guardian)");
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    errno = e;
+    throw_errno("fork (guardian)");
+  }
+  if (pid == 0) {
+    // The guardian: no allocation after this point is needed; fixed-size table.
+    ::close(fds[1]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::sigaction(sig, &ign, nullptr);
+    int null = ::open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+    // Keep only the read end, as fd 3.
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+    }
+    close_fds_from(4);
+    constexpr int kMaxGroups = 1 << 16;
+    static pid_t groups[kMaxGroups];
+    int n = 0;
+    while (true) {
+      int32_t v = 0;
+      ssize_t r = ::read(3, &v, sizeof v);
+      if (r < 0 && errno == EINTR) continue;
+      if (r == static_cast<ssize_t>(sizeof v)) {
+        if (v == 0) ::_exit(0);  // released
+        if (v > 0 && n < kMaxGroups) groups[n++] = v;
+        if (v < 0) {
+          for (int i = 0; i < n; ++i) {
+            if (groups[i] == -v) groups[i] = groups[--n];
+          }
+        }
+        continue;
+      }
+      break;  // EOF (or a torn read): the agent is gone
+    }
+    for (int i = 0; i < n; ++i) ::kill(-groups[i], SIGKILL);
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  pid_ = pid;
+  fd_ = fds[1];
+}
+
+Guardian::~Guardian() { release(); }
+
+void Guardian::send(int32_t value) {
+  if (fd_ < 0) return;
+  ssize_t r;
+  do {
+    r = ::write(fd_, &value, sizeof value);
+  } while (r < 0 && errno == EINTR);
+}
+
+void Guardian::watch(pid_t pgid) {
+  if (pgid > 1) send(static_cast<int32_t>(pgid));
+}
+
+void Guardian::forget(pid_t pgid) {
+  if (pgid > 1) send(-static_cast<int32_t>(pgid));
+}
+
+void Guardian::release_and_reap(int timeout_ms) {
+  release();
+  if (pid_ <= 0) return;
+#ifdef SYS_pidfd_open
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    while (::poll(&p, 1, timeout_ms) < 0 && errno == EINTR) {
+    }
+    ::close(pidfd);
+  }
+#endif
+  int st = 0;
+  if (::waitpid(pid_, &st, WNOHANG) == pid_) pid_ = -1;
+}
+
+void Guardian::release() {
+  if (fd_ < 0) return;
+  send(0);
+  ::close(fd_);
+  fd_ = -1;
 }
 
 }  // namespace ddprun::launcher

@@ -235,6 +235,19 @@ class Signals(unittest.TestCase):
         for pid in pids:
             self.assertTrue(wait_pid_gone(pid, 10), f"worker {pid} survived ddprun's SIGKILL")
 
+    def test_sigkill_of_ddprun_kills_grandchildren_too(self):
+        code = ("import os, signal, subprocess\n"
+                "g = subprocess.Popen(['sleep', '300'])\n"
+                "print('ready grandchild', g.pid, flush=True)\n"
+                "while True: signal.pause()\n")
+        d = Live(["--nproc_per_node=2"] + worker(code))
+        ready = d.wait_ready(2)
+        pids = [int(l.split()[-1]) for l in ready]
+        d.p.kill()
+        d.p.wait(timeout=HANG_GUARD)
+        for pid in pids:
+            self.assertTrue(wait_pid_gone(pid, 10), f"grandchild {pid} survived ddprun's SIGKILL")
+
     def test_worker_ignoring_sigterm_gets_sigkill_after_shutdown_timeout(self):
         # Rank 1 fails only once rank 0 ignores SIGTERM (handshake over a FIFO).
         code = ("import os, signal, sys\n"

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,5 +55,33 @@ std::vector<pid_t> children_of(pid_t parent);
 
 // Makes sure descriptors 0, 1 and 2 are open (on /dev/null when not).
 void ensure_std_fds_open();
+
+// A helper process that makes "workers die with the agent" hold for their children too.
+// PR_SET_PDEATHSIG kills a worker when the agent dies, but not the worker's own children
+// (dataloader workers, shells' children). The guardian is told each worker's process group
+// over a pipe; when the pipe closes without release() (the agent died, even by SIGKILL), it
+// SIGKILLs every group it was told of, then exits. It holds no other descriptor and ignores
+// the job-control signals (the agent stops the workers itself when it is signalled).
+class Guardian {
+ public:
+  // Forks the guardian. Call while the agent is single-threaded. Throws std::system_error.
+  Guardian();
+  ~Guardian();  // release()
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+
+  void watch(pid_t pgid);
+  void forget(pid_t pgid);
+  // Normal end: the guardian exits without killing anything.
+  void release();
+  // release(), then reap the guardian, waiting at most `timeout_ms` (through a pidfd).
+  void release_and_reap(int timeout_ms);
+  pid_t pid() const { return pid_; }
+
+ private:
+  void send(int32_t value);
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
 
 }  // namespace ddprun::launcher
