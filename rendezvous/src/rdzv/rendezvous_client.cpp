@@ -146,7 +146,7 @@ std::optional<Message> RendezvousClient::wait_message(std::chrono::milliseconds 
   }
 }
 
-RoundInfo RendezvousClient::join(const JoinInfo& info, std::chrono::milliseconds timeout) {
+void RendezvousClient::send_join(const JoinInfo& info) {
   Message j;
   j.type = MsgType::Join;
   j.set("run_id", info.run_id).set("node_id", info.node_id).set("host", info.host);
@@ -156,26 +156,32 @@ RoundInfo RendezvousClient::join(const JoinInfo& info, std::chrono::milliseconds
   if (info.fixed_node_rank >= 0) j.set("node_rank", info.fixed_node_rank);
   if (info.prefer_rank0) j.set("prefer_rank0", "1");
   send(j);
+}
+
+RoundInfo RendezvousClient::parse_round(const Message& m) {
+  RoundInfo r;
+  r.round = m.get_int("round");
+  r.restart_count = m.get_int("restart_count");
+  r.max_restarts = m.get_int("max_restarts");
+  r.node_rank = static_cast<int>(m.get_int("node_rank"));
+  r.nnodes = static_cast<int>(m.get_int("nnodes"));
+  r.world_size = static_cast<int>(m.get_int("world_size"));
+  r.base_rank = static_cast<int>(m.get_int("base_rank"));
+  for (const auto& s : split(m.get("local_world_sizes"))) r.local_world_sizes.push_back(std::atoi(s.c_str()));
+  r.hosts = split(m.get("hosts"));
+  r.store_port = static_cast<uint16_t>(m.get_int("store_port"));
+  return r;
+}
+
+RoundInfo RendezvousClient::join(const JoinInfo& info, std::chrono::milliseconds timeout) {
+  send_join(info);
   const auto deadline = Clock::now() + timeout;
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     auto m = wait_message(std::max(left, std::chrono::milliseconds(0)));
     if (!m) throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) + " ms waiting for a round");
     switch (m->type) {
-      case MsgType::Round: {
-        RoundInfo r;
-        r.round = m->get_int("round");
-        r.restart_count = m->get_int("restart_count");
-        r.max_restarts = m->get_int("max_restarts");
-        r.node_rank = static_cast<int>(m->get_int("node_rank"));
-        r.nnodes = static_cast<int>(m->get_int("nnodes"));
-        r.world_size = static_cast<int>(m->get_int("world_size"));
-        r.base_rank = static_cast<int>(m->get_int("base_rank"));
-        for (const auto& s : split(m->get("local_world_sizes"))) r.local_world_sizes.push_back(std::stoi(s));
-        r.hosts = split(m->get("hosts"));
-        r.store_port = static_cast<uint16_t>(m->get_int("store_port"));
-        return r;
-      }
+      case MsgType::Round: return parse_round(*m);
       case MsgType::Error: throw RendezvousError(m->get("message"));
       case MsgType::JobFailed: throw RendezvousError("the job failed: " + m->get("reason"));
       case MsgType::JobDone: throw RendezvousError("the job already finished");

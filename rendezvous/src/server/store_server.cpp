@@ -65,7 +65,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   ConnId next_id = 1;
   std::thread thread;
   std::atomic<uint16_t> bound_port{0};
-  std::atomic<uint64_t> accepted{0}, closed_bad{0}, requests{0}, open_conns{0};
+  std::atomic<uint64_t> accepted{0}, closed_bad{0}, requests{0}, open_conns{0}, agents{0};
   std::vector<store::Outgoing> others;
   std::vector<rdzv::Outbound> rdzv_out;
   wire::Request req;
@@ -170,6 +170,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (c->in_size >= 5 && c->in[0] == 0 && wire::load_u32(c->in.data() + 1) == rdzv::kAgentMagic &&
           c->ks == &main_ks && options.enable_rendezvous) {
         c->agent = true;
+        ++agents;
         pos = 5;
       } else {
         auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
@@ -289,6 +290,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     conns.erase(c->id);
     --open_conns;
     if (c->agent) {
+      --agents;
       rdzv_out.clear();
       rounds.on_disconnect(c->id, std::chrono::steady_clock::now(), rdzv_out);
       deliver(rdzv_out);
@@ -407,6 +409,7 @@ StoreServerStats StoreServer::stats() const {
   s.connections_open = impl_->open_conns;
   s.connections_closed_for_bad_input = impl_->closed_bad;
   s.requests = impl_->requests;
+  s.agents_connected = impl_->agents;
   return s;
 }
 

@@ -66,6 +66,7 @@ struct Options {
   int clients = 1;
   double seconds = 3, timeout = 60;
   Dialect dialect = Dialect::D2;
+  bool verbose = false;
 };
 
 struct Stats {
@@ -177,7 +178,7 @@ class Bench {
   Clock::time_point stop_at_;
   bool stopping_ = false;
   // storm
-  int released_ = 0;
+  int released_ = 0, handshaken_storm_ = 0, added_ = 0;
   // wait hops: time of SET of (round, setter)
   std::unordered_map<uint64_t, Clock::time_point> set_time_;
 
@@ -287,7 +288,18 @@ class Bench {
     }
   }
 
+  void stage(const char* what) {
+    if (!o_.verbose) return;
+    std::fprintf(stderr, "  +%.3f s: %s\n", std::chrono::duration<double>(Clock::now() - t_begin_).count(), what);
+  }
+
+ public:
+  Clock::time_point t_begin_ = Clock::now();
+
+ private:
   void start(Conn& c) {
+    ++handshaken_storm_;
+    if (o_.mode == "storm" && handshaken_storm_ == o_.clients) stage("all connected and handshaken");
     if (o_.mode == "storm") {
       c.step = 0;
       send(c, encode(o_.dialect, Op::Add, {k("storm/count")}, {}, 1), Reply::I64);
@@ -365,6 +377,8 @@ class Bench {
     }
     if (o_.mode == "storm") {
       if (c.step == 0) {  // ADD reply
+        ++added_;
+        if (added_ == o_.clients) stage("all ADD replies received");
         int64_t v = static_cast<int64_t>(ddprun::wire::load_u64(reinterpret_cast<const uint8_t*>(reply.data())));
         std::string bytes;
         if (v == o_.clients) bytes = encode(o_.dialect, Op::Set, {k("storm/last_worker")}, {"1"});
@@ -473,13 +487,14 @@ int run_storm(const Options& o) {
   }
   Bench b(o);
   auto t0 = Clock::now();
+  b.t_begin_ = t0;
   b.open_all(o.clients);
   const bool ok = b.loop(t0 + std::chrono::microseconds(static_cast<long long>(o.timeout * 1e6)),
                          [&] { return b.finished_ >= o.clients; });
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("RESULT mode=storm clients=%d dialect=%s seconds=%.3f released=%d completed=%d resets=%llu refused=%llu "
-              "eof=%llu errors=%llu\n",
-              o.clients, dname(o.dialect), secs, b.released_, ok ? 1 : 0, static_cast<unsigned long long>(b.st_.resets),
+  std::printf("RESULT mode=storm clients=%d dialect=%s seconds=%.3f released=%d completed=%d connected=%d "
+              "handshaken=%d added=%d resets=%llu refused=%llu eof=%llu errors=%llu\n",
+              o.clients, dname(o.dialect), secs, b.released_, ok ? 1 : 0, b.connected_, b.handshaken_storm_, b.added_, static_cast<unsigned long long>(b.st_.resets),
               static_cast<unsigned long long>(b.st_.refused), static_cast<unsigned long long>(b.st_.eof),
               static_cast<unsigned long long>(b.st_.other_errors));
   std::fflush(stdout);
@@ -508,6 +523,7 @@ int main(int argc, char** argv) {
     else if (a == "--seconds") o.seconds = std::atof(next().c_str());
     else if (a == "--timeout") o.timeout = std::atof(next().c_str());
     else if (a == "--tag") o.tag = next();
+    else if (a == "--verbose") o.verbose = true;
     else if (a == "--dialect") {
       auto d = next();
       if (d == "D0") o.dialect = Dialect::D0;

@@ -57,6 +57,10 @@ class RendezvousClient {
   // Sends JOIN and blocks until the ROUND (or throws with the server's ERROR/JOB_FAILED text,
   // or on timeout). Notices that arrive first (e.g. a late RESTART) are skipped.
   RoundInfo join(const JoinInfo& info, std::chrono::milliseconds timeout);
+  // Sends JOIN without waiting: the ROUND comes later through poll() (for event loops).
+  void send_join(const JoinInfo& info);
+  // The layout carried by a ROUND message.
+  static RoundInfo parse_round(const Message& m);
   // Readable when a notice may be waiting; pass it to epoll.
   int fd() const { return fd_; }
   // Reads what is available without blocking; returns the next complete notice, if any.

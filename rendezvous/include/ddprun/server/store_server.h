@@ -38,6 +38,7 @@ struct StoreServerStats {
   uint64_t connections_open = 0;
   uint64_t connections_closed_for_bad_input = 0;
   uint64_t requests = 0;
+  uint64_t agents_connected = 0;  // connections speaking the agents' rendezvous protocol
 };
 
 class StoreServer {
