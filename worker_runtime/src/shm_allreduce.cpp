@@ -127,32 +127,45 @@ void ShmGroup::barrier() {
 template <class T>
 void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
   const size_t chunk = kChunkBytes / sizeof(T);
+  constexpr size_t kBlock = 2048;  // accumulate in L1-sized blocks: one pass over memory
+  T* __restrict res = reinterpret_cast<T*>(result_);
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
-    std::memcpy(slots_ + static_cast<size_t>(rank_) * kChunkBytes, buf + off, n * sizeof(T));
-    barrier();
+    T* __restrict mine = buf + off;
     const size_t lo = n * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
     const size_t hi = n * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
-    T* __restrict res = reinterpret_cast<T*>(result_);
-    const T* __restrict s0 = reinterpret_cast<const T*>(slots_);
-    for (size_t i = lo; i < hi; ++i) res[i] = s0[i];
-    for (int r = 1; r < size_; ++r) {  // rank order: deterministic
-      const T* __restrict sr = reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
-      if (op == ReduceOp::Max) {
-        for (size_t i = lo; i < hi; ++i) res[i] = res[i] > sr[i] ? res[i] : sr[i];
-      } else {
-        for (size_t i = lo; i < hi; ++i) res[i] += sr[i];
+    // Publish only the slices the other ranks reduce; our own slice is read in place.
+    T* slot = reinterpret_cast<T*>(slots_ + static_cast<size_t>(rank_) * kChunkBytes);
+    std::memcpy(slot, mine, lo * sizeof(T));
+    std::memcpy(slot + hi, mine + hi, (n - hi) * sizeof(T));
+    barrier();
+    // Slice [lo, hi): sum over ranks in rank order (deterministic, identical on every rank).
+    for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+      const size_t b1 = std::min(hi, b0 + kBlock);
+      T acc[kBlock];
+      for (int r = 0; r < size_; ++r) {
+        const T* __restrict src = r == rank_ ? mine : reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
+        if (r == 0) {
+          for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
+        } else if (op == ReduceOp::Max) {
+          for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
+        } else {
+          for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
+        }
       }
-    }
-    if (op == ReduceOp::Avg) {
-      const T d = static_cast<T>(size_);
-      for (size_t i = lo; i < hi; ++i) res[i] /= d;
+      if (op == ReduceOp::Avg) {
+        const T d = static_cast<T>(size_);
+        for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
+      }
+      std::memcpy(res + b0, acc, (b1 - b0) * sizeof(T));
+      std::memcpy(mine + b0, acc, (b1 - b0) * sizeof(T));
     }
     barrier();
-    std::memcpy(buf + off, res, n * sizeof(T));
+    std::memcpy(mine, res, lo * sizeof(T));
+    std::memcpy(mine + hi, res + hi, (n - hi) * sizeof(T));
   }
-  // The result region is reused by the next collective only after its first barrier, which
-  // every rank reaches after finishing the copy above.
+  // The result region is rewritten by the next chunk/collective only after its first barrier,
+  // which every rank reaches after finishing the copies above.
 }
 
 void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {

@@ -2,9 +2,10 @@
 // all-reduce goes through one shared-memory segment instead of Gloo's TCP loopback (which
 // costs ~24 ms for 16 MiB at 2 ranks on a 2-core host, more than half a training step).
 //
-// Per chunk: each rank copies its chunk into its slot; barrier; rank r sums slice r of all
-// slots in rank order (deterministic) into the result region; barrier; everyone copies the
-// result back. Barriers are futexes on the shared segment. Peers are watched with pidfds, so
+// Per chunk of 8 MiB: each rank copies into its slot the slices the others reduce; barrier;
+// rank r sums slice r over all ranks in rank order (deterministic; its own slice read in
+// place) into its buffer and the result region; barrier; everyone copies the other slices of
+// the result back. (N-1)/N of the data is copied in and out per rank. Barriers are futexes on the shared segment. Peers are watched with pidfds, so
 // a peer that dies mid-collective fails the collective at once (CommError) instead of after
 // the timeout; a peer that hangs fails it after the timeout.
 //
