@@ -107,7 +107,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
   std::vector<float> x, y;
   using Clock = std::chrono::steady_clock;
-  double timed_ms = 0;
+  double timed_ms = 0, comm_wait_ms = 0;  // comm_wait: time finalize() blocks after backward
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false;
@@ -128,14 +128,16 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       reducer.prepare_for_backward();
       const float loss = model.forward_backward(params.data(), x.data(), y.data(), b, grads.data(), false,
                                                 [&](size_t t) { reducer.mark_ready(t); });
+      const auto t_fin = Clock::now();
       reducer.finalize();
+      const double wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
       dw::cpu::sgd_step(params.data(), grads.data(), momentum.empty() ? nullptr : momentum.data(), n, o.lr, o.momentum,
                         !momentum_init);
       momentum_init = true;
       ++step;
       ++run_steps;
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      if (run_steps > o.warmup_steps) { timed_ms += ms; ++timed_steps; }
+      if (run_steps > o.warmup_steps) { timed_ms += ms; comm_wait_ms += wait_ms; ++timed_steps; }
       loss_sum += loss;
       ++loss_n;
       epoch_samples += static_cast<int64_t>(b) * world;
@@ -169,7 +171,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   }
   comm.barrier();
   if (rank == 0) {
-    if (timed_steps > 0) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", timed_ms / static_cast<double>(timed_steps), timed_steps);
+    if (timed_steps > 0)
+      std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f\n", timed_ms / static_cast<double>(timed_steps),
+                  timed_steps, comm_wait_ms / static_cast<double>(timed_steps));
     std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
                 dw::fnv1a64(params.data(), n * sizeof(float)));
     std::fflush(stdout);
