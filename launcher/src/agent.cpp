@@ -316,9 +316,9 @@ int Agent::run() {
   try {
     ensure_std_fds_open();
     setup_signals();
-    become_child_subreaper();
     prepare_command();
-    guardian_ = std::make_unique<Guardian>();  // before the store's thread exists
+    guardian_ = std::make_unique<Guardian>();  // before the store's thread and the subreaper
+    become_child_subreaper();
     auto t_store = Clock::now();
     start_store();
     double store_ms = ms_since(t_store);
@@ -348,7 +348,7 @@ int Agent::run() {
   for (auto& w : workers_) drain(*w);
   signal_workers(SIGKILL);
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
-  if (guardian_) guardian_->release_and_reap(1000);
+  if (guardian_) guardian_->release();
   reap_leftovers(kKillWaitS);
   if (rdzv_) rdzv_->leave();
   rdzv_.reset();
@@ -439,11 +439,10 @@ void Agent::end_attempt() {
     old_pgroups_.push_back(w->pid);
     guardian_->forget(w->pid);
   }
-  const pid_t guardian = guardian_ ? guardian_->pid() : -1;
   // Orphans adopted as subreaper that left their worker's process group.
   if (has_children()) {
     for (pid_t child : children_of(::getpid())) {
-      if (!by_pid_.count(child) && child != guardian) ::kill(child, SIGKILL);
+      if (!by_pid_.count(child)) ::kill(child, SIGKILL);
     }
   }
   workers_.clear();

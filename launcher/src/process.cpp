@@ -191,27 +191,31 @@ void ensure_std_fds_open() {
 Guardian::Guardian() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe2 (guardian)");
-  pid_t pid = ::fork();
-  if (pid < 0) {
+  // Double fork: the guardian is not our child (so "any child left?" stays a cheap question
+  // for the agent) and lives in its own session (a signal to the job's process group does not
+  // take it out with the agent).
+  pid_t mid = ::fork();
+  if (mid < 0) {
     int e = errno;
     ::close(fds[0]);
     ::close(fds[1]);
     errno = e;
     throw_errno("fork (guardian)");
   }
-  if (pid == 0) {
-    // The guardian: no allocation after this point is needed; fixed-size table.
+  if (mid == 0) {
+    ::setsid();
+    pid_t g = ::fork();
+    if (g != 0) ::_exit(g > 0 ? 0 : 1);
+    // The guardian: a fixed-size table, no allocation.
     ::close(fds[1]);
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::sigaction(sig, &ign, nullptr);
     int null = ::open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
-    // Keep only the read end, as fd 3.
-    if (fds[0] != 3) {
-      ::dup2(fds[0], 3);
-    }
+    if (fds[0] != 3) ::dup2(fds[0], 3);  // keep only the read end, as fd 3
     close_fds_from(4);
+    ::chdir("/");
     constexpr int kMaxGroups = 1 << 16;
     static pid_t groups[kMaxGroups];
     int n = 0;
@@ -219,23 +223,26 @@ Guardian::Guardian() {
       int32_t v = 0;
       ssize_t r = ::read(3, &v, sizeof v);
       if (r < 0 && errno == EINTR) continue;
-      if (r == static_cast<ssize_t>(sizeof v)) {
-        if (v == 0) ::_exit(0);  // released
-        if (v > 0 && n < kMaxGroups) groups[n++] = v;
-        if (v < 0) {
-          for (int i = 0; i < n; ++i) {
-            if (groups[i] == -v) groups[i] = groups[--n];
-          }
+      if (r != static_cast<ssize_t>(sizeof v)) break;  // EOF: the agent is gone
+      if (v == 0) ::_exit(0);                          // released
+      if (v > 0 && n < kMaxGroups) groups[n++] = v;
+      if (v < 0) {
+        for (int i = 0; i < n; ++i) {
+          if (groups[i] == -v) groups[i--] = groups[--n];
         }
-        continue;
       }
-      break;  // EOF (or a torn read): the agent is gone
     }
     for (int i = 0; i < n; ++i) ::kill(-groups[i], SIGKILL);
     ::_exit(0);
   }
   ::close(fds[0]);
-  pid_ = pid;
+  int st = 0;
+  while (::waitpid(mid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    ::close(fds[1]);
+    throw std::system_error(EAGAIN, std::generic_category(), "fork (guardian)");
+  }
   fd_ = fds[1];
 }
 
@@ -255,22 +262,6 @@ void Guardian::watch(pid_t pgid) {
 
 void Guardian::forget(pid_t pgid) {
   if (pgid > 1) send(-static_cast<int32_t>(pgid));
-}
-
-void Guardian::release_and_reap(int timeout_ms) {
-  release();
-  if (pid_ <= 0) return;
-#ifdef SYS_pidfd_open
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    while (::poll(&p, 1, timeout_ms) < 0 && errno == EINTR) {
-    }
-    ::close(pidfd);
-  }
-#endif
-  int st = 0;
-  if (::waitpid(pid_, &st, WNOHANG) == pid_) pid_ = -1;
 }
 
 void Guardian::release() {

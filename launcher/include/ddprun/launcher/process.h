@@ -64,7 +64,8 @@ void ensure_std_fds_open();
 // the job-control signals (the agent stops the workers itself when it is signalled).
 class Guardian {
  public:
-  // Forks the guardian. Call while the agent is single-threaded. Throws std::system_error.
+  // Forks the guardian (not a child of the agent: double fork, own session). Call while the
+  // agent is single-threaded and before it becomes a subreaper. Throws std::system_error.
   Guardian();
   ~Guardian();  // release()
   Guardian(const Guardian&) = delete;
@@ -74,13 +75,9 @@ class Guardian {
   void forget(pid_t pgid);
   // Normal end: the guardian exits without killing anything.
   void release();
-  // release(), then reap the guardian, waiting at most `timeout_ms` (through a pidfd).
-  void release_and_reap(int timeout_ms);
-  pid_t pid() const { return pid_; }
 
  private:
   void send(int32_t value);
-  pid_t pid_ = -1;
   int fd_ = -1;
 };
 
