@@ -236,7 +236,11 @@ void Agent::start_store() {
   const bool c10d = opts_.rdzv_backend == "c10d";
   std::optional<uint16_t> port = opts_.master_port;
   if (c10d) port = opts_.rdzv_port_given ? std::optional<uint16_t>(opts_.rdzv_port) : std::nullopt;
-  const uint16_t default_port = c10d ? opts_.rdzv_port : kDefaultMasterPort;
+  uint16_t default_port = c10d ? opts_.rdzv_port : kDefaultMasterPort;
+  // Test seam: the port tried first when none was given (tests hold it to force the fallback).
+  if (auto it = env_.find("DDPRUN_DEFAULT_STORE_PORT"); it != env_.end()) {
+    default_port = static_cast<uint16_t>(std::strtoul(it->second.c_str(), nullptr, 10));
+  }
   auto start_on = [&](uint16_t p) {
     server::StoreServerOptions so;
     so.host = "";

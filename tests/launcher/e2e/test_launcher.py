@@ -432,17 +432,23 @@ class Console(unittest.TestCase):
 
 class Ports(unittest.TestCase):
     def test_busy_default_port_falls_back_to_a_free_one(self):
+        # Hold 29500 when we can; when another process has it, hold another port and make it
+        # the default through ddprun's test seam (29500's holder may let go any time).
         blocker = socket.socket()
+        env = {}
         try:
             blocker.bind(("", 29500))
-            blocker.listen()
         except OSError:
-            pass  # already taken by someone else: the same situation
+            blocker.bind(("", 0))
+            env["DDPRUN_DEFAULT_STORE_PORT"] = str(blocker.getsockname()[1])
+        blocker.listen()
+        held = blocker.getsockname()[1]
         try:
-            p = run(worker("import os; print('port', os.environ['MASTER_PORT'])"))
+            p = run(worker("import os; print('port', os.environ['MASTER_PORT'])"), env=env)
             self.assertEqual(p.returncode, 0, p.stderr)
             port = p.stdout.split("port ")[1].strip()
-            self.assertNotEqual(port, "29500")
+            self.assertNotEqual(port, str(held))
+            self.assertIn(f"port {held} is taken", p.stderr)
         finally:
             blocker.close()
 
