@@ -94,3 +94,16 @@ TEST_CASE("Sgd: plain and momentum updates like torch.optim.SGD", "[mlp]") {
   REQUIRE(buf[1] == Approx(-1.9f));
   REQUIRE(p[1] == Approx(2.f + 0.1f + 0.1f + 0.19f));
 }
+
+TEST_CASE("Gemm: bit-identical results for any thread count", "[mlp]") {
+  const int M = 64, N = 300, K = 515;
+  const auto A = random_vec(static_cast<size_t>(M) * K, 3), B = random_vec(static_cast<size_t>(K) * N, 4);
+  std::vector<float> C1(static_cast<size_t>(M) * N), C3 = C1;
+  set_gemm_threads(1);
+  sgemm(false, true, M, N, K, A.data(), K, B.data(), K, C1.data(), N, false);
+  set_gemm_threads(3);
+  REQUIRE(gemm_threads() == 3);
+  sgemm(false, true, M, N, K, A.data(), K, B.data(), K, C3.data(), N, false);
+  set_gemm_threads(1);
+  REQUIRE(C1 == C3);
+}

@@ -15,6 +15,7 @@
 
 #include "ddprun/worker/checkpoint.h"
 #include "ddprun/worker/checks.h"
+#include "ddprun/worker/cpu/gemm.h"
 #include "ddprun/worker/cpu/mlp.h"
 #include "ddprun/worker/error_file.h"
 #include "ddprun/worker/reducer.h"
@@ -55,6 +56,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
   if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
+  dw::cpu::set_gemm_threads(o.threads);
 
   const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
   dw::cpu::CpuMlp model(shape);
@@ -198,7 +200,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16 on CUDA)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--threads", o.threads, "CPU threads per rank (the CPU kernels use 1)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of init, data and shuffles");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of checkpoints (resume from the newest valid one)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = every epoch)");

@@ -3,7 +3,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace ddprun::worker::cpu {
@@ -141,9 +145,78 @@ struct AlignedBuf {
   ~AlignedBuf() { std::free(p); }
 };
 
+// Fork-join pool: run(n, fn) calls fn(0..n-1) spread over the workers and the caller.
+class Pool {
+ public:
+  ~Pool() { resize(1); }
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  void resize(int n) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      ++gen_;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+    stop_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  void run(int n, const std::function<void(int)>& fn) {
+    const int parts = size();
+    if (parts == 1 || n <= 1) {
+      for (int i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      fn_ = &fn;
+      tasks_ = n;
+      pending_ = parts - 1;
+      ++gen_;
+    }
+    cv_.notify_all();
+    for (int i = 0; i < n; i += parts) fn(i);  // the caller is part 0
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+  }
+
+ private:
+  void loop(int part) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return gen_ != seen; });
+      seen = gen_;
+      if (stop_) return;
+      const auto* fn = fn_;
+      const int n = tasks_, parts = size();
+      lk.unlock();
+      for (int i = part; i < n; i += parts) (*fn)(i);
+      lk.lock();
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* fn_ = nullptr;
+  int tasks_ = 0, pending_ = 0;
+  uint64_t gen_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
 }  // namespace
 
 bool sgemm_uses_avx2() { return kHaveAvx2; }
+
+void set_gemm_threads(int n) { pool().resize(std::max(1, n)); }
+int gemm_threads() { return pool().size(); }
 
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
            int ldc, bool accumulate) {
@@ -166,13 +239,19 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int 
       for (int ic = 0; ic < M; ic += MC) {
         const int mc = std::min(MC, M - ic);
         pack_a(trans_a, A, lda, ic, mc, pc, kc, ap);
-        for (int jr = 0; jr < nc; jr += NR) {
-          const int n = std::min(NR, nc - jr);
-          for (int ir = 0; ir < mc; ir += MR) {
-            const int m = std::min(MR, mc - ir);
-            kernel(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, m, n, add);
+        // Column panels are independent: split them over the pool in contiguous groups.
+        const int panels = (nc + NR - 1) / NR;
+        const int groups = std::min(panels, pool().size());
+        pool().run(groups, [&](int g) {
+          const int p0 = panels * g / groups, p1 = panels * (g + 1) / groups;
+          for (int jr = p0 * NR; jr < p1 * NR && jr < nc; jr += NR) {
+            const int n = std::min(NR, nc - jr);
+            for (int ir = 0; ir < mc; ir += MR) {
+              const int m = std::min(MR, mc - ir);
+              kernel(kc, ap + ir * kc, bp + jr * kc, C + (ic + ir) * ldc + jc + jr, ldc, m, n, add);
+            }
           }
-        }
+        });
       }
     }
   }

@@ -17,4 +17,10 @@ void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const floa
 // True when the AVX2/FMA kernel is in use.
 bool sgemm_uses_avx2();
 
+// Threads sgemm() uses (default 1). Each thread computes disjoint tiles of C with the same
+// summation order, so results are bit-identical for any thread count. Not thread-safe: set
+// it before training; sgemm() itself must be called from one thread at a time.
+void set_gemm_threads(int n);
+int gemm_threads();
+
 }  // namespace ddprun::worker::cpu
