@@ -14,6 +14,8 @@ std::string WorkerStatus::describe() const {
 const char* phase_name(AgentState::Phase p) {
   switch (p) {
     case AgentState::Phase::Idle: return "idle";
+    case AgentState::Phase::Joining: return "joining";
+    case AgentState::Phase::Awaiting: return "awaiting the job's verdict";
     case AgentState::Phase::Running: return "running";
     case AgentState::Phase::Stopping: return "stopping";
     case AgentState::Phase::Killing: return "killing";
@@ -28,6 +30,11 @@ std::vector<Action> AgentState::start() {
   std::vector<Action> out;
   if (phase_ != Phase::Idle) return out;
   attempt_ = 0;
+  if (config_.coordinated) {
+    phase_ = Phase::Joining;
+    out.push_back({.kind = Action::Kind::JoinRound, .attempt = 0});
+    return out;
+  }
   begin_attempt(out);
   return out;
 }
@@ -44,7 +51,55 @@ std::vector<Action> AgentState::on_event(const AgentEvent& event) {
   if (phase_ == Phase::Idle || phase_ == Phase::Done) return {};
   if (auto* e = std::get_if<WorkerExited>(&event)) return on_exit(*e);
   if (auto* s = std::get_if<SignalReceived>(&event)) return on_signal(*s);
+  if (auto* r = std::get_if<RoundReady>(&event)) return on_round(*r);
+  if (auto* n = std::get_if<CoordinatorNotice>(&event)) return on_notice(*n);
   return on_timer();
+}
+
+int AgentState::failure_exit_code() const {
+  return failure_ ? (failure_->status.exit_code() != 0 ? failure_->status.exit_code() : 1) : 1;
+}
+
+std::vector<Action> AgentState::on_round(const RoundReady& r) {
+  std::vector<Action> out;
+  if (phase_ != Phase::Joining) return out;
+  attempt_ = r.attempt;
+  begin_attempt(out);
+  return out;
+}
+
+std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
+  std::vector<Action> out;
+  using K = CoordinatorNotice::Kind;
+  switch (phase_) {
+    case Phase::Running:
+      if (n.kind == K::JobDone) return out;  // cannot be: this node has not succeeded yet
+      if (n.kind == K::Restart) pending_restart_ = n.attempt;
+      else pending_job_failed_ = true;
+      phase_ = Phase::Stopping;
+      out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+      out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+      return out;
+    case Phase::Stopping:
+    case Phase::Killing:
+      if (n.kind == K::Restart) pending_restart_ = n.attempt;
+      else if (n.kind == K::JobFailed) pending_job_failed_ = true;
+      return out;
+    case Phase::Awaiting:
+    case Phase::Joining:
+      if (n.kind == K::Restart) {
+        if (phase_ == Phase::Joining) return out;  // the JOIN we sent answers it
+        phase_ = Phase::Joining;
+        out.push_back({.kind = Action::Kind::JoinRound, .attempt = n.attempt});
+      } else if (n.kind == K::JobDone) {
+        finish(failed_this_attempt_ ? failure_exit_code() : 0, out);
+      } else {
+        finish(failure_exit_code(), out);
+      }
+      return out;
+    default:
+      return out;
+  }
 }
 
 std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
@@ -52,12 +107,19 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
   if (phase_ == Phase::Running) {
     if (e.status.success()) {
-      if (alive_.empty()) finish(0, out);
+      if (alive_.empty()) {
+        if (config_.coordinated) {
+          phase_ = Phase::Awaiting;
+          out.push_back({.kind = Action::Kind::ReportSuccess, .attempt = attempt_});
+        } else {
+          finish(0, out);
+        }
+      }
       return out;
     }
     failure_ = FailureRecord{e.local_rank, attempt_, e.status};
     failed_this_attempt_ = true;
-    const bool restart = attempt_ < config_.max_restarts;
+    const bool restart = !config_.coordinated && attempt_ < config_.max_restarts;
     out.push_back({.kind = Action::Kind::ReportFailure,
                    .attempt = attempt_,
                    .local_rank = e.local_rank,
@@ -83,6 +145,11 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
 
 std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
   std::vector<Action> out;
+  if (phase_ == Phase::Joining || phase_ == Phase::Awaiting) {
+    stop_signal_ = s.signo;
+    finish(128 + s.signo, out);
+    return out;
+  }
   if (phase_ == Phase::Running || (phase_ == Phase::Stopping && !stop_signal_)) {
     // Forward the signal itself; the workers decide how to wind down. A signal while a
     // failed group is stopping cancels the restart.
@@ -122,12 +189,24 @@ void AgentState::group_stopped(std::vector<Action>& out) {
     finish(128 + *stop_signal_, out);
     return;
   }
+  if (config_.coordinated) {
+    if (pending_job_failed_) {
+      finish(failure_exit_code(), out);
+    } else if (pending_restart_) {
+      phase_ = Phase::Joining;
+      out.push_back({.kind = Action::Kind::JoinRound, .attempt = *pending_restart_});
+      pending_restart_.reset();
+    } else {
+      phase_ = Phase::Awaiting;  // our failure was reported; the server decides
+    }
+    return;
+  }
   if (failed_this_attempt_ && attempt_ < config_.max_restarts) {
     ++attempt_;
     begin_attempt(out);
     return;
   }
-  finish(failure_ ? (failure_->status.exit_code() != 0 ? failure_->status.exit_code() : 1) : 1, out);
+  finish(failure_exit_code(), out);
 }
 
 void AgentState::finish(int code, std::vector<Action>& out) {

@@ -42,7 +42,20 @@ struct SignalReceived {
   int signo = 0;
 };
 struct TimerExpired {};
-using AgentEvent = std::variant<WorkerExited, SignalReceived, TimerExpired>;
+// Multi-node (coordinated) mode: the rendezvous server decides restarts for the whole job.
+struct RoundReady {
+  int attempt = 0;  // the job-wide restart count the server sent with the round
+};
+struct CoordinatorNotice {
+  enum class Kind {
+    Restart,  // stop the local group (if running) and join the next round as `attempt`
+    JobDone,  // every node succeeded
+    JobFailed,  // the job ended (budget spent, lost nodes, rendezvous error, server gone)
+  };
+  Kind kind = Kind::Restart;
+  int attempt = 0;
+};
+using AgentEvent = std::variant<WorkerExited, SignalReceived, TimerExpired, RoundReady, CoordinatorNotice>;
 
 struct Action {
   enum class Kind {
@@ -54,6 +67,9 @@ struct Action {
     DisarmTimer,
     AbandonWorkers,  // workers still not reaped after SIGKILL + grace: stop waiting for them
     Finish,          // exit with `exit_code`
+    // coordinated mode only:
+    JoinRound,       // send JOIN for `attempt`; a RoundReady (or a JobFailed notice) follows
+    ReportSuccess,   // every local worker of `attempt` exited 0: tell the server
   };
   Kind kind;
   int attempt = 0;
@@ -72,6 +88,9 @@ struct AgentConfig {
   int max_restarts = 0;
   double shutdown_timeout_s = 30;  // SIGTERM -> SIGKILL grace
   double kill_wait_s = 5;          // SIGKILL -> give up waiting (processes stuck in the kernel)
+  // Multi-node: restarts and the end of the job are the rendezvous server's decisions;
+  // ReportFailure/ReportSuccess go to it and the agent waits for its notice.
+  bool coordinated = false;
 };
 
 struct FailureRecord {
@@ -82,7 +101,9 @@ struct FailureRecord {
 
 class AgentState {
  public:
-  enum class Phase { Idle, Running, Stopping, Killing, Done };
+  // Joining and Awaiting exist in coordinated mode only: waiting for the server's round, and
+  // for its verdict after the local group ended.
+  enum class Phase { Idle, Joining, Running, Stopping, Killing, Awaiting, Done };
 
   explicit AgentState(AgentConfig config);
 
@@ -103,6 +124,9 @@ class AgentState {
   std::vector<Action> on_exit(const WorkerExited& e);
   std::vector<Action> on_signal(const SignalReceived& e);
   std::vector<Action> on_timer();
+  std::vector<Action> on_round(const RoundReady& r);
+  std::vector<Action> on_notice(const CoordinatorNotice& n);
+  int failure_exit_code() const;
   void begin_attempt(std::vector<Action>& out);
   void group_stopped(std::vector<Action>& out);
   void finish(int code, std::vector<Action>& out);
@@ -115,6 +139,9 @@ class AgentState {
   bool failed_this_attempt_ = false;
   std::optional<int> stop_signal_;
   std::optional<int> exit_code_;
+  // coordinated mode: what to do once the stopping group is gone
+  std::optional<int> pending_restart_;
+  bool pending_job_failed_ = false;
 };
 
 const char* phase_name(AgentState::Phase p);
