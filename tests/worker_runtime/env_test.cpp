@@ -20,7 +20,9 @@ GetEnvFn from(const std::map<std::string, std::string>& m) {
 TEST_CASE("Env: torchrun variables", "[env]") {
   auto e = read_worker_env(from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
                                  {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29555"},
-                                 {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"}}));
+                                 {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
+                                 {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  REQUIRE(e.use_agent_store);
   REQUIRE(e.rank == 3);
   REQUIRE(e.world_size == 4);
   REQUIRE(e.local_rank == 1);

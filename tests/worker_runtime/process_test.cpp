@@ -101,7 +101,7 @@ std::vector<std::string> rank_env(int rank, int world, uint16_t port, int attemp
   return {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(rank),
           "LOCAL_WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
           "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt), "TORCHELASTIC_ERROR_FILE=" + err_file,
-          "DDPRUN_DEVICE=cpu"};
+          "DDPRUN_DEVICE=cpu", "TORCHELASTIC_USE_AGENT_STORE=True"};
 }
 
 std::string checksum_of(const std::string& log) {
@@ -197,6 +197,24 @@ TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error
   const std::string err = slurp(dir + "/err0.json");
   REQUIRE(err.find("{\"message\": {\"message\": \"CommError") == 0);
   REQUIRE(err.find("\"timestamp\": \"") != std::string::npos);
+}
+
+TEST_CASE("Store: without a launcher store, rank 0 hosts it (srun-started ranks)", "[process]") {
+  const std::string dir = temp_dir();
+  const uint16_t port = static_cast<uint16_t>(30000 + (::getpid() % 20000));
+  std::vector<Proc> ps(2);
+  for (int r = 0; r < 2; ++r)
+    ps[static_cast<size_t>(r)].pid = spawn({TRAIN_EXE, "--device", "cpu"},
+                                           {"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + std::to_string(r),
+                                            "SLURM_NTASKS_PER_NODE=2", "MASTER_ADDR=127.0.0.1",
+                                            "MASTER_PORT=" + std::to_string(port), "RANK=", "WORLD_SIZE=",
+                                            "TORCHELASTIC_USE_AGENT_STORE="},
+                                           dir + "/r" + std::to_string(r) + ".log");
+  REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60)));
+  INFO("rank0 log: " << slurp(dir + "/r0.log") << "\nrank1 log: " << slurp(dir + "/r1.log"));
+  for (auto& p : ps) REQUIRE((WIFEXITED(*p.status) && WEXITSTATUS(*p.status) == 0));
+  REQUIRE(slurp(dir + "/r0.log").find("world=2 backend=") != std::string::npos);
+  REQUIRE(!checksum_of(slurp(dir + "/r0.log")).empty());
 }
 
 TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to an uninterrupted run", "[process]") {

@@ -61,6 +61,10 @@ WorkerEnv read_worker_env(const GetEnvFn& get) {
   e.max_restarts = static_cast<int>(geti("TORCHELASTIC_MAX_RESTARTS", 0, 1LL << 30, 0));
   if (has("TORCHELASTIC_ERROR_FILE")) e.error_file = get("TORCHELASTIC_ERROR_FILE");
   if (has("TORCHELASTIC_RUN_ID")) e.run_id = get("TORCHELASTIC_RUN_ID");
+  if (has("TORCHELASTIC_USE_AGENT_STORE")) {
+    const std::string v = get("TORCHELASTIC_USE_AGENT_STORE");
+    e.use_agent_store = v == "True" || v == "true" || v == "1";
+  }
   return e;
 }
 

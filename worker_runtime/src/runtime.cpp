@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ddprun/client/store_client.h"
+#include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
 #include "gpu_backend.h"
@@ -34,6 +35,7 @@ class RuntimeImpl final : public Runtime {
   int cuda_device() const override { return device_; }
 
   WorkerEnv env_;
+  std::unique_ptr<server::StoreServer> server_;  // rank 0 without a launcher store (srun, env://)
   std::unique_ptr<client::StoreClient> store_;
   std::unique_ptr<Communicator> comm_;
   bool on_cuda_ = false;
@@ -79,7 +81,10 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     if (gpu_device_count() == 0) throw WorkerError("--device cuda: no CUDA device visible");
     cuda = true;
   } else if (options.device == DeviceKind::Auto) {
-    cuda = cuda_available();
+    // One GPU per local rank, or the CPU: NCCL cannot put two ranks on one GPU.
+    cuda = cuda_available() && env.local_world_size <= gpu_device_count();
+    if (cuda_available() && !cuda)
+      spdlog::warn("{} local ranks but {} GPUs: using the CPU (Gloo)", env.local_world_size, gpu_device_count());
   }
   if (cuda) {
     const int n = gpu_device_count();
@@ -89,6 +94,16 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   }
 
   const bool need_store = !env.standalone && env.world_size > 1;
+  if (need_store && !env.use_agent_store && env.rank == 0) {
+    server::StoreServerOptions ss;
+    ss.port = env.master_port;
+    try {
+      rt->server_ = std::make_unique<server::StoreServer>(ss);
+      rt->server_->start();
+    } catch (const std::exception& e) {
+      throw CommError("rank 0 cannot host the store on port " + std::to_string(env.master_port) + ": " + e.what());
+    }
+  }
   if (need_store) {
     client::StoreClientOptions so;
     so.host = env.master_addr;

@@ -21,13 +21,16 @@ struct WorkerEnv {
   std::string run_id;                 // TORCHELASTIC_RUN_ID
   bool from_slurm = false;            // ranks came from SLURM_* (srun started us directly)
   bool standalone = true;             // no launcher variables at all: a 1-rank run, no store
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store. Otherwise (srun, or the
+  // variables set by hand) rank 0 hosts it at MASTER_ADDR:MASTER_PORT, like PyTorch's env://.
+  bool use_agent_store = false;
 };
 
 using GetEnvFn = std::function<const char*(const char*)>;
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_ERROR_FILE,
-// TORCHELASTIC_RUN_ID; when RANK/WORLD_SIZE are absent, SLURM_PROCID, SLURM_LOCALID,
+// TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE; when RANK/WORLD_SIZE are absent, SLURM_PROCID, SLURM_LOCALID,
 // SLURM_NTASKS, SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID and
 // SLURM_LAUNCH_NODE_IPADDR (master address) instead.
 // Throws WorkerError naming the variable when a value is malformed or out of range

@@ -6,7 +6,8 @@
 // Tunables (each with its default here, overridable by the environment variable named):
 //   timeout              30 s   DDPRUN_COLLECTIVE_TIMEOUT_S  collective/connect timeout
 //   store_timeout       300 s   DDPRUN_STORE_TIMEOUT_S       wait/get on the store during init
-//   device             auto     DDPRUN_DEVICE                cpu | cuda | auto
+//   device             auto     DDPRUN_DEVICE                cpu | cuda | auto (cuda when every
+//                                                            local rank can have its own GPU)
 //   shared memory        on     DDPRUN_SHM=0 disables        CPU all-reduce through /dev/shm
 //                                                            when all ranks share the host
 #pragma once
@@ -48,7 +49,8 @@ class Runtime {
 };
 
 // Reads the environment, connects to the store at MASTER_ADDR:MASTER_PORT as a
-// PyTorch-compatible client (keys prefixed by '/'), and builds the communicator: NCCL when
+// PyTorch-compatible client (keys prefixed by '/') — hosted by rank 0 itself unless
+// TORCHELASTIC_USE_AGENT_STORE=True (srun-started or hand-set ranks) — and builds the communicator: NCCL when
 // running on CUDA (rank 0 publishes the unique id), Gloo otherwise. A 1-rank run without
 // launcher variables needs no store. Throws WorkerError (bad env) or CommError (store/peers
 // unreachable within the timeouts).
