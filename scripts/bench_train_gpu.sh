@@ -7,8 +7,9 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$here/build}"
-train="$(ls "$bin/train" "$bin/worker_runtime/train" 2>/dev/null | head -1)"
-ddprun="$(ls "$bin/ddprun" "$bin/launcher/ddprun" 2>/dev/null | head -1)"
+first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
+train="$(first "$bin/train" "$bin/worker_runtime/train")"
+ddprun="$(first "$bin/ddprun" "$bin/launcher/ddprun")"
 PY="${PY:-python3}"; STEPS="${STEPS:-50}"; WARMUP=10
 tmp="$(mktemp -d /tmp/ddprun-gpubench-XXXXXX)"
 port() { echo $(( 20000 + RANDOM % 20000 )); }

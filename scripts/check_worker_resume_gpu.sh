@@ -6,8 +6,9 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${1:-$here/build}"
-train="$(ls "$bin/train" "$bin/worker_runtime/train" 2>/dev/null | head -1)"
-ddprun="$(ls "$bin/ddprun" "$bin/launcher/ddprun" 2>/dev/null | head -1)"
+first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
+train="$(first "$bin/train" "$bin/worker_runtime/train")"
+ddprun="$(first "$bin/ddprun" "$bin/launcher/ddprun")"
 tmp="$(mktemp -d /tmp/ddprun-gpuresume-XXXXXX)"
 common=(--device cuda --precision bf16 --width 1024 --depth 4 --batch 256 --samples 25600 --epochs 2 --momentum 0.9)
 "$ddprun" --nproc_per_node=1 --master_port=$((20000 + RANDOM % 20000)) "$train" "${common[@]}" >"$tmp/clean.log" 2>&1
