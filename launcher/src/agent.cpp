@@ -25,6 +25,11 @@
 #include <string>
 #include <system_error>
 #include <unordered_map>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
 #include <vector>
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -37,6 +42,7 @@
 #include "ddprun/launcher/rendezvous.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/worker_env.h"
+#include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/server/store_server.h"
 
 namespace ddprun::launcher {
@@ -51,6 +57,74 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxDrainBytes = 16 * 1024 * 1024;  // per stream, when a worker has exited
 constexpr double kKillWaitS = 5.0;                   // SIGKILL -> stop waiting
 constexpr size_t kMaxErrorFileBytes = 1024 * 1024;
+constexpr double kHostWaitForAgentsS = 60.0;  // the hosting agent outlives the others, bounded
+
+// rdzv_conf values: seconds (torchrun's unit) as milliseconds; a bad value is a usage error.
+std::chrono::milliseconds conf_seconds(const LaunchOptions& o, const std::string& key, double fallback_s) {
+  auto it = o.rdzv_conf.find(key);
+  if (it == o.rdzv_conf.end()) return std::chrono::milliseconds(static_cast<long long>(fallback_s * 1000));
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || *end != '\0' || v < 0)
+    throw UsageError("--rdzv_conf " + key + "=" + it->second + ": expected a number of seconds");
+  return std::chrono::milliseconds(static_cast<long long>(v * 1000));
+}
+
+// Whether `host` names an address of this machine (it can be bound here).
+bool is_local_address(const std::string& host) {
+  if (host == "localhost") return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return local;
+}
+
+// The interface that carries `addr` (e.g. "eth0"), or "" when none does.
+std::string interface_of(const std::string& addr) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = list; i && name.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (i->ifa_addr->sa_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    else if (i->ifa_addr->sa_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf, sizeof buf);
+    if (addr == buf) name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
+}
+
+// The local address of a connected socket: what this node is reachable at, on the network
+// that leads to the rendezvous endpoint (right on multi-NIC hosts).
+std::string local_address_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+      ::inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], buf, sizeof buf);
+    } else {
+      ::inet_ntop(AF_INET6, &a6->sin6_addr, buf, sizeof buf);
+    }
+  }
+  return buf;
+}
 
 // Every system call checked at its call site: file:line and strerror.
 #define DDPRUN_CHECK_SYS(expr)                                                                  \
@@ -129,8 +203,10 @@ struct FailureDetails {
 class Agent {
  public:
   Agent(const LaunchOptions& opts, const EnvMap& env)
-      : opts_(opts), env_(env), state_(AgentConfig{opts.nproc_per_node, opts.max_restarts,
-                                                    opts.shutdown_timeout_s, kKillWaitS}) {}
+      : opts_(opts),
+        env_(env),
+        state_(AgentConfig{opts.nproc_per_node, opts.max_restarts, opts.shutdown_timeout_s, kKillWaitS,
+                           /*coordinated=*/opts.multi_node()}) {}
   ~Agent() { close_all(); }
 
   int run();
@@ -138,6 +214,10 @@ class Agent {
  private:
   void setup_signals();
   void start_store();
+  void setup_multinode();
+  void on_rendezvous();
+  void handle_notice(const rdzv::Message& m);
+  void wait_for_other_agents();
   void prepare_command();
   void prepare_log_root();
   void loop();
@@ -166,7 +246,19 @@ class Agent {
 
   std::unique_ptr<Guardian> guardian_;
   std::unique_ptr<server::StoreServer> store_;
-  std::unique_ptr<Rendezvous> rdzv_;
+  std::unique_ptr<Rendezvous> rdzv_;  // single node
+  // Multi-node: the connection to the rendezvous server (hosted here when this node is the
+  // endpoint), and what the server said.
+  std::unique_ptr<rdzv::RendezvousClient> rdzv_client_;
+  rdzv::JoinInfo join_info_;
+  bool hosting_ = false;
+  std::string endpoint_host_;
+  uint16_t endpoint_port_ = 0;
+  std::optional<GroupLayout> pending_layout_;
+  int64_t round_ = 0;
+  Clock::time_point join_sent_;
+  std::string job_failure_;  // the server's JOB_FAILED / ERROR text, with the job's first failure
+  EnvMap extra_env_;         // added to every worker's environment unless already set
   GroupLayout layout_;
   std::string store_host_;
   uint16_t store_port_ = 0;
@@ -227,6 +319,170 @@ void Agent::setup_signals() {
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
+  }
+}
+
+void Agent::setup_multinode() {
+  const bool c10d = opts_.rdzv_backend == "c10d";
+  endpoint_host_ = c10d ? opts_.rdzv_host : opts_.master_addr;
+  endpoint_port_ = c10d ? opts_.rdzv_port : opts_.master_port.value_or(kDefaultMasterPort);
+  if (c10d) {
+    auto it = opts_.rdzv_conf.find("is_host");
+    if (it != opts_.rdzv_conf.end()) {
+      const std::string& v = it->second;
+      if (v == "1" || v == "true" || v == "True") hosting_ = true;
+      else if (v == "0" || v == "false" || v == "False") hosting_ = false;
+      else throw UsageError("--rdzv_conf is_host=" + v + ": expected true or false");
+    } else {
+      hosting_ = is_local_address(endpoint_host_);
+    }
+  } else {
+    hosting_ = opts_.node_rank == 0;
+  }
+  if (hosting_) {
+    server::StoreServerOptions so;
+    so.port = endpoint_port_;
+    store_ = std::make_unique<server::StoreServer>(so);
+    try {
+      store_->start();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("this node hosts the rendezvous (" + endpoint_host_ + ":" +
+                               std::to_string(endpoint_port_) + ") but cannot listen there: " + e.what() +
+                               (c10d ? "; is another job using it? (--rdzv_conf is_host=false joins it instead)"
+                                     : "; choose another --master_port"));
+    }
+    spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rdzv_id, store_->port());
+  }
+  const auto join_timeout = conf_seconds(opts_, "join_timeout", 600);
+  const auto heartbeat_timeout = conf_seconds(opts_, "heartbeat_timeout", 5);
+  rdzv_client_ = std::make_unique<rdzv::RendezvousClient>(
+      endpoint_host_, endpoint_port_, join_timeout,
+      std::max(std::chrono::milliseconds(100), heartbeat_timeout / 5));
+  char hostname[256] = "";
+  ::gethostname(hostname, sizeof hostname - 1);
+  join_info_.run_id = opts_.rdzv_id;
+  join_info_.host = !opts_.local_addr.empty() ? opts_.local_addr : local_address_of(rdzv_client_->fd());
+  join_info_.node_id = std::string(hostname) + "_" + join_info_.host + "_" + std::to_string(::getpid());
+  join_info_.local_world_size = opts_.nproc_per_node;
+  join_info_.min_nodes = opts_.min_nodes;
+  join_info_.max_nodes = opts_.max_nodes;
+  join_info_.max_restarts = opts_.max_restarts;
+  join_info_.last_call = conf_seconds(opts_, "last_call_timeout", c10d ? 30 : 0);
+  join_info_.join_timeout = join_timeout;
+  join_info_.heartbeat_timeout = heartbeat_timeout;
+  join_info_.fixed_node_rank = c10d ? -1 : opts_.node_rank;
+  // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
+  // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user
+  // chose one.
+  if (!env_.count("GLOO_SOCKET_IFNAME")) {
+    const std::string ifname = interface_of(join_info_.host);
+    if (!ifname.empty() && ifname != "lo") {
+      extra_env_["GLOO_SOCKET_IFNAME"] = ifname;
+      spdlog::debug("workers get GLOO_SOCKET_IFNAME={} (the interface of {})", ifname, join_info_.host);
+    }
+  }
+  join_info_.prefer_rank0 = c10d && hosting_;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = rdzv_client_->fd();
+  DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, rdzv_client_->fd(), &ev));
+}
+
+void Agent::on_rendezvous() {
+  try {
+    while (!done_) {
+      auto m = rdzv_client_->poll();
+      if (!m) break;
+      handle_notice(*m);
+    }
+  } catch (const rdzv::RendezvousError& e) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, rdzv_client_->fd(), nullptr);
+    if (job_failure_.empty()) job_failure_ = std::string(e.what()) + " (the node hosting the rendezvous is gone?)";
+    spdlog::error("{}", e.what());
+    dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
+  }
+}
+
+void Agent::handle_notice(const rdzv::Message& m) {
+  using rdzv::MsgType;
+  switch (m.type) {
+    case MsgType::Round: {
+      auto r = rdzv::RendezvousClient::parse_round(m);
+      GroupLayout g;
+      g.node_rank = r.node_rank;
+      g.num_nodes = r.nnodes;
+      g.local_world_size = opts_.nproc_per_node;
+      g.world_size = r.world_size;
+      g.global_rank_base = r.base_rank;
+      // The workers' store lives beside the rendezvous server, on the round's own port.
+      g.store_host = endpoint_host_ == "localhost" ? "127.0.0.1" : endpoint_host_;
+      g.store_port = r.store_port;
+      g.run_id = opts_.rdzv_id;
+      g.restart_count = static_cast<int>(r.restart_count);
+      pending_layout_ = g;
+      round_ = r.round;
+      const double rdzv_ms = ms_since(join_sent_);
+      auto t_spawn = Clock::now();
+      dispatch(RoundReady{g.restart_count});
+      spdlog::info("round {} of job {}: node rank {} of {}, world size {}, restart {}/{}; rendezvous {:.1f} ms, "
+                   "{} workers started in {:.1f} ms{}",
+                   r.round, opts_.rdzv_id, r.node_rank, r.nnodes, r.world_size, r.restart_count, r.max_restarts,
+                   rdzv_ms, opts_.nproc_per_node, ms_since(t_spawn),
+                   r.round == 0 ? fmt::format(", {:.1f} ms after launch", ms_since(t_launch_)) : std::string());
+      break;
+    }
+    case MsgType::Restart:
+      spdlog::warn("restarting the job: {}", m.get("reason"));
+      dispatch(CoordinatorNotice{CoordinatorNotice::Kind::Restart, static_cast<int>(m.get_int("restart_count"))});
+      break;
+    case MsgType::JobDone:
+      dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobDone, 0});
+      break;
+    case MsgType::JobFailed:
+    case MsgType::Error: {
+      std::ostringstream t;
+      t << (m.type == MsgType::Error ? m.get("message") : m.get("reason"));
+      if (!m.get("first_failure.host").empty()) {
+        t << "\n[ddprun]   first failure of the job: rank " << m.get("first_failure.global_rank") << " on host "
+          << m.get("first_failure.host") << " (node rank " << m.get("first_failure.node_rank") << "), "
+          << (m.get("first_failure.signal").empty() ? "exit code " + m.get("first_failure.exit_code")
+                                                   : "signal " + m.get("first_failure.signal"))
+          << ", at " << m.get("first_failure.when");
+        const std::string& tail = m.get("first_failure.stderr_tail");
+        if (!tail.empty()) {
+          t << "\n[ddprun]   last lines of its stderr:";
+          std::istringstream lines(tail);
+          for (std::string line; std::getline(lines, line);) t << "\n    " << line;
+        }
+      }
+      job_failure_ = t.str();
+      spdlog::error("the job ended: {}", m.type == MsgType::Error ? m.get("message") : m.get("reason"));
+      dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void Agent::wait_for_other_agents() {
+  // The rendezvous and the workers' stores live in this process: leaving early would take the
+  // job down (torchrun's pytorch#67742). Wait, bounded, until every other agent has left.
+  const auto deadline = Clock::now() + std::chrono::duration<double>(kHostWaitForAgentsS);
+  bool logged = false;
+  while (store_->stats().agents_connected > 0 && Clock::now() < deadline) {
+    if (!logged) {
+      spdlog::info("this node hosts the rendezvous: waiting for the other nodes to finish (at most {:.0f} s)",
+                   kHostWaitForAgentsS);
+      logged = true;
+    }
+    pollfd p{signal_fd_, POLLIN, 0};
+    ::poll(&p, 1, 20);
+    signalfd_siginfo si{};
+    bool stop = false;
+    while (::read(signal_fd_, &si, sizeof si) == sizeof si)
+      if (si.ssi_signo != SIGCHLD) stop = true;
+    if (stop) break;  // the user insists
   }
 }
 
@@ -323,20 +579,26 @@ int Agent::run() {
     prepare_command();
     guardian_ = std::make_unique<Guardian>();  // before the store's thread and the subreaper
     become_child_subreaper();
-    auto t_store = Clock::now();
-    start_store();
-    double store_ms = ms_since(t_store);
-    prepare_log_root();
-    rdzv_ = std::make_unique<StaticSingleNodeRendezvous>(opts_.nproc_per_node, opts_.rdzv_id,
-                                                         store_host_, store_port_);
-    spdlog::debug("store up on port {} in {:.1f} ms", store_port_, store_ms);
-    for (const auto& a : state_.start()) perform(a);
-    spdlog::info("store up on {}:{} ({:.1f} ms), {} workers started in {:.1f} ms, ready {:.1f} ms "
-                 "after launch{}",
-                 store_host_, store_port_, store_ms, opts_.nproc_per_node,
-                 std::chrono::duration<double, std::milli>(Clock::now() - attempt_started_).count(),
-                 ms_since(t_launch_),
-                 opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "");
+    if (opts_.multi_node()) {
+      prepare_log_root();
+      setup_multinode();
+      for (const auto& a : state_.start()) perform(a);
+    } else {
+      auto t_store = Clock::now();
+      start_store();
+      double store_ms = ms_since(t_store);
+      prepare_log_root();
+      rdzv_ = std::make_unique<StaticSingleNodeRendezvous>(opts_.nproc_per_node, opts_.rdzv_id, store_host_,
+                                                           store_port_);
+      spdlog::debug("store up on port {} in {:.1f} ms", store_port_, store_ms);
+      for (const auto& a : state_.start()) perform(a);
+      spdlog::info("store up on {}:{} ({:.1f} ms), {} workers started in {:.1f} ms, ready {:.1f} ms "
+                   "after launch{}",
+                   store_host_, store_port_, store_ms, opts_.nproc_per_node,
+                   std::chrono::duration<double, std::milli>(Clock::now() - attempt_started_).count(),
+                   ms_since(t_launch_),
+                   opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "");
+    }
     loop();
   } catch (const UsageError& e) {
     spdlog::default_logger()->flush();
@@ -356,6 +618,11 @@ int Agent::run() {
   reap_leftovers(kKillWaitS);
   if (rdzv_) rdzv_->leave();
   rdzv_.reset();
+  if (rdzv_client_) {
+    rdzv_client_->leave();
+    rdzv_client_.reset();
+  }
+  if (hosting_) wait_for_other_agents();
   if (store_) store_->stop();
   std::string text = summary();
   close_all();
@@ -383,6 +650,8 @@ void Agent::loop() {
       int fd = events[i].data.fd;
       if (fd == signal_fd_) {
         on_signalfd();
+      } else if (rdzv_client_ && fd == rdzv_client_->fd()) {
+        on_rendezvous();
       } else if (fd == timer_fd_) {
         uint64_t expirations = 0;
         if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) {
@@ -430,6 +699,16 @@ void Agent::perform(const Action& a) {
       done_ = true;
       exit_code_ = a.exit_code;
       break;
+    case Action::Kind::JoinRound:
+      join_info_.local_world_size = opts_.nproc_per_node;
+      join_sent_ = Clock::now();
+      rdzv_client_->send_join(join_info_);
+      spdlog::debug("joining the next round of job {} (attempt {})", opts_.rdzv_id, a.attempt);
+      break;
+    case Action::Kind::ReportSuccess:
+      spdlog::info("all {} local workers succeeded; waiting for the other nodes", opts_.nproc_per_node);
+      rdzv_client_->report_success(round_);
+      break;
   }
 }
 
@@ -453,7 +732,10 @@ void Agent::end_attempt() {
 }
 
 void Agent::start_attempt(int attempt) {
-  if (attempt > 0) {
+  if (opts_.multi_node()) {
+    end_attempt();  // the previous round's workers, if any (nothing on the first round)
+    layout_ = *pending_layout_;
+  } else if (attempt > 0) {
     auto t0 = Clock::now();
     end_attempt();
     store_->reset_keyspace();  // no attempt ever reads the previous attempt's keys
@@ -461,7 +743,7 @@ void Agent::start_attempt(int attempt) {
                  "fresh store keyspace in {:.1f} ms)",
                  attempt, opts_.max_restarts, ms_since(t0));
   }
-  layout_ = rdzv_->next_round(attempt);
+  if (!opts_.multi_node()) layout_ = rdzv_->next_round(attempt);
   attempt_started_ = Clock::now();
   const fs::path attempt_dir = log_root_ / layout_.run_id / ("attempt_" + std::to_string(attempt));
   std::vector<SpawnedProcess> spawned;
@@ -493,7 +775,9 @@ void Agent::start_attempt(int attempt) {
     SpawnRequest req;
     req.executable = executable_;
     req.argv = argv_;
-    req.envp = to_envp(build_worker_env(env_, opts_, layout_, lr, w->error_file));
+    EnvMap wenv = build_worker_env(env_, opts_, layout_, lr, w->error_file);
+    for (const auto& [k, v] : extra_env_) wenv.emplace(k, v);  // never over the user's own
+    req.envp = to_envp(wenv);
     req.stdin_fd = stdin_fd_;
     req.reset_to_default = reset_to_default_;
     SpawnedProcess p = spawn_process(req);
@@ -688,7 +972,26 @@ void Agent::record_failure(const Action& a) {
     f.error_file_content = std::move(content);
   }
   failure_ = std::move(f);
-  rdzv_->report_local_failure(a.attempt);
+  if (rdzv_) rdzv_->report_local_failure(a.attempt);
+  if (rdzv_client_) {
+    rdzv::Message m;
+    m.set("round", round_).set("global_rank", failure_->global_rank).set("local_rank", failure_->local_rank);
+    if (a.status.signaled) m.set("signal", signal_name(a.status.code));
+    else m.set("exit_code", a.status.code);
+    std::string tail;
+    for (const auto& line : failure_->tail) tail += line + "\n";
+    m.set("stderr_tail", tail.size() > 8192 ? tail.substr(tail.size() - 8192) : tail);
+    m.set("when", wall_time(failure_->when));
+    try {
+      rdzv_client_->report_failure(m);
+    } catch (const rdzv::RendezvousError& e) {
+      spdlog::error("{}", e.what());
+    }
+    spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the local group and "
+                 "telling the other nodes",
+                 w->global_rank, w->local_rank, w->pid, a.status.describe(), failure_->after_s);
+    return;
+  }
   if (a.will_restart) {
     spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group "
                  "and restarting ({} of {} restarts left)",
@@ -746,6 +1049,7 @@ std::string Agent::summary() const {
     return "";
   }
   s << "[ddprun] " << bar << "\n";
+  if (!job_failure_.empty()) s << "[ddprun] JOB FAILED: " << job_failure_ << "\n";
   if (auto sig = state_.stop_signal()) {
     s << "[ddprun] stopped by " << signal_name(*sig) << ": the workers were sent " << signal_name(*sig)
       << " (SIGKILL after " << opts_.shutdown_timeout_s << " s); exit code " << exit_code_ << "\n";
@@ -770,7 +1074,7 @@ std::string Agent::summary() const {
       s << "[ddprun]   error file " << f.error_file << ":\n";
       s << format_error_file(parse_error_file(*f.error_file_content)) << "\n";
     }
-  } else if (!state_.stop_signal()) {
+  } else if (!state_.stop_signal() && job_failure_.empty()) {
     s << "[ddprun] FAILED: exit code " << exit_code_ << " (see the errors above)\n";
   } else if (failure_) {
     s << "[ddprun]   (attempt " << failure_->attempt << " had failed: worker rank " << failure_->global_rank

@@ -29,7 +29,7 @@ struct FlagSpec {
 
 constexpr FlagSpec kFlags[] = {
     {"nproc_per_node", "", true, "workers on this node: an int, cpu, gpu or auto (default 1)"},
-    {"nnodes", "", true, "number of nodes, N or MIN:MAX (default 1; >1 not yet supported)"},
+    {"nnodes", "", true, "number of nodes, N or MIN:MAX (elastic, c10d only; default 1)"},
     {"node_rank", "", true, "rank of this node, static rendezvous only (default 0)"},
     {"master_addr", "", true, "address of the store the workers use (default 127.0.0.1)"},
     {"master_port", "", true,
@@ -442,9 +442,19 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
                      std::to_string(o.max_nodes) + ")");
   }
   if (o.max_nodes > 1) {
-    throw UsageError("--nnodes=" + (get("nnodes") ? *get("nnodes") : std::string("?")) +
-                     ": multi-node runs are not yet supported by this ddprun (single node only); "
-                     "use --nnodes=1");
+    if (o.rdzv_backend == "static" && o.min_nodes != o.max_nodes) {
+      throw UsageError("--nnodes=" + *get("nnodes") +
+                       ": an elastic MIN:MAX range needs --rdzv_backend=c10d with --rdzv_endpoint=HOST:PORT; "
+                       "static rendezvous takes a fixed --nnodes=N");
+    }
+    if (o.rdzv_backend == "c10d" && o.rdzv_host.empty()) {
+      throw UsageError("--rdzv_backend=c10d with --nnodes=" + *get("nnodes") +
+                       " needs --rdzv_endpoint=HOST[:PORT] (an address every node can reach)");
+    }
+    if (o.rdzv_backend == "c10d" && get("node_rank")) {
+      throw UsageError("--node_rank applies to --rdzv_backend=static only; with c10d the rendezvous assigns "
+                       "node ranks (the endpoint's host gets 0). Drop --node_rank, or use static rendezvous");
+    }
   }
   return o;
 }

@@ -504,8 +504,8 @@ class BadInput(unittest.TestCase):
     def test_bad_nnodes(self):
         self.check_usage_error(["--nnodes=3:2"], "--nnodes", "MIN:MAX")
 
-    def test_multi_node_not_yet(self):
-        self.check_usage_error(["--nnodes=2"], "not yet supported")
+    def test_elastic_range_needs_c10d(self):
+        self.check_usage_error(["--nnodes=2:3"], "--rdzv_backend=c10d")
 
     def test_bad_tee(self):
         self.check_usage_error(["--tee=7"], "--tee")

@@ -133,11 +133,19 @@ TEST_CASE("nnodes is N or MIN:MAX", "[options]") {
   CHECK_THROWS_AS(parse_nnodes("1:2:3"), UsageError);
 }
 
-TEST_CASE("multi-node is parsed, validated, and refused for now", "[options]") {
-  CHECK_THAT(error_of({"--nnodes=2", "--node_rank=1", "x"}), Catch::Contains("not yet supported"));
-  CHECK_THAT(error_of({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "x"}),
-             Catch::Contains("not yet supported"));
+TEST_CASE("multi-node options are validated", "[options]") {
+  auto st = ok({"--nnodes=2", "--node_rank=1", "--master_addr=10.1.2.3", "x"});
+  CHECK(st.max_nodes == 2);
+  CHECK(st.node_rank == 1);
+  auto dyn = ok({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "x"});
+  CHECK(dyn.min_nodes == 2);
+  CHECK(dyn.max_nodes == 4);
+  CHECK(dyn.rdzv_port == 1);
   CHECK_THAT(error_of({"--nnodes=2", "--node_rank=2", "x"}), Catch::Contains("--node_rank"));
+  CHECK_THAT(error_of({"--nnodes=2:3", "x"}), Catch::Contains("--rdzv_backend=c10d"));
+  CHECK_THAT(error_of({"--nnodes=2", "--rdzv_backend=c10d", "x"}), Catch::Contains("--rdzv_endpoint"));
+  CHECK_THAT(error_of({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=h", "--node_rank=1", "x"}),
+             Catch::Contains("--node_rank applies to --rdzv_backend=static"));
   CHECK(ok({"--nnodes=1:1", "x"}).max_nodes == 1);
 }
 
