@@ -48,7 +48,7 @@ done
 /usr/bin/python3 - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" <<'PY'
 import sys
 o1, o2, t1, t2 = (min(map(float, a.split())) for a in sys.argv[1:])
-print(f"best of runs: {'':1}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")
+print(f"{'best of runs':15}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")
 print(f"{'ddprun train':15}{o1:11.2f}{o2:12.2f}{o1 / o2:17.1%}")
 print(f"{'torch DDP':15}{t1:11.2f}{t2:12.2f}{t1 / t2:17.1%}")
 print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 0.9; 2-rank efficiency goal >= 90%)")
