@@ -73,6 +73,15 @@ class Server:
             return 0
         return 0
 
+    def cpu_s(self):
+        """User+system CPU seconds the server process has used so far."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
     def stop(self):
         hwm = self.rss_kb()
         if self.proc.poll() is None:
@@ -124,10 +133,14 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--skip-pt113", action="store_true")
     ap.add_argument("--storm-timeout", type=float, default=30.0)
+    ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts, comma-separated")
+    ap.add_argument("--storm", default=",".join(map(str, STORM)), help="join-storm sizes, comma-separated")
     ap.add_argument("--quick", action="store_true", help="1 s phases, storm up to 4096")
     a = ap.parse_args()
     a.here = os.path.dirname(os.path.abspath(__file__))
     secs = 1.0 if a.quick else a.seconds
+    CLIENTS[:] = [int(x) for x in a.clients.split(",")]
+    STORM[:] = [int(x) for x in a.storm.split(",")]
     storm_sizes = STORM[:3] if a.quick else STORM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -161,10 +174,15 @@ def main():
         for op in OPS:
             for n in CLIENTS:
                 log(f"[bench] C++ generator {op} x{n} -> {kind}")
+                cpu0 = s.cpu_s()
                 for r in run_results([a.bench, "ops", "--port", str(s.port), "--op", op, "--clients", str(n),
                                       "--seconds", str(secs), "--dialect", dialect, "--tag", f"c{op}{n}"],
                                      timeout=secs + 60):
                     cpp[(kind, op, n)] = r
+                    # Server CPU per op (includes the generator's connect/setup, a small share).
+                    ops_done = float(r.get("ops", 0))
+                    r["cpu_us_per_op"] = f"{(s.cpu_s() - cpu0) * 1e6 / ops_done:.1f}" if ops_done else "n/a"
+                    r["cpu_cores"] = f"{(s.cpu_s() - cpu0) / max(float(r.get('seconds', secs)), 1e-9):.2f}"
         hwm[(kind, "cpp")] = s.stop()
 
     # ---- phase 3: join storm (fresh server per size). A server that needed more than the
@@ -211,8 +229,12 @@ def main():
     w("## 2. Driven by the C++ load generator (`ddprun_store_bench ops`: one process, epoll, N connections)")
     w("")
     has113 = "pt113" in kinds
-    hdr = "| op | clients | ddprund ops/s | p50 µs | p99 µs | PyTorch 2.11 ops/s | p50 µs | p99 µs | ratio ours/2.11 |"
-    sep = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    w("Server CPU: CPU time of the server process during the phase, per completed op, and in cores "
+      "(1.00 = one core busy the whole phase).")
+    w("")
+    hdr = ("| op | clients | ddprund ops/s | p50 µs | p99 µs | srv CPU µs/op | cores | PyTorch 2.11 ops/s | p50 µs | "
+           "p99 µs | srv CPU µs/op | cores | ratio ours/2.11 |")
+    sep = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if has113:
         hdr += " PyTorch 1.13 ops/s | p50 µs | p99 µs | ratio ours/1.13 |"
         sep += "---:|---:|---:|---:|"
@@ -222,7 +244,9 @@ def main():
         for n in CLIENTS:
             o, p = cpp.get(("ddprund", op, n), {}), cpp.get(("pt211", op, n), {})
             line = (f"| {op} | {n} | {fmt_rate(o.get('ops_per_s'))} | {o.get('p50_us', 'n/a')} | {o.get('p99_us', 'n/a')} | "
+                    f"{o.get('cpu_us_per_op', 'n/a')} | {o.get('cpu_cores', 'n/a')} | "
                     f"{fmt_rate(p.get('ops_per_s'))} | {p.get('p50_us', 'n/a')} | {p.get('p99_us', 'n/a')} | "
+                    f"{p.get('cpu_us_per_op', 'n/a')} | {p.get('cpu_cores', 'n/a')} | "
                     f"{ratio(o.get('ops_per_s'), p.get('ops_per_s'))} |")
             if has113:
                 q = cpp.get(("pt113", op, n), {})

@@ -229,6 +229,10 @@ def test_world_size(d, version):
         finish_helper(p, "joined")
     check_eq(raw.add("init/", 0) - before, 3, "3 clients with world_size=3 each ADDed init/ once")
     check_eq(raw.get("init/"), str(before + 3).encode(), "init/ stored as decimal text")
+    quiet = dist.TCPStore("127.0.0.1", d.port, world_size=3, is_master=False, wait_for_workers=False, timeout=TIMEOUT)
+    check_eq(raw.add("init/", 0) - before, 3, "wait_for_workers=False: no init/ ADD")
+    quiet.set("quiet", "1")
+    check_eq(raw.get("/quiet"), b"1", "that client works")
     raw.close()
 
 
