@@ -15,16 +15,6 @@ namespace ddprun::rdzv {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-}  // namespace
-
 RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
                                    std::chrono::milliseconds heartbeat_interval)
     : host_(std::move(host)), port_(port) {
@@ -167,8 +157,6 @@ RoundInfo RendezvousClient::parse_round(const Message& m) {
   r.nnodes = static_cast<int>(m.get_int("nnodes"));
   r.world_size = static_cast<int>(m.get_int("world_size"));
   r.base_rank = static_cast<int>(m.get_int("base_rank"));
-  for (const auto& s : split(m.get("local_world_sizes"))) r.local_world_sizes.push_back(std::atoi(s.c_str()));
-  r.hosts = split(m.get("hosts"));
   r.store_port = static_cast<uint16_t>(m.get_int("store_port"));
   return r;
 }

@@ -148,13 +148,10 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
   if (job.round >= 0) stores_.close(job.run_id, job.round);
   ++job.round;
   job.participants.clear();
-  std::vector<std::string> sizes, hosts;
   job.world_size = 0;
   for (Node* n : nodes) {
     job.participants.push_back(n->conn);
     job.waiting.erase(n->conn);
-    sizes.push_back(std::to_string(n->local_world_size));
-    hosts.push_back(n->host);
     job.world_size += n->local_world_size;
   }
   const uint16_t port = stores_.open(job.run_id, job.round);
@@ -172,8 +169,6 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
         .set("nnodes", static_cast<int64_t>(nodes.size()))
         .set("world_size", job.world_size)
         .set("base_rank", base)
-        .set("local_world_sizes", join_list(sizes))
-        .set("hosts", join_list(hosts))
         .set("store_port", static_cast<int64_t>(port));
     base += n->local_world_size;
     out.push_back({n->conn, std::move(m)});

@@ -19,6 +19,9 @@ using asio::ip::tcp;
 using store::ConnId;
 
 namespace {
+// Reads start small (thousands of mostly idle connections cost little) and grow to the large
+// chunk while a connection keeps filling its buffer.
+constexpr size_t kSmallReadChunk = 4 * 1024;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
 }  // namespace
@@ -44,6 +47,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     std::vector<uint8_t> in;
     size_t in_size = 0;
     size_t need_total = 0;
+    size_t chunk = kSmallReadChunk;
     std::string out, writing;
     bool write_in_flight = false;
     bool close_when_flushed = false;
@@ -147,7 +151,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- reading and dispatch ----
   void start_read(const std::shared_ptr<Connection>& c) {
-    size_t want = std::max(kReadChunk, c->need_total > c->in_size ? c->need_total - c->in_size : 0);
+    size_t want = std::max(c->chunk, c->need_total > c->in_size ? c->need_total - c->in_size : 0);
     if (c->in.size() < c->in_size + want) c->in.resize(c->in_size + want);
     c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want),
                               [this, c](boost::system::error_code ec, size_t n) {
@@ -157,6 +161,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                                   return;
                                 }
                                 c->in_size += n;
+                                if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
                                 process(c);
                                 if (!c->closed) start_read(c);
                               });

@@ -41,8 +41,6 @@ struct JoinInfo {
 struct RoundInfo {
   int64_t round = 0, restart_count = 0, max_restarts = 0;
   int node_rank = 0, nnodes = 1, world_size = 1, base_rank = 0;
-  std::vector<int> local_world_sizes;
-  std::vector<std::string> hosts;
   uint16_t store_port = 0;  // the round's workers' store, on the rendezvous server's address
 };
 

@@ -1,0 +1,128 @@
+// ddprun_rdzv_bench: one process simulating N agents joining one rendezvous round.
+//   ddprun_rdzv_bench --host 127.0.0.1 --port P --agents N [--nproc 8]
+// Prints one line: agents, connect time, round time (first JOIN sent -> last ROUND read).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "ddprun/rdzv/agent_protocol.h"
+
+using namespace ddprun;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  std::string host = "127.0.0.1", run_id = "bench";
+  uint16_t port = 29400;
+  int agents = 64, nproc = 8;
+  CLI::App app{"simulate N agents joining one ddprun rendezvous round"};
+  app.add_option("--host", host);
+  app.add_option("--port", port);
+  app.add_option("--agents", agents)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--nproc", nproc);
+  app.add_option("--run-id", run_id);
+  CLI11_PARSE(app, argc, argv);
+
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < static_cast<rlim_t>(agents) + 64) {
+    std::fprintf(stderr, "need %d file descriptors, the limit is %llu\n", agents + 64,
+                 static_cast<unsigned long long>(rl.rlim_cur));
+    return 2;
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+
+  auto t0 = Clock::now();
+  std::vector<int> fds;
+  int refused = 0;
+  for (int i = 0; i < agents; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ++refused;
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fds.push_back(fd);
+  }
+  auto t_connected = Clock::now();
+  if (refused) {
+    std::fprintf(stderr, "%d connections refused\n", refused);
+    return 1;
+  }
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  std::vector<std::vector<uint8_t>> in(fds.size());
+  auto t_join = Clock::now();
+  for (size_t i = 0; i < fds.size(); ++i) {
+    std::string b;
+    wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
+    rdzv::Message j;
+    j.type = rdzv::MsgType::Join;
+    j.set("run_id", run_id).set("node_id", "sim" + std::to_string(i)).set("host", "127.0.0.1");
+    j.set("local_world_size", nproc).set("min_nodes", agents).set("max_nodes", agents);
+    j.set("last_call_ms", 30000).set("join_timeout_ms", 120000).set("heartbeat_timeout_ms", 120000);
+    rdzv::encode_message(j, b);
+    if (::send(fds[i], b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) {
+      std::perror("send");
+      return 1;
+    }
+    fcntl(fds[i], F_SETFL, O_NONBLOCK);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = i;
+    epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev);
+  }
+  size_t rounds = 0;
+  int64_t world = -1;
+  std::vector<epoll_event> evs(1024);
+  while (rounds < fds.size()) {
+    int n = epoll_wait(ep, evs.data(), static_cast<int>(evs.size()), 60000);
+    if (n <= 0) {
+      std::fprintf(stderr, "timed out with %zu of %zu rounds\n", rounds, fds.size());
+      return 1;
+    }
+    for (int k = 0; k < n; ++k) {
+      size_t i = evs[k].data.u64;
+      uint8_t buf[4096];
+      ssize_t r;
+      while ((r = ::recv(fds[i], buf, sizeof buf, 0)) > 0) in[i].insert(in[i].end(), buf, buf + r);
+      if (r == 0) {
+        std::fprintf(stderr, "agent %zu: server closed the connection\n", i);
+        return 1;
+      }
+      rdzv::Message m;
+      auto res = rdzv::parse_message({in[i].data(), in[i].size()}, m);
+      if (res.status == wire::ParseStatus::Ok) {
+        in[i].erase(in[i].begin(), in[i].begin() + static_cast<long>(res.consumed));
+        if (m.type != rdzv::MsgType::Round) {
+          std::fprintf(stderr, "agent %zu got %s: %s\n", i, rdzv::msg_type_name(m.type), m.get("message").c_str());
+          return 1;
+        }
+        world = m.get_int("world_size");
+        ++rounds;
+      }
+    }
+  }
+  auto t_done = Clock::now();
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  std::printf("agents=%d connect_ms=%.1f round_ms=%.1f world_size=%lld\n", agents, ms(t0, t_connected),
+              ms(t_join, t_done), static_cast<long long>(world));
+  for (int fd : fds) ::close(fd);
+  return world == static_cast<int64_t>(agents) * nproc ? 0 : 1;
+}
