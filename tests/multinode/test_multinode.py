@@ -243,6 +243,29 @@ def scenario_host_finishes_first(args):
         run.close()
 
 
+def scenario_standing_ddprund(args):
+    """A standing ddprund on its own host serves two jobs' rounds and outlives them."""
+    run = Run(args, 3)
+    try:
+        ddprund = os.path.join(os.path.dirname(args.ddprun), "..", "rendezvous", "ddprund")
+        d = run.cluster.spawn(0, [ddprund, "--port", "29400"])
+        line = d.stdout.readline()
+        assert "listening" in line, line
+        for job in ("jobA", "jobB"):
+            for n in (1, 2):
+                run.agent(n, dyn_flags(run, "2", 1, rid=job, extra=["--max_restarts=1"]),
+                          extra_env={"DDPT_FAIL": "2:0:0:9" if job == "jobB" else ""})
+            codes = [run.wait(n, 60)[0] for n in (1, 2)]
+            assert codes == [0, 0], (job, codes)
+        recs = run.records()
+        assert {x["TORCHELASTIC_RUN_ID"] for x in recs} == {"jobA", "jobB"}
+        assert all(x["MASTER_ADDR"] == run.cluster.addr(0) for x in recs), "workers' store beside ddprund"
+        check_round([x for x in recs if x["TORCHELASTIC_RUN_ID"] == "jobB"], 1, 2, 2)
+        assert d.poll() is None, "ddprund outlives its jobs"
+    finally:
+        run.close()
+
+
 def scenario_gloo_static(args):
     """Real PyTorch (Debian's 1.13) gloo workers across two hosts through env://."""
     run = Run(args, 2)
