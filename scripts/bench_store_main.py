@@ -207,7 +207,7 @@ def main():
     w = out.append
     w("# Store benchmark: ddprund vs PyTorch's TCPStore server")
     w("")
-    w(f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
+    w(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
       f"loopback 127.0.0.1; clients and server share the machine. Phase length {secs:g} s. "
       f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}.")
     w("PyTorch 2.11 server = `TCPStore(is_master=True)` with the libuv backend (its default); "

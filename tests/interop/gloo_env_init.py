@@ -101,4 +101,4 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         main()
     else:
-        run_main(main, 270)
+        run_main(main, 360)

@@ -128,4 +128,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main, 240)
+    run_main(main, 360)

@@ -272,4 +272,4 @@ if __name__ == "__main__":
     if "--helper" in sys.argv:
         main()
     else:
-        run_main(main, 240)
+        run_main(main, 360)
