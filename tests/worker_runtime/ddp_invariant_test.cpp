@@ -31,15 +31,20 @@ struct Trace {
 };
 
 // One rank's run (world = 1 means: the single process over the global batch of N * kBatch).
-Trace run(Communicator* comm, int rank, int world, int global_world, bool small_buckets) {
+Trace run(Communicator* comm, int rank, int world, int global_world, bool small_buckets, bool shared_grads = false) {
   CpuMlp m(kShape);
   const size_t n = mlp_num_params(kShape);
-  std::vector<float> p(n), g(n);
+  std::vector<float> p(n), g_storage(n);
+  float* g = g_storage.data();
+  if (comm && shared_grads) {
+    g = static_cast<float*>(comm->alloc_shared(n * sizeof(float)));
+    REQUIRE(g != nullptr);
+  }
   mlp_init(kShape, 99, p.data());
   if (comm && rank != 0) std::fill(p.begin(), p.end(), 0.f);  // must be fixed by the broadcast
   if (comm) comm->broadcast(p.data(), n * sizeof(float), 0);
   std::vector<GradView> views;
-  for (const auto& t : m.tensors()) views.push_back({g.data() + t.offset, t.count});
+  for (const auto& t : m.tensors()) views.push_back({g + t.offset, t.count});
   ReducerOptions ro;
   if (small_buckets) {
     ro.first_bucket_cap_bytes = 2048;
@@ -54,7 +59,7 @@ Trace run(Communicator* comm, int rank, int world, int global_world, bool small_
     const int64_t first = static_cast<int64_t>(s) * kBatch * global_world + (world == 1 ? 0 : rank * kBatch);
     for (int i = 0; i < b; ++i) sample(first + i, &x[static_cast<size_t>(i) * kShape.in], &y[static_cast<size_t>(i)]);
     if (red) red->prepare_for_backward();
-    m.forward_backward(p.data(), x.data(), y.data(), b, g.data(), false, [&](size_t t) {
+    m.forward_backward(p.data(), x.data(), y.data(), b, g, false, [&](size_t t) {
       if (red) red->mark_ready(t);
     });
     if (red) {
@@ -62,8 +67,8 @@ Trace run(Communicator* comm, int rank, int world, int global_world, bool small_
       REQUIRE(red->buckets_launched_early() == red->buckets().size());
       if (small_buckets) REQUIRE(red->buckets().size() > 2);
     }
-    sgd_step(p.data(), g.data(), nullptr, n, 0.05f, 0.f, true);
-    tr.grads.push_back(g);
+    sgd_step(p.data(), g, nullptr, n, 0.05f, 0.f, true);
+    tr.grads.emplace_back(g, g + n);
     tr.params.push_back(p);
   }
   return tr;
@@ -87,7 +92,7 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return m / scale;
 }
 
-void check_invariant(int world, bool small_buckets, bool shared_memory) {
+void check_invariant(int world, bool small_buckets, bool shared_memory, bool shared_grads = false) {
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -109,7 +114,7 @@ void check_invariant(int world, bool small_buckets, bool shared_memory) {
         go.timeout = std::chrono::seconds(20);
         go.shared_memory = shared_memory;
         auto comm = make_gloo_communicator(store, r, world, go);
-        traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, small_buckets);
+        traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, small_buckets, shared_grads);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
@@ -166,4 +171,9 @@ TEST_CASE("Gloo: a rank that never arrives fails the collective within the timeo
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE_THROWS_AS(make_gloo_communicator(store, 0, 2, go), std::exception);
   REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("DDP invariant: gradients in alloc_shared memory (zero-copy shm path), 2 and 3 ranks", "[ddp]") {
+  check_invariant(2, true, true, true);
+  check_invariant(3, false, true, true);
 }

@@ -61,7 +61,14 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
   dw::cpu::CpuMlp model(shape);
   const size_t n = dw::cpu::mlp_num_params(shape);
-  std::vector<float> params(n), grads(n, 0.f), momentum(o.momentum != 0.f ? n : 0);
+  std::vector<float> params(n), momentum(o.momentum != 0.f ? n : 0);
+  // Gradients in memory the communicator reduces without copies when it has such memory.
+  std::vector<float> grad_storage;
+  float* grads = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
+  if (!grads) {
+    grad_storage.assign(n, 0.f);
+    grads = grad_storage.data();
+  }
   dw::cpu::mlp_init(shape, o.seed, params.data());
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
@@ -96,7 +103,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
 
   std::vector<dw::GradView> views;
-  for (const auto& t : model.tensors()) views.push_back({grads.data() + t.offset, t.count});
+  for (const auto& t : model.tensors()) views.push_back({grads + t.offset, t.count});
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
@@ -128,12 +135,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       y.resize(static_cast<size_t>(b));
       for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, &x[static_cast<size_t>(i) * o.in], &y[i]);
       reducer.prepare_for_backward();
-      const float loss = model.forward_backward(params.data(), x.data(), y.data(), b, grads.data(), false,
+      const float loss = model.forward_backward(params.data(), x.data(), y.data(), b, grads, false,
                                                 [&](size_t t) { reducer.mark_ready(t); });
       const auto t_fin = Clock::now();
       reducer.finalize();
       const double wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
-      dw::cpu::sgd_step(params.data(), grads.data(), momentum.empty() ? nullptr : momentum.data(), n, o.lr, o.momentum,
+      dw::cpu::sgd_step(params.data(), grads, momentum.empty() ? nullptr : momentum.data(), n, o.lr, o.momentum,
                         !momentum_init);
       momentum_init = true;
       ++step;

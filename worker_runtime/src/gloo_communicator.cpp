@@ -63,7 +63,7 @@ void reduce_max(void* c, const void* a, const void* b, size_t n) {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(client::StoreClient& store, int rank, int size, const GlooOptions& opt)
-      : rank_(rank), size_(size), timeout_(opt.timeout) {
+      : rank_(rank), size_(size), timeout_(opt.timeout), store_(store), key_prefix_(opt.key_prefix) {
     gloo::transport::tcp::attr attr;
     if (!opt.iface.empty()) {
       attr.iface = opt.iface;
@@ -96,6 +96,19 @@ class GlooCommunicator final : public Communicator {
   ~GlooCommunicator() override = default;
 
   bool uses_shared_memory() const { return shm_ != nullptr; }
+
+  void* alloc_shared(size_t bytes) override {
+    if (!shm_ || bytes == 0) return nullptr;
+    check_alive("alloc_shared");
+    const std::string key = key_prefix_ + "shm/region/" + std::to_string(regions_++);
+    void* p = nullptr;
+    guarded("alloc_shared", [&] {
+      p = shm_->alloc_shared(
+          bytes, [&](const std::string& name) { store_.set(key, name); }, [&] { return store_.get(key, timeout_); },
+          [&] { barrier(); });
+    });
+    return p;
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -202,6 +215,9 @@ class GlooCommunicator final : public Communicator {
   uint32_t tag_ = 1;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<ShmGroup> shm_;
+  client::StoreClient& store_;
+  std::string key_prefix_;
+  int regions_ = 0;
 };
 
 }  // namespace

@@ -38,9 +38,28 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 
 }  // namespace
 
-std::string ShmGroup::create_segment() {
+std::string ShmGroup::fresh_name() const {
   std::random_device rd;
-  name_ = "/ddprun-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  return "/ddprun-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + "-" + std::to_string(rd());
+}
+
+void* ShmGroup::map_named(const std::string& name, size_t bytes, bool create) {
+  int fd = ::shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
+  if (fd < 0) detail::throw_errno(("shm_open " + name).c_str(), __FILE__, __LINE__, errno);
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    detail::throw_errno("ftruncate(shm)", __FILE__, __LINE__, e);
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) detail::throw_errno("mmap(shm)", __FILE__, __LINE__, errno);
+  return p;
+}
+
+std::string ShmGroup::create_segment() {
+  name_ = fresh_name();
   map_segment(name_, true);
   return name_;
 }
@@ -49,18 +68,7 @@ void ShmGroup::map_segment(const std::string& name, bool create) {
   DDPRUN_ENFORCE(size_ >= 1 && size_ <= kMaxRanks, "shm group size out of range");
   name_ = name;
   bytes_ = kHeaderBytes + (static_cast<size_t>(size_) + 1) * kChunkBytes;
-  int fd = ::shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
-  DDPRUN_SYSCHECK(fd);
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-    int e = errno;
-    ::close(fd);
-    ::shm_unlink(name.c_str());
-    detail::throw_errno("ftruncate(shm)", __FILE__, __LINE__, e);
-  }
-  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) detail::throw_errno("mmap(shm)", __FILE__, __LINE__, errno);
-  base_ = p;
+  base_ = map_named(name, bytes_, create);
   ctl_ = static_cast<Control*>(base_);  // a fresh tmpfs page is zero: counters start at 0
   slots_ = static_cast<unsigned char*>(base_) + kHeaderBytes;
   result_ = slots_ + static_cast<size_t>(size_) * kChunkBytes;
@@ -87,6 +95,7 @@ void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_
 ShmGroup::~ShmGroup() {
   unlink_name();
   for (int fd : pidfds_) ::close(fd);
+  for (const auto& r : regions_) ::munmap(r.base, r.stride * static_cast<size_t>(size_));
   if (base_) ::munmap(base_, bytes_);
 }
 
@@ -168,8 +177,48 @@ void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
   // which every rank reaches after finishing the copies above.
 }
 
+template <class T>
+void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, ReduceOp op) {
+  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(buf) -
+                                         (reg.base + static_cast<size_t>(rank_) * reg.stride));
+  auto part = [&](int r) { return reinterpret_cast<T*>(reg.base + static_cast<size_t>(r) * reg.stride + off); };
+  constexpr size_t kBlock = 2048;
+  barrier();  // every rank's values are final
+  const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+  const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+  for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+    const size_t b1 = std::min(hi, b0 + kBlock);
+    T acc[kBlock];
+    for (int r = 0; r < size_; ++r) {  // rank order: deterministic
+      const T* __restrict src = part(r);
+      if (r == 0) {
+        for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
+      } else if (op == ReduceOp::Max) {
+        for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
+      } else {
+        for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
+      }
+    }
+    if (op == ReduceOp::Avg) {
+      const T d = static_cast<T>(size_);
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
+    }
+    for (int r = 0; r < size_; ++r) std::memcpy(part(r) + b0, acc, (b1 - b0) * sizeof(T));
+  }
+  barrier();  // every slice written everywhere
+}
+
 void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
+  const size_t es = dtype_size(dtype);
+  for (const auto& reg : regions_) {
+    auto* mine = reg.base + static_cast<size_t>(rank_) * reg.stride;
+    auto* p = static_cast<unsigned char*>(buf);
+    if (p >= mine && p + count * es <= mine + reg.stride) {
+      if (dtype == DType::F32) return allreduce_zero_copy(reg, static_cast<float*>(buf), count, op);
+      if (dtype == DType::I32) return allreduce_zero_copy(reg, static_cast<int32_t*>(buf), count, op);
+    }
+  }
   if (dtype == DType::F32) return allreduce_typed(static_cast<float*>(buf), count, op);
   if (dtype == DType::I32) return allreduce_typed(static_cast<int32_t*>(buf), count, op);
   throw WorkerError(std::string("shm all-reduce of ") + dtype_name(dtype) + " is not supported");

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "ddprun/worker/communicator.h"
 
 namespace ddprun::worker {
@@ -37,7 +39,14 @@ class ShmGroup {
   static constexpr size_t kChunkBytes = 8u << 20;
 
   // In place; F32 (Sum/Avg/Max) and I32 (Sum/Max). Throws CommError on peer death/timeout.
+  // A buffer inside a part returned by alloc_shared() is reduced without copies: rank r sums
+  // slice r straight from every rank's part and writes the result into every part.
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op);
+
+  // Collective (same bytes, same order on every rank): a new segment with one part per rank;
+  // returns this rank's part (zeroed). Valid for the group's lifetime.
+  template <class Publish, class Fetch, class Barrier>
+  void* alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier);
 
  private:
   struct Control;
@@ -50,6 +59,14 @@ class ShmGroup {
   void check_peers();
   template <class T>
   void allreduce_typed(T* buf, size_t count, ReduceOp op);
+  struct Region {
+    unsigned char* base = nullptr;
+    size_t stride = 0;
+  };
+  template <class T>
+  void allreduce_zero_copy(const Region& r, T* buf, size_t count, ReduceOp op);
+  static void* map_named(const std::string& name, size_t bytes, bool create);
+  std::string fresh_name() const;
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;
@@ -60,8 +77,28 @@ class ShmGroup {
   unsigned char* slots_ = nullptr;   // size_ slots of kChunkBytes
   unsigned char* result_ = nullptr;  // kChunkBytes
   std::vector<int> pidfds_;
+  std::vector<Region> regions_;
   bool broken_ = false;
 };
+
+template <class Publish, class Fetch, class Barrier>
+void* ShmGroup::alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier) {
+  const size_t stride = (bytes + 4095) / 4096 * 4096;
+  std::string name;
+  void* base = nullptr;
+  if (rank_ == 0) {
+    name = fresh_name();
+    base = map_named(name, stride * static_cast<size_t>(size_), true);
+    publish(name);
+  } else {
+    name = fetch();
+    base = map_named(name, stride * static_cast<size_t>(size_), false);
+  }
+  regions_.push_back({static_cast<unsigned char*>(base), stride});
+  barrier();  // everyone mapped it: the name can go
+  if (rank_ == 0) ::shm_unlink(name.c_str());
+  return static_cast<unsigned char*>(base) + static_cast<size_t>(rank_) * stride;
+}
 
 template <class Publish, class Fetch, class Barrier>
 std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, std::chrono::milliseconds timeout, Publish publish,

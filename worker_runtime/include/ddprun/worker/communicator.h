@@ -41,6 +41,12 @@ class Communicator {
   // Makes current and future operations fail with CommError. Any thread; never throws.
   virtual void abort() noexcept = 0;
 
+  // Collective (same bytes, same order on every rank). Zeroed host memory that this backend
+  // all-reduces without copies (the CPU shared-memory path: peers read and write it
+  // directly) — put gradients there. nullptr when the backend has no such memory: use your
+  // own. Valid for the communicator's lifetime.
+  virtual void* alloc_shared(size_t /*bytes*/) { return nullptr; }
+
   // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
   virtual bool stream_ordered() const { return false; }
   // The caller's compute stream (a cudaStream_t; default: the legacy default stream).
