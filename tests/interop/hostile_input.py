@@ -115,8 +115,8 @@ def main():
     for c in held:
         c.close()
     pytorch_still_works("the 32 half-sent connections closed")
-    if os.environ.get("DDPRUN_INTEROP_STRICT_MEMORY") == "1":
-        check(rss1 - rss0 < 64 * 1024, "pending announced values do not pre-allocate (< 64 MiB for 32)")
+    # Buffers grow only with bytes that arrived: 32 announced 8 MiB values stay small.
+    check(rss1 - rss0 < 16 * 1024, "pending announced values do not pre-allocate (< 16 MiB for 32)")
 
     check_eq(store.get("k"), b"v", "the first key is intact")
     del store

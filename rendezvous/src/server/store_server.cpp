@@ -60,7 +60,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   }
 
   StoreServerOptions options;
-  asio::io_context io;
+  asio::io_context io{1};  // one thread runs it: no scheduler locking needed
   Keyspace main_ks;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> round_ks;
   rdzv::RoundState rounds;
@@ -151,7 +151,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- reading and dispatch ----
   void start_read(const std::shared_ptr<Connection>& c) {
-    size_t want = std::max(c->chunk, c->need_total > c->in_size ? c->need_total - c->in_size : 0);
+    // A request announces its length before its bytes: grow towards it only as bytes arrive
+    // (doubling what is buffered), so announced-but-unsent megabytes cost nothing.
+    size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
+    size_t want = std::max(c->chunk, std::min(missing, std::max(c->in_size, kReadChunk)));
     if (c->in.size() < c->in_size + want) c->in.resize(c->in_size + want);
     c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want),
                               [this, c](boost::system::error_code ec, size_t n) {
