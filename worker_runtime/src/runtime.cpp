@@ -111,6 +111,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     so.connect_timeout = options.store_timeout;
     so.timeout = options.store_timeout;
     so.pytorch_key_prefix = true;
+    so.world_size = env.world_size;  // add to init/ like PyTorch: the rendezvous server counts progress by it
     try {
       rt->store_ = std::make_unique<client::StoreClient>(so);
     } catch (const std::exception& e) {
