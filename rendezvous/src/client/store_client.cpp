@@ -1,4 +1,5 @@
 #include "ddprun/client/store_client.h"
+#include "ddprun/client/tcp_connect.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -22,32 +23,6 @@ namespace {
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-int connect_once(const std::string& host, uint16_t port, std::string& error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) {
-    error = "cannot resolve '" + host + "': " + gai_strerror(rc);
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
-    error = errno_text("connect to " + host + ":" + std::to_string(port));
-    ::close(fd);
-    fd = -1;
-  }
-  freeaddrinfo(res);
-  if (fd >= 0) {
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
-  return fd;
-}
 
 }  // namespace
 
@@ -86,7 +61,7 @@ void StoreClient::connect_and_handshake() {
   auto backoff = std::chrono::milliseconds(10);
   std::minstd_rand rng(static_cast<unsigned>(::getpid()));
   while (true) {
-    fd_ = connect_once(options_.host, options_.port, error);
+    fd_ = connect_tcp(options_.host, options_.port, error);
     if (fd_ >= 0) break;
     if (Clock::now() + backoff >= deadline)
       throw StoreError("cannot connect to the store at " + options_.host + ":" + std::to_string(options_.port) +
@@ -330,6 +305,33 @@ std::chrono::nanoseconds StoreClient::ping() {
   recv_exact(b, 4);
   if (wire::load_u32(b) != r.u32) throw StoreError("PING echo mismatch");
   return Clock::now() - t0;
+}
+
+int connect_tcp(const std::string& host, uint16_t port, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0) {
+    error = "cannot resolve '" + host + "': " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+    error = "connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    ::close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd >= 0) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
 }
 
 }  // namespace ddprun::client

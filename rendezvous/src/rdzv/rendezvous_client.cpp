@@ -1,5 +1,7 @@
 #include "ddprun/rdzv/rendezvous_client.h"
 
+#include "ddprun/client/tcp_connect.h"
+
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,26 +24,7 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
   std::string error;
   auto backoff = std::chrono::milliseconds(20);
   while (fd_ < 0) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    int rc = getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
-    if (rc != 0) {
-      error = std::string("cannot resolve: ") + gai_strerror(rc);
-    } else {
-      for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) continue;
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-          fd_ = fd;
-        } else {
-          error = std::strerror(errno);
-          ::close(fd);
-        }
-      }
-      freeaddrinfo(res);
-    }
+    fd_ = client::connect_tcp(host_, port_, error);
     if (fd_ >= 0) break;
     if (Clock::now() + backoff >= deadline)
       throw RendezvousError("cannot reach the rendezvous endpoint " + host_ + ":" + std::to_string(port_) + " (" +
@@ -49,8 +32,6 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   std::string hello;
   wire::Writer(hello).u8(0).u32(kAgentMagic);
   if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size()))

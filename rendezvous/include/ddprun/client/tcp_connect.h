@@ -1,0 +1,13 @@
+// One TCP connect attempt shared by the store client and the rendezvous client.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddprun::client {
+
+// Resolves `host` (IPv6 and IPv4) and connects to the first address that accepts; the socket
+// is CLOEXEC with TCP_NODELAY. Returns the fd, or -1 with `error` saying why (never throws).
+int connect_tcp(const std::string& host, uint16_t port, std::string& error);
+
+}  // namespace ddprun::client
