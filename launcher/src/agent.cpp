@@ -856,7 +856,12 @@ void Agent::reap_children() {
                   w.status->describe(),
                   std::chrono::duration<double, std::milli>(w.ended - w.started).count());
     if (done_) continue;
-    dispatch(WorkerExited{w.local_rank, *w.status});
+    bool progressed = true;
+    if (!w.status->success() && store_ && !opts_.multi_node()) {
+      // Every worker joined the store (PyTorch's clients and libddprun_worker add 1 to init/)?
+      progressed = store_->counter("init/") >= layout_.world_size;
+    }
+    dispatch(WorkerExited{w.local_rank, *w.status, progressed});
   }
 }
 
@@ -1079,6 +1084,10 @@ std::string Agent::summary() const {
   } else if (failure_) {
     s << "[ddprun]   (attempt " << failure_->attempt << " had failed: worker rank " << failure_->global_rank
       << " " << failure_->status.describe() << ")\n";
+  }
+  if (state_.deterministic_failure()) {
+    s << "[ddprun]   not retried: attempts " << state_.attempt() - 1 << " and " << state_.attempt()
+      << " both failed before every worker had joined the store (an import error or a bad path?)\n";
   }
   s << "[ddprun] " << bar << "\n";
   return s.str();

@@ -119,7 +119,11 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     }
     failure_ = FailureRecord{e.local_rank, attempt_, e.status};
     failed_this_attempt_ = true;
-    const bool restart = !config_.coordinated && attempt_ < config_.max_restarts;
+    this_attempt_progressed_ = e.attempt_progressed;
+    // Two attempts in a row that fail before every worker joined the store (an import error,
+    // a bad path): retrying cannot help.
+    deterministic_failure_ = !config_.coordinated && !e.attempt_progressed && previous_failed_without_progress_;
+    const bool restart = !config_.coordinated && attempt_ < config_.max_restarts && !deterministic_failure_;
     out.push_back({.kind = Action::Kind::ReportFailure,
                    .attempt = attempt_,
                    .local_rank = e.local_rank,
@@ -201,7 +205,8 @@ void AgentState::group_stopped(std::vector<Action>& out) {
     }
     return;
   }
-  if (failed_this_attempt_ && attempt_ < config_.max_restarts) {
+  if (failed_this_attempt_ && attempt_ < config_.max_restarts && !deterministic_failure_) {
+    previous_failed_without_progress_ = !this_attempt_progressed_;
     ++attempt_;
     begin_attempt(out);
     return;

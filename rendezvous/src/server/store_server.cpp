@@ -411,6 +411,28 @@ void StoreServer::reset_keyspace() {
   fut.wait();
 }
 
+int64_t StoreServer::counter(const std::string& key) {
+  auto read = [impl = impl_.get(), &key]() -> int64_t {
+    if (!impl->main_ks.state.contains(key)) return -1;
+    wire::Request get;
+    get.op = wire::Op::Get;
+    get.keys = {key};
+    std::string reply;
+    std::vector<store::Outgoing> ignored;
+    impl->main_ks.state.apply(0, wire::Dialect::D2, get, reply, ignored);
+    if (reply.size() < 8) return -1;
+    const std::string value = reply.substr(8);
+    char* end = nullptr;
+    long long n = std::strtoll(value.c_str(), &end, 10);
+    return end == value.c_str() ? -1 : n;
+  };
+  if (!impl_->thread.joinable() || impl_->thread.get_id() == std::this_thread::get_id()) return read();
+  std::promise<int64_t> done;
+  auto fut = done.get_future();
+  asio::post(impl_->io, [&] { done.set_value(read()); });
+  return fut.get();
+}
+
 StoreServerStats StoreServer::stats() const {
   StoreServerStats s;
   s.connections_accepted = impl_->accepted;

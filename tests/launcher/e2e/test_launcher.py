@@ -180,12 +180,29 @@ class Exit(unittest.TestCase):
         self.assertIn("restarting the worker group: attempt 1", p.stderr)
 
     def test_restart_budget_spent(self):
-        p = run(["--nproc_per_node=2", "--max-restarts=2"] +
-                worker("import os; print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT']); raise SystemExit(6)"))
+        # Each attempt gets past joining the store (ADD init/ +1, as every PyTorch client
+        # does), then fails: every restart of the budget is used.
+        code = ("import os, socket, struct\n"
+                "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+                "s.sendall(bytes([0, 0xCE, 0xF7, 0x85, 0x3C, 4]) + struct.pack('<Q', 5) + b'init/' + struct.pack('<q', 1))\n"
+                "assert len(s.recv(8)) == 8\n"
+                "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n"
+                "raise SystemExit(6)\n")
+        p = run(["--nproc_per_node=2", "--max-restarts=2"] + worker(code))
         self.assertEqual(p.returncode, 6)
         for n in range(3):
             self.assertIn(f"attempt {n}", p.stdout)
         self.assertIn("attempt 2 (max_restarts 2)", p.stderr)
+
+    def test_failure_before_progress_twice_is_not_retried(self):
+        # An import error fails the same way every time: two attempts, not the whole budget.
+        p = run(["--nproc_per_node=2", "--max-restarts=5"] +
+                worker("import os; print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT']); import no_such_module"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("attempt 1", p.stdout)
+        self.assertNotIn("attempt 2", p.stdout)
+        self.assertIn("not retried: attempts 0 and 1", p.stderr)
+        self.assertIn("No module named 'no_such_module'", p.stderr)
 
 
 class Signals(unittest.TestCase):

@@ -124,3 +124,32 @@ TEST_CASE("CoordinatedSignalWhileJoiningFinishes", "[state]") {
   REQUIRE(find(a, K::Finish));
   CHECK(find(a, K::Finish)->exit_code == 128 + SIGINT);
 }
+
+TEST_CASE("FailureBeforeProgressTwiceInARowIsNotRetried", "[state]") {
+  AgentConfig c;
+  c.nproc = 1;
+  c.max_restarts = 5;
+  AgentState s(c);
+  s.start();
+  auto a = s.on_event(WorkerExited{0, WorkerStatus::exited(1), /*attempt_progressed=*/false});
+  REQUIRE(find(a, K::StartAttempt));  // the first one may be bad luck: retried
+  auto b = s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
+  REQUIRE(find(b, K::Finish));
+  CHECK(find(b, K::Finish)->exit_code == 1);
+  CHECK(s.deterministic_failure());
+  CHECK_FALSE(find(b, K::ReportFailure)->will_restart);
+}
+
+TEST_CASE("FailureAfterProgressKeepsRetryingWithinTheBudget", "[state]") {
+  AgentConfig c;
+  c.nproc = 1;
+  c.max_restarts = 3;
+  AgentState s(c);
+  s.start();
+  s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
+  auto a = s.on_event(WorkerExited{0, WorkerStatus::exited(1), true});  // got further this time
+  REQUIRE(find(a, K::StartAttempt));
+  auto b = s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
+  REQUIRE(find(b, K::StartAttempt));  // not twice in a row before progress
+  CHECK_FALSE(s.deterministic_failure());
+}

@@ -37,6 +37,9 @@ struct WorkerStatus {
 struct WorkerExited {
   int local_rank = 0;
   WorkerStatus status;
+  // Whether the attempt had made progress when this worker ended: every worker of the group
+  // had joined the store (init/ reached the world size). Only read for failures.
+  bool attempt_progressed = true;
 };
 struct SignalReceived {
   int signo = 0;
@@ -116,6 +119,8 @@ class AgentState {
   const std::set<int>& alive() const { return alive_; }
   // The first failure of the latest failed attempt (what the summary reports).
   const std::optional<FailureRecord>& last_failure() const { return failure_; }
+  // The job ended because the same attempt-start failure repeated (not retried).
+  bool deterministic_failure() const { return deterministic_failure_; }
   // The signal that made the agent stop, if any.
   std::optional<int> stop_signal() const { return stop_signal_; }
   std::optional<int> exit_code() const { return exit_code_; }
@@ -141,6 +146,10 @@ class AgentState {
   std::optional<int> exit_code_;
   // coordinated mode: what to do once the stopping group is gone
   std::optional<int> pending_restart_;
+  // Single node: a failure before progress in two attempts in a row ends the job.
+  bool this_attempt_progressed_ = true;
+  bool previous_failed_without_progress_ = false;
+  bool deterministic_failure_ = false;
   bool pending_job_failed_ = false;
 };
 

@@ -61,6 +61,11 @@ class StoreServer {
   // done on the server thread.
   void reset_keyspace();
 
+  // The integer value of `key` in the main keyspace (e.g. "init/", which every PyTorch client
+  // increments on connect), or -1 when absent or not a number. Blocks until the server
+  // thread answered.
+  int64_t counter(const std::string& key);
+
   StoreServerStats stats() const;
 
  private:
