@@ -146,6 +146,9 @@ def test_prefix_and_sizes(d, store, version):
     check_eq(raw.get("/pfx/a"), b"pa", "PrefixStore wire key /pfx/a")
     nested = dist.PrefixStore("q", dist.PrefixStore("p1/", store))
     nested.set("a", "qa")
+    # SET has no reply: a round trip on the same connection orders it before the raw read
+    # on another connection (without it the raw GET can overtake the SET).
+    check_eq(nested.get("a"), b"qa", "nested PrefixStore get")
     check_eq(raw.get("/p1//q/a"), b"qa", "nested PrefixStore wire key /p1//q/a")
     check_eq(ps.add("c", 2), 2, "PrefixStore add")
     check_eq(ps.compare_set("c", "2", "x"), b"x", "PrefixStore compare_set")
@@ -232,7 +235,8 @@ def test_world_size(d, version):
     quiet = dist.TCPStore("127.0.0.1", d.port, world_size=3, is_master=False, wait_for_workers=False, timeout=TIMEOUT)
     check_eq(raw.add("init/", 0) - before, 3, "wait_for_workers=False: no init/ ADD")
     quiet.set("quiet", "1")
-    check_eq(raw.get("/quiet"), b"1", "that client works")
+    check_eq(quiet.get("quiet"), b"1", "that client works")  # the round trip orders the SET
+    check_eq(raw.get("/quiet"), b"1", "its key on the wire")
     raw.close()
 
 
