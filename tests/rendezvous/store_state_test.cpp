@@ -209,3 +209,12 @@ TEST_CASE("ClearEmptiesEverything", "[state]") {
   CHECK(h.state.num_keys() == 0);
   CHECK(h.state.num_waiting_connections() == 0);
 }
+
+TEST_CASE("IntegerReadsCountersLikeAdd", "[state]") {
+  Harness h;
+  CHECK_FALSE(h.state.integer("init/").has_value());
+  h.call(1, Op::Add, {"init/"}, {}, 2);
+  CHECK(h.state.integer("init/") == 2);
+  h.call(1, Op::Set, {"txt"}, {"abc"});
+  CHECK_FALSE(h.state.integer("txt").has_value());
+}

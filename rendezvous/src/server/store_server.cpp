@@ -346,18 +346,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return false;
-    std::string reply;
-    std::vector<store::Outgoing> ignored;
-    wire::Request get;
-    get.op = wire::Op::Get;
-    get.keys = {"init/"};
-    if (!it->second->state.contains("init/")) return false;
-    it->second->state.apply(0, wire::Dialect::D2, get, reply, ignored);
-    if (reply.size() < 8) return false;
-    std::string value = reply.substr(8);
-    char* end = nullptr;
-    long long n = std::strtoll(value.c_str(), &end, 10);
-    return n >= world_size;
+    return it->second->state.integer("init/").value_or(0) >= world_size;
   }
 };
 
@@ -412,20 +401,7 @@ void StoreServer::reset_keyspace() {
 }
 
 int64_t StoreServer::counter(const std::string& key) {
-  auto read = [impl = impl_.get(), &key]() -> int64_t {
-    if (!impl->main_ks.state.contains(key)) return -1;
-    wire::Request get;
-    get.op = wire::Op::Get;
-    get.keys = {key};
-    std::string reply;
-    std::vector<store::Outgoing> ignored;
-    impl->main_ks.state.apply(0, wire::Dialect::D2, get, reply, ignored);
-    if (reply.size() < 8) return -1;
-    const std::string value = reply.substr(8);
-    char* end = nullptr;
-    long long n = std::strtoll(value.c_str(), &end, 10);
-    return end == value.c_str() ? -1 : n;
-  };
+  auto read = [impl = impl_.get(), &key]() -> int64_t { return impl->main_ks.state.integer(key).value_or(-1); };
   if (!impl_->thread.joinable() || impl_->thread.get_id() == std::this_thread::get_id()) return read();
   std::promise<int64_t> done;
   auto fut = done.get_future();

@@ -27,6 +27,13 @@ void erase_conn(std::vector<ConnId>& v, ConnId c) { v.erase(std::remove(v.begin(
 
 }  // namespace
 
+std::optional<int64_t> StoreState::integer(const std::string& key) const {
+  auto it = kv_.find(key);
+  int64_t v = 0;
+  if (it == kv_.end() || !parse_integer(it->second, v)) return std::nullopt;
+  return v;
+}
+
 bool StoreState::exists(const std::string& key) const {
   if (kv_.count(key)) return true;
   auto q = queues_.find(key);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -47,6 +48,9 @@ class StoreState {
   size_t num_keys() const { return kv_.size(); }
   size_t num_waiting_connections() const { return waiters_.size(); }
   bool contains(const std::string& key) const { return kv_.count(key) != 0; }
+  // The value of `key` read as ADD reads it (decimal text), or nullopt when absent or not a
+  // number. For counters such as `init/`.
+  std::optional<int64_t> integer(const std::string& key) const;
 
  private:
   struct Waiter {
