@@ -397,7 +397,7 @@ void Agent::on_rendezvous() {
     }
   } catch (const rdzv::RendezvousError& e) {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, rdzv_client_->fd(), nullptr);
-    if (job_failure_.empty()) job_failure_ = std::string(e.what()) + " (the node hosting the rendezvous is gone?)";
+    if (job_failure_.empty()) job_failure_ = std::string(e.what()) + " (the node hosting the rendezvous is gone? A standing ddprund as --rdzv_endpoint outlives any agent)";
     spdlog::error("{}", e.what());
     dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
   }

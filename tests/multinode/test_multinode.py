@@ -147,6 +147,21 @@ def scenario_kill_agent(args):
         run.close()
 
 
+def scenario_host_killed(args):
+    """The agent hosting the rendezvous dies: the others stop their workers and fail loudly."""
+    run = Run(args, 3)
+    try:
+        hold_three(run)
+        run.agents[0].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        (c1, out1), (c2, out2) = run.wait(1, 30), run.wait(2, 30)
+        assert c1 != 0 and c2 != 0, (c1, c2)
+        assert "closed the connection" in out1 and "closed the connection" in out2, "they say what happened"
+        assert time.monotonic() - t0 < 30
+    finally:
+        run.close()
+
+
 def scenario_link_down(args):
     run = Run(args, 3)
     try:
