@@ -36,6 +36,26 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
 }
 
+// Reduces [b0, b1) of every rank's buffer (src_of(r)) into acc[0, b1-b0), in rank order so
+// every rank computes bit-identical results; Avg divides at the end.
+template <class T, class SrcOf>
+void reduce_block(T* acc, size_t b0, size_t b1, int size, ReduceOp op, SrcOf src_of) {
+  for (int r = 0; r < size; ++r) {
+    const T* __restrict src = src_of(r);
+    if (r == 0) {
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
+    } else if (op == ReduceOp::Max) {
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
+    } else {
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    const T d = static_cast<T>(size);
+    for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
+  }
+}
+
 }  // namespace
 
 std::string ShmGroup::fresh_name() const {
@@ -152,20 +172,10 @@ void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
     for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
       const size_t b1 = std::min(hi, b0 + kBlock);
       T acc[kBlock];
-      for (int r = 0; r < size_; ++r) {
-        const T* __restrict src = r == rank_ ? mine : reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
-        if (r == 0) {
-          for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
-        } else if (op == ReduceOp::Max) {
-          for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
-        } else {
-          for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
-        }
-      }
-      if (op == ReduceOp::Avg) {
-        const T d = static_cast<T>(size_);
-        for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
-      }
+      reduce_block(acc, b0, b1, size_, op, [&](int r) {
+        return r == rank_ ? static_cast<const T*>(mine)
+                          : reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
+      });
       std::memcpy(res + b0, acc, (b1 - b0) * sizeof(T));
       std::memcpy(mine + b0, acc, (b1 - b0) * sizeof(T));
     }
@@ -189,20 +199,7 @@ void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, Redu
   for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
     const size_t b1 = std::min(hi, b0 + kBlock);
     T acc[kBlock];
-    for (int r = 0; r < size_; ++r) {  // rank order: deterministic
-      const T* __restrict src = part(r);
-      if (r == 0) {
-        for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
-      } else if (op == ReduceOp::Max) {
-        for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
-      } else {
-        for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
-      }
-    }
-    if (op == ReduceOp::Avg) {
-      const T d = static_cast<T>(size_);
-      for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
-    }
+    reduce_block(acc, b0, b1, size_, op, [&](int r) { return static_cast<const T*>(part(r)); });
     for (int r = 0; r < size_; ++r) std::memcpy(part(r) + b0, acc, (b1 - b0) * sizeof(T));
   }
   barrier();  // every slice written everywhere
