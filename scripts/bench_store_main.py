@@ -5,7 +5,8 @@ server, side by side in one run, loopback only.
 Phases (each bounded):
   1. PyTorch's own client processes (bench_store_client.py, torch 2.11 client) against ddprund
      and PyTorch 2.11's libuv server: get/add/compare_set/wait-wakeup, 1/4/16/64 clients.
-  2. The C++ load generator (ddprun_store_bench: one process, epoll over N connections), same
+  2. The C++ load generator (ddprun_store_bench: one process, epoll over N connections on
+     --gen-threads threads, default half the cores), same
      op mix and client counts, against ddprund, PyTorch 2.11 libuv and (dialect D0) PyTorch 1.13.
   3. Join storm (C++ generator): N = 256, 1024, 4096, 16384 connections connect, VALIDATE+PING,
      ADD a counter, WAIT on a last-worker key; time until all are released; resets counted.
@@ -52,7 +53,8 @@ class Server:
     def __init__(self, kind, a):
         self.kind = kind
         if kind == "ddprund":
-            cmd = [a.ddprund, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn"]
+            cmd = [a.ddprund, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
+                   "--threads", str(a.ddprund_threads)]
         elif kind == "pt211":
             cmd = [a.py211, os.path.join(a.here, "bench_store_server.py"), "--libuv", "1"]
         elif kind == "pt113":
@@ -136,6 +138,11 @@ def main():
     ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts, comma-separated")
     ap.add_argument("--storm", default=",".join(map(str, STORM)), help="join-storm sizes, comma-separated")
     ap.add_argument("--quick", action="store_true", help="1 s phases, storm up to 4096")
+    ncpu = os.cpu_count() or 1
+    ap.add_argument("--gen-threads", type=int, default=max(1, ncpu // 2),
+                    help="threads of the C++ load generator (default: half the cores)")
+    ap.add_argument("--ddprund-threads", type=int, default=0,
+                    help="ddprund --threads (default 0: one per core, at most 8)")
     a = ap.parse_args()
     a.here = os.path.dirname(os.path.abspath(__file__))
     secs = 1.0 if a.quick else a.seconds
@@ -176,7 +183,8 @@ def main():
                 log(f"[bench] C++ generator {op} x{n} -> {kind}")
                 cpu0 = s.cpu_s()
                 for r in run_results([a.bench, "ops", "--port", str(s.port), "--op", op, "--clients", str(n),
-                                      "--seconds", str(secs), "--dialect", dialect, "--tag", f"c{op}{n}"],
+                                      "--seconds", str(secs), "--dialect", dialect, "--tag", f"c{op}{n}",
+                                      "--threads", str(a.gen_threads)],
                                      timeout=secs + 60):
                     cpp[(kind, op, n)] = r
                     # Server CPU per op (includes the generator's connect/setup, a small share).
@@ -196,7 +204,8 @@ def main():
             s = Server(kind, a)
             log(f"[bench] join storm N={n} -> {kind}")
             for r in run_results([a.bench, "storm", "--port", str(s.port), "--clients", str(n), "--timeout",
-                                  str(a.storm_timeout), "--tag", f"storm{n}"], timeout=a.storm_timeout + 30):
+                                  str(a.storm_timeout), "--tag", f"storm{n}", "--threads", str(a.gen_threads)],
+                                 timeout=a.storm_timeout + 30):
                 storm[(kind, n)] = r
                 if r.get("completed") != "1":
                     gave_up[kind] = n
@@ -210,6 +219,8 @@ def main():
     w(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
       f"loopback 127.0.0.1; clients and server share the machine. Phase length {secs:g} s. "
       f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}.")
+    w(f"ddprund `--threads {a.ddprund_threads}` (0 = one per core, at most 8); C++ generator on "
+      f"{a.gen_threads} thread(s) (the same for every server).")
     w("PyTorch 2.11 server = `TCPStore(is_master=True)` with the libuv backend (its default); "
       "1.13 = Debian's python3-torch legacy server (C++ generator in dialect D0).")
     w("`get` = WAIT+GET (what PyTorch's `get()` sends); `wait` = wake-up hop around a ring of clients "
@@ -226,7 +237,7 @@ def main():
               f"{fmt_rate(p.get('ops_per_s'))} | {p.get('p50_us', 'n/a')} | {p.get('p99_us', 'n/a')} | "
               f"{ratio(o.get('ops_per_s'), p.get('ops_per_s'))} |")
     w("")
-    w("## 2. Driven by the C++ load generator (`ddprun_store_bench ops`: one process, epoll, N connections)")
+    w(f"## 2. Driven by the C++ load generator (`ddprun_store_bench ops`: one process, epoll, N connections, {a.gen_threads} thread(s))")
     w("")
     has113 = "pt113" in kinds
     w("Server CPU: CPU time of the server process during the phase, per completed op, and in cores "

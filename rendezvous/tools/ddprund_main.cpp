@@ -16,6 +16,7 @@ struct DaemonOptions {
   uint16_t port = 29400;
   std::string legacy_dialect = "1.13";
   std::string log_level = "info";
+  int threads = 0;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
 };
@@ -30,6 +31,10 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--max-key-len", o.max_key_len, "longest key accepted, bytes")->capture_default_str();
   app.add_option("--max-value-len", o.max_value_len, "longest value accepted, bytes")->capture_default_str();
+  app.add_option("--threads", o.threads,
+                 "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -54,6 +59,7 @@ int run(const DaemonOptions& o) {
   so.legacy_dialect = o.legacy_dialect == "2.1" ? ddprun::wire::Dialect::D1 : ddprun::wire::Dialect::D0;
   so.limits.max_key_len = o.max_key_len;
   so.limits.max_value_len = o.max_value_len;
+  so.io_threads = o.threads;
 
   sigset_t set;
   sigemptyset(&set);
@@ -69,7 +75,9 @@ int run(const DaemonOptions& o) {
     std::fprintf(stderr, "ddprund: %s. Choose another --port, or 0 for a free one.\n", e.what());
     return 1;
   }
+  // Scripts read the port at the end of this first line.
   std::printf("ddprund listening on %s:%u\n", o.host.empty() ? "*" : o.host.c_str(), server.port());
+  spdlog::info("[ddprund] {} I/O threads", server.io_threads());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);

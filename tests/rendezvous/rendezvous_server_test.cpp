@@ -10,10 +10,11 @@ using namespace ddprun;
 using namespace std::chrono_literals;
 
 namespace {
-std::unique_ptr<server::StoreServer> start_server() {
+std::unique_ptr<server::StoreServer> start_server(int io_threads = 1) {
   server::StoreServerOptions o;
   o.host = "127.0.0.1";
   o.port = 0;
+  o.io_threads = io_threads;
   auto s = std::make_unique<server::StoreServer>(o);
   s->start();
   return s;
@@ -37,7 +38,7 @@ std::unique_ptr<rdzv::RendezvousClient> agent(uint16_t port) {
 }  // namespace
 
 TEST_CASE("TwoAgentsGetARoundAndAFreshWorkerStorePerRound", "[rdzv][server]") {
-  auto srv = start_server();
+  auto srv = start_server(GENERATE(1, 4));
   auto a = agent(srv->port()), b = agent(srv->port());
   auto fa = std::async(std::launch::async, [&] { return a->join(info("a", 2, 2, 2), 10s); });
   auto rb = b->join(info("b", 1, 2, 2), 10s);
@@ -82,7 +83,7 @@ TEST_CASE("TwoAgentsGetARoundAndAFreshWorkerStorePerRound", "[rdzv][server]") {
 }
 
 TEST_CASE("AgentKilledMeansRestartForTheSurvivors", "[rdzv][server]") {
-  auto srv = start_server();
+  auto srv = start_server(GENERATE(1, 4));
   auto a = agent(srv->port()), b = agent(srv->port()), c = agent(srv->port());
   auto fa = std::async(std::launch::async, [&] { return a->join(info("a", 1, 2, 3), 10s); });
   auto fb = std::async(std::launch::async, [&] { return b->join(info("b", 1, 2, 3), 10s); });
@@ -111,7 +112,7 @@ TEST_CASE("JoinTimeoutErrorReachesTheAgent", "[rdzv][server]") {
 }
 
 TEST_CASE("StoreClientsAndAgentsShareThePort", "[rdzv][server]") {
-  auto srv = start_server();
+  auto srv = start_server(GENERATE(1, 4));
   client::StoreClientOptions co;
   co.port = srv->port();
   client::StoreClient store(co);

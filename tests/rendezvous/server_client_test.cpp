@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <future>
 #include <thread>
@@ -19,11 +20,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::unique_ptr<server::StoreServer> start_server(wire::Limits limits = {}) {
+std::unique_ptr<server::StoreServer> start_server(wire::Limits limits = {}, int io_threads = 1) {
   server::StoreServerOptions o;
   o.host = "127.0.0.1";
   o.port = 0;
   o.limits = limits;
+  o.io_threads = io_threads;
   auto s = std::make_unique<server::StoreServer>(o);
   s->start();
   return s;
@@ -81,7 +83,8 @@ std::string validate() {
 }  // namespace
 
 TEST_CASE("ClientSpeaksEveryOperation", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   client::StoreClient c(client_opts(srv->port()));
   c.set("a", "1");
   CHECK(c.get("a") == "1");
@@ -111,7 +114,8 @@ TEST_CASE("ClientSpeaksEveryOperation", "[server]") {
 }
 
 TEST_CASE("WaitIsWokenBySetFromAnotherClient", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   client::StoreClient waiter(client_opts(srv->port()));
   auto fut = std::async(std::launch::async, [&] { return waiter.get("late"); });
   client::StoreClient setter(client_opts(srv->port()));
@@ -121,7 +125,8 @@ TEST_CASE("WaitIsWokenBySetFromAnotherClient", "[server]") {
 }
 
 TEST_CASE("WaitTimeoutCancelsAndKeepsTheConnectionUsable", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   client::StoreClient c(client_opts(srv->port()));
   CHECK_THROWS_AS(c.wait({"never"}, 50ms), client::StoreTimeout);
   c.set("after", "ok");
@@ -143,7 +148,8 @@ TEST_CASE("LegacyDialectClientWorks", "[server]") {
 }
 
 TEST_CASE("ByteByByteFragmentationIsParsed", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   Raw r(srv->port());
   std::string req = validate();
   wire::Request add;
@@ -160,7 +166,7 @@ TEST_CASE("ByteByByteFragmentationIsParsed", "[server]") {
 TEST_CASE("HostileClientsLoseOnlyTheirOwnConnection", "[server][robustness]") {
   wire::Limits lim;
   lim.max_key_len = 1024;
-  auto srv = start_server(lim);
+  auto srv = start_server(lim, GENERATE(1, 4));
   client::StoreClient good(client_opts(srv->port()));
   good.set("alive", "yes");
 
@@ -207,7 +213,8 @@ TEST_CASE("HostileClientsLoseOnlyTheirOwnConnection", "[server][robustness]") {
 }
 
 TEST_CASE("ResetKeyspaceEmptiesTheStoreAndDropsClients", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   auto c = std::make_unique<client::StoreClient>(client_opts(srv->port()));
   c->set("old", "attempt0");
   srv->reset_keyspace();
@@ -217,7 +224,8 @@ TEST_CASE("ResetKeyspaceEmptiesTheStoreAndDropsClients", "[server]") {
 }
 
 TEST_CASE("JoinStormOf300Clients", "[server]") {
-  auto srv = start_server();
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
   constexpr int kClients = 300;
   std::vector<std::unique_ptr<client::StoreClient>> clients;
   for (int i = 0; i < kClients; ++i) clients.push_back(std::make_unique<client::StoreClient>(client_opts(srv->port())));
@@ -280,4 +288,77 @@ TEST_CASE("WorldSizeOptionAddsToInitLikePyTorch", "[server]") {
   raw.pytorch_key_prefix = false;
   client::StoreClient r(raw);
   CHECK(r.get("init/") == "2");
+}
+
+// ---- several I/O threads: connections on different threads share one keyspace ----
+
+TEST_CASE("AddsFromManyThreadsAreAtomicAcrossIoThreads", "[server][threads]") {
+  auto srv = start_server({}, 4);
+  REQUIRE(srv->io_threads() == 4);
+  constexpr int kClients = 16, kAdds = 300;
+  std::vector<std::vector<int64_t>> seen(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      client::StoreClient c(client_opts(srv->port()));
+      for (int k = 0; k < kAdds; ++k) seen[i].push_back(c.add("ctr", 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (auto& v : seen) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  REQUIRE(all.size() == size_t{kClients * kAdds});
+  for (size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == static_cast<int64_t>(i + 1));  // each value once
+}
+
+TEST_CASE("WaitWakeUpsHopAcrossIoThreads", "[server][threads]") {
+  // A ring: client i sets its successor's key of round r, then waits for its own. Every hop
+  // crosses from one connection's thread to another's.
+  auto srv = start_server({}, 4);
+  constexpr int kRing = 8, kRounds = 100;
+  std::vector<std::thread> threads;
+  std::atomic<int> done{0}, wrong{0};  // Catch2 assertions stay on the test's thread
+  for (int i = 0; i < kRing; ++i) {
+    threads.emplace_back([&, i] {
+      client::StoreClient c(client_opts(srv->port()));
+      for (int r = 0; r < kRounds; ++r) {
+        c.set("w/" + std::to_string(r) + "/" + std::to_string((i + 1) % kRing), std::to_string(i));
+        if (c.get("w/" + std::to_string(r) + "/" + std::to_string(i)) != std::to_string((i + kRing - 1) % kRing)) ++wrong;
+      }
+      ++done;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(done == kRing);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("WakeUpAndCancelWaitRacingOnDifferentThreadsKeepTheReplyOrder", "[server][threads]") {
+  // The waiter times out (CANCEL_WAIT) at about the moment another connection, served by
+  // another I/O thread, sets the key. Whatever wins, the waiter must read STOP_WAITING before
+  // WAIT_CANCELED, or its next reply would be misread: every later add() checks that.
+  auto srv = start_server({}, 4);
+  client::StoreClient waiter(client_opts(srv->port()));
+  client::StoreClient setter(client_opts(srv->port()));
+  int timeouts = 0, wakes = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = "race/" + std::to_string(i);
+    auto fut = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(std::chrono::microseconds((i % 13) * 300));  // 0 .. 3.6 ms
+      setter.set(key, "v");
+    });
+    try {
+      waiter.wait({key}, 2ms);
+      ++wakes;
+    } catch (const client::StoreTimeout&) {
+      ++timeouts;
+    }
+    fut.get();
+    REQUIRE(waiter.add("sanity", 1) == i + 1);
+  }
+  INFO("wakes " << wakes << ", timeouts " << timeouts);
+  CHECK(wakes + timeouts == 200);
+  CHECK(wakes > 0);  // the delays straddle the timeout: both outcomes, and races between them
+  CHECK(timeouts > 0);
 }

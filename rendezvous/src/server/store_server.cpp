@@ -2,10 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <cstring>
-#include <future>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -24,9 +26,35 @@ namespace {
 constexpr size_t kSmallReadChunk = 4 * 1024;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
+
+int resolve_io_threads(int wanted) {
+  if (wanted > 0) return wanted;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cores, 1, kMaxAutoIoThreads);
+}
 }  // namespace
 
+// Locking: `mu` guards every keyspace's state, the rounds, `conns`, `round_ks`, each
+// connection's `revoked` flag and the tick timer. Each connection's `out_mu` guards its
+// outbox; it is taken inside `mu` or alone, never the other way round. Everything else of a
+// connection belongs to its I/O thread. Acceptors are used on the first I/O thread only.
 struct StoreServer::Impl : rdzv::WorkerStores {
+  struct Connection;
+  using ConnPtr = std::shared_ptr<Connection>;
+
+  struct IoThread {
+    asio::io_context io{1};
+    std::thread thread;
+    // Scratch of the requests handled on this thread.
+    wire::Request req;
+    rdzv::Message msg;
+    std::string reply;
+    std::vector<store::Outgoing> others;
+    std::vector<rdzv::Outbound> rdzv_out;
+    std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under `mu`
+    std::atomic<uint64_t> requests{0};
+  };
+
   // A keyspace with its own listener: the main one (TCPStore + agents' rendezvous) and one
   // per rendezvous round for that round's workers, so every attempt starts empty and no
   // worker of an old attempt can reach the new one's keys.
@@ -35,46 +63,73 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     tcp::acceptor acceptor;
     store::StoreState state;
     std::string name;
+    bool discarded = false;  // under mu: its round is over; refuse new connections
   };
 
   struct Connection {
-    Connection(tcp::socket sock, ConnId i, Keyspace* k) : socket(std::move(sock)), id(i), ks(k) {}
+    Connection(tcp::socket sock, Keyspace* k, IoThread* t) : socket(std::move(sock)), ks(k), thread(t) {}
     tcp::socket socket;
-    ConnId id;
-    Keyspace* ks;
+    ConnId id = 0;
+    Keyspace* ks;       // dereferenced under mu, and only while !revoked
+    IoThread* thread;   // the one thread that reads and writes the socket
+    // I/O thread only:
     bool agent = false;  // speaks the agents' rendezvous protocol, not TCPStore
     wire::Dialect dialect = wire::Dialect::Unknown;
     std::vector<uint8_t> in;
     size_t in_size = 0;
     size_t need_total = 0;
     size_t chunk = kSmallReadChunk;
-    std::string out, writing;
+    std::string writing;
     bool write_in_flight = false;
-    bool close_when_flushed = false;
     bool closed = false;
     std::string peer;
+    // under mu: its keyspace was reset or dropped; it must not touch any state again
+    bool revoked = false;
+    // under out_mu:
+    std::mutex out_mu;
+    std::string out;
+    bool close_when_flushed = false;
+    // a flush is posted to its thread and has not run yet
+    std::atomic<bool> flush_posted{false};
   };
 
-  explicit Impl(StoreServerOptions o) : options(std::move(o)), main_ks(io), rounds(*this), tick_timer(io) {
-    main_ks.name = "main";
+  explicit Impl(StoreServerOptions o) : options(std::move(o)) {
+    const int n = resolve_io_threads(options.io_threads);
+    for (int i = 0; i < n; ++i) threads.push_back(std::make_unique<IoThread>());
+    main_ks = std::make_shared<Keyspace>(control());
+    main_ks->name = "main";
+    tick_timer.emplace(control());
+  }
+
+  ~Impl() {
+    stop();
+    // Sockets and acceptors before the io_contexts they belong to.
+    {
+      std::lock_guard lock(mu);
+      conns.clear();
+      round_ks.clear();
+    }
+    main_ks.reset();
+    tick_timer.reset();
+    for (auto& t : threads) t.reset();
   }
 
   StoreServerOptions options;
-  asio::io_context io{1};  // one thread runs it: no scheduler locking needed
-  Keyspace main_ks;
-  std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> round_ks;
-  rdzv::RoundState rounds;
-  asio::steady_timer tick_timer;
-  std::unordered_map<ConnId, std::shared_ptr<Connection>> conns;
+  std::vector<std::unique_ptr<IoThread>> threads;  // first: also runs acceptors and the timer
+  std::mutex mu;
+  std::shared_ptr<Keyspace> main_ks;
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<Keyspace>> round_ks;
+  rdzv::RoundState rounds{*this};
+  std::optional<asio::steady_timer> tick_timer;
+  std::unordered_map<ConnId, ConnPtr> conns;
   ConnId next_id = 1;
-  std::thread thread;
+  size_t next_thread = 0;  // round-robin at accept (first I/O thread only)
   std::atomic<uint16_t> bound_port{0};
-  std::atomic<uint64_t> accepted{0}, closed_bad{0}, requests{0}, open_conns{0}, agents{0};
-  std::vector<store::Outgoing> others;
-  std::vector<rdzv::Outbound> rdzv_out;
-  wire::Request req;
-  rdzv::Message msg;
+  std::atomic<uint64_t> accepted{0}, closed_bad{0}, open_conns{0}, agents{0};
+  std::atomic<bool> started{false}, stopped{false};
   tcp::endpoint bound_endpoint;
+
+  asio::io_context& control() { return threads.front()->io; }
 
   // ---- listening ----
   void bind(Keyspace& ks, const std::string& host, uint16_t port) {
@@ -93,7 +148,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         open_and_bind(tcp::endpoint(tcp::v4(), port));
       }
     } else {
-      tcp::resolver resolver(io);
+      tcp::resolver resolver(control());
       auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service);
       boost::system::error_code last = boost::system::errc::make_error_code(boost::system::errc::address_not_available);
       for (const auto& r : results) {
@@ -115,22 +170,25 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   void listen() {
     try {
-      bind(main_ks, options.host, options.port);
+      bind(*main_ks, options.host, options.port);
     } catch (const boost::system::system_error& e) {
       throw std::system_error(e.code().value(), std::generic_category(),
                               "cannot listen on " + (options.host.empty() ? std::string("*") : options.host) + ":" +
                                   std::to_string(options.port));
     }
-    bound_endpoint = main_ks.acceptor.local_endpoint();
+    bound_endpoint = main_ks->acceptor.local_endpoint();
     bound_port = bound_endpoint.port();
   }
 
-  void do_accept(Keyspace* ks) {
-    ks->acceptor.async_accept([this, ks](boost::system::error_code ec, tcp::socket sock) {
+  // First I/O thread only.
+  void do_accept(const std::shared_ptr<Keyspace>& ks) {
+    IoThread* target = threads[next_thread].get();
+    next_thread = (next_thread + 1) % threads.size();
+    ks->acceptor.async_accept(target->io, [this, ks, target](boost::system::error_code ec, tcp::socket sock) {
       if (ec == asio::error::operation_aborted || !ks->acceptor.is_open()) return;
       if (ec) {
         spdlog::warn("[ddprund] accept failed on the {} store: {}; retrying", ks->name, ec.message());
-        auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(10));
+        auto t = std::make_shared<asio::steady_timer>(control(), std::chrono::milliseconds(10));
         t->async_wait([this, ks, t](boost::system::error_code e2) {
           if (!e2) do_accept(ks);
         });
@@ -138,19 +196,30 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       }
       boost::system::error_code ignored;
       sock.set_option(tcp::no_delay(true), ignored);
-      auto c = std::make_shared<Connection>(std::move(sock), next_id++, ks);
+      auto c = std::make_shared<Connection>(std::move(sock), ks.get(), target);
       auto ep = c->socket.remote_endpoint(ignored);
       if (!ignored) c->peer = ep.address().to_string() + ":" + std::to_string(ep.port());
-      conns.emplace(c->id, c);
-      ++accepted;
-      ++open_conns;
-      start_read(c);
+      bool refused = false;
+      {
+        std::lock_guard lock(mu);
+        refused = ks->discarded;
+        if (!refused) {
+          c->id = next_id++;
+          conns.emplace(c->id, c);
+        }
+      }
+      if (!refused) {
+        ++accepted;
+        ++open_conns;
+        asio::dispatch(target->io, [this, c] { start_read(c); });
+      }
       do_accept(ks);
     });
   }
 
-  // ---- reading and dispatch ----
-  void start_read(const std::shared_ptr<Connection>& c) {
+  // ---- reading and dispatch (the connection's thread) ----
+  void start_read(const ConnPtr& c) {
+    if (c->closed) return;
     // A request announces its length before its bytes: grow towards it only as bytes arrive
     // (doubling what is buffered), so announced-but-unsent megabytes cost nothing.
     size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
@@ -166,17 +235,19 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                                 c->in_size += n;
                                 if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
                                 process(c);
-                                if (!c->closed) start_read(c);
+                                start_read(c);
                               });
   }
 
-  void process(const std::shared_ptr<Connection>& c) {
+  // Parses every complete request in the buffer and applies them under one lock.
+  void process(const ConnPtr& c) {
     if (c->in_size < c->need_total) return;
     c->need_total = 0;
+    IoThread& t = *c->thread;
     size_t pos = 0;
     if (c->dialect == wire::Dialect::Unknown && !c->agent) {
       if (c->in_size >= 5 && c->in[0] == 0 && wire::load_u32(c->in.data() + 1) == rdzv::kAgentMagic &&
-          c->ks == &main_ks && options.enable_rendezvous) {
+          c->ks == main_ks.get() && options.enable_rendezvous) {
         c->agent = true;
         ++agents;
         pos = 5;
@@ -191,39 +262,54 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         pos = det.consumed;
       }
     }
-    while (pos < c->in_size && !c->closed) {
-      std::span<const uint8_t> rest{c->in.data() + pos, c->in_size - pos};
-      auto res = c->agent ? rdzv::parse_message(rest, msg) : wire::parse_request(rest, c->dialect, options.limits, req);
-      if (res.status == wire::ParseStatus::NeedMore) {
-        c->need_total = res.need_total;
-        break;
-      }
-      if (res.status == wire::ParseStatus::Bad) {
-        close(c, res.error, true);
-        return;
-      }
-      pos += res.consumed;
-      ++requests;
-      if (c->agent) {
-        rdzv_out.clear();
-        rounds.on_message(c->id, msg, std::chrono::steady_clock::now(), rdzv_out);
-        deliver(rdzv_out);
-        continue;
-      }
-      others.clear();
-      auto applied = c->ks->state.apply(c->id, c->dialect, req, c->out, others);
-      if (applied.close) {
-        close(c, std::string(wire::op_name(req.op)) + ": " + applied.error, true);
-        return;
-      }
-      for (auto& o : others) {
-        auto it = conns.find(o.conn);
-        if (it == conns.end() || it->second->closed) continue;
-        it->second->out += o.bytes;
-        if (it->second != c) flush(it->second);
+    std::string bad;
+    bool revoked = false;
+    {
+      std::unique_lock lock(mu, std::defer_lock);
+      while (pos < c->in_size) {
+        std::span<const uint8_t> rest{c->in.data() + pos, c->in_size - pos};
+        auto res = c->agent ? rdzv::parse_message(rest, t.msg) : wire::parse_request(rest, c->dialect, options.limits, t.req);
+        if (res.status == wire::ParseStatus::NeedMore) {
+          c->need_total = res.need_total;
+          break;
+        }
+        if (res.status == wire::ParseStatus::Bad) {
+          bad = res.error;
+          break;
+        }
+        pos += res.consumed;
+        t.requests.fetch_add(1, std::memory_order_relaxed);
+        if (!lock.owns_lock()) lock.lock();
+        if (c->revoked) {
+          revoked = true;
+          break;
+        }
+        if (c->agent) {
+          t.rdzv_out.clear();
+          rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
+          route_locked(t, t.rdzv_out);
+          continue;
+        }
+        t.others.clear();
+        t.reply.clear();
+        auto applied = c->ks->state.apply(c->id, c->dialect, t.req, t.reply, t.others);
+        if (applied.close) {
+          bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+          break;
+        }
+        if (!t.reply.empty()) append_locked(t, c, t.reply);
+        route_locked(t, t.others);
       }
     }
-    if (c->closed) return;
+    flush_pending(t);
+    if (!bad.empty()) {
+      close(c, bad, true);
+      return;
+    }
+    if (revoked) {
+      close(c, "", false);
+      return;
+    }
     if (pos > 0) {
       std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
       c->in_size -= pos;
@@ -233,45 +319,105 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       c->in.resize(kReadChunk);
       c->in.shrink_to_fit();
     }
-    flush(c);
   }
 
-  void deliver(std::vector<rdzv::Outbound>& out) {
+  // ---- the outbox (under mu) ----
+  // Appends to `target`'s outbox and makes sure its thread will write it: after the lock is
+  // released when `target` lives on `self` (flush_pending), else through a posted flush.
+  void append_locked(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false) {
+    {
+      std::lock_guard out_lock(target->out_mu);
+      target->out.append(bytes);
+      if (close_after) target->close_when_flushed = true;
+    }
+    wake(self, target);
+  }
+
+  void wake(IoThread& self, const ConnPtr& target) {
+    if (target->thread == &self) {
+      if (!target->flush_posted.exchange(true)) self.to_flush.push_back(target);
+      return;
+    }
+    if (!target->flush_posted.exchange(true)) {
+      asio::post(target->thread->io, [this, target] {
+        target->flush_posted = false;
+        flush(target);
+      });
+    }
+  }
+
+  void route_locked(IoThread& self, std::vector<store::Outgoing>& others) {
+    for (auto& o : others) {
+      auto it = conns.find(o.conn);
+      if (it == conns.end() || it->second->revoked) continue;
+      append_locked(self, it->second, o.bytes);
+    }
+  }
+
+  void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) {
+    std::string bytes;
     for (auto& o : out) {
       auto it = conns.find(o.conn);
-      if (it == conns.end() || it->second->closed || it->second->close_when_flushed) continue;
-      rdzv::encode_message(o.msg, it->second->out);
-      if (o.close_after) it->second->close_when_flushed = true;
-      flush(it->second);
+      if (it == conns.end() || it->second->revoked) continue;
+      bytes.clear();
+      rdzv::encode_message(o.msg, bytes);
+      append_locked(self, it->second, bytes, o.close_after);
     }
-    schedule_tick();
+    schedule_tick_locked();
   }
 
-  void schedule_tick() {
+  // Outside mu, on `t`: write what the requests just handled left for this thread's connections.
+  void flush_pending(IoThread& t) {
+    if (t.to_flush.empty()) return;
+    std::vector<ConnPtr> batch;
+    batch.swap(t.to_flush);
+    for (auto& c : batch) {
+      c->flush_posted = false;
+      flush(c);
+    }
+    batch.clear();
+    if (t.to_flush.empty()) t.to_flush.swap(batch);  // keep the capacity
+  }
+
+  void schedule_tick_locked() {
     auto next = rounds.next_deadline();
     if (rounds.num_agents() > 0) {
       auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
       if (!next || hb < *next) next = hb;
     }
     if (!next) return;
-    if (tick_timer.expiry() > std::chrono::steady_clock::now() && tick_timer.expiry() <= *next) return;
-    tick_timer.expires_at(*next);
-    tick_timer.async_wait([this](boost::system::error_code ec) {
+    if (tick_timer->expiry() > std::chrono::steady_clock::now() && tick_timer->expiry() <= *next) return;
+    tick_timer->expires_at(*next);
+    tick_timer->async_wait([this](boost::system::error_code ec) {
       if (ec) return;
-      rdzv_out.clear();
-      rounds.on_tick(std::chrono::steady_clock::now(), rdzv_out);
-      deliver(rdzv_out);
+      IoThread& t = *threads.front();
+      {
+        std::lock_guard lock(mu);
+        t.rdzv_out.clear();
+        rounds.on_tick(std::chrono::steady_clock::now(), t.rdzv_out);
+        route_locked(t, t.rdzv_out);
+      }
+      flush_pending(t);
     });
   }
 
-  void flush(const std::shared_ptr<Connection>& c) {
+  // ---- writing and closing (the connection's thread) ----
+  void flush(const ConnPtr& c) {
     if (c->closed || c->write_in_flight) return;
-    if (c->out.empty()) {
-      if (c->close_when_flushed) close(c, "", false);
+    bool close_now = false;
+    {
+      std::lock_guard out_lock(c->out_mu);
+      if (c->out.empty()) {
+        close_now = c->close_when_flushed;
+      } else {
+        c->writing.swap(c->out);
+        c->out.clear();
+      }
+    }
+    if (c->writing.empty()) {
+      if (close_now) close(c, "", false);
       return;
     }
-    c->writing.swap(c->out);
-    c->out.clear();
     c->write_in_flight = true;
     asio::async_write(c->socket, asio::buffer(c->writing), [this, c](boost::system::error_code ec, size_t) {
       c->write_in_flight = false;
@@ -285,7 +431,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     });
   }
 
-  void close(const std::shared_ptr<Connection>& c, const std::string& why, bool bad_input) {
+  void close(const ConnPtr& c, const std::string& why, bool bad_input) {
     if (c->closed) return;
     c->closed = true;
     if (bad_input) {
@@ -295,118 +441,126 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
     c->socket.close(ignored);
-    conns.erase(c->id);
     --open_conns;
-    if (c->agent) {
-      --agents;
-      rdzv_out.clear();
-      rounds.on_disconnect(c->id, std::chrono::steady_clock::now(), rdzv_out);
-      deliver(rdzv_out);
-    } else {
-      c->ks->state.disconnect(c->id);
+    if (c->agent) --agents;
+    IoThread& t = *c->thread;
+    {
+      std::lock_guard lock(mu);
+      conns.erase(c->id);
+      if (!c->revoked) {
+        if (c->agent) {
+          t.rdzv_out.clear();
+          rounds.on_disconnect(c->id, std::chrono::steady_clock::now(), t.rdzv_out);
+          route_locked(t, t.rdzv_out);
+        } else {
+          c->ks->state.disconnect(c->id);
+        }
+      }
+    }
+    flush_pending(t);
+  }
+
+  // Under mu: every connection of `ks` stops touching state now and is closed by its thread.
+  void revoke_connections_locked(const Keyspace* ks) {
+    for (auto& [_, c] : conns) {
+      if (c->ks != ks || c->revoked) continue;
+      c->revoked = true;
+      asio::post(c->thread->io, [this, c] { close(c, "", false); });
     }
   }
 
-  void close_connections_of(Keyspace* ks) {
-    std::vector<std::shared_ptr<Connection>> victims;
-    for (auto& [_, c] : conns)
-      if (c->ks == ks) victims.push_back(c);
-    for (auto& c : victims) close(c, "", false);
-  }
-
-  void close_all() {
-    std::vector<std::shared_ptr<Connection>> all;
-    for (auto& [_, c] : conns) all.push_back(c);
-    for (auto& c : all) close(c, "", false);
-  }
-
-  // ---- rdzv::WorkerStores: one keyspace and listener per round ----
+  // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round) override {
-    auto ks = std::make_unique<Keyspace>(io);
+    auto ks = std::make_shared<Keyspace>(control());
     ks->name = run_id + "/round " + std::to_string(round);
     // Same address as the main listener, any free port.
     bind(*ks, options.host, 0);
     const uint16_t port = ks->acceptor.local_endpoint().port();
-    do_accept(ks.get());
-    round_ks[{run_id, round}] = std::move(ks);
+    asio::post(control(), [this, ks] { do_accept(ks); });
+    round_ks[{run_id, round}] = ks;
     spdlog::debug("[ddprund] job {} round {}: workers' store on port {}", run_id, round, port);
     return port;
   }
   void close(const std::string& run_id, int64_t round) override {
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return;
-    boost::system::error_code ignored;
-    it->second->acceptor.close(ignored);
-    close_connections_of(it->second.get());
-    // The acceptor may still have a completion queued: free the keyspace after it ran.
-    auto ks = std::shared_ptr<Keyspace>(std::move(it->second));
+    std::shared_ptr<Keyspace> ks = it->second;
     round_ks.erase(it);
-    asio::post(io, [ks] {});
+    ks->discarded = true;
+    revoke_connections_locked(ks.get());
+    asio::post(control(), [ks] {
+      boost::system::error_code ignored;
+      ks->acceptor.close(ignored);
+    });
   }
   bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return false;
     return it->second->state.integer("init/").value_or(0) >= world_size;
   }
+
+  // ---- lifecycle ----
+  void start() {
+    listen();
+    asio::post(control(), [this] { do_accept(main_ks); });
+    started = true;
+    for (auto& t : threads) {
+      t->thread = std::thread([io = &t->io] {
+        auto guard = asio::make_work_guard(*io);
+        io->run();
+      });
+    }
+  }
+
+  void stop() {
+    if (!started || stopped.exchange(true)) return;
+    asio::post(control(), [this] {
+      boost::system::error_code ignored;
+      main_ks->acceptor.close(ignored);
+      std::lock_guard lock(mu);
+      for (auto& [_, ks] : round_ks) {
+        ks->discarded = true;
+        asio::post(control(), [ks] {
+          boost::system::error_code e;
+          ks->acceptor.close(e);
+        });
+      }
+      tick_timer->cancel();
+    });
+    {
+      std::lock_guard lock(mu);
+      main_ks->discarded = true;
+      for (auto& [_, c] : conns) asio::post(c->thread->io, [this, c] { close(c, "", false); });
+    }
+    // Each thread runs what was posted before its stop (FIFO), then returns.
+    for (auto& t : threads) asio::post(t->io, [io = &t->io] { io->stop(); });
+    for (auto& t : threads) {
+      if (t->thread.joinable() && t->thread.get_id() != std::this_thread::get_id()) t->thread.join();
+    }
+  }
 };
 
 StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
-StoreServer::~StoreServer() { stop(); }
+StoreServer::~StoreServer() = default;
 
-void StoreServer::start() {
-  impl_->listen();
-  impl_->do_accept(&impl_->main_ks);
-  impl_->thread = std::thread([impl = impl_.get()] { impl->io.run(); });
-}
+void StoreServer::start() { impl_->start(); }
 
-void StoreServer::run() {
-  impl_->listen();
-  impl_->do_accept(&impl_->main_ks);
-  impl_->io.run();
-}
+void StoreServer::stop() { impl_->stop(); }
 
-void StoreServer::stop() {
-  if (!impl_) return;
-  asio::post(impl_->io, [impl = impl_.get()] {
-    boost::system::error_code ignored;
-    impl->main_ks.acceptor.close(ignored);
-    for (auto& [_, ks] : impl->round_ks) ks->acceptor.close(ignored);
-    impl->tick_timer.cancel();
-    impl->close_all();
-    impl->io.stop();
-  });
-  if (impl_->thread.joinable() && impl_->thread.get_id() != std::this_thread::get_id()) impl_->thread.join();
-}
+int StoreServer::io_threads() const { return static_cast<int>(impl_->threads.size()); }
 
 uint16_t StoreServer::port() const { return impl_->bound_port; }
 
 void StoreServer::reset_keyspace() {
-  auto reset = [impl = impl_.get()] {
-    impl->close_connections_of(&impl->main_ks);
-    impl->main_ks.state.clear();
-  };
-  if (!impl_->thread.joinable()) {
-    reset();
-    return;
-  }
-  std::promise<void> done;
-  auto fut = done.get_future();
-  asio::post(impl_->io, [&] {
-    reset();
-    done.set_value();
-  });
-  if (impl_->thread.get_id() == std::this_thread::get_id()) return;
-  fut.wait();
+  std::lock_guard lock(impl_->mu);
+  impl_->revoke_connections_locked(impl_->main_ks.get());
+  impl_->main_ks->state.clear();
 }
 
 int64_t StoreServer::counter(const std::string& key) {
-  auto read = [impl = impl_.get(), &key]() -> int64_t { return impl->main_ks.state.integer(key).value_or(-1); };
-  if (!impl_->thread.joinable() || impl_->thread.get_id() == std::this_thread::get_id()) return read();
-  std::promise<int64_t> done;
-  auto fut = done.get_future();
-  asio::post(impl_->io, [&] { done.set_value(read()); });
-  return fut.get();
+  std::lock_guard lock(impl_->mu);
+  return impl_->main_ks->state.integer(key).value_or(-1);
 }
 
 StoreServerStats StoreServer::stats() const {
@@ -414,7 +568,7 @@ StoreServerStats StoreServer::stats() const {
   s.connections_accepted = impl_->accepted;
   s.connections_open = impl_->open_conns;
   s.connections_closed_for_bad_input = impl_->closed_bad;
-  s.requests = impl_->requests;
+  for (auto& t : impl_->threads) s.requests += t->requests.load(std::memory_order_relaxed);
   s.agents_connected = impl_->agents;
   return s;
 }

@@ -1,17 +1,19 @@
 // ddprun_store_bench: a TCPStore load generator built on ddprun's wire codec. Many
-// connections from ONE process and ONE thread (epoll over non-blocking sockets), so on a
-// small machine the client is not the bottleneck. Works against any TCPStore server that
+// connections from ONE process (epoll over non-blocking sockets, on --threads T threads that
+// share the connections out; default 1), so the client is not the bottleneck: on a small
+// machine one thread, on a many-core host as many as it takes to saturate the server. Works against any TCPStore server that
 // speaks dialect D2 (ddprund, PyTorch 2.2+) or D0 (PyTorch 1.13).
 //
 //   ddprun_store_bench ops   --port P --op get|add|compare_set|wait --clients N --seconds S
 //   ddprun_store_bench storm --port P --clients N [--timeout S]
-//   common: --host H (default 127.0.0.1) --dialect D2|D0 --tag T (key namespace)
+//   common: --host H (default 127.0.0.1) --dialect D2|D0 --tag T (key namespace) --threads T
 //
 // ops: every connection runs a closed loop of one operation, like a PyTorch client would:
 //   get = WAIT(k) + GET(k) (PyTorch's get()), add = ADD, compare_set = COMPARE_SET (always the
 //   success branch, alternating values), wait = a wake-up hop: connection i SETs its
 //   successor's key of round r, then WAITs for its own key of round r (set by its predecessor)
-//   and GETs it; latency = from the predecessor's SET to this connection's wake-up.
+//   and GETs it; latency = from the predecessor's SET to this connection's wake-up. With
+//   several threads each thread's connections form their own ring.
 // storm: N connections connect at once, handshake (VALIDATE+PING on D2), ADD a counter, WAIT
 //   on a last-worker key which the connection whose ADD returns N sets; the time until all N
 //   are released. Resets/refusals/EOFs are counted (the goal is zero).
@@ -27,12 +29,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -64,6 +69,7 @@ struct Options {
   std::string mode, host = "127.0.0.1", op = "get", tag = "bench";
   uint16_t port = 0;
   int clients = 1;
+  int threads = 1;
   double seconds = 3, timeout = 60;
   Dialect dialect = Dialect::D2;
   bool verbose = false;
@@ -73,6 +79,14 @@ struct Stats {
   uint64_t resets = 0, refused = 0, eof = 0, other_errors = 0;
   std::vector<uint32_t> lat_ns;
   uint64_t ops = 0;
+  void add(const Stats& o) {
+    resets += o.resets;
+    refused += o.refused;
+    eof += o.eof;
+    other_errors += o.other_errors;
+    ops += o.ops;
+    lat_ns.insert(lat_ns.end(), o.lat_ns.begin(), o.lat_ns.end());
+  }
 };
 
 [[noreturn]] void die(const std::string& msg) {
@@ -95,7 +109,8 @@ std::string encode(Dialect d, Op op, std::vector<std::string> keys, std::vector<
 
 class Bench {
  public:
-  explicit Bench(Options o) : o_(std::move(o)) {
+  // This generator's share: connections [base, base + count) of o.clients.
+  Bench(Options o, int base, int count) : o_(std::move(o)), base_(base), count_(count) {
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     if (ep_ < 0) die("epoll_create1 failed");
     addr_.sin_family = AF_INET;
@@ -125,6 +140,9 @@ class Bench {
       c.want_out = true;
     }
   }
+
+  int count() const { return count_; }
+  uint64_t failures() const { return st_.resets + st_.refused + st_.eof + st_.other_errors; }
 
   void close_all() {
     for (auto& c : conns_)
@@ -172,6 +190,7 @@ class Bench {
   }
 
   Options o_;
+  int base_ = 0, count_ = 1;
   Stats st_;
   std::vector<Conn> conns_;
   int connected_ = 0, finished_ = 0;
@@ -299,7 +318,7 @@ class Bench {
  private:
   void start(Conn& c) {
     ++handshaken_storm_;
-    if (o_.mode == "storm" && handshaken_storm_ == o_.clients) stage("all connected and handshaken");
+    if (o_.mode == "storm" && handshaken_storm_ == count_) stage("all connected and handshaken");
     if (o_.mode == "storm") {
       c.step = 0;
       send(c, encode(o_.dialect, Op::Add, {k("storm/count")}, {}, 1), Reply::I64);
@@ -325,7 +344,7 @@ class Bench {
     // next request of this connection).
     if (o_.op == "compare_set") {
       c.value = "x";
-      send(c, encode(o_.dialect, Op::Set, {k("cas/" + std::to_string(c.idx))}, {"x"}), Reply::None);
+      send(c, encode(o_.dialect, Op::Set, {k("cas/" + std::to_string(base_ + c.idx))}, {"x"}), Reply::None);
     } else if (o_.op == "get") {
       send(c, encode(o_.dialect, Op::Set, {k("key")}, {std::string(32, 'v')}), Reply::None);
     }
@@ -351,13 +370,13 @@ class Bench {
       send(c, encode(d, Op::Add, {k("ctr")}, {}, 1), Reply::I64);
     } else if (o_.op == "compare_set") {
       std::string desired = c.value == "x" ? "y" : "x";
-      send(c, encode(d, Op::CompareSet, {k("cas/" + std::to_string(c.idx))}, {c.value, desired}), Reply::Blob);
+      send(c, encode(d, Op::CompareSet, {k("cas/" + std::to_string(base_ + c.idx))}, {c.value, desired}), Reply::Blob);
     } else {  // wait hop
-      const int n = o_.clients;
+      const int n = count_;
       const int succ = (c.idx + 1) % n;
       set_time_[static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(c.idx)] = Clock::now();
-      std::string bytes = encode(d, Op::Set, {k("w/" + std::to_string(c.round) + "/" + std::to_string(succ))}, {"1"});
-      bytes += encode(d, Op::Wait, {k("w/" + std::to_string(c.round) + "/" + std::to_string(c.idx))});
+      std::string bytes = encode(d, Op::Set, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + succ))}, {"1"});
+      bytes += encode(d, Op::Wait, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + c.idx))});
       send(c, bytes, Reply::U8);
     }
   }
@@ -378,7 +397,7 @@ class Bench {
     if (o_.mode == "storm") {
       if (c.step == 0) {  // ADD reply
         ++added_;
-        if (added_ == o_.clients) stage("all ADD replies received");
+        if (added_ == count_) stage("all ADD replies received");
         int64_t v = static_cast<int64_t>(ddprun::wire::load_u64(reinterpret_cast<const uint8_t*>(reply.data())));
         std::string bytes;
         if (v == o_.clients) bytes = encode(o_.dialect, Op::Set, {k("storm/last_worker")}, {"1"});
@@ -410,10 +429,10 @@ class Bench {
     } else {  // wait hop: WAIT done, now GET the value like PyTorch's get()
       if (c.step == 0) {
         c.step = 1;
-        send(c, encode(d, Op::Get, {k("w/" + std::to_string(c.round) + "/" + std::to_string(c.idx))}), Reply::Blob);
+        send(c, encode(d, Op::Get, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + c.idx))}), Reply::Blob);
         return;
       }
-      const int n = o_.clients;
+      const int n = count_;
       const int pred = (c.idx + n - 1) % n;
       auto key = static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(pred);
       auto it = set_time_.find(key);
@@ -451,31 +470,79 @@ int raise_fd_limit(int need) {
 
 const char* dname(Dialect d) { return d == Dialect::D0 ? "D0" : "D2"; }
 
+// The connections [base, base + count) of each of o.threads generators.
+std::vector<std::pair<int, int>> shares(const Options& o) {
+  std::vector<std::pair<int, int>> out;
+  const int t = std::max(1, std::min(o.threads, o.clients));
+  for (int i = 0, base = 0; i < t; ++i) {
+    const int count = o.clients / t + (i < o.clients % t ? 1 : 0);
+    out.emplace_back(base, count);
+    base += count;
+  }
+  return out;
+}
+
+// A start line every generator thread waits at, so the clock starts for all at once.
+class StartLine {
+ public:
+  explicit StartLine(int n) : waiting_(n) {}
+  void arrive_and_wait() {
+    waiting_.fetch_sub(1);
+    while (!go_.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  void wait_all_arrived() const {
+    while (waiting_.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  void go() { go_ = true; }
+
+ private:
+  std::atomic<int> waiting_;
+  std::atomic<bool> go_{false};
+};
+
 int run_ops(const Options& o) {
-  Bench b(o);
-  b.stop_at_ = Clock::now() + std::chrono::hours(1);
-  b.open_all(o.clients);
-  // Setup: connect + handshake every connection before the clock starts.
-  auto setup_deadline = Clock::now() + std::chrono::seconds(30);
-  const bool setup_ok = b.loop(setup_deadline, [&] { return b.handshaken_ + static_cast<int>(b.st_.resets + b.st_.refused + b.st_.eof + b.st_.other_errors) >= o.clients; });
-  if (!setup_ok) die("setup did not finish in 30 s");
-  auto t0 = Clock::now();
-  b.stop_at_ = t0 + std::chrono::microseconds(static_cast<long long>(o.seconds * 1e6));
-  b.go();
-  // Ops in flight at the deadline finish within a second; wait hops whose predecessor stopped
-  // never would, so the loop ends there regardless.
-  b.loop(b.stop_at_ + std::chrono::seconds(1), [&] { return b.finished_ >= o.clients; });
-  double elapsed = std::chrono::duration<double>(std::min(Clock::now(), b.stop_at_) - t0).count();
-  uint64_t ops = b.st_.ops;
-  auto lat = b.st_.lat_ns;
-  std::printf("RESULT mode=ops op=%s clients=%d dialect=%s seconds=%.2f ops=%llu ops_per_s=%.0f p50_us=%.1f p99_us=%.1f "
-              "resets=%llu refused=%llu eof=%llu errors=%llu\n",
-              o.op.c_str(), o.clients, dname(o.dialect), elapsed, static_cast<unsigned long long>(ops), ops / elapsed,
-              pct(lat, 0.5), pct(lat, 0.99), static_cast<unsigned long long>(b.st_.resets),
-              static_cast<unsigned long long>(b.st_.refused), static_cast<unsigned long long>(b.st_.eof),
-              static_cast<unsigned long long>(b.st_.other_errors));
+  auto parts = shares(o);
+  std::vector<std::unique_ptr<Bench>> benches;
+  for (auto [base, count] : parts) benches.push_back(std::make_unique<Bench>(o, base, count));
+  StartLine line(static_cast<int>(parts.size()));
+  std::atomic<bool> setup_failed{false};
+  Clock::time_point t0, stop_at;
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < benches.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Bench& b = *benches[i];
+      b.stop_at_ = Clock::now() + std::chrono::hours(1);
+      b.open_all(b.count());
+      // Setup: connect + handshake every connection before the clock starts.
+      auto setup_deadline = Clock::now() + std::chrono::seconds(30);
+      if (!b.loop(setup_deadline, [&] { return b.handshaken_ + static_cast<int>(b.failures()) >= b.count(); }))
+        setup_failed = true;
+      line.arrive_and_wait();
+      if (setup_failed) return;
+      b.stop_at_ = stop_at;
+      b.go();
+      // Ops in flight at the deadline finish within a second; wait hops whose predecessor
+      // stopped never would, so the loop ends there regardless.
+      b.loop(b.stop_at_ + std::chrono::seconds(1), [&] { return b.finished_ >= b.count(); });
+    });
+  }
+  line.wait_all_arrived();
+  t0 = Clock::now();
+  stop_at = t0 + std::chrono::microseconds(static_cast<long long>(o.seconds * 1e6));
+  line.go();
+  for (auto& t : threads) t.join();
+  if (setup_failed) die("setup did not finish in 30 s");
+  double elapsed = std::chrono::duration<double>(std::min(Clock::now(), stop_at) - t0).count();
+  Stats all;
+  for (auto& b : benches) all.add(b->st_);
+  std::printf("RESULT mode=ops op=%s clients=%d threads=%zu dialect=%s seconds=%.2f ops=%llu ops_per_s=%.0f p50_us=%.1f "
+              "p99_us=%.1f resets=%llu refused=%llu eof=%llu errors=%llu\n",
+              o.op.c_str(), o.clients, parts.size(), dname(o.dialect), elapsed, static_cast<unsigned long long>(all.ops),
+              all.ops / elapsed, pct(all.lat_ns, 0.5), pct(all.lat_ns, 0.99), static_cast<unsigned long long>(all.resets),
+              static_cast<unsigned long long>(all.refused), static_cast<unsigned long long>(all.eof),
+              static_cast<unsigned long long>(all.other_errors));
   std::fflush(stdout);
-  b.close_all();
+  for (auto& b : benches) b->close_all();
   return 0;
 }
 
@@ -485,20 +552,46 @@ int run_storm(const Options& o) {
     std::printf("RESULT mode=storm clients=%d skipped=1 reason=fd_limit_%d\n", o.clients, limit);
     return 0;
   }
-  Bench b(o);
-  auto t0 = Clock::now();
-  b.t_begin_ = t0;
-  b.open_all(o.clients);
-  const bool ok = b.loop(t0 + std::chrono::microseconds(static_cast<long long>(o.timeout * 1e6)),
-                         [&] { return b.finished_ >= o.clients; });
+  auto parts = shares(o);
+  std::vector<std::unique_ptr<Bench>> benches;
+  for (auto [base, count] : parts) benches.push_back(std::make_unique<Bench>(o, base, count));
+  StartLine line(static_cast<int>(parts.size()));
+  Clock::time_point t0;
+  std::atomic<int> completed{0};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < benches.size(); ++i) {
+    threads.emplace_back([&, i] {
+      Bench& b = *benches[i];
+      line.arrive_and_wait();
+      b.t_begin_ = t0;
+      b.open_all(b.count());
+      if (b.loop(t0 + std::chrono::microseconds(static_cast<long long>(o.timeout * 1e6)),
+                 [&] { return b.finished_ >= b.count(); }))
+        ++completed;
+    });
+  }
+  line.wait_all_arrived();
+  t0 = Clock::now();
+  line.go();
+  for (auto& t : threads) t.join();
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("RESULT mode=storm clients=%d dialect=%s seconds=%.3f released=%d completed=%d connected=%d "
+  Stats all;
+  int released = 0, connected = 0, handshaken = 0, added = 0;
+  for (auto& b : benches) {
+    all.add(b->st_);
+    released += b->released_;
+    connected += b->connected_;
+    handshaken += b->handshaken_storm_;
+    added += b->added_;
+  }
+  const bool ok = completed == static_cast<int>(benches.size());
+  std::printf("RESULT mode=storm clients=%d threads=%zu dialect=%s seconds=%.3f released=%d completed=%d connected=%d "
               "handshaken=%d added=%d resets=%llu refused=%llu eof=%llu errors=%llu\n",
-              o.clients, dname(o.dialect), secs, b.released_, ok ? 1 : 0, b.connected_, b.handshaken_storm_, b.added_, static_cast<unsigned long long>(b.st_.resets),
-              static_cast<unsigned long long>(b.st_.refused), static_cast<unsigned long long>(b.st_.eof),
-              static_cast<unsigned long long>(b.st_.other_errors));
+              o.clients, parts.size(), dname(o.dialect), secs, released, ok ? 1 : 0, connected, handshaken, added,
+              static_cast<unsigned long long>(all.resets), static_cast<unsigned long long>(all.refused),
+              static_cast<unsigned long long>(all.eof), static_cast<unsigned long long>(all.other_errors));
   std::fflush(stdout);
-  b.close_all();
+  for (auto& b : benches) b->close_all();
   return 0;
 }
 
@@ -507,7 +600,7 @@ int run_storm(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   if (argc < 2) die("usage: ddprun_store_bench ops|storm --port P [--host H] [--op get|add|compare_set|wait] "
-                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T]");
+                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T] [--threads T]");
   o.mode = argv[1];
   if (o.mode != "ops" && o.mode != "storm") die("mode must be ops or storm");
   for (int i = 2; i < argc; ++i) {
@@ -523,6 +616,7 @@ int main(int argc, char** argv) {
     else if (a == "--seconds") o.seconds = std::atof(next().c_str());
     else if (a == "--timeout") o.timeout = std::atof(next().c_str());
     else if (a == "--tag") o.tag = next();
+    else if (a == "--threads") o.threads = std::atoi(next().c_str());
     else if (a == "--verbose") o.verbose = true;
     else if (a == "--dialect") {
       auto d = next();
@@ -533,6 +627,7 @@ int main(int argc, char** argv) {
   }
   if (!o.port) die("--port is required");
   if (o.clients < 1) die("--clients must be >= 1");
+  if (o.threads < 1) die("--threads must be >= 1");
   if (o.op != "get" && o.op != "add" && o.op != "compare_set" && o.op != "wait") die("--op must be get|add|compare_set|wait");
   raise_fd_limit(o.clients + 64);
   return o.mode == "ops" ? run_ops(o) : run_storm(o);
