@@ -5,6 +5,8 @@
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
 #   usage: scripts/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
+# PY=python (default /usr/bin/python3: Debian's torch 1.13) runs the PyTorch side; CPUS=0,1
+# pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$here/build}"
@@ -13,19 +15,21 @@ STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DE
 [[ -x "$train" ]] || { echo "build train first: cmake --build $build --target train"; exit 1; }
 tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PY="${PY:-/usr/bin/python3}"
+pin=(); if [[ -n "${CPUS:-}" ]]; then pin=(taskset -c "$CPUS"); fi
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 ours() {  # nproc -> avg ms/step
   local n="$1"; local samples=$(( BATCH * n * (STEPS + WARMUP) )); local log="$tmp/ours$1.log"
   local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
               --warmup-steps "$WARMUP" --threads 1)
   if [[ -x "$ddprun" ]]; then
-    "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1
+    "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1
   else  # no launcher built: set the worker environment by hand
     local port; port="$(free_port)"; local pids=()
     for ((r = 0; r < n; r++)); do
       RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        "$train" "${args[@]}" >>"$log" 2>&1 & pids+=($!)
+        "${pin[@]}" "$train" "${args[@]}" >>"$log" 2>&1 & pids+=($!)
     done
     wait "${pids[@]}"
   fi
@@ -33,19 +37,19 @@ ours() {  # nproc -> avg ms/step
 }
 theirs() {
   local n="$1"; local log="$tmp/torch$1.log"
-  /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
+  "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
     --master_port="$(free_port)" "$here/scripts/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
     --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 
-echo "model: ${WIDTH}x${DEPTH} hidden, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores"
+echo "model: ${WIDTH}x${DEPTH} hidden, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}; torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 o1=(); o2=(); t1=(); t2=()
 for ((i = 0; i < REPEAT; i++)); do
   o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")
   echo "run $((i + 1)): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
 done
-/usr/bin/python3 - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" <<'PY'
+"$PY" - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" <<'PY'
 import sys
 o1, o2, t1, t2 = (min(map(float, a.split())) for a in sys.argv[1:])
 print(f"{'best of runs':15}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")

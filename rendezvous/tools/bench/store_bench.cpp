@@ -7,6 +7,7 @@
 //   ddprun_store_bench ops   --port P --op get|add|compare_set|wait --clients N --seconds S
 //   ddprun_store_bench storm --port P --clients N [--timeout S]
 //   common: --host H (default 127.0.0.1) --dialect D2|D0 --tag T (key namespace) --threads T
+//           --source-ips K (connect from 127.0.1.1..K, like clients on K hosts; loopback only)
 //
 // ops: every connection runs a closed loop of one operation, like a PyTorch client would:
 //   get = WAIT(k) + GET(k) (PyTorch's get()), add = ADD, compare_set = COMPARE_SET (always the
@@ -70,6 +71,7 @@ struct Options {
   uint16_t port = 0;
   int clients = 1;
   int threads = 1;
+  int source_ips = 0;  // 0: the kernel's choice (127.0.0.1); K: 127.0.1.1 .. 127.0.1.K
   double seconds = 3, timeout = 60;
   Dialect dialect = Dialect::D2;
   bool verbose = false;
@@ -128,6 +130,16 @@ class Bench {
       if (c.fd < 0) die(std::string("socket: ") + std::strerror(errno));
       int one = 1;
       setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      if (o_.source_ips > 0) {
+        // Like clients on many hosts: source 127.0.1.(1 + i mod K). The kernel's ephemeral
+        // port search per connect() grows with the connections one source address already
+        // has to the same destination; spread, connect() costs what it does across hosts.
+        setsockopt(c.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+        sockaddr_in src{};
+        src.sin_family = AF_INET;
+        src.sin_addr.s_addr = htonl((127u << 24) | (1u << 8) | (1u + static_cast<uint32_t>((base_ + i) % o_.source_ips)));
+        if (::bind(c.fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) die(std::string("bind: ") + std::strerror(errno));
+      }
       int rc = ::connect(c.fd, reinterpret_cast<sockaddr*>(&addr_), sizeof addr_);
       if (rc < 0 && errno != EINPROGRESS) {
         fail(c, errno);
@@ -307,13 +319,13 @@ class Bench {
     }
   }
 
+
+ public:
+  Clock::time_point t_begin_ = Clock::now();
   void stage(const char* what) {
     if (!o_.verbose) return;
     std::fprintf(stderr, "  +%.3f s: %s\n", std::chrono::duration<double>(Clock::now() - t_begin_).count(), what);
   }
-
- public:
-  Clock::time_point t_begin_ = Clock::now();
 
  private:
   void start(Conn& c) {
@@ -565,6 +577,7 @@ int run_storm(const Options& o) {
       line.arrive_and_wait();
       b.t_begin_ = t0;
       b.open_all(b.count());
+      b.stage("every connect() issued");
       if (b.loop(t0 + std::chrono::microseconds(static_cast<long long>(o.timeout * 1e6)),
                  [&] { return b.finished_ >= b.count(); }))
         ++completed;
@@ -600,7 +613,7 @@ int run_storm(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   if (argc < 2) die("usage: ddprun_store_bench ops|storm --port P [--host H] [--op get|add|compare_set|wait] "
-                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T] [--threads T]");
+                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T] [--threads T] [--source-ips K]");
   o.mode = argv[1];
   if (o.mode != "ops" && o.mode != "storm") die("mode must be ops or storm");
   for (int i = 2; i < argc; ++i) {
@@ -617,6 +630,7 @@ int main(int argc, char** argv) {
     else if (a == "--timeout") o.timeout = std::atof(next().c_str());
     else if (a == "--tag") o.tag = next();
     else if (a == "--threads") o.threads = std::atoi(next().c_str());
+    else if (a == "--source-ips") o.source_ips = std::atoi(next().c_str());
     else if (a == "--verbose") o.verbose = true;
     else if (a == "--dialect") {
       auto d = next();
@@ -628,6 +642,8 @@ int main(int argc, char** argv) {
   if (!o.port) die("--port is required");
   if (o.clients < 1) die("--clients must be >= 1");
   if (o.threads < 1) die("--threads must be >= 1");
+  if (o.source_ips < 0 || o.source_ips > 250) die("--source-ips must be 0..250");
+  if (o.source_ips > 0 && o.host.rfind("127.", 0) != 0) die("--source-ips needs a loopback --host (127.x.y.z)");
   if (o.op != "get" && o.op != "add" && o.op != "compare_set" && o.op != "wait") die("--op must be get|add|compare_set|wait");
   raise_fd_limit(o.clients + 64);
   return o.mode == "ops" ? run_ops(o) : run_storm(o);
