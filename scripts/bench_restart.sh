@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Restart latency on one node, side by side in one run, same worker (scripts/bench_restart_worker.py)
 # for every launcher: --nproc_per_node=2 --max_restarts=1, gloo, loopback only.
-#   ddprun           with the worker on torch 1.13 (/usr/bin/python3) and, if the venv exists, on torch 2.11
+#   ddprun           with the worker on torch 1.13 (/usr/bin/python3) and, if the venv exists, on torch 2.11;
+#                    each twice: --overlap_restart=1 (the default: the next attempt starts while the old
+#                    survivors are still being stopped) and --overlap_restart=0 (wait for them, then start)
 #   torchrun 1.13    /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 --log_dir (Python 3.11 needs them)
 #   torchrun 2.11    the venv's python -m torch.distributed.run (when $DDPRUN_VENV or .venv-torch2 exists)
 # torchrun gets --monitor_interval 0.1. All launchers get --master_addr=127.0.0.1 and a free port.
@@ -15,7 +17,7 @@
 #   init     every replacement worker past init_process_group("gloo") (max t_init of attempt 1)
 # plus the launcher's total wall time and exit code. Runs are interleaved across launchers (round-robin, the
 # order rotated each round); workers a run leaves behind are SIGKILLed by pid (and counted in the notes);
-# the table has medians and ratios torchrun/ddprun (ddprun with the same torch in its workers).
+# the table has medians and ratios X/ddprun (ddprun --overlap_restart=1 with the same torch in its workers).
 # Bounded: each run is killed after RUN_TIMEOUT s (45); whole rounds stop once the next would pass BUDGET s
 # (270) from the script's start, so the script ends in < 5 min (fewer than N runs on a slow host). KEEP=1
 # keeps the per-run stderr logs (with read times) and timestamp files.
@@ -26,7 +28,7 @@ N=5
 while getopts "n:h" opt; do
   case $opt in
     n) N="$OPTARG" ;;
-    *) sed -n '2,22p' "$0"; exit 2 ;;
+    *) sed -n '2,24p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -133,7 +135,7 @@ if res["error"]:
     res["stderr_tail"] = errl[:2] + ["..."] + [l for _, l in lines[-3:]]
 with open(results, "a") as f: f.write(json.dumps(res) + "\n")
 fmt = lambda k: ("%7.0f" % res[k]) if k in res else "      -"
-print("  %-22s run %d: noticed %s ms  started %s ms  init %s ms  wall %5.2f s  rc %s%s" % (
+print("  %-26s run %d: noticed %s ms  started %s ms  init %s ms  wall %5.2f s  rc %s%s" % (
     name + " (" + torchver + ")", run, fmt("noticed_ms"), fmt("started_ms"), fmt("init_ms"), res["wall_s"], rc,
     ("  ERROR: " + res["error"]) if res["error"] else ""), flush=True)
 PY
@@ -144,14 +146,16 @@ add() { names+=("$1"); TORCHV[$1]="$2"; WPY[$1]="$3"; shift 3; CMD[${names[-1]}]
 tv() { "$1" -c "import torch, torch.distributed; print(torch.__version__.split('+')[0])" 2>/dev/null; }
 common=(--nproc_per_node=2 --max_restarts=1 --master_addr=127.0.0.1 "--master_port={PORT}")
 if v=$(tv "$SYS_PY"); then
-  add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}"
+  add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1
+  add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0
   add torchrun "$v" "$SYS_PY" "$SYS_PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "{LOGDIR}" \
     --monitor_interval 0.1 "${common[@]}"
 else
   echo "(no torch on $SYS_PY: ddprun/torchrun with torch 1.13 skipped)"
 fi
 if [[ -x "$VENV_PY" ]] && v=$(tv "$VENV_PY"); then
-  add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}"
+  add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1
+  add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0
   add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}"
 else
   echo "(no torch in $VENV_PY: torchrun 2.x skipped)"
@@ -187,7 +191,7 @@ names = list(dict.fromkeys(r["name"] for r in rs))
 def med(name, k):
     v = [r[k] for r in rs if r["name"] == name and not r["error"] and k in r]
     return statistics.median(v) if v else None
-base = {r["torch"]: "ddprun" if r["name"] == "ddprun" else "ddprun-venv" for r in rs if r["name"].startswith("ddprun")}
+base = {r["torch"]: r["name"] for r in rs if r["name"] in ("ddprun", "ddprun-venv")}  # overlap on
 keys = [("noticed_ms", "kill → failure noticed (ms)"), ("failed_line_ms", "kill → line saying 'failed' (ms)"), ("started_ms", "kill → all replacements started (ms)"),
         ("init_ms", "kill → all past init_process_group (ms)"), ("wall_s", "total wall (s)")]
 print("\n| launcher | worker torch | ok runs | " + " | ".join(h for _, h in keys) + " | exit codes |")
@@ -204,17 +208,20 @@ for n in names:
         if mb: c += " (%.1fx)" % (m / mb)
         cells.append(c)
     codes = sorted(set(str(r["rc"]) for r in mine))
-    label = "ddprun" if n.startswith("ddprun") else "torchrun " + ".".join(tv.split(".")[:2])
+    if n.startswith("ddprun"):
+        label = "ddprun --overlap_restart=0" if n.endswith("-wait") else "ddprun --overlap_restart=1 (default)"
+    else:
+        label = "torchrun " + ".".join(tv.split(".")[:2])
     print("| %s | %s | %d/%d | %s | %s |" % (label, tv, sum(not r["error"] for r in mine), len(mine),
                                            " | ".join(cells), ",".join(codes)))
-print("\nmedians over the runs without error; (Nx) = torchrun / ddprun with the same torch in its workers;"
+print("\nmedians over the runs without error; (Nx) = this row / ddprun --overlap_restart=1 with the same torch in its workers;"
       " wall = launcher start to exit, both attempts' `import torch` included")
 print("\nfailure-noticed line (first run of each):")
 for n in names:
     r = next((r for r in rs if r["name"] == n and "notice_line" in r), None)
-    print("  %-13s %s" % (n, r["notice_line"][:160] if r else "(none seen)"))
+    print("  %-16s %s" % (n, r["notice_line"][:160] if r else "(none seen)"))
     if r and r.get("failed_line") and r["failed_line"] != r["notice_line"]:
-        print("  %-13s %s" % ("", r["failed_line"][:160]))
+        print("  %-16s %s" % ("", r["failed_line"][:160]))
 lo = [r for r in rs if r.get("killed_leftover_workers")]
 if lo:
     print("\nworkers left running after the launcher exited (SIGKILLed by the driver): " +

@@ -173,6 +173,7 @@ struct Stream {
 };
 
 struct Worker {
+  int attempt = 0;
   int local_rank = 0;
   int global_rank = 0;
   pid_t pid = -1;
@@ -185,6 +186,17 @@ struct Worker {
   std::optional<WorkerStatus> status;
   WallClock::time_point ended_wall;
   Clock::time_point ended;
+};
+
+// A failed attempt's workers after an overlapped restart (Action::RetireWorkers): sent
+// SIGTERM, no longer the attempt's, still read (console, their own attempt's log files) and
+// reaped. SIGKILL at `deadline`, then given up on kKillWaitS later.
+struct RetiringGroup {
+  int attempt = 0;
+  std::vector<std::unique_ptr<Worker>> workers;
+  Clock::time_point since;
+  Clock::time_point deadline;
+  bool killed = false;  // SIGKILL sent; `deadline` is now when to stop waiting
 };
 
 struct FailureDetails {
@@ -205,8 +217,12 @@ class Agent {
   Agent(const LaunchOptions& opts, const EnvMap& env)
       : opts_(opts),
         env_(env),
-        state_(AgentConfig{opts.nproc_per_node, opts.max_restarts, opts.shutdown_timeout_s, kKillWaitS,
-                           /*coordinated=*/opts.multi_node()}) {}
+        state_(AgentConfig{.nproc = opts.nproc_per_node,
+                           .max_restarts = opts.max_restarts,
+                           .shutdown_timeout_s = opts.shutdown_timeout_s,
+                           .kill_wait_s = kKillWaitS,
+                           .coordinated = opts.multi_node(),
+                           .overlap_restart = opts.overlap_restart}) {}
   ~Agent() { close_all(); }
 
   int run();
@@ -225,6 +241,12 @@ class Agent {
   void perform(const Action& a);
   void start_attempt(int attempt);
   void end_attempt();
+  void kill_orphans(std::optional<unsigned long long> started_before_tick);
+  void retire_workers(int attempt, double grace_s);
+  void on_retired_exit(Worker& w);
+  void on_retire_timer();
+  void release_retired(size_t index);
+  void arm_retire_timer();
   void on_signalfd();
   void reap_children();
   void on_pipe(int fd);
@@ -233,7 +255,8 @@ class Agent {
   void emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof);
   void drain(Worker& w);
   void signal_workers(int signo);
-  void arm_timer(double seconds);
+  void arm_timer(double seconds) { arm_timerfd(timer_fd_, seconds); }
+  void arm_timerfd(int fd, double seconds);
   void record_failure(const Action& a);
   void reap_leftovers(double seconds);
   void close_all();
@@ -273,6 +296,7 @@ class Agent {
   int epoll_fd_ = -1;
   int signal_fd_ = -1;
   int timer_fd_ = -1;
+  int retire_timer_fd_ = -1;  // the earliest deadline of the retiring groups
   sigset_t handled_{};
   std::vector<int> reset_to_default_;
 
@@ -280,7 +304,11 @@ class Agent {
   std::unordered_map<pid_t, Worker*> by_pid_;
   std::unordered_map<int, std::pair<Worker*, bool>> by_fd_;  // fd -> (worker, is_err)
   std::vector<pid_t> old_pgroups_;                          // previous attempts', to clean up
+  std::vector<RetiringGroup> retiring_;                     // overlapped restart: old attempts
   Clock::time_point attempt_started_;
+  unsigned long long attempt_started_tick_ = 0;  // boot_ticks_now() just before the spawn
+  int attempts_started_ = 0;
+  Clock::time_point failure_seen_;               // when the latest failure was reaped
 
   bool done_ = false;
   int exit_code_ = 1;
@@ -312,9 +340,11 @@ void Agent::setup_signals() {
   DDPRUN_CHECK_SYS(signal_fd_);
   timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   DDPRUN_CHECK_SYS(timer_fd_);
+  retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(retire_timer_fd_);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   DDPRUN_CHECK_SYS(epoll_fd_);
-  for (int fd : {signal_fd_, timer_fd_}) {
+  for (int fd : {signal_fd_, timer_fd_, retire_timer_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -610,9 +640,16 @@ int Agent::run() {
     signal_workers(SIGKILL);
     exit_code_ = 1;
   }
-  // Tear down whatever is left: process groups of every attempt, adopted orphans.
+  // Tear down whatever is left: process groups of every attempt (retiring ones too), adopted
+  // orphans.
   for (auto& w : workers_) drain(*w);
+  for (auto& g : retiring_) {
+    for (auto& w : g.workers) drain(*w);
+  }
   signal_workers(SIGKILL);
+  for (auto& g : retiring_) {
+    for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
+  }
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
   if (guardian_) guardian_->release();
   reap_leftovers(kKillWaitS);
@@ -657,6 +694,11 @@ void Agent::loop() {
         if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) {
           dispatch(TimerExpired{});
         }
+      } else if (fd == retire_timer_fd_) {
+        uint64_t expirations = 0;
+        if (::read(retire_timer_fd_, &expirations, sizeof expirations) == sizeof expirations) {
+          on_retire_timer();
+        }
       } else {
         on_pipe(fd);
       }
@@ -678,6 +720,9 @@ void Agent::perform(const Action& a) {
       break;
     case Action::Kind::SignalWorkers:
       signal_workers(a.signo);
+      break;
+    case Action::Kind::RetireWorkers:
+      retire_workers(a.attempt, a.seconds);
       break;
     case Action::Kind::ArmTimer:
       arm_timer(a.seconds);
@@ -712,6 +757,8 @@ void Agent::perform(const Action& a) {
   }
 }
 
+// The ended attempt's workers (all reaped, or abandoned): close their pipes, SIGKILL what is
+// left of their process groups. Retired workers are not in workers_ any more.
 void Agent::end_attempt() {
   for (auto& w : workers_) {
     drain(*w);
@@ -722,33 +769,136 @@ void Agent::end_attempt() {
     old_pgroups_.push_back(w->pid);
     guardian_->forget(w->pid);
   }
-  // Orphans adopted as subreaper that left their worker's process group.
-  if (has_children()) {
-    for (pid_t child : children_of(::getpid())) {
-      if (!by_pid_.count(child)) ::kill(child, SIGKILL);
-    }
-  }
   workers_.clear();
 }
 
+// Orphans adopted as subreaper that left their worker's process group: SIGKILL every child
+// that is not a worker (of the current attempt or a retiring one). With a tick, only those
+// that started before it (the current attempt's own orphans are its business until it ends).
+void Agent::kill_orphans(std::optional<unsigned long long> started_before_tick) {
+  if (!has_children()) return;
+  const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
+                                            : children_of(::getpid());
+  for (pid_t child : children) {
+    if (!by_pid_.count(child)) {
+      spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);
+      ::kill(child, SIGKILL);
+    }
+  }
+}
+
+void Agent::retire_workers(int attempt, double grace_s) {
+  RetiringGroup g;
+  g.attempt = attempt;
+  g.since = Clock::now();
+  g.deadline = g.since + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+  // Every worker of the attempt moves, reaped or not: a reaped leader's process group may
+  // still hold grandchildren, which get the same grace as the survivors.
+  g.workers = std::move(workers_);
+  workers_.clear();
+  size_t running = 0;
+  for (auto& w : g.workers) running += !w->reaped;
+  spdlog::debug("attempt {}: {} worker(s) still running retire in the background (SIGKILL in {:.1f} s)",
+                attempt, running, grace_s);
+  retiring_.push_back(std::move(g));
+  arm_retire_timer();
+}
+
+// A retiring worker was reaped (already drained); the group goes once all of it is.
+void Agent::on_retired_exit(Worker& w) {
+  for (size_t i = 0; i < retiring_.size(); ++i) {
+    auto& g = retiring_[i];
+    if (g.attempt != w.attempt) continue;
+    if (std::all_of(g.workers.begin(), g.workers.end(), [](auto& x) { return x->reaped; })) {
+      release_retired(i);
+      arm_retire_timer();
+    }
+    return;
+  }
+}
+
+void Agent::on_retire_timer() {
+  const auto now = Clock::now();
+  for (size_t i = 0; i < retiring_.size();) {
+    auto& g = retiring_[i];
+    if (g.deadline > now) {
+      ++i;
+      continue;
+    }
+    std::string pids;
+    for (auto& w : g.workers) {
+      if (!w->reaped) pids += fmt::format(" r{} (pid {})", w->global_rank, w->pid);
+    }
+    if (!g.killed) {
+      spdlog::warn("attempt {}'s worker(s){} still running {:.1f} s after SIGTERM (--shutdown_timeout): SIGKILL",
+                   g.attempt, pids, std::chrono::duration<double>(now - g.since).count());
+      for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
+      g.killed = true;
+      g.deadline = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kKillWaitS));
+      ++i;
+    } else {
+      spdlog::error("attempt {}'s worker(s){} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no "
+                    "longer waiting for them",
+                    g.attempt, pids, kKillWaitS);
+      release_retired(i);
+    }
+  }
+  arm_retire_timer();
+}
+
+// The group is gone (or given up on): close its pipes, SIGKILL its leftovers, stop watching it.
+void Agent::release_retired(size_t index) {
+  RetiringGroup g = std::move(retiring_[index]);
+  retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));
+  std::string how;
+  for (auto& w : g.workers) {
+    drain(*w);
+    close_stream(w->out);
+    close_stream(w->err);
+    by_pid_.erase(w->pid);
+    signal_process_group(w->pid, SIGKILL);  // grandchildren left in its group
+    old_pgroups_.push_back(w->pid);
+    guardian_->forget(w->pid);
+    if (w->status) how += fmt::format(" r{} {};", w->global_rank, w->status->describe());
+  }
+  // Their children that left the group and were adopted by us since the restart; never the
+  // running attempt's (they started after it).
+  kill_orphans(attempt_started_tick_);
+  spdlog::debug("attempt {}'s retired workers are gone {:.1f} ms after the restart:{}", g.attempt,
+                ms_since(g.since), how);
+}
+
+void Agent::arm_retire_timer() {
+  if (retiring_.empty()) {
+    arm_timerfd(retire_timer_fd_, 0);
+    return;
+  }
+  auto next = retiring_.front().deadline;
+  for (auto& g : retiring_) next = std::min(next, g.deadline);
+  // At least 1 ns: a deadline already passed fires at once (0 would disarm).
+  arm_timerfd(retire_timer_fd_, std::max(1e-9, std::chrono::duration<double>(next - Clock::now()).count()));
+}
+
 void Agent::start_attempt(int attempt) {
+  const auto t0 = Clock::now();
   if (opts_.multi_node()) {
     end_attempt();  // the previous round's workers, if any (nothing on the first round)
     layout_ = *pending_layout_;
   } else if (attempt > 0) {
-    auto t0 = Clock::now();
     end_attempt();
-    store_->reset_keyspace();  // no attempt ever reads the previous attempt's keys
-    spdlog::info("restarting the worker group: attempt {} of {} (previous group cleaned up, "
-                 "fresh store keyspace in {:.1f} ms)",
-                 attempt, opts_.max_restarts, ms_since(t0));
+    // No attempt ever reads the previous attempt's keys; this also closes the old workers'
+    // store connections, so retiring survivors cannot reach the new attempt.
+    store_->reset_keyspace();
   }
+  const double cleanup_ms = ms_since(t0);
   if (!opts_.multi_node()) layout_ = rdzv_->next_round(attempt);
   attempt_started_ = Clock::now();
+  attempt_started_tick_ = boot_ticks_now();
   const fs::path attempt_dir = log_root_ / layout_.run_id / ("attempt_" + std::to_string(attempt));
   std::vector<SpawnedProcess> spawned;
   for (int lr = 0; lr < layout_.local_world_size; ++lr) {
     auto w = std::make_unique<Worker>();
+    w->attempt = attempt;
     w->local_rank = lr;
     w->global_rank = layout_.global_rank_base + lr;
     const fs::path dir = attempt_dir / std::to_string(lr);
@@ -806,12 +956,28 @@ void Agent::start_attempt(int attempt) {
       spdlog::error("local rank {}: {}", i, msg);
     }
   }
-  spdlog::debug("attempt {}: {} workers exec'd in {:.1f} ms (pids{})", attempt, spawned.size(),
-                ms_since(attempt_started_), [&] {
-                  std::string s;
-                  for (auto& w : workers_) s += " " + std::to_string(w->pid);
-                  return s;
-                }());
+  const auto t_spawned = Clock::now();
+  const double spawn_ms = ms_since(attempt_started_);
+  // After the spawn, off the restart's critical path: orphans of ended attempts (adopted as
+  // subreaper) that left their worker's process group.
+  if (attempts_started_++ > 0) kill_orphans(std::nullopt);
+  spdlog::debug("attempt {}: {} workers exec'd in {:.1f} ms (pids{})", attempt, spawned.size(), spawn_ms, [&] {
+    std::string s;
+    for (auto& w : workers_) s += " " + std::to_string(w->pid);
+    return s;
+  }());
+  if (attempt > 0 && !opts_.multi_node()) {
+    size_t retiring = 0;
+    for (auto& g : retiring_) {
+      for (auto& w : g.workers) retiring += !w->reaped;
+    }
+    spdlog::info("restarting the worker group: attempt {} of {}: {} workers started {:.1f} ms after the failure "
+                 "was seen (fresh store keyspace; cleanup {:.1f} ms, spawn {:.1f} ms){}",
+                 attempt, opts_.max_restarts, workers_.size(),
+                 std::chrono::duration<double, std::milli>(t_spawned - failure_seen_).count(), cleanup_ms, spawn_ms,
+                 retiring ? fmt::format("; {} old worker(s) still stopping in the background", retiring)
+                          : std::string());
+  }
 }
 
 void Agent::on_signalfd() {
@@ -856,12 +1022,21 @@ void Agent::reap_children() {
                   w.status->describe(),
                   std::chrono::duration<double, std::milli>(w.ended - w.started).count());
     if (done_) continue;
+    // Not current: a retired worker of an earlier attempt (overlapped restart).
+    const bool current =
+        std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
     bool progressed = true;
-    if (!w.status->success() && store_ && !opts_.multi_node()) {
+    if (current && !w.status->success() && state_.phase() == AgentState::Phase::Running && store_ &&
+        !opts_.multi_node()) {
+      // Only the running attempt's first failure needs it (a round trip to the store's thread).
       // Every worker joined the store (PyTorch's clients and libddprun_worker add 1 to init/)?
       progressed = store_->counter("init/") >= layout_.world_size;
     }
-    dispatch(WorkerExited{w.local_rank, *w.status, progressed});
+    dispatch(WorkerExited{.local_rank = w.local_rank,
+                          .status = *w.status,
+                          .attempt_progressed = progressed,
+                          .attempt = w.attempt});
+    if (!current) on_retired_exit(w);  // may free `w`
   }
 }
 
@@ -941,7 +1116,7 @@ void Agent::signal_workers(int signo) {
   }
 }
 
-void Agent::arm_timer(double seconds) {
+void Agent::arm_timerfd(int fd, double seconds) {
   itimerspec spec{};
   if (seconds > 0) {
     auto ns = static_cast<long long>(seconds * 1e9);
@@ -949,7 +1124,7 @@ void Agent::arm_timer(double seconds) {
     spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000LL);
   }
   if (seconds > 0 && spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  DDPRUN_CHECK_SYS(::timerfd_settime(timer_fd_, 0, &spec, nullptr));
+  DDPRUN_CHECK_SYS(::timerfd_settime(fd, 0, &spec, nullptr));
 }
 
 void Agent::record_failure(const Action& a) {
@@ -969,6 +1144,7 @@ void Agent::record_failure(const Action& a) {
   f.after_s = std::chrono::duration<double>(w->ended - w->started).count();
   f.tail = w->tail.lines();
   f.error_file = w->error_file;
+  failure_seen_ = w->ended;
   std::ifstream in(w->error_file, std::ios::binary);
   if (in) {
     std::string content(kMaxErrorFileBytes, '\0');
@@ -1038,7 +1214,13 @@ void Agent::close_all() {
     close_stream(w->out);
     close_stream(w->err);
   }
-  for (int* fd : {&epoll_fd_, &signal_fd_, &timer_fd_, &stdin_fd_}) {
+  for (auto& g : retiring_) {
+    for (auto& w : g.workers) {
+      close_stream(w->out);
+      close_stream(w->err);
+    }
+  }
+  for (int* fd : {&epoll_fd_, &signal_fd_, &timer_fd_, &retire_timer_fd_, &stdin_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }

@@ -104,6 +104,7 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
 
 std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   std::vector<Action> out;
+  if (e.attempt && *e.attempt != attempt_) return out;  // a retired worker of an earlier attempt
   if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
   if (phase_ == Phase::Running) {
     if (e.status.success()) {
@@ -133,6 +134,11 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
     if (alive_.empty()) {
       group_stopped(out);
+    } else if (restart && config_.overlap_restart) {
+      // The survivors wind down in the background; the next attempt does not wait for the
+      // kernel to tear them down (tens of ms per process with PyTorch loaded).
+      out.push_back({.kind = Action::Kind::RetireWorkers, .attempt = attempt_, .seconds = config_.shutdown_timeout_s});
+      begin_next_attempt(out);
     } else {
       phase_ = Phase::Stopping;
       out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
@@ -206,12 +212,16 @@ void AgentState::group_stopped(std::vector<Action>& out) {
     return;
   }
   if (failed_this_attempt_ && attempt_ < config_.max_restarts && !deterministic_failure_) {
-    previous_failed_without_progress_ = !this_attempt_progressed_;
-    ++attempt_;
-    begin_attempt(out);
+    begin_next_attempt(out);
     return;
   }
   finish(failure_exit_code(), out);
+}
+
+void AgentState::begin_next_attempt(std::vector<Action>& out) {
+  previous_failed_without_progress_ = !this_attempt_progressed_;
+  ++attempt_;
+  begin_attempt(out);
 }
 
 void AgentState::finish(int code, std::vector<Action>& out) {

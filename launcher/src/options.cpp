@@ -58,6 +58,9 @@ constexpr FlagSpec kFlags[] = {
     {"signals_to_handle", "", true,
      "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},
+    {"overlap_restart", "", true,
+     "1 (default): on a failure that is restarted, start the next attempt at once while the old "
+     "workers are stopped in the background; 0: wait until every old worker exited"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},
 };
@@ -127,6 +130,15 @@ bool truthy(const std::string& flag, const std::string& value) {
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
   bad(flag, value, "1/0 or true/false (from " + env_name(flag) + ")");
+}
+
+// A boolean flag that takes a value: 1/0 or true/false (any case).
+bool boolean(const std::string& flag, const std::string& value) {
+  std::string v;
+  for (unsigned char c : trim(value)) v.push_back(static_cast<char>(std::tolower(c)));
+  if (v == "1" || v == "true") return true;
+  if (v == "0" || v == "false") return false;
+  bad(flag, value, "1/0 or true/false");
 }
 
 std::string random_run_id() {
@@ -424,6 +436,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     o.signals_to_handle = parse_signals(o.signals_to_handle_text);
   }
   if (auto s = get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
+  if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
 
   if (o.standalone) {
     // torchrun: c10d on a free local port with a random run id, one node.

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -152,7 +153,11 @@ bool signal_process_group(pid_t pgid, int signo) {
   return ::kill(-pgid, signo) == 0;
 }
 
-std::vector<pid_t> children_of(pid_t parent) {
+namespace {
+
+// Children of `parent` (from /proc/<pid>/stat) whose start time, in clock ticks since boot, is
+// below `before_tick`.
+std::vector<pid_t> scan_children(pid_t parent, unsigned long long before_tick) {
   std::vector<pid_t> out;
   DIR* d = ::opendir("/proc");
   if (!d) return out;
@@ -170,10 +175,36 @@ std::vector<pid_t> children_of(pid_t parent) {
     std::string state;
     long ppid = 0;
     rest >> state >> ppid;
-    if (ppid == parent) out.push_back(static_cast<pid_t>(pid));
+    if (ppid != parent) continue;
+    if (before_tick != ~0ULL) {
+      // Fields 5-21 (pgrp ... itrealvalue), then 22: starttime.
+      std::string skip;
+      for (int field = 5; field <= 21 && rest; ++field) rest >> skip;
+      unsigned long long start = 0;
+      if (!(rest >> start) || start >= before_tick) continue;
+    }
+    out.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(d);
   return out;
+}
+
+}  // namespace
+
+std::vector<pid_t> children_of(pid_t parent) { return scan_children(parent, ~0ULL); }
+
+std::vector<pid_t> children_started_before(pid_t parent, unsigned long long tick) {
+  return scan_children(parent, tick);
+}
+
+unsigned long long boot_ticks_now() {
+  // /proc/<pid>/stat's start time is the task's CLOCK_BOOTTIME start in USER_HZ ticks.
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  const unsigned long long ns = static_cast<unsigned long long>(ts.tv_sec) * 1000000000ULL +
+                                static_cast<unsigned long long>(ts.tv_nsec);
+  return ns / (1000000000ULL / static_cast<unsigned long long>(hz > 0 ? hz : 100));
 }
 
 void ensure_std_fds_open() {

@@ -99,6 +99,35 @@ TEST_CASE("find_executable", "[process]") {
   CHECK_FALSE(find_executable("/bin", ""));         // a directory
 }
 
+TEST_CASE("children_started_before: only children from an earlier clock tick", "[process]") {
+  SpawnRequest req;
+  req.executable = *find_executable("sleep", "/usr/bin:/bin");
+  req.argv = {"sleep", "300"};
+  auto older = spawn_process(req);
+  REQUIRE(wait_exec_status(older.exec_status_fd) == 0);
+  // The next tick (USER_HZ, 10 ms): everything spawned from now on starts at or after it.
+  const unsigned long long spawned_tick = boot_ticks_now();
+  unsigned long long mark = spawned_tick;
+  for (int i = 0; i < 1000 && mark == spawned_tick; ++i) {
+    ::usleep(1000);
+    mark = boot_ticks_now();
+  }
+  REQUIRE(mark > spawned_tick);
+  auto newer = spawn_process(req);
+  REQUIRE(wait_exec_status(newer.exec_status_fd) == 0);
+  auto before = children_started_before(::getpid(), mark);
+  CHECK(std::find(before.begin(), before.end(), older.pid) != before.end());
+  CHECK(std::find(before.begin(), before.end(), newer.pid) == before.end());
+  auto all = children_of(::getpid());
+  CHECK(std::find(all.begin(), all.end(), newer.pid) != all.end());
+  for (auto& p : {older, newer}) {
+    ::kill(p.pid, SIGKILL);
+    wait_status(p.pid);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+}
+
 TEST_CASE("children_of lists direct children", "[process]") {
   SpawnRequest req;
   req.executable = *find_executable("sleep", "/usr/bin:/bin");

@@ -153,3 +153,24 @@ TEST_CASE("FailureAfterProgressKeepsRetryingWithinTheBudget", "[state]") {
   REQUIRE(find(b, K::StartAttempt));  // not twice in a row before progress
   CHECK_FALSE(s.deterministic_failure());
 }
+
+TEST_CASE("CoordinatedFailureNeverOverlaps", "[state]") {
+  AgentConfig c;
+  c.nproc = 2;
+  c.coordinated = true;
+  c.overlap_restart = true;  // ignored: the server decides restarts, the group is stopped first
+  AgentState s(c);
+  s.start();
+  s.on_event(RoundReady{0});
+  auto a = s.on_event(WorkerExited{1, WorkerStatus::exited(3)});
+  CHECK_FALSE(has(a, K::RetireWorkers));
+  CHECK_FALSE(has(a, K::StartAttempt));
+  CHECK(has(a, K::ArmTimer));
+  CHECK(s.phase() == AgentState::Phase::Stopping);
+  auto r = s.on_event(CoordinatorNotice{N::Restart, 1});
+  CHECK_FALSE(has(r, K::RetireWorkers));
+  auto j = s.on_event(WorkerExited{0, WorkerStatus::killed_by(SIGTERM)});
+  CHECK_FALSE(has(j, K::RetireWorkers));
+  REQUIRE(find(j, K::JoinRound));
+  CHECK(find(j, K::JoinRound)->attempt == 1);
+}

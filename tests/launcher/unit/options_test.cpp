@@ -212,3 +212,17 @@ TEST_CASE("--help is not an error", "[options]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.message, Catch::Contains("--nproc_per_node") && Catch::Contains("PET_NPROC_PER_NODE"));
 }
+
+TEST_CASE("--overlap_restart: on by default, 1/0/true/false, both spellings, PET_", "[options]") {
+  CHECK(ok({"x"}).overlap_restart);
+  CHECK_FALSE(ok({"--overlap_restart=0", "x"}).overlap_restart);
+  CHECK_FALSE(ok({"--overlap-restart", "false", "x"}).overlap_restart);
+  CHECK_FALSE(ok({"--overlap_restart=FALSE", "x"}).overlap_restart);
+  CHECK(ok({"--overlap-restart=1", "x"}).overlap_restart);
+  CHECK(ok({"--overlap_restart=true", "x"}).overlap_restart);
+  CHECK_FALSE(ok({"x"}, {{"PET_OVERLAP_RESTART", "0"}}).overlap_restart);
+  CHECK(ok({"--overlap_restart=1", "x"}, {{"PET_OVERLAP_RESTART", "0"}}).overlap_restart);  // command line wins
+  CHECK_THAT(error_of({"--overlap_restart=maybe", "x"}),
+             Catch::Contains("--overlap_restart") && Catch::Contains("'maybe'") && Catch::Contains("1/0 or true/false"));
+  CHECK_THAT(error_of({"x"}, {{"PET_OVERLAP_RESTART", "yes please"}}), Catch::Contains("--overlap_restart"));
+}

@@ -7,7 +7,15 @@
 //      |                        |  timer: SIGKILL
 //      |--signal--> Stopping    v
 //      |                      Killing --all exited or timer--> (same as above)
+//      |--worker fails, restart due, overlap_restart--> RetireWorkers, Running (next attempt)
 //      '--all exited 0--> Done(0)
+//
+// Overlapped restart (single node, AgentConfig::overlap_restart): the failed attempt's
+// survivors are sent SIGTERM and handed to the agent as a retiring group (RetireWorkers);
+// the next attempt starts at once instead of after they exited. The agent stops a retiring
+// group on its own deadlines (SIGKILL after `seconds`, then gives up after the kill wait) and
+// still reads its output; its exits come back as WorkerExited with the old `attempt` and are
+// ignored here.
 //
 // Thread-safety: none (one owner).
 #pragma once
@@ -32,14 +40,20 @@ struct WorkerStatus {
   int exit_code() const { return signaled ? 128 + code : code; }
   // "exit code 3" or "signal SIGKILL (9)".
   std::string describe() const;
+
+  bool operator==(const WorkerStatus&) const = default;
 };
 
 struct WorkerExited {
   int local_rank = 0;
   WorkerStatus status;
   // Whether the attempt had made progress when this worker ended: every worker of the group
-  // had joined the store (init/ reached the world size). Only read for failures.
+  // had joined the store (init/ reached the world size). Only read for the first failure of
+  // the running attempt.
   bool attempt_progressed = true;
+  // The attempt the worker belonged to; unset: the current one. Exits of an earlier attempt
+  // (a retiring group's) are ignored.
+  std::optional<int> attempt;
 };
 struct SignalReceived {
   int signo = 0;
@@ -66,6 +80,10 @@ struct Action {
                     // For attempt > 0 the worker keyspace must be reset first.
     ReportFailure,  // `local_rank` failed with `status` in `attempt`; `will_restart` says what next
     SignalWorkers,  // send `signo` to the process group of every worker of the attempt
+    RetireWorkers,  // single node, overlapped restart: every still-running worker of `attempt`
+                    // (already sent SIGTERM) leaves the attempt and retires in the background:
+                    // SIGKILL after `seconds`, no longer waited for after the kill wait. Their
+                    // exits are not events of any attempt. StartAttempt(attempt + 1) follows.
     ArmTimer,       // (re)arm the single timer to expire in `seconds`
     DisarmTimer,
     AbandonWorkers,  // workers still not reaped after SIGKILL + grace: stop waiting for them
@@ -94,6 +112,10 @@ struct AgentConfig {
   // Multi-node: restarts and the end of the job are the rendezvous server's decisions;
   // ReportFailure/ReportSuccess go to it and the agent waits for its notice.
   bool coordinated = false;
+  // Single node: on a failure that will be restarted, start the next attempt without waiting
+  // for the failed attempt's survivors to exit (RetireWorkers). Off: stop the whole group
+  // (grace, SIGKILL), then start. Ignored in coordinated mode.
+  bool overlap_restart = true;
 };
 
 struct FailureRecord {
@@ -133,6 +155,7 @@ class AgentState {
   std::vector<Action> on_notice(const CoordinatorNotice& n);
   int failure_exit_code() const;
   void begin_attempt(std::vector<Action>& out);
+  void begin_next_attempt(std::vector<Action>& out);
   void group_stopped(std::vector<Action>& out);
   void finish(int code, std::vector<Action>& out);
 

@@ -88,6 +88,9 @@ struct LaunchOptions {
   std::vector<int> signals_to_handle;  // signal numbers
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   double shutdown_timeout_s = 30.0;
+  // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
+  // background). Single node only; multi-node restarts always wait.
+  bool overlap_restart = true;
   bool virtual_local_rank = false;
   int verbosity = 0;  // -v: debug logs
   std::string entrypoint;

@@ -53,6 +53,12 @@ bool signal_process_group(pid_t pgid, int signo);
 // Children of `parent` right now (from /proc), e.g. orphans adopted as subreaper.
 std::vector<pid_t> children_of(pid_t parent);
 
+// Clock ticks since boot, now: the unit of a process's start time in /proc/<pid>/stat.
+unsigned long long boot_ticks_now();
+// Children of `parent` that started in a tick before `tick` (boot_ticks_now()), i.e. surely
+// before the moment `tick` was taken; one that started in the same tick is not listed.
+std::vector<pid_t> children_started_before(pid_t parent, unsigned long long tick);
+
 // Makes sure descriptors 0, 1 and 2 are open (on /dev/null when not).
 void ensure_std_fds_open();
 
