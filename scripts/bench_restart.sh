@@ -13,7 +13,9 @@
 #            ddprun: "[ddprun] warning: worker r1 ... failed ..."; torchrun: its first elastic log line
 #            mentioning failed/FAILED/closing signal/Stopping/restart (the line is printed below the table);
 #            also the first such line saying "failed" (torchrun logs it only after it has stopped the group)
-#   started  every replacement worker started (max t_start of attempt 1: first line of the script)
+#   exec'd   every replacement worker process running (max t_exec of attempt 1, stamped by
+#            scripts/bench_exec_stamp.c, which every launcher runs in front of `python -u worker`)
+#   started  every replacement worker's first Python line (max t_start of attempt 1: Python start-up included)
 #   init     every replacement worker past init_process_group("gloo") (max t_init of attempt 1)
 # plus the launcher's total wall time and exit code. Runs are interleaved across launchers (round-robin, the
 # order rotated each round); workers a run leaves behind are SIGKILLed by pid (and counted in the notes);
@@ -116,6 +118,8 @@ if t_kill is not None:
     # the first of those lines that literally says "failed" (torchrun logs it after stopping the group)
     fl = next(((t, l) for t, l in lines if t >= t_kill and notice_re.search(l) and "failed" in l.lower()), None)
     if fl: res.update(failed_line_ms=(fl[0] - t_kill) * 1e3, failed_line=fl[1])
+    e1 = [r for r in recs if r["attempt"] == 1 and r["event"] == "exec"]
+    if len(e1) == 2: res["exec_ms"] = (max(r["t_exec"] for r in e1) - t_kill) * 1e3
     s1 = [r for r in recs if r["attempt"] == 1 and r["event"] == "start"]
     a1 = [r for r in recs if r["attempt"] == 1 and r["event"] == "init"]
     res.update(replacements_started=len(s1), replacements_init=len(a1))
@@ -145,18 +149,25 @@ names=() ; declare -A TORCHV CMD WPY
 add() { names+=("$1"); TORCHV[$1]="$2"; WPY[$1]="$3"; shift 3; CMD[${names[-1]}]="$(printf '%q ' "$@")"; }
 tv() { "$1" -c "import torch, torch.distributed; print(torch.__version__.split('+')[0])" 2>/dev/null; }
 common=(--nproc_per_node=2 --max_restarts=1 --master_addr=127.0.0.1 "--master_port={PORT}")
+# Every launcher starts the worker through bench_exec_stamp (when a C compiler is here), which
+# stamps the moment the replacement process runs, before Python's own start-up.
+STAMP=""
+if cc -O2 -o "$tmp/bench_exec_stamp" "$here/scripts/bench_exec_stamp.c" 2>/dev/null; then STAMP="$tmp/bench_exec_stamp"; fi
+wrap() {  # PYTHON -> the launcher arguments that run the worker through the stamp, under that python
+  if [[ -n "$STAMP" ]]; then echo --no_python "$STAMP" "$1" -u; fi
+}
 if v=$(tv "$SYS_PY"); then
-  add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1
-  add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0
+  add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$SYS_PY")
+  add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$SYS_PY")
   add torchrun "$v" "$SYS_PY" "$SYS_PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "{LOGDIR}" \
-    --monitor_interval 0.1 "${common[@]}"
+    --monitor_interval 0.1 "${common[@]}" $(wrap "$SYS_PY")
 else
   echo "(no torch on $SYS_PY: ddprun/torchrun with torch 1.13 skipped)"
 fi
 if [[ -x "$VENV_PY" ]] && v=$(tv "$VENV_PY"); then
-  add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1
-  add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0
-  add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}"
+  add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$VENV_PY")
+  add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$VENV_PY")
+  add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}" $(wrap "$VENV_PY")
 else
   echo "(no torch in $VENV_PY: torchrun 2.x skipped)"
 fi
@@ -164,6 +175,8 @@ fi
 
 echo "# restart latency: --nproc_per_node=2 --max_restarts=1, gloo on loopback, rank 1 SIGKILLed after init"
 echo "# $N runs each, interleaved; $(nproc) cores, $(date -u '+%F %T') UTC, ddprun $DDPRUN"
+if [[ -n "$STAMP" ]]; then echo "# workers started through bench_exec_stamp (exec time stamped)"
+else echo "# workers started as python scripts (no C compiler here: no exec'd column)"; fi
 results="$tmp/results.jsonl"; : > "$results"
 round_s=0
 for ((i = 0; i < N; i++)); do
@@ -192,7 +205,7 @@ def med(name, k):
     v = [r[k] for r in rs if r["name"] == name and not r["error"] and k in r]
     return statistics.median(v) if v else None
 base = {r["torch"]: r["name"] for r in rs if r["name"] in ("ddprun", "ddprun-venv")}  # overlap on
-keys = [("noticed_ms", "kill → failure noticed (ms)"), ("failed_line_ms", "kill → line saying 'failed' (ms)"), ("started_ms", "kill → all replacements started (ms)"),
+keys = [("noticed_ms", "kill → failure noticed (ms)"), ("failed_line_ms", "kill → line saying 'failed' (ms)"), ("exec_ms", "kill → all replacements exec'd (ms)"), ("started_ms", "kill → all replacements' first Python line (ms)"),
         ("init_ms", "kill → all past init_process_group (ms)"), ("wall_s", "total wall (s)")]
 print("\n| launcher | worker torch | ok runs | " + " | ".join(h for _, h in keys) + " | exit codes |")
 print("|---|---|---|" + "---|" * (len(keys) + 1))

@@ -141,6 +141,7 @@ def main():
     ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts, comma-separated")
     ap.add_argument("--storm", default=",".join(map(str, STORM)), help="join-storm sizes, comma-separated")
     ap.add_argument("--quick", action="store_true", help="1 s phases, storm up to 4096")
+    ap.add_argument("--phases", default="1,2,3", help="which phases to run, e.g. 3 for the join storm alone")
     ncpu = os.cpu_count() or 1
     ap.add_argument("--gen-threads", type=int, default=max(1, ncpu // 2),
                     help="threads of the C++ load generator (default: half the cores)")
@@ -166,8 +167,9 @@ def main():
     storm = {}
     hwm = {}
 
+    phases = {int(x) for x in a.phases.split(",")}
     # ---- phase 1: PyTorch's own client processes
-    for kind in ("ddprund", "pt211"):
+    for kind in ("ddprund", "pt211") if 1 in phases else ():
         for n in CLIENTS:
             s = Server(kind, a)
             log(f"[bench] python clients x{n} -> {kind}")
@@ -178,7 +180,7 @@ def main():
 
     # ---- phase 2: C++ load generator
     kinds = ["ddprund", "pt211"] + ([] if a.skip_pt113 else ["pt113"])
-    for kind in kinds:
+    for kind in kinds if 2 in phases else ():
         s = Server(kind, a)
         dialect = "D0" if kind == "pt113" else "D2"
         for op in OPS:
@@ -201,7 +203,7 @@ def main():
     # timeout for one size is not run at the larger ones (they would only time out).
     gave_up = {}
     runs = {}  # (kind, n) -> [result, ...]
-    for n in storm_sizes:
+    for n in storm_sizes if 3 in phases else ():
         for rep in range(a.storm_repeat):
             order = ("ddprund", "pt211") if rep % 2 == 0 else ("pt211", "ddprund")
             for kind in order:
