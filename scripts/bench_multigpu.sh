@@ -53,12 +53,13 @@ try:
     dirs.append(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))
 except Exception:
     pass
-try:
+try:  # the CUDA runtime and cuBLAS: nvidia/cu13/lib (CUDA 13 wheels) or nvidia/{cuda_runtime,cublas}/lib
     import nvidia
     for d in nvidia.__path__:
-        for so in glob.glob(os.path.join(d, "*", "lib", "*.so*")) + glob.glob(os.path.join(d, "*", "*", "lib", "*.so*")):
-            if os.path.dirname(so) not in dirs:
-                dirs.append(os.path.dirname(so))
+        for pat in ("libcudart.so*", "libcublas.so*", "libcublasLt.so*"):
+            for so in glob.glob(os.path.join(d, "*", "lib", pat)) + glob.glob(os.path.join(d, "*", "*", "lib", pat)):
+                if os.path.dirname(so) not in dirs:
+                    dirs.append(os.path.dirname(so))
 except Exception:
     pass
 print(":".join(dirs))
@@ -66,6 +67,14 @@ PY
 )"
 libdirs=""
 for d in "$bin" "$bin/lib" "$bin/worker_runtime"; do [[ -d "$d" ]] && libdirs="$libdirs:$d"; done
+# $bin/fallback: libraries most machines have (libibverbs, libnl): used only when the system lacks
+# one of them, so that PyTorch's NCCL never sees another distribution's libibverbs.
+if [[ -d "$bin/fallback" ]]; then
+  for so in "$bin"/fallback/*.so*; do
+    [[ -e "$so" ]] || continue
+    ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$(basename "$so") " || { libdirs="$libdirs:$bin/fallback"; break; }
+  done
+fi
 export LD_LIBRARY_PATH="${nvlibs}${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 LD_LIBRARY_PATH="${LD_LIBRARY_PATH#:}"
 

@@ -10,6 +10,7 @@ Rank 0 prints `RESULT impl=torch dtype=.. bytes=.. count=.. iters=.. warmup=.. u
 busbw=..` (GB/s = 1e9 B/s; busbw = algbw * 2(n-1)/n, 0 for n = 1) and the NCCL version.
   torchrun --nproc_per_node=N scripts/bench_multigpu_allreduce.py [--out FILE]
   python3 scripts/bench_multigpu_allreduce.py --plan       (prints the size/iteration plan, no GPU)
+  --backend gloo: the same on CPU tensors, timed with perf_counter (tests the script without a GPU)
 """
 import argparse
 import os
@@ -49,6 +50,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=0)
     p.add_argument("--warmup", type=int, default=-1)
     p.add_argument("--out", default="")
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     p.add_argument("--plan", action="store_true", help="print the plan (sizes, iterations) and exit; no torch needed")
     a = p.parse_args(argv)
     if a.factor < 2 or a.min_bytes < 1 or a.min_bytes > a.max_bytes:
@@ -66,10 +68,16 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
 
+    import time
     local = int(os.environ.get("LOCAL_RANK", 0))
-    dev = torch.device("cuda", local)
-    torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", device_id=dev)
+    cuda = a.backend == "nccl"
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dist.init_process_group("gloo")
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
     rank, n = dist.get_rank(), dist.get_world_size()
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}
     out = open(a.out, "w") if (a.out and rank == 0) else None
@@ -81,14 +89,15 @@ def main(argv=None):
                 out.write(line + "\n")
                 out.flush()
 
-    v = torch.cuda.nccl.version()
+    v = torch.cuda.nccl.version() if cuda else "none"
     vs = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    emit(f"INFO torch={torch.__version__} torch_nccl={vs} world={n} device={torch.cuda.get_device_name(dev)}")
+    emit(f"INFO torch={torch.__version__} torch_nccl={vs} world={n} "
+         f"device={torch.cuda.get_device_name(dev) if cuda else 'cpu'}")
     scratch = torch.zeros(1, device=dev)
 
     def barrier():
         dist.all_reduce(scratch)
-        torch.cuda.synchronize(dev)
+        sync()
 
     def max_over_ranks(x):
         t = torch.tensor([x], device=dev, dtype=torch.float64)
@@ -106,7 +115,8 @@ def main(argv=None):
         emit(f"CHECK impl=torch dtype={d} count={t.numel()} {'ok' if bad == 0 else 'FAILED'}")
         failed += bad != 0
     buf.zero_()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for s in sizes(a):
         for d in dtypes:
             esz = 4 if d == "fp32" else 2
@@ -120,12 +130,19 @@ def main(argv=None):
             for _ in range(warm):
                 dist.all_reduce(t)
             barrier()
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(t)
-            end.record()
-            end.synchronize()
-            us = max_over_ranks(start.elapsed_time(end)) * 1000.0 / iters
+            if cuda:
+                start.record()
+                for _ in range(iters):
+                    dist.all_reduce(t)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t)
+                ms = (time.perf_counter() - t0) * 1000.0
+            us = max_over_ranks(ms) * 1000.0 / iters
             emit(result_line("torch", d, s, count, iters, warm, us, n))
     if out:
         out.close()

@@ -217,6 +217,7 @@ def main(argv=None):
     workdir = a.workdir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "launch-runs")
     os.makedirs(workdir, exist_ok=True)
     t0 = time.time()
+    failed = 0
     with open(a.out, "a") as out:
         for run in range(a.runs):
             order = combos[run % len(combos):] + combos[:run % len(combos)]  # rotate the order each round
@@ -225,12 +226,13 @@ def main(argv=None):
                     res = dict(launcher=l, worker=w, run=run, nproc=a.nproc, error="skipped: over the time budget")
                 else:
                     res = one_run(l, w, run, a, workdir)
+                failed += bool(res.get("error"))
                 out.write(json.dumps(res) + "\n")
                 out.flush()
                 msg = " ".join(f"{k}={res[k]:.3f}" for k in ("launch_s", "restart_s") if k in res)
                 print(f"  {l:8s} {w:5s} run {run}: {msg} {'ERROR: ' + res['error'] if res.get('error') else ''}",
                       flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -326,7 +326,8 @@ def sec_allreduce(raw, st):
     n = int(kv_file(os.path.join(raw, "info", "versions.txt")).get("ngpu", "0") or 0)
     checks = check_lines(os.path.join(raw, "allreduce", "ours_raw.txt")) + check_lines(os.path.join(raw, "allreduce", "torch.txt"))
     if not ours and not torch_rows:
-        return "\n".join(out + [missing("all-reduce sweep", "allreduce_ours", st), missing("", "allreduce_torch", st)])
+        return "\n".join(out + [missing("all-reduce sweep, ours and raw", "allreduce_ours", st),
+                                 missing("all-reduce sweep, PyTorch", "allreduce_torch", st)])
     if not ours:
         out.append(missing("ours/raw rows", "allreduce_ours", st))
     if not torch_rows:
@@ -416,7 +417,7 @@ def sec_ddp(raw, st):
             if t1 and tN and tNo and tNo - t1 > 1e-3:
                 ov = 1 - (tN - t1) / (tNo - t1)
             ratio = (tn["ours"] / tn["torch"]) if impl == "torch" and tn.get("ours") and tn.get("torch") else None
-            out.append(f"| {label} | {impl} | {f(t1, 3)} | {f(tN, 3)} | {f(eff * 100 if eff else None, 1)}% | {f(tNo, 3)} | "
+            out.append(f"| {label} | {impl} | {f(t1, 3)} | {f(tN, 3)} | {(f(eff * 100, 1) + '%') if eff else '—'} | {f(tNo, 3)} | "
                        f"{f(ov, 2) if n > 1 else 'n/a (n = 1)'} | {f(ratio, 3) if impl == 'torch' else ''} |")
     out.append("")
     if n <= 1:
