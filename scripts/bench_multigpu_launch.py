@@ -51,7 +51,7 @@ def build_cmd(launcher, worker, a, port):
         if launcher == "torchrun":
             cmd += ["--no-python"]
         cmd += [a.train, "--device", "cuda" if a.backend == "nccl" else "cpu", "--samples", str(20 * n * 4), "--batch", "20", "--epochs", "1",
-                "--fail-at-step", "1", "--fail-rank", str(n - 1), "--fail-mode", "kill", "--timeout", "30"]
+                "--fail-at-step", "1", "--fail-rank", str(n - 1), "--fail-mode", "kill", "--timeout", "20"]
     return cmd
 
 
