@@ -6,7 +6,7 @@
 #              torch.cuda.nccl.version()), torch version
 #   correct    DDP invariant: `train` (1024x4, fp32 and bf16) on N GPUs x batch 64 vs 1 GPU x batch
 #              64N over the same samples, final parameters and loss compared to a tolerance (read
-#              from the checkpoints); a fp32 control run; kill and resume: rank N-1 SIGKILLed twice
+#              from the checkpoints) and to a control run (1 GPU x batch 64); kill and resume: rank N-1 SIGKILLed twice
 #              under `ddprun --max_restarts=2` with checkpoints, final checksum vs the clean run
 #   allreduce  8 B .. 1 GiB (powers of 2), fp32 and bf16: our NcclCommunicator and a raw
 #              ncclAllReduce loop (ddprun_allreduce_bench under ddprun), torch.distributed.all_reduce
@@ -166,8 +166,9 @@ do_correct() {
   for prec in fp32 bf16; do
     run_train "ref1_$prec" 1 $(( B * n )) "$prec" --checkpoint-every "$S" || rc=1
     run_train "ngpu_$prec" "$n" "$B" "$prec" --checkpoint-every "$S" || rc=1
+    # control: 1 GPU at the per-rank batch, same steps (the update without the other ranks' gradients)
+    if [[ "$n" -gt 1 ]]; then run_train "control_$prec" 1 "$B" "$prec" --max-steps "$S" --checkpoint-every "$S" || rc=1; fi
   done
-  if [[ "$n" -gt 1 ]]; then run_train control_fp32 1 "$B" fp32 --max-steps "$S" --checkpoint-every "$S" || rc=1; fi
   mkdir -p "$c/killed_bf16"
   x "$c/killed_bf16/run.log" ddp_run --nproc_per_node="$n" --max_restarts=2 "$train" "${common[@]}" --batch "$B" \
     --precision bf16 --checkpoint-dir "$c/killed_bf16/ck" --checkpoint-every 6 --fail-at-step 13,19 \

@@ -8,7 +8,7 @@ Raw layout (written by bench_multigpu.sh):
   info/machine.txt                nproc, nvidia-smi, topo -m, versions (verbatim)
   info/versions.txt               key=value (ngpu, gpus, nccl_lib, torch, torch_nccl, driver, ...)
   correct/params.txt              key=value (width, depth, batch, steps, ngpu, seed, samples)
-  correct/<run>/{run.log,ck/}     runs init, ref1_fp32, ngpu_fp32, control_fp32, ref1_bf16, ngpu_bf16, killed_bf16
+  correct/<run>/{run.log,ck/}     runs init, {ref1,ngpu,control}_{fp32,bf16}, killed_bf16
   allreduce/ours_raw.txt          RESULT lines of ddprun_allreduce_bench
   allreduce/torch.txt             RESULT lines of bench_multigpu_allreduce.py
   ddp/<model>.<impl>.<n>.<mode>.log   avg_step_ms=... (impl ours|torch, mode overlap|nooverlap)
@@ -35,7 +35,12 @@ GOAL_SMALL_LAT = 0.70       # at <= 64 KB: ours' time per op <= 0.7 of PyTorch's
 # DDP-invariant tolerances (n GPUs x batch B vs 1 GPU x batch nB, same samples per step), on
 # ||p_n - p_1||_2 / ||p_1 - p_0||_2 = the fraction of the training update that differs, and on
 # the relative difference of the MSE of the final parameters over the first 2048 samples.
-TOL = {"fp32": {"update": 1e-3, "loss": 1e-3}, "bf16": {"update": 5e-2, "loss": 1e-2}}
+TOL = {"fp32": {"update": 1e-3, "loss": 1e-3}, "bf16": {"update": 1e-2, "loss": 1e-2}}
+# ... and (n > 1) at most this fraction of the control's ||p_c - p_1|| / ||p_1 - p_0||, the control
+# being 1 GPU at the per-rank batch (what one rank alone would do). On CPU (Gloo, 64x2, 4 ranks)
+# the n-rank run was 8e-9 of the update away and the control 9e-3: the control is small because
+# the mean gradient dominates a short run, so a fixed bf16 tolerance alone would not catch it.
+CONTROL_FRAC = 0.1
 
 M64 = (1 << 64) - 1
 
@@ -278,17 +283,22 @@ def sec_correct(raw, st):
         L1, Ln = mlp_loss(p1, n_in, width, depth, seed, nsamp), mlp_loss(pn, n_in, width, depth, seed, nsamp)
         lrel = abs(Ln - L1) / L1 if (L1 and Ln is not None) else None
         tol = TOL[prec]
+        # The control: 1 GPU at the per-rank batch only (the update without the other ranks'
+        # gradients). The n-GPU run must be well inside it: at most CONTROL_FRAC of its distance.
+        sc, pc = latest_params(ck(f"control_{prec}")) if n > 1 else (None, None)
+        rc = l2(pc, p1) / upd if (pc is not None and len(pc) == len(p1) and upd > 0) else None
         ok = rel <= tol["update"] and (lrel is None or lrel <= tol["loss"]) and s1 == sn
+        if rc is not None:
+            ok = ok and rel <= CONTROL_FRAC * rc
+        tol_s = f"≤ {tol['update']:.0e}" + (f" and ≤ {CONTROL_FRAC} × control" if rc is not None else "") + f" / ≤ {tol['loss']:.0e}"
         rows.append(f"| DDP invariant | {prec} | 1x{B * n} vs {n}x{B}, step {sn} | {rel:.2e} | {mx:.2e} | {f(L1, 6)} | "
-                    f"{f(Ln, 6)} | {(f'{lrel:.2e}' if lrel is not None else '—')} | ≤ {tol['update']:.0e} / ≤ {tol['loss']:.0e} "
+                    f"{f(Ln, 6)} | {(f'{lrel:.2e}' if lrel is not None else '—')} | {tol_s} "
                     f"| {'**ok**' if ok else '**FAILED**'} |")
-        if prec == "fp32" and n > 1:
-            sc, pc = latest_params(ck("control_fp32"))
-            if pc is not None and len(pc) == len(p1):
-                rc = l2(pc, p1) / upd
-                rows.append(f"| control: 1 GPU at batch {B} only | fp32 | vs 1x{B * n} | {rc:.2e} | "
-                            f"{maxabs(pc, p1):.2e} | | | | (a run without the other ranks' "
-                            f"gradients: the size of a real error) | — |")
+        if rc is not None:
+            Lc = mlp_loss(pc, n_in, width, depth, seed, nsamp)
+            rows.append(f"| control: 1 GPU at batch {B} only | {prec} | vs 1x{B * n}, step {sc} | {rc:.2e} | "
+                        f"{maxabs(pc, p1):.2e} | | {f(Lc, 6)} | {(f'{abs(Lc - L1) / L1:.2e}' if (Lc is not None and L1) else '—')} "
+                        f"| (no other ranks' gradients: the size of a real error) | — |")
     out.append("\n".join(rows) + "\n")
     # resume
     clean = read(os.path.join(raw, "correct", "ngpu_bf16", "run.log"))
@@ -519,10 +529,11 @@ def make_fake(raw, n=8):
     p0 = [rnd.uniform(-0.3, 0.3) for _ in range(npar)]
     p1 = [x + rnd.uniform(-0.01, 0.01) for x in p0]
     write_ckpt(os.path.join(raw, "correct", "init", "ck"), 1, p0)
-    for prec, eps in (("fp32", 1e-7), ("bf16", 1e-4)):
+    for prec, eps in (("fp32", 1e-7), ("bf16", 3e-5)):
         write_ckpt(os.path.join(raw, "correct", f"ref1_{prec}", "ck"), steps, p1)
         write_ckpt(os.path.join(raw, "correct", f"ngpu_{prec}", "ck"), steps, [x + rnd.uniform(-eps, eps) for x in p1])
-    write_ckpt(os.path.join(raw, "correct", "control_fp32", "ck"), steps, [x + rnd.uniform(-3e-3, 3e-3) for x in p1])
+    for prec in ("fp32", "bf16"):
+        write_ckpt(os.path.join(raw, "correct", f"control_{prec}", "ck"), steps, [x + rnd.uniform(-3e-3, 3e-3) for x in p1])
     for name, cs in (("ngpu_bf16", "103380d18196c264"), ("killed_bf16", "103380d18196c264")):
         os.makedirs(os.path.join(raw, "correct", name), exist_ok=True)
         with open(os.path.join(raw, "correct", name, "run.log"), "w") as fh:
