@@ -19,6 +19,7 @@
 #   usage: scripts/bench_multigpu.sh [bin-dir with train, ddprun, ddprund, ddprun_allreduce_bench]
 #   env:   OUT_DIR=./out PY=python3 NGPU=<all> STEPS=30 WARMUP=10 LAUNCH_RUNS=2 STEP_TIMEOUT=120 BUDGET_S=540
 #          ONLY=info,correct,allreduce,ddp,launch   DRY_RUN=1 (print the commands, run nothing)
+#          TRAIN_DEVICE=cpu (correct and launch on CPU/Gloo: a test of the script on a machine without GPU)
 # The bin dir may also be a build tree (build/worker_runtime/train ...). Shared libraries next to
 # the binaries (the carried bundle) and the venv's NVIDIA libraries (NCCL, CUDA runtime, cuBLAS)
 # go on LD_LIBRARY_PATH.
@@ -37,6 +38,7 @@ STEPS="${STEPS:-30}"; WARMUP="${WARMUP:-10}"; LAUNCH_RUNS="${LAUNCH_RUNS:-2}"; S
 BUDGET_S="${BUDGET_S:-540}"   # no program starts after this many seconds; each is cut at what is left
 ONLY="${ONLY:-info,correct,allreduce,ddp,launch}"
 DRY_RUN="${DRY_RUN:-0}"
+TRAIN_DEVICE="${TRAIN_DEVICE:-cuda}"   # cpu: the correct and launch steps on CPU/Gloo (tests the script without a GPU)
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 raw="$OUT_DIR/multigpu-raw"
@@ -155,7 +157,7 @@ do_correct() {
   local samples=$(( B * n * S )) victim=$(( n - 1 ))
   printf "width=%s\ndepth=%s\nbatch=%s\nsteps=%s\nngpu=%s\nseed=0\nsamples=%s\nckpt_every=6\nfail_steps=13,19\n" \
     "$W" "$D" "$B" "$S" "$n" "$samples" > "$c/params.txt"
-  local common=(--device cuda --width "$W" --depth "$D" --samples "$samples" --epochs 1 --momentum 0.9 --keep-checkpoints 0)
+  local common=(--device "$TRAIN_DEVICE" --width "$W" --depth "$D" --samples "$samples" --epochs 1 --momentum 0.9 --keep-checkpoints 0)
   run_train() {  # name nproc batch precision extra...
     local name="$1" np="$2" b="$3" prec="$4"; shift 4
     mkdir -p "$c/$name"
@@ -217,10 +219,10 @@ do_ddp() {
 do_launch() {
   local left=$(( BUDGET_S - ($(date +%s) - t_script) ))
   if (( left < 30 )); then echo "  !! skipped (over the ${BUDGET_S}s budget)"; return 124; fi
-  local lim="$STEP_TIMEOUT"; (( left < lim )) && lim=$left
+  local lim=$(( STEP_TIMEOUT < 60 ? STEP_TIMEOUT : 60 )); (( left < lim )) && lim=$left  # a healthy run takes < 30 s
   # The driver bounds every run (--timeout) and starts none after --budget; the outer timeout is for the driver.
   local args=(--nproc "$n" --ddprun "$ddprun" --train "$train" --py "$PY" --runs "$LAUNCH_RUNS" --timeout "$lim"
-              --budget $(( left > lim ? left - lim : 1 )) --workdir "$raw/launch/runs" --out "$raw/launch/runs.jsonl")
+              --budget $(( left > lim ? left - lim : 1 )) --backend "$([[ $TRAIN_DEVICE == cpu ]] && echo gloo || echo nccl)" --workdir "$raw/launch/runs" --out "$raw/launch/runs.jsonl")
   echo "$PY $here/scripts/bench_multigpu_launch.py ${args[*]}" >> "$raw/commands.txt"
   if [[ "$DRY_RUN" == 1 ]]; then "$PY" "$here/scripts/bench_multigpu_launch.py" "${args[@]}" --dry-run | sed 's/^/  + /'; return 0; fi
   timeout -k 10 $(( left + 30 )) "$PY" "$here/scripts/bench_multigpu_launch.py" "${args[@]}"

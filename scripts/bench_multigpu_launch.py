@@ -76,6 +76,7 @@ def one_run(launcher, worker, run, a, workdir):
     port = free_port()
     cmd = build_cmd(launcher, worker, a, port)
     env = dict(os.environ, BENCH_MG_TS=ts, BENCH_MG_MODE="restart", PYTHONUNBUFFERED="1", PYTHON_EXEC=a.py, BENCH_MG_BACKEND=a.backend,
+               DDPRUN_STORE_TIMEOUT_S=str(a.store_timeout),
                **SAFE_ENV)
     res = dict(launcher=launcher, worker=worker, run=run, nproc=a.nproc, error=None, cmd=" ".join(cmd))
     lines = []  # (t, stream, text)
@@ -195,7 +196,9 @@ def main(argv=None):
     p.add_argument("--worker", default=os.path.join(HERE, "bench_multigpu_nccl_worker.py"))
     p.add_argument("--combos", default="ddprun:py,torchrun:py,ddprun:train,torchrun:train")
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--timeout", type=float, default=60, help="seconds per run (a healthy one takes < 30 s)")
+    p.add_argument("--store-timeout", type=int, default=20,
+                   help="DDPRUN_STORE_TIMEOUT_S for train: its store waits during init end with an error, not a hang")
     p.add_argument("--budget", type=float, default=240)
     p.add_argument("--workdir", default="")
     p.add_argument("--out", required=True)

@@ -39,7 +39,8 @@ TOL = {"fp32": {"update": 1e-3, "loss": 1e-3}, "bf16": {"update": 1e-2, "loss": 
 # ... and (n > 1) at most this fraction of the control's ||p_c - p_1|| / ||p_1 - p_0||, the control
 # being 1 GPU at the per-rank batch (what one rank alone would do). On CPU (Gloo, 64x2, 4 ranks)
 # the n-rank run was 8e-9 of the update away and the control 9e-3: the control is small because
-# the mean gradient dominates a short run, so a fixed bf16 tolerance alone would not catch it.
+# the mean gradient dominates a short run, so a fixed bf16 tolerance alone would not catch
+# ranks that never exchange their gradients.
 CONTROL_FRAC = 0.1
 
 M64 = (1 << 64) - 1
