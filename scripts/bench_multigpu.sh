@@ -230,8 +230,8 @@ do_launch() {
 
 enabled info && step info do_info
 enabled correct && step correct do_correct
-enabled allreduce && { step allreduce_ours do_allreduce_ours; grep -h '^CHECK' "$raw/allreduce/ours_raw.log" 2>/dev/null | sed 's/^/  /'; }
-enabled allreduce && { step allreduce_torch do_allreduce_torch; grep -h '^CHECK' "$raw/allreduce/torch.log" 2>/dev/null | sed 's/^/  /'; }
+enabled allreduce && { step allreduce_ours do_allreduce_ours; grep -h 'CHECK impl=' "$raw/allreduce/ours_raw.log" 2>/dev/null | sed 's/^/  /'; }
+enabled allreduce && { step allreduce_torch do_allreduce_torch; grep -h 'CHECK impl=' "$raw/allreduce/torch.log" 2>/dev/null | sed 's/^/  /'; }
 enabled ddp && step ddp do_ddp
 enabled launch && step launch do_launch
 
