@@ -110,9 +110,11 @@ std::string checksum_of(const std::string& log) {
   return std::regex_search(log, m, re) ? m[1].str() : "";
 }
 
-// A minimal launcher: run `world` ranks per attempt on a fresh keyspace; when one fails, stop
-// the others and start the next attempt; returns rank 0's log of the successful attempt.
-std::string run_elastic(const std::vector<std::string>& train_args, int world, int max_restarts, int* attempts_used) {
+// A minimal launcher: run `world` ranks per attempt on a fresh keyspace (like ddprun) or on one
+// store kept across attempts (like torchrun 2.6+: `reuse_store`); when one fails, stop the
+// others and start the next attempt; returns rank 0's log of the successful attempt.
+std::string run_elastic(const std::vector<std::string>& train_args, int world, int max_restarts, int* attempts_used,
+                        bool reuse_store = false) {
   const std::string dir = temp_dir();
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
@@ -120,7 +122,7 @@ std::string run_elastic(const std::vector<std::string>& train_args, int world, i
   ddprun::server::StoreServer server(so);
   server.start();
   for (int attempt = 0; attempt <= max_restarts; ++attempt) {
-    server.reset_keyspace();
+    if (!reuse_store) server.reset_keyspace();
     std::vector<Proc> ps(static_cast<size_t>(world));
     for (int r = 0; r < world; ++r) {
       std::vector<std::string> args{TRAIN_EXE};
@@ -237,4 +239,15 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   REQUIRE(attempts == 3);
   REQUIRE(resumed.find("resumed from step 20") != std::string::npos);
   REQUIRE(checksum_of(resumed) == want);
+
+  SECTION("on one store kept across attempts, as torchrun 2.6+ does, attempts do not read each other's keys") {
+    const std::string ck2 = temp_dir() + "/ck";
+    auto args2 = base;
+    args2.insert(args2.end(), {"--checkpoint-dir", ck2, "--checkpoint-every", "4", "--fail-at-step", "7,23",
+                               "--fail-rank", "1"});
+    const std::string reused = run_elastic(args2, 2, 3, &attempts, /*reuse_store=*/true);
+    INFO("reused-store log: " << reused);
+    REQUIRE(attempts == 3);
+    REQUIRE(checksum_of(reused) == want);
+  }
 }

@@ -120,14 +120,19 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     }
   }
 
+  // Bootstrap keys are scoped by attempt: under ddprun every attempt has a fresh store anyway,
+  // but torchrun (2.6+) reuses one store across restarts, where an unscoped key would hand a
+  // replacement the previous attempt's NCCL id or Gloo addresses.
+  const std::string scope = "ddprun/attempt_" + std::to_string(env.restart_count) + "/";
   if (cuda) {
     rt->comm_ = make_nccl_communicator(rt->store_.get(), env.rank, env.world_size, rt->device_, options.timeout,
-                                       env.error_file);
+                                       env.error_file, scope + "nccl/");
   } else if (env.world_size == 1) {
     rt->comm_ = std::make_unique<SelfCommunicator>();
   } else {
     GlooOptions go;
     go.timeout = options.timeout;
+    go.key_prefix = scope + "gloo/";
     if (const char* shm = std::getenv("DDPRUN_SHM"); shm && std::string(shm) == "0") go.shared_memory = false;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";

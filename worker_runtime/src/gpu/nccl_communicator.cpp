@@ -24,7 +24,6 @@ namespace ddprun::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kUniqueIdKey = "ddprun/nccl/unique_id";
 
 ncclDataType_t to_nccl(DType d) {
   switch (d) {
@@ -47,16 +46,17 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(client::StoreClient* store, int rank, int size, int device, std::chrono::milliseconds timeout,
-                   std::string error_file)
+                   std::string error_file, const std::string& key_prefix)
       : rank_(rank), size_(size), device_(device), timeout_(timeout), error_file_(std::move(error_file)) {
+    const std::string id_key = key_prefix + "unique_id";
     DDPRUN_CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
     if (rank_ == 0) {
       DDPRUN_NCCL_CHECK(ncclGetUniqueId(&id));
-      if (size_ > 1) store->set(kUniqueIdKey, std::string(reinterpret_cast<const char*>(&id), sizeof id));
+      if (size_ > 1) store->set(id_key, std::string(reinterpret_cast<const char*>(&id), sizeof id));
     } else {
       DDPRUN_ENFORCE(store != nullptr, "NCCL with more than one rank needs the store");
-      const std::string v = store->get(kUniqueIdKey, timeout_);
+      const std::string v = store->get(id_key, timeout_);
       if (v.size() != sizeof id) throw CommError("NCCL unique id in the store has " + std::to_string(v.size()) + " bytes");
       std::memcpy(&id, v.data(), sizeof id);
     }
@@ -274,9 +274,10 @@ int gpu_device_count() {
 void gpu_set_device(int device) { DDPRUN_CUDA_CHECK(cudaSetDevice(device)); }
 
 std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient* store, int rank, int size, int device,
-                                                     std::chrono::milliseconds timeout, const std::string& error_file) {
+                                                     std::chrono::milliseconds timeout, const std::string& error_file,
+                                                     const std::string& key_prefix) {
   try {
-    return std::make_unique<NcclCommunicator>(store, rank, size, device, timeout, error_file);
+    return std::make_unique<NcclCommunicator>(store, rank, size, device, timeout, error_file, key_prefix);
   } catch (const client::StoreError& e) {
     throw CommError(std::string("NCCL bootstrap through the store failed: ") + e.what());
   }
