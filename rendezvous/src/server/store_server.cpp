@@ -1,5 +1,6 @@
 #include "ddprun/server/store_server.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -37,7 +38,9 @@ int resolve_io_threads(int wanted) {
 // Locking: `mu` guards every keyspace's state, the rounds, `conns`, `round_ks`, each
 // connection's `revoked` flag and the tick timer. Each connection's `out_mu` guards its
 // outbox; it is taken inside `mu` or alone, never the other way round. Everything else of a
-// connection belongs to its I/O thread. Acceptors are used on the first I/O thread only.
+// connection belongs to its I/O thread. Every keyspace has one acceptor per I/O thread (dups of
+// one listening socket), each used only on its thread, which accepts straight into its own
+// io_context: accepts run in parallel and no connection is handed between threads.
 struct StoreServer::Impl : rdzv::WorkerStores {
   struct Connection;
   using ConnPtr = std::shared_ptr<Connection>;
@@ -59,8 +62,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // per rendezvous round for that round's workers, so every attempt starts empty and no
   // worker of an old attempt can reach the new one's keys.
   struct Keyspace {
-    explicit Keyspace(asio::io_context& io) : acceptor(io) {}
-    tcp::acceptor acceptor;
+    std::vector<std::unique_ptr<tcp::acceptor>> acceptors;  // [i] belongs to threads[i]
     store::StoreState state;
     std::string name;
     bool discarded = false;  // under mu: its round is over; refuse new connections
@@ -82,7 +84,6 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     std::string writing;
     bool write_in_flight = false;
     bool closed = false;
-    std::string peer;
     // under mu: its keyspace was reset or dropped; it must not touch any state again
     bool revoked = false;
     // under out_mu:
@@ -96,18 +97,20 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   explicit Impl(StoreServerOptions o) : options(std::move(o)) {
     const int n = resolve_io_threads(options.io_threads);
     for (int i = 0; i < n; ++i) threads.push_back(std::make_unique<IoThread>());
-    main_ks = std::make_shared<Keyspace>(control());
+    main_ks = std::make_unique<Keyspace>();
     main_ks->name = "main";
     tick_timer.emplace(control());
   }
 
   ~Impl() {
     stop();
-    // Sockets and acceptors before the io_contexts they belong to.
+    // Sockets and acceptors before the io_contexts they belong to (pending handlers own nothing
+    // but connections of their own io_context).
     {
       std::lock_guard lock(mu);
       conns.clear();
       round_ks.clear();
+      retired_ks.clear();
     }
     main_ks.reset();
     tick_timer.reset();
@@ -117,13 +120,15 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   StoreServerOptions options;
   std::vector<std::unique_ptr<IoThread>> threads;  // first: also runs acceptors and the timer
   std::mutex mu;
-  std::shared_ptr<Keyspace> main_ks;
-  std::map<std::pair<std::string, int64_t>, std::shared_ptr<Keyspace>> round_ks;
+  std::unique_ptr<Keyspace> main_ks;
+  std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> round_ks;
+  // Rounds that ended: emptied and closed, kept until the server goes (accept handlers may still
+  // name them; a job has few rounds).
+  std::vector<std::unique_ptr<Keyspace>> retired_ks;
   rdzv::RoundState rounds{*this};
   std::optional<asio::steady_timer> tick_timer;
   std::unordered_map<ConnId, ConnPtr> conns;
   ConnId next_id = 1;
-  size_t next_thread = 0;  // round-robin at accept (first I/O thread only)
   std::atomic<uint16_t> bound_port{0};
   std::atomic<uint64_t> accepted{0}, closed_bad{0}, open_conns{0}, agents{0};
   std::atomic<bool> started{false}, stopped{false};
@@ -133,18 +138,23 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- listening ----
   void bind(Keyspace& ks, const std::string& host, uint16_t port) {
+    ks.acceptors.clear();
+    ks.acceptors.push_back(std::make_unique<tcp::acceptor>(control()));
+    tcp::acceptor& acceptor = *ks.acceptors.front();
     auto open_and_bind = [&](const tcp::endpoint& ep) {
-      ks.acceptor.open(ep.protocol());
-      ks.acceptor.set_option(tcp::acceptor::reuse_address(true));
-      if (ep.protocol() == tcp::v6()) ks.acceptor.set_option(asio::ip::v6_only(false));
-      ks.acceptor.bind(ep);
+      acceptor.open(ep.protocol());
+      acceptor.set_option(tcp::acceptor::reuse_address(true));
+      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(false));
+      // Accepted sockets inherit TCP_NODELAY from the listener on Linux: no call per accept.
+      acceptor.set_option(tcp::no_delay(true));
+      acceptor.bind(ep);
     };
     const int backlog = options.backlog > 0 ? options.backlog : 65535;  // the kernel caps it at somaxconn
     if (host.empty()) {
       try {
         open_and_bind(tcp::endpoint(tcp::v6(), port));
       } catch (const boost::system::system_error&) {
-        if (ks.acceptor.is_open()) ks.acceptor.close();
+        if (acceptor.is_open()) acceptor.close();
         open_and_bind(tcp::endpoint(tcp::v4(), port));
       }
     } else {
@@ -158,14 +168,36 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           break;
         } catch (const boost::system::system_error& e) {
           last = e.code();
-          if (ks.acceptor.is_open()) ks.acceptor.close();
+          if (acceptor.is_open()) acceptor.close();
         }
       }
       if (last)
         throw std::system_error(last.value(), std::generic_category(),
                                 "cannot bind the store to " + host + ":" + std::to_string(port));
     }
-    ks.acceptor.listen(backlog);
+    acceptor.listen(backlog);
+    // The other I/O threads accept from the same listening socket through their own descriptor.
+    for (size_t i = 1; i < threads.size(); ++i) {
+      const int fd = ::fcntl(acceptor.native_handle(), F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) throw std::system_error(errno, std::generic_category(), "dup of the listening socket");
+      auto a = std::make_unique<tcp::acceptor>(threads[i]->io);
+      a->assign(acceptor.local_endpoint().protocol(), fd);
+      ks.acceptors.push_back(std::move(a));
+    }
+  }
+
+  void start_accepting(Keyspace* ks) {
+    for (size_t i = 0; i < threads.size(); ++i) asio::post(threads[i]->io, [this, ks, i] { do_accept(ks, i); });
+  }
+
+  // Closes ks's acceptors, each on its own thread.
+  void stop_accepting(Keyspace* ks) {
+    for (size_t i = 0; i < threads.size(); ++i) {
+      asio::post(threads[i]->io, [ks, i] {
+        boost::system::error_code ignored;
+        ks->acceptors[i]->close(ignored);
+      });
+    }
   }
 
   void listen() {
@@ -176,29 +208,27 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                               "cannot listen on " + (options.host.empty() ? std::string("*") : options.host) + ":" +
                                   std::to_string(options.port));
     }
-    bound_endpoint = main_ks->acceptor.local_endpoint();
+    bound_endpoint = main_ks->acceptors.front()->local_endpoint();
     bound_port = bound_endpoint.port();
   }
 
-  // First I/O thread only.
-  void do_accept(const std::shared_ptr<Keyspace>& ks) {
-    IoThread* target = threads[next_thread].get();
-    next_thread = (next_thread + 1) % threads.size();
-    ks->acceptor.async_accept(target->io, [this, ks, target](boost::system::error_code ec, tcp::socket sock) {
-      if (ec == asio::error::operation_aborted || !ks->acceptor.is_open()) return;
+  // On threads[i]: accepts into that thread's io_context, for good.
+  void do_accept(Keyspace* ks, size_t i) {
+    IoThread* t = threads[i].get();
+    tcp::acceptor& acceptor = *ks->acceptors[i];
+    acceptor.async_accept([this, ks, i, t](boost::system::error_code ec, tcp::socket sock) {
+      tcp::acceptor& a = *ks->acceptors[i];
+      if (ec == asio::error::operation_aborted || !a.is_open()) return;
       if (ec) {
+        // EMFILE and the like: the connection waits in the backlog; try again shortly.
         spdlog::warn("[ddprund] accept failed on the {} store: {}; retrying", ks->name, ec.message());
-        auto t = std::make_shared<asio::steady_timer>(control(), std::chrono::milliseconds(10));
-        t->async_wait([this, ks, t](boost::system::error_code e2) {
-          if (!e2) do_accept(ks);
+        auto timer = std::make_shared<asio::steady_timer>(t->io, std::chrono::milliseconds(10));
+        timer->async_wait([this, ks, i, timer](boost::system::error_code e2) {
+          if (!e2) do_accept(ks, i);
         });
         return;
       }
-      boost::system::error_code ignored;
-      sock.set_option(tcp::no_delay(true), ignored);
-      auto c = std::make_shared<Connection>(std::move(sock), ks.get(), target);
-      auto ep = c->socket.remote_endpoint(ignored);
-      if (!ignored) c->peer = ep.address().to_string() + ":" + std::to_string(ep.port());
+      auto c = std::make_shared<Connection>(std::move(sock), ks, t);
       bool refused = false;
       {
         std::lock_guard lock(mu);
@@ -211,9 +241,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (!refused) {
         ++accepted;
         ++open_conns;
-        asio::dispatch(target->io, [this, c] { start_read(c); });
+        start_read(c);
       }
-      do_accept(ks);
+      do_accept(ks, i);
     });
   }
 
@@ -436,7 +466,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     c->closed = true;
     if (bad_input) {
       ++closed_bad;
-      spdlog::warn("[ddprund] closing connection {} from {}: {}", c->id, c->peer, why);
+      boost::system::error_code e;
+      auto ep = c->socket.remote_endpoint(e);
+      const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+      spdlog::warn("[ddprund] closing connection {} from {}: {}", c->id, peer, why);
     }
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
@@ -471,27 +504,26 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round) override {
-    auto ks = std::make_shared<Keyspace>(control());
+    auto ks = std::make_unique<Keyspace>();
     ks->name = run_id + "/round " + std::to_string(round);
     // Same address as the main listener, any free port.
     bind(*ks, options.host, 0);
-    const uint16_t port = ks->acceptor.local_endpoint().port();
-    asio::post(control(), [this, ks] { do_accept(ks); });
-    round_ks[{run_id, round}] = ks;
+    const uint16_t port = ks->acceptors.front()->local_endpoint().port();
+    start_accepting(ks.get());
+    round_ks[{run_id, round}] = std::move(ks);
     spdlog::debug("[ddprund] job {} round {}: workers' store on port {}", run_id, round, port);
     return port;
   }
   void close(const std::string& run_id, int64_t round) override {
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return;
-    std::shared_ptr<Keyspace> ks = it->second;
+    std::unique_ptr<Keyspace> ks = std::move(it->second);
     round_ks.erase(it);
     ks->discarded = true;
     revoke_connections_locked(ks.get());
-    asio::post(control(), [ks] {
-      boost::system::error_code ignored;
-      ks->acceptor.close(ignored);
-    });
+    ks->state.clear();
+    stop_accepting(ks.get());
+    retired_ks.push_back(std::move(ks));
   }
   bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
     auto it = round_ks.find({run_id, round});
@@ -502,7 +534,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // ---- lifecycle ----
   void start() {
     listen();
-    asio::post(control(), [this] { do_accept(main_ks); });
+    start_accepting(main_ks.get());
     started = true;
     for (auto& t : threads) {
       t->thread = std::thread([io = &t->io] {
@@ -514,22 +546,18 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   void stop() {
     if (!started || stopped.exchange(true)) return;
-    asio::post(control(), [this] {
-      boost::system::error_code ignored;
-      main_ks->acceptor.close(ignored);
-      std::lock_guard lock(mu);
-      for (auto& [_, ks] : round_ks) {
-        ks->discarded = true;
-        asio::post(control(), [ks] {
-          boost::system::error_code e;
-          ks->acceptor.close(e);
-        });
-      }
-      tick_timer->cancel();
-    });
     {
       std::lock_guard lock(mu);
       main_ks->discarded = true;
+      stop_accepting(main_ks.get());
+      for (auto& [_, ks] : round_ks) {
+        ks->discarded = true;
+        stop_accepting(ks.get());
+      }
+      asio::post(control(), [this] {
+        std::lock_guard l(mu);
+        tick_timer->cancel();
+      });
       for (auto& [_, c] : conns) asio::post(c->thread->io, [this, c] { close(c, "", false); });
     }
     // Each thread runs what was posted before its stop (FIFO), then returns.
