@@ -362,3 +362,24 @@ TEST_CASE("WakeUpAndCancelWaitRacingOnDifferentThreadsKeepTheReplyOrder", "[serv
   CHECK(wakes > 0);  // the delays straddle the timeout: both outcomes, and races between them
   CHECK(timeouts > 0);
 }
+
+TEST_CASE("APortInUseFailsWithEaddrinuseWhateverTheThreadCount", "[server][threads]") {
+  // Several I/O threads listen as a SO_REUSEPORT group; a second server must still be refused
+  // the port, not silently join the group and split the clients between two keyspaces.
+  const int first_threads = GENERATE(1, 4);
+  const int second_threads = GENERATE(1, 4);
+  auto first = start_server({}, first_threads);
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = first->port();
+  o.io_threads = second_threads;
+  server::StoreServer second(o);
+  try {
+    second.start();
+    FAIL("a second server bound the busy port " << o.port);
+  } catch (const std::system_error& e) {
+    CHECK(e.code().value() == EADDRINUSE);
+  }
+  client::StoreClient c(client_opts(first->port()));  // the first one still serves
+  CHECK(c.add("k", 1) == 1);
+}

@@ -1,6 +1,6 @@
 #include "ddprun/server/store_server.h"
 
-#include <fcntl.h>
+#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -38,9 +38,9 @@ int resolve_io_threads(int wanted) {
 // Locking: `mu` guards every keyspace's state, the rounds, `conns`, `round_ks`, each
 // connection's `revoked` flag and the tick timer. Each connection's `out_mu` guards its
 // outbox; it is taken inside `mu` or alone, never the other way round. Everything else of a
-// connection belongs to its I/O thread. Every keyspace has one acceptor per I/O thread (dups of
-// one listening socket), each used only on its thread, which accepts straight into its own
-// io_context: accepts run in parallel and no connection is handed between threads.
+// connection belongs to its I/O thread. Every keyspace has one listening socket per I/O thread
+// (a SO_REUSEPORT group, see bind()), each used only on its thread, which accepts straight into
+// its own io_context: accepts run in parallel and no connection is handed between threads.
 struct StoreServer::Impl : rdzv::WorkerStores {
   struct Connection;
   using ConnPtr = std::shared_ptr<Connection>;
@@ -137,53 +137,64 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   asio::io_context& control() { return threads.front()->io; }
 
   // ---- listening ----
+  // Opens `a` for `ep` and binds it: SO_REUSEADDR, dual-stack for IPv6, TCP_NODELAY (accepted
+  // sockets inherit it from the listener on Linux: no call per accept), SO_REUSEPORT if asked.
+  static void open_and_bind(tcp::acceptor& a, const tcp::endpoint& ep, bool reuse_port) {
+    a.open(ep.protocol());
+    a.set_option(tcp::acceptor::reuse_address(true));
+    if (ep.protocol() == tcp::v6()) a.set_option(asio::ip::v6_only(false));
+    a.set_option(tcp::no_delay(true));
+    if (reuse_port) {
+      int one = 1;
+      if (::setsockopt(a.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
+        throw boost::system::system_error(boost::system::error_code(errno, boost::system::system_category()));
+    }
+    a.bind(ep);
+  }
+
+  // One listening socket per I/O thread on the same address. With several threads they form a
+  // SO_REUSEPORT group: the kernel spreads connections over them, each with its own backlog and
+  // lock, so accepts run in parallel and a join storm does not overflow one backlog (somaxconn
+  // caps each). A plain socket binds the address alone first, so a port someone holds (another
+  // ddprund too) still fails with EADDRINUSE, and port 0 becomes a port nobody holds.
   void bind(Keyspace& ks, const std::string& host, uint16_t port) {
-    ks.acceptors.clear();
-    ks.acceptors.push_back(std::make_unique<tcp::acceptor>(control()));
-    tcp::acceptor& acceptor = *ks.acceptors.front();
-    auto open_and_bind = [&](const tcp::endpoint& ep) {
-      acceptor.open(ep.protocol());
-      acceptor.set_option(tcp::acceptor::reuse_address(true));
-      if (ep.protocol() == tcp::v6()) acceptor.set_option(asio::ip::v6_only(false));
-      // Accepted sockets inherit TCP_NODELAY from the listener on Linux: no call per accept.
-      acceptor.set_option(tcp::no_delay(true));
-      acceptor.bind(ep);
-    };
     const int backlog = options.backlog > 0 ? options.backlog : 65535;  // the kernel caps it at somaxconn
+    std::vector<tcp::endpoint> candidates;
     if (host.empty()) {
-      try {
-        open_and_bind(tcp::endpoint(tcp::v6(), port));
-      } catch (const boost::system::system_error&) {
-        if (acceptor.is_open()) acceptor.close();
-        open_and_bind(tcp::endpoint(tcp::v4(), port));
-      }
+      candidates = {tcp::endpoint(tcp::v6(), port), tcp::endpoint(tcp::v4(), port)};
     } else {
       tcp::resolver resolver(control());
-      auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service);
-      boost::system::error_code last = boost::system::errc::make_error_code(boost::system::errc::address_not_available);
-      for (const auto& r : results) {
-        try {
-          open_and_bind(r.endpoint());
-          last = {};
-          break;
-        } catch (const boost::system::system_error& e) {
-          last = e.code();
-          if (acceptor.is_open()) acceptor.close();
+      for (const auto& r : resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service))
+        candidates.push_back(r.endpoint());
+    }
+    boost::system::error_code last = boost::system::errc::make_error_code(boost::system::errc::address_not_available);
+    for (tcp::endpoint ep : candidates) {
+      ks.acceptors.clear();
+      try {
+        auto probe = std::make_unique<tcp::acceptor>(control());
+        open_and_bind(*probe, ep, false);
+        if (threads.size() == 1) {
+          probe->listen(backlog);
+          ks.acceptors.push_back(std::move(probe));
+          return;
         }
+        ep.port(probe->local_endpoint().port());
+        probe->close();
+        for (auto& t : threads) {
+          auto a = std::make_unique<tcp::acceptor>(t->io);
+          open_and_bind(*a, ep, true);
+          a->listen(backlog);
+          ks.acceptors.push_back(std::move(a));
+        }
+        return;
+      } catch (const boost::system::system_error& e) {
+        last = e.code();
+        ks.acceptors.clear();
       }
-      if (last)
-        throw std::system_error(last.value(), std::generic_category(),
-                                "cannot bind the store to " + host + ":" + std::to_string(port));
     }
-    acceptor.listen(backlog);
-    // The other I/O threads accept from the same listening socket through their own descriptor.
-    for (size_t i = 1; i < threads.size(); ++i) {
-      const int fd = ::fcntl(acceptor.native_handle(), F_DUPFD_CLOEXEC, 0);
-      if (fd < 0) throw std::system_error(errno, std::generic_category(), "dup of the listening socket");
-      auto a = std::make_unique<tcp::acceptor>(threads[i]->io);
-      a->assign(acceptor.local_endpoint().protocol(), fd);
-      ks.acceptors.push_back(std::move(a));
-    }
+    if (host.empty()) throw boost::system::system_error(last);  // listen() says which address
+    throw std::system_error(last.value(), std::generic_category(),
+                            "cannot bind the store to " + host + ":" + std::to_string(port));
   }
 
   void start_accepting(Keyspace* ks) {
