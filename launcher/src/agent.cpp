@@ -372,6 +372,9 @@ void Agent::setup_multinode() {
   if (hosting_) {
     server::StoreServerOptions so;
     so.port = endpoint_port_;
+    // The whole job's agents and workers connect here (every round's workers' store too): as
+    // many I/O threads as ddprund would use. The single-node store keeps one.
+    so.io_threads = 0;
     store_ = std::make_unique<server::StoreServer>(so);
     try {
       store_->start();
