@@ -107,7 +107,7 @@ def pid_alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone between open and read: ESRCH
         return False
 
 
@@ -524,7 +524,7 @@ def mark(name, **kw):
 def alive(pid):
     try:
         with open('/proc/%d/stat' % pid) as f: return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except FileNotFoundError: return False
+    except (FileNotFoundError, ProcessLookupError): return False  # gone between open and read: ESRCH
 if attempt == '0':
     if rank == '1':
         open(os.path.join(marks, 'fifo')).read()  # returns once rank 0 ignores SIGTERM
