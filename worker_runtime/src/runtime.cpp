@@ -93,7 +93,9 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     rt->on_cuda_ = true;
   }
 
-  const bool need_store = !env.standalone && env.world_size > 1;
+  // A launcher's store is joined even by a lone rank: the launcher reads init/ to tell a failure
+  // after start-up (retried) from one before it (an import error: not retried).
+  const bool need_store = !env.standalone && (env.world_size > 1 || env.use_agent_store);
   if (need_store && !env.use_agent_store && env.rank == 0) {
     server::StoreServerOptions ss;
     ss.port = env.master_port;
