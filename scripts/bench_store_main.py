@@ -142,6 +142,7 @@ def main():
     ap.add_argument("--storm", default=",".join(map(str, STORM)), help="join-storm sizes, comma-separated")
     ap.add_argument("--quick", action="store_true", help="1 s phases, storm up to 4096")
     ap.add_argument("--phases", default="1,2,3", help="which phases to run, e.g. 3 for the join storm alone")
+    ap.add_argument("--ops", default=",".join(OPS), help="operations of phases 1 and 2, comma-separated")
     ncpu = os.cpu_count() or 1
     ap.add_argument("--gen-threads", type=int, default=max(1, ncpu // 2),
                     help="threads of the C++ load generator (default: half the cores)")
@@ -151,6 +152,7 @@ def main():
     a.here = os.path.dirname(os.path.abspath(__file__))
     secs = 1.0 if a.quick else a.seconds
     CLIENTS[:] = [int(x) for x in a.clients.split(",")]
+    OPS[:] = [x for x in a.ops.split(",") if x]
     STORM[:] = [int(x) for x in a.storm.split(",")]
     storm_sizes = STORM[:3] if a.quick else STORM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -174,7 +176,8 @@ def main():
             s = Server(kind, a)
             log(f"[bench] python clients x{n} -> {kind}")
             for r in run_results([a.py211, os.path.join(a.here, "bench_store_client.py"), "--port", str(s.port),
-                                  "--clients", str(n), "--seconds", str(secs)], timeout=120 + 4 * (secs + 30)):
+                                  "--clients", str(n), "--seconds", str(secs), "--ops", ",".join(OPS)],
+                                 timeout=120 + 4 * (secs + 30)):
                 py[(kind, r["op"], n)] = r
             hwm[(kind, "py")] = max(hwm.get((kind, "py"), 0), s.stop())
 

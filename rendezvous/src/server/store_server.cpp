@@ -27,6 +27,9 @@ namespace {
 constexpr size_t kSmallReadChunk = 4 * 1024;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
+// Bytes for at most this many other threads' connections, produced by one batch of requests,
+// are sent by the producing thread itself; more are handed to the connections' threads.
+constexpr size_t kMaxDirectSends = 16;
 
 int resolve_io_threads(int wanted) {
   if (wanted > 0) return wanted;
@@ -55,6 +58,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     std::vector<store::Outgoing> others;
     std::vector<rdzv::Outbound> rdzv_out;
     std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under `mu`
+    std::vector<ConnPtr> remote;    // other threads' connections that got bytes under `mu`
     std::atomic<uint64_t> requests{0};
   };
 
@@ -69,8 +73,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   };
 
   struct Connection {
-    Connection(tcp::socket sock, Keyspace* k, IoThread* t) : socket(std::move(sock)), ks(k), thread(t) {}
+    Connection(tcp::socket sock, Keyspace* k, IoThread* t)
+        : socket(std::move(sock)), fd(socket.native_handle()), ks(k), thread(t) {}
     tcp::socket socket;
+    const int fd;       // for sends from other threads (under out_mu, while !fd_closed)
     ConnId id = 0;
     Keyspace* ks;       // dereferenced under mu, and only while !revoked
     IoThread* thread;   // the one thread that reads and writes the socket
@@ -82,7 +88,6 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     size_t need_total = 0;
     size_t chunk = kSmallReadChunk;
     std::string writing;
-    bool write_in_flight = false;
     bool closed = false;
     // under mu: its keyspace was reset or dropped; it must not touch any state again
     bool revoked = false;
@@ -90,7 +95,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     std::mutex out_mu;
     std::string out;
     bool close_when_flushed = false;
-    // a flush is posted to its thread and has not run yet
+    bool writer_busy = false;  // its thread has an async write in flight (which flushes again)
+    bool fd_closed = false;    // its thread closed (or is closing) the socket
+    // queued on some thread's to_flush/remote list and not flushed yet
     std::atomic<bool> flush_posted{false};
   };
 
@@ -363,8 +370,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   }
 
   // ---- the outbox (under mu) ----
-  // Appends to `target`'s outbox and makes sure its thread will write it: after the lock is
-  // released when `target` lives on `self` (flush_pending), else through a posted flush.
+  // Appends to `target`'s outbox and makes sure it is written once the lock is released
+  // (flush_pending): by `self` if `target` lives there, else sent from `self` right away when
+  // nobody is writing it (a wake-up must not wait for another thread to wake), or handed to
+  // its thread.
   void append_locked(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false) {
     {
       std::lock_guard out_lock(target->out_mu);
@@ -375,16 +384,8 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   }
 
   void wake(IoThread& self, const ConnPtr& target) {
-    if (target->thread == &self) {
-      if (!target->flush_posted.exchange(true)) self.to_flush.push_back(target);
-      return;
-    }
-    if (!target->flush_posted.exchange(true)) {
-      asio::post(target->thread->io, [this, target] {
-        target->flush_posted = false;
-        flush(target);
-      });
-    }
+    if (target->flush_posted.exchange(true)) return;  // queued already, not flushed yet
+    (target->thread == &self ? self.to_flush : self.remote).push_back(target);
   }
 
   void route_locked(IoThread& self, std::vector<store::Outgoing>& others) {
@@ -407,8 +408,20 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     schedule_tick_locked();
   }
 
-  // Outside mu, on `t`: write what the requests just handled left for this thread's connections.
+  // Outside mu, on `t`: write what the requests just handled left for connections.
   void flush_pending(IoThread& t) {
+    if (!t.remote.empty()) {
+      std::vector<ConnPtr> batch;
+      batch.swap(t.remote);
+      // A few wake-ups (a WAIT released, a ROUND) go out from here at once; a broadcast (a
+      // join storm's release) is spread over the connections' own threads.
+      const bool direct = batch.size() <= kMaxDirectSends;
+      for (auto& c : batch) {
+        c->flush_posted = false;
+        if (direct) send_from_here(c);
+        else asio::post(c->thread->io, [this, c] { flush(c); });
+      }
+    }
     if (t.to_flush.empty()) return;
     std::vector<ConnPtr> batch;
     batch.swap(t.to_flush);
@@ -418,6 +431,22 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     }
     batch.clear();
     if (t.to_flush.empty()) t.to_flush.swap(batch);  // keep the capacity
+  }
+
+  // On a thread that is not c's: one non-blocking send of c's outbox while nobody else writes
+  // it (out_mu held, so c's thread neither writes nor closes the descriptor meanwhile). What
+  // does not go now, a close after the flush, or an error, is left to c's thread.
+  void send_from_here(const ConnPtr& c) {
+    {
+      std::lock_guard out_lock(c->out_mu);
+      if (c->fd_closed || c->out.empty() || c->writer_busy) return;  // a busy writer flushes again
+      if (!c->close_when_flushed) {
+        const ssize_t n = ::send(c->fd, c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) c->out.erase(0, static_cast<size_t>(n));
+        if (c->out.empty()) return;
+      }
+    }
+    asio::post(c->thread->io, [this, c] { flush(c); });
   }
 
   void schedule_tick_locked() {
@@ -444,24 +473,28 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- writing and closing (the connection's thread) ----
   void flush(const ConnPtr& c) {
-    if (c->closed || c->write_in_flight) return;
+    if (c->closed) return;
     bool close_now = false;
     {
       std::lock_guard out_lock(c->out_mu);
+      if (c->writer_busy) return;  // its completion flushes again
       if (c->out.empty()) {
         close_now = c->close_when_flushed;
       } else {
         c->writing.swap(c->out);
         c->out.clear();
+        c->writer_busy = true;
       }
     }
     if (c->writing.empty()) {
       if (close_now) close(c, "", false);
       return;
     }
-    c->write_in_flight = true;
     asio::async_write(c->socket, asio::buffer(c->writing), [this, c](boost::system::error_code ec, size_t) {
-      c->write_in_flight = false;
+      {
+        std::lock_guard out_lock(c->out_mu);
+        c->writer_busy = false;
+      }
       c->writing.clear();
       if (c->closed) return;
       if (ec) {
@@ -481,6 +514,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       auto ep = c->socket.remote_endpoint(e);
       const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
       spdlog::warn("[ddprund] closing connection {} from {}: {}", c->id, peer, why);
+    }
+    {
+      std::lock_guard out_lock(c->out_mu);  // no other thread is sending on it past this point
+      c->fd_closed = true;
     }
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
