@@ -343,7 +343,7 @@ def main():
             m = at16(table, op)
             w(f"- throughput ≥ 1.5× at 16+ clients, {name}, {op}: min ratio "
               f"{'n/a' if m is None else f'{m:.2f}×'} → {'MET' if m and m >= 1.5 else 'NOT MET'}")
-    for n in storm_sizes:
+    for n in storm_sizes if 3 in phases else ():
         o, p = storm.get(("ddprund", n)), storm.get(("pt211", n))
         try:
             pt = a.storm_timeout if (p.get("skipped") or p.get("completed") != "1") else float(p["seconds"])
@@ -351,7 +351,7 @@ def main():
             bound = "<" if pt == a.storm_timeout else ""
             w(f"- join storm N={n}: ours/PyTorch time {bound}{r:.2f}× (goal ≤ 0.5×) → "
               f"{'MET' if r <= 0.5 and o.get('completed') == '1' else 'NOT MET'}")
-        except (TypeError, KeyError, ValueError, ZeroDivisionError):
+        except (AttributeError, TypeError, KeyError, ValueError, ZeroDivisionError):
             w(f"- join storm N={n}: n/a")
     zero = all(int(r.get(f, 0)) == 0 for (k, n), r in storm.items() if k == "ddprund" for f in ("resets", "refused", "eof")) \
         and all(v == 0 for k, v in errs.items() if k[0] == "ddprund")
