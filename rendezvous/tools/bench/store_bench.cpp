@@ -1,8 +1,8 @@
 // ddprun_store_bench: a TCPStore load generator built on ddprun's wire codec. Many
 // connections from ONE process (epoll over non-blocking sockets, on --threads T threads that
 // share the connections out; default 1), so the client is not the bottleneck: on a small
-// machine one thread, on a many-core host as many as it takes to saturate the server. Works against any TCPStore server that
-// speaks dialect D2 (ddprund, PyTorch 2.2+) or D0 (PyTorch 1.13).
+// machine one thread, on a many-core host as many as it takes to saturate the server. Works
+// against any TCPStore server that speaks dialect D2 (ddprund, PyTorch 2.2+) or D0 (PyTorch 1.13).
 //
 //   ddprun_store_bench ops   --port P --op get|add|compare_set|wait --clients N --seconds S
 //   ddprun_store_bench storm --port P --clients N [--timeout S]

@@ -12,7 +12,7 @@
 //  - node ranks are stable across rounds; a node with prefer_rank0 (the endpoint host) gets 0;
 //  - a node is lost when its connection closes or its heartbeats stop (heartbeat_timeout_ms).
 //
-// Thread-safety: none; the server calls it on its one thread.
+// Thread-safety: none; the server calls it under its state lock.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // Pure: no sockets, no threads, no clock. The server feeds it parsed requests and sends
 // what it returns; tests drive it directly.
 //
-// Thread-safety: none; the owner serialises calls (the server calls it on one thread).
+// Thread-safety: none; the owner serialises calls (the server holds its state lock).
 #pragma once
 
 #include <cstdint>
