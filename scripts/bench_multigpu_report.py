@@ -187,22 +187,9 @@ def make_sample(seed, i, n_in):
 
 def mlp_loss(params, n_in, width, depth, seed, n_samples):
     """MSE of the MLP (Linear layers, weights [out][in] then bias, ReLU between) over samples
-    0..n_samples-1, in float64 (torch if importable, else numpy); None without either."""
+    0..n_samples-1, in float64 (numpy); None without numpy."""
     xs, ys = zip(*(make_sample(seed, i, n_in) for i in range(n_samples)))
     dims = [n_in, width] + [width] * depth + [1]
-    try:
-        import torch
-        P = params if isinstance(params, torch.Tensor) else torch.as_tensor(params, dtype=torch.float64)
-        h, off = torch.tensor(xs, dtype=torch.float64), 0
-        for l in range(len(dims) - 1):
-            W = P[off:off + dims[l + 1] * dims[l]].view(dims[l + 1], dims[l]); off += dims[l + 1] * dims[l]
-            b = P[off:off + dims[l + 1]]; off += dims[l + 1]
-            h = h @ W.T + b
-            if l + 2 < len(dims):
-                h = torch.relu(h)
-        return float(((h[:, 0] - torch.tensor(ys, dtype=torch.float64)) ** 2).mean())
-    except ImportError:
-        pass
     try:
         import numpy as np
         P = np.asarray(params, dtype=np.float64)
