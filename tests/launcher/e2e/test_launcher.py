@@ -188,12 +188,18 @@ class Exit(unittest.TestCase):
         self.assertIn("restarting the worker group: attempt 1", p.stderr)
 
     def test_restart_budget_spent(self):
-        # Each attempt gets past joining the store (ADD init/ +1, as every PyTorch client
-        # does), then fails: every restart of the budget is used.
-        code = ("import os, socket, struct\n"
+        # Each attempt gets past joining the store (ADD init/ +1, then wait until every worker
+        # did, as PyTorch's clients do), then fails: every restart of the budget is used.
+        code = ("import os, socket, struct, time\n"
                 "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
-                "s.sendall(bytes([0, 0xCE, 0xF7, 0x85, 0x3C, 4]) + struct.pack('<Q', 5) + b'init/' + struct.pack('<q', 1))\n"
+                "add = lambda d: s.sendall(bytes([4]) + struct.pack('<Q', 5) + b'init/' + struct.pack('<q', d))\n"
+                "s.sendall(bytes([0, 0xCE, 0xF7, 0x85, 0x3C]))  # VALIDATE, once\n"
+                "add(1)\n"
                 "assert len(s.recv(8)) == 8\n"
+                "for _ in range(2000):\n"
+                "    add(0)\n"
+                "    if struct.unpack('<q', s.recv(8))[0] >= int(os.environ['WORLD_SIZE']): break\n"
+                "    time.sleep(0.005)\n"
                 "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n"
                 "raise SystemExit(6)\n")
         p = run(["--nproc_per_node=2", "--max-restarts=2"] + worker(code))
