@@ -125,7 +125,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   }
 
   StoreServerOptions options;
-  std::vector<std::unique_ptr<IoThread>> threads;  // first: also runs acceptors and the timer
+  std::vector<std::unique_ptr<IoThread>> threads;  // the first also runs the rendezvous tick timer
   std::mutex mu;
   std::unique_ptr<Keyspace> main_ks;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> round_ks;
