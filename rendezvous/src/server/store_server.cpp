@@ -1,6 +1,9 @@
 #include "ddprun/server/store_server.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -30,6 +33,19 @@ constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
 // Bytes for at most this many other threads' connections, produced by one batch of requests,
 // are sent by the producing thread itself; more are handed to the connections' threads.
 constexpr size_t kMaxDirectSends = 16;
+
+// Grows this process's descriptor table once, now, to what `RLIMIT_NOFILE` allows (at most
+// kPresizedDescriptors): in a process with several threads every doubling of the table waits
+// for an RCU grace period (milliseconds), so a server accepting thousands of connections would
+// otherwise stall its accepting threads a dozen times in the middle of a join storm.
+constexpr long kPresizedDescriptors = 1 << 16;
+void presize_descriptor_table() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 64) return;
+  const long want = std::min<long>(static_cast<long>(std::min<rlim_t>(rl.rlim_cur, kPresizedDescriptors)), kPresizedDescriptors);
+  const int fd = ::fcntl(2, F_DUPFD_CLOEXEC, static_cast<int>(want - 1));
+  if (fd >= 0) ::close(fd);
+}
 
 int resolve_io_threads(int wanted) {
   if (wanted > 0) return wanted;
@@ -581,6 +597,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- lifecycle ----
   void start() {
+    if (threads.size() > 1) presize_descriptor_table();
     listen();
     start_accepting(main_ks.get());
     started = true;
