@@ -40,6 +40,23 @@ int wait_status(pid_t pid) {
   return st;
 }
 
+// A child that sleeps until kill_and_reap().
+SpawnedProcess spawn_sleeper() {
+  SpawnRequest req;
+  req.executable = *find_executable("sleep", "/usr/bin:/bin");
+  req.argv = {"sleep", "300"};
+  auto p = spawn_process(req);
+  REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
+  return p;
+}
+
+void kill_and_reap(const SpawnedProcess& p) {
+  ::kill(p.pid, SIGKILL);
+  wait_status(p.pid);
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+}
+
 }  // namespace
 
 TEST_CASE("spawned worker: own process group, pipes, env, argv", "[process]") {
@@ -100,11 +117,7 @@ TEST_CASE("find_executable", "[process]") {
 }
 
 TEST_CASE("children_started_before: only children from an earlier clock tick", "[process]") {
-  SpawnRequest req;
-  req.executable = *find_executable("sleep", "/usr/bin:/bin");
-  req.argv = {"sleep", "300"};
-  auto older = spawn_process(req);
-  REQUIRE(wait_exec_status(older.exec_status_fd) == 0);
+  auto older = spawn_sleeper();
   // The next tick (USER_HZ, 10 ms): everything spawned from now on starts at or after it.
   const unsigned long long spawned_tick = boot_ticks_now();
   unsigned long long mark = spawned_tick;
@@ -113,31 +126,19 @@ TEST_CASE("children_started_before: only children from an earlier clock tick", "
     mark = boot_ticks_now();
   }
   REQUIRE(mark > spawned_tick);
-  auto newer = spawn_process(req);
-  REQUIRE(wait_exec_status(newer.exec_status_fd) == 0);
+  auto newer = spawn_sleeper();
   auto before = children_started_before(::getpid(), mark);
   CHECK(std::find(before.begin(), before.end(), older.pid) != before.end());
   CHECK(std::find(before.begin(), before.end(), newer.pid) == before.end());
   auto all = children_of(::getpid());
   CHECK(std::find(all.begin(), all.end(), newer.pid) != all.end());
-  for (auto& p : {older, newer}) {
-    ::kill(p.pid, SIGKILL);
-    wait_status(p.pid);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
-  }
+  kill_and_reap(older);
+  kill_and_reap(newer);
 }
 
 TEST_CASE("children_of lists direct children", "[process]") {
-  SpawnRequest req;
-  req.executable = *find_executable("sleep", "/usr/bin:/bin");
-  req.argv = {"sleep", "300"};
-  auto p = spawn_process(req);
-  REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
+  auto p = spawn_sleeper();
   auto kids = children_of(::getpid());
   CHECK(std::find(kids.begin(), kids.end(), p.pid) != kids.end());
-  ::kill(p.pid, SIGKILL);
-  wait_status(p.pid);
-  ::close(p.stdout_fd);
-  ::close(p.stderr_fd);
+  kill_and_reap(p);
 }
