@@ -178,6 +178,9 @@ struct Worker {
   int global_rank = 0;
   pid_t pid = -1;
   bool reaped = false;
+  // Its exit was seen through the early exit watch and dispatched; the reap only finishes it.
+  bool exit_reported = false;
+  int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
   Stream out;
   Stream err;
   TailBuffer tail{20};
@@ -249,6 +252,10 @@ class Agent {
   void arm_retire_timer();
   void on_signalfd();
   void reap_children();
+  void worker_ended(Worker& w);
+  void setup_exit_watch();
+  void on_exit_watch(Worker& w);
+  void close_exit_watch(Worker& w);
   void on_pipe(int fd);
   bool read_stream(Worker& w, Stream& s, bool is_err, size_t budget);
   void close_stream(Stream& s);
@@ -303,6 +310,11 @@ class Agent {
   std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's
   std::unordered_map<pid_t, Worker*> by_pid_;
   std::unordered_map<int, std::pair<Worker*, bool>> by_fd_;  // fd -> (worker, is_err)
+  std::unordered_map<int, Worker*> by_exit_watch_fd_;       // seccomp listener -> worker
+  // Workers of ended attempts whose exit was seen early and that are not reaped yet: when.
+  std::unordered_map<pid_t, Clock::time_point> dying_;
+  bool exit_watch_ = false;               // --early_exit_watch and a kernel where it helps
+  bool exit_watch_no_new_privs_ = false;  // may set no_new_privs (no CAP_SYS_ADMIN)
   std::vector<pid_t> old_pgroups_;                          // previous attempts', to clean up
   std::vector<RetiringGroup> retiring_;                     // overlapped restart: old attempts
   Clock::time_point attempt_started_;
@@ -610,6 +622,7 @@ int Agent::run() {
     ensure_std_fds_open();
     setup_signals();
     prepare_command();
+    setup_exit_watch();
     guardian_ = std::make_unique<Guardian>();  // before the store's thread and the subreaper
     become_child_subreaper();
     if (opts_.multi_node()) {
@@ -702,6 +715,8 @@ void Agent::loop() {
         if (::read(retire_timer_fd_, &expirations, sizeof expirations) == sizeof expirations) {
           on_retire_timer();
         }
+      } else if (auto it = by_exit_watch_fd_.find(fd); it != by_exit_watch_fd_.end()) {
+        on_exit_watch(*it->second);
       } else {
         on_pipe(fd);
       }
@@ -767,6 +782,8 @@ void Agent::end_attempt() {
     drain(*w);
     close_stream(w->out);
     close_stream(w->err);
+    close_exit_watch(*w);
+    if (w->exit_reported && !w->reaped) dying_[w->pid] = w->ended;
     by_pid_.erase(w->pid);
     signal_process_group(w->pid, SIGKILL);  // leftovers of its group (grandchildren)
     old_pgroups_.push_back(w->pid);
@@ -783,7 +800,7 @@ void Agent::kill_orphans(std::optional<unsigned long long> started_before_tick) 
   const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
                                             : children_of(::getpid());
   for (pid_t child : children) {
-    if (!by_pid_.count(child)) {
+    if (!by_pid_.count(child) && !dying_.count(child)) {
       spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);
       ::kill(child, SIGKILL);
     }
@@ -858,6 +875,7 @@ void Agent::release_retired(size_t index) {
     drain(*w);
     close_stream(w->out);
     close_stream(w->err);
+    close_exit_watch(*w);
     by_pid_.erase(w->pid);
     signal_process_group(w->pid, SIGKILL);  // grandchildren left in its group
     old_pgroups_.push_back(w->pid);
@@ -933,6 +951,8 @@ void Agent::start_attempt(int attempt) {
     req.envp = to_envp(wenv);
     req.stdin_fd = stdin_fd_;
     req.reset_to_default = reset_to_default_;
+    req.exit_watch = exit_watch_;
+    req.exit_watch_no_new_privs = exit_watch_no_new_privs_;
     SpawnedProcess p = spawn_process(req);
     w->pid = p.pid;
     w->started = Clock::now();
@@ -950,7 +970,21 @@ void Agent::start_attempt(int attempt) {
     spawned.push_back(p);
     workers_.push_back(std::move(w));
   }
-  // All forked; now wait for each exec (a few ms in all, not per worker).
+  // All forked; now take each exit watch and wait for each exec (a few ms in all, not per worker).
+  for (size_t i = 0; i < spawned.size(); ++i) {
+    Worker& w = *workers_[i];
+    w.exit_watch_fd = receive_exit_watch(spawned[i].exit_watch_sock);
+    if (w.exit_watch_fd >= 0) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;  // POLLHUP is always reported: no task uses the filter any more
+      ev.data.fd = w.exit_watch_fd;
+      DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, w.exit_watch_fd, &ev));
+      by_exit_watch_fd_[w.exit_watch_fd] = &w;
+    } else if (exit_watch_ && i == 0) {
+      spdlog::debug("no early exit watch for local rank 0 (seccomp listener not allowed here): exits are "
+                    "seen when reaped");
+    }
+  }
   for (size_t i = 0; i < spawned.size(); ++i) {
     int err = wait_exec_status(spawned[i].exec_status_fd);
     if (err != 0) {
@@ -1011,36 +1045,99 @@ void Agent::reap_children() {
     if (pid <= 0) break;
     auto it = by_pid_.find(pid);
     if (it == by_pid_.end()) {
-      spdlog::debug("reaped descendant pid {}", pid);
+      if (auto d = dying_.find(pid); d != dying_.end()) {
+        spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid,
+                      std::chrono::duration<double, std::milli>(Clock::now() - d->second).count());
+        dying_.erase(d);
+      } else {
+        spdlog::debug("reaped descendant pid {}", pid);
+      }
       continue;
     }
     Worker& w = *it->second;
     w.reaped = true;
+    close_exit_watch(w);
+    const WorkerStatus status = WIFSIGNALED(st) ? WorkerStatus::killed_by(WTERMSIG(st))
+                                                : WorkerStatus::exited(WEXITSTATUS(st));
+    if (w.exit_reported) {
+      // Seen (and dispatched) as it began to exit; now it is gone.
+      drain(w);
+      spdlog::debug("worker r{} (pid {}) reaped {:.1f} ms after its exit was seen: {}", w.global_rank, pid,
+                    std::chrono::duration<double, std::milli>(Clock::now() - w.ended).count(), status.describe());
+      if (status.describe() != w.status->describe()) {
+        spdlog::warn("worker r{} (pid {}): exit status {} at the reap, {} when it began to exit", w.global_rank,
+                     pid, status.describe(), w.status->describe());
+      }
+      const bool current =
+          std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+      if (!current && !done_) on_retired_exit(w);  // may free `w`
+      continue;
+    }
     w.ended = Clock::now();
     w.ended_wall = WallClock::now();
-    w.status = WIFSIGNALED(st) ? WorkerStatus::killed_by(WTERMSIG(st))
-                               : WorkerStatus::exited(WEXITSTATUS(st));
-    drain(w);  // its output is complete now (grandchildren aside), before anyone reads the tail
-    spdlog::debug("worker r{} (pid {}) ended: {} after {:.1f} ms", w.global_rank, pid,
-                  w.status->describe(),
-                  std::chrono::duration<double, std::milli>(w.ended - w.started).count());
-    if (done_) continue;
-    // Not current: a retired worker of an earlier attempt (overlapped restart).
-    const bool current =
-        std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
-    bool progressed = true;
-    if (current && !w.status->success() && state_.phase() == AgentState::Phase::Running && store_ &&
-        !opts_.multi_node()) {
-      // Only the running attempt's first failure needs it (a round trip to the store's thread).
-      // Every worker joined the store (PyTorch's clients and libddprun_worker add 1 to init/)?
-      progressed = store_->counter("init/") >= layout_.world_size;
-    }
-    dispatch(WorkerExited{.local_rank = w.local_rank,
-                          .status = *w.status,
-                          .attempt_progressed = progressed,
-                          .attempt = w.attempt});
-    if (!current) on_retired_exit(w);  // may free `w`
+    w.status = status;
+    worker_ended(w);
   }
+}
+
+void Agent::setup_exit_watch() {
+  if (!opts_.early_exit_watch) return;
+  if (!kernel_reports_exit_early()) {
+    spdlog::debug("early exit watch off: this kernel drops seccomp filters only at the reap (Linux < 6.11)");
+    return;
+  }
+  exit_watch_ = true;
+  // Without CAP_SYS_ADMIN (in our user namespace) the filter needs no_new_privs: allowed, as
+  // documented under --early_exit_watch.
+  exit_watch_no_new_privs_ = true;
+}
+
+// The early exit watch fired: the worker (and whatever inherited its filter) is exiting. A
+// non-zero status in /proc is final (the task is past the point of no return) and is acted on
+// now, 15-30 ms before the reap; a zero status (a clean exit, or not written yet) waits for it.
+void Agent::on_exit_watch(Worker& w) {
+  close_exit_watch(w);
+  if (w.reaped || w.exit_reported || done_) return;
+  const bool current = std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+  if (!current) return;  // a retiring worker: its reap is soon enough
+  const auto raw = early_exit_status(w.pid);
+  if (!raw) return;
+  w.exit_reported = true;
+  w.ended = Clock::now();
+  w.ended_wall = WallClock::now();
+  w.status = WIFSIGNALED(*raw) ? WorkerStatus::killed_by(WTERMSIG(*raw)) : WorkerStatus::exited(WEXITSTATUS(*raw));
+  worker_ended(w);
+}
+
+void Agent::close_exit_watch(Worker& w) {
+  if (w.exit_watch_fd < 0) return;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, w.exit_watch_fd, nullptr);
+  by_exit_watch_fd_.erase(w.exit_watch_fd);
+  ::close(w.exit_watch_fd);
+  w.exit_watch_fd = -1;
+}
+
+// `w` ended with w.status (reaped, or seen by the exit watch): tell the state machine.
+void Agent::worker_ended(Worker& w) {
+  drain(w);  // its output is complete now (grandchildren aside), before anyone reads the tail
+  spdlog::debug("worker r{} (pid {}) ended: {} after {:.1f} ms{}", w.global_rank, w.pid, w.status->describe(),
+                std::chrono::duration<double, std::milli>(w.ended - w.started).count(),
+                w.reaped ? "" : " (seen as it began to exit)");
+  if (done_) return;
+  // Not current: a retired worker of an earlier attempt (overlapped restart).
+  const bool current = std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+  bool progressed = true;
+  if (current && !w.status->success() && state_.phase() == AgentState::Phase::Running && store_ &&
+      !opts_.multi_node()) {
+    // Only the running attempt's first failure needs it (a round trip to the store's thread).
+    // Every worker joined the store (PyTorch's clients and libddprun_worker add 1 to init/)?
+    progressed = store_->counter("init/") >= layout_.world_size;
+  }
+  dispatch(WorkerExited{.local_rank = w.local_rank,
+                        .status = *w.status,
+                        .attempt_progressed = progressed,
+                        .attempt = w.attempt});
+  if (!current) on_retired_exit(w);  // may free `w`
 }
 
 void Agent::on_pipe(int fd) {
@@ -1216,11 +1313,13 @@ void Agent::close_all() {
   for (auto& w : workers_) {
     close_stream(w->out);
     close_stream(w->err);
+    close_exit_watch(*w);
   }
   for (auto& g : retiring_) {
     for (auto& w : g.workers) {
       close_stream(w->out);
       close_stream(w->err);
+      close_exit_watch(*w);
     }
   }
   for (int* fd : {&epoll_fd_, &signal_fd_, &timer_fd_, &retire_timer_fd_, &stdin_fd_}) {

@@ -61,6 +61,10 @@ constexpr FlagSpec kFlags[] = {
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
+    {"early_exit_watch", "", true,
+     "1 (default): learn of a worker's exit as it starts (a seccomp listener, Linux 6.11+), not "
+     "15-30 ms later when the kernel has freed it; without CAP_SYS_ADMIN this sets no_new_privs on "
+     "the workers (setuid programs such as sudo then fail in them); 0: off"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},
 };
@@ -437,6 +441,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
   }
   if (auto s = get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
+  if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
 
   if (o.standalone) {
     // torchrun: c10d on a free local port with a random run id, one node.

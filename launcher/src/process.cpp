@@ -2,15 +2,21 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -33,12 +39,44 @@ void close_fds_from(int first) {
   for (int fd = first; fd < max; ++fd) ::close(fd);
 }
 
+// In the child: a seccomp filter that allows everything, with a listener, sent to the agent
+// over `sock` (one byte, the listener attached when there is one). Async-signal-safe.
+void install_exit_watch(int sock, bool allow_no_new_privs) {
+  sock_filter allow_all = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  sock_fprog prog{1, &allow_all};
+  long listener = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+  if (listener < 0 && errno == EACCES && allow_no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) {
+    listener = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
+  }
+  char byte = listener >= 0 ? 1 : 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (listener >= 0) {
+    const int fd = static_cast<int>(listener);
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t ignored = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  (void)ignored;
+  if (listener >= 0) ::close(static_cast<int>(listener));
+  ::close(sock);
+}
+
 // Only async-signal-safe calls from here on: the agent has other threads (the store).
 [[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, int out_w, int err_w,
-                             int status_w, char* const* argv, char* const* envp) {
+                             int status_w, int watch_w, char* const* argv, char* const* envp) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(126);  // the agent died before prctl took effect
+  if (watch_w >= 0) install_exit_watch(watch_w, req.exit_watch_no_new_privs);
 
   sigset_t none;
   sigemptyset(&none);
@@ -91,24 +129,106 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
     errno = e;
     throw_errno("pipe2");
   }
+  int watch[2] = {-1, -1};
+  if (req.exit_watch && ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, watch) != 0) {
+    watch[0] = watch[1] = -1;  // no watch for this one: the reap still tells
+  }
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
-    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1]}) ::close(fd);
+    for (int fd : {out[0], out[1], err[0], err[1], status[0], status[1], watch[0], watch[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
     errno = e;
     throw_errno("fork");
   }
-  if (pid == 0) exec_child(req, parent, out[1], err[1], status[1], argv.data(), envp.data());
+  if (pid == 0) exec_child(req, parent, out[1], err[1], status[1], watch[1], argv.data(), envp.data());
 
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   ::close(out[1]);
   ::close(err[1]);
   ::close(status[1]);
+  if (watch[1] >= 0) ::close(watch[1]);
   ::fcntl(out[0], F_SETFL, ::fcntl(out[0], F_GETFL) | O_NONBLOCK);
   ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL) | O_NONBLOCK);
-  return SpawnedProcess{pid, out[0], err[0], status[0]};
+  return SpawnedProcess{pid, out[0], err[0], status[0], watch[0]};
+}
+
+int receive_exit_watch(int sock, int timeout_ms) {
+  if (sock < 0) return -1;
+  int listener = -1;
+  pollfd p{sock, POLLIN, 0};
+  int ready;
+  do {
+    ready = ::poll(&p, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready > 0) {
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do {
+      n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n == 1) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+          std::memcpy(&listener, CMSG_DATA(c), sizeof listener);
+        }
+      }
+    }
+  }
+  ::close(sock);
+  return listener;
+}
+
+bool kernel_reports_exit_early() {
+  utsname u{};
+  if (::uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 6 || (major == 6 && minor >= 11);
+}
+
+std::optional<int> early_exit_status(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buf[2048];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof buf - 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  buf[n] = '\0';
+  // "pid (comm) state ..." - comm may hold spaces and parentheses: fields count from the last ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return std::nullopt;
+  ++p;
+  // After ')' come fields 3.. ; the exit code is field 52 (Linux 3.5+), the last one.
+  int field = 2;
+  const char* tok = nullptr;
+  while (*p) {
+    while (*p == ' ') ++p;
+    if (!*p || *p == '\n') break;
+    ++field;
+    tok = p;
+    while (*p && *p != ' ' && *p != '\n') ++p;
+    if (field == 52) break;
+  }
+  if (field != 52 || !tok) return std::nullopt;
+  const long code = std::strtol(tok, nullptr, 10);
+  if (code <= 0 || code > 0xffff) return std::nullopt;
+  return static_cast<int>(code);
 }
 
 int wait_exec_status(int fd, int timeout_ms) {

@@ -20,6 +20,8 @@ import unittest
 DDPRUN = None
 PY = sys.executable
 HANG_GUARD = 60.0
+# Linux 6.11+ drops a task's seccomp filters as it starts to exit: ddprun's early exit watch works.
+EXIT_WATCH_KERNEL = tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (6, 11)
 
 
 def run(args, env=None, timeout=HANG_GUARD, cwd=None):
@@ -156,6 +158,38 @@ class Exit(unittest.TestCase):
         p = run(["--nproc_per_node=1"] + worker("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
         self.assertEqual(p.returncode, 128 + 9)
         self.assertIn("signal SIGKILL (9)", p.stderr[p.stderr.rindex("FAILED"):])
+
+    def test_workers_carry_the_exit_watch_filter_unless_off(self):
+        code = ("import re\n"
+                "print('filters', re.search(r'Seccomp_filters:\\s*(\\d+)', open('/proc/self/status').read()).group(1))\n")
+        on = run(["--nproc_per_node=1"] + worker(code))
+        off = run(["--nproc_per_node=1", "--early_exit_watch=0"] + worker(code))
+        self.assertEqual(on.returncode, 0, on.stderr)
+        self.assertEqual(off.returncode, 0, off.stderr)
+        self.assertIn("[r0]: filters %d" % (1 if EXIT_WATCH_KERNEL else 0), on.stdout)
+        self.assertIn("[r0]: filters 0", off.stdout)
+
+    def test_exit_seen_as_it_begins_then_reaped(self):
+        # 512 MiB touched: the kernel takes tens of ms to free it before the exit can be reaped.
+        # Attempt 1 runs on for a while, so the old worker's reap is logged too.
+        code = ("import os, time\n"
+                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                "    b = b'x' * (512 << 20)\n"
+                "    os.kill(os.getpid(), 9)\n"
+                "time.sleep(1)\n")
+        p = run(["-v", "--nproc_per_node=1", "--max_restarts=1"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("failed: signal SIGKILL (9)", p.stderr)
+        if EXIT_WATCH_KERNEL:
+            self.assertIn("ended: signal SIGKILL (9)", p.stderr)
+            self.assertIn("(seen as it began to exit)", p.stderr)
+            self.assertRegex(p.stderr, r"reaped [0-9.]+ ms after its exit was seen")
+            self.assertNotIn("killing orphan", p.stderr)
+        off = run(["-v", "--nproc_per_node=1", "--early_exit_watch=0"] +
+                  worker("import os; b = b'x' * (64 << 20); os.kill(os.getpid(), 9)"))
+        self.assertEqual(off.returncode, 128 + 9, off.stderr)
+        self.assertIn("signal SIGKILL (9)", off.stderr[off.stderr.rindex("FAILED"):])
+        self.assertNotIn("seen as it began to exit", off.stderr)
 
     def test_sigsegv_is_named(self):
         p = run(["--nproc_per_node=1"] + worker("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"))

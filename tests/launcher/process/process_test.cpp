@@ -1,6 +1,7 @@
 // The process layer against real processes (fork/exec, groups, pipes), no agent.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -140,5 +141,152 @@ TEST_CASE("children_of lists direct children", "[process]") {
   auto p = spawn_sleeper();
   auto kids = children_of(::getpid());
   CHECK(std::find(kids.begin(), kids.end(), p.pid) != kids.end());
+  kill_and_reap(p);
+}
+
+namespace {
+
+// Spawns `sh -c script` with the early exit watch; returns the process and its listener.
+std::pair<SpawnedProcess, int> spawn_watched(const std::string& script) {
+  SpawnRequest req;
+  req.executable = *find_executable("sh", "/usr/bin:/bin");
+  req.argv = {"sh", "-c", script};
+  req.exit_watch = true;
+  req.exit_watch_no_new_privs = true;
+  auto p = spawn_process(req);
+  REQUIRE(p.exit_watch_sock >= 0);
+  const int listener = receive_exit_watch(p.exit_watch_sock);
+  REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
+  return {p, listener};
+}
+
+// Waits for the listener to report that no task uses the filter any more.
+void wait_hup(int listener) {
+  pollfd p{listener, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 30000) == 1);  // hang guard only
+  CHECK((p.revents & POLLHUP) != 0);
+}
+
+}  // namespace
+
+TEST_CASE("early exit watch: the listener reports the exit and /proc holds the status before the reap",
+          "[process][exit_watch]") {
+  if (!kernel_reports_exit_early()) {
+    WARN("skipped: Linux < 6.11 drops seccomp filters only at the reap");
+    return;
+  }
+  SECTION("SIGKILL") {
+    auto [p, listener] = spawn_watched("exec sleep 300");
+    REQUIRE(listener >= 0);
+    ::kill(p.pid, SIGKILL);
+    wait_hup(listener);
+    auto early = early_exit_status(p.pid);  // not reaped yet: the zombie keeps it
+    REQUIRE(early);
+    CHECK(WIFSIGNALED(*early));
+    CHECK(WTERMSIG(*early) == SIGKILL);
+    const int st = wait_status(p.pid);
+    CHECK(st == *early);
+    ::close(listener);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+  SECTION("exit code 3") {
+    auto [p, listener] = spawn_watched("exit 3");
+    REQUIRE(listener >= 0);
+    wait_hup(listener);
+    auto early = early_exit_status(p.pid);
+    REQUIRE(early);
+    CHECK(WIFEXITED(*early));
+    CHECK(WEXITSTATUS(*early) == 3);
+    CHECK(wait_status(p.pid) == *early);
+    ::close(listener);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+  SECTION("a clean exit shows no early status: the reap tells") {
+    auto [p, listener] = spawn_watched("exit 0");
+    REQUIRE(listener >= 0);
+    wait_hup(listener);
+    CHECK_FALSE(early_exit_status(p.pid));
+    const int st = wait_status(p.pid);
+    CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+    ::close(listener);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+  SECTION("a child that inherited the filter holds the report back until it exits too") {
+    // The worker exits at once; its background child lives on until its stdin pipe closes.
+    int gate[2];
+    REQUIRE(::pipe2(gate, O_CLOEXEC) == 0);
+    SpawnRequest req;
+    req.executable = *find_executable("sh", "/usr/bin:/bin");
+    req.argv = {"sh", "-c", "exec 3<&0; (read x <&3) & exit 5"};
+    req.stdin_fd = gate[0];
+    req.exit_watch = true;
+    req.exit_watch_no_new_privs = true;
+    auto p = spawn_process(req);
+    const int listener = receive_exit_watch(p.exit_watch_sock);
+    REQUIRE(listener >= 0);
+    REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
+    const int st = wait_status(p.pid);  // the worker itself is gone
+    CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 5));
+    pollfd pf{listener, POLLIN, 0};
+    CHECK(::poll(&pf, 1, 0) == 0);  // its child still uses the filter
+    ::close(gate[1]);                // the child's read returns: it exits
+    wait_hup(listener);
+    ::close(gate[0]);
+    ::close(listener);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+}
+
+TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big process down", "[process][exit_watch]") {
+  if (!kernel_reports_exit_early()) {
+    WARN("skipped: Linux < 6.11 drops seccomp filters only at the reap");
+    return;
+  }
+  auto python = find_executable("python3", "/usr/bin:/bin");
+  if (!python) {
+    WARN("skipped: no python3");
+    return;
+  }
+  // 512 MiB touched, then SIGKILL to itself: freeing it takes the kernel tens of ms, and the
+  // parent hears of the exit only after that. The listener must fire before; scheduling noise
+  // may hide it once, so three tries, of which one must show it.
+  int early_seen = 0;
+  for (int trial = 0; trial < 3 && early_seen == 0; ++trial) {
+    SpawnRequest req;
+    req.executable = *python;
+    req.argv = {"python3", "-c", "import os\nb = b'x' * (512 << 20)\nos.kill(os.getpid(), 9)"};
+    req.exit_watch = true;
+    req.exit_watch_no_new_privs = true;
+    auto p = spawn_process(req);
+    const int listener = receive_exit_watch(p.exit_watch_sock);
+    REQUIRE(listener >= 0);
+    REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
+    wait_hup(listener);
+    siginfo_t si{};
+    REQUIRE(::waitid(P_PID, static_cast<id_t>(p.pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0);
+    const bool still_tearing_down = si.si_pid == 0;
+    auto early = early_exit_status(p.pid);
+    if (still_tearing_down) {
+      REQUIRE(early);
+      CHECK(WTERMSIG(*early) == SIGKILL);
+      ++early_seen;
+    }
+    const int st = wait_status(p.pid);
+    CHECK((WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL));
+    ::close(listener);
+    ::close(p.stdout_fd);
+    ::close(p.stderr_fd);
+  }
+  CHECK(early_seen == 1);
+}
+
+TEST_CASE("early exit watch off: no socket, no listener", "[process][exit_watch]") {
+  auto p = spawn_sleeper();
+  CHECK(p.exit_watch_sock == -1);
+  CHECK(receive_exit_watch(p.exit_watch_sock) == -1);
   kill_and_reap(p);
 }

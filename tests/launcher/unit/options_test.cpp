@@ -226,3 +226,13 @@ TEST_CASE("--overlap_restart: on by default, 1/0/true/false, both spellings, PET
              Catch::Contains("--overlap_restart") && Catch::Contains("'maybe'") && Catch::Contains("1/0 or true/false"));
   CHECK_THAT(error_of({"x"}, {{"PET_OVERLAP_RESTART", "yes please"}}), Catch::Contains("--overlap_restart"));
 }
+
+TEST_CASE("--early_exit_watch: on by default, 1/0, both spellings, PET_", "[options]") {
+  CHECK(ok({"x"}).early_exit_watch);
+  CHECK_FALSE(ok({"--early_exit_watch=0", "x"}).early_exit_watch);
+  CHECK_FALSE(ok({"--early-exit-watch", "false", "x"}).early_exit_watch);
+  CHECK(ok({"--early-exit-watch=1", "x"}).early_exit_watch);
+  CHECK_FALSE(ok({"x"}, {{"PET_EARLY_EXIT_WATCH", "0"}}).early_exit_watch);
+  CHECK_THAT(error_of({"--early_exit_watch=sometimes", "x"}),
+             Catch::Contains("--early_exit_watch") && Catch::Contains("'sometimes'"));
+}

@@ -91,6 +91,9 @@ struct LaunchOptions {
   // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
   // background). Single node only; multi-node restarts always wait.
   bool overlap_restart = true;
+  // A seccomp listener per worker that reports its exit as it begins (process.h); sets
+  // no_new_privs on the workers when ddprun lacks CAP_SYS_ADMIN.
+  bool early_exit_watch = true;
   bool virtual_local_rank = false;
   int verbosity = 0;  // -v: debug logs
   std::string entrypoint;

@@ -3,6 +3,17 @@
 // Each worker runs in its own process group (so a signal reaches its children too), gets
 // SIGKILL when the agent dies (PR_SET_PDEATHSIG, with the getppid() race checked), starts with
 // an empty signal mask, and inherits no descriptor but 0-2.
+//
+// Early exit watch (SpawnRequest::exit_watch): the kernel tells a parent that its child died
+// (SIGCHLD, pidfd, waitpid) only after it has torn the child down, and tearing down a process
+// with PyTorch loaded takes 15-30 ms (its address space is freed first). Since Linux 6.11 a
+// task drops its seccomp filters at the very start of its exit, and the listener of a filter
+// reports POLLHUP once no task uses the filter any more. So the child installs a filter that
+// allows every system call, with a listener (SECCOMP_FILTER_FLAG_NEW_LISTENER), and hands the
+// listener to the agent: POLLHUP on it means "the worker (and every descendant that inherited
+// the filter) is exiting", well before the exit is reaped, and /proc/<pid>/stat already holds
+// its exit status then (early_exit_status). Installing a filter needs CAP_SYS_ADMIN or the
+// no_new_privs bit; the latter is set only when allowed (exit_watch_no_new_privs).
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +34,10 @@ struct SpawnRequest {
   // Every other disposition is left as inherited (exec resets handlers; a SIG_IGN from the
   // agent's own parent, e.g. nohup's SIGHUP, stays, as with torchrun).
   std::vector<int> reset_to_default;
+  // Early exit watch (see above). Without CAP_SYS_ADMIN the filter needs PR_SET_NO_NEW_PRIVS
+  // (exec of setuid programs then gains no privileges); only set when this allows it.
+  bool exit_watch = false;
+  bool exit_watch_no_new_privs = false;
 };
 
 struct SpawnedProcess {
@@ -30,6 +45,7 @@ struct SpawnedProcess {
   int stdout_fd = -1;  // read ends, non-blocking, close-on-exec; the caller owns them
   int stderr_fd = -1;
   int exec_status_fd = -1;  // reads EOF once exec succeeded, or an errno (int) if it failed
+  int exit_watch_sock = -1;  // exit_watch: brings the listener (receive_exit_watch), else -1
 };
 
 // Forks the worker. Throws std::system_error when pipe/fork fail. An exec failure shows later
@@ -39,6 +55,20 @@ SpawnedProcess spawn_process(const SpawnRequest& req);
 // Waits until exec succeeded or failed, at most `timeout_ms` (then assumes it is under way);
 // returns 0 or the errno of the failed exec. Closes the fd.
 int wait_exec_status(int exec_status_fd, int timeout_ms = 30000);
+
+// The seccomp listener the child sent over `sock` (SpawnedProcess::exit_watch_sock), close-on-
+// exec; -1 when the child could not install one (old kernel, seccomp not allowed, a listener
+// already in its filter chain) or exited first. Waits at most `timeout_ms`. Closes `sock`.
+int receive_exit_watch(int sock, int timeout_ms = 5000);
+
+// Whether this kernel drops a task's seccomp filters as the task starts to exit (Linux 6.11+);
+// on older kernels the listener reports only after the reap and the watch is of no use.
+bool kernel_reports_exit_early();
+
+// The exit status, in waitpid's format, that /proc/<pid>/stat shows for an exiting child that
+// has not been reaped yet; nullopt when it shows 0 (a clean exit, or not set yet: either way,
+// the reap tells) or cannot be read.
+std::optional<int> early_exit_status(pid_t pid);
 
 // `name` with a '/' is returned as is when executable; otherwise searched on `path_var`.
 std::optional<std::string> find_executable(const std::string& name, const std::string& path_var);
