@@ -2,8 +2,10 @@
 # Restart latency on one node, side by side in one run, same worker (scripts/bench_restart_worker.py)
 # for every launcher: --nproc_per_node=2 --max_restarts=1, gloo, loopback only.
 #   ddprun           with the worker on torch 1.13 (/usr/bin/python3) and, if the venv exists, on torch 2.11;
-#                    each twice: --overlap_restart=1 (the default: the next attempt starts while the old
-#                    survivors are still being stopped) and --overlap_restart=0 (wait for them, then start)
+#                    as is (defaults: --overlap_restart=1, the next attempt starts while the old survivors
+#                    are still being stopped; --early_exit_watch=1, a worker's exit is seen as it begins),
+#                    with --early_exit_watch=0 ("-nowatch": the exit is seen when reaped), and with WAIT=1
+#                    also --overlap_restart=0 ("-wait": wait for the old survivors, then start)
 #   torchrun 1.13    /usr/bin/python3 -m torch.distributed.run --redirects 1 --tee 1 --log_dir (Python 3.11 needs them)
 #   torchrun 2.11    the venv's python -m torch.distributed.run (when $DDPRUN_VENV or .venv-torch2 exists)
 # torchrun gets --monitor_interval 0.1. All launchers get --master_addr=127.0.0.1 and a free port.
@@ -158,7 +160,8 @@ wrap() {  # PYTHON -> the launcher arguments that run the worker through the sta
 }
 if v=$(tv "$SYS_PY"); then
   add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$SYS_PY")
-  add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$SYS_PY")
+  add ddprun-nowatch "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --early_exit_watch=0 $(wrap "$SYS_PY")
+  if [[ -n "${WAIT:-}" ]]; then add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$SYS_PY"); fi
   add torchrun "$v" "$SYS_PY" "$SYS_PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "{LOGDIR}" \
     --monitor_interval 0.1 "${common[@]}" $(wrap "$SYS_PY")
 else
@@ -166,7 +169,8 @@ else
 fi
 if [[ -x "$VENV_PY" ]] && v=$(tv "$VENV_PY"); then
   add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$VENV_PY")
-  add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$VENV_PY")
+  add ddprun-venv-nowatch "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --early_exit_watch=0 $(wrap "$VENV_PY")
+  if [[ -n "${WAIT:-}" ]]; then add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$VENV_PY"); fi
   add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}" $(wrap "$VENV_PY")
 else
   echo "(no torch in $VENV_PY: torchrun 2.x skipped)"
