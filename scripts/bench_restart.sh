@@ -205,8 +205,10 @@ python3 - "$results" <<'PY'
 import json, statistics, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
 names = list(dict.fromkeys(r["name"] for r in rs))
+EARLY = ("noticed_ms", "failed_line_ms", "exec_ms", "started_ms")  # stages before the replacements' init
 def med(name, k):
-    v = [r[k] for r in rs if r["name"] == name and not r["error"] and k in r]
+    # A run whose replacements failed later (torchrun's connectFullMesh) still timed these stages.
+    v = [r[k] for r in rs if r["name"] == name and (k in EARLY or not r["error"]) and k in r]
     return statistics.median(v) if v else None
 base = {r["torch"]: r["name"] for r in rs if r["name"] in ("ddprun", "ddprun-venv")}  # overlap on
 keys = [("noticed_ms", "kill → failure noticed (ms)"), ("failed_line_ms", "kill → line saying 'failed' (ms)"), ("exec_ms", "kill → all replacements exec'd (ms)"), ("started_ms", "kill → all replacements' first Python line (ms)"),
@@ -226,12 +228,14 @@ for n in names:
         cells.append(c)
     codes = sorted(set(str(r["rc"]) for r in mine))
     if n.startswith("ddprun"):
-        label = "ddprun --overlap_restart=0" if n.endswith("-wait") else "ddprun --overlap_restart=1 (default)"
+        label = ("ddprun --overlap_restart=0" if n.endswith("-wait") else
+                 "ddprun --early_exit_watch=0" if n.endswith("-nowatch") else "ddprun (defaults)")
     else:
         label = "torchrun " + ".".join(tv.split(".")[:2])
     print("| %s | %s | %d/%d | %s | %s |" % (label, tv, sum(not r["error"] for r in mine), len(mine),
                                            " | ".join(cells), ",".join(codes)))
-print("\nmedians over the runs without error; (Nx) = this row / ddprun --overlap_restart=1 with the same torch in its workers;"
+print("\nmedians: up to the replacements' first Python line over every run that got that far, init and wall over the"
+      " runs without error; (Nx) = this row / ddprun (defaults) with the same torch in its workers;"
       " wall = launcher start to exit, both attempts' `import torch` included")
 print("\nfailure-noticed line (first run of each):")
 for n in names:

@@ -601,10 +601,24 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     listen();
     start_accepting(main_ks.get());
     started = true;
+    const auto spin = std::chrono::microseconds(threads.size() > 1 ? options.idle_spin_us : 0);
     for (auto& t : threads) {
-      t->thread = std::thread([io = &t->io] {
+      t->thread = std::thread([io = &t->io, spin] {
         auto guard = asio::make_work_guard(*io);
-        io->run();
+        if (spin.count() <= 0) {
+          io->run();
+          return;
+        }
+        // Adaptive: poll while work came in the last `spin`, else block for the next handler.
+        auto last = std::chrono::steady_clock::now();
+        while (!io->stopped()) {
+          if (io->poll() > 0) {
+            last = std::chrono::steady_clock::now();
+          } else if (std::chrono::steady_clock::now() - last >= spin) {
+            if (io->run_one() == 0) break;
+            last = std::chrono::steady_clock::now();
+          }
+        }
       });
     }
   }
