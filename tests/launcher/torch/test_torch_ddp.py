@@ -64,8 +64,10 @@ def main():
               "the SIGKILL was seen and the group restarted")
         l = losses(p.stdout)
         check(sorted(l) == [0, 1], f"two attempts: {l}")
-        check(len(l[0]) == 2 and len(l[1]) == 5, f"attempt 0 died at epoch 2, attempt 1 finished: {l}")
-        check(l[1][:2] == l[0], "attempt 1 repeats attempt 0 exactly (fresh store, same seed)")
+        # Rank 1 dies as epoch 2 starts. Rank 0 printed epoch 0's loss before epoch 1's
+        # all-reduces; epoch 1's line may be cut by the SIGTERM that follows rank 1's death at once.
+        check(len(l[0]) in (1, 2) and len(l[1]) == 5, f"attempt 0 died at epoch 2, attempt 1 finished: {l}")
+        check(l[1][:len(l[0])] == l[0], "attempt 1 repeats attempt 0 exactly (fresh store, same seed)")
         check(l[1][-1] < 0.9 * l[1][0], f"the loss decreases: {l[1]}")
     elif mode == "keyspace":
         # Attempt 0 stores a key through PyTorch's own TCPStore client and fails; attempt 1
