@@ -17,6 +17,11 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
+void Communicator::allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) {
+  allreduce(grad, count, DType::F32, ReduceOp::Avg);
+  step.apply(arrays, grad, count);
+}
+
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
                                               size_t bucket_cap_bytes) {
   std::vector<std::vector<size_t>> plan;
