@@ -107,6 +107,8 @@ Trace run(Communicator* comm, int rank, int world, int global_world, const RunOp
       // Over shared memory every bucket is fused, hence none may start during backward.
       const size_t want_fused = o.shared_state ? red->buckets().size() : 0;
       REQUIRE(red->buckets_fused() == want_fused);
+      // The buckets tile one flat buffer: all of them go as one fused collective.
+      REQUIRE(red->fused_collectives() == (o.shared_state ? 1u : 0u));
       REQUIRE(red->buckets_launched_early() == red->buckets().size() - want_fused);
     } else {
       if (red) {

@@ -157,11 +157,18 @@ TEST_CASE("Reducer: a failed all-reduce surfaces as CommError from finalize", "[
 // ---- finalize_and_step ---------------------------------------------------------------------
 
 namespace {
-// Three gradients in one flat buffer of 1000; caps give three buckets.
+// Three gradients (100, 300, 600) in one flat buffer, back to back or (gaps) 50 apart; the
+// caps give one bucket each.
 struct StepFixture {
-  std::vector<float> grads = std::vector<float>(1000), params = std::vector<float>(1000),
-                     momentum = std::vector<float>(1000);
-  std::vector<GradView> views() { return {{grads.data(), 100}, {grads.data() + 100, 300}, {grads.data() + 400, 600}}; }
+  explicit StepFixture(bool with_gaps = false) : gaps(with_gaps) {}
+  bool gaps;
+  size_t size() const { return gaps ? 1100 : 1000; }
+  std::vector<float> grads = std::vector<float>(size()), params = std::vector<float>(size()),
+                     momentum = std::vector<float>(size());
+  std::vector<GradView> views() {
+    const size_t g = gaps ? 50 : 0;
+    return {{grads.data(), 100}, {grads.data() + 100 + g, 300}, {grads.data() + 400 + 2 * g, 600}};
+  }
   static ReducerOptions options() {
     ReducerOptions o;
     o.first_bucket_cap_bytes = 1000;
@@ -208,10 +215,15 @@ TEST_CASE("Reducer: finalize_and_step without a fused path is finalize() then th
   });
 }
 
-TEST_CASE("Reducer: fusable buckets wait for finalize_and_step, then go in bucket order", "[reducer]") {
+TEST_CASE("Reducer: fusable buckets wait for finalize_and_step, adjacent ones go as one collective", "[reducer]") {
+  // gaps: the buckets are not adjacent in memory, one collective each, in bucket order.
+  // mixed: adjacent on rank 0 only, so the ranks must agree not to join them.
+  const int layout = GENERATE(0, 1, 2);  // adjacent, gaps, mixed
+  INFO("layout " << layout);
   on_threads(2, [&](int r, FakeCommunicator& c) {
     c.claim_fused_step = true;
-    StepFixture f, ref;
+    const bool gaps = layout == 1 || (layout == 2 && r == 1);
+    StepFixture f(gaps), ref(gaps);
     init_params(f.params);
     init_params(ref.params);
     Reducer red(c, f.views(), DType::F32, StepFixture::options());
@@ -222,17 +234,25 @@ TEST_CASE("Reducer: fusable buckets wait for finalize_and_step, then go in bucke
     // backward, reading its parameters.
     REQUIRE(red.buckets_launched_early() == 0);
     REQUIRE(c.allreduce_step_counts.empty());
-    std::vector<float> before(1000);
+    std::vector<float> before(f.size());
     init_params(before);
     REQUIRE(f.params == before);
     REQUIRE(red.finalize_and_step(SgdStep(0.5f, 0.f, true)));
     REQUIRE(red.buckets_fused() == 3);
-    // Buckets in launch order: the last gradient (600) first.
-    REQUIRE(c.allreduce_step_counts == std::vector<size_t>{600, 300, 100});
+    if (layout == 0) {
+      REQUIRE(red.fused_collectives() == 1);
+      REQUIRE(c.allreduce_step_counts == std::vector<size_t>{1000});
+    } else {  // in launch order: the last gradient (600) first
+      REQUIRE(red.fused_collectives() == 3);
+      REQUIRE(c.allreduce_step_counts == std::vector<size_t>{600, 300, 100});
+    }
     ref.backward(plain, r, 0);
     plain.finalize();
-    sgd_step(ref.params.data(), ref.grads.data(), nullptr, 1000, 0.5f, 0.f, true);
-    REQUIRE(f.params == ref.params);
+    for (const auto& v : ref.views()) {
+      const auto off = static_cast<size_t>(static_cast<float*>(v.ptr) - ref.grads.data());
+      sgd_step(ref.params.data() + off, ref.grads.data() + off, nullptr, v.count, 0.5f, 0.f, true);
+    }
+    REQUIRE(f.params == ref.params);  // the gaps untouched on both
   });
 }
 

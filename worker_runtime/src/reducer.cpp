@@ -233,17 +233,30 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   step_arrays_ = std::move(arrays);
   if (comm_.size() == 1) return;  // nothing to communicate: finalize_and_step steps locally
   // Fuse only where every rank can: a bucket fused on one rank and all-reduced on another
-  // would pair different collectives. 1 per fusable bucket, summed over ranks.
-  std::vector<float> votes(buckets_.size(), 0.f);
+  // would pair different collectives. Likewise for joining a fused bucket with the previous
+  // one into one collective (they are adjacent in memory): fused buckets all run after
+  // backward, so one collective over the joined range saves two barriers per join. Votes:
+  // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
+  const size_t nb = buckets_.size();
+  std::vector<float> votes(2 * nb, 0.f);
   float* at[ElementwiseStep::kMaxArrays];
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
+  auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
+  for (size_t b = 0; b < nb; ++b) {
     const Bucket& bk = buckets_[b];
     if (!bk.base) continue;  // staged: the communicator never sees the real gradient
     arrays_at(bk.base, at);
     votes[b] = comm_.fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
+    // one extends the range at the end where its predecessor lies).
+    if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))
+      votes[nb + b] = 1.f;
   }
   comm_.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
-  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].fused = votes[b] == static_cast<float>(comm_.size());
+  const auto all = static_cast<float>(comm_.size());
+  for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
+  for (size_t b = 0; b < nb; ++b)
+    buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
 }
 
 void Reducer::arrays_at(const void* g, float** out) const {
@@ -265,6 +278,7 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
                  "finalize_and_step: the step updates " + std::to_string(step.num_arrays()) + " arrays, " +
                      std::to_string(step_arrays_.size()) + " were registered");
   fused_last_ = 0;
+  fused_calls_last_ = 0;
   if (!in_backward_) return false;
   if (!sync_) {  // accumulating (no_sync): no step until the synchronised micro-batch
     in_backward_ = false;
@@ -275,14 +289,25 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
   // The communication thread is idle now: this thread may issue the fused collectives, in
   // bucket order like every other rank. Every rank is past backward once all are here.
   float* at[ElementwiseStep::kMaxArrays];
-  for (auto& bk : buckets_) {
-    if (bk.fused) {
-      arrays_at(bk.base, at);
-      comm_.allreduce_step(static_cast<float*>(bk.base), bk.count, step, at);
-      ++fused_last_;
-    } else {
-      step_locally(bk, step);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].fused) {
+      step_locally(buckets_[b], step);
+      continue;
     }
+    // This bucket and the following ones that join it: one contiguous range.
+    auto* lo = static_cast<float*>(buckets_[b].base);
+    float* hi = lo + buckets_[b].count;
+    ++fused_last_;
+    while (b + 1 < buckets_.size() && buckets_[b + 1].joins_previous) {
+      const Bucket& next = buckets_[++b];
+      auto* p = static_cast<float*>(next.base);
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + next.count);
+      ++fused_last_;
+    }
+    arrays_at(lo, at);
+    comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
+    ++fused_calls_last_;
   }
   return true;
 }

@@ -25,10 +25,11 @@
 // alloc_shared() memory) are then not launched during backward but in finalize_and_step():
 // there each rank steps only its slice of a bucket and writes the result into every rank's
 // copy (ZeRO-1 style, but the state stays replicated), i.e. into parameters that a slower
-// peer could still be reading in backward (dX = dz.W runs after mark_ready of W). Every other
-// bucket is all-reduced as usual (overlapped) and stepped locally after it. Both give the same
-// bits: same reduction order, same per-element float operations (see
-// Communicator::allreduce_step).
+// peer could still be reading in backward (dX = dz.W runs after mark_ready of W). Fused
+// buckets adjacent in memory go as one collective (all run after backward anyway, and each
+// collective costs two barriers). Every other bucket is all-reduced as usual (overlapped)
+// and stepped locally after it. Both give the same bits: same reduction order, same
+// per-element float operations (see Communicator::allreduce_step).
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
 // Errors: a failed all-reduce is rethrown from finalize() / finalize_and_step() as CommError.
@@ -110,8 +111,10 @@ class Reducer {
   const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
   // Number of buckets launched before finalize() in the last pass (overlap evidence).
   size_t buckets_launched_early() const { return launched_early_; }
-  // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step().
+  // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
+  // and the number of fused collectives they took (adjacent fused buckets go as one).
   size_t buckets_fused() const { return fused_last_; }
+  size_t fused_collectives() const { return fused_calls_last_; }
 
  private:
   struct Bucket {
@@ -122,6 +125,7 @@ class Reducer {
     size_t count = 0;
     std::vector<unsigned char> staging;
     bool fused = false;  // averaged and stepped by allreduce_step in finalize_and_step()
+    bool joins_previous = false;  // fused, and in the same allreduce_step as the bucket before
   };
   void launch(size_t b);
   void reduce_bucket(Bucket& bk);  // host path, on the communication thread
@@ -144,6 +148,7 @@ class Reducer {
   size_t launched_early_ = 0;
   size_t launched_ = 0;  // buckets handed to the communication thread this pass
   size_t fused_last_ = 0;
+  size_t fused_calls_last_ = 0;
   const float* step_grad_base_ = nullptr;
   std::vector<float*> step_arrays_;
   bool sync_ = true;
