@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -54,6 +55,18 @@ void reduce_block(T* acc, size_t b0, size_t b1, int size, ReduceOp op, SrcOf src
     const T d = static_cast<T>(size);
     for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
   }
+}
+
+// dst[0, n) = src[0, n) with non-temporal stores (SSE, part of baseline x86-64): the peer's
+// copy of the updated parameters is not read again by this core, so writing around the
+// cache spares the read-for-ownership of every line (measured here: the fused step over the
+// 4.2 M-parameter model went from ~3.0 to ~2.5 ms per rank). Needs _mm_sfence() before
+// anyone is told the data is there.
+void copy_nontemporal(float* dst, const float* src, size_t n) {
+  size_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
 }
 
 }  // namespace
@@ -258,10 +271,11 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
     step.apply(mine, acc, b1 - b0);
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      for (size_t j = 0; j < na; ++j) std::memcpy(at(arr[j], q) + b0, mine[j], (b1 - b0) * sizeof(float));
+      for (size_t j = 0; j < na; ++j) copy_nontemporal(at(arr[j], q) + b0, mine[j], b1 - b0);
     }
   }
-  barrier();  // every slice of every array written everywhere
+  _mm_sfence();  // the streaming stores are weakly ordered: visible before the barrier says so
+  barrier();     // every slice of every array written everywhere
 }
 
 void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {

@@ -18,7 +18,8 @@
 // momentum, ...) all lie in alloc_shared() parts with the same flat layout, rank r, block by
 // block of its slice, computes the averaged gradient exactly as the zero-copy path does,
 // applies the elementwise step to its own part's arrays, and copies the updated blocks into
-// every other rank's part; the averaged gradient is never written. One pass instead of an
+// every other rank's part (streaming stores: this core does not read them again); the
+// averaged gradient is never written. One pass instead of an
 // all-reduce plus a full optimizer pass on every rank (~2.5N instead of ~5N for plain SGD).
 // The step writes other ranks' parameters, so it must run only once every rank is past
 // backward (the Reducer issues it from finalize_and_step(), after backward, so the first
