@@ -5,6 +5,7 @@
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
 #   usage: scripts/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
+# TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step.
 # PY=python (default /usr/bin/python3: Debian's torch 1.13) runs the PyTorch side; CPUS=0,1
 # pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
 set -euo pipefail
@@ -22,7 +23,7 @@ free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 ours() {  # nproc -> avg ms/step
   local n="$1"; local samples=$(( BATCH * n * (STEPS + WARMUP) )); local log="$tmp/ours$1.log"
   local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
-              --warmup-steps "$WARMUP" --threads 1)
+              --warmup-steps "$WARMUP" --threads 1 ${TRAIN_ARGS:-})
   if [[ -x "$ddprun" ]]; then
     "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1
   else  # no launcher built: set the worker environment by hand
@@ -43,7 +44,7 @@ theirs() {
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 
-echo "model: ${WIDTH}x${DEPTH} hidden, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}; torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}; torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 o1=(); o2=(); t1=(); t2=()
 for ((i = 0; i < REPEAT; i++)); do
   o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")

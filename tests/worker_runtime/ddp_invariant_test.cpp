@@ -1,6 +1,7 @@
 // The DDP invariant, exactly: N ranks (threads, each with its own store connection and a real
 // Gloo communicator over a real in-process StoreServer) training with the Reducer give, after
 // every step, the same averaged gradient and parameters as one process over the global batch.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <thread>
@@ -27,31 +28,65 @@ void sample(int64_t i, float* x, float* y) {
 }
 
 struct Trace {
-  std::vector<std::vector<float>> grads, params;
+  std::vector<std::vector<float>> grads, params, momentum;
+  bool params_moved_in_backward = false;  // seen by the dawdling rank (slow_last_rank)
 };
 
+enum class Step {
+  Separate,  // finalize(), then sgd_step over all parameters (the gradients are checked too)
+  Fused,     // set_step_arrays + finalize_and_step(SgdStep): gradients are not checked
+};
+
+struct RunOptions {
+  bool small_buckets = false;
+  bool shared_grads = false;  // gradients in alloc_shared memory (zero-copy shm path)
+  bool shared_state = false;  // parameters and momentum there too (the fused shm path)
+  float momentum = 0.f;
+  Step step = Step::Separate;
+  // One rank dawdles in backward after each mark_ready, before dX = dz.W reads W: a step
+  // that touched its parameters before it finished backward would change its gradients.
+  bool slow_last_rank = false;
+};
+
+// Memory for one flat array: alloc_shared when asked (and then it must be there), else owned.
+float* flat_array(Communicator* comm, bool shared, size_t n, std::vector<float>& storage) {
+  if (comm && shared) {
+    auto* p = static_cast<float*>(comm->alloc_shared(n * sizeof(float)));
+    REQUIRE(p != nullptr);
+    return p;
+  }
+  storage.assign(n, 0.f);
+  return storage.data();
+}
+
 // One rank's run (world = 1 means: the single process over the global batch of N * kBatch).
-Trace run(Communicator* comm, int rank, int world, int global_world, bool small_buckets, bool shared_grads = false) {
+Trace run(Communicator* comm, int rank, int world, int global_world, const RunOptions& o) {
   CpuMlp m(kShape);
   const size_t n = mlp_num_params(kShape);
-  std::vector<float> p(n), g_storage(n);
-  float* g = g_storage.data();
-  if (comm && shared_grads) {
-    g = static_cast<float*>(comm->alloc_shared(n * sizeof(float)));
-    REQUIRE(g != nullptr);
-  }
-  mlp_init(kShape, 99, p.data());
-  if (comm && rank != 0) std::fill(p.begin(), p.end(), 0.f);  // must be fixed by the broadcast
-  if (comm) comm->broadcast(p.data(), n * sizeof(float), 0);
+  std::vector<float> g_storage, p_storage, b_storage;
+  float* g = flat_array(comm, o.shared_grads || o.shared_state, n, g_storage);
+  float* p = flat_array(comm, o.shared_state, n, p_storage);
+  float* buf = o.momentum != 0.f ? flat_array(comm, o.shared_state, n, b_storage) : nullptr;
+  mlp_init(kShape, 99, p);
+  if (comm && rank != 0) std::fill(p, p + n, 0.f);  // must be fixed by the broadcast
+  if (comm) comm->broadcast(p, n * sizeof(float), 0);
   std::vector<GradView> views;
   for (const auto& t : m.tensors()) views.push_back({g + t.offset, t.count});
   ReducerOptions ro;
-  if (small_buckets) {
+  if (o.small_buckets) {
     ro.first_bucket_cap_bytes = 2048;
     ro.bucket_cap_bytes = 8192;
   }
   std::unique_ptr<Reducer> red;
   if (comm) red = std::make_unique<Reducer>(*comm, views, DType::F32, ro);
+  const bool fused = red && o.step == Step::Fused;
+  if (fused) {
+    std::vector<float*> arrays{p};
+    if (buf) arrays.push_back(buf);
+    red->set_step_arrays(g, arrays);
+  }
+  const bool dawdle = o.slow_last_rank && comm && rank == world - 1;
+  const float lr = 0.05f;
   const int b = world == 1 ? kBatch * global_world : kBatch;
   Trace tr;
   std::vector<float> x(static_cast<size_t>(b) * kShape.in), y(static_cast<size_t>(b));
@@ -59,17 +94,33 @@ Trace run(Communicator* comm, int rank, int world, int global_world, bool small_
     const int64_t first = static_cast<int64_t>(s) * kBatch * global_world + (world == 1 ? 0 : rank * kBatch);
     for (int i = 0; i < b; ++i) sample(first + i, &x[static_cast<size_t>(i) * kShape.in], &y[static_cast<size_t>(i)]);
     if (red) red->prepare_for_backward();
-    m.forward_backward(p.data(), x.data(), y.data(), b, g, false, [&](size_t t) {
+    const std::vector<float> p_before(p, p + n);
+    m.forward_backward(p, x.data(), y.data(), b, g, false, [&](size_t t) {
       if (red) red->mark_ready(t);
+      if (!dawdle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (!std::equal(p, p + n, p_before.begin())) tr.params_moved_in_backward = true;
     });
-    if (red) {
-      red->finalize();
-      REQUIRE(red->buckets_launched_early() == red->buckets().size());
-      if (small_buckets) REQUIRE(red->buckets().size() > 2);
+    if (fused) {
+      REQUIRE(red->finalize_and_step(SgdStep(lr, o.momentum, s == 0)));
+      if (o.small_buckets) REQUIRE(red->buckets().size() > 2);
+      // Over shared memory every bucket is fused, hence none may start during backward.
+      const size_t want_fused = o.shared_state ? red->buckets().size() : 0;
+      REQUIRE(red->buckets_fused() == want_fused);
+      // The buckets tile one flat buffer: all of them go as one fused collective.
+      REQUIRE(red->fused_collectives() == (o.shared_state ? 1u : 0u));
+      REQUIRE(red->buckets_launched_early() == red->buckets().size() - want_fused);
+    } else {
+      if (red) {
+        red->finalize();
+        REQUIRE(red->buckets_launched_early() == red->buckets().size());
+        if (o.small_buckets) REQUIRE(red->buckets().size() > 2);
+      }
+      sgd_step(p, g, buf, n, lr, o.momentum, s == 0);
+      tr.grads.emplace_back(g, g + n);
     }
-    sgd_step(p.data(), g, nullptr, n, 0.05f, 0.f, true);
-    tr.grads.emplace_back(g, g + n);
-    tr.params.push_back(p);
+    tr.params.emplace_back(p, p + n);
+    if (buf) tr.momentum.emplace_back(buf, buf + n);
   }
   return tr;
 }
@@ -92,7 +143,8 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   return m / scale;
 }
 
-void check_invariant(int world, bool small_buckets, bool shared_memory, bool shared_grads = false) {
+// Runs `world` ranks (threads, each with its own store connection and Gloo communicator).
+std::vector<Trace> run_ranks(int world, bool shared_memory, const RunOptions& o) {
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -114,14 +166,30 @@ void check_invariant(int world, bool small_buckets, bool shared_memory, bool sha
         go.timeout = std::chrono::seconds(20);
         go.shared_memory = shared_memory;
         auto comm = make_gloo_communicator(store, r, world, go);
-        traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, small_buckets, shared_grads);
+        traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, o);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
     });
   for (auto& t : ts) t.join();
   for (const auto& e : errors) REQUIRE(e.empty());
-  const Trace single = run(nullptr, 0, 1, world, small_buckets);
+  return traces;
+}
+
+void require_close(const std::vector<float>& got, const std::vector<float>& want, const char* what, int s,
+                   double tol = 1e-6) {
+  const double l2 = rel_l2(got, want), mx = max_rel(got, want);
+  INFO(what << " step " << s << " rel L2 " << l2 << " rel max " << mx);
+  REQUIRE(l2 <= tol);
+  REQUIRE(mx <= tol);
+}
+
+void check_invariant(int world, bool small_buckets, bool shared_memory, bool shared_grads = false) {
+  RunOptions o;
+  o.small_buckets = small_buckets;
+  o.shared_grads = shared_grads;
+  const std::vector<Trace> traces = run_ranks(world, shared_memory, o);
+  const Trace single = run(nullptr, 0, 1, world, o);
   for (int s = 0; s < kSteps; ++s) {
     for (int r = 0; r < world; ++r) {
       // Every rank holds exactly the same averaged gradient and parameters.
@@ -138,6 +206,43 @@ void check_invariant(int world, bool small_buckets, bool shared_memory, bool sha
     REQUIRE(g_max <= 1e-6);
     REQUIRE(p_l2 <= 1e-6);
     REQUIRE(p_err <= 1e-6);
+  }
+}
+
+// The fused step against (a) one process on the global batch, to 1e-6 relative after every
+// step, and (b) the unfused path over the same transport, bit for bit (parameters and
+// momentum), with every rank holding the same bits.
+void check_fused(int world, bool small_buckets, float momentum, bool shared_memory) {
+  INFO("world " << world << (small_buckets ? " small" : " default") << " buckets, momentum " << momentum
+                << (shared_memory ? ", shared memory" : ", Gloo TCP"));
+  RunOptions o;
+  o.small_buckets = small_buckets;
+  o.momentum = momentum;
+  o.shared_grads = shared_memory;
+  const Trace single = run(nullptr, 0, 1, world, o);
+  const std::vector<Trace> unfused = run_ranks(world, shared_memory, o);
+  o.step = Step::Fused;
+  o.shared_state = shared_memory;
+  o.slow_last_rank = true;
+  const std::vector<Trace> fused = run_ranks(world, shared_memory, o);
+  // The last rank sleeps in backward after each mark_ready: the others are done and waiting,
+  // and a step that started before every rank left backward would show here.
+  REQUIRE_FALSE(fused[static_cast<size_t>(world - 1)].params_moved_in_backward);
+  for (int s = 0; s < kSteps; ++s) {
+    const auto si = static_cast<size_t>(s);
+    for (int r = 0; r < world; ++r) {
+      const Trace& t = fused[static_cast<size_t>(r)];
+      INFO("rank " << r << " step " << s);
+      REQUIRE(t.params[si] == unfused[0].params[si]);
+      if (momentum != 0.f) REQUIRE(t.momentum[si] == unfused[0].momentum[si]);
+    }
+    require_close(fused[0].params[si], single.params[si], "fused params vs one process", s);
+    // The buffer is a decaying sum of gradients: the rounding differences of the averages
+    // (a division by 3 here, a mean over the global batch there) add up over the steps and
+    // reach ~1e-6 of its largest element by step 5. The unfused path shows the same bits
+    // (checked above); this bound only catches a buffer that is wrong, not rounded.
+    if (momentum != 0.f)
+      require_close(fused[0].momentum[si], single.momentum[si], "fused momentum vs one process", s, 1e-5);
   }
 }
 
@@ -176,4 +281,20 @@ TEST_CASE("Gloo: a rank that never arrives fails the collective within the timeo
 TEST_CASE("DDP invariant: gradients in alloc_shared memory (zero-copy shm path), 2 and 3 ranks", "[ddp]") {
   check_invariant(2, true, true, true);
   check_invariant(3, false, true, true);
+}
+
+TEST_CASE("Fused step over shared memory equals one process and the unfused path, 2 ranks", "[ddp]") {
+  const bool small = GENERATE(true, false);
+  const float momentum = GENERATE(0.f, 0.9f);
+  check_fused(2, small, momentum, true);
+}
+
+TEST_CASE("Fused step over shared memory equals one process and the unfused path, 3 ranks", "[ddp]") {
+  const bool small = GENERATE(true, false);
+  const float momentum = GENERATE(0.f, 0.9f);
+  check_fused(3, small, momentum, true);
+}
+
+TEST_CASE("finalize_and_step over Gloo TCP (no fused path) is finalize + SGD, bit for bit", "[ddp]") {
+  check_fused(2, true, 0.9f, false);
 }

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -57,6 +58,16 @@ class FakeCommunicator final : public Communicator {
   const char* backend() const override { return "fake"; }
   size_t allreduce_calls = 0;
   std::vector<size_t> allreduce_counts;
+  // Claims a fused step (fuses_step) without having one, to test the Reducer's handling of
+  // fusable buckets; allreduce_step stays the default (all-reduce, then the step).
+  bool claim_fused_step = false;
+  std::vector<size_t> allreduce_step_counts;
+
+  bool fuses_step(const float*, size_t, float* const*, size_t) const override { return claim_fused_step; }
+  void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) override {
+    allreduce_step_counts.push_back(count);
+    Communicator::allreduce_step(grad, count, step, arrays);
+  }
 
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     DDPRUN_ENFORCE(dtype == DType::F32, "fake: fp32 only");

@@ -251,3 +251,32 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
     REQUIRE(checksum_of(reused) == want);
   }
 }
+
+TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume", "[process]") {
+  const std::vector<std::string> base{"--width", "64", "--depth", "2", "--samples", "400", "--batch", "20",
+                                      "--epochs", "3", "--momentum", "0.9"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  int attempts = 0;
+  const std::string separate = run_elastic(with({"--fused-step", "0"}), 2, 0, &attempts);
+  INFO("separate log: " << separate);
+  REQUIRE(separate.find("step=separate") != std::string::npos);
+  const std::string fused = run_elastic(with({"--fused-step", "1"}), 2, 0, &attempts);
+  INFO("fused log: " << fused);
+  REQUIRE(fused.find("step=fused(shm)") != std::string::npos);  // the shm path, not the default
+  REQUIRE(!checksum_of(separate).empty());
+  REQUIRE(checksum_of(fused) == checksum_of(separate));
+
+  // Checkpoint (params + momentum) written by the fused path, resumed by the separate one.
+  const std::string ck = temp_dir() + "/ck";
+  const std::string first = run_elastic(with({"--fused-step", "1", "--checkpoint-dir", ck, "--checkpoint-every", "4",
+                                              "--max-steps", "14"}), 2, 0, &attempts);
+  REQUIRE(first.find("final_step=14") != std::string::npos);
+  const std::string resumed = run_elastic(with({"--fused-step", "0", "--checkpoint-dir", ck}), 2, 0, &attempts);
+  INFO("resumed log: " << resumed);
+  REQUIRE(resumed.find("resumed from step 12") != std::string::npos);
+  REQUIRE(checksum_of(resumed) == checksum_of(separate));
+}

@@ -1,11 +1,16 @@
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
+#include "ddprun/worker/cpu/mlp.h"
 #include "ddprun/worker/reducer.h"
 #include "fake_communicator.h"
 
 using namespace ddprun::worker;
+using ddprun::worker::cpu::sgd_step;
+using ddprun::worker::cpu::SgdStep;
 using ddprun::worker::testing::FakeCommunicator;
 using ddprun::worker::testing::FakeGroup;
 
@@ -147,4 +152,198 @@ TEST_CASE("Reducer: a failed all-reduce surfaces as CommError from finalize", "[
   });
   REQUIRE_THROWS_AS(red.finalize(), CommError);
   killer.join();
+}
+
+// ---- finalize_and_step ---------------------------------------------------------------------
+
+namespace {
+// Three gradients (100, 300, 600) in one flat buffer, back to back or (gaps) 50 apart; the
+// caps give one bucket each.
+struct StepFixture {
+  explicit StepFixture(bool with_gaps = false) : gaps(with_gaps) {}
+  bool gaps;
+  size_t size() const { return gaps ? 1100 : 1000; }
+  std::vector<float> grads = std::vector<float>(size()), params = std::vector<float>(size()),
+                     momentum = std::vector<float>(size());
+  std::vector<GradView> views() {
+    const size_t g = gaps ? 50 : 0;
+    return {{grads.data(), 100}, {grads.data() + 100 + g, 300}, {grads.data() + 400 + 2 * g, 600}};
+  }
+  static ReducerOptions options() {
+    ReducerOptions o;
+    o.first_bucket_cap_bytes = 1000;
+    o.bucket_cap_bytes = 1200;
+    return o;
+  }
+  void fill(int rank, int step) {
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i] = std::sin(0.1f * static_cast<float>(i) + static_cast<float>(rank * 7 + step)) / 3.f;
+  }
+  void backward(Reducer& red, int rank, int step) {
+    red.prepare_for_backward();
+    fill(rank, step);
+    for (size_t k = 3; k-- > 0;) red.mark_ready(k);
+  }
+};
+
+void init_params(std::vector<float>& p) {
+  for (size_t i = 0; i < p.size(); ++i) p[i] = std::cos(0.03f * static_cast<float>(i));
+}
+}  // namespace
+
+TEST_CASE("Reducer: finalize_and_step without a fused path is finalize() then the step, bit for bit", "[reducer]") {
+  on_threads(3, [&](int r, FakeCommunicator& c) {
+    StepFixture a, b;  // a: finalize + sgd_step; b: finalize_and_step
+    init_params(a.params);
+    init_params(b.params);
+    Reducer ra(c, a.views(), DType::F32, StepFixture::options());
+    Reducer rb(c, b.views(), DType::F32, StepFixture::options());
+    rb.set_step_arrays(b.grads.data(), {b.params.data(), b.momentum.data()});
+    for (int s = 0; s < 3; ++s) {
+      a.backward(ra, r, s);
+      ra.finalize();
+      sgd_step(a.params.data(), a.grads.data(), a.momentum.data(), 1000, 0.1f, 0.9f, s == 0);
+      b.backward(rb, r, s);
+      REQUIRE(rb.finalize_and_step(SgdStep(0.1f, 0.9f, s == 0)));
+      REQUIRE(rb.buckets_fused() == 0);
+      REQUIRE(rb.buckets_launched_early() == 3);  // nothing to fuse: overlap as usual
+      REQUIRE(b.params == a.params);
+      REQUIRE(b.momentum == a.momentum);
+    }
+    REQUIRE(c.allreduce_step_counts.empty());
+    REQUIRE(a.params != std::vector<float>(1000, a.params[0]));  // it did train something
+  });
+}
+
+TEST_CASE("Reducer: fusable buckets wait for finalize_and_step, adjacent ones go as one collective", "[reducer]") {
+  // gaps: the buckets are not adjacent in memory, one collective each, in bucket order.
+  // mixed: adjacent on rank 0 only, so the ranks must agree not to join them.
+  const int layout = GENERATE(0, 1, 2);  // adjacent, gaps, mixed
+  INFO("layout " << layout);
+  on_threads(2, [&](int r, FakeCommunicator& c) {
+    c.claim_fused_step = true;
+    const bool gaps = layout == 1 || (layout == 2 && r == 1);
+    StepFixture f(gaps), ref(gaps);
+    init_params(f.params);
+    init_params(ref.params);
+    Reducer red(c, f.views(), DType::F32, StepFixture::options());
+    Reducer plain(c, ref.views(), DType::F32, StepFixture::options());
+    red.set_step_arrays(f.grads.data(), {f.params.data()});
+    f.backward(red, r, 0);
+    // Every gradient is ready, but the step must not have run: a peer may still be in
+    // backward, reading its parameters.
+    REQUIRE(red.buckets_launched_early() == 0);
+    REQUIRE(c.allreduce_step_counts.empty());
+    std::vector<float> before(f.size());
+    init_params(before);
+    REQUIRE(f.params == before);
+    REQUIRE(red.finalize_and_step(SgdStep(0.5f, 0.f, true)));
+    REQUIRE(red.buckets_fused() == 3);
+    if (layout == 0) {
+      REQUIRE(red.fused_collectives() == 1);
+      REQUIRE(c.allreduce_step_counts == std::vector<size_t>{1000});
+    } else {  // in launch order: the last gradient (600) first
+      REQUIRE(red.fused_collectives() == 3);
+      REQUIRE(c.allreduce_step_counts == std::vector<size_t>{600, 300, 100});
+    }
+    ref.backward(plain, r, 0);
+    plain.finalize();
+    for (const auto& v : ref.views()) {
+      const auto off = static_cast<size_t>(static_cast<float*>(v.ptr) - ref.grads.data());
+      sgd_step(ref.params.data() + off, ref.grads.data() + off, nullptr, v.count, 0.5f, 0.f, true);
+    }
+    REQUIRE(f.params == ref.params);  // the gaps untouched on both
+  });
+}
+
+TEST_CASE("Reducer: when ranks disagree on fusing, no bucket is fused", "[reducer]") {
+  on_threads(2, [&](int r, FakeCommunicator& c) {
+    c.claim_fused_step = r == 0;
+    StepFixture f;
+    Reducer red(c, f.views(), DType::F32, StepFixture::options());
+    red.set_step_arrays(f.grads.data(), {f.params.data()});
+    f.backward(red, r, 0);
+    REQUIRE(red.buckets_launched_early() == 3);
+    REQUIRE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));
+    REQUIRE(red.buckets_fused() == 0);
+    REQUIRE(c.allreduce_step_counts.empty());
+    // params = 0 - average gradient
+    StepFixture f0, f1;
+    f0.fill(0, 0);
+    f1.fill(1, 0);
+    for (size_t i = 0; i < 1000; ++i) REQUIRE(f.params[i] == -((f0.grads[i] + f1.grads[i]) / 2.f));
+  });
+}
+
+TEST_CASE("Reducer: no_sync: finalize_and_step neither communicates nor steps", "[reducer]") {
+  on_threads(2, [&](int r, FakeCommunicator& c) {
+    c.claim_fused_step = true;
+    std::vector<float> g(8, 0.f), p(8, 1.f);
+    Reducer red(c, {{g.data(), 8}}, DType::F32, {});
+    red.set_step_arrays(g.data(), {p.data()});
+    const size_t calls = c.allreduce_calls;  // set_step_arrays agreed on fusing: one all-reduce
+    {
+      auto guard = red.no_sync();
+      red.prepare_for_backward();
+      for (auto& v : g) v += static_cast<float>(r + 1);
+      red.mark_ready(0);
+      REQUIRE_FALSE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));
+    }
+    REQUIRE(c.allreduce_calls == calls);
+    REQUIRE(p == std::vector<float>(8, 1.f));
+    red.prepare_for_backward();
+    for (auto& v : g) v += static_cast<float>(r + 1);
+    red.mark_ready(0);
+    REQUIRE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));
+    REQUIRE(red.buckets_fused() == 1);
+    REQUIRE(p[0] == 1.f - 3.f);  // average of the accumulated (2, 4)
+    REQUIRE_FALSE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));  // no second step for one backward
+    REQUIRE(p[0] == -2.f);
+  });
+}
+
+TEST_CASE("Reducer: finalize_and_step on a staged bucket and on one rank", "[reducer]") {
+  SECTION("staged (non-contiguous) bucket") {
+    on_threads(2, [&](int r, FakeCommunicator& c) {
+      c.claim_fused_step = true;  // a staged bucket is never fused: the comm never sees the gradient
+      std::vector<float> flat(30, 0.f), p(30, 0.f);
+      Reducer red(c, {{flat.data(), 10}, {flat.data() + 20, 10}}, DType::F32, {});
+      REQUIRE(red.buckets().size() == 1);
+      red.set_step_arrays(flat.data(), {p.data()});
+      red.prepare_for_backward();
+      for (auto& v : flat) v = static_cast<float>(r + 1);
+      red.mark_ready(1);
+      red.mark_ready(0);
+      REQUIRE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));
+      REQUIRE(red.buckets_fused() == 0);
+      for (size_t i = 0; i < 30; ++i) REQUIRE(p[i] == (i >= 10 && i < 20 ? 0.f : -1.5f));  // the gap untouched
+    });
+  }
+  SECTION("world of one: steps locally, no communication") {
+    on_threads(1, [&](int, FakeCommunicator& c) {
+      StepFixture f;
+      Reducer red(c, f.views(), DType::F32, StepFixture::options());
+      red.set_step_arrays(f.grads.data(), {f.params.data(), f.momentum.data()});
+      f.backward(red, 0, 0);
+      REQUIRE(red.finalize_and_step(SgdStep(0.1f, 0.9f, true)));
+      REQUIRE(c.allreduce_calls == 0);
+      std::vector<float> want(1000, 0.f), buf(1000);
+      sgd_step(want.data(), f.grads.data(), buf.data(), 1000, 0.1f, 0.9f, true);
+      REQUIRE(f.params == want);
+      REQUIRE(f.momentum == buf);
+    });
+  }
+}
+
+TEST_CASE("Reducer: set_step_arrays and finalize_and_step reject misuse", "[reducer]") {
+  on_threads(1, [&](int, FakeCommunicator& c) {
+    StepFixture f;
+    Reducer red(c, f.views(), DType::F32, StepFixture::options());
+    REQUIRE_THROWS_AS(red.finalize_and_step(SgdStep(0.1f, 0.f, true)), std::logic_error);  // nothing registered
+    REQUIRE_THROWS_AS(red.set_step_arrays(f.grads.data() + 1, {f.params.data()}), std::logic_error);  // grad 0 below base
+    REQUIRE_THROWS_AS(red.set_step_arrays(f.grads.data(), {}), std::logic_error);
+    red.set_step_arrays(f.grads.data(), {f.params.data()});
+    f.backward(red, 0, 0);
+    REQUIRE_THROWS_AS(red.finalize_and_step(SgdStep(0.1f, 0.9f, true)), std::logic_error);  // 2 arrays, 1 registered
+  });
 }

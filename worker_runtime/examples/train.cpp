@@ -61,7 +61,6 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
   dw::cpu::CpuMlp model(shape);
   const size_t n = dw::cpu::mlp_num_params(shape);
-  std::vector<float> params(n), momentum(o.momentum != 0.f ? n : 0);
   // Gradients in memory the communicator reduces without copies when it has such memory.
   std::vector<float> grad_storage;
   float* grads = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
@@ -69,7 +68,22 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
     grad_storage.assign(n, 0.f);
     grads = grad_storage.data();
   }
-  dw::cpu::mlp_init(shape, o.seed, params.data());
+  // With the fused step, parameters and momentum go there too (same flat layout), so each
+  // rank can step its slice and write it into every rank's copy. alloc_shared is collective
+  // and answers alike on every rank, so all ranks take the same branch.
+  const bool shared_state = o.fused_step && grad_storage.empty();
+  std::vector<float> param_storage, momentum_storage;
+  auto state_array = [&](std::vector<float>& storage) {
+    float* p = shared_state ? static_cast<float*>(comm.alloc_shared(n * sizeof(float))) : nullptr;
+    if (!p) {
+      storage.assign(n, 0.f);
+      p = storage.data();
+    }
+    return p;
+  };
+  float* params = state_array(param_storage);
+  float* momentum = o.momentum != 0.f ? state_array(momentum_storage) : nullptr;
+  dw::cpu::mlp_init(shape, o.seed, params);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
   const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
@@ -80,8 +94,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       if (ck->section("config") != config_fingerprint(o))
         throw dw::WorkerError("checkpoint in " + o.checkpoint_dir + " is for '" + ck->section("config") +
                               "', not '" + config_fingerprint(o) + "'");
-      ck->get_into("params", params.data(), n * sizeof(float));
-      if (!momentum.empty() && ck->has("momentum")) ck->get_into("momentum", momentum.data(), n * sizeof(float));
+      ck->get_into("params", params, n * sizeof(float));
+      if (momentum && ck->has("momentum")) ck->get_into("momentum", momentum, n * sizeof(float));
       meta[0] = static_cast<int64_t>(ck->step);
       meta[1] = static_cast<int64_t>(ck->get_u64("epoch"));
       meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
@@ -94,8 +108,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
     }
   }
   // Rank 0's state wins everywhere (DDP's initial broadcast).
-  comm.broadcast(params.data(), n * sizeof(float), 0);
-  if (!momentum.empty()) comm.broadcast(momentum.data(), n * sizeof(float), 0);
+  comm.broadcast(params, n * sizeof(float), 0);
+  if (momentum) comm.broadcast(momentum, n * sizeof(float), 0);
   comm.broadcast(meta, sizeof meta, 0);
   int64_t step = meta[0];
   int64_t start_epoch = meta[1], start_in_epoch = meta[2];
@@ -107,16 +121,23 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
+  if (o.fused_step) {
+    std::vector<float*> arrays{params};
+    if (momentum) arrays.push_back(momentum);
+    reducer.set_step_arrays(grads, std::move(arrays));
+  }
 
   if (rank == 0)
     std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
-                " buckets=%zu\n",
-                world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size());
+                " buckets=%zu step=%s\n",
+                world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size(),
+                !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)");
   std::fflush(stdout);
 
   std::vector<float> x, y;
   using Clock = std::chrono::steady_clock;
   double timed_ms = 0, comm_wait_ms = 0;  // comm_wait: time finalize() blocks after backward
+  double after_backward_ms = 0;
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false;
@@ -135,18 +156,31 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       y.resize(static_cast<size_t>(b));
       for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, &x[static_cast<size_t>(i) * o.in], &y[i]);
       reducer.prepare_for_backward();
-      const float loss = model.forward_backward(params.data(), x.data(), y.data(), b, grads, false,
+      const float loss = model.forward_backward(params, x.data(), y.data(), b, grads, false,
                                                 [&](size_t t) { reducer.mark_ready(t); });
       const auto t_fin = Clock::now();
-      reducer.finalize();
-      const double wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
-      dw::cpu::sgd_step(params.data(), grads, momentum.empty() ? nullptr : momentum.data(), n, o.lr, o.momentum,
-                        !momentum_init);
+      double wait_ms = 0;
+      if (o.fused_step) {
+        // wait_ms includes the step here: it is part of the fused collective.
+        reducer.finalize_and_step(dw::cpu::SgdStep(o.lr, o.momentum, !momentum_init));
+        wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
+      } else {
+        reducer.finalize();
+        wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
+        dw::cpu::sgd_step(params, grads, momentum, n, o.lr, o.momentum, !momentum_init);
+      }
+      // Backward's end to the new parameters, in both modes: what fusing the step saves.
+      const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
       momentum_init = true;
       ++step;
       ++run_steps;
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      if (run_steps > o.warmup_steps) { timed_ms += ms; comm_wait_ms += wait_ms; ++timed_steps; }
+      if (run_steps > o.warmup_steps) {
+        timed_ms += ms;
+        comm_wait_ms += wait_ms;
+        after_backward_ms += after_ms;
+        ++timed_steps;
+      }
       loss_sum += loss;
       ++loss_n;
       epoch_samples += static_cast<int64_t>(b) * world;
@@ -159,8 +193,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       if (ckpt_now && rank == 0) {
         dw::Checkpoint ck;
         ck.step = static_cast<uint64_t>(step);
-        ck.put_vector("params", params);
-        if (!momentum.empty()) ck.put_vector("momentum", momentum);
+        ck.put("params", params, n * sizeof(float));
+        if (momentum) ck.put("momentum", momentum, n * sizeof(float));
         ck.put_u64("epoch", static_cast<uint64_t>(epoch));
         ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
         ck.put_u64("momentum_init", momentum_init ? 1 : 0);
@@ -181,10 +215,11 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   comm.barrier();
   if (rank == 0) {
     if (timed_steps > 0)
-      std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f\n", timed_ms / static_cast<double>(timed_steps),
-                  timed_steps, comm_wait_ms / static_cast<double>(timed_steps));
+      std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
+                  timed_ms / static_cast<double>(timed_steps), timed_steps, comm_wait_ms / static_cast<double>(timed_steps),
+                  after_backward_ms / static_cast<double>(timed_steps));
     std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
-                dw::fnv1a64(params.data(), n * sizeof(float)));
+                dw::fnv1a64(params, n * sizeof(float)));
     std::fflush(stdout);
   }
   return dw::kExitOk;
@@ -223,6 +258,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
   app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
+  app.add_option("--fused-step", o.fused_step,
+                 "1: all-reduce and SGD in one pass on the CPU shared-memory path (each rank steps its slice); "
+                 "0: all-reduce, then SGD over all parameters on every rank. Same results")
+      ->default_val(true);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

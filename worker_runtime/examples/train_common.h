@@ -35,6 +35,7 @@ struct Options {
   int log_every = 0;               // 0 = once per epoch
   int warmup_steps = 3;            // excluded from the step-time average
   bool no_overlap = false;
+  bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
   bool sync_data = false;          // rank 0 generates data (debug)
 };
 

@@ -148,6 +148,16 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  bool fuses_step(const float* grad, size_t count, float* const* arrays, size_t n_arrays) const override {
+    return shm_ && count > 0 && shm_->fuses_step(grad, count, arrays, n_arrays);
+  }
+
+  void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) override {
+    if (!fuses_step(grad, count, arrays, step.num_arrays())) return Communicator::allreduce_step(grad, count, step, arrays);
+    check_alive("allreduce_step");
+    guarded("allreduce_step", [&] { shm_->allreduce_step(grad, count, step, arrays); });
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
     if (bytes == 0) return;

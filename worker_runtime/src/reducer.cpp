@@ -1,7 +1,9 @@
 #include "ddprun/worker/reducer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "ddprun/worker/checks.h"
 
@@ -15,6 +17,11 @@ const char* dtype_name(DType d) {
     case DType::I32: return "int32";
   }
   return "?";
+}
+
+void Communicator::allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) {
+  allreduce(grad, count, DType::F32, ReduceOp::Avg);
+  step.apply(arrays, grad, count);
 }
 
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
@@ -91,6 +98,7 @@ void Reducer::prepare_for_backward() {
   }
   next_to_launch_ = 0;
   launched_early_ = 0;
+  launched_ = 0;
   in_backward_ = true;
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
@@ -103,9 +111,14 @@ void Reducer::mark_ready(size_t index) {
   DDPRUN_ENFORCE(bk.pending > 0, "mark_ready called twice for gradient " + std::to_string(index));
   --bk.pending;
   if (!options_.overlap) return;
-  // Launch in bucket order so every rank issues the same sequence of collectives.
+  // Launch in bucket order so every rank issues the same sequence of collectives. Fused
+  // buckets wait for finalize_and_step(): their step writes parameters that this or another
+  // rank may still read in backward. Ranks agree on which buckets are fused, so the sequence
+  // stays the same everywhere.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
-    launch(next_to_launch_++);
+    const size_t b = next_to_launch_++;
+    if (buckets_[b].fused) continue;
+    launch(b);
     ++launched_early_;
   }
 }
@@ -113,6 +126,7 @@ void Reducer::mark_ready(size_t index) {
 void Reducer::launch(size_t b) {
   Bucket& bk = buckets_[b];
   bk.launched = true;
+  ++launched_;
   if (comm_.stream_ordered()) {
     comm_.comm_waits_for_compute();
     comm_.allreduce(bk.base, bk.count, dtype_, ReduceOp::Avg);
@@ -176,24 +190,126 @@ void Reducer::comm_thread_main() {
   }
 }
 
-void Reducer::finalize() {
-  if (!in_backward_) return;
-  in_backward_ = false;
-  if (!sync_ || comm_.size() == 1) return;
+void Reducer::launch_rest_and_wait(bool skip_fused) {
   for (const auto& bk : buckets_)
     DDPRUN_ENFORCE(bk.pending == 0 || !options_.overlap, "finalize: a gradient was never marked ready");
-  while (next_to_launch_ < buckets_.size()) launch(next_to_launch_++);
+  // In bucket order, the same on every rank (fused buckets skipped in mark_ready come here).
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused)) launch(b);
+  next_to_launch_ = buckets_.size();
   if (comm_.stream_ordered()) {
     comm_.compute_waits_for_comm();
     return;
   }
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [&] { return completed_ == buckets_.size(); });
+  cv_.wait(lk, [&] { return completed_ == launched_; });
   if (error_) {
     auto e = error_;
     error_ = nullptr;
     std::rethrow_exception(e);
   }
+}
+
+void Reducer::finalize() {
+  if (!in_backward_) return;
+  in_backward_ = false;
+  if (!sync_ || comm_.size() == 1) return;
+  launch_rest_and_wait(false);
+}
+
+void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
+  DDPRUN_ENFORCE(dtype_ == DType::F32, "set_step_arrays: fp32 gradients only");
+  DDPRUN_ENFORCE(!comm_.stream_ordered(), "set_step_arrays: host communicators only (the step runs on the host)");
+  DDPRUN_ENFORCE(!in_backward_, "set_step_arrays: not between prepare_for_backward() and finalize()");
+  DDPRUN_ENFORCE(!arrays.empty() && arrays.size() <= ElementwiseStep::kMaxArrays,
+                 "set_step_arrays: 1 to " + std::to_string(ElementwiseStep::kMaxArrays) + " arrays");
+  const auto base = reinterpret_cast<uintptr_t>(grad_base);
+  for (const auto& g : grads_) {
+    const auto p = reinterpret_cast<uintptr_t>(g.ptr);
+    DDPRUN_ENFORCE(p >= base && (p - base) % sizeof(float) == 0,
+                   "set_step_arrays: every gradient must lie in the flat buffer at grad_base");
+  }
+  step_grad_base_ = grad_base;
+  step_arrays_ = std::move(arrays);
+  if (comm_.size() == 1) return;  // nothing to communicate: finalize_and_step steps locally
+  // Fuse only where every rank can: a bucket fused on one rank and all-reduced on another
+  // would pair different collectives. Likewise for joining a fused bucket with the previous
+  // one into one collective (they are adjacent in memory): fused buckets all run after
+  // backward, so one collective over the joined range saves two barriers per join. Votes:
+  // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
+  const size_t nb = buckets_.size();
+  std::vector<float> votes(2 * nb, 0.f);
+  float* at[ElementwiseStep::kMaxArrays];
+  auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
+  auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
+  for (size_t b = 0; b < nb; ++b) {
+    const Bucket& bk = buckets_[b];
+    if (!bk.base) continue;  // staged: the communicator never sees the real gradient
+    arrays_at(bk.base, at);
+    votes[b] = comm_.fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
+    // one extends the range at the end where its predecessor lies).
+    if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))
+      votes[nb + b] = 1.f;
+  }
+  comm_.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
+  const auto all = static_cast<float>(comm_.size());
+  for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
+  for (size_t b = 0; b < nb; ++b)
+    buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
+}
+
+void Reducer::arrays_at(const void* g, float** out) const {
+  const size_t k = (reinterpret_cast<uintptr_t>(g) - reinterpret_cast<uintptr_t>(step_grad_base_)) / sizeof(float);
+  for (size_t j = 0; j < step_arrays_.size(); ++j) out[j] = step_arrays_[j] + k;
+}
+
+void Reducer::step_locally(const Bucket& bk, const ElementwiseStep& step) const {
+  float* at[ElementwiseStep::kMaxArrays];
+  for (size_t i : bk.members) {  // member by member: a staged bucket's members are scattered
+    arrays_at(grads_[i].ptr, at);
+    step.apply(at, static_cast<const float*>(grads_[i].ptr), grads_[i].count);
+  }
+}
+
+bool Reducer::finalize_and_step(const ElementwiseStep& step) {
+  DDPRUN_ENFORCE(!step_arrays_.empty(), "finalize_and_step: call set_step_arrays() first");
+  DDPRUN_ENFORCE(step.num_arrays() == step_arrays_.size(),
+                 "finalize_and_step: the step updates " + std::to_string(step.num_arrays()) + " arrays, " +
+                     std::to_string(step_arrays_.size()) + " were registered");
+  fused_last_ = 0;
+  fused_calls_last_ = 0;
+  if (!in_backward_) return false;
+  if (!sync_) {  // accumulating (no_sync): no step until the synchronised micro-batch
+    in_backward_ = false;
+    return false;
+  }
+  in_backward_ = false;
+  if (comm_.size() > 1) launch_rest_and_wait(true);
+  // The communication thread is idle now: this thread may issue the fused collectives, in
+  // bucket order like every other rank. Every rank is past backward once all are here.
+  float* at[ElementwiseStep::kMaxArrays];
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].fused) {
+      step_locally(buckets_[b], step);
+      continue;
+    }
+    // This bucket and the following ones that join it: one contiguous range.
+    auto* lo = static_cast<float*>(buckets_[b].base);
+    float* hi = lo + buckets_[b].count;
+    ++fused_last_;
+    while (b + 1 < buckets_.size() && buckets_[b + 1].joins_previous) {
+      const Bucket& next = buckets_[++b];
+      auto* p = static_cast<float*>(next.base);
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + next.count);
+      ++fused_last_;
+    }
+    arrays_at(lo, at);
+    comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
+    ++fused_calls_last_;
+  }
+  return true;
 }
 
 }  // namespace ddprun::worker

@@ -24,6 +24,23 @@ enum class ReduceOp : uint8_t { Sum, Avg, Max };
 inline size_t dtype_size(DType d) { return d == DType::F32 || d == DType::I32 ? 4 : 2; }
 const char* dtype_name(DType d);
 
+// An optimizer step that is elementwise over a flat fp32 parameter space (SGD, SGD with
+// momentum, Adam, ...): element i of every array depends only on element i of the gradient
+// and of the arrays. That lets a communicator apply it slice by slice, each slice on the rank
+// that reduced it (Communicator::allreduce_step), with the same bits as one pass over all.
+class ElementwiseStep {
+ public:
+  static constexpr size_t kMaxArrays = 8;
+  virtual ~ElementwiseStep() = default;
+  // Arrays the step updates in place, each laid out like the gradient: the parameters first,
+  // then optimizer state (e.g. the momentum buffer). 1..kMaxArrays.
+  virtual size_t num_arrays() const = 0;
+  // Updates a[j][0, n) for every j < num_arrays() from the averaged gradient g[0, n). Must be
+  // a pure function of those elements and of the step's own fields (no hidden counters), so
+  // calling it on any split of a range gives the same result as one call.
+  virtual void apply(float* const* a, const float* g, size_t n) const = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -46,6 +63,20 @@ class Communicator {
   // directly) — put gradients there. nullptr when the backend has no such memory: use your
   // own. Valid for the communicator's lifetime.
   virtual void* alloc_shared(size_t /*bytes*/) { return nullptr; }
+
+  // All-reduce (average) of an fp32 gradient fused with an elementwise optimizer step: after
+  // it, arrays[j][0, count) on every rank hold the step applied to the average of grad[0,
+  // count) over ranks (identical bits on every rank); grad[0, count) is left unspecified
+  // (averaged or still local). Every rank passes the same count and step, and arrays of the
+  // same kind. Host backends only. Default, for every backend without a fused path:
+  // allreduce(Avg) in place, then step.apply over the whole range — the fused override must
+  // give the same bits (it reduces in the same order and applies the same float operations).
+  virtual void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
+  // True when allreduce_step() over these buffers is a fused single pass (gradient, params
+  // and state in alloc_shared() memory), not the default's all-reduce plus separate step.
+  virtual bool fuses_step(const float* /*grad*/, size_t /*count*/, float* const* /*arrays*/, size_t /*n_arrays*/) const {
+    return false;
+  }
 
   // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
   virtual bool stream_ordered() const { return false; }

@@ -18,8 +18,21 @@
 // place; otherwise (host memory only) it is staged through a copy. Lay gradients out in one
 // flat buffer in registration order to get the in-place path.
 //
+// Fused optimizer step (host communicators, fp32): register the optimizer's arrays once with
+// set_step_arrays() and end each pass with finalize_and_step(step) instead of finalize() plus
+// an optimizer pass. Buckets whose gradients and arrays the communicator can average and step
+// in one pass (Communicator::fuses_step: the CPU shared-memory path, everything in
+// alloc_shared() memory) are then not launched during backward but in finalize_and_step():
+// there each rank steps only its slice of a bucket and writes the result into every rank's
+// copy (ZeRO-1 style, but the state stays replicated), i.e. into parameters that a slower
+// peer could still be reading in backward (dX = dz.W runs after mark_ready of W). Fused
+// buckets adjacent in memory go as one collective (all run after backward anyway, and each
+// collective costs two barriers). Every other bucket is all-reduced as usual (overlapped)
+// and stepped locally after it. Both give the same bits: same reduction order, same
+// per-element float operations (see Communicator::allreduce_step).
+//
 // Thread-safety: the Reducer is driven from one thread (the training loop).
-// Errors: a failed all-reduce is rethrown from finalize() as CommError.
+// Errors: a failed all-reduce is rethrown from finalize() / finalize_and_step() as CommError.
 #pragma once
 
 #include <condition_variable>
@@ -66,6 +79,19 @@ class Reducer {
   // Waits for all buckets (launching any not yet launched). Throws CommError.
   void finalize();
 
+  // Collective, once, outside backward: where the arrays of the ElementwiseStep given to
+  // finalize_and_step() live (parameters first, then optimizer state), each laid out like the
+  // gradients: element k of arrays[j] belongs to the gradient element grad_base + k
+  // (grad_base: the start of the flat buffer the GradViews point into). fp32, host
+  // communicators only. Ranks agree (an all-reduce of the choice) on which buckets to fuse.
+  void set_step_arrays(const float* grad_base, std::vector<float*> arrays);
+  // finalize() and the optimizer step in one: afterwards every rank holds the same arrays,
+  // equal bit for bit to finalize() followed by step.apply over every gradient; the
+  // gradients themselves are left unspecified (averaged or still local). While sync is off
+  // it is finalize(): no communication and no step. Returns whether it stepped.
+  // Throws CommError.
+  bool finalize_and_step(const ElementwiseStep& step);
+
   // Gradient accumulation: while sync is off, mark_ready/finalize do no communication and
   // gradients accumulate locally (PyTorch's no_sync()).
   void set_sync(bool sync) { sync_ = sync; }
@@ -85,6 +111,10 @@ class Reducer {
   const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
   // Number of buckets launched before finalize() in the last pass (overlap evidence).
   size_t buckets_launched_early() const { return launched_early_; }
+  // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
+  // and the number of fused collectives they took (adjacent fused buckets go as one).
+  size_t buckets_fused() const { return fused_last_; }
+  size_t fused_collectives() const { return fused_calls_last_; }
 
  private:
   struct Bucket {
@@ -94,10 +124,18 @@ class Reducer {
     void* base = nullptr;   // in-place range, or nullptr when staged
     size_t count = 0;
     std::vector<unsigned char> staging;
+    bool fused = false;  // averaged and stepped by allreduce_step in finalize_and_step()
+    bool joins_previous = false;  // fused, and in the same allreduce_step as the bucket before
   };
   void launch(size_t b);
   void reduce_bucket(Bucket& bk);  // host path, on the communication thread
   void comm_thread_main();
+  // finalize()'s work, once per pass: launches every bucket not launched yet (but not the
+  // fused ones when skip_fused) and waits for them.
+  void launch_rest_and_wait(bool skip_fused);
+  // The step arrays at the element of gradient pointer `g`.
+  void arrays_at(const void* g, float** out) const;
+  void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
 
   Communicator& comm_;
   std::vector<GradView> grads_;
@@ -108,6 +146,11 @@ class Reducer {
   std::vector<size_t> bucket_of_;
   size_t next_to_launch_ = 0;  // buckets launch strictly in order on every rank
   size_t launched_early_ = 0;
+  size_t launched_ = 0;  // buckets handed to the communication thread this pass
+  size_t fused_last_ = 0;
+  size_t fused_calls_last_ = 0;
+  const float* step_grad_base_ = nullptr;
+  std::vector<float*> step_arrays_;
   bool sync_ = true;
   bool in_backward_ = false;
 

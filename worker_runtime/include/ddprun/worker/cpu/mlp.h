@@ -10,6 +10,8 @@
 #include <functional>
 #include <vector>
 
+#include "ddprun/worker/communicator.h"
+
 namespace ddprun::worker::cpu {
 
 struct MlpShape {
@@ -60,5 +62,19 @@ class CpuMlp {
 // step), p -= lr * buf; without, p -= lr * g.
 void sgd_step(float* params, const float* grads, float* momentum_buf, size_t n, float lr, float momentum,
               bool first_step);
+
+// sgd_step as an ElementwiseStep for Reducer::finalize_and_step(): arrays {params} without
+// momentum, {params, momentum buffer} with. It calls sgd_step itself, so the fused and the
+// unfused step run the same float operations and give the same bits.
+struct SgdStep final : ElementwiseStep {
+  float lr = 0.01f;
+  float momentum = 0.f;
+  bool first_step = true;  // momentum buffer not initialised yet (buf = g)
+  SgdStep(float lr_, float momentum_, bool first_step_) : lr(lr_), momentum(momentum_), first_step(first_step_) {}
+  size_t num_arrays() const override { return momentum != 0.f ? 2 : 1; }
+  void apply(float* const* a, const float* g, size_t n) const override {
+    sgd_step(a[0], g, momentum != 0.f ? a[1] : nullptr, n, lr, momentum, first_step);
+  }
+};
 
 }  // namespace ddprun::worker::cpu
