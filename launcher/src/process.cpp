@@ -156,15 +156,22 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   return SpawnedProcess{pid, out[0], err[0], status[0], watch[0]};
 }
 
-int receive_exit_watch(int sock, int timeout_ms) {
-  if (sock < 0) return -1;
-  int listener = -1;
-  pollfd p{sock, POLLIN, 0};
+namespace {
+// Whether `fd` became readable (or reached EOF) within `timeout_ms`.
+bool wait_readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
   int ready;
   do {
     ready = ::poll(&p, 1, timeout_ms);
   } while (ready < 0 && errno == EINTR);
-  if (ready > 0) {
+  return ready > 0;
+}
+}  // namespace
+
+int receive_exit_watch(int sock, int timeout_ms) {
+  if (sock < 0) return -1;
+  int listener = -1;
+  if (wait_readable(sock, timeout_ms)) {
     char byte = 0;
     iovec iov{&byte, 1};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -234,12 +241,7 @@ std::optional<int> early_exit_status(pid_t pid) {
 int wait_exec_status(int fd, int timeout_ms) {
   int err = 0;
   ssize_t n = -1;
-  pollfd p{fd, POLLIN, 0};
-  int ready;
-  do {
-    ready = ::poll(&p, 1, timeout_ms);
-  } while (ready < 0 && errno == EINTR);
-  if (ready > 0) {
+  if (wait_readable(fd, timeout_ms)) {
     do {
       n = ::read(fd, &err, sizeof err);
     } while (n < 0 && errno == EINTR);

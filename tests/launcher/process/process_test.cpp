@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <csignal>
 #include <string>
+#include <vector>
 
 #include "ddprun/launcher/process.h"
 
@@ -146,11 +147,13 @@ TEST_CASE("children_of lists direct children", "[process]") {
 
 namespace {
 
-// Spawns `sh -c script` with the early exit watch; returns the process and its listener.
-std::pair<SpawnedProcess, int> spawn_watched(const std::string& script) {
+// Spawns argv (argv[0] looked up on /usr/bin:/bin) with the early exit watch; returns the
+// process and its listener (-1 when none could be had).
+std::pair<SpawnedProcess, int> spawn_watched(std::vector<std::string> argv, int stdin_fd = -1) {
   SpawnRequest req;
-  req.executable = *find_executable("sh", "/usr/bin:/bin");
-  req.argv = {"sh", "-c", script};
+  req.executable = *find_executable(argv[0], "/usr/bin:/bin");
+  req.argv = std::move(argv);
+  req.stdin_fd = stdin_fd;
   req.exit_watch = true;
   req.exit_watch_no_new_privs = true;
   auto p = spawn_process(req);
@@ -160,11 +163,17 @@ std::pair<SpawnedProcess, int> spawn_watched(const std::string& script) {
   return {p, listener};
 }
 
+std::pair<SpawnedProcess, int> spawn_watched(const std::string& script) { return spawn_watched({"sh", "-c", script}); }
+
 // Waits for the listener to report that no task uses the filter any more.
 void wait_hup(int listener) {
   pollfd p{listener, POLLIN, 0};
   REQUIRE(::poll(&p, 1, 30000) == 1);  // hang guard only
   CHECK((p.revents & POLLHUP) != 0);
+}
+
+void close_watched(const SpawnedProcess& p, int listener) {
+  for (int fd : {listener, p.stdout_fd, p.stderr_fd}) ::close(fd);
 }
 
 }  // namespace
@@ -186,9 +195,7 @@ TEST_CASE("early exit watch: the listener reports the exit and /proc holds the s
     CHECK(WTERMSIG(*early) == SIGKILL);
     const int st = wait_status(p.pid);
     CHECK(st == *early);
-    ::close(listener);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    close_watched(p, listener);
   }
   SECTION("exit code 3") {
     auto [p, listener] = spawn_watched("exit 3");
@@ -199,9 +206,7 @@ TEST_CASE("early exit watch: the listener reports the exit and /proc holds the s
     CHECK(WIFEXITED(*early));
     CHECK(WEXITSTATUS(*early) == 3);
     CHECK(wait_status(p.pid) == *early);
-    ::close(listener);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    close_watched(p, listener);
   }
   SECTION("a clean exit shows no early status: the reap tells") {
     auto [p, listener] = spawn_watched("exit 0");
@@ -210,24 +215,14 @@ TEST_CASE("early exit watch: the listener reports the exit and /proc holds the s
     CHECK_FALSE(early_exit_status(p.pid));
     const int st = wait_status(p.pid);
     CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
-    ::close(listener);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    close_watched(p, listener);
   }
   SECTION("a child that inherited the filter holds the report back until it exits too") {
     // The worker exits at once; its background child lives on until its stdin pipe closes.
     int gate[2];
     REQUIRE(::pipe2(gate, O_CLOEXEC) == 0);
-    SpawnRequest req;
-    req.executable = *find_executable("sh", "/usr/bin:/bin");
-    req.argv = {"sh", "-c", "exec 3<&0; (read x <&3) & exit 5"};
-    req.stdin_fd = gate[0];
-    req.exit_watch = true;
-    req.exit_watch_no_new_privs = true;
-    auto p = spawn_process(req);
-    const int listener = receive_exit_watch(p.exit_watch_sock);
+    auto [p, listener] = spawn_watched({"sh", "-c", "exec 3<&0; (read x <&3) & exit 5"}, gate[0]);
     REQUIRE(listener >= 0);
-    REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
     const int st = wait_status(p.pid);  // the worker itself is gone
     CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 5));
     pollfd pf{listener, POLLIN, 0};
@@ -235,9 +230,7 @@ TEST_CASE("early exit watch: the listener reports the exit and /proc holds the s
     ::close(gate[1]);                // the child's read returns: it exits
     wait_hup(listener);
     ::close(gate[0]);
-    ::close(listener);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    close_watched(p, listener);
   }
 }
 
@@ -246,8 +239,7 @@ TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big p
     WARN("skipped: Linux < 6.11 drops seccomp filters only at the reap");
     return;
   }
-  auto python = find_executable("python3", "/usr/bin:/bin");
-  if (!python) {
+  if (!find_executable("python3", "/usr/bin:/bin")) {
     WARN("skipped: no python3");
     return;
   }
@@ -256,15 +248,8 @@ TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big p
   // may hide it once, so three tries, of which one must show it.
   int early_seen = 0;
   for (int trial = 0; trial < 3 && early_seen == 0; ++trial) {
-    SpawnRequest req;
-    req.executable = *python;
-    req.argv = {"python3", "-c", "import os\nb = b'x' * (512 << 20)\nos.kill(os.getpid(), 9)"};
-    req.exit_watch = true;
-    req.exit_watch_no_new_privs = true;
-    auto p = spawn_process(req);
-    const int listener = receive_exit_watch(p.exit_watch_sock);
+    auto [p, listener] = spawn_watched({"python3", "-c", "import os\nb = b'x' * (512 << 20)\nos.kill(os.getpid(), 9)"});
     REQUIRE(listener >= 0);
-    REQUIRE(wait_exec_status(p.exec_status_fd) == 0);
     wait_hup(listener);
     siginfo_t si{};
     REQUIRE(::waitid(P_PID, static_cast<id_t>(p.pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0);
@@ -277,9 +262,7 @@ TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big p
     }
     const int st = wait_status(p.pid);
     CHECK((WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL));
-    ::close(listener);
-    ::close(p.stdout_fd);
-    ::close(p.stderr_fd);
+    close_watched(p, listener);
   }
   CHECK(early_seen == 1);
 }
