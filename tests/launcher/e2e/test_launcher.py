@@ -169,6 +169,32 @@ class Exit(unittest.TestCase):
         self.assertIn("[r0]: filters %d" % (1 if EXIT_WATCH_KERNEL else 0), on.stdout)
         self.assertIn("[r0]: filters 0", off.stdout)
 
+    def test_exit_watch_sets_no_new_privs_only_without_cap_sys_admin(self):
+        code = ("import re\n"
+                "s = open('/proc/self/status').read()\n"
+                "print('nnp', re.search(r'NoNewPrivs:\\s*(\\d)', s).group(1),"
+                " 'filters', re.search(r'Seccomp_filters:\\s*(\\d+)', s).group(1))\n")
+        if os.geteuid() != 0:
+            self.skipTest("needs root: runs ddprun once as root and once as nobody")
+        as_root = run(["--nproc_per_node=1"] + worker(code))
+        self.assertEqual(as_root.returncode, 0, as_root.stderr)
+        self.assertIn("[r0]: nnp 0 filters %d" % (1 if EXIT_WATCH_KERNEL else 0), as_root.stdout)
+        setpriv = "/usr/bin/setpriv"
+        nobody = [setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", DDPRUN]
+        if (not os.path.exists(setpriv) or not os.path.exists("/usr/bin/python3")
+                or subprocess.run(nobody + ["--help"], capture_output=True).returncode != 0):
+            self.skipTest("setpriv or /usr/bin/python3 missing, or ddprun not reachable as nobody from here")
+        with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o777)
+            for flag, want in (([], "nnp %d filters %d" % ((1, 1) if EXIT_WATCH_KERNEL else (0, 0))),
+                               (["--early_exit_watch=0"], "nnp 0 filters 0")):
+                # The system Python: this one may live where nobody cannot read.
+                p = subprocess.run(nobody + ["--nproc_per_node=1"] + flag + ["--no_python", "/usr/bin/python3", "-c", code],
+                                   capture_output=True,
+                                   text=True, timeout=HANG_GUARD, cwd=d)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn("[r0]: " + want, p.stdout)
+
     def test_exit_seen_as_it_begins_then_reaped(self):
         # 512 MiB touched: the kernel takes tens of ms to free it before the exit can be reaped.
         # Attempt 1 runs on for a while, so the old worker's reap is logged too.
