@@ -54,8 +54,7 @@ class Server:
         self.kind = kind
         if kind == "ddprund":
             cmd = [a.ddprund, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
-                   "--threads", str(a.ddprund_threads)] + (
-                   ["--idle-spin-us", str(a.ddprund_spin_us)] if a.ddprund_spin_us else [])
+                   "--threads", str(a.ddprund_threads)]
         elif kind == "pt211":
             cmd = [a.py211, os.path.join(a.here, "bench_store_server.py"), "--libuv", "1"]
         elif kind == "pt113":
@@ -147,8 +146,6 @@ def main():
     ncpu = os.cpu_count() or 1
     ap.add_argument("--gen-threads", type=int, default=max(1, ncpu // 2),
                     help="threads of the C++ load generator (default: half the cores)")
-    ap.add_argument("--ddprund-spin-us", type=int, default=0,
-                    help="ddprund --idle-spin-us (default 0: not passed, ddprund's default)")
     ap.add_argument("--ddprund-threads", type=int, default=0,
                     help="ddprund --threads (default 0: one per core, at most 8)")
     a = ap.parse_args()
@@ -248,8 +245,7 @@ def main():
     w(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
       f"loopback 127.0.0.1; clients and server share the machine. Phase length {secs:g} s. "
       f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}.")
-    w(f"ddprund `--threads {a.ddprund_threads}` (0 = one per core, at most 8)"
-      + (f" `--idle-spin-us {a.ddprund_spin_us}`" if a.ddprund_spin_us else "") + "; C++ generator on "
+    w(f"ddprund `--threads {a.ddprund_threads}` (0 = one per core, at most 8); C++ generator on "
       f"{a.gen_threads} thread(s) (the same for every server).")
     w("PyTorch 2.11 server = `TCPStore(is_master=True)` with the libuv backend (its default); "
       "1.13 = Debian's python3-torch legacy server (C++ generator in dialect D0).")

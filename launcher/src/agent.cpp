@@ -172,6 +172,11 @@ struct Stream {
   LineSplitter splitter;
 };
 
+// A waitpid() status as the state machine's WorkerStatus.
+WorkerStatus status_of_wait(int st) {
+  return WIFSIGNALED(st) ? WorkerStatus::killed_by(WTERMSIG(st)) : WorkerStatus::exited(WEXITSTATUS(st));
+}
+
 struct Worker {
   int attempt = 0;
   int local_rank = 0;
@@ -253,6 +258,10 @@ class Agent {
   void on_signalfd();
   void reap_children();
   void worker_ended(Worker& w);
+  // Of the running attempt (not retiring, not ended).
+  bool is_current(const Worker& w) const {
+    return std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+  }
   void setup_exit_watch();
   void on_exit_watch(Worker& w);
   void close_exit_watch(Worker& w);
@@ -313,8 +322,7 @@ class Agent {
   std::unordered_map<int, Worker*> by_exit_watch_fd_;       // seccomp listener -> worker
   // Workers of ended attempts whose exit was seen early and that are not reaped yet: when.
   std::unordered_map<pid_t, Clock::time_point> dying_;
-  bool exit_watch_ = false;               // --early_exit_watch and a kernel where it helps
-  bool exit_watch_no_new_privs_ = false;  // may set no_new_privs (no CAP_SYS_ADMIN)
+  bool exit_watch_ = false;  // --early_exit_watch and a kernel where it helps
   std::vector<pid_t> old_pgroups_;                          // previous attempts', to clean up
   std::vector<RetiringGroup> retiring_;                     // overlapped restart: old attempts
   Clock::time_point attempt_started_;
@@ -952,7 +960,8 @@ void Agent::start_attempt(int attempt) {
     req.stdin_fd = stdin_fd_;
     req.reset_to_default = reset_to_default_;
     req.exit_watch = exit_watch_;
-    req.exit_watch_no_new_privs = exit_watch_no_new_privs_;
+    // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
+    req.exit_watch_no_new_privs = true;
     SpawnedProcess p = spawn_process(req);
     w->pid = p.pid;
     w->started = Clock::now();
@@ -1057,19 +1066,17 @@ void Agent::reap_children() {
     Worker& w = *it->second;
     w.reaped = true;
     close_exit_watch(w);
-    const WorkerStatus status = WIFSIGNALED(st) ? WorkerStatus::killed_by(WTERMSIG(st))
-                                                : WorkerStatus::exited(WEXITSTATUS(st));
+    const WorkerStatus status = status_of_wait(st);
     if (w.exit_reported) {
       // Seen (and dispatched) as it began to exit; now it is gone.
       drain(w);
       spdlog::debug("worker r{} (pid {}) reaped {:.1f} ms after its exit was seen: {}", w.global_rank, pid,
                     std::chrono::duration<double, std::milli>(Clock::now() - w.ended).count(), status.describe());
-      if (status.describe() != w.status->describe()) {
+      if (status != *w.status) {
         spdlog::warn("worker r{} (pid {}): exit status {} at the reap, {} when it began to exit", w.global_rank,
                      pid, status.describe(), w.status->describe());
       }
-      const bool current =
-          std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+      const bool current = is_current(w);
       if (!current && !done_) on_retired_exit(w);  // may free `w`
       continue;
     }
@@ -1087,9 +1094,6 @@ void Agent::setup_exit_watch() {
     return;
   }
   exit_watch_ = true;
-  // Without CAP_SYS_ADMIN (in our user namespace) the filter needs no_new_privs: allowed, as
-  // documented under --early_exit_watch.
-  exit_watch_no_new_privs_ = true;
 }
 
 // The early exit watch fired: the worker (and whatever inherited its filter) is exiting. A
@@ -1098,14 +1102,14 @@ void Agent::setup_exit_watch() {
 void Agent::on_exit_watch(Worker& w) {
   close_exit_watch(w);
   if (w.reaped || w.exit_reported || done_) return;
-  const bool current = std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+  const bool current = is_current(w);
   if (!current) return;  // a retiring worker: its reap is soon enough
   const auto raw = early_exit_status(w.pid);
   if (!raw) return;
   w.exit_reported = true;
   w.ended = Clock::now();
   w.ended_wall = WallClock::now();
-  w.status = WIFSIGNALED(*raw) ? WorkerStatus::killed_by(WTERMSIG(*raw)) : WorkerStatus::exited(WEXITSTATUS(*raw));
+  w.status = status_of_wait(*raw);
   worker_ended(w);
 }
 
@@ -1125,7 +1129,7 @@ void Agent::worker_ended(Worker& w) {
                 w.reaped ? "" : " (seen as it began to exit)");
   if (done_) return;
   // Not current: a retired worker of an earlier attempt (overlapped restart).
-  const bool current = std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+  const bool current = is_current(w);
   bool progressed = true;
   if (current && !w.status->success() && state_.phase() == AgentState::Phase::Running && store_ &&
       !opts_.multi_node()) {

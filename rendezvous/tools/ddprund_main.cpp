@@ -17,7 +17,6 @@ struct DaemonOptions {
   std::string legacy_dialect = "1.13";
   std::string log_level = "info";
   int threads = 0;
-  int idle_spin_us = 0;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
 };
@@ -35,11 +34,6 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
-      ->capture_default_str();
-  app.add_option("--idle-spin-us", o.idle_spin_us,
-                 "with several I/O threads: microseconds a thread keeps polling after it handled "
-                 "something, before it sleeps (0 = sleep at once)")
-      ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
@@ -66,7 +60,6 @@ int run(const DaemonOptions& o) {
   so.limits.max_key_len = o.max_key_len;
   so.limits.max_value_len = o.max_value_len;
   so.io_threads = o.threads;
-  so.idle_spin_us = o.idle_spin_us;
 
   sigset_t set;
   sigemptyset(&set);

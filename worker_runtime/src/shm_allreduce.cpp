@@ -280,14 +280,9 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
 
 void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
-  const size_t es = dtype_size(dtype);
-  for (const auto& reg : regions_) {
-    auto* mine = reg.base + static_cast<size_t>(rank_) * reg.stride;
-    auto* p = static_cast<unsigned char*>(buf);
-    if (p >= mine && p + count * es <= mine + reg.stride) {
-      if (dtype == DType::F32) return allreduce_zero_copy(reg, static_cast<float*>(buf), count, op);
-      if (dtype == DType::I32) return allreduce_zero_copy(reg, static_cast<int32_t*>(buf), count, op);
-    }
+  if (const Region* reg = region_of(buf, count * dtype_size(dtype))) {
+    if (dtype == DType::F32) return allreduce_zero_copy(*reg, static_cast<float*>(buf), count, op);
+    if (dtype == DType::I32) return allreduce_zero_copy(*reg, static_cast<int32_t*>(buf), count, op);
   }
   if (dtype == DType::F32) return allreduce_typed(static_cast<float*>(buf), count, op);
   if (dtype == DType::I32) return allreduce_typed(static_cast<int32_t*>(buf), count, op);

@@ -462,27 +462,27 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // Outside mu, on `t`: write what the requests just handled left for connections.
   void flush_pending(IoThread& t) {
-    if (!t.remote.empty()) {
+    // Each list is swapped out (handling it may queue more) and handed back emptied, so its
+    // capacity is reused instead of reallocated on every batch of requests.
+    auto take = [](std::vector<ConnPtr>& list, auto&& each) {
       std::vector<ConnPtr> batch;
-      batch.swap(t.remote);
-      // A few wake-ups (a WAIT released, a ROUND) go out from here at once; a broadcast (a
-      // join storm's release) is spread over the connections' own threads.
-      const bool direct = batch.size() <= kMaxDirectSends;
+      batch.swap(list);
       for (auto& c : batch) {
         c->flush_posted = false;
-        if (direct) send_from_here(c);
-        else asio::post(c->thread->io, [this, c] { flush(c); });
+        each(c, batch.size());
       }
+      batch.clear();
+      if (list.empty()) list.swap(batch);
+    };
+    // A few wake-ups (a WAIT released, a ROUND) go out from here at once; a broadcast (a
+    // join storm's release) is spread over the connections' own threads.
+    if (!t.remote.empty()) {
+      take(t.remote, [this](const ConnPtr& c, size_t n) {
+        if (n <= kMaxDirectSends) send_from_here(c);
+        else asio::post(c->thread->io, [this, c] { flush(c); });
+      });
     }
-    if (t.to_flush.empty()) return;
-    std::vector<ConnPtr> batch;
-    batch.swap(t.to_flush);
-    for (auto& c : batch) {
-      c->flush_posted = false;
-      flush(c);
-    }
-    batch.clear();
-    if (t.to_flush.empty()) t.to_flush.swap(batch);  // keep the capacity
+    if (!t.to_flush.empty()) take(t.to_flush, [this](const ConnPtr& c, size_t) { flush(c); });
   }
 
   // On a thread that is not c's: one non-blocking send of c's outbox while nobody else writes
@@ -637,24 +637,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     listen();
     start_accepting(main_ks.get());
     started = true;
-    const auto spin = std::chrono::microseconds(threads.size() > 1 ? options.idle_spin_us : 0);
     for (auto& t : threads) {
-      t->thread = std::thread([io = &t->io, spin] {
+      t->thread = std::thread([io = &t->io] {
         auto guard = asio::make_work_guard(*io);
-        if (spin.count() <= 0) {
-          io->run();
-          return;
-        }
-        // Adaptive: poll while work came in the last `spin`, else block for the next handler.
-        auto last = std::chrono::steady_clock::now();
-        while (!io->stopped()) {
-          if (io->poll() > 0) {
-            last = std::chrono::steady_clock::now();
-          } else if (std::chrono::steady_clock::now() - last >= spin) {
-            if (io->run_one() == 0) break;
-            last = std::chrono::steady_clock::now();
-          }
-        }
+        io->run();
       });
     }
   }

@@ -33,10 +33,6 @@ def own_status(field):
     return int(re.search(field + r":\s*(\d+)", open("/proc/self/status").read()).group(1))
 
 
-def inherited_filters():
-    return own_status("Seccomp_filters")
-
-
 def exit_watch_here():
     global _exit_watch_here
     if _exit_watch_here is None:
@@ -189,7 +185,7 @@ class Exit(unittest.TestCase):
         off = run(["--nproc_per_node=1", "--early_exit_watch=0"] + worker(code))
         self.assertEqual(on.returncode, 0, on.stderr)
         self.assertEqual(off.returncode, 0, off.stderr)
-        base = inherited_filters()
+        base = own_status("Seccomp_filters")
         self.assertIn("[r0]: filters %d" % (base + (1 if exit_watch_here() else 0)), on.stdout)
         self.assertIn("[r0]: filters %d" % base, off.stdout)
 
@@ -202,7 +198,7 @@ class Exit(unittest.TestCase):
             self.skipTest("needs root: runs ddprun once as root and once as nobody")
         as_root = run(["--nproc_per_node=1"] + worker(code))
         self.assertEqual(as_root.returncode, 0, as_root.stderr)
-        base, base_nnp = inherited_filters(), own_status("NoNewPrivs")
+        base, base_nnp = own_status("Seccomp_filters"), own_status("NoNewPrivs")
         watch = 1 if exit_watch_here() else 0
         self.assertIn("[r0]: nnp %d filters %d" % (base_nnp, base + watch), as_root.stdout)  # no need for it
         setpriv = "/usr/bin/setpriv"

@@ -41,12 +41,6 @@ struct StoreServerOptions {
   // I/O threads; 0 = one per core, at most kMaxAutoIoThreads. The launcher's in-process store
   // (a handful of local workers) uses 1; ddprund defaults to 0.
   int io_threads = 1;
-  // After it handled something, an I/O thread polls (without sleeping) for this many
-  // microseconds before it blocks in epoll again: a request that follows a reply closely
-  // (a woken waiter's GET, a client's next op) then finds the thread awake instead of paying a
-  // wake-up (several µs, more on VMs). 0 = block at once. Only with io_threads > 1, where the
-  // threads would otherwise sleep between a connection's requests.
-  int idle_spin_us = 0;
 };
 
 inline constexpr int kMaxAutoIoThreads = 8;
