@@ -127,7 +127,8 @@ def wait_pid_gone(pid, timeout):
 def pid_alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            # Z: a zombie; X/x: being reaped this very moment (its /proc entry lingers briefly).
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X", "x")
     except (FileNotFoundError, ProcessLookupError):  # gone between open and read: ESRCH
         return False
 
@@ -609,10 +610,12 @@ def mark(name, **kw):
     tmp = os.path.join(marks, name + '.tmp')
     with open(tmp, 'w') as f: json.dump(kw, f)
     os.rename(tmp, os.path.join(marks, name))
-def alive(pid):
+def state(pid):
     try:
-        with open('/proc/%d/stat' % pid) as f: return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except (FileNotFoundError, ProcessLookupError): return False  # gone between open and read: ESRCH
+        with open('/proc/%d/stat' % pid) as f: return f.read().rsplit(')', 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError): return 'gone'  # gone between open and read: ESRCH
+def alive(pid):  # Z: a zombie; X: being reaped by ddprun at this very moment (/proc still lists it)
+    return state(pid) not in ('gone', 'Z', 'X', 'x')
 if attempt == '0':
     if rank == '1':
         open(os.path.join(marks, 'fifo')).read()  # returns once rank 0 ignores SIGTERM
@@ -635,7 +638,7 @@ if rank == '0' and os.environ.get('WAIT_OLD'):
         select.select([fd], [], [], 30)
     except ProcessLookupError:
         pass
-    mark('old0_gone', still_alive=alive(old))
+    mark('old0_gone', still_alive=alive(old), state=state(old))
 """
 
 
@@ -673,7 +676,7 @@ class Restart(unittest.TestCase):
             self.assertTrue(n["old_alive"], "a replacement started only after the old rank 0 was gone")
             self.assertLess(n["t"], gone["t"])
             self.assertLess(n["t"] - fail["t"], self.GRACE, "the replacement waited for the grace period")
-        self.assertFalse(gone["still_alive"])
+        self.assertFalse(gone["still_alive"], gone)
         # SIGKILLed after --shutdown_timeout (it ignores SIGTERM), not before, not much after.
         self.assertGreaterEqual(gone["t"] - fail["t"], self.GRACE)
         self.assertLess(gone["t"] - fail["t"], self.GRACE + 8)
