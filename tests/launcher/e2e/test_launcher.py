@@ -643,7 +643,7 @@ if rank == '0' and os.environ.get('WAIT_OLD'):
 
 
 class Restart(unittest.TestCase):
-    GRACE = 2.0
+    GRACE = 3.0  # leaves a slow, loaded CI host room to start the replacements inside it
 
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
