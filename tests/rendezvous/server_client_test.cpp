@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ddprun/client/store_client.h"
+#include "ddprun/client/tcp_connect.h"
 #include "ddprun/server/store_server.h"
 
 using namespace ddprun;
@@ -261,6 +262,29 @@ TEST_CASE("ConnectRetriesUntilTheServerComesUp", "[server]") {
   server::StoreServer srv(o);
   srv.start();
   CHECK(fut.get() == 1);
+}
+
+TEST_CASE("ASocketConnectedToItselfIsSeenAsNoServer", "[server]") {
+  // What a client retrying against a local port with no listener can get: the kernel picks the
+  // destination port as the source port, and TCP's simultaneous open connects the two.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  CHECK(client::connected_to_itself(fd));
+  ::close(fd);
+  // A real connection is not.
+  auto srv = start_server();
+  std::string error;
+  const int c = client::connect_tcp("127.0.0.1", srv->port(), error);
+  REQUIRE(c >= 0);
+  CHECK_FALSE(client::connected_to_itself(c));
+  ::close(c);
 }
 
 TEST_CASE("ConnectFailureSaysWhatToCheck", "[server]") {

@@ -307,6 +307,14 @@ std::chrono::nanoseconds StoreClient::ping() {
   return Clock::now() - t0;
 }
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof local, pl = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return false;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return false;
+  return ll == pl && std::memcmp(&local, &peer, ll) == 0;
+}
+
 int connect_tcp(const std::string& host, uint16_t port, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -321,8 +329,15 @@ int connect_tcp(const std::string& host, uint16_t port, std::string& error) {
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) continue;
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
-    error = "connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      if (!connected_to_itself(fd)) break;
+      // Nothing listens on a local port of the ephemeral range, and the kernel picked that very
+      // port as our source: TCP's simultaneous open "connects" the socket to itself. The store
+      // is not up yet; the caller retries as for ECONNREFUSED.
+      error = "connect to " + host + ":" + std::to_string(port) + ": nothing listens there yet (self-connect)";
+    } else {
+      error = "connect to " + host + ":" + std::to_string(port) + ": " + std::strerror(errno);
+    }
     ::close(fd);
     fd = -1;
   }
