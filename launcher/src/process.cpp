@@ -5,6 +5,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -204,36 +206,57 @@ bool kernel_reports_exit_early() {
   return major > 6 || (major == 6 && minor >= 11);
 }
 
-std::optional<int> early_exit_status(pid_t pid) {
+namespace {
+// Fields 23 (vsize) and 52 (exit_code) of /proc/<pid>/stat; false when it cannot be read.
+bool read_exit_fields(pid_t pid, long& vsize, long& code) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
+  if (fd < 0) return false;
   char buf[2048];
   ssize_t n;
   do {
     n = ::read(fd, buf, sizeof buf - 1);
   } while (n < 0 && errno == EINTR);
   ::close(fd);
-  if (n <= 0) return std::nullopt;
+  if (n <= 0) return false;
   buf[n] = '\0';
   // "pid (comm) state ..." - comm may hold spaces and parentheses: fields count from the last ')'.
   const char* p = std::strrchr(buf, ')');
-  if (!p) return std::nullopt;
+  if (!p) return false;
   ++p;
-  // After ')' come fields 3.. ; the exit code is field 52 (Linux 3.5+), the last one.
   int field = 2;
-  const char* tok = nullptr;
+  bool have_vsize = false;
   while (*p) {
     while (*p == ' ') ++p;
     if (!*p || *p == '\n') break;
     ++field;
-    tok = p;
+    const char* tok = p;
     while (*p && *p != ' ' && *p != '\n') ++p;
-    if (field == 52) break;
+    if (field == 23) {
+      vsize = std::strtol(tok, nullptr, 10);
+      have_vsize = true;
+    } else if (field == 52) {  // the last field (Linux 3.5+)
+      code = std::strtol(tok, nullptr, 10);
+      return have_vsize;
+    }
   }
-  if (field != 52 || !tok) return std::nullopt;
-  const long code = std::strtol(tok, nullptr, 10);
+  return false;
+}
+}  // namespace
+
+std::optional<int> early_exit_status(pid_t pid) {
+  // The exiting task drops its seccomp filter (which wakes the listener) a few instructions
+  // before it stores its exit code, and it gives up its address space (vsize 0) only after
+  // that. So "code 0 with the address space still there" may mean "not stored yet": look again
+  // for a moment. Code 0 with vsize 0 is a clean exit. On the same CPU the yield lets the
+  // exiting task run; the bound keeps a stalled exit from holding the agent.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+  long vsize = 0, code = 0;
+  while (read_exit_fields(pid, vsize, code) && code == 0 && vsize != 0 &&
+         std::chrono::steady_clock::now() < until) {
+    ::sched_yield();
+  }
   if (code <= 0 || code > 0xffff) return std::nullopt;
   return static_cast<int>(code);
 }

@@ -257,12 +257,17 @@ TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big p
     WARN("skipped: no python3");
     return;
   }
-  // 512 MiB touched, then SIGKILL to itself: freeing it takes the kernel tens of ms, and the
+  // 512 MiB touched (131072 pages), then SIGKILL to itself: freeing it takes the kernel tens of ms, and the
   // parent hears of the exit only after that. The listener must fire before; scheduling noise
   // may hide it once, so three tries, of which one must show it.
   int early_seen = 0;
   for (int trial = 0; trial < 3 && early_seen == 0; ++trial) {
-    auto [p, listener] = spawn_watched({"python3", "-c", "import os\nb = b'x' * (512 << 20)\nos.kill(os.getpid(), 9)"});
+    // Small pages (MADV_NOHUGEPAGE): with transparent huge pages set to "always" the memory
+    // would go back in a few hundred 2 MiB frees, too fast to see.
+    auto [p, listener] = spawn_watched(
+        {"python3", "-c",
+         "import mmap, os\nm = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\nm.madvise(mmap.MADV_NOHUGEPAGE)\n"
+         "for i in range(0, len(m), 4096): m[i] = 1\nos.kill(os.getpid(), 9)"});
     REQUIRE(listener >= 0);
     wait_hup(listener);
     siginfo_t si{};

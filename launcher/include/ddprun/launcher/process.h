@@ -66,8 +66,9 @@ int receive_exit_watch(int sock, int timeout_ms = 5000);
 bool kernel_reports_exit_early();
 
 // The exit status, in waitpid's format, that /proc/<pid>/stat shows for an exiting child that
-// has not been reaped yet; nullopt when it shows 0 (a clean exit, or not set yet: either way,
-// the reap tells) or cannot be read.
+// has not been reaped yet; nullopt when it shows 0 (a clean exit: the reap tells) or cannot be
+// read. Called as the listener reports, it waits (about 2 ms at most) for a status the exiting
+// task has not stored yet.
 std::optional<int> early_exit_status(pid_t pid);
 
 // `name` with a '/' is returned as is when executable; otherwise searched on `path_var`.
