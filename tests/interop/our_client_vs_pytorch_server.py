@@ -20,11 +20,20 @@ import torch.distributed as dist  # noqa: E402
 
 def one_server(probe, version, use_libuv):
     kw = {} if version < (2, 0) else {"use_libuv": use_libuv}
-    port = 0
     if version < (2, 0):
+        # 1.13 cannot bind port 0: pick a free port up front, again if a test beside this one
+        # took it in between.
         from interop_common import free_tcp_port
-        port = free_tcp_port()  # 1.13: pick a free port up front
-    master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), **kw)
+        for attempt in range(3):
+            try:
+                master = dist.TCPStore("127.0.0.1", free_tcp_port(), is_master=True,
+                                       timeout=timedelta(seconds=30), **kw)
+                break
+            except RuntimeError as e:
+                if attempt == 2 or "in use" not in str(e):
+                    raise
+    else:
+        master = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30), **kw)
     port = master.port
     name = "1.13 legacy" if version < (2, 0) else ("2.11 libuv" if use_libuv else "2.11 legacy")
     log(f"== our client against PyTorch {name} server on 127.0.0.1:{port}")

@@ -18,6 +18,9 @@ from interop_common import (Daemon, RawConn, check, check_eq, expect_raises, log
 import torch.distributed as dist  # noqa: E402
 
 TIMEOUT = timedelta(seconds=30)  # store timeout: a hang guard, never reached when all is well
+# A helper is a fresh Python that imports torch first (seconds on a loaded 2-core host, several
+# at once): its first line is a hang guard too, not a time bound.
+HELPER_START_S = 120
 
 
 def client(port, **kw):
@@ -51,7 +54,7 @@ def start_helper(port, mode, key="", world_size=0):
 
 
 def finish_helper(p, want_last_line):
-    line = read_line_with_deadline(p.stdout, 30, f"helper {p.pid}")
+    line = read_line_with_deadline(p.stdout, HELPER_START_S, f"helper {p.pid}")
     check_eq(line, want_last_line, f"helper {p.pid} output")
     check_eq(p.wait(timeout=30), 0, f"helper {p.pid} exit code")
 
@@ -131,7 +134,7 @@ def test_wait(d, store, version):
         check_eq(store.get("w1"), b"1", "other clients unaffected by the timed-out one")
     # A waiter in another process, woken by our set.
     p = start_helper(d.port, "waiter", key="xproc")
-    check_eq(read_line_with_deadline(p.stdout, 30, "waiter"), "waiting", "waiter announced")
+    check_eq(read_line_with_deadline(p.stdout, HELPER_START_S, "waiter"), "waiting", "waiter announced")
     store.wait(["waiter_ready"])
     store.set("xproc", "woken")
     finish_helper(p, "got woken")
@@ -208,7 +211,7 @@ def test_extended_211(d, store):
     store.set_timeout(TIMEOUT)
     check_eq(store.queue_len("q"), 0, "queue still empty")
     p = start_helper(d.port, "popper", key="xq")
-    check_eq(read_line_with_deadline(p.stdout, 30, "popper"), "popping", "popper announced")
+    check_eq(read_line_with_deadline(p.stdout, HELPER_START_S, "popper"), "popping", "popper announced")
     store.wait(["popper_ready"])
     store.queue_push("xq", "payload")
     finish_helper(p, "popped payload")

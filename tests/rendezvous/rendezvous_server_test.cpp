@@ -28,7 +28,7 @@ rdzv::JoinInfo info(const std::string& node, int nproc, int min, int max, int re
   j.min_nodes = min;
   j.max_nodes = max;
   j.max_restarts = restarts;
-  j.last_call = 200ms;
+  j.last_call = 5s;  // every round here fills to max (closes at once); a stalled joiner still makes it
   j.heartbeat_timeout = 2000ms;
   return j;
 }

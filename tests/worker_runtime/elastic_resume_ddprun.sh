@@ -9,14 +9,13 @@ ddprun="$1"; train="$2"; n="${3:-2}"
 tmp="$(mktemp -d /tmp/ddprun-elastic-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 common=(--width 64 --depth 2 --samples 400 --batch 20 --epochs 3 --momentum 0.9 --device cpu)
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-"$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${common[@]}" >"$tmp/clean.log" 2>&1 || {
+"$ddprun" --nproc_per_node="$n" --master_port=0 "$train" "${common[@]}" >"$tmp/clean.log" 2>&1 || {
   echo "uninterrupted run failed:"; cat "$tmp/clean.log"; exit 1; }
 want="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/clean.log" | tail -1)"
 [[ -n "$want" ]] || { echo "no checksum in the uninterrupted run:"; cat "$tmp/clean.log"; exit 1; }
 
-"$ddprun" --nproc_per_node="$n" --max_restarts=3 --master_port="$(free_port)" "$train" "${common[@]}" \
+"$ddprun" --nproc_per_node="$n" --max_restarts=3 --master_port=0 "$train" "${common[@]}" \
   --checkpoint-dir "$tmp/ck" --checkpoint-every 4 --fail-at-step 7,23 --fail-rank $((n - 1)) >"$tmp/elastic.log" 2>&1 || {
   echo "elastic run failed:"; cat "$tmp/elastic.log"; exit 1; }
 got="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/elastic.log" | tail -1)"

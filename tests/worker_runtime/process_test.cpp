@@ -203,7 +203,9 @@ TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error
 
 TEST_CASE("Store: without a launcher store, rank 0 hosts it (srun-started ranks)", "[process]") {
   const std::string dir = temp_dir();
-  const uint16_t port = static_cast<uint16_t>(30000 + (::getpid() % 20000));
+  // Below the ephemeral range (32768+), where a test running beside this one may hold any port
+  // for its own connections; and clear of 29400/29500.
+  const uint16_t port = static_cast<uint16_t>(10000 + (::getpid() % 19000));
   std::vector<Proc> ps(2);
   for (int r = 0; r < 2; ++r)
     ps[static_cast<size_t>(r)].pid = spawn({TRAIN_EXE, "--device", "cpu"},
