@@ -1098,7 +1098,8 @@ void Agent::setup_exit_watch() {
 
 // The early exit watch fired: the worker (and whatever inherited its filter) is exiting. A
 // non-zero status in /proc is final (the task is past the point of no return) and is acted on
-// now, 15-30 ms before the reap; a zero status (a clean exit, or not written yet) waits for it.
+// now, 15-30 ms before the reap; a clean exit (status 0, once stored: early_exit_status waits
+// for that) waits for the reap.
 void Agent::on_exit_watch(Worker& w) {
   close_exit_watch(w);
   if (w.reaped || w.exit_reported || done_) return;

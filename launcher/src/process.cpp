@@ -21,8 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <sstream>
+#include <initializer_list>
 #include <system_error>
 
 namespace ddprun::launcher {
@@ -207,8 +206,10 @@ bool kernel_reports_exit_early() {
 }
 
 namespace {
-// Fields 23 (vsize) and 52 (exit_code) of /proc/<pid>/stat; false when it cannot be read.
-bool read_exit_fields(pid_t pid, long& vsize, long& code) {
+// Numeric fields of /proc/<pid>/stat, numbered as in proc(5) (4 ppid, 22 starttime, 23 vsize,
+// 52 exit_code), in ascending order, into `values`; false when the file cannot be read or
+// ends before the last one.
+bool read_stat_fields(pid_t pid, std::initializer_list<int> fields, unsigned long long* values) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -226,22 +227,19 @@ bool read_exit_fields(pid_t pid, long& vsize, long& code) {
   if (!p) return false;
   ++p;
   int field = 2;
-  bool have_vsize = false;
-  while (*p) {
+  auto want = fields.begin();
+  while (*p && want != fields.end()) {
     while (*p == ' ') ++p;
     if (!*p || *p == '\n') break;
     ++field;
     const char* tok = p;
     while (*p && *p != ' ' && *p != '\n') ++p;
-    if (field == 23) {
-      vsize = std::strtol(tok, nullptr, 10);
-      have_vsize = true;
-    } else if (field == 52) {  // the last field (Linux 3.5+)
-      code = std::strtol(tok, nullptr, 10);
-      return have_vsize;
+    if (field == *want) {
+      *values++ = std::strtoull(tok, nullptr, 10);
+      ++want;
     }
   }
-  return false;
+  return want == fields.end();
 }
 }  // namespace
 
@@ -252,13 +250,12 @@ std::optional<int> early_exit_status(pid_t pid) {
   // for a moment. Code 0 with vsize 0 is a clean exit. On the same CPU the yield lets the
   // exiting task run; the bound keeps a stalled exit from holding the agent.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-  long vsize = 0, code = 0;
-  while (read_exit_fields(pid, vsize, code) && code == 0 && vsize != 0 &&
-         std::chrono::steady_clock::now() < until) {
+  unsigned long long f[2] = {0, 0};  // vsize, exit_code (Linux 3.5+)
+  while (read_stat_fields(pid, {23, 52}, f) && f[1] == 0 && f[0] != 0 && std::chrono::steady_clock::now() < until) {
     ::sched_yield();
   }
-  if (code <= 0 || code > 0xffff) return std::nullopt;
-  return static_cast<int>(code);
+  if (f[1] == 0 || f[1] > 0xffff) return std::nullopt;
+  return static_cast<int>(f[1]);
 }
 
 int wait_exec_status(int fd, int timeout_ms) {
@@ -310,24 +307,12 @@ std::vector<pid_t> scan_children(pid_t parent, unsigned long long before_tick) {
     char* end = nullptr;
     long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
-    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    // pid (comm) state ppid ...: comm may contain spaces and parentheses.
-    auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 1));
-    std::string state;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    if (before_tick != ~0ULL) {
-      // Fields 5-21 (pgrp ... itrealvalue), then 22: starttime.
-      std::string skip;
-      for (int field = 5; field <= 21 && rest; ++field) rest >> skip;
-      unsigned long long start = 0;
-      if (!(rest >> start) || start >= before_tick) continue;
-    }
+    unsigned long long f[2] = {0, 0};  // ppid, starttime
+    if (before_tick == ~0ULL ? !read_stat_fields(static_cast<pid_t>(pid), {4}, f)
+                             : !read_stat_fields(static_cast<pid_t>(pid), {4, 22}, f))
+      continue;
+    if (f[0] != static_cast<unsigned long long>(parent)) continue;
+    if (before_tick != ~0ULL && f[1] >= before_tick) continue;
     out.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(d);

@@ -45,7 +45,7 @@ constexpr long kPresizedDescriptors = 1 << 16;
 void presize_descriptor_table() {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 64) return;
-  const long want = std::min<long>(static_cast<long>(std::min<rlim_t>(rl.rlim_cur, kPresizedDescriptors)), kPresizedDescriptors);
+  const long want = static_cast<long>(std::min<rlim_t>(rl.rlim_cur, kPresizedDescriptors));
   const int fd = ::fcntl(2, F_DUPFD_CLOEXEC, static_cast<int>(want - 1));
   if (fd >= 0) ::close(fd);
 }

@@ -11,8 +11,8 @@
 // reports POLLHUP once no task uses the filter any more. So the child installs a filter that
 // allows every system call, with a listener (SECCOMP_FILTER_FLAG_NEW_LISTENER), and hands the
 // listener to the agent: POLLHUP on it means "the worker (and every descendant that inherited
-// the filter) is exiting", well before the exit is reaped, and /proc/<pid>/stat already holds
-// its exit status then (early_exit_status). Installing a filter needs CAP_SYS_ADMIN or the
+// the filter) is exiting", well before the exit is reaped, and /proc/<pid>/stat holds its
+// exit status then, or a few instructions later (early_exit_status). Installing a filter needs CAP_SYS_ADMIN or the
 // no_new_privs bit; the latter is set only when allowed (exit_watch_no_new_privs).
 #pragma once
 
