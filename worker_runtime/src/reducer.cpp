@@ -15,6 +15,8 @@ const char* dtype_name(DType d) {
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
     case DType::I32: return "int32";
+    case DType::F64: return "fp64";
+    case DType::I64: return "int64";
   }
   return "?";
 }

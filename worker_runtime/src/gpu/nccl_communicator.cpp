@@ -31,6 +31,8 @@ ncclDataType_t to_nccl(DType d) {
     case DType::BF16: return ncclBfloat16;
     case DType::F16: return ncclFloat16;
     case DType::I32: return ncclInt32;
+    case DType::F64: return ncclFloat64;
+    case DType::I64: return ncclInt64;
   }
   return ncclFloat32;
 }
