@@ -79,7 +79,7 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
       bk.staging.resize(bk.count * es);
     }
   }
-  if (comm_.size() > 1 && !comm_.stream_ordered()) thread_ = std::thread([this] { comm_thread_main(); });
+  if (!solo() && !comm_.stream_ordered()) thread_ = std::thread([this] { comm_thread_main(); });
 }
 
 Reducer::~Reducer() {
@@ -108,7 +108,7 @@ void Reducer::prepare_for_backward() {
 
 void Reducer::mark_ready(size_t index) {
   DDPRUN_ENFORCE(index < grads_.size(), "mark_ready: index out of range");
-  if (!sync_ || !in_backward_ || comm_.size() == 1) return;
+  if (!sync_ || !in_backward_ || solo()) return;
   Bucket& bk = buckets_[bucket_of_[index]];
   DDPRUN_ENFORCE(bk.pending > 0, "mark_ready called twice for gradient " + std::to_string(index));
   --bk.pending;
@@ -215,7 +215,7 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
 void Reducer::finalize() {
   if (!in_backward_) return;
   in_backward_ = false;
-  if (!sync_ || comm_.size() == 1) return;
+  if (!sync_ || solo()) return;
   launch_rest_and_wait(false);
 }
 
@@ -233,7 +233,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   }
   step_grad_base_ = grad_base;
   step_arrays_ = std::move(arrays);
-  if (comm_.size() == 1) return;  // nothing to communicate: finalize_and_step steps locally
+  if (solo()) return;  // nothing to communicate: finalize_and_step steps locally
   // Fuse only where every rank can: a bucket fused on one rank and all-reduced on another
   // would pair different collectives. Likewise for joining a fused bucket with the previous
   // one into one collective (they are adjacent in memory): fused buckets all run after

@@ -51,6 +51,9 @@ struct ReducerOptions {
   size_t bucket_cap_bytes = 25u << 20;
   size_t first_bucket_cap_bytes = 1u << 20;
   bool overlap = true;  // false: launch every bucket in finalize() (for measuring overlap)
+  // World size 1: still bucket and launch every collective, as PyTorch's DDP wrapper does, so
+  // a one-rank benchmark measures the DDP machinery instead of skipping it. Default: skip.
+  bool force_collective = false;
 };
 
 struct GradView {
@@ -136,6 +139,8 @@ class Reducer {
   // The step arrays at the element of gradient pointer `g`.
   void arrays_at(const void* g, float** out) const;
   void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
+  // Nothing to communicate: one rank and no forced collective.
+  bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
 
   Communicator& comm_;
   std::vector<GradView> grads_;
