@@ -10,13 +10,13 @@
 #              under `ddprun --max_restarts=2` with checkpoints, final checksum vs the clean run
 #   allreduce  8 B .. 1 GiB (powers of 2), fp32 and bf16: our NcclCommunicator and a raw
 #              ncclAllReduce loop (ddprun_allreduce_bench under ddprun), torch.distributed.all_reduce
-#              (scripts/bench_multigpu_allreduce.py under torchrun)
-#   ddp        4096x6 (b1024) and 8192x5 (b512) bf16: `train` vs scripts/bench_worker_ddp.py, 1 GPU
+#              (scripts/bench/bench_multigpu_allreduce.py under torchrun)
+#   ddp        4096x6 (b1024) and 8192x5 (b512) bf16: `train` vs scripts/bench/bench_worker_ddp.py, 1 GPU
 #              and N GPUs, and both without overlap (train --no-overlap; bench_multigpu_torch_ddp.py)
 #   launch     ddprun vs torchrun, PyTorch NCCL worker and `train`: exec -> first collective, and
 #              SIGKILL of rank N-1 -> every rank past its first collective again (--max_restarts=1)
 # Tables go to stdout and to $OUT_DIR/multigpu.md; raw logs to $OUT_DIR/multigpu-raw/.
-#   usage: scripts/bench_multigpu.sh [bin-dir with train, ddprun, ddprund, ddprun_allreduce_bench]
+#   usage: scripts/bench/bench_multigpu.sh [bin-dir with train, ddprun, ddprund, ddprun_allreduce_bench]
 #   env:   OUT_DIR=./out PY=python3 NGPU=<all> STEPS=30 WARMUP=10 LAUNCH_RUNS=2 STEP_TIMEOUT=120 BUDGET_S=540
 #          ONLY=info,correct,allreduce,ddp,launch   DRY_RUN=1 (print the commands, run nothing)
 #          TRAIN_DEVICE=cpu (correct and launch on CPU/Gloo: a test of the script on a machine without GPU)
@@ -25,7 +25,7 @@
 # go on LD_LIBRARY_PATH.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$here/build}"
 bin="$(cd "$bin" 2>/dev/null && pwd || echo "$bin")"
 first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
@@ -185,7 +185,7 @@ do_allreduce_ours() {
     --min-bytes 8 --max-bytes $((1 << 30)) --out "$raw/allreduce/ours_raw.txt"
 }
 do_allreduce_torch() {
-  x "$raw/allreduce/torch.log" torchrun --nproc_per_node="$n" "$here/scripts/bench_multigpu_allreduce.py" \
+  x "$raw/allreduce/torch.log" torchrun --nproc_per_node="$n" "$here/scripts/bench/bench_multigpu_allreduce.py" \
     --dtype fp32,bf16 --min-bytes 8 --max-bytes $((1 << 30)) --out "$raw/allreduce/torch.txt"
 }
 
@@ -200,14 +200,14 @@ do_ddp() {
     for np in 1 "$n"; do
       x "$d/$m.ours.$np.overlap.log" ddp_run --nproc_per_node="$np" "$train" --device cuda --precision bf16 --width "$w" \
         --depth "$dep" --batch "$b" --samples $(( b * (STEPS + WARMUP) * np )) --epochs 1 --warmup-steps "$WARMUP" || rc=1
-      x "$d/$m.torch.$np.overlap.log" torchrun --nproc_per_node="$np" "$here/scripts/bench_worker_ddp.py" --device cuda \
+      x "$d/$m.torch.$np.overlap.log" torchrun --nproc_per_node="$np" "$here/scripts/bench/bench_worker_ddp.py" --device cuda \
         --precision bf16 --width "$w" --depth "$dep" --batch "$b" --steps "$STEPS" --warmup "$WARMUP" || rc=1
       [[ "$n" == 1 ]] && break
     done
     if [[ "$n" -gt 1 ]]; then
       x "$d/$m.ours.$n.nooverlap.log" ddp_run --nproc_per_node="$n" "$train" --device cuda --precision bf16 --width "$w" \
         --depth "$dep" --batch "$b" --samples $(( b * (STEPS + WARMUP) * n )) --epochs 1 --warmup-steps "$WARMUP" --no-overlap || rc=1
-      x "$d/$m.torch.$n.nooverlap.log" torchrun --nproc_per_node="$n" "$here/scripts/bench_multigpu_torch_ddp.py" \
+      x "$d/$m.torch.$n.nooverlap.log" torchrun --nproc_per_node="$n" "$here/scripts/bench/bench_multigpu_torch_ddp.py" \
         --precision bf16 --width "$w" --depth "$dep" --batch "$b" --steps "$STEPS" --warmup "$WARMUP" || rc=1
     fi
     grep -H -o 'avg_step_ms=[0-9.]*' "$d/$m".*.log 2>/dev/null | sed "s|$d/||; s/^/  /"
@@ -223,9 +223,9 @@ do_launch() {
   # The driver bounds every run (--timeout) and starts none after --budget; the outer timeout is for the driver.
   local args=(--nproc "$n" --ddprun "$ddprun" --train "$train" --py "$PY" --runs "$LAUNCH_RUNS" --timeout "$lim"
               --budget $(( left > lim ? left - lim : 1 )) --backend "$([[ $TRAIN_DEVICE == cpu ]] && echo gloo || echo nccl)" --workdir "$raw/launch/runs" --out "$raw/launch/runs.jsonl")
-  echo "$PY $here/scripts/bench_multigpu_launch.py ${args[*]}" >> "$raw/commands.txt"
-  if [[ "$DRY_RUN" == 1 ]]; then "$PY" "$here/scripts/bench_multigpu_launch.py" "${args[@]}" --dry-run | sed 's/^/  + /'; return 0; fi
-  timeout -k 10 $(( left + 30 )) "$PY" "$here/scripts/bench_multigpu_launch.py" "${args[@]}"
+  echo "$PY $here/scripts/bench/bench_multigpu_launch.py ${args[*]}" >> "$raw/commands.txt"
+  if [[ "$DRY_RUN" == 1 ]]; then "$PY" "$here/scripts/bench/bench_multigpu_launch.py" "${args[@]}" --dry-run | sed 's/^/  + /'; return 0; fi
+  timeout -k 10 $(( left + 30 )) "$PY" "$here/scripts/bench/bench_multigpu_launch.py" "${args[@]}"
 }
 
 enabled info && step info do_info
@@ -236,7 +236,7 @@ enabled ddp && step ddp do_ddp
 enabled launch && step launch do_launch
 
 echo "== report ($(( $(date +%s) - t_script )) s so far)"
-"$PY" "$here/scripts/bench_multigpu_report.py" --raw "$raw" --out "$OUT_DIR/multigpu.md" ||
-  python3 "$here/scripts/bench_multigpu_report.py" --raw "$raw" --out "$OUT_DIR/multigpu.md" ||
+"$PY" "$here/scripts/bench/bench_multigpu_report.py" --raw "$raw" --out "$OUT_DIR/multigpu.md" ||
+  python3 "$here/scripts/bench/bench_multigpu_report.py" --raw "$raw" --out "$OUT_DIR/multigpu.md" ||
   echo "!! report failed; raw logs in $raw"
 echo "total $(( $(date +%s) - t_script )) s; tables in $OUT_DIR/multigpu.md, logs in $raw"

@@ -1,10 +1,10 @@
-"""PyTorch DDP without overlap, for the overlap fraction in scripts/bench_multigpu.sh (run under
+"""PyTorch DDP without overlap, for the overlap fraction in scripts/bench/bench_multigpu.sh (run under
 torchrun). The model, data, optimizer, precision and timing are those of
-scripts/bench_worker_ddp.py (whose overlapped DDP step is the one in the tables); here backward
+scripts/bench/bench_worker_ddp.py (whose overlapped DDP step is the one in the tables); here backward
 runs under DDP's no_sync() and the gradients are then all-reduced in 25 MB buckets (reverse
 parameter order, like DDP's buckets: flatten, all_reduce, divide by world, copy back), so no
 communication overlaps backward. Prints avg_step_ms from rank 0.
-  torchrun --nproc_per_node=N scripts/bench_multigpu_torch_ddp.py --width 4096 --depth 6 --batch 1024
+  torchrun --nproc_per_node=N scripts/bench/bench_multigpu_torch_ddp.py --width 4096 --depth 6 --batch 1024
 """
 import argparse
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Store benchmark driver (called by scripts/bench_store.sh): ddprund vs PyTorch's own TCPStore
+"""Store benchmark driver (called by scripts/bench/bench_store.sh): ddprund vs PyTorch's own TCPStore
 server, side by side in one run, loopback only.
 
 Phases (each bounded):

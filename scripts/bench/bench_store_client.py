@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's own TCPStore client as a load generator, for scripts/bench_store.sh.
+"""PyTorch's own TCPStore client as a load generator, for scripts/bench/bench_store.sh.
 
 usage: bench_store_client.py --port P --clients N [--ops get,add,compare_set,wait]
                              [--seconds S] [--tag T]

@@ -1,4 +1,4 @@
-"""torch.distributed.all_reduce sweep (NCCL) for scripts/bench_multigpu.sh, run under torchrun:
+"""torch.distributed.all_reduce sweep (NCCL) for scripts/bench/bench_multigpu.sh, run under torchrun:
 the PyTorch side of ddprun_allreduce_bench, with the same method and the same output lines.
 
 In place, SUM, fp32 and bf16, sizes --min-bytes..--max-bytes (x --factor). Per size: a barrier
@@ -8,8 +8,8 @@ follows the last op); time per op = max over ranks. iters = clamp(4 GiB / bytes,
 warmup = clamp(iters // 10, 2, 20) unless --iters/--warmup are given (the C++ tool's rule).
 Rank 0 prints `RESULT impl=torch dtype=.. bytes=.. count=.. iters=.. warmup=.. us=.. algbw=..
 busbw=..` (GB/s = 1e9 B/s; busbw = algbw * 2(n-1)/n, 0 for n = 1) and the NCCL version.
-  torchrun --nproc_per_node=N scripts/bench_multigpu_allreduce.py [--out FILE]
-  python3 scripts/bench_multigpu_allreduce.py --plan       (prints the size/iteration plan, no GPU)
+  torchrun --nproc_per_node=N scripts/bench/bench_multigpu_allreduce.py [--out FILE]
+  python3 scripts/bench/bench_multigpu_allreduce.py --plan       (prints the size/iteration plan, no GPU)
   --backend gloo: the same on CPU tensors, timed with perf_counter (tests the script without a GPU)
 """
 import argparse

@@ -1,4 +1,4 @@
-"""PyTorch NCCL worker for the launch/restart rows of scripts/bench_multigpu.sh (run by ddprun or
+"""PyTorch NCCL worker for the launch/restart rows of scripts/bench/bench_multigpu.sh (run by ddprun or
 torchrun): init_process_group("nccl"), one all_reduce, synchronize, then one JSON line
   {"rank", "world", "attempt", "pid", "t_start", "t_import", "t_init", "t_first"}   (time.time())
 appended to $BENCH_MG_TS (one write, O_APPEND). t_start is taken before `import torch`.

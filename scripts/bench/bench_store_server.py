@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hosts PyTorch's own TCPStore server for scripts/bench_store.sh.
+"""Hosts PyTorch's own TCPStore server for scripts/bench/bench_store.sh.
 
 usage: bench_store_server.py [--libuv 1|0]     (run by the torch 2.11 venv or Debian's 1.13)
 Prints "listening on 127.0.0.1:PORT" and serves until SIGTERM/SIGINT or stdin closes.

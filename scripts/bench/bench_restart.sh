@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Restart latency on one node, side by side in one run, same worker (scripts/bench_restart_worker.py)
+# Restart latency on one node, side by side in one run, same worker (scripts/bench/bench_restart_worker.py)
 # for every launcher: --nproc_per_node=2 --max_restarts=1, gloo, loopback only.
 #   ddprun           with the worker on torch 1.13 (/usr/bin/python3) and, if the venv exists, on torch 2.11;
 #                    as is (defaults: --overlap_restart=1, the next attempt starts while the old survivors
@@ -16,7 +16,7 @@
 #            mentioning failed/FAILED/closing signal/Stopping/restart (the line is printed below the table);
 #            also the first such line saying "failed" (torchrun logs it only after it has stopped the group)
 #   exec'd   every replacement worker process running (max t_exec of attempt 1, stamped by
-#            scripts/bench_exec_stamp.c, which every launcher runs in front of `python -u worker`)
+#            scripts/bench/bench_exec_stamp.c, which every launcher runs in front of `python -u worker`)
 #   started  every replacement worker's first Python line (max t_start of attempt 1: Python start-up included)
 #   init     every replacement worker past init_process_group("gloo") (max t_init of attempt 1)
 # plus the launcher's total wall time and exit code. Runs are interleaved across launchers (round-robin, the
@@ -25,9 +25,9 @@
 # Bounded: each run is killed after RUN_TIMEOUT s (45); whole rounds stop once the next would pass BUDGET s
 # (270) from the script's start, so the script ends in < 5 min (fewer than N runs on a slow host). KEEP=1
 # keeps the per-run stderr logs (with read times) and timestamp files.
-#   usage: scripts/bench_restart.sh [-n N] [build-dir]     (N default 5; env DDPRUN=..., DDPRUN_VENV=...)
+#   usage: scripts/bench/bench_restart.sh [-n N] [build-dir]     (N default 5; env DDPRUN=..., DDPRUN_VENV=...)
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 N=5
 while getopts "n:h" opt; do
   case $opt in
@@ -40,7 +40,7 @@ build="${1:-$here/build}"
 DDPRUN="${DDPRUN:-$build/launcher/ddprun}"
 VENV_PY="${DDPRUN_VENV:-$here/.venv-torch2}/bin/python"
 SYS_PY=/usr/bin/python3
-WORKER="$here/scripts/bench_restart_worker.py"
+WORKER="$here/scripts/bench/bench_restart_worker.py"
 RUN_TIMEOUT="${RUN_TIMEOUT:-45}"    # seconds, one launcher run (the kill wait included)
 BUDGET="${BUDGET:-270}"             # seconds, all runs: later runs are skipped past it
 [[ -x "$DDPRUN" ]] || { echo "no ddprun at $DDPRUN (build first: cmake --build $build --target ddprun)"; exit 1; }
@@ -154,7 +154,7 @@ common=(--nproc_per_node=2 --max_restarts=1 --master_addr=127.0.0.1 "--master_po
 # Every launcher starts the worker through bench_exec_stamp (when a C compiler is here), which
 # stamps the moment the replacement process runs, before Python's own start-up.
 STAMP=""
-if cc -O2 -o "$tmp/bench_exec_stamp" "$here/scripts/bench_exec_stamp.c" 2>/dev/null; then STAMP="$tmp/bench_exec_stamp"; fi
+if cc -O2 -o "$tmp/bench_exec_stamp" "$here/scripts/bench/bench_exec_stamp.c" 2>/dev/null; then STAMP="$tmp/bench_exec_stamp"; fi
 wrap() {  # PYTHON -> the launcher arguments that run the worker through the stamp, under that python
   if [[ -n "$STAMP" ]]; then echo --no_python "$STAMP" "$1" -u; fi
 }

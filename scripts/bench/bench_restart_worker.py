@@ -3,7 +3,7 @@ import time
 T_START = time.time()  # first thing, before `import torch`: when this worker process began running Python
 import json
 import os
-# Worker for scripts/bench_restart.sh (restart latency). The same file runs under every launcher.
+# Worker for scripts/bench/bench_restart.sh (restart latency). The same file runs under every launcher.
 # Appends one JSON line per event to $BENCH_RESTART_TS: {rank, attempt, pid, event, ...}: "start" (t_start,
 # written before `import torch`), "init" (t_start, t_imported, t_init), then "allreduce_error" / "done".
 # Attempt 0: rank 1 writes its pid to $BENCH_RESTART_PIDFILE after init and sleeps until the driver

@@ -7,9 +7,9 @@
 # Reports the median wall time of N runs, the launcher's peak RSS (/usr/bin/time %M: the
 # largest of the launcher and its reaped children) and ratios; then restart latency: a worker
 # SIGKILLs itself on attempt 0 -> the time until every replacement worker has started.
-#   usage: scripts/bench_launcher.sh [build-dir]      (env N=10 N_TORCH=5 RESTART_N=5)
+#   usage: scripts/bench/bench_launcher.sh [build-dir]      (env N=10 N_TORCH=5 RESTART_N=5)
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$here/build}"
 DDPRUN="${DDPRUN:-$build/launcher/ddprun}"
 VENV_PY="${DDPRUN_VENV:-$here/.venv-torch2}/bin/python"

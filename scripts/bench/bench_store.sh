@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Store benchmark (not a timed test): ddprund vs PyTorch's own TCPStore server, side by side in
-# one run on this machine, loopback only. See scripts/bench_store_main.py for the phases.
+# one run on this machine, loopback only. See scripts/bench/bench_store_main.py for the phases.
 #
-#   scripts/bench_store.sh [--quick] [--seconds S] [--skip-pt113]
+#   scripts/bench/bench_store.sh [--quick] [--seconds S] [--skip-pt113]
 # Env: BUILD_DIR (default build-bench), OUT_DIR (default ./out), DDPRUN_VENV (default
 # .venv-torch2; its python is PyTorch 2.11), PY113 (default /usr/bin/python3, Debian's 1.13).
 # Prints the tables and writes them to $OUT_DIR/store_bench.md. Takes about 4-5 minutes.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$here/build-bench}"
 OUT_DIR="${OUT_DIR:-./out}"
 VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
@@ -25,7 +25,7 @@ cmake --build "$BUILD_DIR" -j"$(nproc)" --target ddprund ddprun_store_bench >/de
 
 # Thousands of connections: take the hard descriptor limit for us and our children.
 ulimit -n "$(ulimit -Hn)"
-exec "$VENV/bin/python" "$here/scripts/bench_store_main.py" \
+exec "$VENV/bin/python" "$here/scripts/bench/bench_store_main.py" \
   --ddprund "$BUILD_DIR/rendezvous/ddprund" \
   --bench "$BUILD_DIR/rendezvous/tools/bench/ddprun_store_bench" \
   --py211 "$VENV/bin/python" --py113 "$PY113" --out "$OUT_DIR" "$@"

@@ -2,9 +2,9 @@
 # Elastic resume on a GPU: `ddprun --nproc_per_node=1 --max_restarts=3 train --device cuda`
 # (bf16, momentum) with the worker SIGKILLed before steps 45 and 130 must end with the same
 # final_param_checksum as an uninterrupted run (cuBLAS GEMMs and our kernels are deterministic).
-#   usage: scripts/check_worker_resume_gpu.sh [bin-dir with train and ddprun]
+#   usage: scripts/bench/check_worker_resume_gpu.sh [bin-dir with train and ddprun]
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$here/build}"
 first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
 train="$(first "$bin/train" "$bin/worker_runtime/train")"

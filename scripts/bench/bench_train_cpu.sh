@@ -4,12 +4,12 @@
 # params), batch 64 per rank, fp32, one thread per rank, at 1 and 2 ranks.
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
-#   usage: scripts/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
+#   usage: scripts/bench/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
 # TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step.
 # PY=python (default /usr/bin/python3: Debian's torch 1.13) runs the PyTorch side; CPUS=0,1
 # pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$here/build}"
 train="$build/worker_runtime/train"; ddprun="$build/launcher/ddprun"
 STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DEPTH:-4}"; BATCH="${BATCH:-64}"; WARMUP=5
@@ -39,7 +39,7 @@ ours() {  # nproc -> avg ms/step
 theirs() {
   local n="$1"; local log="$tmp/torch$1.log"
   "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
-    --master_port="$(free_port)" "$here/scripts/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
+    --master_port="$(free_port)" "$here/scripts/bench/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
     --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }

@@ -1,8 +1,8 @@
-"""Tables of scripts/bench_multigpu.sh: reads its raw directory and prints markdown to stdout and
+"""Tables of scripts/bench/bench_multigpu.sh: reads its raw directory and prints markdown to stdout and
 to --out (multigpu.md). Every section says "not measured" with the failing step's name when its
 inputs are missing, so a partial run still gives a report.
-  python3 scripts/bench_multigpu_report.py --raw OUT/multigpu-raw --out OUT/multigpu.md
-  python3 scripts/bench_multigpu_report.py --selftest [--out F]   (fake inputs in a temp dir; no GPU)
+  python3 scripts/bench/bench_multigpu_report.py --raw OUT/multigpu-raw --out OUT/multigpu.md
+  python3 scripts/bench/bench_multigpu_report.py --selftest [--out F]   (fake inputs in a temp dir; no GPU)
 Raw layout (written by bench_multigpu.sh):
   steps.txt                       STEP <name> rc=<rc> secs=<s>
   info/machine.txt                nproc, nvidia-smi, topo -m, versions (verbatim)
@@ -395,11 +395,11 @@ def sec_ddp(raw, st):
         return "\n".join(out + [missing("DDP step", "ddp", st)])
     out.append(f"bf16, per-rank batch fixed (weak scaling), {p.get('steps', '?')} timed steps after {p.get('warmup', '?')} "
                f"warm-up. ours = `train` under ddprun (CUDA-event time per step, rank 0); torch = "
-               f"scripts/bench_worker_ddp.py under torchrun (DDP, bucket_cap 25 MB, autocast bf16; wall time per step "
+               f"scripts/bench/bench_worker_ddp.py under torchrun (DDP, bucket_cap 25 MB, autocast bf16; wall time per step "
                f"with synchronize). efficiency = t(1 GPU) / t({n} GPUs). overlap fraction = 1 - (t_overlap - t_1) / "
                f"(t_no_overlap - t_1), t_1 = the 1-GPU step standing in for compute only: the share of the exposed "
                f"communication time that overlapping hides (ours: `train --no-overlap`; torch: "
-               f"scripts/bench_multigpu_torch_ddp.py, no_sync() + 25 MB bucket all-reduces after backward).\n")
+               f"scripts/bench/bench_multigpu_torch_ddp.py, no_sync() + 25 MB bucket all-reduces after backward).\n")
     out.append(f"| model | impl | 1 GPU ms | {n} GPU ms | efficiency | {n} GPU no-overlap ms | overlap fraction | ours/torch ({n} GPU) |")
     out.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for m in models:
@@ -480,7 +480,7 @@ def sec_steps(raw, st):
 
 def render(raw):
     st = steps_status(raw)
-    parts = ["# Multi-GPU benchmark (scripts/bench_multigpu.sh)\n", sec_machine(raw, st), sec_correct(raw, st),
+    parts = ["# Multi-GPU benchmark (scripts/bench/bench_multigpu.sh)\n", sec_machine(raw, st), sec_correct(raw, st),
              sec_allreduce(raw, st), sec_ddp(raw, st), sec_launch(raw, st), sec_steps(raw, st)]
     return "\n".join(p for p in parts if p)
 

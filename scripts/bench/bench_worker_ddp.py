@@ -1,4 +1,4 @@
-"""PyTorch DDP baseline for scripts/bench_train_cpu.sh and bench_train_gpu.sh: the same MLP as
+"""PyTorch DDP baseline for scripts/bench/bench_train_cpu.sh and bench_train_gpu.sh: the same MLP as
 ddprun's `train` (Linear(10,W), ReLU, [Linear(W,W), ReLU] x depth, Linear(W,1)), MSE, SGD,
 batch per rank, synthetic data; prints avg_step_ms from rank 0. Run under torchrun."""
 import argparse, os, time

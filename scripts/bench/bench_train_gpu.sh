@@ -3,9 +3,9 @@
 # bf16 autocast, SGD) on the same MLP, batch and precision:
 #   8192-wide x 5 hidden (335.6 M params) at batch 512, and 4096-wide x 6 (100.7 M) at 1024.
 # Also a 1-rank NCCL run of the seed model under ddprun and an fp16 (loss scaling) run.
-#   usage: scripts/bench_train_gpu.sh [bin-dir with train and ddprun]   (env STEPS=50 PY=python3)
+#   usage: scripts/bench/bench_train_gpu.sh [bin-dir with train and ddprun]   (env STEPS=50 PY=python3)
 set -uo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$here/build}"
 first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
 train="$(first "$bin/train" "$bin/worker_runtime/train")"
@@ -28,7 +28,7 @@ ours() {  # width depth batch precision
   grep -o 'avg_step_ms=[0-9.]*' "$tmp/o.log" | tail -1 | cut -d= -f2
 }
 theirs() {
-  "$PY" -m torch.distributed.run --nproc_per_node=1 --master_port="$(port)" "$here/scripts/bench_worker_ddp.py" \
+  "$PY" -m torch.distributed.run --nproc_per_node=1 --master_port="$(port)" "$here/scripts/bench/bench_worker_ddp.py" \
     --device cuda --width "$1" --depth "$2" --batch "$3" --precision "$4" --steps "$STEPS" --warmup $WARMUP >"$tmp/t.log" 2>&1
   grep -q avg_step_ms "$tmp/t.log" || tail -20 "$tmp/t.log" >&2
   grep -o 'avg_step_ms=[0-9.]*' "$tmp/t.log" | tail -1 | cut -d= -f2

@@ -3,7 +3,7 @@
 # (Debian's spdlog/fmt/gloo/..., libddprun_worker) into one folder, to carry there with the
 # device tool. CUDA's own libraries (cudart, cublas, nccl) are left out: the GPU machine has
 # them in PyTorch's venv: put its nvidia/*/lib folders on LD_LIBRARY_PATH there.
-#   usage: scripts/bundle_bin.sh BUILD_DIR OUT_DIR
+#   usage: scripts/bench/bundle_bin.sh BUILD_DIR OUT_DIR
 set -euo pipefail
 build="${1:?build dir}"; out="${2:?out dir}"
 mkdir -p "$out/lib"

@@ -1,5 +1,5 @@
-"""Launch and restart timing for scripts/bench_multigpu.sh: ddprun vs torchrun, each with a
-PyTorch NCCL worker (scripts/bench_multigpu_nccl_worker.py) and with ddprun's `train`, all
+"""Launch and restart timing for scripts/bench/bench_multigpu.sh: ddprun vs torchrun, each with a
+PyTorch NCCL worker (scripts/bench/bench_multigpu_nccl_worker.py) and with ddprun's `train`, all
 `--nproc_per_node=N --max_restarts=1`. One run measures both:
   launch   exec of the launcher -> every rank of attempt 0 past its first collective
   restart  SIGKILL of rank N-1 (after its first collective) -> every rank of attempt 1 past its
@@ -13,7 +13,7 @@ rank's NCCL communicator) is read from the launcher's output. Lines are timestam
 are read (a thread per pipe). Runs are interleaved round-robin; each is bounded by --timeout
 (then SIGTERM, 5 s, SIGKILL of its process group and of every worker pid it reported) and no
 run starts after --budget seconds. One JSON line per run goes to --out.
-  python3 scripts/bench_multigpu_launch.py --nproc N --ddprun BIN/ddprun --train BIN/train --out F
+  python3 scripts/bench/bench_multigpu_launch.py --nproc N --ddprun BIN/ddprun --train BIN/train --out F
 """
 import argparse
 import json

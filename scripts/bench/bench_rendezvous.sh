@@ -2,9 +2,9 @@
 # Rendezvous at scale: one process simulating N agents joining one round against ddprund.
 # For each N, a fresh ddprund; reports connect time, round time (first JOIN sent -> last
 # ROUND received) and the daemon's peak memory (VmHWM). Not a timed test: run and read.
-#   scripts/bench_rendezvous.sh [N ...]      (default: 64 1024 8192)
+#   scripts/bench/bench_rendezvous.sh [N ...]      (default: 64 1024 8192)
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${DDPRUN_BUILD_DIR:-$here/build}"
 ddprund="$build/rendezvous/ddprund"
 bench="$build/rendezvous/ddprun_rdzv_bench"
