@@ -18,6 +18,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_protocol.h"
 #include "ddprun/rdzv/round_state.h"
 
@@ -79,8 +80,7 @@ class StateLock {
 };
 
 bool adaptive_state_lock() {
-  const char* v = std::getenv("DDPRUN_STORE_LOCK");
-  return !(v && std::string_view(v) == "plain");
+  return ::ddprun::knobs::get(::ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
 }
 
 int resolve_io_threads(int wanted) {
