@@ -46,8 +46,6 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
   set("TORCHELASTIC_ERROR_FILE", error_file);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", opts.signals_to_handle_text);
   set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_default("NCCL_NVLS_ENABLE", "0");
   if (g.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
   if (opts.virtual_local_rank) {
     auto it = parent.find("CUDA_VISIBLE_DEVICES");
@@ -62,6 +60,10 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
 }
 
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env) {
+  return build_worker_argv(opts, env, !opts.no_python && ends_with(opts.entrypoint, ".py"));
+}
+
+std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python) {
   std::string python = "python3";
   if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) python = it->second;
   std::vector<std::string> argv;
@@ -74,7 +76,7 @@ std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvM
             "import runpy, sys; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')",
             opts.entrypoint};
-  } else if (ends_with(opts.entrypoint, ".py")) {
+  } else if (with_python) {
     argv = {python, "-u", opts.entrypoint};
   } else {
     argv.push_back(opts.entrypoint);
