@@ -36,7 +36,9 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/launcher/agent_state.h"
+#include "ddprun/launcher/entrypoint.h"
 #include "ddprun/launcher/error_file.h"
+#include "ddprun/launcher/log_paths.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/process.h"
 #include "ddprun/launcher/rendezvous.h"
@@ -168,6 +170,8 @@ std::string wall_time(WallClock::time_point t) {
 struct Stream {
   int fd = -1;
   int log_fd = -1;
+  int filtered_fd = -1;  // the attempt's filtered_{stdout,stderr}.log (--duplicate_*_filters)
+  DuplicateFilter filter;
   bool console = true;
   LineSplitter splitter;
 };
@@ -304,7 +308,9 @@ class Agent {
 
   std::string executable_;
   std::vector<std::string> argv_;
+  std::string interpreter_;  // Python workers: path and version, for the start line
   fs::path log_root_;
+  fs::path run_log_dir_;  // log_root_/<run_id>_<unique>: never an earlier run's
   bool log_root_is_temp_ = false;
   bool keep_log_root_ = true;
   int stdin_fd_ = -1;
@@ -478,10 +484,11 @@ void Agent::handle_notice(const rdzv::Message& m) {
       auto t_spawn = Clock::now();
       dispatch(RoundReady{g.restart_count});
       spdlog::info("round {} of job {}: node rank {} of {}, world size {}, restart {}/{}; rendezvous {:.1f} ms, "
-                   "{} workers started in {:.1f} ms{}",
+                   "{} workers started in {:.1f} ms{}{}",
                    r.round, opts_.rdzv_id, r.node_rank, r.nnodes, r.world_size, r.restart_count, r.max_restarts,
                    rdzv_ms, opts_.nproc_per_node, ms_since(t_spawn),
-                   r.round == 0 ? fmt::format(", {:.1f} ms after launch", ms_since(t_launch_)) : std::string());
+                   r.round == 0 ? fmt::format(", {:.1f} ms after launch", ms_since(t_launch_)) : std::string(),
+                   r.round == 0 ? start_line_note(interpreter_) : std::string());
       break;
     }
     case MsgType::Restart:
@@ -587,15 +594,8 @@ void Agent::start_store() {
 }
 
 void Agent::prepare_command() {
-  argv_ = build_worker_argv(opts_, env_);
-  auto path = env_.count("PATH") ? env_.at("PATH") : std::string();
-  auto exe = find_executable(argv_[0], path);
-  if (!exe) {
-    throw UsageError("cannot find '" + argv_[0] + "'" +
-                     (argv_[0].find('/') == std::string::npos ? " on PATH" : "") +
-                     (argv_[0] != opts_.entrypoint ? " (the Python interpreter; set PYTHON_EXEC)" : ""));
-  }
-  executable_ = *exe;
+  WorkerCommand cmd = resolve_worker_command(opts_, env_);
+  std::tie(executable_, argv_, interpreter_) = std::tie(cmd.executable, cmd.argv, cmd.interpreter);
   if (::isatty(0)) {
     // Workers live in their own process groups: reading the terminal would stop them.
     stdin_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -605,6 +605,7 @@ void Agent::prepare_command() {
 void Agent::prepare_log_root() {
   if (!opts_.log_dir.empty()) {
     log_root_ = opts_.log_dir;
+    run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
     return;
   }
   // Error files (and redirected logs when no --log_dir) need a home.
@@ -622,7 +623,8 @@ void Agent::prepare_log_root() {
     any_files = any_files || (opts_.redirects.for_rank(r) | opts_.tee.for_rank(r)) != 0;
   }
   keep_log_root_ = any_files;
-  if (any_files) spdlog::info("no --log_dir: worker logs go to {}", log_root_.string());
+  run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
+  if (any_files) spdlog::info("no --log_dir: worker logs go to {}", run_log_dir_.string());
 }
 
 int Agent::run() {
@@ -647,11 +649,12 @@ int Agent::run() {
       spdlog::debug("store up on port {} in {:.1f} ms", store_port_, store_ms);
       for (const auto& a : state_.start()) perform(a);
       spdlog::info("store up on {}:{} ({:.1f} ms), {} workers started in {:.1f} ms, ready {:.1f} ms "
-                   "after launch{}",
+                   "after launch{}{}",
                    store_host_, store_port_, store_ms, opts_.nproc_per_node,
                    std::chrono::duration<double, std::milli>(Clock::now() - attempt_started_).count(),
                    ms_since(t_launch_),
-                   opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "");
+                   opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
+                   start_line_note(interpreter_));
     }
     loop();
   } catch (const UsageError& e) {
@@ -923,7 +926,7 @@ void Agent::start_attempt(int attempt) {
   if (!opts_.multi_node()) layout_ = rdzv_->next_round(attempt);
   attempt_started_ = Clock::now();
   attempt_started_tick_ = boot_ticks_now();
-  const fs::path attempt_dir = log_root_ / layout_.run_id / ("attempt_" + std::to_string(attempt));
+  const fs::path attempt_dir = attempt_log_dir(run_log_dir_, attempt);
   std::vector<SpawnedProcess> spawned;
   for (int lr = 0; lr < layout_.local_world_size; ++lr) {
     auto w = std::make_unique<Worker>();
@@ -947,6 +950,12 @@ void Agent::start_attempt(int attempt) {
         }
       }
       s.console = console_allowed && (!(redirect & bit) || (tee & bit));
+      s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
+      if (s.filter.applies_to(tee, bit, console_allowed)) {
+        const std::string path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
+        s.filtered_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        DDPRUN_CHECK_SYS(s.filtered_fd);
+      }
     };
     setup(w->out, kStreamOut, "stdout.log");
     setup(w->err, kStreamErr, "stderr.log");
@@ -962,6 +971,7 @@ void Agent::start_attempt(int attempt) {
     req.exit_watch = exit_watch_;
     // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
     req.exit_watch_no_new_privs = true;
+    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[static_cast<size_t>(lr)];
     SpawnedProcess p = spawn_process(req);
     w->pid = p.pid;
     w->started = Clock::now();
@@ -1180,10 +1190,11 @@ void Agent::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data,
   std::string rest;
   if (eof && s.splitter.flush(rest)) lines.push_back(std::move(rest));
   if (lines.empty()) return;
-  std::string console;
+  std::string console, filtered;
   const std::string prefix = console_prefix(layout_.node_rank, w.global_rank, opts_.multi_node());
   for (const auto& line : lines) {
     if (is_err) w.tail.push(line);
+    if (s.filtered_fd >= 0 && s.filter.matches(line)) filtered += prefix + line + '\n';
     if (s.console) {
       console += prefix;
       console += line;
@@ -1191,6 +1202,7 @@ void Agent::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data,
     }
   }
   if (!console.empty()) write_all(is_err ? 2 : 1, console);
+  if (!filtered.empty()) write_all(s.filtered_fd, filtered);
 }
 
 void Agent::close_stream(Stream& s) {
@@ -1203,6 +1215,10 @@ void Agent::close_stream(Stream& s) {
   if (s.log_fd >= 0) {
     ::close(s.log_fd);
     s.log_fd = -1;
+  }
+  if (s.filtered_fd >= 0) {
+    ::close(s.filtered_fd);
+    s.filtered_fd = -1;
   }
 }
 
@@ -1364,6 +1380,7 @@ std::string Agent::summary() const {
       s << "[ddprun]   last " << f.tail.size() << " lines of its stderr:\n";
       for (const auto& line : f.tail) s << "    " << line << "\n";
     }
+    if (auto hint = missing_module_hint(f.tail, interpreter_); !hint.empty()) s << "[ddprun]   " << hint << "\n";
     if (f.error_file_content) {
       s << "[ddprun]   error file " << f.error_file << ":\n";
       s << format_error_file(parse_error_file(*f.error_file_content)) << "\n";
