@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "ddprun/common/knobs.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -64,8 +66,7 @@ std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvM
 }
 
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python) {
-  std::string python = "python3";
-  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) python = it->second;
+  const std::string python = knobs::get(knobs::kPythonExec, env).value_or("python3");
   std::vector<std::string> argv;
   if (opts.no_python) {
     argv.push_back(opts.entrypoint);

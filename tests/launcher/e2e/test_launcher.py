@@ -899,8 +899,8 @@ class Parity(unittest.TestCase):
             attempt = os.path.join(run_dir(d, "f"), "attempt_0")
             got = sorted(read_text(os.path.join(attempt, "filtered_stdout.log")).splitlines())
             self.assertEqual(got, ["[r0]: apple 0", "[r0]: or,ange 0", "[r1]: apple 1", "[r1]: or,ange 1"])
-            # stderr was not tee'd: nothing to copy, no file.
-            self.assertFalse(os.path.exists(os.path.join(attempt, "filtered_stderr.log")))
+            # stderr was not tee'd: nothing copied; the file exists (empty), as torchrun makes it.
+            self.assertEqual(read_text(os.path.join(attempt, "filtered_stderr.log")), "")
 
     def test_logs_specs_and_event_log_handler_are_accepted(self):
         p = run(["--logs-specs=custom", "--event_log_handler=console"] + worker("print('ran')"))

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/launcher/options.h"
 
 using namespace ddprun::launcher;
@@ -282,4 +283,18 @@ TEST_CASE("--logs-specs and --event-log-handler are accepted, with what they mea
   CHECK(c.warnings.size() == 1);
   CHECK_THAT(error_of({"--event-log-handler=kafka", "x"}),
              Catch::Contains("--event_log_handler") && Catch::Contains("null, console or dynamic_rendezvous"));
+}
+
+TEST_CASE("the knob registry: unique names, documented, read from a map", "[options]") {
+  std::set<std::string> names;
+  for (const auto& k : ddprun::knobs::kAll) {
+    CHECK(names.insert(k.name).second);
+    CHECK(std::string(k.meaning).size() > 10);
+    CHECK(std::string(k.default_value).size() > 0);
+  }
+  CHECK(names.count("DDPRUN_STORE_LOCK"));
+  const EnvMap env{{"DDPRUN_SYSFS_ROOT", "/fake"}, {"PYTHON_EXEC", ""}};
+  CHECK(ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env) == std::optional<std::string>("/fake"));
+  CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kPythonExec, env));  // empty counts as unset
+  CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kStoreLock, env));
 }
