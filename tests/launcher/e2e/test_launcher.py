@@ -936,6 +936,232 @@ class Parity(unittest.TestCase):
             self.assertFalse(os.path.exists(marker))
 
 
+# ---- coordination: one path for one node and many (issue #11) ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """ddprun in the background; its stderr read line by line with a deadline (the log lines
+    are the events the tests wait for)."""
+
+    def __init__(self, args, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.p = subprocess.Popen([DDPRUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=full_env)
+        self.err = b""
+
+    def wait_err(self, text, timeout=HANG_GUARD):
+        deadline = time.monotonic() + timeout
+        sel = selectors.DefaultSelector()
+        sel.register(self.p.stderr, selectors.EVENT_READ)
+        while text.encode() not in self.err:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {text!r}; stderr: {self.err.decode()}")
+            if sel.select(left):
+                chunk = os.read(self.p.stderr.fileno(), 65536)
+                if not chunk:
+                    raise AssertionError(f"stderr closed before {text!r}; stderr: {self.err.decode()}")
+                self.err += chunk
+        sel.close()
+
+    def finish(self, timeout=HANG_GUARD):
+        out, err = self.p.communicate(timeout=timeout)
+        self.err += err
+        return self.p.returncode, out.decode(), self.err.decode()
+
+    def interrupt_and_time(self, signo=signal.SIGINT):
+        t0 = time.monotonic()
+        self.p.send_signal(signo)
+        rc, out, err = self.finish(timeout=30)
+        return rc, err, time.monotonic() - t0
+
+
+def agent_protocol_frame(msg_type, fields):
+    import struct
+    payload = bytes([msg_type]) + struct.pack("<Q", len(fields))
+    for k, v in fields.items():
+        k, v = k.encode(), str(v).encode()
+        payload += struct.pack("<Q", len(k)) + k + struct.pack("<Q", len(v)) + v
+    return struct.pack("<I", len(payload)) + payload
+
+
+def read_frame(sock):
+    import struct
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            c = sock.recv(n - len(b))
+            if not c:
+                raise AssertionError("the rendezvous closed the connection")
+            b += c
+        return b
+    n = struct.unpack("<I", exact(4))[0]
+    body = exact(n)
+    t, count = body[0], struct.unpack("<Q", body[1:9])[0]
+    fields, off = {}, 9
+    for _ in range(count):
+        kl = struct.unpack("<Q", body[off:off + 8])[0]; off += 8
+        k = body[off:off + kl].decode(); off += kl
+        vl = struct.unpack("<Q", body[off:off + 8])[0]; off += 8
+        fields[k] = body[off:off + vl].decode(); off += vl
+    return t, fields
+
+
+def where_lines(out):
+    """[rank, world size, MASTER_PORT, restart count] of every 'where' line (prefixes cut)."""
+    return [l[l.index("where"):].split()[1:] for l in out.splitlines() if "where" in l]
+
+
+WORKER_SAYS_WHERE = ("import os; print('where', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'],"
+                     " os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)")
+
+
+class Coordination(unittest.TestCase):
+    def c10d(self, port, nnodes=2, extra=(), conf=""):
+        return [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=e2e", "--rdzv_conf=last_call_timeout=1,join_timeout=60" + conf] + list(extra)
+
+    def test_sigint_while_connecting_ends_within_a_second(self):
+        port = free_port()  # nothing listens there; this agent does not host
+        a = Agent([f"--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                   "--rdzv_conf=is_host=0,join_timeout=600", "--no_python", "true"])
+        a.wait_err("connecting to the rendezvous")
+        rc, err, took = a.interrupt_and_time()
+        self.assertEqual(rc, 128 + signal.SIGINT, err)
+        self.assertLess(took, 3.0, err)  # the contract is 1 s; generous for a loaded CI host
+        self.assertIn("received SIGINT", err)
+        self.assertIn("stopped while connecting to the rendezvous endpoint", err)
+
+    def test_sigterm_while_joining_a_round_that_never_fills(self):
+        port = free_port()
+        a = Agent(["-v"] + self.c10d(port) + ["--no_python", "true"])
+        a.wait_err("joining the next round")
+        rc, err, took = a.interrupt_and_time(signal.SIGTERM)
+        self.assertEqual(rc, 128 + signal.SIGTERM, err)
+        self.assertLess(took, 3.0, err)
+        self.assertIn("stopped by SIGTERM", err)
+
+    def test_sigint_while_the_host_waits_for_the_other_nodes(self):
+        # A second "node" speaks the agent protocol by hand: it joins, succeeds, and keeps its
+        # connection, so the hosting agent waits for it at the end (bounded at 60 s).
+        port = free_port()
+        a = Agent(self.c10d(port, conf=",heartbeat_timeout=300") + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(bytes([0]) + (0x52504444).to_bytes(4, "little"))
+        s.sendall(agent_protocol_frame(1, {"run_id": "e2e", "node_id": "fake", "host": "127.0.0.1",
+                                           "local_world_size": 1, "min_nodes": 2, "max_nodes": 2,
+                                           "last_call_ms": 1000, "join_timeout_ms": 60000,
+                                           "heartbeat_timeout_ms": 300000}))
+        t, f = read_frame(s)
+        self.assertEqual(t, 20, f)  # ROUND
+        s.sendall(agent_protocol_frame(4, {"round": f["round"]}))  # SUCCEEDED
+        a.wait_err("waiting for the other nodes to finish")
+        rc, err, took = a.interrupt_and_time()
+        s.close()
+        self.assertLess(took, 3.0, err)
+        self.assertIn("not waiting for the other nodes", err)
+        self.assertEqual(rc, 0, err)  # the job itself succeeded
+
+    def test_unparsable_endpoint_is_a_usage_error(self):
+        p = run(["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=::::garbage:::", "--no_python", "true"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("expected HOST[:PORT]", p.stderr)
+
+    def two_agents(self, port, first_extra=(), second_extra=()):
+        a = Agent(self.c10d(port, extra=first_extra) + worker(WORKER_SAYS_WHERE))
+        b = Agent(self.c10d(port, extra=second_extra) + worker(WORKER_SAYS_WHERE))
+        ra, oa, ea = a.finish()
+        rb, ob, eb = b.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        self.assertEqual(sorted(w[0] for w in where_lines(oa + ob)), ["0", "1"], oa + ob)
+        return ea, eb
+
+    def test_two_agents_on_one_host_join_a_standing_ddprund(self):
+        ddprund = os.path.join(os.path.dirname(os.path.dirname(DDPRUN)), "rendezvous", "ddprund")
+        if not os.path.exists(ddprund):
+            self.skipTest(f"no ddprund at {ddprund}")
+        port = free_port()
+        d = subprocess.Popen([ddprund, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + HANG_GUARD
+            while True:  # listening yet? (a connect, not a sleep, decides)
+                try:
+                    socket.create_connection(("127.0.0.1", port)).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            ea, eb = self.two_agents(port)
+            self.assertIn("joining the rendezvous served there as a client", ea)
+            self.assertIn("joining the rendezvous served there as a client", eb)
+        finally:
+            d.kill()
+            d.wait()
+
+    def test_two_agents_on_one_host_the_first_hosts(self):
+        port = free_port()
+        a = Agent(self.c10d(port) + worker(WORKER_SAYS_WHERE))
+        a.wait_err("hosting the rendezvous")
+        b = Agent(self.c10d(port) + worker(WORKER_SAYS_WHERE))
+        rb, ob, eb = b.finish()
+        ra, oa, ea = a.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        self.assertIn("joining the rendezvous served there as a client", eb)
+        self.assertEqual(sorted(w[0] for w in where_lines(oa + ob)), ["0", "1"], oa + ob)
+
+    def test_is_host_given_with_the_port_taken_is_a_clear_error(self):
+        port = free_port()
+        a = Agent(self.c10d(port) + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        p = run(self.c10d(port, conf=",is_host=1") + ["--no_python", "true"])
+        a.p.send_signal(signal.SIGINT)
+        a.finish()
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("cannot listen there", p.stderr)
+
+    def test_a_node_with_another_max_restarts_is_refused_naming_both(self):
+        port = free_port()
+        a = Agent(self.c10d(port, extra=["--max_restarts=3"]) + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        p = run(self.c10d(port, extra=["--max_restarts=1"]) + ["--no_python", "true"])
+        a.p.send_signal(signal.SIGINT)
+        a.finish()
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("--max_restarts: the job runs with 3, this agent asked for 1", p.stderr)
+
+    def test_static_multi_node_keeps_master_port_in_every_attempt(self):
+        port = free_port()
+        code = (WORKER_SAYS_WHERE + "\nimport sys\n"
+                "sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1' else 0)")
+        args = lambda n: ["--nnodes=2", f"--node_rank={n}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                          "--max_restarts=1"] + worker(code)
+        a = Agent(args(0))
+        b = Agent(args(1))
+        ra, oa, ea = a.finish()
+        rb, ob, eb = b.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        seen = where_lines(oa + ob)
+        # rank 0 of attempt 0 may be stopped before it prints: rank 1 fails at once
+        self.assertTrue({("1", "0"), ("0", "1"), ("1", "1")} <= {(w[0], w[3]) for w in seen}, oa + ob)
+        self.assertEqual({w[2] for w in seen}, {str(port)}, oa + ob)
+
+    def test_an_import_error_says_why_it_stops_with_restarts_left(self):
+        p = run(["--nproc_per_node=2", "--max_restarts=3"] + worker("import no_such_module"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("not retried: attempts 0 and 1", p.stderr)
+        self.assertIn("2 of 3 restarts left unused", p.stderr)
+        self.assertNotIn("no restarts left", p.stderr)
+
+
 if __name__ == "__main__":
     DDPRUN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)
