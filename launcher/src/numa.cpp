@@ -1,5 +1,7 @@
 #include "ddprun/launcher/numa.h"
 
+#include "ddprun/launcher/options.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -309,6 +311,18 @@ std::vector<std::set<int>> plan_numa_binding(NumaMode mode, const SysfsTopology&
     plan.push_back(std::move(cpus));
   }
   return plan;
+}
+
+void resolve_numa_binding(LaunchOptions& opts, const EnvMap& env, const std::string& root) {
+  opts.numa_cpus.clear();
+  if (opts.numa_binding.empty()) return;
+  const NumaMode mode = *parse_numa_mode(opts.numa_binding);
+  std::optional<std::string> cvd;
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) cvd = it->second;
+  const auto gpus = visible_gpu_addresses(list_nvidia_gpus(root), cvd);
+  const auto plan =
+      plan_numa_binding(mode, SysfsTopology(root), gpus, opts.nproc_per_node, allowed_cpus_of_this_process());
+  for (const auto& cpus : plan) opts.numa_cpus.emplace_back(cpus.begin(), cpus.end());
 }
 
 std::set<int> allowed_cpus_of_this_process() {

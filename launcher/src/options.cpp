@@ -329,18 +329,6 @@ std::vector<std::string> parse_filter_list(const std::string& value) {
   return out;
 }
 
-void resolve_numa_binding(LaunchOptions& opts, const EnvMap& env, const std::string& root) {
-  opts.numa_cpus.clear();
-  if (opts.numa_binding.empty()) return;
-  const NumaMode mode = *parse_numa_mode(opts.numa_binding);
-  std::optional<std::string> cvd;
-  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) cvd = it->second;
-  const auto gpus = visible_gpu_addresses(list_nvidia_gpus(root), cvd);
-  const auto plan =
-      plan_numa_binding(mode, SysfsTopology(root), gpus, opts.nproc_per_node, allowed_cpus_of_this_process());
-  for (const auto& cpus : plan) opts.numa_cpus.emplace_back(cpus.begin(), cpus.end());
-}
-
 EnvMap current_environment() {
   EnvMap env;
   for (char** e = environ; e && *e; ++e) {

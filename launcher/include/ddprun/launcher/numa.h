@@ -15,6 +15,7 @@
 // Every reader takes a root directory ("/" on a real machine) so tests build fake trees.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -23,6 +24,8 @@
 #include <vector>
 
 namespace ddprun::launcher {
+
+struct LaunchOptions;
 
 // torchrun 2.11's AffinityMode values.
 enum class NumaMode {
@@ -87,5 +90,10 @@ std::vector<std::set<int>> plan_numa_binding(NumaMode mode, const SysfsTopology&
 
 // The CPUs this process may run on (sched_getaffinity).
 std::set<int> allowed_cpus_of_this_process();
+
+// Fills opts.numa_cpus from the machine under `root` ("/", or DDPRUN_SYSFS_ROOT in tests) when
+// --numa_binding is given; leaves it empty otherwise. Throws NumaError saying what to do.
+void resolve_numa_binding(LaunchOptions& opts, const std::map<std::string, std::string>& env,
+                          const std::string& root);
 
 }  // namespace ddprun::launcher

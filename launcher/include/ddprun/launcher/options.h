@@ -109,7 +109,8 @@ struct LaunchOptions {
   // "dynamic_rendezvous"). ddprun records no torchelastic events: "console" warns.
   std::string event_log_handler = "null";
   // --numa_binding: torchrun's affinity mode (numa.h); empty when not given. numa_cpus is the
-  // resolved CPU set per local rank (resolve_numa_binding, main() fills it before the launch).
+  // resolved CPU set per local rank (numa.h's resolve_numa_binding: main() fills it from the
+  // machine before the launch).
   std::string numa_binding;
   std::vector<std::vector<int>> numa_cpus;
   // Things the user should know that do not stop the launch (printed by main()).
@@ -154,10 +155,6 @@ std::vector<int> parse_signals(const std::string& value);
 std::set<int> parse_local_ranks_filter(const std::string& value);
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
 std::vector<std::string> parse_filter_list(const std::string& value);
-
-// Fills opts.numa_cpus from the machine under `root` ("/", or DDPRUN_SYSFS_ROOT in tests) when
-// --numa_binding is given. Throws NumaError (numa.h) with a message that says what to do.
-void resolve_numa_binding(LaunchOptions& opts, const EnvMap& env, const std::string& root);
 
 // The environment of this process as a map.
 EnvMap current_environment();
