@@ -30,13 +30,13 @@ std::vector<Action> AgentState::start() {
   std::vector<Action> out;
   if (phase_ != Phase::Idle) return out;
   attempt_ = 0;
-  if (config_.coordinated) {
-    phase_ = Phase::Joining;
-    out.push_back({.kind = Action::Kind::JoinRound, .attempt = 0});
-    return out;
-  }
-  begin_attempt(out);
+  join(0, out);
   return out;
+}
+
+void AgentState::join(int attempt, std::vector<Action>& out) {
+  phase_ = Phase::Joining;
+  out.push_back({.kind = Action::Kind::JoinRound, .attempt = attempt});
 }
 
 void AgentState::begin_attempt(std::vector<Action>& out) {
@@ -73,14 +73,26 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
   using K = CoordinatorNotice::Kind;
   switch (phase_) {
     case Phase::Running:
+    case Phase::Stopping:
       if (n.kind == K::JobDone) return out;  // cannot be: this node has not succeeded yet
+      if (n.kind == K::Restart && config_.overlap_restart && !stop_signal_) {
+        // The survivors wind down in the background; the next round does not wait for the
+        // kernel to tear them down (tens of ms per process with PyTorch loaded).
+        if (phase_ == Phase::Running) out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+        else out.push_back({.kind = Action::Kind::DisarmTimer});
+        out.push_back({.kind = Action::Kind::RetireWorkers, .attempt = attempt_, .seconds = config_.shutdown_timeout_s});
+        alive_.clear();
+        join(n.attempt, out);
+        return out;
+      }
       if (n.kind == K::Restart) pending_restart_ = n.attempt;
       else pending_job_failed_ = true;
-      phase_ = Phase::Stopping;
-      out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
-      out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+      if (phase_ == Phase::Running) {
+        phase_ = Phase::Stopping;
+        out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+        out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+      }
       return out;
-    case Phase::Stopping:
     case Phase::Killing:
       if (n.kind == K::Restart) pending_restart_ = n.attempt;
       else if (n.kind == K::JobFailed) pending_job_failed_ = true;
@@ -89,8 +101,7 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
     case Phase::Joining:
       if (n.kind == K::Restart) {
         if (phase_ == Phase::Joining) return out;  // the JOIN we sent answers it
-        phase_ = Phase::Joining;
-        out.push_back({.kind = Action::Kind::JoinRound, .attempt = n.attempt});
+        join(n.attempt, out);
       } else if (n.kind == K::JobDone) {
         finish(failed_this_attempt_ ? failure_exit_code() : 0, out);
       } else {
@@ -109,36 +120,18 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   if (phase_ == Phase::Running) {
     if (e.status.success()) {
       if (alive_.empty()) {
-        if (config_.coordinated) {
-          phase_ = Phase::Awaiting;
-          out.push_back({.kind = Action::Kind::ReportSuccess, .attempt = attempt_});
-        } else {
-          finish(0, out);
-        }
+        phase_ = Phase::Awaiting;
+        out.push_back({.kind = Action::Kind::ReportSuccess, .attempt = attempt_});
       }
       return out;
     }
     failure_ = FailureRecord{e.local_rank, attempt_, e.status};
     failed_this_attempt_ = true;
-    this_attempt_progressed_ = e.attempt_progressed;
-    // Two attempts in a row that fail before every worker joined the store (an import error,
-    // a bad path): retrying cannot help.
-    deterministic_failure_ = !config_.coordinated && !e.attempt_progressed && previous_failed_without_progress_;
-    const bool restart = !config_.coordinated && attempt_ < config_.max_restarts && !deterministic_failure_;
-    out.push_back({.kind = Action::Kind::ReportFailure,
-                   .attempt = attempt_,
-                   .local_rank = e.local_rank,
-                   .status = e.status,
-                   .will_restart = restart});
+    out.push_back({.kind = Action::Kind::ReportFailure, .attempt = attempt_, .local_rank = e.local_rank, .status = e.status});
     // Stop the whole group, including process groups whose leader is gone.
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
     if (alive_.empty()) {
       group_stopped(out);
-    } else if (restart && config_.overlap_restart) {
-      // The survivors wind down in the background; the next attempt does not wait for the
-      // kernel to tear them down (tens of ms per process with PyTorch loaded).
-      out.push_back({.kind = Action::Kind::RetireWorkers, .attempt = attempt_, .seconds = config_.shutdown_timeout_s});
-      begin_next_attempt(out);
     } else {
       phase_ = Phase::Stopping;
       out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
@@ -197,31 +190,15 @@ std::vector<Action> AgentState::on_timer() {
 void AgentState::group_stopped(std::vector<Action>& out) {
   if (stop_signal_) {
     finish(128 + *stop_signal_, out);
-    return;
+  } else if (pending_job_failed_) {
+    finish(failure_exit_code(), out);
+  } else if (pending_restart_) {
+    const int next = *pending_restart_;
+    pending_restart_.reset();
+    join(next, out);
+  } else {
+    phase_ = Phase::Awaiting;  // our failure was reported; the coordinator decides
   }
-  if (config_.coordinated) {
-    if (pending_job_failed_) {
-      finish(failure_exit_code(), out);
-    } else if (pending_restart_) {
-      phase_ = Phase::Joining;
-      out.push_back({.kind = Action::Kind::JoinRound, .attempt = *pending_restart_});
-      pending_restart_.reset();
-    } else {
-      phase_ = Phase::Awaiting;  // our failure was reported; the server decides
-    }
-    return;
-  }
-  if (failed_this_attempt_ && attempt_ < config_.max_restarts && !deterministic_failure_) {
-    begin_next_attempt(out);
-    return;
-  }
-  finish(failure_exit_code(), out);
-}
-
-void AgentState::begin_next_attempt(std::vector<Action>& out) {
-  previous_failed_without_progress_ = !this_attempt_progressed_;
-  ++attempt_;
-  begin_attempt(out);
 }
 
 void AgentState::finish(int code, std::vector<Action>& out) {

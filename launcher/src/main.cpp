@@ -1,7 +1,9 @@
 // ddprun: wires the command line (options.h) to the agent (agent.h).
 #include <cstdio>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/launcher/agent.h"
+#include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
 
 int main(int argc, char** argv) {
@@ -17,5 +19,14 @@ int main(int argc, char** argv) {
     }
     return parsed.exit_code;
   }
-  return run(*parsed.options, env);
+  LaunchOptions& opts = *parsed.options;
+  for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
+  try {
+    resolve_numa_binding(opts, env, ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env).value_or("/"));
+  } catch (const NumaError& e) {
+    // torchrun fails the launch too (no worker starts) when it cannot bind.
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 1;
+  }
+  return run(opts, env);
 }

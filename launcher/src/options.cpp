@@ -11,6 +11,8 @@
 #include <random>
 #include <sstream>
 
+#include "ddprun/common/knobs.h"
+#include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/signal_names.h"
 
 extern char** environ;
@@ -50,7 +52,7 @@ constexpr FlagSpec kFlags[] = {
     {"module", "m", false, "run the entry point as a Python module (python -u -m ...)"},
     {"no_python", "", false, "run the entry point as a program, without Python"},
     {"run_path", "", false, "run the entry point with runpy.run_path"},
-    {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>/attempt_<n>/<rank>/"},
+    {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch)"},
     {"redirects", "r", true, "streams to redirect to log files only: 0-3 or 0:3,1:0 per rank"},
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
     {"local_ranks_filter", "", true, "only these local ranks print to the console, e.g. 0,2"},
@@ -67,6 +69,20 @@ constexpr FlagSpec kFlags[] = {
      "the workers (setuid programs such as sudo then fail in them); 0: off"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},
+    {"duplicate_stdout_filters", "", true,
+     "copy the tee'd stdout lines that contain any of these strings (comma-separated, ',,' is a "
+     "comma) to <log dir>/<run>/attempt_<n>/filtered_stdout.log"},
+    {"duplicate_stderr_filters", "", true,
+     "the same for stderr: filtered_stderr.log"},
+    {"logs_specs", "", true,
+     "accepted for torchrun compatibility: names a Python torchrun.logs_specs plugin, which ddprun "
+     "cannot load; it keeps its default log layout and warns"},
+    {"event_log_handler", "", true,
+     "accepted for torchrun compatibility: null (default), console or dynamic_rendezvous; ddprun "
+     "records no torchelastic events (console warns)"},
+    {"numa_binding", "", true,
+     "bind each local rank to the CPUs near the GPU whose index is its local rank: node, socket, "
+     "exclusive or core-complex (as torchrun 2.11; needs NVIDIA GPUs)"},
 };
 
 std::string dashed(std::string s) {
@@ -297,6 +313,22 @@ std::set<int> parse_local_ranks_filter(const std::string& value) {
   return out;
 }
 
+std::vector<std::string> parse_filter_list(const std::string& value) {
+  // ",," is a literal comma, then every ',' separates; "" is one empty needle.
+  std::vector<std::string> out(1);
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] == ',' && i + 1 < value.size() && value[i + 1] == ',') {
+      out.back() += ',';
+      ++i;
+    } else if (value[i] == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += value[i];
+    }
+  }
+  return out;
+}
+
 EnvMap current_environment() {
   EnvMap env;
   for (char** e = environ; e && *e; ++e) {
@@ -315,6 +347,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "python3 from PATH).");
+  app.footer("Environment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : kFlags) {
     std::string names;
     if (*f.short_name) names += std::string("-") + f.short_name + ",";
@@ -442,6 +475,30 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
   if (auto s = get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
+  if (auto s = get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);
+  if (auto s = get("duplicate_stderr_filters")) o.duplicate_stderr_filters = parse_filter_list(*s);
+  if (auto s = get("logs_specs")) {
+    o.logs_specs = trim(*s);
+    o.warnings.push_back("--logs_specs=" + o.logs_specs +
+                         ": ddprun cannot load Python torchrun.logs_specs plugins; logs keep ddprun's default "
+                         "layout (<log_dir>/<run_id>_<unique>/attempt_<n>/<local_rank>/)");
+  }
+  if (auto s = get("event_log_handler")) {
+    std::string h = trim(*s);
+    if (h != "null" && h != "console" && h != "dynamic_rendezvous") {
+      bad("event_log_handler", *s, "null, console or dynamic_rendezvous (torchrun's registered handlers)");
+    }
+    o.event_log_handler = h;
+    if (h == "console") {
+      o.warnings.push_back("--event_log_handler=console: ddprun records no torchelastic events; its start line, "
+                           "restart notices and failure summary on stderr say what happened");
+    }
+  }
+  if (auto s = get("numa_binding")) {
+    std::string m = trim(*s);
+    if (!parse_numa_mode(m)) bad("numa_binding", *s, kNumaModeChoices);
+    o.numa_binding = m;
+  }
 
   if (o.standalone) {
     // torchrun: c10d on a free local port with a random run id, one node.

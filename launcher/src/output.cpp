@@ -41,4 +41,23 @@ void TailBuffer::push(std::string_view line) {
   lines_.emplace_back(line.substr(0, max_line_));
 }
 
+bool DuplicateFilter::matches(std::string_view line) const {
+  for (const auto& needle : needles_) {
+    if (line.find(needle) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+std::string missing_module_hint(const std::deque<std::string>& stderr_tail, const std::string& interpreter) {
+  if (interpreter.empty()) return "";
+  for (const auto& line : stderr_tail) {
+    if (line.find("ModuleNotFoundError") != std::string::npos || line.find("No module named") != std::string::npos) {
+      return "a module was not found by " + interpreter +
+             "; to run the workers with another Python (a virtual environment's), set PYTHON_EXEC=/path/to/python "
+             "(or put that environment's bin/ first on PATH)";
+    }
+  }
+  return "";
+}
+
 }  // namespace ddprun::launcher

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <ctime>
 #include <initializer_list>
+#include <memory>
 #include <system_error>
 
 namespace ddprun::launcher {
@@ -73,8 +75,16 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
 
 // Only async-signal-safe calls from here on: the agent has other threads (the store).
 [[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, int out_w, int err_w,
-                             int status_w, int watch_w, char* const* argv, char* const* envp) {
+                             int status_w, int watch_w, char* const* argv, char* const* envp,
+                             const cpu_set_t* affinity, size_t affinity_size) {
   ::setpgid(0, 0);
+  // Before exec, so the worker's first thread and every thread it starts inherit the set.
+  if (affinity != nullptr && ::sched_setaffinity(0, affinity_size, affinity) != 0) {
+    int e = errno;
+    ssize_t ignored = ::write(status_w, &e, sizeof e);
+    (void)ignored;
+    ::_exit(127);
+  }
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(126);  // the agent died before prctl took effect
   if (watch_w >= 0) install_exit_watch(watch_w, req.exit_watch_no_new_privs);
@@ -114,6 +124,23 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   std::vector<char*> envp;
   for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  // The CPU set, sized for the highest CPU named (CPU_ALLOC: machines may have > 1024).
+  struct CpuSetFree {
+    void operator()(cpu_set_t* p) const { CPU_FREE(p); }
+  };
+  std::unique_ptr<cpu_set_t, CpuSetFree> affinity;
+  size_t affinity_size = 0;
+  if (!req.cpu_affinity.empty()) {
+    int max_cpu = 0;
+    for (int c : req.cpu_affinity) max_cpu = std::max(max_cpu, c);
+    affinity.reset(CPU_ALLOC(max_cpu + 1));
+    if (!affinity) throw_errno("CPU_ALLOC");
+    affinity_size = CPU_ALLOC_SIZE(max_cpu + 1);
+    CPU_ZERO_S(affinity_size, affinity.get());
+    for (int c : req.cpu_affinity) {
+      if (c >= 0) CPU_SET_S(static_cast<size_t>(c), affinity_size, affinity.get());
+    }
+  }
 
   int out[2], err[2], status[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw_errno("pipe2");
@@ -144,7 +171,10 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
     errno = e;
     throw_errno("fork");
   }
-  if (pid == 0) exec_child(req, parent, out[1], err[1], status[1], watch[1], argv.data(), envp.data());
+  if (pid == 0) {
+    exec_child(req, parent, out[1], err[1], status[1], watch[1], argv.data(), envp.data(), affinity.get(),
+               affinity_size);
+  }
 
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "ddprun/common/knobs.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -46,8 +48,6 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
   set("TORCHELASTIC_ERROR_FILE", error_file);
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", opts.signals_to_handle_text);
   set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_default("NCCL_ASYNC_ERROR_HANDLING", "1");
-  set_default("NCCL_NVLS_ENABLE", "0");
   if (g.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
   if (opts.virtual_local_rank) {
     auto it = parent.find("CUDA_VISIBLE_DEVICES");
@@ -62,8 +62,11 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
 }
 
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env) {
-  std::string python = "python3";
-  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) python = it->second;
+  return build_worker_argv(opts, env, !opts.no_python && ends_with(opts.entrypoint, ".py"));
+}
+
+std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python) {
+  const std::string python = knobs::get(knobs::kPythonExec, env).value_or("python3");
   std::vector<std::string> argv;
   if (opts.no_python) {
     argv.push_back(opts.entrypoint);
@@ -74,7 +77,7 @@ std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvM
             "import runpy, sys; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')",
             opts.entrypoint};
-  } else if (ends_with(opts.entrypoint, ".py")) {
+  } else if (with_python) {
     argv = {python, "-u", opts.entrypoint};
   } else {
     argv.push_back(opts.entrypoint);

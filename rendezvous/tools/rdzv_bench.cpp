@@ -72,12 +72,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < fds.size(); ++i) {
     std::string b;
     wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
-    rdzv::Message j;
-    j.type = rdzv::MsgType::Join;
-    j.set("run_id", run_id).set("node_id", "sim" + std::to_string(i)).set("host", "127.0.0.1");
-    j.set("local_world_size", nproc).set("min_nodes", agents).set("max_nodes", agents);
-    j.set("last_call_ms", 30000).set("join_timeout_ms", 120000).set("heartbeat_timeout_ms", 120000);
-    rdzv::encode_message(j, b);
+    rdzv::encode(rdzv::Join{.run_id = run_id,
+                            .node_id = "sim" + std::to_string(i),
+                            .host = "127.0.0.1",
+                            .local_world_size = nproc,
+                            .min_nodes = agents,
+                            .max_nodes = agents,
+                            .last_call_ms = 30000,
+                            .join_timeout_ms = 120000,
+                            .heartbeat_timeout_ms = 120000},
+                 b);
     if (::send(fds[i], b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) {
       std::perror("send");
       return 1;
@@ -111,10 +115,11 @@ int main(int argc, char** argv) {
       if (res.status == wire::ParseStatus::Ok) {
         in[i].erase(in[i].begin(), in[i].begin() + static_cast<long>(res.consumed));
         if (m.type != rdzv::MsgType::Round) {
-          std::fprintf(stderr, "agent %zu got %s: %s\n", i, rdzv::msg_type_name(m.type), m.get("message").c_str());
+          std::fprintf(stderr, "agent %zu got %s: %s\n", i, rdzv::msg_type_name(m.type),
+                       rdzv::from_message<rdzv::Error>(m).message.c_str());
           return 1;
         }
-        world = m.get_int("world_size");
+        world = rdzv::from_message<rdzv::Round>(m).world_size;
         ++rounds;
       }
     }

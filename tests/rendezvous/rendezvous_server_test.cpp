@@ -19,8 +19,8 @@ std::unique_ptr<server::StoreServer> start_server(int io_threads = 1) {
   s->start();
   return s;
 }
-rdzv::JoinInfo info(const std::string& node, int nproc, int min, int max, int restarts = 2) {
-  rdzv::JoinInfo j;
+rdzv::Join info(const std::string& node, int nproc, int min, int max, int restarts = 2) {
+  rdzv::Join j;
   j.run_id = "it";
   j.node_id = node;
   j.host = "127.0.0.1";
@@ -28,8 +28,8 @@ rdzv::JoinInfo info(const std::string& node, int nproc, int min, int max, int re
   j.min_nodes = min;
   j.max_nodes = max;
   j.max_restarts = restarts;
-  j.last_call = 5s;  // every round here fills to max (closes at once); a stalled joiner still makes it
-  j.heartbeat_timeout = 2000ms;
+  j.last_call_ms = 5000;  // every round here fills to max (closes at once); a stalled joiner still makes it
+  j.heartbeat_timeout_ms = 2000;
   return j;
 }
 std::unique_ptr<rdzv::RendezvousClient> agent(uint16_t port) {
@@ -57,9 +57,7 @@ TEST_CASE("TwoAgentsGetARoundAndAFreshWorkerStorePerRound", "[rdzv][server]") {
     worker.set("nccl_id", "attempt0");
   }
   // A failure on node b: both get RESTART; they rejoin; the new round's store is empty.
-  rdzv::Message f;
-  f.set("round", ra.round).set("global_rank", 2).set("exit_code", 1);
-  b->report_failure(f);
+  b->report_failure(rdzv::Failure{.round = ra.round, .global_rank = 2, .exit_code = 1});
   auto na = a->wait_message(5s);
   REQUIRE(na);
   CHECK(na->type == rdzv::MsgType::Restart);
@@ -102,7 +100,7 @@ TEST_CASE("JoinTimeoutErrorReachesTheAgent", "[rdzv][server]") {
   auto srv = start_server();
   auto a = agent(srv->port());
   auto j = info("a", 1, 2, 2);
-  j.join_timeout = 300ms;
+  j.join_timeout_ms = 300;
   try {
     a->join(j, 10s);
     FAIL("joined alone");

@@ -11,7 +11,11 @@ struct FakeStores : WorkerStores {
   uint16_t next_port = 40000;
   std::map<std::pair<std::string, int64_t>, uint16_t> open_stores;
   bool progress = true;
-  uint16_t open(const std::string& run, int64_t round) override { return open_stores[{run, round}] = next_port++; }
+  bool fixed = false;  // what the last open() was asked for
+  uint16_t open(const std::string& run, int64_t round, bool fixed_port) override {
+    fixed = fixed_port;
+    return open_stores[{run, round}] = fixed_port ? 29500 : next_port++;
+  }
   void close(const std::string& run, int64_t round) override { open_stores.erase({run, round}); }
   bool progressed(const std::string&, int64_t, int64_t) override { return progress; }
 };
@@ -280,7 +284,57 @@ TEST_CASE("NnodesMismatchIsRefused", "[rdzv]") {
   h.join(1, "a", 1, 2, 2);
   h.join(2, "b", 1, 1, 4);
   REQUIRE(h.to(2, MsgType::Error));
-  CHECK_THAT(h.to(2, MsgType::Error)->msg.get("message"), Catch::Contains("--nnodes mismatch"));
+  CHECK_THAT(h.to(2, MsgType::Error)->msg.get("message"),
+             Catch::Contains("--nnodes: the job runs with 2:2 nodes, this agent asked for 1:4"));
+}
+
+TEST_CASE("MaxRestartsMismatchIsRefusedNamingBothValues", "[rdzv]") {
+  Harness h;
+  h.send(1, h.join_msg("a", 1, 2, 2, /*restarts=*/3));
+  h.send(2, h.join_msg("b", 1, 2, 2, /*restarts=*/1));
+  REQUIRE(h.to(2, MsgType::Error));
+  CHECK(h.to(2, MsgType::Error)->close_after);
+  CHECK_THAT(h.to(2, MsgType::Error)->msg.get("message"),
+             Catch::Contains("--max_restarts: the job runs with 3, this agent asked for 1"));
+  h.send(3, h.join_msg("c", 1, 2, 2, 3));  // the job itself goes on
+  CHECK(h.to(1, MsgType::Round));
+  CHECK(h.to(3, MsgType::Round));
+}
+
+TEST_CASE("FixedStorePortOpensEveryRoundOnTheServersPort", "[rdzv]") {
+  Harness h;
+  auto j = from_message<Join>(h.join_msg("a", 1, 1, 1));
+  j.fixed_store_port = true;
+  h.send(1, to_message(j));
+  REQUIRE(h.to(1, MsgType::Round));
+  CHECK(h.stores.fixed);
+  CHECK(from_message<Round>(h.to(1, MsgType::Round)->msg).store_port == 29500);
+}
+
+TEST_CASE("TypedMessagesRoundTripEveryField", "[rdzv]") {
+  Join j{.run_id = "r", .node_id = "n", .host = "h", .local_world_size = 3, .min_nodes = 2, .max_nodes = 4,
+         .max_restarts = 5, .last_call_ms = 6, .join_timeout_ms = 7, .heartbeat_timeout_ms = 8,
+         .fixed_store_port = true, .node_rank = 1, .prefer_rank0 = true};
+  auto back = from_message<Join>(to_message(j));
+  CHECK(back.run_id == "r");
+  CHECK(back.local_world_size == 3);
+  CHECK(back.max_nodes == 4);
+  CHECK(back.heartbeat_timeout_ms == 8);
+  CHECK(back.fixed_store_port);
+  CHECK(back.node_rank == 1);
+  CHECK(back.prefer_rank0);
+  CHECK(from_message<Join>(to_message(Join{})).node_rank == -1);  // absent fields keep defaults
+  JobFailed f{.reason = "x", .cause = static_cast<int64_t>(FailCause::Deterministic), .max_restarts = 3,
+              .first_failure = Failure{.global_rank = 7, .signal = "SIGKILL", .stderr_tail = "a\nb", .host = "h2"}};
+  auto m = to_message(f);
+  CHECK(m.get("first_failure.global_rank") == "7");  // the wire names old peers read
+  auto fb = from_message<JobFailed>(m);
+  CHECK(fb.fail_cause() == FailCause::Deterministic);
+  REQUIRE(fb.first_failure);
+  CHECK(fb.first_failure->signal == "SIGKILL");
+  CHECK(fb.first_failure->stderr_tail == "a\nb");
+  CHECK(fb.first_failure->host == "h2");
+  CHECK_FALSE(from_message<JobFailed>(to_message(JobFailed{})).first_failure);
 }
 
 TEST_CASE("AgentProtocolFramesRoundTrip", "[rdzv]") {

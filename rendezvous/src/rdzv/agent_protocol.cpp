@@ -34,6 +34,73 @@ int64_t Message::get_int(const std::string& k, int64_t fallback) const {
   return (end && *end == '\0') ? x : fallback;
 }
 
+namespace {
+
+struct Encoder {
+  Message& m;
+  std::string prefix;
+  void operator()(const char* k, const std::string& v) const { m.set(prefix + k, v); }
+  void operator()(const char* k, int64_t v) const { m.set(prefix + k, v); }
+  // Only a true flag travels (old peers test for "1").
+  void operator()(const char* k, bool v) const {
+    if (v) m.set(prefix + k, "1");
+  }
+  void operator()(const char* k, const std::optional<Failure>& v) const {
+    if (v) Failure::visit(*v, Encoder{m, prefix + k + "."});
+  }
+};
+
+struct Decoder {
+  const Message& m;
+  std::string prefix;
+  void operator()(const char* k, std::string& v) const {
+    if (auto it = m.fields.find(prefix + k); it != m.fields.end()) v = it->second;
+  }
+  void operator()(const char* k, int64_t& v) const { v = m.get_int(prefix + k, v); }
+  void operator()(const char* k, bool& v) const {
+    if (auto it = m.fields.find(prefix + k); it != m.fields.end()) v = it->second == "1" || it->second == "true";
+  }
+  void operator()(const char* k, std::optional<Failure>& v) const {
+    const std::string p = prefix + k + ".";
+    auto it = m.fields.lower_bound(p);
+    if (it == m.fields.end() || it->first.compare(0, p.size(), p) != 0) return;
+    v.emplace();
+    Failure::visit(*v, Decoder{m, p});
+  }
+};
+
+}  // namespace
+
+template <class T>
+Message to_message(const T& t) {
+  Message m;
+  m.type = T::kType;
+  T::visit(t, Encoder{m, ""});
+  return m;
+}
+
+template <class T>
+T from_message(const Message& m) {
+  T t;
+  T::visit(t, Decoder{m, ""});
+  return t;
+}
+
+#define DDPRUN_RDZV_MESSAGE(T)                   \
+  template Message to_message<T>(const T&);      \
+  template T from_message<T>(const Message&);
+DDPRUN_RDZV_MESSAGE(Join)
+DDPRUN_RDZV_MESSAGE(Heartbeat)
+DDPRUN_RDZV_MESSAGE(Failure)
+DDPRUN_RDZV_MESSAGE(Succeeded)
+DDPRUN_RDZV_MESSAGE(Leave)
+DDPRUN_RDZV_MESSAGE(Round)
+DDPRUN_RDZV_MESSAGE(Restart)
+DDPRUN_RDZV_MESSAGE(JobDone)
+DDPRUN_RDZV_MESSAGE(JobFailed)
+DDPRUN_RDZV_MESSAGE(Error)
+#undef DDPRUN_RDZV_MESSAGE
+
 void encode_message(const Message& m, std::string& out) {
   std::string payload;
   wire::Writer w(payload);

@@ -1,6 +1,6 @@
 #include "ddprun/rdzv/rendezvous_client.h"
 
-#include "ddprun/client/tcp_connect.h"
+#include "ddprun/client/net.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -18,20 +18,19 @@ namespace ddprun::rdzv {
 using Clock = std::chrono::steady_clock;
 
 RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                                   std::chrono::milliseconds heartbeat_interval)
-    : host_(std::move(host)), port_(port) {
-  const auto deadline = Clock::now() + connect_timeout;
+                                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted)
+    : host_(std::move(host)), port_(port), interrupted_(std::move(interrupted)) {
   std::string error;
-  auto backoff = std::chrono::milliseconds(20);
-  while (fd_ < 0) {
-    fd_ = client::connect_tcp(host_, port_, error);
-    if (fd_ >= 0) break;
-    if (Clock::now() + backoff >= deadline)
-      throw RendezvousError("cannot reach the rendezvous endpoint " + host_ + ":" + std::to_string(port_) + " (" +
-                            error + "); check --rdzv_endpoint / --master_addr and that the server is up");
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
+  client::ConnectOutcome outcome{};
+  fd_ = client::connect_until(host_, port_, Clock::now() + connect_timeout, interrupted_, outcome, error);
+  const std::string where = host_ + ":" + std::to_string(port_);
+  if (outcome == client::ConnectOutcome::Interrupted)
+    throw RendezvousInterrupted("stopped while connecting to the rendezvous endpoint " + where +
+                                (error.empty() ? std::string() : " (last attempt: " + error + ")"));
+  if (fd_ < 0)
+    throw RendezvousError("cannot reach the rendezvous endpoint " + where + " within " +
+                          std::to_string(connect_timeout.count() / 1000.0).substr(0, 5) + " s (" + error +
+                          "); check --rdzv_endpoint / --master_addr and that the server is up");
   std::string hello;
   wire::Writer(hello).u8(0).u32(kAgentMagic);
   if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size()))
@@ -39,10 +38,8 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
   heartbeat_ = std::thread([this, heartbeat_interval] {
     std::unique_lock lk(hb_mu_);
     while (!hb_cv_.wait_for(lk, heartbeat_interval, [this] { return stopping_; })) {
-      Message m;
-      m.type = MsgType::Heartbeat;
       try {
-        send(m);
+        send(Heartbeat{});
       } catch (const RendezvousError&) {
         return;  // the reader sees the closed connection
       }
@@ -60,9 +57,10 @@ RendezvousClient::~RendezvousClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void RendezvousClient::send(const Message& m) {
+template <class T>
+void RendezvousClient::send(const T& m) {
   std::string bytes;
-  encode_message(m, bytes);
+  encode(m, bytes);
   std::lock_guard lk(send_mu_);
   size_t off = 0;
   while (off < bytes.size()) {
@@ -117,66 +115,36 @@ std::optional<Message> RendezvousClient::wait_message(std::chrono::milliseconds 
   }
 }
 
-void RendezvousClient::send_join(const JoinInfo& info) {
-  Message j;
-  j.type = MsgType::Join;
-  j.set("run_id", info.run_id).set("node_id", info.node_id).set("host", info.host);
-  j.set("local_world_size", info.local_world_size).set("min_nodes", info.min_nodes).set("max_nodes", info.max_nodes);
-  j.set("max_restarts", info.max_restarts).set("last_call_ms", info.last_call.count());
-  j.set("join_timeout_ms", info.join_timeout.count()).set("heartbeat_timeout_ms", info.heartbeat_timeout.count());
-  if (info.fixed_node_rank >= 0) j.set("node_rank", info.fixed_node_rank);
-  if (info.prefer_rank0) j.set("prefer_rank0", "1");
-  send(j);
-}
+void RendezvousClient::send_join(const Join& info) { send(info); }
 
-RoundInfo RendezvousClient::parse_round(const Message& m) {
-  RoundInfo r;
-  r.round = m.get_int("round");
-  r.restart_count = m.get_int("restart_count");
-  r.max_restarts = m.get_int("max_restarts");
-  r.node_rank = static_cast<int>(m.get_int("node_rank"));
-  r.nnodes = static_cast<int>(m.get_int("nnodes"));
-  r.world_size = static_cast<int>(m.get_int("world_size"));
-  r.base_rank = static_cast<int>(m.get_int("base_rank"));
-  r.store_port = static_cast<uint16_t>(m.get_int("store_port"));
-  return r;
-}
-
-RoundInfo RendezvousClient::join(const JoinInfo& info, std::chrono::milliseconds timeout) {
+Round RendezvousClient::join(const Join& info, std::chrono::milliseconds timeout) {
   send_join(info);
   const auto deadline = Clock::now() + timeout;
   while (true) {
+    if (interrupted_ && interrupted_()) throw RendezvousInterrupted("stopped while waiting for the rendezvous round");
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto m = wait_message(std::max(left, std::chrono::milliseconds(0)));
-    if (!m) throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) + " ms waiting for a round");
+    if (left.count() <= 0)
+      throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) + " ms waiting for a round");
+    // In slices, so `interrupted` is asked at least every 100 ms.
+    auto m = wait_message(std::min(left, std::chrono::milliseconds(100)));
+    if (!m) continue;
     switch (m->type) {
-      case MsgType::Round: return parse_round(*m);
-      case MsgType::Error: throw RendezvousError(m->get("message"));
-      case MsgType::JobFailed: throw RendezvousError("the job failed: " + m->get("reason"));
+      case MsgType::Round: return from_message<Round>(*m);
+      case MsgType::Error: throw RendezvousError(from_message<Error>(*m).message);
+      case MsgType::JobFailed: throw RendezvousError("the job failed: " + from_message<JobFailed>(*m).reason);
       case MsgType::JobDone: throw RendezvousError("the job already finished");
       default: break;  // a RESTART that crossed our JOIN: we are joining already
     }
   }
 }
 
-void RendezvousClient::report_failure(const Message& failure) {
-  Message m = failure;
-  m.type = MsgType::Failure;
-  send(m);
-}
+void RendezvousClient::report_failure(const Failure& failure) { send(failure); }
 
-void RendezvousClient::report_success(int64_t round) {
-  Message m;
-  m.type = MsgType::Succeeded;
-  m.set("round", round);
-  send(m);
-}
+void RendezvousClient::report_success(int64_t round) { send(Succeeded{.round = round}); }
 
 void RendezvousClient::leave() {
-  Message m;
-  m.type = MsgType::Leave;
   try {
-    send(m);
+    send(Leave{});
   } catch (const RendezvousError&) {
   }
 }

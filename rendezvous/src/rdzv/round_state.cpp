@@ -7,12 +7,7 @@ namespace ddprun::rdzv {
 using std::chrono::milliseconds;
 
 namespace {
-Message error_msg(const std::string& text) {
-  Message m;
-  m.type = MsgType::Error;
-  m.set("message", text);
-  return m;
-}
+Message error_msg(const std::string& text) { return to_message(Error{.message = text}); }
 std::string join_list(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -24,7 +19,7 @@ std::string RoundState::describe(const Node& n) { return n.node_id + " (host " +
 
 void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out) {
   if (m.type == MsgType::Join) {
-    on_join(conn, m, now, out);
+    on_join(conn, from_message<Join>(m), now, out);
     return;
   }
   auto cj = conn_job_.find(conn);
@@ -36,18 +31,18 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
   job.members.at(conn).last_seen = now;
   switch (m.type) {
     case MsgType::Heartbeat: break;
-    case MsgType::Failure: on_failure(job, conn, m, out); break;
-    case MsgType::Succeeded: on_succeeded(job, conn, m, out); break;
+    case MsgType::Failure: on_failure(job, conn, from_message<Failure>(m), out); break;
+    case MsgType::Succeeded: on_succeeded(job, conn, from_message<Succeeded>(m), out); break;
     case MsgType::Leave: on_disconnect(conn, now, out); break;
     default:
       out.push_back({conn, error_msg(std::string("unexpected message ") + msg_type_name(m.type)), true});
   }
 }
 
-void RoundState::on_join(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out) {
-  const std::string run_id = m.get("run_id");
-  const int64_t min_nodes = m.get_int("min_nodes", 1), max_nodes = m.get_int("max_nodes", 1);
-  if (run_id.empty() || min_nodes < 1 || max_nodes < min_nodes || m.get_int("local_world_size", 0) < 1) {
+void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out) {
+  const std::string& run_id = m.run_id;
+  const int64_t min_nodes = m.min_nodes, max_nodes = m.max_nodes;
+  if (run_id.empty() || min_nodes < 1 || max_nodes < min_nodes || m.local_world_size < 1) {
     out.push_back({conn, error_msg("JOIN needs run_id, 1 <= min_nodes <= max_nodes and local_world_size >= 1"), true});
     return;
   }
@@ -61,22 +56,35 @@ void RoundState::on_join(ConnId conn, const Message& m, Clock::time_point now, s
     job.run_id = run_id;
     job.min_nodes = min_nodes;
     job.max_nodes = max_nodes;
-    job.max_restarts = m.get_int("max_restarts", 0);
-    job.last_call = milliseconds(m.get_int("last_call_ms", 30000));
-    job.join_timeout = milliseconds(m.get_int("join_timeout_ms", 600000));
-    job.heartbeat_timeout = milliseconds(m.get_int("heartbeat_timeout_ms", 5000));
-  } else if (job.min_nodes != min_nodes || job.max_nodes != max_nodes) {
-    out.push_back({conn, error_msg("--nnodes mismatch: job " + run_id + " runs with " + std::to_string(job.min_nodes) +
-                                       ":" + std::to_string(job.max_nodes) + " nodes, this agent asked for " +
-                                       std::to_string(min_nodes) + ":" + std::to_string(max_nodes)),
-                   true});
-    return;
+    job.max_restarts = m.max_restarts;
+    job.fixed_store_port = m.fixed_store_port;
+    job.last_call = milliseconds(m.last_call_ms);
+    job.join_timeout = milliseconds(m.join_timeout_ms);
+    job.heartbeat_timeout = milliseconds(m.heartbeat_timeout_ms);
+  } else {
+    // Job-wide settings are the first joiner's; a node that wants others would silently run
+    // under rules it did not ask for.
+    std::string mismatch;
+    if (job.min_nodes != min_nodes || job.max_nodes != max_nodes)
+      mismatch = "--nnodes: the job runs with " + std::to_string(job.min_nodes) + ":" + std::to_string(job.max_nodes) +
+                 " nodes, this agent asked for " + std::to_string(min_nodes) + ":" + std::to_string(max_nodes);
+    else if (job.max_restarts != m.max_restarts)
+      mismatch = "--max_restarts: the job runs with " + std::to_string(job.max_restarts) + ", this agent asked for " +
+                 std::to_string(m.max_restarts);
+    else if (job.fixed_store_port != m.fixed_store_port)
+      mismatch = std::string("--rdzv_backend: the job runs ") + (job.fixed_store_port ? "static" : "c10d") +
+                 ", this agent asked for " + (m.fixed_store_port ? "static" : "c10d");
+    if (!mismatch.empty()) {
+      out.push_back({conn, error_msg(mismatch + " (job " + run_id + "; every node must be started with the same job-wide flags)"),
+                     true});
+      return;
+    }
   }
   if (job.phase == Phase::Finished) {
     out.push_back({conn, error_msg("job " + run_id + " has already finished; use a new --rdzv_id"), true});
     return;
   }
-  const int64_t fixed = m.get_int("node_rank", -1);
+  const int64_t fixed = m.node_rank;
   if (fixed >= max_nodes) {
     out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is out of range for " +
                                        std::to_string(max_nodes) + " nodes (0.." + std::to_string(max_nodes - 1) + ")"),
@@ -94,11 +102,11 @@ void RoundState::on_join(ConnId conn, const Message& m, Clock::time_point now, s
   Node& node = job.members[conn];
   const bool new_member = node.conn == 0;
   node.conn = conn;
-  node.node_id = m.get("node_id");
-  node.host = m.get("host");
-  node.local_world_size = m.get_int("local_world_size", 1);
+  node.node_id = m.node_id;
+  node.host = m.host;
+  node.local_world_size = m.local_world_size;
   node.fixed_rank = fixed;
-  node.prefer_rank0 = m.get("prefer_rank0") == "1";
+  node.prefer_rank0 = m.prefer_rank0;
   node.last_seen = now;
   if (new_member) node.seq = job.seq++;
   conn_job_[conn] = run_id;
@@ -154,24 +162,22 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
     job.waiting.erase(n->conn);
     job.world_size += n->local_world_size;
   }
-  const uint16_t port = stores_.open(job.run_id, job.round);
+  const uint16_t port = stores_.open(job.run_id, job.round, job.fixed_store_port);
   int64_t base = 0;
   for (size_t r = 0; r < nodes.size(); ++r) {
     Node* n = nodes[r];
     n->last_rank = static_cast<int64_t>(r);
-    Message m;
-    m.type = MsgType::Round;
-    m.set("run_id", job.run_id)
-        .set("round", job.round)
-        .set("restart_count", job.restart_count)
-        .set("max_restarts", job.max_restarts)
-        .set("node_rank", static_cast<int64_t>(r))
-        .set("nnodes", static_cast<int64_t>(nodes.size()))
-        .set("world_size", job.world_size)
-        .set("base_rank", base)
-        .set("store_port", static_cast<int64_t>(port));
+    const Round m{.run_id = job.run_id,
+                  .round = job.round,
+                  .restart_count = job.restart_count,
+                  .max_restarts = job.max_restarts,
+                  .node_rank = static_cast<int64_t>(r),
+                  .nnodes = static_cast<int64_t>(nodes.size()),
+                  .world_size = job.world_size,
+                  .base_rank = base,
+                  .store_port = port};
     base += n->local_world_size;
-    out.push_back({n->conn, std::move(m)});
+    out.push_back({n->conn, to_message(m)});
   }
   job.phase = Phase::Running;
   job.succeeded.clear();
@@ -182,9 +188,7 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
 void RoundState::restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
                          std::vector<Outbound>& out) {
   if (spends_budget) ++job.restart_count;
-  Message m;
-  m.type = MsgType::Restart;
-  m.set("reason", reason).set("restart_count", job.restart_count).set("round", job.round);
+  const Message m = to_message(Restart{.reason = reason, .restart_count = job.restart_count, .round = job.round});
   for (ConnId c : job.participants)
     if (job.members.count(c)) out.push_back({c, m});
   job.phase = Phase::Gathering;
@@ -193,49 +197,57 @@ void RoundState::restart(Job& job, const std::string& reason, bool spends_budget
   maybe_complete(job, now, out);
 }
 
-void RoundState::fail_job(Job& job, const std::string& reason, std::vector<Outbound>& out) {
-  Message m;
-  m.type = MsgType::JobFailed;
-  m.set("reason", reason).set("restart_count", job.restart_count);
-  if (job.first_failure)
-    for (const auto& [k, v] : job.first_failure->fields) m.set("first_failure." + k, v);
+void RoundState::fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out) {
+  const Message m = to_message(JobFailed{.reason = reason,
+                                         .cause = static_cast<int64_t>(cause),
+                                         .restart_count = job.restart_count,
+                                         .max_restarts = job.max_restarts,
+                                         .first_failure = job.first_failure});
   for (const auto& [c, _] : job.members) out.push_back({c, m});
   job.phase = Phase::Finished;
   if (job.round >= 0) stores_.close(job.run_id, job.round);
 }
 
-void RoundState::on_failure(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out) {
-  if (job.phase != Phase::Running || m.get_int("round", -1) != job.round) return;  // stale
+void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out) {
+  if (job.phase != Phase::Running || m.round != job.round) return;  // stale
   if (std::find(job.participants.begin(), job.participants.end(), conn) == job.participants.end()) return;
   const Node& node = job.members.at(conn);
   if (!job.first_failure) {
     job.first_failure = m;
-    job.first_failure->set("node_rank", node.last_rank).set("node_id", node.node_id).set("host", node.host);
+    job.first_failure->node_rank = node.last_rank;
+    job.first_failure->node_id = node.node_id;
+    job.first_failure->host = node.host;
   }
-  std::string what = "rank " + m.get("global_rank") + " on " + describe(node) + " failed";
-  if (!m.get("signal").empty()) what += " (signal " + m.get("signal") + ")";
-  else what += " (exit code " + m.get("exit_code") + ")";
+  std::string what = "rank " + std::to_string(m.global_rank) + " on " + describe(node) + " failed";
+  if (!m.signal.empty()) what += " (signal " + m.signal + ")";
+  else what += " (exit code " + std::to_string(m.exit_code) + ")";
   const bool progressed = stores_.progressed(job.run_id, job.round, job.world_size);
   if (!progressed && job.previous_failed_without_progress) {
-    fail_job(job, what + " before any progress, as in the attempt before: a deterministic failure, not retried", out);
+    // Say why the budget is not used up: a reader sees restarts left and no restart.
+    const int64_t left = job.max_restarts - job.restart_count;
+    fail_job(job, what + " before every worker had joined the store, as in the attempt before: a deterministic "
+                  "failure (an import error or a bad path?), not retried" +
+                  (left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(job.max_restarts) +
+                                  " restarts are left"
+                            : std::string()),
+             FailCause::Deterministic, out);
     return;
   }
   job.previous_failed_without_progress = !progressed;
   if (job.restart_count >= job.max_restarts) {
-    fail_job(job, what + "; the restart budget (max_restarts=" + std::to_string(job.max_restarts) + ") is spent", out);
+    fail_job(job, what + "; the restart budget (max_restarts=" + std::to_string(job.max_restarts) + ") is spent",
+             FailCause::BudgetSpent, out);
     return;
   }
   restart(job, what, /*spends_budget=*/true, job.members.at(conn).last_seen, out);
 }
 
-void RoundState::on_succeeded(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out) {
-  if (job.phase != Phase::Running || m.get_int("round", -1) != job.round) return;
+void RoundState::on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out) {
+  if (job.phase != Phase::Running || m.round != job.round) return;
   job.succeeded.insert(conn);
   for (ConnId c : job.participants)
     if (!job.succeeded.count(c)) return;
-  Message done;
-  done.type = MsgType::JobDone;
-  done.set("round", job.round).set("restart_count", job.restart_count);
+  const Message done = to_message(JobDone{.round = job.round, .restart_count = job.restart_count});
   for (const auto& [c, _] : job.members) out.push_back({c, done});
   job.phase = Phase::Finished;
   stores_.close(job.run_id, job.round);
@@ -252,7 +264,8 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   if (job.phase == Phase::Gathering) {
     if (job.round >= 0 && was_participant && static_cast<int64_t>(job.members.size()) < job.min_nodes) {
       fail_job(job, "lost node " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
-                        " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes), out);
+                        " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
+               FailCause::LostNodes, out);
       return;
     }
     if (static_cast<int64_t>(job.waiting.size()) < job.min_nodes) job.last_call_deadline.reset();
@@ -263,12 +276,14 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   const auto remaining = static_cast<int64_t>(job.members.size());
   if (remaining < job.min_nodes) {
     fail_job(job, "lost node " + describe(node) + " (" + why + "): " + std::to_string(remaining) +
-                      " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes), out);
+                      " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
+             FailCause::LostNodes, out);
     return;
   }
   if (job.restart_count >= job.max_restarts) {
     fail_job(job, "lost node " + describe(node) + " (" + why + "); the restart budget (max_restarts=" +
-                      std::to_string(job.max_restarts) + ") is spent", out);
+                      std::to_string(job.max_restarts) + ") is spent",
+             FailCause::BudgetSpent, out);
     return;
   }
   restart(job, "lost node " + describe(node) + " (" + why + ")", /*spends_budget=*/true, now, out);
@@ -319,7 +334,7 @@ void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
                                std::to_string(job.waiting.size()) + " of at least " + std::to_string(job.min_nodes) +
                                " nodes joined job " + job.run_id + (who.empty() ? "" : " (" + join_list(who) + ")");
       for (ConnId c : job.waiting) out.push_back({c, error_msg(text), true});
-      fail_job(job, text, out);
+      fail_job(job, text, FailCause::Timeout, out);
     }
   }
 }

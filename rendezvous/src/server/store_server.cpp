@@ -14,10 +14,12 @@
 #include <cstring>
 #include <string_view>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_protocol.h"
 #include "ddprun/rdzv/round_state.h"
 
@@ -79,8 +81,7 @@ class StateLock {
 };
 
 bool adaptive_state_lock() {
-  const char* v = std::getenv("DDPRUN_STORE_LOCK");
-  return !(v && std::string_view(v) == "plain");
+  return ::ddprun::knobs::get(::ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
 }
 
 int resolve_io_threads(int wanted) {
@@ -133,7 +134,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     Keyspace* ks;       // dereferenced under mu, and only while !revoked
     IoThread* thread;   // the one thread that reads and writes the socket
     // I/O thread only:
-    bool agent = false;  // speaks the agents' rendezvous protocol, not TCPStore
+    // speaks the agents' rendezvous protocol, not TCPStore; set once by its thread, read under
+    // mu by revoke_connections_locked
+    std::atomic<bool> agent{false};
     wire::Dialect dialect = wire::Dialect::Unknown;
     std::vector<uint8_t> in;
     size_t in_size = 0;
@@ -184,6 +187,8 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // Rounds that ended: emptied and closed, kept until the server goes (accept handlers may still
   // name them; a job has few rounds).
   std::vector<std::unique_ptr<Keyspace>> retired_ks;
+  // Rounds whose workers' store is the main keyspace (Join::fixed_store_port).
+  std::set<std::pair<std::string, int64_t>> main_rounds;
   rdzv::RoundState rounds{*this};
   std::optional<asio::steady_timer> tick_timer;
   std::unordered_map<ConnId, ConnPtr> conns;
@@ -593,17 +598,27 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     flush_pending(t);
   }
 
-  // Under mu: every connection of `ks` stops touching state now and is closed by its thread.
+  // Under mu: every TCPStore connection of `ks` stops touching state now and is closed by its
+  // thread. Agents' rendezvous connections (main keyspace) stay: they belong to no round.
   void revoke_connections_locked(const Keyspace* ks) {
     for (auto& [_, c] : conns) {
-      if (c->ks != ks || c->revoked) continue;
+      if (c->ks != ks || c->revoked || c->agent) continue;
       c->revoked = true;
       asio::post(c->thread->io, [this, c] { close(c, "", false); });
     }
   }
 
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
-  uint16_t open(const std::string& run_id, int64_t round) override {
+  uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override {
+    if (fixed_port) {
+      // The round's store is the main keyspace, emptied: the same port every round.
+      revoke_connections_locked(main_ks.get());
+      main_ks->state.clear();
+      main_rounds.insert({run_id, round});
+      spdlog::debug("[ddprund] job {} round {}: workers' store is the main keyspace (port {}), emptied", run_id,
+                    round, bound_port.load());
+      return bound_port;
+    }
     auto ks = std::make_unique<Keyspace>();
     ks->name = run_id + "/round " + std::to_string(round);
     // Same address as the main listener, any free port.
@@ -615,6 +630,11 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     return port;
   }
   void close(const std::string& run_id, int64_t round) override {
+    if (main_rounds.erase({run_id, round})) {
+      revoke_connections_locked(main_ks.get());
+      main_ks->state.clear();
+      return;
+    }
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return;
     std::unique_ptr<Keyspace> ks = std::move(it->second);
@@ -626,6 +646,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     retired_ks.push_back(std::move(ks));
   }
   bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
+    if (main_rounds.count({run_id, round})) return main_ks->state.integer("init/").value_or(0) >= world_size;
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return false;
     return it->second->state.integer("init/").value_or(0) >= world_size;

@@ -53,6 +53,14 @@ def run(args, env=None, timeout=HANG_GUARD, cwd=None):
     return p
 
 
+def run_dir(log_dir, run_id):
+    """The one run directory <log_dir>/<run_id>_<unique> (torchrun's layout)."""
+    import glob
+    found = glob.glob(os.path.join(glob.escape(log_dir), glob.escape(run_id) + "_*"))
+    assert len(found) == 1, f"expected one run directory for {run_id} in {log_dir}: {found}"
+    return found[0]
+
+
 def worker(code):
     """ddprun args running `code` under this Python, without the .py rule."""
     return ["--no_python", PY, "-c", code]
@@ -449,14 +457,14 @@ class Environment(unittest.TestCase):
                           "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
                           "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "2",
                           "TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_USE_AGENT_STORE": "True",
-                          "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
-                          "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0",
+                          "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": None,
+                          "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": None,  # NCCL's default stays
                           "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
                           "FROM_PARENT": "yes"}
                 for k, v in expect.items():
                     self.assertEqual(e[k], v, f"rank {r} {k}")
                 self.assertEqual(e["TORCHELASTIC_ERROR_FILE"],
-                                 os.path.join(d, "job7", "attempt_0", str(r), "error.json"))
+                                 os.path.join(run_dir(d, "job7"), "attempt_0", str(r), "error.json"))
                 ports.add(e["MASTER_PORT"])
             self.assertEqual(len(ports), 1)
             self.assertNotEqual(ports.pop(), "0")
@@ -520,7 +528,7 @@ class Console(unittest.TestCase):
             p = run(["--nproc_per_node=2", "--log_dir", d, "-r", "0:3", "-t", "1:1",
                      "--rdzv_id", "logs"] + worker(self.CODE))
             self.assertEqual(p.returncode, 0, p.stderr)
-            base = os.path.join(d, "logs", "attempt_0")
+            base = os.path.join(run_dir(d, "logs"), "attempt_0")
             self.assertEqual(open(os.path.join(base, "0", "stdout.log")).read(), "out of 0\n")
             self.assertEqual(open(os.path.join(base, "0", "stderr.log")).read(), "err of 0\n")
             self.assertEqual(open(os.path.join(base, "1", "stdout.log")).read(), "out of 1\n")
@@ -536,7 +544,7 @@ class Console(unittest.TestCase):
                            "raise SystemExit(os.environ['TORCHELASTIC_RESTART_COUNT'] == '0')"))
             self.assertEqual(p.returncode, 0, p.stderr)
             for n in range(2):
-                with open(os.path.join(d, "none", f"attempt_{n}", "0", "stdout.log")) as f:
+                with open(os.path.join(run_dir(d, "none"), f"attempt_{n}", "0", "stdout.log")) as f:
                     self.assertEqual(f.read(), f"try {n}\n")
 
     def test_partial_last_line_is_printed(self):
@@ -694,10 +702,10 @@ class Restart(unittest.TestCase):
         self.assertTrue(late_ticks, p.stdout)
         self.assertFalse([l for l in out if "old r0 tick" in l and not l.startswith("[r0]: old r0 tick")])
         # ... and into its own attempt's log file, not attempt 1's.
-        with open(os.path.join(logs, "ov", "attempt_0", "0", "stdout.log")) as f:
+        with open(os.path.join(run_dir(logs, "ov"), "attempt_0", "0", "stdout.log")) as f:
             old_log = f.read().splitlines()
         self.assertEqual(old_log, [l[len("[r0]: "):] for l in out if l.startswith("[r0]: old r0 tick")])
-        with open(os.path.join(logs, "ov", "attempt_1", "0", "stdout.log")) as f:
+        with open(os.path.join(run_dir(logs, "ov"), "attempt_1", "0", "stdout.log")) as f:
             self.assertEqual(f.read(), "new 0 started\n")
         self.assertFalse(pid_alive(old0["pid"]))
 
@@ -797,6 +805,361 @@ class BadInput(unittest.TestCase):
         p = run(["--help"])
         self.assertEqual(p.returncode, 0)
         self.assertIn("--nproc-per-node", p.stdout)
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
+def fake_gpu_machine(root, gpus):
+    """A fake /proc + /sys under `root` for --numa-binding (DDPRUN_SYSFS_ROOT): `gpus` is a list of
+    (pci address, numa node); node N's cpulist is nodes[N]."""
+    def write(rel, text):
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+    for pci, node, cpus in gpus:
+        write(f"proc/driver/nvidia/gpus/{pci}/information", f"Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-{pci}\n")
+        write(f"sys/bus/pci/devices/{pci}/numa_node", f"{node}\n")
+        write(f"sys/devices/system/node/node{node}/cpulist", ",".join(map(str, cpus)) + "\n")
+
+
+class Parity(unittest.TestCase):
+    """torchrun 2.11's behaviour where ddprun used to differ (issue 11)."""
+
+    def test_non_executable_script_without_py_runs_with_python(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "job")
+            with open(script, "w") as f:
+                f.write("import sys; print('python ran', sys.argv[1:])\n")
+            os.chmod(script, 0o644)
+            p = run(["--nproc_per_node=1", script, "a"], env={"PYTHON_EXEC": PY})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("[r0]: python ran ['a']", p.stdout)
+            # The start line says which interpreter (path and version).
+            version = "%d.%d" % sys.version_info[:2]
+            self.assertIn(f"Python workers: {PY} (Python {version}", p.stderr)
+
+    def test_programs_say_no_interpreter(self):
+        p = run(["--no_python", "true"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("Python workers", p.stderr)
+
+    def test_directory_and_non_executable_with_no_python_say_what_they_are(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "job")
+            open(script, "w").close()
+            os.chmod(script, 0o644)
+            for args, words in (([d], ["is a directory without __main__.py"]),
+                                (["--no_python", d], ["is a directory"]),
+                                (["--no_python", script], ["exists but is not executable", "chmod +x"])):
+                p = run(args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertNotIn("cannot find", p.stderr)
+                for w in words:
+                    self.assertIn(w, p.stderr)
+
+    def test_missing_module_says_how_to_pick_another_python(self):
+        p = run(worker("import ddprun_no_such_module_xyz"))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn("PYTHON_EXEC", p.stderr)  # --no_python: ddprun did not pick the interpreter
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "imp.py")
+            with open(script, "w") as f:
+                f.write("import ddprun_no_such_module_xyz\n")
+            p = run([script], env={"PYTHON_EXEC": PY})
+            self.assertEqual(p.returncode, 1, p.stderr)
+            summary = p.stderr[p.stderr.index("FAILED"):]
+            self.assertIn("No module named", summary)
+            self.assertIn("PYTHON_EXEC", summary)
+            self.assertIn(PY, summary)
+
+    def test_second_run_with_the_same_log_dir_keeps_the_first(self):
+        import glob
+        with tempfile.TemporaryDirectory() as d:
+            for n in range(2):
+                p = run(["--log_dir", d, "--tee=1"] + worker(f"print('run {n}')"))
+                self.assertEqual(p.returncode, 0, p.stderr)
+            runs = sorted(glob.glob(os.path.join(d, "none_*")))
+            self.assertEqual(len(runs), 2, runs)
+            texts = sorted(read_text(os.path.join(r, "attempt_0", "0", "stdout.log")) for r in runs)
+            self.assertEqual(texts, ["run 0\n", "run 1\n"])
+
+    def test_duplicate_filters_copy_matching_teed_lines(self):
+        code = ("import os, sys\n"
+                "r = os.environ['RANK']\n"
+                "print('apple', r); print('pear', r); print('or,ange', r)\n"
+                "print('apple err', r, file=sys.stderr)\n")
+        with tempfile.TemporaryDirectory() as d:
+            # Rank 2 is tee'd but hidden by --local_ranks_filter: not copied, as in torchrun.
+            p = run(["--nproc_per_node=3", "--log_dir", d, "--rdzv_id=f", "--tee=1", "--local_ranks_filter=0,1",
+                     "--duplicate-stdout-filters", "apple,or,,ange", "--duplicate_stderr_filters=apple"] + worker(code))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            attempt = os.path.join(run_dir(d, "f"), "attempt_0")
+            got = sorted(read_text(os.path.join(attempt, "filtered_stdout.log")).splitlines())
+            self.assertEqual(got, ["[r0]: apple 0", "[r0]: or,ange 0", "[r1]: apple 1", "[r1]: or,ange 1"])
+            # stderr was not tee'd: nothing copied; the file exists (empty), as torchrun makes it.
+            self.assertEqual(read_text(os.path.join(attempt, "filtered_stderr.log")), "")
+
+    def test_logs_specs_and_event_log_handler_are_accepted(self):
+        p = run(["--logs-specs=custom", "--event_log_handler=console"] + worker("print('ran')"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r0]: ran", p.stdout)
+        self.assertIn("--logs_specs=custom", p.stderr)
+        self.assertIn("--event_log_handler=console", p.stderr)
+
+    def test_numa_binding_binds_each_rank_to_its_gpus_node(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        a, b = allowed[0], allowed[-1]
+        code = "import os; print('cpus', sorted(os.sched_getaffinity(0)))"
+        with tempfile.TemporaryDirectory() as root:
+            # Listed out of PCI order: local rank 0 is the lower address (node 1 here).
+            fake_gpu_machine(root, [("0000:c1:00.0", 0, [a]), ("0000:18:00.0", 1, [b])])
+            p = run(["--nproc_per_node=2", "--numa-binding=node"] + worker(code), env={"DDPRUN_SYSFS_ROOT": root})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn(f"[r0]: cpus [{b}]", p.stdout)
+            self.assertIn(f"[r1]: cpus [{a}]", p.stdout)
+            # CUDA_VISIBLE_DEVICES picks and orders the GPUs.
+            p = run(["--nproc_per_node=1", "--numa_binding=node"] + worker(code),
+                    env={"DDPRUN_SYSFS_ROOT": root, "CUDA_VISIBLE_DEVICES": "1"})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn(f"[r0]: cpus [{a}]", p.stdout)
+
+    def test_numa_binding_without_gpus_fails_before_any_worker(self):
+        with tempfile.TemporaryDirectory() as root:
+            marker = os.path.join(root, "started")
+            p = run(["--numa-binding=node", "--no_python", "touch", marker], env={"DDPRUN_SYSFS_ROOT": root})
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("no NVIDIA GPU visible", p.stderr)
+            self.assertIn("drop --numa-binding", p.stderr)
+            self.assertFalse(os.path.exists(marker))
+
+
+# ---- coordination: one path for one node and many (issue #11) ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    """ddprun in the background; its stderr read line by line with a deadline (the log lines
+    are the events the tests wait for)."""
+
+    def __init__(self, args, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.p = subprocess.Popen([DDPRUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=full_env)
+        self.err = b""
+
+    def wait_err(self, text, timeout=HANG_GUARD):
+        deadline = time.monotonic() + timeout
+        sel = selectors.DefaultSelector()
+        sel.register(self.p.stderr, selectors.EVENT_READ)
+        while text.encode() not in self.err:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {text!r}; stderr: {self.err.decode()}")
+            if sel.select(left):
+                chunk = os.read(self.p.stderr.fileno(), 65536)
+                if not chunk:
+                    raise AssertionError(f"stderr closed before {text!r}; stderr: {self.err.decode()}")
+                self.err += chunk
+        sel.close()
+
+    def finish(self, timeout=HANG_GUARD):
+        out, err = self.p.communicate(timeout=timeout)
+        self.err += err
+        return self.p.returncode, out.decode(), self.err.decode()
+
+    def interrupt_and_time(self, signo=signal.SIGINT):
+        t0 = time.monotonic()
+        self.p.send_signal(signo)
+        rc, out, err = self.finish(timeout=30)
+        return rc, err, time.monotonic() - t0
+
+
+def agent_protocol_frame(msg_type, fields):
+    import struct
+    payload = bytes([msg_type]) + struct.pack("<Q", len(fields))
+    for k, v in fields.items():
+        k, v = k.encode(), str(v).encode()
+        payload += struct.pack("<Q", len(k)) + k + struct.pack("<Q", len(v)) + v
+    return struct.pack("<I", len(payload)) + payload
+
+
+def read_frame(sock):
+    import struct
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            c = sock.recv(n - len(b))
+            if not c:
+                raise AssertionError("the rendezvous closed the connection")
+            b += c
+        return b
+    n = struct.unpack("<I", exact(4))[0]
+    body = exact(n)
+    t, count = body[0], struct.unpack("<Q", body[1:9])[0]
+    fields, off = {}, 9
+    for _ in range(count):
+        kl = struct.unpack("<Q", body[off:off + 8])[0]; off += 8
+        k = body[off:off + kl].decode(); off += kl
+        vl = struct.unpack("<Q", body[off:off + 8])[0]; off += 8
+        fields[k] = body[off:off + vl].decode(); off += vl
+    return t, fields
+
+
+def where_lines(out):
+    """[rank, world size, MASTER_PORT, restart count] of every 'where' line (prefixes cut)."""
+    return [l[l.index("where"):].split()[1:] for l in out.splitlines() if "where" in l]
+
+
+WORKER_SAYS_WHERE = ("import os; print('where', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'],"
+                     " os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)")
+
+
+class Coordination(unittest.TestCase):
+    def c10d(self, port, nnodes=2, extra=(), conf=""):
+        return [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=e2e", "--rdzv_conf=last_call_timeout=1,join_timeout=60" + conf] + list(extra)
+
+    def test_sigint_while_connecting_ends_within_a_second(self):
+        port = free_port()  # nothing listens there; this agent does not host
+        a = Agent([f"--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                   "--rdzv_conf=is_host=0,join_timeout=600", "--no_python", "true"])
+        a.wait_err("connecting to the rendezvous")
+        rc, err, took = a.interrupt_and_time()
+        self.assertEqual(rc, 128 + signal.SIGINT, err)
+        self.assertLess(took, 3.0, err)  # the contract is 1 s; generous for a loaded CI host
+        self.assertIn("received SIGINT", err)
+        self.assertIn("stopped while connecting to the rendezvous endpoint", err)
+
+    def test_sigterm_while_joining_a_round_that_never_fills(self):
+        port = free_port()
+        a = Agent(["-v"] + self.c10d(port) + ["--no_python", "true"])
+        a.wait_err("joining the next round")
+        rc, err, took = a.interrupt_and_time(signal.SIGTERM)
+        self.assertEqual(rc, 128 + signal.SIGTERM, err)
+        self.assertLess(took, 3.0, err)
+        self.assertIn("stopped by SIGTERM", err)
+
+    def test_sigint_while_the_host_waits_for_the_other_nodes(self):
+        # A second "node" speaks the agent protocol by hand: it joins, succeeds, and keeps its
+        # connection, so the hosting agent waits for it at the end (bounded at 60 s).
+        port = free_port()
+        a = Agent(self.c10d(port, conf=",heartbeat_timeout=300") + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(bytes([0]) + (0x52504444).to_bytes(4, "little"))
+        s.sendall(agent_protocol_frame(1, {"run_id": "e2e", "node_id": "fake", "host": "127.0.0.1",
+                                           "local_world_size": 1, "min_nodes": 2, "max_nodes": 2,
+                                           "last_call_ms": 1000, "join_timeout_ms": 60000,
+                                           "heartbeat_timeout_ms": 300000}))
+        t, f = read_frame(s)
+        self.assertEqual(t, 20, f)  # ROUND
+        s.sendall(agent_protocol_frame(4, {"round": f["round"]}))  # SUCCEEDED
+        a.wait_err("waiting for the other nodes to finish")
+        rc, err, took = a.interrupt_and_time()
+        s.close()
+        self.assertLess(took, 3.0, err)
+        self.assertIn("not waiting for the other nodes", err)
+        self.assertEqual(rc, 0, err)  # the job itself succeeded
+
+    def test_unparsable_endpoint_is_a_usage_error(self):
+        p = run(["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=::::garbage:::", "--no_python", "true"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("expected HOST[:PORT]", p.stderr)
+
+    def two_agents(self, port, first_extra=(), second_extra=()):
+        a = Agent(self.c10d(port, extra=first_extra) + worker(WORKER_SAYS_WHERE))
+        b = Agent(self.c10d(port, extra=second_extra) + worker(WORKER_SAYS_WHERE))
+        ra, oa, ea = a.finish()
+        rb, ob, eb = b.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        self.assertEqual(sorted(w[0] for w in where_lines(oa + ob)), ["0", "1"], oa + ob)
+        return ea, eb
+
+    def test_two_agents_on_one_host_join_a_standing_ddprund(self):
+        ddprund = os.path.join(os.path.dirname(os.path.dirname(DDPRUN)), "rendezvous", "ddprund")
+        if not os.path.exists(ddprund):
+            self.skipTest(f"no ddprund at {ddprund}")
+        port = free_port()
+        d = subprocess.Popen([ddprund, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + HANG_GUARD
+            while True:  # listening yet? (a connect, not a sleep, decides)
+                try:
+                    socket.create_connection(("127.0.0.1", port)).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            ea, eb = self.two_agents(port)
+            self.assertIn("joining the rendezvous served there as a client", ea)
+            self.assertIn("joining the rendezvous served there as a client", eb)
+        finally:
+            d.kill()
+            d.wait()
+
+    def test_two_agents_on_one_host_the_first_hosts(self):
+        port = free_port()
+        a = Agent(self.c10d(port) + worker(WORKER_SAYS_WHERE))
+        a.wait_err("hosting the rendezvous")
+        b = Agent(self.c10d(port) + worker(WORKER_SAYS_WHERE))
+        rb, ob, eb = b.finish()
+        ra, oa, ea = a.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        self.assertIn("joining the rendezvous served there as a client", eb)
+        self.assertEqual(sorted(w[0] for w in where_lines(oa + ob)), ["0", "1"], oa + ob)
+
+    def test_is_host_given_with_the_port_taken_is_a_clear_error(self):
+        port = free_port()
+        a = Agent(self.c10d(port) + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        p = run(self.c10d(port, conf=",is_host=1") + ["--no_python", "true"])
+        a.p.send_signal(signal.SIGINT)
+        a.finish()
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("cannot listen there", p.stderr)
+
+    def test_a_node_with_another_max_restarts_is_refused_naming_both(self):
+        port = free_port()
+        a = Agent(self.c10d(port, extra=["--max_restarts=3"]) + ["--no_python", "true"])
+        a.wait_err("hosting the rendezvous")
+        p = run(self.c10d(port, extra=["--max_restarts=1"]) + ["--no_python", "true"])
+        a.p.send_signal(signal.SIGINT)
+        a.finish()
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("--max_restarts: the job runs with 3, this agent asked for 1", p.stderr)
+
+    def test_static_multi_node_keeps_master_port_in_every_attempt(self):
+        port = free_port()
+        code = (WORKER_SAYS_WHERE + "\nimport sys\n"
+                "sys.exit(3 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and os.environ['RANK'] == '1' else 0)")
+        args = lambda n: ["--nnodes=2", f"--node_rank={n}", "--master_addr=127.0.0.1", f"--master_port={port}",
+                          "--max_restarts=1"] + worker(code)
+        a = Agent(args(0))
+        b = Agent(args(1))
+        ra, oa, ea = a.finish()
+        rb, ob, eb = b.finish()
+        self.assertEqual((ra, rb), (0, 0), ea + eb)
+        seen = where_lines(oa + ob)
+        # rank 0 of attempt 0 may be stopped before it prints: rank 1 fails at once
+        self.assertTrue({("1", "0"), ("0", "1"), ("1", "1")} <= {(w[0], w[3]) for w in seen}, oa + ob)
+        self.assertEqual({w[2] for w in seen}, {str(port)}, oa + ob)
+
+    def test_an_import_error_says_why_it_stops_with_restarts_left(self):
+        p = run(["--nproc_per_node=2", "--max_restarts=3"] + worker("import no_such_module"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("not retried: attempts 0 and 1", p.stderr)
+        self.assertIn("2 of 3 restarts left unused", p.stderr)
+        self.assertNotIn("no restarts left", p.stderr)
 
 
 if __name__ == "__main__":

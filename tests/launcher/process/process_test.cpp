@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,6 +76,35 @@ TEST_CASE("spawned worker: own process group, pipes, env, argv", "[process]") {
   int st = wait_status(p.pid);
   CHECK(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("cpu_affinity: the worker starts on exactly the CPUs asked for", "[process]") {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  REQUIRE(::sched_getaffinity(0, sizeof mine, &mine) == 0);
+  int last = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mine)) last = c;
+  }
+  REQUIRE(last >= 0);
+  SpawnRequest req;
+  req.executable = *find_executable("sh", "/usr/bin:/bin");
+  req.argv = {"sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  req.cpu_affinity = {last};
+  auto p = spawn_process(req);
+  CHECK(wait_exec_status(p.exec_status_fd) == 0);
+  CHECK(read_all(p.stdout_fd) == "Cpus_allowed_list:\t" + std::to_string(last) + "\n");
+  ::close(p.stderr_fd);
+  CHECK(WEXITSTATUS(wait_status(p.pid)) == 0);
+
+  // A set the kernel refuses (no CPU of it exists): the worker does not start, and the errno
+  // shows where an exec failure would.
+  req.cpu_affinity = {CPU_SETSIZE * 4 - 1};
+  auto q = spawn_process(req);
+  CHECK(wait_exec_status(q.exec_status_fd) == EINVAL);
+  CHECK(WEXITSTATUS(wait_status(q.pid)) == 127);
+  ::close(q.stdout_fd);
+  ::close(q.stderr_fd);
 }
 
 TEST_CASE("exec failure: errno reported, exit 127", "[process]") {

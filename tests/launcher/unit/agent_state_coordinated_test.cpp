@@ -1,4 +1,5 @@
-// The agent's decisions in multi-node (coordinated) mode: the rendezvous server decides.
+// The agent's decisions when the job spans nodes: the round decides, and a job-wide restart
+// waits for the local group (overlap off, as the agent configures it for a remote round).
 #include <catch2/catch.hpp>
 #include <csignal>
 
@@ -12,8 +13,7 @@ namespace {
 AgentState coordinated(int nproc = 2) {
   AgentConfig c;
   c.nproc = nproc;
-  c.max_restarts = 0;  // ignored: the server holds the budget
-  c.coordinated = true;
+  c.overlap_restart = false;
   return AgentState(c);
 }
 bool has(const std::vector<Action>& v, K k) {
@@ -58,7 +58,6 @@ TEST_CASE("CoordinatedLocalFailureIsReportedAndTheServerDecides", "[state]") {
   s.on_event(RoundReady{0});
   auto a = s.on_event(WorkerExited{1, WorkerStatus::exited(3)});
   REQUIRE(find(a, K::ReportFailure));
-  CHECK_FALSE(find(a, K::ReportFailure)->will_restart);
   REQUIRE(find(a, K::SignalWorkers));
   CHECK(s.phase() == AgentState::Phase::Stopping);
   auto b = s.on_event(WorkerExited{0, WorkerStatus::killed_by(SIGTERM)});
@@ -125,41 +124,8 @@ TEST_CASE("CoordinatedSignalWhileJoiningFinishes", "[state]") {
   CHECK(find(a, K::Finish)->exit_code == 128 + SIGINT);
 }
 
-TEST_CASE("FailureBeforeProgressTwiceInARowIsNotRetried", "[state]") {
-  AgentConfig c;
-  c.nproc = 1;
-  c.max_restarts = 5;
-  AgentState s(c);
-  s.start();
-  auto a = s.on_event(WorkerExited{0, WorkerStatus::exited(1), /*attempt_progressed=*/false});
-  REQUIRE(find(a, K::StartAttempt));  // the first one may be bad luck: retried
-  auto b = s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
-  REQUIRE(find(b, K::Finish));
-  CHECK(find(b, K::Finish)->exit_code == 1);
-  CHECK(s.deterministic_failure());
-  CHECK_FALSE(find(b, K::ReportFailure)->will_restart);
-}
-
-TEST_CASE("FailureAfterProgressKeepsRetryingWithinTheBudget", "[state]") {
-  AgentConfig c;
-  c.nproc = 1;
-  c.max_restarts = 3;
-  AgentState s(c);
-  s.start();
-  s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
-  auto a = s.on_event(WorkerExited{0, WorkerStatus::exited(1), true});  // got further this time
-  REQUIRE(find(a, K::StartAttempt));
-  auto b = s.on_event(WorkerExited{0, WorkerStatus::exited(1), false});
-  REQUIRE(find(b, K::StartAttempt));  // not twice in a row before progress
-  CHECK_FALSE(s.deterministic_failure());
-}
-
 TEST_CASE("CoordinatedFailureNeverOverlaps", "[state]") {
-  AgentConfig c;
-  c.nproc = 2;
-  c.coordinated = true;
-  c.overlap_restart = true;  // ignored: the server decides restarts, the group is stopped first
-  AgentState s(c);
+  auto s = coordinated(2);
   s.start();
   s.on_event(RoundReady{0});
   auto a = s.on_event(WorkerExited{1, WorkerStatus::exited(3)});

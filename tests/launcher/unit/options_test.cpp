@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/launcher/options.h"
 
 using namespace ddprun::launcher;
@@ -235,4 +236,65 @@ TEST_CASE("--early_exit_watch: on by default, 1/0, both spellings, PET_", "[opti
   CHECK_FALSE(ok({"x"}, {{"PET_EARLY_EXIT_WATCH", "0"}}).early_exit_watch);
   CHECK_THAT(error_of({"--early_exit_watch=sometimes", "x"}),
              Catch::Contains("--early_exit_watch") && Catch::Contains("'sometimes'"));
+}
+
+TEST_CASE("--help lists the environment knobs", "[options]") {
+  auto r = parse({"--help"});
+  CHECK_THAT(r.message, Catch::Contains("DDPRUN_STORE_LOCK") && Catch::Contains("DDPRUN_DEFAULT_STORE_PORT") &&
+                            Catch::Contains("PYTHON_EXEC") && Catch::Contains("DDPRUN_COLLECTIVE_TIMEOUT_S"));
+}
+
+TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comma, PET_", "[options]") {
+  CHECK(ok({"x"}).duplicate_stdout_filters.empty());
+  CHECK(ok({"--duplicate-stdout-filters", "apple,orange", "x"}).duplicate_stdout_filters ==
+        std::vector<std::string>{"apple", "orange"});
+  CHECK(ok({"--duplicate_stderr_filters=a,,b,c", "x"}).duplicate_stderr_filters ==
+        std::vector<std::string>{"a,b", "c"});
+  CHECK(ok({"--duplicate_stdout_filters", "", "x"}).duplicate_stdout_filters == std::vector<std::string>{""});
+  CHECK(ok({"x"}, {{"PET_DUPLICATE_STDERR_FILTERS", "err"}}).duplicate_stderr_filters ==
+        std::vector<std::string>{"err"});
+  CHECK(parse_filter_list("a,,,b") == std::vector<std::string>{"a,", "b"});
+  CHECK(parse_filter_list("x,") == std::vector<std::string>{"x", ""});
+}
+
+TEST_CASE("--numa-binding takes torchrun 2.11's modes", "[options]") {
+  CHECK(ok({"x"}).numa_binding.empty());
+  for (const std::string m : {"node", "socket", "exclusive", "core-complex"}) {
+    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == m);
+    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == m);
+  }
+  CHECK_THAT(error_of({"--numa-binding=nodes", "x"}),
+             Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
+                 Catch::Contains("node, socket, exclusive or core-complex"));
+  // Parsing binds nothing yet: main() resolves the CPU sets from the machine.
+  CHECK(ok({"--numa-binding=node", "x"}).numa_cpus.empty());
+}
+
+TEST_CASE("--logs-specs and --event-log-handler are accepted, with what they mean here", "[options]") {
+  auto o = ok({"--logs-specs=my_specs", "x"});
+  CHECK(o.logs_specs == "my_specs");
+  REQUIRE(o.warnings.size() == 1);
+  CHECK_THAT(o.warnings[0], Catch::Contains("my_specs") && Catch::Contains("cannot load"));
+  CHECK(ok({"x"}).warnings.empty());
+  CHECK(ok({"x"}).event_log_handler == "null");
+  CHECK(ok({"--event_log_handler=dynamic_rendezvous", "x"}).warnings.empty());
+  auto c = ok({"--event-log-handler", "console", "x"});
+  CHECK(c.event_log_handler == "console");
+  CHECK(c.warnings.size() == 1);
+  CHECK_THAT(error_of({"--event-log-handler=kafka", "x"}),
+             Catch::Contains("--event_log_handler") && Catch::Contains("null, console or dynamic_rendezvous"));
+}
+
+TEST_CASE("the knob registry: unique names, documented, read from a map", "[options]") {
+  std::set<std::string> names;
+  for (const auto& k : ddprun::knobs::kAll) {
+    CHECK(names.insert(k.name).second);
+    CHECK(std::string(k.meaning).size() > 10);
+    CHECK(std::string(k.default_value).size() > 0);
+  }
+  CHECK(names.count("DDPRUN_STORE_LOCK"));
+  const EnvMap env{{"DDPRUN_SYSFS_ROOT", "/fake"}, {"PYTHON_EXEC", ""}};
+  CHECK(ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env) == std::optional<std::string>("/fake"));
+  CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kPythonExec, env));  // empty counts as unset
+  CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kStoreLock, env));
 }

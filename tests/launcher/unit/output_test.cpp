@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/signal_names.h"
 
@@ -56,4 +57,41 @@ TEST_CASE("signal names", "[output]") {
   CHECK(signal_from_name("3") == 3);
   CHECK_FALSE(signal_from_name("SIGFOO"));
   CHECK_FALSE(signal_from_name("99999"));
+}
+
+TEST_CASE("duplicate filter: any needle as a substring, as torchrun", "[output]") {
+  DuplicateFilter none;
+  CHECK_FALSE(none.enabled());
+  CHECK_FALSE(none.applies_to(kStreamBoth, kStreamOut, true));
+
+  DuplicateFilter f({"apple", "orange"});
+  CHECK(f.enabled());
+  CHECK(f.matches("an apple a day"));
+  CHECK(f.matches("orange"));
+  CHECK_FALSE(f.matches("Apple"));  // case-sensitive
+  CHECK_FALSE(f.matches("pear"));
+  // An empty needle (a given empty value) matches every line, as Python's `"" in line`.
+  DuplicateFilter all({""});
+  CHECK(all.matches(""));
+  CHECK(all.matches("anything"));
+}
+
+TEST_CASE("duplicate filter: only tee'd streams shown on the console", "[output]") {
+  DuplicateFilter f({"x"});
+  CHECK(f.applies_to(kStreamOut, kStreamOut, true));
+  CHECK(f.applies_to(kStreamBoth, kStreamErr, true));
+  CHECK_FALSE(f.applies_to(kStreamErr, kStreamOut, true));   // stdout not tee'd
+  CHECK_FALSE(f.applies_to(kStreamNone, kStreamOut, true));  // redirect-only or plain console
+  CHECK_FALSE(f.applies_to(kStreamBoth, kStreamOut, false)); // --local_ranks_filter hides it
+}
+
+TEST_CASE("missing module hint names the interpreter and PYTHON_EXEC", "[output]") {
+  std::deque<std::string> tail{"Traceback (most recent call last):", "  File \"t.py\", line 1, in <module>",
+                               "ModuleNotFoundError: No module named 'torch'"};
+  const std::string hint = missing_module_hint(tail, "/usr/bin/python3 (Python 3.11.2)");
+  CHECK(hint.find("/usr/bin/python3 (Python 3.11.2)") != std::string::npos);
+  CHECK(hint.find("PYTHON_EXEC") != std::string::npos);
+  CHECK_FALSE(missing_module_hint({"ImportError: No module named foo"}, "py").empty());  // Python 2 style
+  CHECK(missing_module_hint({"ValueError: bad"}, "py").empty());
+  CHECK(missing_module_hint(tail, "").empty());  // not a Python worker
 }

@@ -40,8 +40,8 @@ TEST_CASE("worker environment has torchrun's variables", "[env]") {
       {"MASTER_PORT", "4242"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
       {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job7"},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_ERROR_FILE", "/logs/3/error.json"},
-      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}, {"NCCL_ASYNC_ERROR_HANDLING", "1"},
-      {"NCCL_NVLS_ENABLE", "0"}, {"OMP_NUM_THREADS", "1"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"OMP_NUM_THREADS", "1"},
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
       {"PATH", "/usr/bin"}, {"HOME", "/root"},
   };
@@ -52,6 +52,10 @@ TEST_CASE("worker environment has torchrun's variables", "[env]") {
   }
   CHECK(env.size() == expected.size());
   CHECK_FALSE(env.count("CUDA_VISIBLE_DEVICES"));
+  // Nothing torchrun 2.11 does not set: NCCL's defaults (NVLink SHARP included) stay, and no
+  // deprecated NCCL_ASYNC_ERROR_HANDLING (PyTorch 2.x warns about it in every NCCL worker).
+  CHECK_FALSE(env.count("NCCL_NVLS_ENABLE"));
+  CHECK_FALSE(env.count("NCCL_ASYNC_ERROR_HANDLING"));
 }
 
 TEST_CASE("global rank adds the node's base", "[env]") {
@@ -92,6 +96,14 @@ TEST_CASE("virtual local rank: LOCAL_RANK 0 and one device", "[env]") {
   CHECK(env.at("CUDA_VISIBLE_DEVICES") == "2");
   auto env2 = build_worker_env({{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}}, o, layout(4), 2, "e");
   CHECK(env2.at("CUDA_VISIBLE_DEVICES") == "6");
+}
+
+TEST_CASE("argv: a script without .py that runs with Python", "[env]") {
+  auto o = opts(1);
+  o.entrypoint = "train";
+  CHECK(build_worker_argv(o, {}, true) == std::vector<std::string>{"python3", "-u", "train"});
+  CHECK(build_worker_argv(o, {}, false) == std::vector<std::string>{"train"});
+  CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"train"});
 }
 
 TEST_CASE("argv for scripts, modules, programs", "[env]") {

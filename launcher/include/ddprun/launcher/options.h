@@ -95,6 +95,26 @@ struct LaunchOptions {
   // no_new_privs on the workers when ddprun lacks CAP_SYS_ADMIN.
   bool early_exit_watch = true;
   bool virtual_local_rank = false;
+  // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun's comma_separated_list:
+  // ",," is a literal comma). Lines of the tee'd streams that contain any of the needles are
+  // copied to <attempt dir>/filtered_stdout.log / filtered_stderr.log (output.h's
+  // DuplicateFilter). Empty: no copy. A given empty value is {""}, which matches every line,
+  // as in torchrun.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
+  // --logs_specs: the name of a torchrun.logs_specs Python entry point. ddprun cannot load
+  // Python plugins; it keeps its default layout and warns (see `warnings`).
+  std::string logs_specs;
+  // --event_log_handler: torchrun's event sink ("null" default, "console",
+  // "dynamic_rendezvous"). ddprun records no torchelastic events: "console" warns.
+  std::string event_log_handler = "null";
+  // --numa_binding: torchrun's affinity mode (numa.h); empty when not given. numa_cpus is the
+  // resolved CPU set per local rank (numa.h's resolve_numa_binding: main() fills it from the
+  // machine before the launch).
+  std::string numa_binding;
+  std::vector<std::vector<int>> numa_cpus;
+  // Things the user should know that do not stop the launch (printed by main()).
+  std::vector<std::string> warnings;
   int verbosity = 0;  // -v: debug logs
   std::string entrypoint;
   std::vector<std::string> args;
@@ -133,6 +153,8 @@ StdStreamSpec parse_std_streams(const std::string& flag, const std::string& valu
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& value);
 std::vector<int> parse_signals(const std::string& value);
 std::set<int> parse_local_ranks_filter(const std::string& value);
+// torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
+std::vector<std::string> parse_filter_list(const std::string& value);
 
 // The environment of this process as a map.
 EnvMap current_environment();

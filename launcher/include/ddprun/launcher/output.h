@@ -1,5 +1,6 @@
-// Worker output handling, pure: splitting a byte stream into lines, the console prefix, and
-// the bounded tail of a rank's stderr kept for the failure summary.
+// Worker output handling, pure: splitting a byte stream into lines, the console prefix, the
+// bounded tail of a rank's stderr kept for the failure summary, the filter of
+// --duplicate_{stdout,stderr}_filters and the hint for a worker that could not import a module.
 #pragma once
 
 #include <cstddef>
@@ -42,5 +43,32 @@ class TailBuffer {
   size_t max_line_;
   std::deque<std::string> lines_;
 };
+
+// --duplicate_stdout_filters / --duplicate_stderr_filters, as torchrun 2.11 applies them: a
+// line is copied to the attempt's filtered_stdout.log / filtered_stderr.log when it contains
+// any needle (plain substring, case-sensitive; an empty needle matches every line). Only the
+// streams that are tee'd (-t/--tee) and shown on the console (--local_ranks_filter) are
+// considered, every such rank into one file; each copied line carries the console prefix.
+class DuplicateFilter {
+ public:
+  DuplicateFilter() = default;
+  explicit DuplicateFilter(std::vector<std::string> needles) : needles_(std::move(needles)) {}
+  // No needles: nothing is copied and no file is made.
+  bool enabled() const { return !needles_.empty(); }
+  bool matches(std::string_view line) const;
+  // Whether a stream takes part: `tee_mask` is the rank's --tee mask, `stream_bit` kStreamOut
+  // or kStreamErr (options.h), `console_allowed` whether --local_ranks_filter lets it print.
+  bool applies_to(int tee_mask, int stream_bit, bool console_allowed) const {
+    return enabled() && (tee_mask & stream_bit) != 0 && console_allowed;
+  }
+
+ private:
+  std::vector<std::string> needles_;
+};
+
+// When a worker's stderr tail shows a failed import (ModuleNotFoundError, "No module named"),
+// one line saying which interpreter ran it and how to pick another (PYTHON_EXEC); empty
+// otherwise, and for non-Python workers (`interpreter` empty).
+std::string missing_module_hint(const std::deque<std::string>& stderr_tail, const std::string& interpreter);
 
 }  // namespace ddprun::launcher

@@ -38,6 +38,10 @@ struct SpawnRequest {
   // (exec of setuid programs then gains no privileges); only set when this allows it.
   bool exit_watch = false;
   bool exit_watch_no_new_privs = false;
+  // CPUs the worker may run on (sched_setaffinity in the child before exec; --numa-binding).
+  // Empty: the agent's own set is inherited. If the kernel refuses the set, the worker does not
+  // start: it shows as a failed exec (exec_status_fd) with sched_setaffinity's errno.
+  std::vector<int> cpu_affinity;
 };
 
 struct SpawnedProcess {

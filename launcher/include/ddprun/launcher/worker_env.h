@@ -1,5 +1,5 @@
-// What each worker is started with: its environment (TORCHRUN_COMPAT.md's list on top of the
-// parent's) and its argv. Pure: no I/O.
+// What each worker is started with: its environment (torchrun's worker variables, listed in
+// launcher/README.md, on top of the parent's) and its argv. Pure: no I/O.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +28,12 @@ struct GroupLayout {
 EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
                         int local_rank, const std::string& error_file);
 
-// argv of a worker: `.py` -> {python, -u, script, args...}; -m -> {python, -u, -m, mod, ...};
-// --run_path -> python runs the file through runpy; --no_python or any other entry point ->
-// {program, args...}. python is $PYTHON_EXEC from `env`, else "python3" (found on PATH).
+// argv of a worker: -m -> {python, -u, -m, mod, ...}; --run_path -> python runs the file
+// through runpy; `with_python` (entrypoint.h's runs_with_python: `.py`, a non-executable
+// script, ...) -> {python, -u, script, args...}; otherwise {program, args...}. python is
+// $PYTHON_EXEC from `env`, else "python3" (found on PATH).
+std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python);
+// The same, deciding Python by the `.py` suffix alone (no file system look).
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env);
 
 // "K=V" strings, for execve.

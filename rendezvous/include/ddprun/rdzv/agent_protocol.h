@@ -1,15 +1,23 @@
-// The agents' rendezvous protocol: ddprun's own extension, served on the same port as the
-// TCPStore protocol. A connection announces it with 00 + kAgentMagic (as a D2 client sends
-// 00 + the VALIDATE magic), then exchanges frames:
+// The agents' rendezvous protocol (docs/RENDEZVOUS.md): ddprun's own extension, served on the
+// same port as the TCPStore protocol. A connection announces it with 00 + kAgentMagic (as a
+// D2 client sends 00 + the VALIDATE magic), then exchanges frames:
 //
 //   u32 payload length | u8 message type | u64 n | n x (blob field name, blob field value)
 //
-// Every field is a string (numbers in decimal), so messages can grow without breaking old
-// peers. Pure: no sockets; never throws on network bytes.
+// Every field travels as a string (numbers in decimal), so messages can grow without breaking
+// old peers: an absent field takes its default, an unknown one is ignored.
+//
+// One struct per message type below; each names its fields once, in its `visit` function,
+// which the one encoder (to_message) and the one decoder (from_message) walk. Code outside
+// this file reads and writes the structs, never field names. `Message` is the untyped frame
+// (the codec's unit, and what tests may inspect).
+//
+// Pure: no sockets; never throws on network bytes.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -23,22 +31,21 @@ inline constexpr uint64_t kMaxFields = 256;
 
 enum class MsgType : uint8_t {
   // agent -> server
-  Join = 1,       // run_id, node_id, host, local_world_size, min_nodes, max_nodes, last_call_ms,
-                  // join_timeout_ms, max_restarts, heartbeat_timeout_ms, [node_rank] (static), [prefer_rank0]
+  Join = 1,
   Heartbeat = 2,
-  Failure = 3,    // round, global_rank, local_rank, host, exit_code, signal, message, stderr_tail
-  Succeeded = 4,  // round
+  Failure = 3,
+  Succeeded = 4,
   Leave = 5,
   // server -> agent
-  Round = 20,     // round, restart_count, node_rank, nnodes, world_size, base_rank, local_world_sizes
-                  // (comma list), hosts (comma list), store_port
-  Restart = 21,   // reason, restart_count (what the next round will carry)
+  Round = 20,
+  Restart = 21,
   JobDone = 22,
-  JobFailed = 23,  // reason, [first failure fields]
-  Error = 24,      // message (the join was refused or timed out)
+  JobFailed = 23,
+  Error = 24,  // the request was refused or timed out; the server closes the connection
 };
 const char* msg_type_name(MsgType t);
 
+// The untyped frame.
 struct Message {
   MsgType type = MsgType::Heartbeat;
   std::map<std::string, std::string> fields;
@@ -52,8 +59,162 @@ struct Message {
   Message& set(const std::string& k, int64_t v) { return set(k, std::to_string(v)); }
 };
 
+// ---- the messages ----
+// Job-wide settings travel in every JOIN; the first joiner's define the job, and a later
+// joiner whose settings differ is refused (naming both values).
+
+struct Join {
+  static constexpr MsgType kType = MsgType::Join;
+  std::string run_id;
+  std::string node_id;  // unique per agent
+  std::string host;     // the address this node advertises
+  int64_t local_world_size = 1;
+  // job-wide
+  int64_t min_nodes = 1, max_nodes = 1, max_restarts = 0;
+  int64_t last_call_ms = 30000, join_timeout_ms = 600000, heartbeat_timeout_ms = 5000;
+  // The workers' store of every round is the server's main keyspace on its own port (reset
+  // per round) instead of a fresh port per round: static multi-node, where MASTER_PORT must
+  // equal --master_port.
+  bool fixed_store_port = false;
+  // per node
+  int64_t node_rank = -1;     // static: --node_rank; -1: the server assigns
+  bool prefer_rank0 = false;  // this node hosts the endpoint
+
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("run_id", s.run_id), v("node_id", s.node_id), v("host", s.host), v("local_world_size", s.local_world_size);
+    v("min_nodes", s.min_nodes), v("max_nodes", s.max_nodes), v("max_restarts", s.max_restarts);
+    v("last_call_ms", s.last_call_ms), v("join_timeout_ms", s.join_timeout_ms);
+    v("heartbeat_timeout_ms", s.heartbeat_timeout_ms), v("fixed_store_port", s.fixed_store_port);
+    v("node_rank", s.node_rank), v("prefer_rank0", s.prefer_rank0);
+  }
+};
+
+struct Heartbeat {
+  static constexpr MsgType kType = MsgType::Heartbeat;
+  template <class S, class V>
+  static void visit(S&, V&&) {}
+};
+
+// A worker failure, as the agent reports it; the server adds where it happened and keeps the
+// job's first one (sent with JOB_FAILED).
+struct Failure {
+  static constexpr MsgType kType = MsgType::Failure;
+  int64_t round = -1;
+  int64_t global_rank = -1, local_rank = -1;
+  int64_t exit_code = 0;
+  std::string signal;  // "SIGKILL" when killed by a signal, else ""
+  std::string when;    // wall time, UTC
+  std::string stderr_tail;
+  // filled by the server
+  std::string host, node_id;
+  int64_t node_rank = -1;
+
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("round", s.round), v("global_rank", s.global_rank), v("local_rank", s.local_rank);
+    v("exit_code", s.exit_code), v("signal", s.signal), v("when", s.when), v("stderr_tail", s.stderr_tail);
+    v("host", s.host), v("node_id", s.node_id), v("node_rank", s.node_rank);
+  }
+};
+
+struct Succeeded {
+  static constexpr MsgType kType = MsgType::Succeeded;
+  int64_t round = -1;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("round", s.round);
+  }
+};
+
+struct Leave {
+  static constexpr MsgType kType = MsgType::Leave;
+  template <class S, class V>
+  static void visit(S&, V&&) {}
+};
+
+// O(1) per agent: no per-node lists, so a round of 8192 agents stays small.
+struct Round {
+  static constexpr MsgType kType = MsgType::Round;
+  std::string run_id;
+  int64_t round = 0, restart_count = 0, max_restarts = 0;
+  int64_t node_rank = 0, nnodes = 1, world_size = 1, base_rank = 0;
+  int64_t store_port = 0;  // the round's workers' store, on the rendezvous server's address
+
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("run_id", s.run_id), v("round", s.round), v("restart_count", s.restart_count);
+    v("max_restarts", s.max_restarts), v("node_rank", s.node_rank), v("nnodes", s.nnodes);
+    v("world_size", s.world_size), v("base_rank", s.base_rank), v("store_port", s.store_port);
+  }
+};
+
+struct Restart {
+  static constexpr MsgType kType = MsgType::Restart;
+  std::string reason;
+  int64_t restart_count = 0;  // what the next round carries
+  int64_t round = 0;          // the round that ends
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("reason", s.reason), v("restart_count", s.restart_count), v("round", s.round);
+  }
+};
+
+struct JobDone {
+  static constexpr MsgType kType = MsgType::JobDone;
+  int64_t round = 0, restart_count = 0;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("round", s.round), v("restart_count", s.restart_count);
+  }
+};
+
+// Why a job ended in failure (JOB_FAILED's `cause`): the agents word their summary by it.
+enum class FailCause : int64_t {
+  Other = 0,
+  BudgetSpent = 1,    // a failure with max_restarts restarts already spent
+  Deterministic = 2,  // two attempts in a row failed before every worker joined the store
+  LostNodes = 3,      // fewer than min_nodes remain
+  Timeout = 4,        // the rendezvous timed out
+};
+
+struct JobFailed {
+  static constexpr MsgType kType = MsgType::JobFailed;
+  std::string reason;
+  int64_t cause = static_cast<int64_t>(FailCause::Other);
+  int64_t restart_count = 0, max_restarts = 0;
+  std::optional<Failure> first_failure;  // fields "first_failure.<name>"
+
+  FailCause fail_cause() const { return static_cast<FailCause>(cause); }
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("reason", s.reason), v("cause", s.cause), v("restart_count", s.restart_count);
+    v("max_restarts", s.max_restarts), v("first_failure", s.first_failure);
+  }
+};
+
+struct Error {
+  static constexpr MsgType kType = MsgType::Error;
+  std::string message;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("message", s.message);
+  }
+};
+
+// The one encoder and decoder of the structs above.
+template <class T>
+Message to_message(const T& t);
+// Reads `m` as a T (m.type must be T::kType; fields absent or malformed keep their defaults).
+template <class T>
+T from_message(const Message& m);
+
 // Appends one frame to `out`.
 void encode_message(const Message& m, std::string& out);
+template <class T>
+void encode(const T& t, std::string& out) {
+  encode_message(to_message(t), out);
+}
 
 // Parses one frame from the start of `buf` (Ok / NeedMore with need_total / Bad with error).
 wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out);

@@ -1,6 +1,11 @@
 // The agent's side of the rendezvous (docs/RENDEZVOUS.md): one long-lived connection to the
 // server, one JOIN and one ROUND per round, heartbeats from a background thread, and the
-// server's notices (RESTART, JOB_DONE, JOB_FAILED, ERROR) read whenever fd() is readable.
+// server's notices (ROUND, RESTART, JOB_DONE, JOB_FAILED, ERROR) read whenever fd() is
+// readable. Messages are the typed structs of agent_protocol.h.
+//
+// Every blocking step can be abandoned: the constructor's connect retries and join() ask
+// `interrupted` at least every 100 ms and throw RendezvousInterrupted when it says yes (the
+// launcher passes "a stop signal arrived").
 //
 // Thread-safety: join/poll/wait_message/report_* are for one thread (the agent's loop); the
 // heartbeat thread only writes, under the send mutex. Errors throw RendezvousError.
@@ -10,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -26,39 +32,27 @@ class RendezvousError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct JoinInfo {
-  std::string run_id = "none";
-  std::string node_id;  // unique per agent: host_pid
-  std::string host;     // the address this node advertises
-  int local_world_size = 1;
-  int min_nodes = 1, max_nodes = 1;
-  int max_restarts = 0;
-  std::chrono::milliseconds last_call{30000}, join_timeout{600000}, heartbeat_timeout{5000};
-  int fixed_node_rank = -1;  // static mode: --node_rank
-  bool prefer_rank0 = false;  // this node hosts the endpoint
-};
-
-struct RoundInfo {
-  int64_t round = 0, restart_count = 0, max_restarts = 0;
-  int node_rank = 0, nnodes = 1, world_size = 1, base_rank = 0;
-  uint16_t store_port = 0;  // the round's workers' store, on the rendezvous server's address
+// A wait was abandoned because `interrupted` said so.
+class RendezvousInterrupted : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
 };
 
 class RendezvousClient {
  public:
+  // Connects (retrying until `connect_timeout`) and announces the agent protocol.
   RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                   std::chrono::milliseconds heartbeat_interval);
+                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted = {});
   ~RendezvousClient();
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;
 
   // Sends JOIN and blocks until the ROUND (or throws with the server's ERROR/JOB_FAILED text,
-  // or on timeout). Notices that arrive first (e.g. a late RESTART) are skipped.
-  RoundInfo join(const JoinInfo& info, std::chrono::milliseconds timeout);
+  // on timeout, or when interrupted). Notices that arrive first (e.g. a late RESTART) are
+  // skipped.
+  Round join(const Join& info, std::chrono::milliseconds timeout);
   // Sends JOIN without waiting: the ROUND comes later through poll() (for event loops).
-  void send_join(const JoinInfo& info);
-  // The layout carried by a ROUND message.
-  static RoundInfo parse_round(const Message& m);
+  void send_join(const Join& info);
   // Readable when a notice may be waiting; pass it to epoll.
   int fd() const { return fd_; }
   // Reads what is available without blocking; returns the next complete notice, if any.
@@ -67,19 +61,22 @@ class RendezvousClient {
   // Blocks up to `timeout` for the next notice.
   std::optional<Message> wait_message(std::chrono::milliseconds timeout);
 
-  void report_failure(const Message& failure);  // type is set to FAILURE
+  void report_failure(const Failure& failure);
   void report_success(int64_t round);
-  void leave();
+  void leave();  // never throws
 
   const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
 
  private:
-  void send(const Message& m);
+  template <class T>
+  void send(const T& m);
   bool read_some(bool block, std::chrono::milliseconds timeout);
   std::optional<Message> take_buffered();
 
   std::string host_;
   uint16_t port_;
+  std::function<bool()> interrupted_;
   int fd_ = -1;
   std::vector<uint8_t> in_;
   std::mutex send_mu_;

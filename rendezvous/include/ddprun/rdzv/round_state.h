@@ -9,8 +9,13 @@
 //  - one restart budget for the whole job; a failure report or a lost node spends one; a
 //    node arriving while the job runs (below MAX) triggers a new round without spending one;
 //  - a failure that repeats before any progress in two attempts in a row ends the job;
+//  - job-wide settings (nnodes, max_restarts, the store port mode) are the first joiner's; a
+//    node that asks for other values is refused, the error naming both;
 //  - node ranks are stable across rounds; a node with prefer_rank0 (the endpoint host) gets 0;
 //  - a node is lost when its connection closes or its heartbeats stop (heartbeat_timeout_ms).
+//
+// These rules live here only: the launcher runs this same class in-process for a single node
+// (launcher/coordinator.h, LocalCoordinator), so one node and many follow one policy.
 //
 // Thread-safety: none; the server calls it under its state lock.
 #pragma once
@@ -40,8 +45,10 @@ struct Outbound {
 class WorkerStores {
  public:
   virtual ~WorkerStores() = default;
-  // Opens the store of (run_id, round) and returns its TCP port.
-  virtual uint16_t open(const std::string& run_id, int64_t round) = 0;
+  // Opens the store of (run_id, round), empty, and returns its TCP port. `fixed_port`: the
+  // store is the server's main keyspace, emptied (its TCPStore connections closed), on the
+  // server's own port, so every round has the same port (Join::fixed_store_port).
+  virtual uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) = 0;
   virtual void close(const std::string& run_id, int64_t round) = 0;
   // Whether the round's workers made progress: all `world_size` of them joined the store
   // (PyTorch and libddprun_worker clients add 1 to `init/` when they connect).
@@ -77,6 +84,7 @@ class RoundState {
   struct Job {
     std::string run_id;
     int64_t min_nodes = 1, max_nodes = 1, max_restarts = 0;
+    bool fixed_store_port = false;
     std::chrono::milliseconds last_call{30000}, join_timeout{600000}, heartbeat_timeout{5000};
     Phase phase = Phase::Gathering;
     int64_t round = -1;  // last completed round
@@ -87,20 +95,20 @@ class RoundState {
     std::set<ConnId> waiting;          // joined for the next round
     std::set<ConnId> succeeded;
     std::optional<Clock::time_point> last_call_deadline, join_deadline;
-    std::optional<Message> first_failure;
+    std::optional<Failure> first_failure;
     bool previous_failed_without_progress = false;
     uint64_t seq = 0;
   };
 
-  void on_join(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out);
-  void on_failure(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out);
-  void on_succeeded(Job& job, ConnId conn, const Message& m, std::vector<Outbound>& out);
+  void on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out);
+  void on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out);
+  void on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out);
   void node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now, std::vector<Outbound>& out);
   void maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out);
   void complete_round(Job& job, std::vector<Outbound>& out);
   void restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
                std::vector<Outbound>& out);
-  void fail_job(Job& job, const std::string& reason, std::vector<Outbound>& out);
+  void fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out);
   static std::string describe(const Node& n);
 
   WorkerStores& stores_;

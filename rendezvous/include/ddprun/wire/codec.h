@@ -1,6 +1,6 @@
 // The TCPStore wire codec: pure bytes in, messages out. No sockets, no threads, and it never
 // throws on network bytes: bad input is reported as ParseStatus::Bad with a reason.
-// Byte-level format: docs/PROTOCOL.md (summarised from shared TCPSTORE_PROTOCOL.md).
+// Byte-level format: docs/PROTOCOL.md.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,54 @@
+// How this agent takes part in a job, resolved once from the options: whether the round runs
+// in this process (one node) or on a rendezvous server (many), whether this process hosts the
+// server and on which port, where the workers' store is, and the job-wide settings sent in
+// every JOIN. The agent reads the plan; it never re-interprets --rdzv_backend or the endpoint.
+//
+// Pure apart from the `is_local_host` question, which the caller answers (client::is_local_address
+// in the agent, a fixed answer in tests).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "ddprun/launcher/options.h"
+#include "ddprun/rdzv/agent_protocol.h"
+
+namespace ddprun::launcher {
+
+inline constexpr uint16_t kDefaultMasterPort = 29500;
+
+struct RendezvousPlan {
+  // One node: the round runs in-process (LocalCoordinator) on this agent's own store.
+  // Otherwise the agent is a client of the rendezvous server at endpoint_host:endpoint_port.
+  bool local = true;
+  // Run a store server in this process: always for one node; for many, when this node hosts
+  // the rendezvous (static: node rank 0; c10d: the endpoint is an address of this host, or
+  // --rdzv_conf is_host says so).
+  bool host_server = true;
+  // The hosting was asked for explicitly (static node 0, is_host=1): a taken port is an error.
+  // Otherwise (c10d, endpoint on this host) a taken port means someone already serves the
+  // rendezvous there (a standing ddprund, another agent): join it as a client.
+  bool host_explicit = false;
+  uint16_t listen_port = 0;        // host_server: where to listen (0 = a free port)
+  bool free_port_fallback = false;  // listen_port taken: use a free port instead (no port given)
+  int server_io_threads = 1;        // 1 for one node's few workers; 0 (one per core) for a job
+  std::string endpoint_host;        // !local: the rendezvous server
+  uint16_t endpoint_port = 0;
+  // local: the workers' MASTER_ADDR (their store is ours). Remote: the endpoint's host.
+  std::string store_host = "127.0.0.1";
+  // Job-wide settings and this node's wishes, as sent in JOIN (node_id and host are filled in
+  // once connected).
+  rdzv::Join join;
+  std::chrono::milliseconds connect_timeout{600000};  // = join_timeout
+  std::chrono::milliseconds heartbeat_interval{1000};
+};
+
+// Throws UsageError for bad --rdzv_conf values or an endpoint that does not parse.
+// `env` supplies DDPRUN_DEFAULT_STORE_PORT (a test seam: the port tried first when none is
+// given, which tests hold to force the fallback).
+RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
+                            const std::function<bool(const std::string&)>& is_local_host);
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,56 @@
+// What the agent tells the user at the end, and what a job's failure notice means, as pure
+// functions of what happened (unit-tested; agent.cpp only prints them).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+
+#include "ddprun/launcher/agent_state.h"
+#include "ddprun/rdzv/agent_protocol.h"
+
+namespace ddprun::launcher {
+
+// The first failing worker of an attempt on this node.
+struct FailureDetails {
+  int attempt = 0;
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = -1;
+  WorkerStatus status;
+  std::chrono::system_clock::time_point when;
+  double after_s = 0;  // since the worker started
+  std::deque<std::string> tail;  // its last stderr lines
+  std::string error_file;
+  std::optional<std::string> error_file_content;
+};
+
+struct SummaryInput {
+  int exit_code = 0;
+  int attempt = 0;  // the last attempt
+  int max_restarts = 0;
+  std::string run_id;
+  std::string host;  // this machine's name
+  double shutdown_timeout_s = 30;
+  std::optional<int> stop_signal;
+  std::optional<FailureDetails> failure;  // this node's latest
+  // The job's end as the coordinator said it (none: it did not fail, or it never answered).
+  std::optional<rdzv::JobFailed> job_failed;
+  bool multi_node = false;  // whether to print the job-wide verdict (one node: it is ours)
+  std::string agent_error;  // an error of the agent itself (coordinator gone, ...)
+  std::string interpreter;  // Python workers' interpreter (entrypoint.h), for missing_module_hint
+};
+
+// The failure summary (the last lines on stderr), or "" when the job succeeded.
+std::string format_summary(const SummaryInput& in);
+
+// "rank 3 on host h (node rank 1), exit code 1, at <time>" + its stderr tail: the job's first
+// failure as another node saw it (a JOB_FAILED notice).
+std::string describe_first_failure(const rdzv::Failure& f);
+
+// "2026-12-01 14:30:00 UTC".
+std::string wall_time(std::chrono::system_clock::time_point t);
+
+}  // namespace ddprun::launcher

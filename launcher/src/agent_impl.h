@@ -1,0 +1,100 @@
+// The agent's implementation, shared by agent.cpp (the loop and its events) and
+// agent_setup.cpp (what runs before and after the loop). Internal to launcher/src.
+#pragma once
+
+#include <signal.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ddprun/launcher/agent_state.h"
+#include "ddprun/launcher/coordinator.h"
+#include "ddprun/launcher/entrypoint.h"
+#include "ddprun/launcher/log_paths.h"
+#include "ddprun/launcher/options.h"
+#include "ddprun/launcher/rendezvous_plan.h"
+#include "ddprun/launcher/summary.h"
+#include "ddprun/server/store_server.h"
+#include "ddprun/client/net.h"
+#include "worker_group.h"
+
+namespace ddprun::launcher {
+
+class Agent {
+ public:
+  Agent(const LaunchOptions& opts, const EnvMap& env)
+      : opts_(opts),
+        env_(env),
+        plan_(resolve_plan(opts, env, client::is_local_address)),
+        state_(AgentConfig{.nproc = opts.nproc_per_node,
+                           .shutdown_timeout_s = opts.shutdown_timeout_s,
+                           .kill_wait_s = kKillWaitS,
+                           // A local policy: a job-wide restart waits for every node's group.
+                           .overlap_restart = opts.overlap_restart && plan_.local}) {}
+  ~Agent() { close_all(); }
+
+  int run();
+
+ private:
+  void setup_signals();
+  void prepare_command();
+  void prepare_log_root();
+  void host_server();
+  void start_coordinator();
+  bool stop_requested();
+  void wait_for_other_agents();
+  void loop();
+  void dispatch(const AgentEvent& e);
+  void perform(const Action& a);
+  void on_coordinator();
+  void on_notice(const Notice& n);
+  void coordinator_lost(const std::string& what);
+  void start_attempt(int attempt);
+  void on_signalfd();
+  void reap_children();
+  void on_exit_watch(Worker& w);
+  void worker_ended(Worker& w);
+  void record_failure(const Action& a);
+  void reap_leftovers(double seconds);
+  void close_all();
+  std::string summary() const;
+
+  const LaunchOptions& opts_;
+  const EnvMap& env_;
+  RendezvousPlan plan_;
+  AgentState state_;
+  Clock::time_point t_launch_ = Clock::now();
+
+  std::unique_ptr<Guardian> guardian_;
+  std::unique_ptr<server::StoreServer> store_;  // when this process hosts it
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<WorkerGroup> group_;
+  SpawnTemplate spawn_;
+  EnvMap extra_env_;  // added to every worker's environment unless already set
+  GroupLayout layout_;
+  int max_restarts_ = 0;  // the job's, as the round says
+  std::optional<rdzv::JobFailed> job_failed_;
+  std::string agent_error_;
+  Clock::time_point join_sent_, restart_seen_, failure_seen_;
+
+  std::filesystem::path log_root_;
+  std::filesystem::path run_log_dir_;  // log_root_/<run_id>_<unique> (log_paths.h): never an earlier run's
+  std::string interpreter_;  // Python workers: path and version (entrypoint.h), for the start line
+  bool log_root_is_temp_ = false;
+  bool keep_log_root_ = true;
+
+  int epoll_fd_ = -1;
+  int signal_fd_ = -1;
+  int timer_fd_ = -1;
+  sigset_t handled_{};
+  std::optional<int> stop_signal_seen_;  // read from the signalfd outside the loop
+
+  bool done_ = false;
+  int exit_code_ = 1;
+  std::optional<FailureDetails> failure_;
+  int failures_seen_ = 0;
+};
+
+}  // namespace ddprun::launcher

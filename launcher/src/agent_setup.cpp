@@ -1,0 +1,231 @@
+// The agent before and after its loop: signals, the command, log files, hosting the store
+// server, the coordinator, and the bounded waits at the end.
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "agent_impl.h"
+#include "ddprun/client/net.h"
+#include "ddprun/launcher/signal_names.h"
+#include "sys_util.h"
+
+namespace ddprun::launcher {
+
+namespace {
+constexpr double kHostWaitForAgentsS = 60.0;  // the hosting agent outlives the others, bounded
+}  // namespace
+
+void Agent::setup_signals() {
+  // A dead console must not kill the agent; workers get SIGPIPE back unless it was ignored
+  // already when we started.
+  if (::signal(SIGPIPE, SIG_IGN) != SIG_IGN) spawn_.reset_to_default.push_back(SIGPIPE);
+  sigemptyset(&handled_);
+  sigaddset(&handled_, SIGCHLD);
+  for (int s : opts_.signals_to_handle) {
+    struct sigaction current {};
+    ::sigaction(s, nullptr, &current);
+    if (current.sa_handler == SIG_IGN) {
+      // Ignored by whoever started us (nohup: SIGHUP): keep ignoring it, and so do the workers.
+      spdlog::debug("{} is ignored by ddprun's parent: not handling it", signal_name(s));
+      continue;
+    }
+    sigaddset(&handled_, s);
+  }
+  // Blocked before any thread starts, so only the signalfd ever sees them. Every blocking step
+  // before the loop (the rendezvous connect) asks stop_requested() instead.
+  if (int rc = ::pthread_sigmask(SIG_BLOCK, &handled_, nullptr); rc != 0)
+    throw std::system_error(rc, std::generic_category(), "pthread_sigmask");
+  signal_fd_ = ::signalfd(-1, &handled_, SFD_NONBLOCK | SFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(signal_fd_);
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(timer_fd_);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  DDPRUN_CHECK_SYS(epoll_fd_);
+  for (int fd : {signal_fd_, timer_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
+  }
+}
+
+// A stop signal arrived (asked while a blocking step runs outside the loop). SIGCHLD is
+// dropped: the only child then is the guardian, and every child is reaped at the end.
+bool Agent::stop_requested() {
+  signalfd_siginfo si{};
+  while (::read(signal_fd_, &si, sizeof si) == sizeof si)
+    if (si.ssi_signo != SIGCHLD && !stop_signal_seen_) stop_signal_seen_ = static_cast<int>(si.ssi_signo);
+  return stop_signal_seen_.has_value();
+}
+
+void Agent::prepare_command() {
+  WorkerCommand cmd = resolve_worker_command(opts_, env_);  // entrypoint.h: Python or the program
+  std::tie(spawn_.executable, spawn_.argv, interpreter_) = std::tie(cmd.executable, cmd.argv, cmd.interpreter);
+  // Workers live in their own process groups: reading the terminal would stop them.
+  if (::isatty(0)) spawn_.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (opts_.early_exit_watch) {
+    spawn_.exit_watch = kernel_reports_exit_early();
+    if (!spawn_.exit_watch)
+      spdlog::debug("early exit watch off: this kernel drops seccomp filters only at the reap (Linux < 6.11)");
+  }
+  spawn_.env = [this](const GroupLayout& g, int local_rank, const std::string& error_file) {
+    EnvMap wenv = build_worker_env(env_, opts_, g, local_rank, error_file);
+    for (const auto& [k, v] : extra_env_) wenv.emplace(k, v);  // never over the user's own
+    return wenv;
+  };
+}
+
+void Agent::prepare_log_root() {
+  if (!opts_.log_dir.empty()) {
+    log_root_ = opts_.log_dir;
+    run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
+    return;
+  }
+  // Error files (and redirected logs when no --log_dir) need a home.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/ddprun-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) throw std::system_error(errno, std::generic_category(), "mkdtemp " + templ);
+  log_root_ = buf.data();
+  log_root_is_temp_ = true;
+  bool any_files = false;
+  for (int r = 0; r < opts_.nproc_per_node; ++r)
+    any_files = any_files || (opts_.redirects.for_rank(r) | opts_.tee.for_rank(r)) != 0;
+  keep_log_root_ = any_files;
+  run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
+  if (any_files) spdlog::info("no --log_dir: worker logs go to {}", run_log_dir_.string());
+}
+
+// The store server of this process, when the plan says it hosts one. A taken port: a free one
+// (one node, no port given), joining whoever serves there (the endpoint is on this host and
+// hosting was not asked for), or an error.
+void Agent::host_server() {
+  if (!plan_.host_server) return;
+  auto start_on = [&](uint16_t port) {
+    server::StoreServerOptions so;
+    so.port = port;
+    so.io_threads = plan_.server_io_threads;
+    auto s = std::make_unique<server::StoreServer>(so);
+    s->start();
+    return s;
+  };
+  try {
+    store_ = start_on(plan_.listen_port);
+  } catch (const std::exception& e) {
+    const std::string port = std::to_string(plan_.listen_port);
+    const bool c10d = opts_.rdzv_backend == "c10d";
+    if (plan_.free_port_fallback) {
+      spdlog::info("port {} is taken ({}); the store uses a free port instead", port, e.what());
+      store_ = start_on(0);
+    } else if (!plan_.host_explicit) {
+      spdlog::info("port {} of this host is taken ({}): joining the rendezvous served there as a client "
+                   "(--rdzv_conf is_host=1 would insist on hosting it)",
+                   port, e.what());
+      plan_.host_server = false;
+      plan_.join.prefer_rank0 = false;
+      return;
+    } else if (plan_.local) {
+      throw std::runtime_error("cannot host the store on port " + port + ": " + e.what() +
+                               (c10d ? " (use another --rdzv_endpoint port, or 0 for a free port)"
+                                     : " (use another --master_port, or 0 for a free port)"));
+    } else {
+      throw std::runtime_error("this node hosts the rendezvous (" + plan_.endpoint_host + ":" + port +
+                               ") but cannot listen there: " + e.what() +
+                               (c10d ? "; is another job using it? (without --rdzv_conf is_host=1, ddprun joins it)"
+                                     : "; choose another --master_port"));
+    }
+  }
+  if (!plan_.local) spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rdzv_id, store_->port());
+}
+
+void Agent::start_coordinator() {
+  host_server();
+  if (plan_.local) {
+    coordinator_ = make_local_coordinator(*store_, plan_.join, plan_.store_host);
+  } else {
+    spdlog::info("connecting to the rendezvous of job {} at {}:{}", opts_.rdzv_id, plan_.endpoint_host,
+                 plan_.endpoint_port);
+    coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
+                                           plan_.connect_timeout, plan_.heartbeat_interval,
+                                           [this] { return stop_requested(); });
+  }
+  // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
+  // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user
+  // chose one (loopback needs nothing).
+  if (!env_.count("GLOO_SOCKET_IFNAME")) {
+    const std::string ifname = client::interface_of(coordinator_->node_address());
+    if (!ifname.empty() && ifname != "lo") {
+      extra_env_["GLOO_SOCKET_IFNAME"] = ifname;
+      spdlog::debug("workers get GLOO_SOCKET_IFNAME={} (the interface of {})", ifname, coordinator_->node_address());
+    }
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = coordinator_->fd();
+  DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, coordinator_->fd(), &ev));
+}
+
+void Agent::wait_for_other_agents() {
+  // The rendezvous and the workers' stores live in this process: leaving early would take the
+  // job down (torchrun's pytorch#67742). Wait, bounded, until every other agent has left.
+  const auto deadline = Clock::now() + std::chrono::duration<double>(kHostWaitForAgentsS);
+  bool logged = false;
+  while (store_->stats().agents_connected > 0 && Clock::now() < deadline) {
+    if (!logged) {
+      spdlog::info("this node hosts the rendezvous: waiting for the other nodes to finish (at most {:.0f} s)",
+                   kHostWaitForAgentsS);
+      logged = true;
+    }
+    pollfd p{signal_fd_, POLLIN, 0};
+    ::poll(&p, 1, 20);
+    if (stop_requested()) {
+      spdlog::warn("received {}: not waiting for the other nodes", signal_name(*stop_signal_seen_));
+      break;  // the user insists
+    }
+  }
+}
+
+void Agent::reap_leftovers(double seconds) {
+  // Every child (workers and adopted orphans) is SIGKILLed by now or about to be; reap them,
+  // bounded: something stuck in the kernel must not keep the agent.
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    siginfo_t info{};
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return;  // no child left
+    for (pid_t child : children_of(::getpid())) ::kill(child, SIGKILL);
+    int st = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &st, WNOHANG)) > 0) {
+    }
+    if (pid < 0 && errno == ECHILD) return;
+    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      spdlog::warn("some child processes did not exit after SIGKILL; leaving them");
+      return;
+    }
+    pollfd p{signal_fd_, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(std::min(left, 0.1) * 1000) + 1);
+    signalfd_siginfo si{};
+    while (::read(signal_fd_, &si, sizeof si) == sizeof si) {
+    }
+  }
+}
+
+void Agent::close_all() {
+  group_.reset();
+  for (int* fd : {&epoll_fd_, &signal_fd_, &timer_fd_, &spawn_.stdin_fd}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,228 @@
+// Both coordinators (coordinator.h) and the one translation of server messages into notices.
+#include "ddprun/launcher/coordinator.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <system_error>
+
+#include "ddprun/client/net.h"
+#include "ddprun/rdzv/rendezvous_client.h"
+#include "ddprun/rdzv/round_state.h"
+#include "ddprun/server/store_server.h"
+
+namespace ddprun::launcher {
+
+std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settings, const std::string& store_host) {
+  using rdzv::MsgType;
+  Notice n;
+  switch (m.type) {
+    case MsgType::Round: {
+      const auto r = rdzv::from_message<rdzv::Round>(m);
+      n.kind = Notice::Kind::Round;
+      n.layout.node_rank = static_cast<int>(r.node_rank);
+      n.layout.num_nodes = static_cast<int>(r.nnodes);
+      n.layout.local_world_size = static_cast<int>(settings.local_world_size);
+      n.layout.world_size = static_cast<int>(r.world_size);
+      n.layout.global_rank_base = static_cast<int>(r.base_rank);
+      n.layout.store_host = store_host;
+      n.layout.store_port = static_cast<uint16_t>(r.store_port);
+      n.layout.run_id = settings.run_id;
+      n.layout.restart_count = static_cast<int>(r.restart_count);
+      n.round = r.round;
+      n.max_restarts = static_cast<int>(r.max_restarts);
+      return n;
+    }
+    case MsgType::Restart:
+      n.kind = Notice::Kind::Restart;
+      n.restart = rdzv::from_message<rdzv::Restart>(m);
+      return n;
+    case MsgType::JobDone:
+      n.kind = Notice::Kind::JobDone;
+      return n;
+    case MsgType::JobFailed:
+      n.kind = Notice::Kind::JobFailed;
+      n.failed = rdzv::from_message<rdzv::JobFailed>(m);
+      return n;
+    case MsgType::Error:
+      n.kind = Notice::Kind::JobFailed;
+      n.failed.reason = rdzv::from_message<rdzv::Error>(m).message;
+      return n;
+    default:
+      return std::nullopt;
+  }
+}
+
+namespace {
+
+// One node's rounds: the agent's own store server holds the workers' store, its main keyspace
+// emptied for every round (on the fixed port the workers were told).
+class LocalStores final : public rdzv::WorkerStores {
+ public:
+  explicit LocalStores(server::StoreServer& s) : store_(s) {}
+  uint16_t open(const std::string&, int64_t, bool) override {
+    // Also closes the old workers' store connections: a retiring worker cannot reach the new
+    // attempt's keys.
+    store_.reset_keyspace();
+    return store_.port();
+  }
+  void close(const std::string&, int64_t) override {}  // the next open() empties it
+  bool progressed(const std::string&, int64_t, int64_t world_size) override {
+    // Every worker joined the store: PyTorch's clients and libddprun_worker add 1 to init/.
+    return store_.counter("init/") >= world_size;
+  }
+
+ private:
+  server::StoreServer& store_;
+};
+
+class LocalCoordinator final : public Coordinator {
+ public:
+  LocalCoordinator(server::StoreServer& store, rdzv::Join settings, std::string store_host)
+      : stores_(store), settings_(std::move(settings)), store_host_(std::move(store_host)) {
+    char hostname[256] = "";
+    ::gethostname(hostname, sizeof hostname - 1);
+    settings_.host = store_host_;
+    settings_.node_id = hostname;
+    efd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (efd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  }
+  ~LocalCoordinator() override { ::close(efd_); }
+
+  void join() override { feed(rdzv::to_message(settings_)); }
+  void report_failure(rdzv::Failure f) override {
+    f.round = round_;
+    feed(rdzv::to_message(f));
+  }
+  void report_success() override { feed(rdzv::to_message(rdzv::Succeeded{.round = round_})); }
+  int fd() const override { return efd_; }
+  std::vector<Notice> take_notices() override {
+    uint64_t v = 0;
+    while (::read(efd_, &v, sizeof v) > 0) {
+    }
+    std::vector<Notice> out;
+    for (; !queue_.empty(); queue_.pop_front()) {
+      if (auto n = notice_of(queue_.front(), settings_, store_host_)) {
+        if (n->kind == Notice::Kind::Round) round_ = n->round;
+        out.push_back(std::move(*n));
+      }
+    }
+    return out;
+  }
+  void leave() override {
+    if (!left_) feed(rdzv::to_message(rdzv::Leave{}));
+    left_ = true;
+  }
+  std::string node_address() const override { return store_host_; }
+
+ private:
+  static constexpr rdzv::ConnId kSelf = 1;
+  // The round answers at once; the answers wait for the agent's loop (never re-entered).
+  void feed(const rdzv::Message& m) {
+    out_.clear();
+    round_state_.on_message(kSelf, m, rdzv::Clock::now(), out_);
+    for (auto& o : out_) queue_.push_back(std::move(o.msg));
+    if (!out_.empty()) {
+      const uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(efd_, &one, sizeof one);
+    }
+  }
+
+  LocalStores stores_;
+  rdzv::RoundState round_state_{stores_};
+  rdzv::Join settings_;
+  std::string store_host_;
+  int efd_ = -1;
+  std::vector<rdzv::Outbound> out_;
+  std::deque<rdzv::Message> queue_;
+  int64_t round_ = -1;
+  bool left_ = false;
+};
+
+class RemoteCoordinator final : public Coordinator {
+ public:
+  RemoteCoordinator(const std::string& host, uint16_t port, rdzv::Join settings, const std::string& advertise,
+                    std::chrono::milliseconds connect_timeout, std::chrono::milliseconds heartbeat_interval,
+                    const std::function<bool()>& interrupted)
+      : client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted)),
+        settings_(std::move(settings)),
+        store_host_(host == "localhost" ? "127.0.0.1" : host) {
+    char hostname[256] = "";
+    ::gethostname(hostname, sizeof hostname - 1);
+    settings_.host = !advertise.empty() ? advertise : client::local_address_of(client_->fd());
+    settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
+  }
+
+  void join() override { guard([&] { client_->send_join(settings_); }); }
+  void report_failure(rdzv::Failure f) override {
+    f.round = round_;
+    guard([&] { client_->report_failure(f); });
+  }
+  void report_success() override { guard([&] { client_->report_success(round_); }); }
+  int fd() const override { return client_->fd(); }
+  std::vector<Notice> take_notices() override {
+    std::vector<Notice> out;
+    try {
+      while (auto m = client_->poll()) {
+        if (auto n = notice_of(*m, settings_, store_host_)) {
+          if (n->kind == Notice::Kind::Round) round_ = n->round;
+          out.push_back(std::move(*n));
+        }
+      }
+    } catch (const rdzv::RendezvousError& e) {
+      // The server's last word (an ERROR, JOB_FAILED) comes before its close: deliver it; the
+      // closed connection stays readable and is reported on the next call.
+      if (out.empty()) throw CoordinatorError(e.what());
+    }
+    return out;
+  }
+  void leave() override { client_->leave(); }
+  std::string node_address() const override { return settings_.host; }
+
+ private:
+  static std::unique_ptr<rdzv::RendezvousClient> connect(const std::string& host, uint16_t port,
+                                                         std::chrono::milliseconds timeout,
+                                                         std::chrono::milliseconds heartbeat,
+                                                         const std::function<bool()>& interrupted) {
+    try {
+      return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted);
+    } catch (const rdzv::RendezvousInterrupted& e) {
+      throw CoordinatorInterrupted(e.what());
+    } catch (const rdzv::RendezvousError& e) {
+      throw CoordinatorError(e.what());
+    }
+  }
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const rdzv::RendezvousError& e) {
+      throw CoordinatorError(e.what());
+    }
+  }
+
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  rdzv::Join settings_;
+  std::string store_host_;
+  int64_t round_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<Coordinator> make_local_coordinator(server::StoreServer& store, rdzv::Join settings,
+                                                    std::string store_host) {
+  return std::make_unique<LocalCoordinator>(store, std::move(settings), std::move(store_host));
+}
+
+std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, uint16_t port, rdzv::Join settings,
+                                                     const std::string& advertise,
+                                                     std::chrono::milliseconds connect_timeout,
+                                                     std::chrono::milliseconds heartbeat_interval,
+                                                     const std::function<bool()>& interrupted) {
+  return std::make_unique<RemoteCoordinator>(host, port, std::move(settings), advertise, connect_timeout,
+                                             heartbeat_interval, interrupted);
+}
+
+}  // namespace ddprun::launcher

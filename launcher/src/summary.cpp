@@ -1,0 +1,100 @@
+#include "ddprun/launcher/summary.h"
+
+#include <ctime>
+#include <iomanip>
+#include <sstream>
+
+#include "ddprun/launcher/error_file.h"
+#include "ddprun/launcher/output.h"
+#include "ddprun/launcher/signal_names.h"
+
+namespace ddprun::launcher {
+
+std::string wall_time(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string describe_first_failure(const rdzv::Failure& f) {
+  std::ostringstream t;
+  t << "rank " << f.global_rank << " on host " << f.host << " (node rank " << f.node_rank << "), "
+    << (f.signal.empty() ? "exit code " + std::to_string(f.exit_code) : "signal " + f.signal);
+  if (!f.when.empty()) t << ", at " << f.when;
+  if (!f.stderr_tail.empty()) {
+    t << "\n[ddprun]   last lines of its stderr:";
+    std::istringstream lines(f.stderr_tail);
+    for (std::string line; std::getline(lines, line);) t << "\n    " << line;
+  }
+  return t.str();
+}
+
+std::string format_summary(const SummaryInput& in) {
+  if (in.exit_code == 0) return "";
+  std::ostringstream s;
+  const std::string bar(72, '=');
+  s << "[ddprun] " << bar << "\n";
+  if (!in.agent_error.empty()) s << "[ddprun] JOB FAILED: " << in.agent_error << "\n";
+  if (in.job_failed && in.multi_node) {
+    s << "[ddprun] JOB FAILED: " << in.job_failed->reason << "\n";
+    if (in.job_failed->first_failure && !in.job_failed->first_failure->host.empty())
+      s << "[ddprun]   first failure of the job: " << describe_first_failure(*in.job_failed->first_failure) << "\n";
+  }
+  if (in.stop_signal) {
+    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << ": the workers were sent "
+      << signal_name(*in.stop_signal) << " (SIGKILL after " << in.shutdown_timeout_s << " s); exit code "
+      << in.exit_code << "\n";
+  }
+  // A failure of an earlier attempt that was restarted is history, not the cause.
+  const bool job_verdict = in.job_failed.has_value() && in.multi_node;
+  if (in.failure && in.failure->attempt == in.attempt) {
+    const auto& f = *in.failure;
+    s << "[ddprun] FAILED: worker rank " << f.global_rank << " (local rank " << f.local_rank << ", pid " << f.pid
+      << ", host " << in.host << ") " << f.status.describe() << "\n";
+    s << "[ddprun]   at " << wall_time(f.when) << ", " << std::fixed << std::setprecision(3) << f.after_s
+      << " s after it started; attempt " << f.attempt << " (max_restarts " << in.max_restarts << "), run id "
+      << in.run_id << ", exit code " << in.exit_code << "\n";
+    if (f.tail.empty()) {
+      s << "[ddprun]   (no stderr output)\n";
+    } else {
+      s << "[ddprun]   last " << f.tail.size() << " lines of its stderr:\n";
+      for (const auto& line : f.tail) s << "    " << line << "\n";
+    }
+    if (auto hint = missing_module_hint(f.tail, in.interpreter); !hint.empty()) s << "[ddprun]   " << hint << "\n";
+    if (f.error_file_content) {
+      s << "[ddprun]   error file " << f.error_file << ":\n";
+      s << format_error_file(parse_error_file(*f.error_file_content)) << "\n";
+    }
+  } else if (!in.stop_signal && !job_verdict && in.agent_error.empty()) {
+    s << "[ddprun] FAILED: exit code " << in.exit_code << " (see the errors above)\n";
+  } else if (in.failure) {
+    s << "[ddprun]   (attempt " << in.failure->attempt << " had failed: worker rank " << in.failure->global_rank << " "
+      << in.failure->status.describe() << ")\n";
+  }
+  if (in.job_failed && !in.stop_signal) {
+    // Why no restart followed, in the round's words when it is not the budget (which the
+    // attempt line above already shows).
+    switch (in.job_failed->fail_cause()) {
+      case rdzv::FailCause::Deterministic:
+        s << "[ddprun]   not retried: attempts " << in.attempt - 1 << " and " << in.attempt
+          << " both failed before every worker had joined the store (an import error or a bad path?)";
+        if (const int64_t left = in.max_restarts - in.attempt; left > 0)
+          s << "; " << left << " of " << in.max_restarts << " restarts left unused";
+        s << "\n";
+        break;
+      case rdzv::FailCause::BudgetSpent:
+        if (!in.multi_node) s << "[ddprun]   no restarts left (max_restarts " << in.max_restarts << ")\n";
+        break;
+      default:
+        if (!in.multi_node && !in.job_failed->reason.empty()) s << "[ddprun]   " << in.job_failed->reason << "\n";
+        break;
+    }
+  }
+  s << "[ddprun] " << bar << "\n";
+  return s.str();
+}
+
+}  // namespace ddprun::launcher

@@ -1,0 +1,427 @@
+#include "worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "ddprun/launcher/signal_names.h"
+#include "sys_util.h"
+
+namespace ddprun::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxDrainBytes = 16 * 1024 * 1024;  // per stream, when a worker has exited
+
+// Whether this process has any child left (workers or adopted orphans), without reaping.
+bool has_children() {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // console gone (EPIPE) or disk full: drop, the run goes on
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(const LaunchOptions& opts, int epoll_fd, Guardian& guardian)
+    : opts_(opts), epoll_fd_(epoll_fd), guardian_(guardian) {
+  retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(retire_timer_fd_);
+  watch_fd(retire_timer_fd_);
+}
+
+WorkerGroup::~WorkerGroup() {
+  for (auto& w : workers_) forget(*w);
+  for (auto& g : retiring_)
+    for (auto& w : g.workers) forget(*w);
+  if (retire_timer_fd_ >= 0) ::close(retire_timer_fd_);
+}
+
+void WorkerGroup::watch_fd(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // a seccomp listener reports POLLHUP (always reported) when no task uses it
+  ev.data.fd = fd;
+  DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
+}
+
+void WorkerGroup::forget(Worker& w) {
+  close_stream(w.out);
+  close_stream(w.err);
+  close_exit_watch(w);
+}
+
+Worker* WorkerGroup::by_pid(pid_t pid) {
+  auto it = by_pid_.find(pid);
+  return it == by_pid_.end() ? nullptr : it->second;
+}
+
+Worker* WorkerGroup::by_exit_watch(int fd) {
+  auto it = by_exit_watch_fd_.find(fd);
+  return it == by_exit_watch_fd_.end() ? nullptr : it->second;
+}
+
+bool WorkerGroup::is_current(const Worker& w) const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const auto& x) { return x.get() == &w; });
+}
+
+Worker* WorkerGroup::current_rank(int local_rank) {
+  for (auto& w : workers_)
+    if (w->local_rank == local_rank) return w.get();
+  return nullptr;
+}
+
+size_t WorkerGroup::retiring_count() const {
+  size_t n = 0;
+  for (auto& g : retiring_)
+    for (auto& w : g.workers) n += !w->reaped;
+  return n;
+}
+
+bool WorkerGroup::reaped_dying(pid_t pid, double& ms) {
+  auto d = dying_.find(pid);
+  if (d == dying_.end()) return false;
+  ms = ms_since(d->second);
+  dying_.erase(d);
+  return true;
+}
+
+void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& attempt_dir,
+                        const SpawnTemplate& spawn) {
+  end_attempt();  // the previous attempt's workers, if any
+  node_rank_ = layout.node_rank;
+  multi_node_ = layout.num_nodes > 1 || opts_.multi_node();
+  attempt_started_tick_ = boot_ticks_now();
+  std::vector<SpawnedProcess> spawned;
+  for (int lr = 0; lr < layout.local_world_size; ++lr) {
+    auto w = std::make_unique<Worker>();
+    w->attempt = attempt;
+    w->local_rank = lr;
+    w->global_rank = layout.global_rank_base + lr;
+    const fs::path dir = attempt_dir / std::to_string(lr);
+    fs::create_directories(dir);
+    w->error_file = (dir / "error.json").string();
+    std::error_code ec;
+    fs::remove(w->error_file, ec);
+    const int redirect = opts_.redirects.for_rank(lr);
+    const int tee = opts_.tee.for_rank(lr);
+    const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
+    auto setup = [&](Stream& s, int bit, const char* name) {
+      if ((redirect | tee) & bit) {
+        std::string path = (dir / name).string();
+        s.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (s.log_fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
+      }
+      s.console = console_allowed && (!(redirect & bit) || (tee & bit));
+      s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
+      if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
+        const std::string path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
+        s.filtered_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (s.filtered_fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
+        if (!s.filter.applies_to(tee, bit, console_allowed)) {
+          ::close(s.filtered_fd);
+          s.filtered_fd = -1;
+        }
+      }
+    };
+    setup(w->out, kStreamOut, "stdout.log");
+    setup(w->err, kStreamErr, "stderr.log");
+
+    SpawnRequest req;
+    req.executable = spawn.executable;
+    req.argv = spawn.argv;
+    req.envp = to_envp(spawn.env(layout, lr, w->error_file));
+    req.stdin_fd = spawn.stdin_fd;
+    req.reset_to_default = spawn.reset_to_default;
+    req.exit_watch = spawn.exit_watch;
+    // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
+    req.exit_watch_no_new_privs = true;
+    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[static_cast<size_t>(lr)];  // --numa-binding
+    SpawnedProcess p = spawn_process(req);
+    w->pid = p.pid;
+    w->started = Clock::now();
+    w->out.fd = p.stdout_fd;
+    w->err.fd = p.stderr_fd;
+    for (auto [fd, is_err] : {std::pair{p.stdout_fd, false}, std::pair{p.stderr_fd, true}}) {
+      watch_fd(fd);
+      by_fd_[fd] = {w.get(), is_err};
+    }
+    by_pid_[w->pid] = w.get();
+    guardian_.watch(w->pid);
+    spawned.push_back(p);
+    workers_.push_back(std::move(w));
+  }
+  // All forked; now take each exit watch and wait for each exec (a few ms in all, not per worker).
+  for (size_t i = 0; i < spawned.size(); ++i) {
+    Worker& w = *workers_[i];
+    w.exit_watch_fd = receive_exit_watch(spawned[i].exit_watch_sock);
+    if (w.exit_watch_fd >= 0) {
+      watch_fd(w.exit_watch_fd);
+      by_exit_watch_fd_[w.exit_watch_fd] = &w;
+    } else if (spawn.exit_watch && i == 0) {
+      spdlog::debug("no early exit watch for local rank 0 (seccomp listener not allowed here): exits are "
+                    "seen when reaped");
+    }
+  }
+  for (size_t i = 0; i < spawned.size(); ++i) {
+    int err = wait_exec_status(spawned[i].exec_status_fd);
+    if (err != 0) {
+      std::string msg = "ddprun: cannot exec " + spawn.executable + ": " + std::strerror(err);
+      workers_[i]->tail.push(msg);
+      spdlog::error("local rank {}: {}", i, msg);
+    }
+  }
+  // After the spawn, off the restart's critical path: orphans of ended attempts (adopted as
+  // subreaper) that left their worker's process group.
+  if (attempts_started_++ > 0) kill_orphans(std::nullopt);
+}
+
+// The ended attempt's workers (all reaped, or abandoned): close their pipes, SIGKILL what is
+// left of their process groups. Retired workers are not in workers_ any more.
+void WorkerGroup::end_attempt() {
+  for (auto& w : workers_) {
+    drain(*w);
+    forget(*w);
+    if (w->exit_reported && !w->reaped) dying_[w->pid] = w->ended;
+    by_pid_.erase(w->pid);
+    signal_process_group(w->pid, SIGKILL);  // leftovers of its group (grandchildren)
+    old_pgroups_.push_back(w->pid);
+    guardian_.forget(w->pid);
+  }
+  workers_.clear();
+}
+
+// Orphans adopted as subreaper that left their worker's process group: SIGKILL every child
+// that is not a worker (of the current attempt or a retiring one). With a tick, only those
+// that started before it (the current attempt's own orphans are its business until it ends).
+void WorkerGroup::kill_orphans(std::optional<unsigned long long> started_before_tick) {
+  if (!has_children()) return;
+  const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
+                                            : children_of(::getpid());
+  for (pid_t child : children) {
+    if (!by_pid_.count(child) && !dying_.count(child)) {
+      spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);
+      ::kill(child, SIGKILL);
+    }
+  }
+}
+
+void WorkerGroup::retire(int attempt, double grace_s) {
+  Retiring g;
+  g.attempt = attempt;
+  g.since = Clock::now();
+  g.deadline = g.since + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+  // Every worker of the attempt moves, reaped or not: a reaped leader's process group may
+  // still hold grandchildren, which get the same grace as the survivors.
+  g.workers = std::move(workers_);
+  workers_.clear();
+  size_t running = 0;
+  for (auto& w : g.workers) running += !w->reaped;
+  spdlog::debug("attempt {}: {} worker(s) still running retire in the background (SIGKILL in {:.1f} s)", attempt,
+                running, grace_s);
+  retiring_.push_back(std::move(g));
+  arm_retire_timer();
+}
+
+void WorkerGroup::on_retired_exit(Worker& w) {
+  for (size_t i = 0; i < retiring_.size(); ++i) {
+    auto& g = retiring_[i];
+    if (g.attempt != w.attempt) continue;
+    if (std::all_of(g.workers.begin(), g.workers.end(), [](auto& x) { return x->reaped; })) {
+      release_retired(i);
+      arm_retire_timer();
+    }
+    return;
+  }
+}
+
+void WorkerGroup::on_retire_timer() {
+  uint64_t expirations = 0;
+  if (::read(retire_timer_fd_, &expirations, sizeof expirations) != sizeof expirations) return;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < retiring_.size();) {
+    auto& g = retiring_[i];
+    if (g.deadline > now) {
+      ++i;
+      continue;
+    }
+    std::string pids;
+    for (auto& w : g.workers)
+      if (!w->reaped) pids += fmt::format(" r{} (pid {})", w->global_rank, w->pid);
+    if (!g.killed) {
+      spdlog::warn("attempt {}'s worker(s){} still running {:.1f} s after SIGTERM (--shutdown_timeout): SIGKILL",
+                   g.attempt, pids, std::chrono::duration<double>(now - g.since).count());
+      for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
+      g.killed = true;
+      g.deadline = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kKillWaitS));
+      ++i;
+    } else {
+      spdlog::error("attempt {}'s worker(s){} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no "
+                    "longer waiting for them",
+                    g.attempt, pids, kKillWaitS);
+      release_retired(i);
+    }
+  }
+  arm_retire_timer();
+}
+
+// The group is gone (or given up on): close its pipes, SIGKILL its leftovers, stop watching it.
+void WorkerGroup::release_retired(size_t index) {
+  Retiring g = std::move(retiring_[index]);
+  retiring_.erase(retiring_.begin() + static_cast<std::ptrdiff_t>(index));
+  std::string how;
+  for (auto& w : g.workers) {
+    drain(*w);
+    forget(*w);
+    by_pid_.erase(w->pid);
+    signal_process_group(w->pid, SIGKILL);  // grandchildren left in its group
+    old_pgroups_.push_back(w->pid);
+    guardian_.forget(w->pid);
+    if (w->status) how += fmt::format(" r{} {};", w->global_rank, w->status->describe());
+  }
+  // Their children that left the group and were adopted by us since the restart; never the
+  // running attempt's (they started after it).
+  kill_orphans(attempt_started_tick_);
+  spdlog::debug("attempt {}'s retired workers are gone {:.1f} ms after the restart:{}", g.attempt, ms_since(g.since),
+                how);
+}
+
+void WorkerGroup::arm_retire_timer() {
+  if (retiring_.empty()) {
+    arm_timerfd(retire_timer_fd_, 0);
+    return;
+  }
+  auto next = retiring_.front().deadline;
+  for (auto& g : retiring_) next = std::min(next, g.deadline);
+  // At least 1 ns: a deadline already passed fires at once (0 would disarm).
+  arm_timerfd(retire_timer_fd_, std::max(1e-9, std::chrono::duration<double>(next - Clock::now()).count()));
+}
+
+void WorkerGroup::close_exit_watch(Worker& w) {
+  if (w.exit_watch_fd < 0) return;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, w.exit_watch_fd, nullptr);
+  by_exit_watch_fd_.erase(w.exit_watch_fd);
+  ::close(w.exit_watch_fd);
+  w.exit_watch_fd = -1;
+}
+
+void WorkerGroup::on_pipe(int fd) {
+  auto it = by_fd_.find(fd);
+  if (it == by_fd_.end()) return;
+  auto [w, is_err] = it->second;
+  read_stream(*w, is_err ? w->err : w->out, is_err, kReadChunk);
+}
+
+// Reads up to `budget` bytes; returns false at end of stream (and closes it).
+bool WorkerGroup::read_stream(Worker& w, Stream& s, bool is_err, size_t budget) {
+  char buf[kReadChunk];
+  size_t total = 0;
+  while (s.fd >= 0 && total < budget) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      total += static_cast<size_t>(n);
+      emit_lines(w, s, is_err, std::string_view(buf, static_cast<size_t>(n)), false);
+      if (static_cast<size_t>(n) < sizeof buf) return true;  // nothing more right now
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    emit_lines(w, s, is_err, {}, true);
+    close_stream(s);
+    return false;
+  }
+  return s.fd >= 0;
+}
+
+void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof) {
+  if (s.log_fd >= 0 && !data.empty()) write_all(s.log_fd, data);
+  std::vector<std::string> lines;
+  s.splitter.feed(data, lines);
+  std::string rest;
+  if (eof && s.splitter.flush(rest)) lines.push_back(std::move(rest));
+  if (lines.empty()) return;
+  std::string console, filtered;
+  const std::string prefix = console_prefix(node_rank_, w.global_rank, multi_node_);
+  for (const auto& line : lines) {
+    if (is_err) w.tail.push(line);
+    if (s.filtered_fd >= 0 && s.filter.matches(line)) filtered += prefix + line + '\n';
+    if (s.console) {
+      console += prefix;
+      console += line;
+      console += '\n';
+    }
+  }
+  if (!console.empty()) write_all(is_err ? 2 : 1, console);
+  if (!filtered.empty()) write_all(s.filtered_fd, filtered);
+}
+
+void WorkerGroup::close_stream(Stream& s) {
+  if (s.fd >= 0) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
+    by_fd_.erase(s.fd);
+    ::close(s.fd);
+    s.fd = -1;
+  }
+  if (s.log_fd >= 0) {
+    ::close(s.log_fd);
+    s.log_fd = -1;
+  }
+  if (s.filtered_fd >= 0) {
+    ::close(s.filtered_fd);
+    s.filtered_fd = -1;
+  }
+}
+
+void WorkerGroup::drain(Worker& w) {
+  // Non-blocking: a grandchild may hold the pipe open; take what is there, bounded.
+  read_stream(w, w.out, false, kMaxDrainBytes);
+  read_stream(w, w.err, true, kMaxDrainBytes);
+}
+
+void WorkerGroup::signal(int signo) {
+  for (auto& w : workers_) {
+    // The group outlives its leader while grandchildren remain, so signal it even then.
+    if (signal_process_group(w->pid, signo))
+      spdlog::debug("sent {} to process group {} (r{})", signal_name(signo), w->pid, w->global_rank);
+  }
+}
+
+std::string WorkerGroup::unreaped_pids() const {
+  std::string pids;
+  for (auto& w : workers_)
+    if (!w->reaped) pids += " " + std::to_string(w->pid);
+  return pids;
+}
+
+void WorkerGroup::teardown() {
+  // Process groups of every attempt (retiring ones too), adopted orphans.
+  for (auto& w : workers_) drain(*w);
+  for (auto& g : retiring_)
+    for (auto& w : g.workers) drain(*w);
+  signal(SIGKILL);
+  for (auto& g : retiring_)
+    for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
+  for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
+}
+
+}  // namespace ddprun::launcher

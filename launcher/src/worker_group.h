@@ -1,0 +1,151 @@
+// The local workers of the agent (internal to launcher/src): spawning an attempt's group,
+// relaying its output (console prefixes, log files, the stderr tail), signalling its process
+// groups, retiring a failed attempt's survivors in the background (overlapped restart), and
+// tearing everything down. The agent's loop (agent.cpp) owns the decisions; this owns the
+// processes and their descriptors, registered on the agent's epoll set.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ddprun/launcher/agent_state.h"
+#include "ddprun/launcher/options.h"
+#include "ddprun/launcher/output.h"
+#include "ddprun/launcher/process.h"
+#include "ddprun/launcher/worker_env.h"
+
+namespace ddprun::launcher {
+
+using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::system_clock;
+
+inline constexpr double kKillWaitS = 5.0;  // SIGKILL -> stop waiting
+
+struct Stream {
+  int fd = -1;
+  int log_fd = -1;
+  int filtered_fd = -1;  // the attempt's filtered_{stdout,stderr}.log (--duplicate_*_filters)
+  DuplicateFilter filter;
+  bool console = true;
+  LineSplitter splitter;
+};
+
+struct Worker {
+  int attempt = 0;
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = -1;
+  bool reaped = false;
+  // Its exit was seen through the early exit watch and dispatched; the reap only finishes it.
+  bool exit_reported = false;
+  int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
+  Stream out;
+  Stream err;
+  TailBuffer tail{20};
+  std::string error_file;
+  Clock::time_point started;
+  std::optional<WorkerStatus> status;
+  WallClock::time_point ended_wall;
+  Clock::time_point ended;
+};
+
+// What every worker of the job is started with.
+struct SpawnTemplate {
+  std::string executable;
+  std::vector<std::string> argv;
+  int stdin_fd = -1;
+  std::vector<int> reset_to_default;
+  bool exit_watch = false;
+  // The environment of one local rank (its error file given).
+  std::function<EnvMap(const GroupLayout&, int local_rank, const std::string& error_file)> env;
+};
+
+class WorkerGroup {
+ public:
+  WorkerGroup(const LaunchOptions& opts, int epoll_fd, Guardian& guardian);
+  ~WorkerGroup();  // closes every descriptor (kills nothing: see teardown())
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Ends the previous attempt's workers (if any), then forks, execs and registers every local
+  // worker of `attempt`; returns once each has exec'd (or failed to: the error goes to its
+  // stderr tail). Logs go under `attempt_dir`/<local_rank>/.
+  void start(int attempt, const GroupLayout& layout, const std::filesystem::path& attempt_dir,
+             const SpawnTemplate& spawn);
+  // The retire timer's descriptor (on the epoll set): call on_retire_timer() when readable.
+  int retire_timer_fd() const { return retire_timer_fd_; }
+
+  // Look-ups for the loop's events. Null when not ours.
+  Worker* by_pid(pid_t pid);
+  Worker* by_exit_watch(int fd);
+  bool owns_pipe(int fd) const { return by_fd_.count(fd) != 0; }
+  // Of the running attempt (not retiring, not ended).
+  bool is_current(const Worker& w) const;
+  const std::vector<std::unique_ptr<Worker>>& current() const { return workers_; }
+  Worker* current_rank(int local_rank);
+  size_t retiring_count() const;  // retiring workers not reaped yet
+
+  // A worker of an ended attempt, seen exiting early, was reaped: true (and forgotten) if so.
+  bool reaped_dying(pid_t pid, double& ms_since_seen);
+
+  void on_pipe(int fd);
+  void drain(Worker& w);
+  void close_exit_watch(Worker& w);
+  // `w` (not current) was reaped: its retiring group goes once all of it is. May free `w`.
+  void on_retired_exit(Worker& w);
+  void on_retire_timer();
+
+  // Sends `signo` to every current worker's process group.
+  void signal(int signo);
+  // Overlapped restart: the current workers (already sent SIGTERM) retire in the background.
+  void retire(int attempt, double grace_s);
+  // The current workers that are not reaped, as " <pid>..." (for the abandon message).
+  std::string unreaped_pids() const;
+  // The end: drains and SIGKILLs what is left of every attempt's process groups.
+  void teardown();
+
+ private:
+  struct Retiring {
+    int attempt = 0;
+    std::vector<std::unique_ptr<Worker>> workers;
+    Clock::time_point since;
+    Clock::time_point deadline;
+    bool killed = false;  // SIGKILL sent; `deadline` is now when to stop waiting
+  };
+  void end_attempt();
+  void kill_orphans(std::optional<unsigned long long> started_before_tick);
+  void release_retired(size_t index);
+  void arm_retire_timer();
+  bool read_stream(Worker& w, Stream& s, bool is_err, size_t budget);
+  void emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof);
+  void close_stream(Stream& s);
+  void forget(Worker& w);
+  void watch_fd(int fd);
+
+  const LaunchOptions& opts_;
+  int epoll_fd_;
+  Guardian& guardian_;
+  int retire_timer_fd_ = -1;
+  int node_rank_ = 0;
+  bool multi_node_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's
+  std::unordered_map<pid_t, Worker*> by_pid_;
+  std::unordered_map<int, std::pair<Worker*, bool>> by_fd_;  // fd -> (worker, is_err)
+  std::unordered_map<int, Worker*> by_exit_watch_fd_;       // seccomp listener -> worker
+  // Workers of ended attempts whose exit was seen early and that are not reaped yet: when.
+  std::unordered_map<pid_t, Clock::time_point> dying_;
+  std::vector<pid_t> old_pgroups_;  // previous attempts', to clean up
+  std::vector<Retiring> retiring_;  // overlapped restart: old attempts
+  unsigned long long attempt_started_tick_ = 0;  // boot_ticks_now() just before the spawn
+  int attempts_started_ = 0;
+};
+
+}  // namespace ddprun::launcher

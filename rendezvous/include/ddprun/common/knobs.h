@@ -1,0 +1,76 @@
+// Every environment variable of ddprun's own (its knobs), once: name, default, meaning and the
+// part that reads it. Header-only and dependency-free, the lowest layer, so the launcher, the
+// store server and the worker runtime read the same table; `ddprun --help` lists it.
+//
+// torchrun's own variables (PET_<FLAG>, the worker variables) are not knobs: they are the
+// compatibility surface, documented in docs/TORCHRUN_COMPAT.md.
+#pragma once
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace ddprun::knobs {
+
+struct Knob {
+  const char* name;
+  const char* default_value;  // as documented; the reader owns the parse
+  const char* reader;         // which program reads it
+  const char* meaning;
+};
+
+inline constexpr Knob kPythonExec{
+    "PYTHON_EXEC", "python3 from PATH", "ddprun",
+    "the interpreter that runs Python entry points (torchrun's variable; its default is the "
+    "interpreter torchrun runs in)"};
+inline constexpr Knob kDefaultStorePort{
+    "DDPRUN_DEFAULT_STORE_PORT", "29500", "ddprun",
+    "the store port tried first when --master_port is not given (a free port when it is taken)"};
+inline constexpr Knob kSysfsRoot{
+    "DDPRUN_SYSFS_ROOT", "/", "ddprun",
+    "the directory under which --numa-binding reads proc/driver/nvidia and sys/ (tests point it "
+    "at a fake topology)"};
+inline constexpr Knob kStoreLock{
+    "DDPRUN_STORE_LOCK", "adaptive", "ddprun, ddprund",
+    "the store state's lock: adaptive (spins briefly before sleeping) or plain (a plain mutex, "
+    "for comparison in benchmarks)"};
+inline constexpr Knob kCollectiveTimeout{
+    "DDPRUN_COLLECTIVE_TIMEOUT_S", "30", "worker runtime",
+    "seconds a collective may wait for its peers before it fails (CommError)"};
+inline constexpr Knob kStoreTimeout{
+    "DDPRUN_STORE_TIMEOUT_S", "300", "worker runtime",
+    "seconds a worker waits for the store and for its peers' keys"};
+inline constexpr Knob kDevice{"DDPRUN_DEVICE", "auto", "worker runtime",
+                              "cpu, cuda or auto (cuda when this build has it and a GPU is visible)"};
+inline constexpr Knob kShm{"DDPRUN_SHM", "1", "worker runtime",
+                           "0: the CPU backend uses TCP between ranks of one host, not shared memory"};
+
+inline constexpr Knob kAll[] = {kPythonExec,        kDefaultStorePort, kSysfsRoot, kStoreLock,
+                                kCollectiveTimeout, kStoreTimeout,     kDevice,    kShm};
+
+// The knob's value from this process's environment; nullopt when unset or empty.
+inline std::optional<std::string> get(const Knob& knob) {
+  const char* v = std::getenv(knob.name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+// The same from an environment held as a map (the launcher's EnvMap).
+template <typename Map>
+std::optional<std::string> get(const Knob& knob, const Map& env) {
+  auto it = env.find(knob.name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+// "  NAME (default D; read by R): meaning" per knob, for --help.
+inline std::string describe_all() {
+  std::string out;
+  for (const Knob& k : kAll) {
+    out += std::string("  ") + k.name + " (default " + k.default_value + "; read by " + k.reader + ")\n      " +
+           k.meaning + "\n";
+  }
+  return out;
+}
+
+}  // namespace ddprun::knobs

@@ -1,0 +1,176 @@
+#include "ddprun/client/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ddprun/client/tcp_connect.h"
+
+namespace ddprun::client {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+bool is_local_address(const std::string& host) {
+  if (host == "localhost") return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return local;
+}
+
+std::string interface_of(const std::string& addr) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = list; i && name.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (i->ifa_addr->sa_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    else if (i->ifa_addr->sa_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf, sizeof buf);
+    if (addr == buf) name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
+}
+
+std::string local_address_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (IN6_IS_ADDR_V4MAPPED(&a6->sin6_addr)) {
+      ::inet_ntop(AF_INET, &a6->sin6_addr.s6_addr[12], buf, sizeof buf);
+    } else {
+      ::inet_ntop(AF_INET6, &a6->sin6_addr, buf, sizeof buf);
+    }
+  }
+  return buf;
+}
+
+namespace {
+
+constexpr milliseconds kSlice{100};  // how often `interrupted` is asked, at most this far apart
+
+// Waits until `deadline` in slices; false when interrupted.
+bool pause_until(Clock::time_point until, const std::function<bool()>& interrupted) {
+  while (true) {
+    if (interrupted && interrupted()) return false;
+    const auto now = Clock::now();
+    if (now >= until) return true;
+    ::poll(nullptr, 0, static_cast<int>(std::min(kSlice, std::chrono::ceil<milliseconds>(until - now)).count()));
+  }
+}
+
+// One non-blocking connect to one address. Returns the fd, or -1 (`error` set); `interrupted`
+// sets `stop`.
+int try_address(const addrinfo* ai, const std::string& where, Clock::time_point deadline,
+                const std::function<bool()>& interrupted, bool& stop, std::string& error) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+  if (fd < 0) {
+    error = "socket: " + std::string(std::strerror(errno));
+    return -1;
+  }
+  int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+  int err = rc == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    err = ETIMEDOUT;
+    while (true) {
+      if (interrupted && interrupted()) {
+        stop = true;
+        break;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) break;
+      pollfd p{fd, POLLOUT, 0};
+      const auto wait = std::min(kSlice, std::chrono::ceil<milliseconds>(deadline - now));
+      if (::poll(&p, 1, static_cast<int>(wait.count())) > 0) {
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        break;
+      }
+    }
+  }
+  if (err == 0 && connected_to_itself(fd)) {
+    // Nothing listens on a local ephemeral port that the kernel also chose as our source.
+    error = "connect to " + where + ": nothing listens there yet (self-connect)";
+  } else if (err == 0) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+  } else {
+    error = "connect to " + where + ": " + std::strerror(err);
+  }
+  ::close(fd);
+  return -1;
+}
+
+}  // namespace
+
+int connect_until(const std::string& host, uint16_t port, Clock::time_point deadline,
+                  const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error) {
+  const std::string where = host + ":" + std::to_string(port);
+  auto backoff = milliseconds(20);
+  while (true) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+      error = "cannot resolve '" + host + "': " + gai_strerror(rc);
+    } else {
+      bool stop = false;
+      for (addrinfo* ai = res; ai && !stop; ai = ai->ai_next) {
+        int fd = try_address(ai, where, deadline, interrupted, stop, error);
+        if (fd >= 0) {
+          ::freeaddrinfo(res);
+          outcome = ConnectOutcome::Connected;
+          return fd;
+        }
+      }
+      ::freeaddrinfo(res);
+      if (stop) {
+        outcome = ConnectOutcome::Interrupted;
+        return -1;
+      }
+    }
+    if (Clock::now() + backoff >= deadline) {
+      outcome = ConnectOutcome::TimedOut;
+      return -1;
+    }
+    if (!pause_until(Clock::now() + backoff, interrupted)) {
+      outcome = ConnectOutcome::Interrupted;
+      return -1;
+    }
+    backoff = std::min(backoff * 2, milliseconds(500));
+  }
+}
+
+}  // namespace ddprun::client

@@ -1,0 +1,56 @@
+import time
+
+T_START = time.time()  # first thing, before `import torch`: when this worker process began running Python
+import json
+import os
+# Worker for scripts/bench/bench_restart.sh (restart latency). The same file runs under every launcher.
+# Appends one JSON line per event to $BENCH_RESTART_TS: {rank, attempt, pid, event, ...}: "start" (t_start,
+# written before `import torch`), "init" (t_start, t_imported, t_init), then "allreduce_error" / "done".
+# Attempt 0: rank 1 writes its pid to $BENCH_RESTART_PIDFILE after init and sleeps until the driver
+# SIGKILLs it; rank 0 sits in an all_reduce that cannot complete. If gloo raises (peer gone), rank 0
+# records it and sleeps, so the only failure the launcher sees is rank 1's SIGKILL.
+# Attempt 1: both ranks do one all_reduce and exit 0.
+
+
+def record(**kw):
+    line = json.dumps(dict(rank=RANK, attempt=ATTEMPT, pid=os.getpid(), **kw)) + "\n"
+    fd = os.open(os.environ["BENCH_RESTART_TS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one O_APPEND write: lines from concurrent workers don't interleave
+    finally:
+        os.close(fd)
+
+
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+record(event="start", t_start=T_START)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+T_IMPORTED = time.time()
+dist.init_process_group("gloo")
+T_INIT = time.time()
+record(event="init", t_start=T_START, t_imported=T_IMPORTED, t_init=T_INIT)
+
+if ATTEMPT == 0:
+    if RANK == 1:
+        pidfile = os.environ["BENCH_RESTART_PIDFILE"]
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pidfile + ".tmp", pidfile)  # atomic: the driver never reads a partial pid
+        time.sleep(600)  # waiting for SIGKILL
+        raise SystemExit(3)
+    t = torch.ones(1)
+    try:
+        dist.all_reduce(t)  # rank 1 never joins
+        record(event="allreduce_returned", t=time.time())
+    except Exception as e:  # gloo noticed the dead peer
+        record(event="allreduce_error", t=time.time(), error=str(e).splitlines()[0][:200])
+    time.sleep(600)  # waiting for the launcher to stop the group
+    raise SystemExit(4)
+
+t = torch.ones(1)
+dist.all_reduce(t)
+record(event="done", t=time.time(), value=float(t.item()))
+dist.destroy_process_group()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# CPU benchmark, one run: ddprun's `train` vs a PyTorch gloo DDP script of the same model under
+# torchrun (Debian's torch 1.13 on /usr/bin/python3), 1024-wide x 4 hidden layers (4.2 M
+# params), batch 64 per rank, fp32, one thread per rank, at 1 and 2 ranks.
+# Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
+# shared; the minimum is the least disturbed measurement).
+#   usage: scripts/bench/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
+# TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step.
+# PY=python (default /usr/bin/python3: Debian's torch 1.13) runs the PyTorch side; CPUS=0,1
+# pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${1:-$here/build}"
+train="$build/worker_runtime/train"; ddprun="$build/launcher/ddprun"
+STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DEPTH:-4}"; BATCH="${BATCH:-64}"; WARMUP=5
+[[ -x "$train" ]] || { echo "build train first: cmake --build $build --target train"; exit 1; }
+tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+PY="${PY:-/usr/bin/python3}"
+pin=(); if [[ -n "${CPUS:-}" ]]; then pin=(taskset -c "$CPUS"); fi
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+ours() {  # nproc -> avg ms/step
+  local n="$1"; local samples=$(( BATCH * n * (STEPS + WARMUP) )); local log="$tmp/ours$1.log"
+  local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
+              --warmup-steps "$WARMUP" --threads 1 ${TRAIN_ARGS:-})
+  if [[ -x "$ddprun" ]]; then
+    "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1
+  else  # no launcher built: set the worker environment by hand
+    local port; port="$(free_port)"; local pids=()
+    for ((r = 0; r < n; r++)); do
+      RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        "${pin[@]}" "$train" "${args[@]}" >>"$log" 2>&1 & pids+=($!)
+    done
+    wait "${pids[@]}"
+  fi
+  grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+}
+theirs() {
+  local n="$1"; local log="$tmp/torch$1.log"
+  "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
+    --master_port="$(free_port)" "$here/scripts/bench/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
+    --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
+  grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+}
+
+echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}; torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+o1=(); o2=(); t1=(); t2=()
+for ((i = 0; i < REPEAT; i++)); do
+  o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")
+  echo "run $((i + 1)): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
+done
+"$PY" - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" <<'PY'
+import statistics, sys
+runs = [list(map(float, a.split())) for a in sys.argv[1:]]
+o1, o2, t1, t2 = (min(r) for r in runs)
+print(f"{'best of runs':15}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")
+print(f"{'ddprun train':15}{o1:11.2f}{o2:12.2f}{o1 / o2:17.1%}")
+print(f"{'torch DDP':15}{t1:11.2f}{t2:12.2f}{t1 / t2:17.1%}")
+print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 0.9; 2-rank efficiency goal >= 90%)")
+# The same runs paired as they were interleaved (1 rank, then 2 ranks, back to back): less
+# sensitive to the host drifting between runs than two separate minima.
+pair = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
+print(f"median of the runs' own 1-rank/2-rank ratios: ddprun {pair(runs[0], runs[1]):.1%}, torch {pair(runs[2], runs[3]):.1%}")
+PY

@@ -1,0 +1,213 @@
+// The coordinator seam: the local (in-process round) and the remote (rendezvous client against
+// a real in-process server on loopback) implementations pass one suite of cases, so one node
+// and many follow the same rules.
+#include <catch2/catch.hpp>
+#include <poll.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "ddprun/client/store_client.h"
+#include "ddprun/launcher/coordinator.h"
+#include "ddprun/server/store_server.h"
+
+using namespace ddprun;
+using namespace ddprun::launcher;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<server::StoreServer> start_server() {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  auto s = std::make_unique<server::StoreServer>(o);
+  s->start();
+  return s;
+}
+
+rdzv::Join settings(int64_t nproc, int64_t max_restarts, const std::string& run_id = "job") {
+  rdzv::Join j;
+  j.run_id = run_id;
+  j.local_world_size = nproc;
+  j.max_restarts = max_restarts;
+  j.last_call_ms = 0;
+  j.heartbeat_timeout_ms = 30000;
+  return j;
+}
+
+struct Local {
+  std::unique_ptr<server::StoreServer> store = start_server();
+  std::unique_ptr<Coordinator> make(rdzv::Join j) { return make_local_coordinator(*store, std::move(j), "127.0.0.1"); }
+  uint16_t main_port() const { return store->port(); }
+};
+
+struct Remote {
+  std::unique_ptr<server::StoreServer> server = start_server();
+  std::unique_ptr<Coordinator> make(rdzv::Join j) {
+    return make_remote_coordinator("127.0.0.1", server->port(), std::move(j), "", 10s, 200ms, {});
+  }
+  uint16_t main_port() const { return server->port(); }
+};
+
+// The next notices, waiting on fd() as the agent's loop does (bounded).
+std::vector<Notice> next(Coordinator& c) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{c.fd(), POLLIN, 0};
+    ::poll(&p, 1, 200);
+    auto n = c.take_notices();
+    if (!n.empty()) return n;
+  }
+  FAIL("no notice within 20 s");
+  return {};
+}
+Notice one(Coordinator& c, Notice::Kind kind) {
+  auto n = next(c);
+  REQUIRE(n.size() == 1);
+  REQUIRE(static_cast<int>(n[0].kind) == static_cast<int>(kind));
+  return n[0];
+}
+
+client::StoreClientOptions store_at(const GroupLayout& g) {
+  client::StoreClientOptions o;
+  o.host = g.store_host;
+  o.port = g.store_port;
+  o.connect_timeout = 10s;
+  o.timeout = 10s;
+  return o;
+}
+// Every worker of the round joins its store, as PyTorch's TCPStore(world_size=N) does.
+void make_progress(const GroupLayout& g) {
+  auto o = store_at(g);
+  o.world_size = g.world_size;
+  for (int i = 0; i < g.world_size; ++i) client::StoreClient c(o);
+}
+
+rdzv::Failure failure(int rank, int code) { return rdzv::Failure{.global_rank = rank, .local_rank = rank, .exit_code = code}; }
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", "[coordinator]", Local, Remote) {
+  TestType f;
+  auto c = f.make(settings(3, 0));
+  c->join();
+  const auto r = one(*c, Notice::Kind::Round);
+  CHECK(r.layout.node_rank == 0);
+  CHECK(r.layout.num_nodes == 1);
+  CHECK(r.layout.local_world_size == 3);
+  CHECK(r.layout.world_size == 3);
+  CHECK(r.layout.global_rank_base == 0);
+  CHECK(r.layout.restart_count == 0);
+  CHECK(r.layout.run_id == "job");
+  client::StoreClient s(store_at(r.layout));
+  s.set("k", "v");
+  CHECK(s.get("k") == "v");
+  c->report_success();
+  one(*c, Notice::Kind::JobDone);
+}
+
+TEMPLATE_TEST_CASE("a failure after progress restarts within the budget, on a fresh store", "[coordinator]", Local,
+                   Remote) {
+  TestType f;
+  auto c = f.make(settings(2, 1));
+  c->join();
+  const auto r0 = one(*c, Notice::Kind::Round);
+  make_progress(r0.layout);
+  client::StoreClient(store_at(r0.layout)).set("nccl_id", "attempt0");
+  c->report_failure(failure(1, 3));
+  const auto restart = one(*c, Notice::Kind::Restart);
+  CHECK(restart.restart.restart_count == 1);
+  CHECK_THAT(restart.restart.reason, Catch::Contains("rank 1") && Catch::Contains("exit code 3"));
+  c->join();
+  const auto r1 = one(*c, Notice::Kind::Round);
+  CHECK(r1.layout.restart_count == 1);
+  CHECK(r1.max_restarts == 1);
+  client::StoreClient fresh(store_at(r1.layout));
+  CHECK(fresh.num_keys() == 0);  // nothing of attempt 0
+  c->report_success();
+  one(*c, Notice::Kind::JobDone);
+}
+
+TEMPLATE_TEST_CASE("the budget spent ends the job with the first failure", "[coordinator]", Local, Remote) {
+  TestType f;
+  auto c = f.make(settings(1, 0));
+  c->join();
+  make_progress(one(*c, Notice::Kind::Round).layout);
+  c->report_failure(failure(0, 6));
+  const auto end = one(*c, Notice::Kind::JobFailed);
+  CHECK(end.failed.fail_cause() == rdzv::FailCause::BudgetSpent);
+  CHECK_THAT(end.failed.reason, Catch::Contains("max_restarts=0"));
+  REQUIRE(end.failed.first_failure);
+  CHECK(end.failed.first_failure->exit_code == 6);
+}
+
+TEMPLATE_TEST_CASE("two failures before progress are not retried, and the reason says restarts were left",
+                   "[coordinator]", Local, Remote) {
+  TestType f;
+  auto c = f.make(settings(2, 3));
+  c->join();
+  one(*c, Notice::Kind::Round);
+  c->report_failure(failure(0, 1));  // nobody joined the store: maybe bad luck, retried
+  CHECK(one(*c, Notice::Kind::Restart).restart.restart_count == 1);
+  c->join();
+  one(*c, Notice::Kind::Round);
+  c->report_failure(failure(0, 1));
+  const auto end = one(*c, Notice::Kind::JobFailed);
+  CHECK(end.failed.fail_cause() == rdzv::FailCause::Deterministic);
+  CHECK_THAT(end.failed.reason, Catch::Contains("not retried") && Catch::Contains("2 of 3 restarts are left"));
+}
+
+TEMPLATE_TEST_CASE("a fixed store port: every round's store is the server's own port", "[coordinator]", Local, Remote) {
+  TestType f;
+  auto j = settings(1, 2);
+  j.fixed_store_port = true;
+  auto c = f.make(j);
+  c->join();
+  const auto r0 = one(*c, Notice::Kind::Round);
+  CHECK(r0.layout.store_port == f.main_port());
+  make_progress(r0.layout);
+  client::StoreClient(store_at(r0.layout)).set("old", "1");
+  c->report_failure(failure(0, 1));
+  one(*c, Notice::Kind::Restart);
+  c->join();
+  const auto r1 = one(*c, Notice::Kind::Round);
+  CHECK(r1.layout.store_port == f.main_port());
+  client::StoreClient s(store_at(r1.layout));
+  CHECK_THROWS_AS(s.get("old", 100ms), client::StoreTimeout);  // emptied for the new round
+}
+
+TEST_CASE("remote: a node with other job-wide settings is refused, the error naming both values", "[coordinator]") {
+  Remote f;
+  auto j = settings(1, 3);
+  j.min_nodes = j.max_nodes = 2;
+  auto first = f.make(j);
+  first->join();
+  auto k = j;
+  k.max_restarts = 1;
+  auto second = f.make(k);
+  second->join();
+  const auto end = one(*second, Notice::Kind::JobFailed);
+  CHECK_THAT(end.failed.reason, Catch::Contains("--max_restarts") && Catch::Contains("runs with 3") &&
+                                    Catch::Contains("asked for 1"));
+}
+
+TEST_CASE("remote: a connect with nothing listening gives up when interrupted", "[coordinator]") {
+  uint16_t port = 0;
+  {
+    auto s = start_server();
+    port = s->port();
+  }  // closed: nothing listens there now
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(300ms);
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(make_remote_coordinator("127.0.0.1", port, settings(1, 0), "", 600s, 200ms, [&] { return stop.load(); }),
+                  CoordinatorInterrupted);
+  stopper.join();
+  // Generous for a loaded CI host: the contract is "within 100 ms of the answer".
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}

@@ -1,0 +1,94 @@
+// The failure summary and the job's end as the user reads them.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+
+#include "ddprun/launcher/summary.h"
+
+using namespace ddprun;
+using namespace ddprun::launcher;
+
+namespace {
+FailureDetails failure(int attempt, int code) {
+  FailureDetails f;
+  f.attempt = attempt;
+  f.local_rank = 1;
+  f.global_rank = 1;
+  f.pid = 4242;
+  f.status = WorkerStatus::exited(code);
+  f.tail = {"Traceback (most recent call last):", "ModuleNotFoundError: No module named 'x'"};
+  return f;
+}
+rdzv::JobFailed failed(rdzv::FailCause cause, int64_t max_restarts, std::string reason = "why") {
+  rdzv::JobFailed j;
+  j.reason = std::move(reason);
+  j.cause = static_cast<int64_t>(cause);
+  j.max_restarts = max_restarts;
+  return j;
+}
+}  // namespace
+
+TEST_CASE("success prints nothing", "[summary]") { CHECK(format_summary(SummaryInput{}).empty()); }
+
+TEST_CASE("a deterministic failure says why it stopped and how many restarts were left", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 1;
+  in.attempt = 1;
+  in.max_restarts = 3;
+  in.run_id = "none";
+  in.host = "h";
+  in.failure = failure(1, 1);
+  in.job_failed = failed(rdzv::FailCause::Deterministic, 3);
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("FAILED: worker rank 1 (local rank 1, pid 4242, host h) exit code 1"));
+  CHECK_THAT(s, Catch::Contains("attempt 1 (max_restarts 3)"));
+  CHECK_THAT(s, Catch::Contains("not retried: attempts 0 and 1 both failed before every worker had joined the store"));
+  CHECK_THAT(s, Catch::Contains("2 of 3 restarts left unused"));
+  CHECK_THAT(s, Catch::Contains("No module named 'x'"));
+  CHECK_FALSE(Catch::Contains("no restarts left").match(s));
+}
+
+TEST_CASE("a spent budget on one node says no restarts are left", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 6;
+  in.attempt = 2;
+  in.max_restarts = 2;
+  in.failure = failure(2, 6);
+  in.job_failed = failed(rdzv::FailCause::BudgetSpent, 2);
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("attempt 2 (max_restarts 2)"));
+  CHECK_THAT(s, Catch::Contains("no restarts left (max_restarts 2)"));
+}
+
+TEST_CASE("many nodes: the job's verdict and another node's first failure lead", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 1;
+  in.multi_node = true;
+  auto j = failed(rdzv::FailCause::BudgetSpent, 0, "rank 3 on n1 failed (exit code 2); the restart budget is spent");
+  j.first_failure = rdzv::Failure{.global_rank = 3, .exit_code = 2, .when = "t", .stderr_tail = "boom\n", .host = "10.0.0.2", .node_rank = 1};
+  in.job_failed = j;
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("JOB FAILED: rank 3 on n1 failed"));
+  CHECK_THAT(s, Catch::Contains("first failure of the job: rank 3 on host 10.0.0.2 (node rank 1), exit code 2, at t"));
+  CHECK_THAT(s, Catch::Contains("    boom"));
+  CHECK_FALSE(Catch::Contains("see the errors above").match(s));
+}
+
+TEST_CASE("stopped by a signal, and an earlier attempt's failure is history", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 128 + SIGINT;
+  in.attempt = 1;
+  in.stop_signal = SIGINT;
+  in.failure = failure(0, 3);
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("stopped by SIGINT"));
+  CHECK_THAT(s, Catch::Contains("(attempt 0 had failed: worker rank 1 exit code 3)"));
+  CHECK_FALSE(Catch::Contains("FAILED: worker rank").match(s));
+}
+
+TEST_CASE("an agent error without a worker failure", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 1;
+  in.agent_error = "the rendezvous server closed the connection";
+  CHECK_THAT(format_summary(in), Catch::Contains("JOB FAILED: the rendezvous server closed the connection"));
+}
