@@ -2,12 +2,12 @@
 #include <cmath>
 #include <vector>
 
-#include "ddprun/worker/cpu/gemm.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/gemm.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/hash.h"
 
 using namespace ddprun::worker;
-using namespace ddprun::worker::cpu;
+using namespace ddprun::example;
 
 namespace {
 std::vector<float> random_vec(size_t n, uint64_t seed) {

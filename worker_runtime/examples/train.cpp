@@ -15,8 +15,8 @@
 
 #include "ddprun/worker/checkpoint.h"
 #include "ddprun/worker/checks.h"
-#include "ddprun/worker/cpu/gemm.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/gemm.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/error_file.h"
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/runtime.h"
@@ -24,6 +24,7 @@
 #include "train_common.h"
 
 namespace dw = ddprun::worker;
+namespace ex = ddprun::example;
 
 namespace train {
 
@@ -56,11 +57,11 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
   if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
-  dw::cpu::set_gemm_threads(o.threads);
+  ex::set_gemm_threads(o.threads);
 
-  const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
-  dw::cpu::CpuMlp model(shape);
-  const size_t n = dw::cpu::mlp_num_params(shape);
+  const ex::MlpShape shape{o.in, o.width, o.depth, 1};
+  ex::CpuMlp model(shape);
+  const size_t n = ex::mlp_num_params(shape);
   // Gradients in memory the communicator reduces without copies when it has such memory.
   std::vector<float> grad_storage;
   float* grads = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
@@ -83,7 +84,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   };
   float* params = state_array(param_storage);
   float* momentum = o.momentum != 0.f ? state_array(momentum_storage) : nullptr;
-  dw::cpu::mlp_init(shape, o.seed, params);
+  ex::mlp_init(shape, o.seed, params);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
   const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
@@ -162,12 +163,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       double wait_ms = 0;
       if (o.fused_step) {
         // wait_ms includes the step here: it is part of the fused collective.
-        reducer.finalize_and_step(dw::cpu::SgdStep(o.lr, o.momentum, !momentum_init));
+        reducer.finalize_and_step(ex::SgdStep(o.lr, o.momentum, !momentum_init));
         wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
       } else {
         reducer.finalize();
         wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
-        dw::cpu::sgd_step(params, grads, momentum, n, o.lr, o.momentum, !momentum_init);
+        ex::sgd_step(params, grads, momentum, n, o.lr, o.momentum, !momentum_init);
       }
       // Backward's end to the new parameters, in both modes: what fusing the step saves.
       const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();

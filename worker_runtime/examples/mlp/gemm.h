@@ -1,9 +1,10 @@
+// Example code of the `train` program, not part of libddprun_worker (a user brings the model).
 // Single-threaded fp32 GEMM for the CPU training path (BLIS-style: packed panels, a 6x16
 // AVX2/FMA micro-kernel chosen at run time, a portable kernel otherwise).
 // Deterministic: the same shapes give bit-identical results on the same machine.
 #pragma once
 
-namespace ddprun::worker::cpu {
+namespace ddprun::example {
 
 // Row-major: C[M,N] = op(A)[M,K] * op(B)[K,N] (+ C when accumulate).
 // op(A) = A (lda >= K) or A^T when trans_a (A is [K,M], lda >= M); likewise B.
@@ -23,4 +24,4 @@ bool sgemm_uses_avx2();
 void set_gemm_threads(int n);
 int gemm_threads();
 
-}  // namespace ddprun::worker::cpu
+}  // namespace ddprun::example

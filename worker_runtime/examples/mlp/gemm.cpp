@@ -1,4 +1,4 @@
-#include "ddprun/worker/cpu/gemm.h"
+#include "mlp/gemm.h"
 
 #include <immintrin.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-namespace ddprun::worker::cpu {
+namespace ddprun::example {
 namespace {
 
 constexpr int MR = 6, NR = 16;
@@ -268,4 +268,4 @@ void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const floa
     }
 }
 
-}  // namespace ddprun::worker::cpu
+}  // namespace ddprun::example
