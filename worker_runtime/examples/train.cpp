@@ -121,6 +121,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   for (const auto& t : model.tensors()) views.push_back({grads + t.offset, t.count});
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
+  ro.force_collective = o.force_collective;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
   if (o.fused_step) {
     std::vector<float*> arrays{params};
@@ -254,11 +255,16 @@ int main(int argc, char** argv) {
   app.add_option("--fail-attempt", o.fail_attempt, "attempt (TORCHELASTIC_RESTART_COUNT) on which every fault fires");
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
       ->check(CLI::IsMember({"kill", "exit"}));
-  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)");
+  app.add_option("--timeout", o.timeout_s,
+                 "timeout in seconds of NCCL init and of every collective (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
   app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
+  app.add_flag("--force-collective", o.force_collective,
+               "at world size 1, still bucket and all-reduce every gradient through a real communicator "
+               "(as PyTorch's DDP does), so a one-rank run measures the DDP machinery");
   app.add_option("--fused-step", o.fused_step,
                  "1: all-reduce and SGD in one pass on the CPU shared-memory path (each rank steps its slice); "
                  "0: all-reduce, then SGD over all parameters on every rank. Same results")
@@ -273,6 +279,7 @@ int main(int argc, char** argv) {
     dw::RuntimeOptions ro;
     ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;
     ro.timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000));
+    ro.real_communicator_at_world_size_1 = o.force_collective;
     auto rt = dw::init(ro);
     if (rt->on_cuda()) {
 #ifdef DDPRUN_TRAIN_HAVE_CUDA

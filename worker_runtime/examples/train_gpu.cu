@@ -251,6 +251,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   for (const auto& t : tensors) views.push_back({grads.p + t.offset, t.count});
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
+  ro.force_collective = o.force_collective;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
   if (rank == 0)
     std::printf("[train] world=%d backend=%s device=cuda:%d precision=%s params=%zu width=%d depth=%d batch/rank=%d "
