@@ -57,6 +57,10 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
   if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
+  if (o.gemm == "openblas" && !ex::gemm_blas_available())
+    throw dw::WorkerError("--gemm openblas: this train was built without OpenBLAS (install libopenblas64-pthread-dev, "
+                          "reconfigure, rebuild) — or use --gemm builtin");
+  if (o.gemm != "auto") ex::set_gemm_impl(o.gemm == "openblas" ? ex::GemmImpl::Blas : ex::GemmImpl::Builtin);
   ex::set_gemm_threads(o.threads);
 
   const ex::MlpShape shape{o.in, o.width, o.depth, 1};
@@ -131,9 +135,10 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
   if (rank == 0)
     std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
-                " buckets=%zu step=%s\n",
+                " buckets=%zu step=%s gemm=%s\n",
                 world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size(),
-                !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)");
+                !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)",
+                ex::gemm_impl_name());
   std::fflush(stdout);
 
   std::vector<float> x, y;
@@ -245,6 +250,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")->check(CLI::PositiveNumber);
+  app.add_option("--gemm", o.gemm, "CPU GEMM: auto (openblas when built with it) | openblas | builtin (our kernels)")
+      ->check(CLI::IsMember({"auto", "openblas", "builtin"}));
   app.add_option("--seed", o.seed, "seed of init, data and shuffles");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of checkpoints (resume from the newest valid one)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = every epoch)");

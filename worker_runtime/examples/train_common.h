@@ -22,6 +22,7 @@ struct Options {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (bf16/fp16: CUDA only)
   std::string device = "auto";     // cpu | cuda | auto
   int threads = 1;
+  std::string gemm = "auto";       // CPU GEMM: auto (openblas when built with it) | openblas | builtin
   uint64_t seed = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;    // steps; 0 = at the end of every epoch (when a dir is given)
