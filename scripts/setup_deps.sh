@@ -11,7 +11,8 @@ TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
 
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
-      slurm-wlm munge iproute2 procps psmisc time)
+      slurm-wlm munge iproute2 procps psmisc time
+      libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

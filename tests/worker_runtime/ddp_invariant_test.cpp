@@ -6,15 +6,15 @@
 #include <cmath>
 #include <thread>
 
-#include "ddprun/client/store_client.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/reducer.h"
+#include "ddprun/worker/store.h"
 
 using namespace ddprun::worker;
-using namespace ddprun::worker::cpu;
+using namespace ddprun::example;
 
 namespace {
 
@@ -156,16 +156,15 @@ std::vector<Trace> run_ranks(int world, bool shared_memory, const RunOptions& o)
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
       try {
-        ddprun::client::StoreClientOptions co;
+        StoreOptions co;
         co.host = "127.0.0.1";
         co.port = server.port();
-        co.timeout = std::chrono::seconds(20);
-        ddprun::client::StoreClient store(co);
+        auto store = connect_store(co);
         GlooOptions go;
         go.hostname = "127.0.0.1";
         go.timeout = std::chrono::seconds(20);
         go.shared_memory = shared_memory;
-        auto comm = make_gloo_communicator(store, r, world, go);
+        auto comm = make_gloo_communicator(*store, r, world, go);
         traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, o);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -266,15 +265,15 @@ TEST_CASE("Gloo: a rank that never arrives fails the collective within the timeo
   so.port = 0;
   ddprun::server::StoreServer server(so);
   server.start();
-  ddprun::client::StoreClientOptions co;
+  StoreOptions co;
   co.host = "127.0.0.1";
   co.port = server.port();
-  ddprun::client::StoreClient store(co);
+  auto store = connect_store(co);
   GlooOptions go;
   go.hostname = "127.0.0.1";
   go.timeout = std::chrono::milliseconds(1500);
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE_THROWS_AS(make_gloo_communicator(store, 0, 2, go), std::exception);
+  REQUIRE_THROWS_AS(make_gloo_communicator(*store, 0, 2, go), std::exception);
   REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 

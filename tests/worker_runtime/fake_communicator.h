@@ -89,6 +89,41 @@ class FakeCommunicator final : public Communicator {
         if (static_cast<int>(r) != root) std::memcpy(bufs[r], bufs[static_cast<size_t>(root)], bytes);
     });
   }
+  // Any dtype (it only moves bytes).
+  void allgather(const void* in, void* out, size_t count, DType dtype) override {
+    const size_t bytes = count * dtype_size(dtype);
+    InOut io{in, out};
+    g_.exchange(rank_, &io, bytes, [&](std::vector<void*>& ios) {
+      std::vector<std::vector<unsigned char>> blocks;  // inputs first: in place aliases outputs
+      for (void* p : ios) {
+        const auto* b = static_cast<const unsigned char*>(static_cast<InOut*>(p)->in);
+        blocks.emplace_back(b, b + bytes);
+      }
+      for (void* p : ios)
+        for (size_t r = 0; r < blocks.size(); ++r)
+          if (bytes) std::memcpy(static_cast<unsigned char*>(static_cast<InOut*>(p)->out) + r * bytes, blocks[r].data(), bytes);
+    });
+  }
+  // fp32 only, like allreduce: sums (or maxes) in rank order.
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    DDPRUN_ENFORCE(dtype == DType::F32, "fake: fp32 only");
+    const int n = g_.size();
+    InOut io{in, out};
+    g_.exchange(rank_, &io, count * 4, [&](std::vector<void*>& ios) {
+      std::vector<std::vector<float>> res(static_cast<size_t>(n), std::vector<float>(count));
+      for (int dst = 0; dst < n; ++dst)
+        for (size_t i = 0; i < count; ++i) {
+          float acc = 0.f;
+          for (int r = 0; r < n; ++r) {
+            const float v = static_cast<const float*>(static_cast<InOut*>(ios[static_cast<size_t>(r)])->in)[static_cast<size_t>(dst) * count + i];
+            acc = r == 0 ? v : op == ReduceOp::Max ? (v > acc ? v : acc) : acc + v;
+          }
+          res[static_cast<size_t>(dst)][i] = op == ReduceOp::Avg ? acc / static_cast<float>(n) : acc;
+        }
+      for (int r = 0; r < n; ++r)
+        if (count) std::memcpy(static_cast<InOut*>(ios[static_cast<size_t>(r)])->out, res[static_cast<size_t>(r)].data(), count * 4);
+    });
+  }
   void barrier() override {
     char c = 0;
     g_.exchange(rank_, &c, 1, [](std::vector<void*>&) {});
@@ -96,6 +131,10 @@ class FakeCommunicator final : public Communicator {
   void abort() noexcept override { g_.abort(); }
 
  private:
+  struct InOut {
+    const void* in;
+    void* out;
+  };
   FakeGroup& g_;
   int rank_;
 };

@@ -1,13 +1,14 @@
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
-#include "ddprun/worker/cpu/gemm.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/gemm.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/hash.h"
 
 using namespace ddprun::worker;
-using namespace ddprun::worker::cpu;
+using namespace ddprun::example;
 
 namespace {
 std::vector<float> random_vec(size_t n, uint64_t seed) {
@@ -18,7 +19,22 @@ std::vector<float> random_vec(size_t n, uint64_t seed) {
 }
 }  // namespace
 
+// Every GEMM test runs for each implementation this build has, and restores the default.
+std::vector<GemmImpl> impls() {
+  std::vector<GemmImpl> v{GemmImpl::Builtin};
+  if (gemm_blas_available()) v.push_back(GemmImpl::Blas);
+  return v;
+}
+struct ImplGuard {
+  GemmImpl prev = gemm_impl();
+  explicit ImplGuard(GemmImpl i) { set_gemm_impl(i); }
+  ~ImplGuard() { set_gemm_impl(prev); }
+};
+
 TEST_CASE("Gemm: matches the reference for every transpose and odd shapes", "[mlp]") {
+  for (GemmImpl impl : impls()) {
+  ImplGuard g(impl);
+  INFO("implementation " << gemm_impl_name());
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (auto [M, N, K] : {std::tuple{1, 1, 1}, {7, 19, 5}, {13, 33, 300}, {97, 130, 257}, {64, 1024, 1024}}) {
@@ -31,6 +47,24 @@ TEST_CASE("Gemm: matches the reference for every transpose and odd shapes", "[ml
           for (size_t i = 0; i < C.size(); ++i) REQUIRE(C[i] == Approx(R[i]).margin(1e-4 * std::sqrt(K)));
         }
       }
+  }
+}
+
+TEST_CASE("Gemm: K = 0 writes zeros (or leaves C) in every implementation", "[mlp]") {
+  for (GemmImpl impl : impls()) {
+    ImplGuard g(impl);
+    std::vector<float> C(6, 3.f);
+    const float a = 1.f, b = 1.f;
+    sgemm(false, false, 2, 3, 0, &a, 1, &b, 3, C.data(), 3, true);
+    REQUIRE(C == std::vector<float>(6, 3.f));
+    sgemm(false, false, 2, 3, 0, &a, 1, &b, 3, C.data(), 3, false);
+    REQUIRE(C == std::vector<float>(6, 0.f));
+  }
+}
+
+TEST_CASE("Gemm: the default is OpenBLAS when the example was built with it", "[mlp]") {
+  REQUIRE(gemm_impl() == (gemm_blas_available() ? GemmImpl::Blas : GemmImpl::Builtin));
+  if (!gemm_blas_available()) REQUIRE_THROWS_AS(set_gemm_impl(GemmImpl::Blas), std::invalid_argument);
 }
 
 TEST_CASE("Mlp: parameter layout follows PyTorch's parameters() order", "[mlp]") {
@@ -96,6 +130,10 @@ TEST_CASE("Sgd: plain and momentum updates like torch.optim.SGD", "[mlp]") {
 }
 
 TEST_CASE("Gemm: bit-identical results for any thread count", "[mlp]") {
+  const GemmImpl impl = GENERATE(GemmImpl::Builtin, GemmImpl::Blas);
+  if (impl == GemmImpl::Blas && !gemm_blas_available()) return;
+  ImplGuard g(impl);
+  INFO("implementation " << gemm_impl_name());
   const int M = 64, N = 300, K = 515;
   const auto A = random_vec(static_cast<size_t>(M) * K, 3), B = random_vec(static_cast<size_t>(K) * N, 4);
   std::vector<float> C1(static_cast<size_t>(M) * N), C3 = C1;

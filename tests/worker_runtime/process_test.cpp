@@ -282,3 +282,40 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   REQUIRE(resumed.find("resumed from step 12") != std::string::npos);
   REQUIRE(checksum_of(resumed) == checksum_of(separate));
 }
+
+TEST_CASE("Force collective: one rank with --force-collective all-reduces through Gloo and ends bit-identical", "[process]") {
+  const std::string dir = temp_dir();
+  // No launcher variables: a standalone rank.
+  const std::vector<std::string> solo_env{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "SLURM_PROCID=",
+                                          "SLURM_NTASKS=", "TORCHELASTIC_USE_AGENT_STORE=", "DDPRUN_DEVICE="};
+  auto run = [&](std::vector<std::string> extra, const std::string& name) {
+    std::vector<std::string> args{TRAIN_EXE, "--device", "cpu", "--width", "64", "--depth", "2", "--samples", "400",
+                                  "--batch", "20", "--epochs", "2", "--momentum", "0.9"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<Proc> ps(1);
+    ps[0].pid = spawn(args, solo_env, dir + "/" + name + ".log");
+    REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(120)));
+    const std::string log = slurp(dir + "/" + name + ".log");
+    INFO(name << " log: " << log);
+    REQUIRE((WIFEXITED(*ps[0].status) && WEXITSTATUS(*ps[0].status) == 0));
+    return log;
+  };
+  const std::string plain = run({}, "plain");
+  REQUIRE(plain.find("world=1 backend=self") != std::string::npos);
+  const std::string want = checksum_of(plain);
+  REQUIRE(!want.empty());
+  for (const char* fused : {"0", "1"}) {
+    INFO("--fused-step " << fused);
+    const std::string forced = run({"--force-collective", "--fused-step", fused}, std::string("forced") + fused);
+    INFO("forced log: " << forced);
+    REQUIRE(forced.find("world=1 backend=gloo") != std::string::npos);
+    REQUIRE(checksum_of(forced) == want);
+  }
+
+  SECTION("--timeout must be a positive number of seconds") {
+    std::vector<Proc> ps(1);
+    ps[0].pid = spawn({TRAIN_EXE, "--timeout", "0"}, solo_env, dir + "/bad.log");
+    REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60)));
+    REQUIRE((WIFEXITED(*ps[0].status) && WEXITSTATUS(*ps[0].status) == ddprun::worker::kExitUsage));
+  }
+}

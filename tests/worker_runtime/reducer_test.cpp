@@ -4,13 +4,13 @@
 #include <stdexcept>
 #include <thread>
 
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/reducer.h"
 #include "fake_communicator.h"
 
 using namespace ddprun::worker;
-using ddprun::worker::cpu::sgd_step;
-using ddprun::worker::cpu::SgdStep;
+using ddprun::example::sgd_step;
+using ddprun::example::SgdStep;
 using ddprun::worker::testing::FakeCommunicator;
 using ddprun::worker::testing::FakeGroup;
 

@@ -15,8 +15,8 @@
 
 #include "ddprun/worker/checkpoint.h"
 #include "ddprun/worker/checks.h"
-#include "ddprun/worker/cpu/gemm.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/gemm.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/error_file.h"
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/runtime.h"
@@ -24,6 +24,7 @@
 #include "train_common.h"
 
 namespace dw = ddprun::worker;
+namespace ex = ddprun::example;
 
 namespace train {
 
@@ -56,11 +57,15 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
   if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
-  dw::cpu::set_gemm_threads(o.threads);
+  if (o.gemm == "openblas" && !ex::gemm_blas_available())
+    throw dw::WorkerError("--gemm openblas: this train was built without OpenBLAS (install libopenblas64-pthread-dev, "
+                          "reconfigure, rebuild) — or use --gemm builtin");
+  if (o.gemm != "auto") ex::set_gemm_impl(o.gemm == "openblas" ? ex::GemmImpl::Blas : ex::GemmImpl::Builtin);
+  ex::set_gemm_threads(o.threads);
 
-  const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
-  dw::cpu::CpuMlp model(shape);
-  const size_t n = dw::cpu::mlp_num_params(shape);
+  const ex::MlpShape shape{o.in, o.width, o.depth, 1};
+  ex::CpuMlp model(shape);
+  const size_t n = ex::mlp_num_params(shape);
   // Gradients in memory the communicator reduces without copies when it has such memory.
   std::vector<float> grad_storage;
   float* grads = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
@@ -83,7 +88,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   };
   float* params = state_array(param_storage);
   float* momentum = o.momentum != 0.f ? state_array(momentum_storage) : nullptr;
-  dw::cpu::mlp_init(shape, o.seed, params);
+  ex::mlp_init(shape, o.seed, params);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
   const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
@@ -120,6 +125,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   for (const auto& t : model.tensors()) views.push_back({grads + t.offset, t.count});
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
+  ro.force_collective = o.force_collective;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
   if (o.fused_step) {
     std::vector<float*> arrays{params};
@@ -129,9 +135,10 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
   if (rank == 0)
     std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
-                " buckets=%zu step=%s\n",
+                " buckets=%zu step=%s gemm=%s\n",
                 world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size(),
-                !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)");
+                !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)",
+                ex::gemm_impl_name());
   std::fflush(stdout);
 
   std::vector<float> x, y;
@@ -162,12 +169,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       double wait_ms = 0;
       if (o.fused_step) {
         // wait_ms includes the step here: it is part of the fused collective.
-        reducer.finalize_and_step(dw::cpu::SgdStep(o.lr, o.momentum, !momentum_init));
+        reducer.finalize_and_step(ex::SgdStep(o.lr, o.momentum, !momentum_init));
         wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
       } else {
         reducer.finalize();
         wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
-        dw::cpu::sgd_step(params, grads, momentum, n, o.lr, o.momentum, !momentum_init);
+        ex::sgd_step(params, grads, momentum, n, o.lr, o.momentum, !momentum_init);
       }
       // Backward's end to the new parameters, in both modes: what fusing the step saves.
       const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_fin).count();
@@ -243,6 +250,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")->check(CLI::PositiveNumber);
+  app.add_option("--gemm", o.gemm, "CPU GEMM: auto (openblas when built with it) | openblas | builtin (our kernels)")
+      ->check(CLI::IsMember({"auto", "openblas", "builtin"}));
   app.add_option("--seed", o.seed, "seed of init, data and shuffles");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "directory of checkpoints (resume from the newest valid one)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0 = every epoch)");
@@ -253,11 +262,16 @@ int main(int argc, char** argv) {
   app.add_option("--fail-attempt", o.fail_attempt, "attempt (TORCHELASTIC_RESTART_COUNT) on which every fault fires");
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
       ->check(CLI::IsMember({"kill", "exit"}));
-  app.add_option("--timeout", o.timeout_s, "collective timeout in seconds (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)");
+  app.add_option("--timeout", o.timeout_s,
+                 "timeout in seconds of NCCL init and of every collective (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
   app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
+  app.add_flag("--force-collective", o.force_collective,
+               "at world size 1, still bucket and all-reduce every gradient through a real communicator "
+               "(as PyTorch's DDP does), so a one-rank run measures the DDP machinery");
   app.add_option("--fused-step", o.fused_step,
                  "1: all-reduce and SGD in one pass on the CPU shared-memory path (each rank steps its slice); "
                  "0: all-reduce, then SGD over all parameters on every rank. Same results")
@@ -272,6 +286,7 @@ int main(int argc, char** argv) {
     dw::RuntimeOptions ro;
     ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;
     ro.timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000));
+    ro.real_communicator_at_world_size_1 = o.force_collective;
     auto rt = dw::init(ro);
     if (rt->on_cuda()) {
 #ifdef DDPRUN_TRAIN_HAVE_CUDA

@@ -22,6 +22,7 @@ struct Options {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (bf16/fp16: CUDA only)
   std::string device = "auto";     // cpu | cuda | auto
   int threads = 1;
+  std::string gemm = "auto";       // CPU GEMM: auto (openblas when built with it) | openblas | builtin
   uint64_t seed = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;    // steps; 0 = at the end of every epoch (when a dir is given)
@@ -30,11 +31,12 @@ struct Options {
   int fail_rank = 0;
   int fail_attempt = -1;
   std::string fail_mode = "kill";  // kill (SIGKILL self) | exit (error file + exit 1)
-  double timeout_s = 30;
+  double timeout_s = 600;          // NCCL init and every collective (PyTorch's 10 minutes)
   int64_t max_steps = 0;           // stop after this many global steps (0 = all epochs)
   int log_every = 0;               // 0 = once per epoch
   int warmup_steps = 3;            // excluded from the step-time average
   bool no_overlap = false;
+  bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
   bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
   bool sync_data = false;          // rank 0 generates data (debug)
 };

@@ -14,13 +14,14 @@
 #include <vector>
 
 #include "ddprun/worker/checkpoint.h"
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/mlp.h"
 #include "ddprun/worker/gpu_checks.h"
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/sampler.h"
 #include "train_common.h"
 
 namespace dw = ddprun::worker;
+namespace ex = ddprun::example;
 
 namespace train {
 namespace {
@@ -174,16 +175,16 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUBLAS_CHECK(cublasCreate(&blas));
   DDPRUN_CUBLAS_CHECK(cublasSetStream(blas, stream));
 
-  const dw::cpu::MlpShape shape{o.in, o.width, o.depth, 1};
-  const auto tensors = dw::cpu::mlp_param_tensors(shape);
-  const size_t n = dw::cpu::mlp_num_params(shape);
+  const ex::MlpShape shape{o.in, o.width, o.depth, 1};
+  const auto tensors = ex::mlp_param_tensors(shape);
+  const size_t n = ex::mlp_num_params(shape);
   std::vector<int> dims{o.in, o.width};
   for (int i = 0; i < o.depth; ++i) dims.push_back(o.width);
   dims.push_back(1);
   const size_t L = dims.size() - 1;
 
   std::vector<float> host_params(n);
-  dw::cpu::mlp_init(shape, o.seed, host_params.data());
+  ex::mlp_init(shape, o.seed, host_params.data());
   DeviceBuf<float> master(n), grads(n), momentum(o.momentum != 0.f ? n : 0);
   DeviceBuf<T> copy(kLow ? n : 0);
 
@@ -250,6 +251,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   for (const auto& t : tensors) views.push_back({grads.p + t.offset, t.count});
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
+  ro.force_collective = o.force_collective;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
   if (rank == 0)
     std::printf("[train] world=%d backend=%s device=cuda:%d precision=%s params=%zu width=%d depth=%d batch/rank=%d "

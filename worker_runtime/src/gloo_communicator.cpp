@@ -1,6 +1,10 @@
-// Gloo backend: a gloo::rendezvous::Store adapter over our StoreClient, the TCP transport,
-// and a full-mesh context whose timeout bounds every collective.
+// Gloo backend: a gloo::rendezvous::Store adapter over our Store, the TCP transport, and a
+// full-mesh context whose timeout bounds every collective. f16/bf16 are reduced in float
+// (see reduce_via_float); reduce-scatter is an all-to-all of the blocks plus a local
+// reduction in rank order.
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -9,12 +13,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
-#include "ddprun/client/store_client.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/store.h"
+#include "half.h"
 #include "shm_allreduce.h"
 
 namespace ddprun::worker {
@@ -22,7 +29,7 @@ namespace {
 
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(client::StoreClient& store, std::string prefix, std::chrono::milliseconds timeout)
+  GlooStoreAdapter(worker::Store& store, std::string prefix, std::chrono::milliseconds timeout)
       : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(prefix_ + key, std::string(data.begin(), data.end()));
@@ -40,7 +47,7 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   }
 
  private:
-  client::StoreClient& store_;
+  worker::Store& store_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };
@@ -60,9 +67,41 @@ void reduce_max(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = x[i] > y[i] ? x[i] : y[i];
 }
 
+// Avg of a Sum, in place: floats divide, integers truncate toward zero.
+template <class T>
+void divide(T* p, size_t n, int size) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T d = static_cast<T>(size);
+    for (size_t i = 0; i < n; ++i) p[i] /= d;
+  } else {
+    for (size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(size);
+  }
+}
+
+// The dtypes ShmGroup::allreduce handles (see shm_allreduce.h); the others go over Gloo.
+// Keep in step with ShmGroup when it learns more.
+bool shm_handles(DType dtype) { return dtype == DType::F32 || dtype == DType::I32; }
+
+bool is_half(DType d) { return d == DType::F16 || d == DType::BF16; }
+
+void widen(const void* in, float* out, size_t n, DType d) {
+  const auto* h = static_cast<const uint16_t*>(in);
+  if (d == DType::F16)
+    for (size_t i = 0; i < n; ++i) out[i] = half_to_float(h[i]);
+  else
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+}
+void narrow(const float* in, void* out, size_t n, DType d) {
+  auto* h = static_cast<uint16_t*>(out);
+  if (d == DType::F16)
+    for (size_t i = 0; i < n; ++i) h[i] = float_to_half(in[i]);
+  else
+    for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
+}
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(client::StoreClient& store, int rank, int size, const GlooOptions& opt)
+  GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
       : rank_(rank), size_(size), timeout_(opt.timeout), store_(store), key_prefix_(opt.key_prefix) {
     gloo::transport::tcp::attr attr;
     if (!opt.iface.empty()) {
@@ -117,34 +156,56 @@ class GlooCommunicator final : public Communicator {
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
-    if (shm_) {
+    if (shm_ && shm_handles(dtype)) {
       guarded("allreduce", [&] { shm_->allreduce(buf, count, dtype, op); });
       return;
     }
-    guarded("allreduce", [&] {
-      gloo::AllreduceOptions o(ctx_);
+    if (is_half(dtype)) {
+      // Accumulate in float, round once: exact whenever the float sum is, and the same bits
+      // on every rank (every rank rounds the same float result).
+      std::vector<float> wide(count);
+      widen(buf, wide.data(), count, dtype);
+      allreduce(wide.data(), count, DType::F32, op);
+      narrow(wide.data(), buf, count, dtype);
+      return;
+    }
+    switch (dtype) {
+      case DType::F32: return allreduce_typed(static_cast<float*>(buf), count, op);
+      case DType::F64: return allreduce_typed(static_cast<double*>(buf), count, op);
+      case DType::I32: return allreduce_typed(static_cast<int32_t*>(buf), count, op);
+      case DType::I64: return allreduce_typed(static_cast<int64_t*>(buf), count, op);
+      case DType::F16:
+      case DType::BF16: break;
+    }
+  }
+
+  void allgather(const void* in, void* out, size_t count, DType dtype) override {
+    check_alive("allgather");
+    if (count == 0) return;
+    const size_t bytes = count * dtype_size(dtype);
+    auto* mine = static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes;
+    if (in != mine) std::memcpy(mine, in, bytes);
+    if (size_ == 1) return;
+    // In place: Gloo gathers every rank's block of `out` (ours is already there).
+    guarded("allgather", [&] {
+      gloo::AllgatherOptions o(ctx_);
       o.setTag(next_tag());
       o.setTimeout(timeout_);
-      if (dtype == DType::F32) {
-        o.setOutput(static_cast<float*>(buf), count);
-        o.setReduceFunction(op == ReduceOp::Max ? &reduce_max<float> : &reduce_sum<float>);
-      } else if (dtype == DType::I32) {
-        o.setOutput(static_cast<int32_t*>(buf), count);
-        o.setReduceFunction(op == ReduceOp::Max ? &reduce_max<int32_t> : &reduce_sum<int32_t>);
-      } else {
-        throw WorkerError(std::string("gloo backend: all-reduce of ") + dtype_name(dtype) + " is not supported");
-      }
-      gloo::allreduce(o);
+      o.setOutput(static_cast<uint8_t*>(out), bytes * static_cast<size_t>(size_));
+      gloo::allgather(o);
     });
-    if (op == ReduceOp::Avg) {
-      if (dtype == DType::F32) {
-        auto* p = static_cast<float*>(buf);
-        const float n = static_cast<float>(size_);
-        for (size_t i = 0; i < count; ++i) p[i] /= n;
-      } else {
-        auto* p = static_cast<int32_t*>(buf);
-        for (size_t i = 0; i < count; ++i) p[i] /= size_;
-      }
+  }
+
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    check_alive("reduce_scatter");
+    if (count == 0) return;
+    switch (dtype) {
+      case DType::F32: return reduce_scatter_typed<float, float>(in, out, count, op, dtype);
+      case DType::F64: return reduce_scatter_typed<double, double>(in, out, count, op, dtype);
+      case DType::I32: return reduce_scatter_typed<int32_t, int32_t>(in, out, count, op, dtype);
+      case DType::I64: return reduce_scatter_typed<int64_t, int64_t>(in, out, count, op, dtype);
+      case DType::F16:
+      case DType::BF16: return reduce_scatter_typed<uint16_t, float>(in, out, count, op, dtype);
     }
   }
 
@@ -186,8 +247,65 @@ class GlooCommunicator final : public Communicator {
  private:
   uint32_t next_tag() { return tag_++; }
 
+  template <class T>
+  void allreduce_typed(T* buf, size_t count, ReduceOp op) {
+    guarded("allreduce", [&] {
+      gloo::AllreduceOptions o(ctx_);
+      o.setTag(next_tag());
+      o.setTimeout(timeout_);
+      o.setOutput(buf, count);
+      o.setReduceFunction(op == ReduceOp::Max ? &reduce_max<T> : &reduce_sum<T>);
+      gloo::allreduce(o);
+    });
+    if (op == ReduceOp::Avg) divide(buf, count, size_);
+  }
+
+  // Every rank sends block r of its input to rank r (one all-to-all), then reduces the
+  // blocks it received in rank order, in Acc (float for f16/bf16: one rounding at the end).
+  template <class T, class Acc>
+  void reduce_scatter_typed(const void* in, void* out, size_t count, ReduceOp op, DType dtype) {
+    const size_t n = static_cast<size_t>(size_);
+    std::vector<T> recv(count * n);
+    if (size_ == 1) {
+      std::memcpy(recv.data(), in, count * sizeof(T));
+    } else {
+      guarded("reduce_scatter", [&] {
+        gloo::AlltoallOptions o(ctx_);
+        o.setTag(next_tag());
+        o.setTimeout(timeout_);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), count * n);
+        o.setOutput(recv.data(), count * n);
+        gloo::alltoall(o);
+      });
+    }
+    std::vector<Acc> acc(count);
+    auto load = [&](const T* p, Acc* dst) {
+      if constexpr (std::is_same_v<T, Acc>) std::memcpy(dst, p, count * sizeof(T));
+      else widen(p, dst, count, dtype);
+    };
+    load(recv.data(), acc.data());
+    std::vector<Acc> next(std::is_same_v<T, Acc> ? 0 : count);
+    for (size_t r = 1; r < n; ++r) {
+      const T* blk = recv.data() + r * count;
+      const Acc* v = nullptr;
+      if constexpr (std::is_same_v<T, Acc>) {
+        v = blk;
+      } else {
+        widen(blk, next.data(), count, dtype);
+        v = next.data();
+      }
+      if (op == ReduceOp::Max)
+        for (size_t i = 0; i < count; ++i) acc[i] = v[i] > acc[i] ? v[i] : acc[i];
+      else
+        for (size_t i = 0; i < count; ++i) acc[i] += v[i];
+    }
+    if (op == ReduceOp::Avg) divide(acc.data(), count, size_);
+    if constexpr (std::is_same_v<T, Acc>) std::memcpy(out, acc.data(), count * sizeof(T));
+    else narrow(acc.data(), out, count, dtype);
+  }
+
   // Every rank publishes "hostname boot_id"; true when all are equal to ours.
-  bool all_on_this_host(client::StoreClient& store, const std::string& prefix) {
+  bool all_on_this_host(Store& store, const std::string& prefix) {
     char host[256] = {};
     DDPRUN_SYSCHECK(::gethostname(host, sizeof host - 1));
     std::string boot_id;
@@ -225,15 +343,17 @@ class GlooCommunicator final : public Communicator {
   uint32_t tag_ = 1;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<ShmGroup> shm_;
-  client::StoreClient& store_;
+  worker::Store& store_;
   std::string key_prefix_;
   int regions_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(client::StoreClient& store, int rank, int size,
-                                                     const GlooOptions& options) {
+std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int size, const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw WorkerError("make_gloo_communicator: rank " + std::to_string(rank) + " of size " + std::to_string(size) +
+                      " (need 0 <= rank < size)");
   return std::make_unique<GlooCommunicator>(store, rank, size, options);
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/store.h"
 
 namespace ddprun::worker {
 
@@ -18,7 +19,7 @@ void gpu_set_device(int device);
 // oldest unfinished collective, and on error/timeout aborts the communicator, writes the
 // error file and exits the process with kExitCommFailure. `store` may be null for size 1.
 // The unique id goes under `key_prefix` + "unique_id".
-std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient* store, int rank, int size, int device,
+std::unique_ptr<Communicator> make_nccl_communicator(Store* store, int rank, int size, int device,
                                                      std::chrono::milliseconds timeout, const std::string& error_file,
                                                      const std::string& key_prefix);
 

@@ -6,7 +6,7 @@ namespace ddprun::worker {
 bool gpu_backend_available() { return false; }
 int gpu_device_count() { return 0; }
 void gpu_set_device(int) { throw WorkerError("this build of libddprun_worker has no CUDA support"); }
-std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient*, int, int, int, std::chrono::milliseconds,
+std::unique_ptr<Communicator> make_nccl_communicator(Store*, int, int, int, std::chrono::milliseconds,
                                                      const std::string&, const std::string&) {
   throw WorkerError("this build of libddprun_worker has no NCCL support");
 }

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,33 +11,53 @@
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
 #include "gpu_backend.h"
+#include "store_impl.h"
 
 namespace ddprun::worker {
 namespace {
 
-// A communicator for a world of one: every collective is the identity.
+// A communicator for a world of one: every collective is the identity (a copy where input
+// and output differ).
 class SelfCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "self"; }
-  void allreduce(void*, size_t, DType, ReduceOp) override {}
-  void broadcast(void*, size_t, int) override {}
-  void barrier() override {}
-  void abort() noexcept override {}
+  void allreduce(void*, size_t, DType, ReduceOp) override { check_alive(); }
+  void broadcast(void*, size_t, int root) override {
+    check_alive();
+    if (root != 0) throw WorkerError("broadcast: root " + std::to_string(root) + " is not a rank of a world of 1");
+  }
+  void allgather(const void* in, void* out, size_t count, DType dtype) override {
+    check_alive();
+    if (in != out && count > 0) std::memmove(out, in, count * dtype_size(dtype));
+  }
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp) override {
+    check_alive();
+    if (in != out && count > 0) std::memmove(out, in, count * dtype_size(dtype));
+  }
+  void barrier() override { check_alive(); }
+  void abort() noexcept override { aborted_.store(true); }
+
+ private:
+  void check_alive() const {
+    if (aborted_.load()) throw CommError("self communicator: aborted");
+  }
+  std::atomic<bool> aborted_{false};
 };
 
 class RuntimeImpl final : public Runtime {
  public:
   const WorkerEnv& env() const override { return env_; }
   Communicator& comm() override { return *comm_; }
-  client::StoreClient* store() override { return store_.get(); }
+  Store* store() override { return store_.get(); }
   bool on_cuda() const override { return on_cuda_; }
   int cuda_device() const override { return device_; }
 
   WorkerEnv env_;
   std::unique_ptr<server::StoreServer> server_;  // rank 0 without a launcher store (srun, env://)
-  std::unique_ptr<client::StoreClient> store_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> local_store_;  // the rendezvous of a lone rank's real communicator
   std::unique_ptr<Communicator> comm_;
   bool on_cuda_ = false;
   int device_ = -1;
@@ -115,7 +136,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     so.pytorch_key_prefix = true;
     so.world_size = env.world_size;  // add to init/ like PyTorch: the rendezvous server counts progress by it
     try {
-      rt->store_ = std::make_unique<client::StoreClient>(so);
+      rt->store_ = std::make_unique<ClientStore>(so);
     } catch (const std::exception& e) {
       throw CommError("cannot reach the store at " + env.master_addr + ":" + std::to_string(env.master_port) + ": " +
                       e.what());
@@ -129,20 +150,21 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   if (cuda) {
     rt->comm_ = make_nccl_communicator(rt->store_.get(), env.rank, env.world_size, rt->device_, options.timeout,
                                        env.error_file, scope + "nccl/");
-  } else if (env.world_size == 1) {
+  } else if (env.world_size == 1 && !options.real_communicator_at_world_size_1) {
     rt->comm_ = std::make_unique<SelfCommunicator>();
   } else {
+    Store* store = rt->store_.get();
+    if (!store) {
+      rt->local_store_ = std::make_unique<MemoryStore>();
+      store = rt->local_store_.get();
+    }
     GlooOptions go;
     go.timeout = options.timeout;
     go.key_prefix = scope + "gloo/";
     if (const char* shm = std::getenv("DDPRUN_SHM"); shm && std::string(shm) == "0") go.shared_memory = false;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
-    try {
-      rt->comm_ = make_gloo_communicator(*rt->store_, env.rank, env.world_size, go);
-    } catch (const client::StoreError& e) {
-      throw CommError(std::string("gloo rendezvous through the store failed: ") + e.what());
-    }
+    rt->comm_ = make_gloo_communicator(*store, env.rank, env.world_size, go);
   }
   spdlog::debug("rank {}/{} (local {}/{}) backend {} attempt {}", env.rank, env.world_size, env.local_rank,
                 env.local_world_size, rt->comm_->backend(), env.restart_count);

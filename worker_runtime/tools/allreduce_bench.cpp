@@ -25,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/client/store_client.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/gpu_checks.h"
 #include "ddprun/worker/runtime.h"
@@ -147,7 +146,7 @@ class Raw final : public Impl {
       if (n > 1) rt.store()->set(key, std::string(reinterpret_cast<const char*>(&id), sizeof id));
     } else {
       DDPRUN_ENFORCE(rt.store() != nullptr, "raw NCCL with several ranks needs the store");
-      const std::string v = rt.store()->get(key);
+      const std::string v = rt.store()->get(key, std::chrono::minutes(5));
       DDPRUN_ENFORCE(v.size() == sizeof id, "bad NCCL id in the store");
       std::memcpy(&id, v.data(), sizeof id);
     }

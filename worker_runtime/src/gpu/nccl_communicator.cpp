@@ -14,7 +14,6 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
-#include "ddprun/client/store_client.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
 #include "ddprun/worker/gpu_checks.h"
@@ -47,7 +46,7 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(client::StoreClient* store, int rank, int size, int device, std::chrono::milliseconds timeout,
+  NcclCommunicator(Store* store, int rank, int size, int device, std::chrono::milliseconds timeout,
                    std::string error_file, const std::string& key_prefix)
       : rank_(rank), size_(size), device_(device), timeout_(timeout), error_file_(std::move(error_file)) {
     const std::string id_key = key_prefix + "unique_id";
@@ -114,12 +113,34 @@ class NcclCommunicator final : public Communicator {
     DDPRUN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream_, comm_done_, 0));
   }
 
+  // allreduce, allgather and reduce_scatter read what the compute stream produced, so they
+  // wait for it; the compute stream does not wait for them (the caller orders its use of the
+  // results with compute_waits_for_comm(), letting the Reducer's buckets overlap backward).
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
+    comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
     wait_not_in_progress("ncclAllReduce");
     track("allreduce");
+  }
+
+  void allgather(const void* in, void* out, size_t count, DType dtype) override {
+    check_alive("allgather");
+    if (count == 0) return;
+    comm_waits_for_compute();
+    DDPRUN_NCCL_CHECK(ncclAllGather(in, out, count, to_nccl(dtype), comm_, comm_stream_));
+    wait_not_in_progress("ncclAllGather");
+    track("allgather");
+  }
+
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    check_alive("reduce_scatter");
+    if (count == 0) return;
+    comm_waits_for_compute();
+    DDPRUN_NCCL_CHECK(ncclReduceScatter(in, out, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
+    wait_not_in_progress("ncclReduceScatter");
+    track("reduce_scatter");
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {
@@ -275,13 +296,13 @@ int gpu_device_count() {
 
 void gpu_set_device(int device) { DDPRUN_CUDA_CHECK(cudaSetDevice(device)); }
 
-std::unique_ptr<Communicator> make_nccl_communicator(client::StoreClient* store, int rank, int size, int device,
+std::unique_ptr<Communicator> make_nccl_communicator(Store* store, int rank, int size, int device,
                                                      std::chrono::milliseconds timeout, const std::string& error_file,
                                                      const std::string& key_prefix) {
   try {
     return std::make_unique<NcclCommunicator>(store, rank, size, device, timeout, error_file, key_prefix);
-  } catch (const client::StoreError& e) {
-    throw CommError(std::string("NCCL bootstrap through the store failed: ") + e.what());
+  } catch (const CommError& e) {
+    throw CommError(std::string("NCCL bootstrap failed: ") + e.what());
   }
 }
 

@@ -19,9 +19,11 @@
 #include <string_view>
 #include <vector>
 
+#include "ddprun/worker/export.h"
+
 namespace ddprun::worker {
 
-class Checkpoint {
+class DDPRUN_WORKER_API Checkpoint {
  public:
   uint64_t step = 0;  // optimizer steps completed; also in the file name
   std::map<std::string, std::string> sections;
@@ -47,21 +49,21 @@ class Checkpoint {
   const std::string& section(const std::string& name) const;
 };
 
-std::string encode_checkpoint(const Checkpoint& ckpt);
+DDPRUN_WORKER_API std::string encode_checkpoint(const Checkpoint& ckpt);
 // Never throws on bad bytes: returns nullopt and sets *why.
-std::optional<Checkpoint> decode_checkpoint(std::string_view bytes, std::string* why = nullptr);
+DDPRUN_WORKER_API std::optional<Checkpoint> decode_checkpoint(std::string_view bytes, std::string* why = nullptr);
 
 // Path of the checkpoint of `step` in `dir`.
-std::string checkpoint_path(const std::string& dir, uint64_t step);
+DDPRUN_WORKER_API std::string checkpoint_path(const std::string& dir, uint64_t step);
 
 // Atomically writes `ckpt` as <dir>/ckpt-<step>.ddpck (creating dir), then deletes all but the
 // newest `keep_last` checkpoints (0 = keep all). Throws std::system_error with the path on
 // I/O failure (the previous checkpoints stay valid).
-void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_last = 3);
+DDPRUN_WORKER_API void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_last = 3);
 
 // The newest valid checkpoint in dir: files are tried newest step first; a truncated, torn or
 // corrupt one is skipped with a warning (spdlog). A missing directory or no valid file
 // returns nullopt (start fresh).
-std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
+DDPRUN_WORKER_API std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
 
 }  // namespace ddprun::worker

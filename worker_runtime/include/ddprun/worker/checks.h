@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ddprun/worker/export.h"
+
 namespace ddprun::worker {
 
 // Exit codes of a worker (documented in worker_runtime/README.md).
@@ -22,20 +24,20 @@ inline constexpr int kExitError = 1;          // unexpected error (bug, bad inpu
 inline constexpr int kExitUsage = 2;          // bad command line
 inline constexpr int kExitCommFailure = 75;   // EX_TEMPFAIL: a peer/collective/store failed; restart the group
 
-class WorkerError : public std::runtime_error {
+class DDPRUN_WORKER_API WorkerError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // A collective, the store, or a peer failed. Recoverable by restarting the group.
-class CommError : public WorkerError {
+class DDPRUN_WORKER_API CommError : public WorkerError {
  public:
   using WorkerError::WorkerError;
 };
 
 namespace detail {
-[[noreturn]] void throw_errno(const char* expr, const char* file, int line, int err);
-[[noreturn]] void throw_enforce(const char* cond, const char* file, int line, const std::string& msg);
+[[noreturn]] DDPRUN_WORKER_API void throw_errno(const char* expr, const char* file, int line, int err);
+[[noreturn]] DDPRUN_WORKER_API void throw_enforce(const char* cond, const char* file, int line, const std::string& msg);
 }  // namespace detail
 
 }  // namespace ddprun::worker

@@ -1,13 +1,20 @@
-// The communicator: the few collectives data-parallel training needs, behind one interface
-// with two backends (Gloo on CPU, NCCL on GPU) and a test fake.
+// The communicator: the collectives data-parallel training needs, behind one interface with
+// three backends (Gloo on CPU, with a shared-memory all-reduce when every rank is on one host;
+// NCCL on GPU; a no-op one for a world of one) and a test fake.
 //
 // Contract for every backend:
-//  * Collectives are in place and must be issued in the same order on every rank.
+//  * Collectives must be issued in the same order, with the same counts, dtypes and ops, on
+//    every rank.
+//  * Every collective takes every DType: f32, f16, bf16, f64, i32, i64. Sums of f16/bf16 on
+//    the CPU backends accumulate in float and round to the type once at the end (round to
+//    nearest even), so they are exact whenever the float sum is; NCCL reduces them natively.
+//    Avg of an integer type is the sum divided by the world size, truncated toward zero.
 //  * Failures (peer died, I/O error, timeout, abort()) throw CommError, never hang past the
-//    communicator's timeout.
+//    communicator's timeout. An unsupported argument throws WorkerError on every rank alike.
 //  * Not thread-safe: one thread issues collectives at a time (the Reducer's communication
 //    thread during backward, the caller otherwise). abort() alone may be called from any
 //    thread, at any time.
+//  * Memory: host memory for the host backends, device memory for NCCL.
 #pragma once
 
 #include <chrono>
@@ -15,6 +22,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "ddprun/worker/export.h"
 
 namespace ddprun::worker {
 
@@ -32,13 +41,13 @@ inline size_t dtype_size(DType d) {
   }
   return 0;
 }
-const char* dtype_name(DType d);
+DDPRUN_WORKER_API const char* dtype_name(DType d);
 
 // An optimizer step that is elementwise over a flat fp32 parameter space (SGD, SGD with
 // momentum, Adam, ...): element i of every array depends only on element i of the gradient
 // and of the arrays. That lets a communicator apply it slice by slice, each slice on the rank
 // that reduced it (Communicator::allreduce_step), with the same bits as one pass over all.
-class ElementwiseStep {
+class DDPRUN_WORKER_API ElementwiseStep {
  public:
   static constexpr size_t kMaxArrays = 8;
   virtual ~ElementwiseStep() = default;
@@ -51,19 +60,35 @@ class ElementwiseStep {
   virtual void apply(float* const* a, const float* g, size_t n) const = 0;
 };
 
-class Communicator {
+class DDPRUN_WORKER_API Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;
 
-  // In place over `count` elements at `buf` (host memory for Gloo, device memory for NCCL).
-  // Gloo: blocks until done. NCCL: stream-ordered, enqueued on the communication stream.
+  // Blocking on host backends. On stream-ordered ones (NCCL), allreduce, allgather and
+  // reduce_scatter are enqueued on the communication stream after the work already issued on
+  // the compute stream (so inputs the compute stream produced are read complete), and the
+  // compute stream does NOT wait for them (that is what lets gradient buckets overlap
+  // backward): call compute_waits_for_comm() or synchronize() before using the results.
+  // broadcast is ordered on both sides (the compute stream waits for it); barrier blocks the
+  // host.
+
+  // In place over `count` elements at `buf`: every rank ends with op over all ranks' buffers.
   virtual void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
   // `bytes` at `buf` on every rank become root's.
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
-  // Host-blocking on every backend.
+  // Every rank ends with out[r * count, (r + 1) * count) = rank r's in[0, count), for every
+  // rank r (out holds count * size() elements). In place when in == out + rank() * count;
+  // otherwise in and out must not overlap.
+  virtual void allgather(const void* in, void* out, size_t count, DType dtype) = 0;
+  // in holds count * size() elements on every rank; rank r ends with out[0, count) = op over
+  // all ranks of their in[r * count, (r + 1) * count). In place when out == in + rank() *
+  // count; otherwise in and out must not overlap. in is left unchanged (except, in place,
+  // the block that becomes out).
+  virtual void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
+  // Returns once every rank entered it. Host-blocking on every backend.
   virtual void barrier() = 0;
   // Makes current and future operations fail with CommError. Any thread; never throws.
   virtual void abort() noexcept = 0;
@@ -101,29 +126,26 @@ class Communicator {
 };
 
 struct GlooOptions {
-  // Collective and connect timeout: a dead or stuck peer surfaces as CommError after this.
-  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // Collective and connect timeout: a stuck peer surfaces as CommError after this (a dead one
+  // at once: its sockets close). PyTorch's default for Gloo, 10 minutes.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   // Local address for Gloo's TCP pairs: a hostname/IP, or "" = derive (GLOO_SOCKET_IFNAME,
   // loopback when MASTER_ADDR is loopback, else this host's name).
   std::string hostname;
   std::string iface;       // network interface name (GLOO_SOCKET_IFNAME); wins over hostname
   std::string key_prefix = "ddprun/gloo/";
   // When every rank runs on this host, all-reduce through shared memory (see
-  // src/shm_allreduce.h); Gloo still carries broadcast and barrier. Env DDPRUN_SHM=0 disables.
+  // src/shm_allreduce.h) for the dtypes that path handles; Gloo carries the rest and every
+  // other collective. init() turns it off for DDPRUN_SHM=0.
   bool shared_memory = true;
 };
 
-}  // namespace ddprun::worker
+class Store;
 
-namespace ddprun::client {
-class StoreClient;
-}
-
-namespace ddprun::worker {
-
-// Builds a full-mesh Gloo context over `store` (keys under options.key_prefix).
-// Throws CommError when the mesh cannot be formed within the timeout.
-std::unique_ptr<Communicator> make_gloo_communicator(client::StoreClient& store, int rank, int size,
-                                                     const GlooOptions& options);
+// Builds a full-mesh Gloo context over `store` (keys under options.key_prefix); rank in
+// [0, size), size >= 1, the same size and key prefix on every rank. `store` must outlive the
+// communicator (alloc_shared() publishes through it). Throws CommError when the mesh cannot be formed within the timeout.
+DDPRUN_WORKER_API std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int size,
+                                                                       const GlooOptions& options);
 
 }  // namespace ddprun::worker

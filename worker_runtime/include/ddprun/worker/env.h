@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "ddprun/worker/export.h"
+
 namespace ddprun::worker {
 
 struct WorkerEnv {
@@ -35,7 +37,7 @@ using GetEnvFn = std::function<const char*(const char*)>;
 // SLURM_LAUNCH_NODE_IPADDR (master address) instead.
 // Throws WorkerError naming the variable when a value is malformed or out of range
 // (e.g. RANK >= WORLD_SIZE). Pure: reads only through `get`.
-WorkerEnv read_worker_env(const GetEnvFn& get);
-WorkerEnv read_worker_env();  // from the process environment
+DDPRUN_WORKER_API WorkerEnv read_worker_env(const GetEnvFn& get);
+DDPRUN_WORKER_API WorkerEnv read_worker_env();  // from the process environment
 
 }  // namespace ddprun::worker

@@ -4,14 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ddprun/worker/export.h"
+
 namespace ddprun::worker {
 
 // CRC-32C (Castagnoli, reflected, poly 0x82F63B78), the checksum of checkpoint files.
 // crc32c(data, n, 0) of "123456789" is 0xE3069283.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+DDPRUN_WORKER_API uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
 // 64-bit FNV-1a over bytes, used for printing parameter checksums.
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+DDPRUN_WORKER_API uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
 
 // SplitMix64 step: a stateless mix used for deterministic data and shuffles.
 inline uint64_t splitmix64(uint64_t x) {

@@ -4,7 +4,11 @@
 //   ddprun::worker::Reducer reducer(rt->comm(), grads, DType::F32);
 //
 // Tunables (each with its default here, overridable by the environment variable named):
-//   timeout              30 s   DDPRUN_COLLECTIVE_TIMEOUT_S  collective/connect timeout
+//   timeout           10 min    DDPRUN_COLLECTIVE_TIMEOUT_S  NCCL init, every collective (NCCL
+//                                                            and Gloo) and Gloo's connect, as
+//                                                            PyTorch's defaults; a dead peer is
+//                                                            seen at once regardless (closed
+//                                                            sockets, NCCL's async error)
 //   store_timeout       300 s   DDPRUN_STORE_TIMEOUT_S       wait/get on the store during init
 //   device             auto     DDPRUN_DEVICE                cpu | cuda | auto (cuda when every
 //                                                            local rank can have its own GPU)
@@ -20,6 +24,8 @@
 
 #include "ddprun/worker/communicator.h"
 #include "ddprun/worker/env.h"
+#include "ddprun/worker/export.h"
+#include "ddprun/worker/store.h"
 
 namespace ddprun::worker {
 
@@ -27,21 +33,27 @@ enum class DeviceKind { Auto, Cpu, Cuda };
 
 struct RuntimeOptions {
   DeviceKind device = DeviceKind::Auto;
-  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds store_timeout{std::chrono::seconds(300)};
   bool apply_env_overrides = true;  // read the DDPRUN_* variables above
+  // World size 1 on the CPU: build a real (1-rank Gloo) communicator instead of the no-op one,
+  // so that collectives forced at world size 1 (ReducerOptions::force_collective) run through
+  // the machinery they measure. Without it a lone CPU rank gets a communicator whose
+  // collectives return at once.
+  bool real_communicator_at_world_size_1 = false;
 };
 
 // True when this build has the CUDA/NCCL backend and a GPU is visible.
-bool cuda_available();
+DDPRUN_WORKER_API bool cuda_available();
 
-class Runtime {
+class DDPRUN_WORKER_API Runtime {
  public:
   virtual ~Runtime() = default;
   virtual const WorkerEnv& env() const = 0;
   virtual Communicator& comm() = 0;
   // The store connection (nullptr for a standalone 1-rank run without launcher variables).
-  virtual client::StoreClient* store() = 0;
+  // Keys the runtime itself uses live under "ddprun/"; keep yours elsewhere.
+  virtual Store* store() = 0;
   virtual bool on_cuda() const = 0;
   virtual int cuda_device() const = 0;  // LOCAL_RANK when on_cuda()
   int rank() const { return env().rank; }
@@ -54,13 +66,13 @@ class Runtime {
 // running on CUDA (rank 0 publishes the unique id), Gloo otherwise. A 1-rank run without
 // launcher variables needs no store. Throws WorkerError (bad env) or CommError (store/peers
 // unreachable within the timeouts).
-std::unique_ptr<Runtime> init(RuntimeOptions options = {});
+DDPRUN_WORKER_API std::unique_ptr<Runtime> init(RuntimeOptions options = {});
 
 // Last-resort error path of a worker: logs `e`, writes TORCHELASTIC_ERROR_FILE in PyTorch's
 // format and returns the exit code (kExitCommFailure for CommError, kExitError otherwise).
-int report_fatal(const std::exception& e, const std::string& where = "");
+DDPRUN_WORKER_API int report_fatal(const std::exception& e, const std::string& where = "");
 
 // Runs body() and turns any exception into report_fatal()'s exit code: the usual main().
-int run_worker_main(const std::function<int()>& body);
+DDPRUN_WORKER_API int run_worker_main(const std::function<int()>& body);
 
 }  // namespace ddprun::worker

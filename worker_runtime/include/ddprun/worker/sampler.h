@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ddprun/worker/export.h"
+
 namespace ddprun::worker {
 
 struct SamplerOptions {
@@ -25,7 +27,7 @@ struct SamplerOptions {
   bool drop_last = false;
 };
 
-class DistributedSampler {
+class DDPRUN_WORKER_API DistributedSampler {
  public:
   // Throws WorkerError when rank is outside [0, num_replicas) or the dataset is empty
   // (or smaller than num_replicas with drop_last).

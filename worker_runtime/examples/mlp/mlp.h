@@ -1,3 +1,4 @@
+// Example code of the `train` program, not part of libddprun_worker (a user brings the model).
 // The example model on CPU: Linear(in, width), ReLU, [Linear(width, width), ReLU] x depth,
 // Linear(width, out), with MSE loss. depth = 0, width = 50 is the seed's model.
 // Parameters (and gradients) live in caller-owned flat fp32 buffers laid out in PyTorch's
@@ -12,7 +13,7 @@
 
 #include "ddprun/worker/communicator.h"
 
-namespace ddprun::worker::cpu {
+namespace ddprun::example {
 
 struct MlpShape {
   int in = 10;
@@ -66,7 +67,7 @@ void sgd_step(float* params, const float* grads, float* momentum_buf, size_t n, 
 // sgd_step as an ElementwiseStep for Reducer::finalize_and_step(): arrays {params} without
 // momentum, {params, momentum buffer} with. It calls sgd_step itself, so the fused and the
 // unfused step run the same float operations and give the same bits.
-struct SgdStep final : ElementwiseStep {
+struct SgdStep final : worker::ElementwiseStep {
   float lr = 0.01f;
   float momentum = 0.f;
   bool first_step = true;  // momentum buffer not initialised yet (buf = g)
@@ -77,4 +78,4 @@ struct SgdStep final : ElementwiseStep {
   }
 };
 
-}  // namespace ddprun::worker::cpu
+}  // namespace ddprun::example

@@ -1,16 +1,20 @@
-#include "ddprun/worker/cpu/gemm.h"
+#include "mlp/gemm.h"
 
 #include <immintrin.h>
+#ifdef DDPRUN_EXAMPLE_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <mutex>
 #include <thread>
 #include <vector>
 
-namespace ddprun::worker::cpu {
+namespace ddprun::example {
 namespace {
 
 constexpr int MR = 6, NR = 16;
@@ -215,10 +219,65 @@ Pool& pool() {
 
 bool sgemm_uses_avx2() { return kHaveAvx2; }
 
-void set_gemm_threads(int n) { pool().resize(std::max(1, n)); }
-int gemm_threads() { return pool().size(); }
+namespace {
+#ifdef DDPRUN_EXAMPLE_OPENBLAS
+constexpr bool kHaveBlas = true;
+#else
+constexpr bool kHaveBlas = false;
+#endif
+GemmImpl g_impl = kHaveBlas ? GemmImpl::Blas : GemmImpl::Builtin;
+int g_threads = 1;
+}  // namespace
+
+bool gemm_blas_available() { return kHaveBlas; }
+void set_gemm_impl(GemmImpl impl) {
+  if (impl == GemmImpl::Blas && !kHaveBlas)
+    throw std::invalid_argument("this build of the example has no BLAS (install libopenblas64-pthread-dev and reconfigure)");
+  g_impl = impl;
+}
+GemmImpl gemm_impl() { return g_impl; }
+const char* gemm_impl_name() { return g_impl == GemmImpl::Blas ? "openblas" : "builtin"; }
+
+void set_gemm_threads(int n) {
+  g_threads = std::max(1, n);
+  pool().resize(g_threads);
+}
+int gemm_threads() { return g_threads; }
 
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
+           int ldc, bool accumulate) {
+#ifdef DDPRUN_EXAMPLE_OPENBLAS
+  if (g_impl == GemmImpl::Blas) {
+    // OpenBLAS runs single-threaded; our pool splits C's columns, each group one cblas call
+    // over the whole K. OpenBLAS's own threading gives different bits for different thread
+    // counts; a column split keeps every element's summation the same for any count.
+    static const bool single = (openblas_set_num_threads(1), true);
+    (void)single;
+    if (M <= 0 || N <= 0) return;
+    const auto call = [&](int j0, int j1) {
+      // beta = 0 overwrites C without reading it, like the builtin path (K = 0 included).
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, j1 - j0,
+                  K, 1.f, A, lda, trans_b ? B + static_cast<size_t>(j0) * ldb : B + j0, ldb, accumulate ? 1.f : 0.f,
+                  C + j0, ldc);
+    };
+    constexpr int kCols = 64;  // split granularity: whole register tiles
+    const int blocks = (N + kCols - 1) / kCols;
+    const int groups = std::min(blocks, pool().size());
+    if (groups <= 1) {
+      call(0, N);
+    } else {
+      pool().run(groups, [&](int g) {
+        const int b0 = blocks * g / groups, b1 = blocks * (g + 1) / groups;
+        call(b0 * kCols, std::min(N, b1 * kCols));
+      });
+    }
+    return;
+  }
+#endif
+  sgemm_builtin(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+void sgemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
            int ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
@@ -268,4 +327,4 @@ void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const floa
     }
 }
 
-}  // namespace ddprun::worker::cpu
+}  // namespace ddprun::example

@@ -1,12 +1,12 @@
-#include "ddprun/worker/cpu/mlp.h"
+#include "mlp/mlp.h"
 
 #include <cmath>
 
 #include "ddprun/worker/checks.h"
-#include "ddprun/worker/cpu/gemm.h"
+#include "mlp/gemm.h"
 #include "ddprun/worker/hash.h"
 
-namespace ddprun::worker::cpu {
+namespace ddprun::example {
 
 std::vector<ParamTensor> mlp_param_tensors(const MlpShape& s) {
   std::vector<int> dims{s.in, s.width};
@@ -33,7 +33,7 @@ void mlp_init(const MlpShape& shape, uint64_t seed, float* params) {
   const auto tensors = mlp_param_tensors(shape);
   for (size_t k = 0; k < tensors.size(); ++k) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(tensors[k].fan_in));
-    Rng rng{splitmix64(seed * 1000003ull + k)};
+    worker::Rng rng{worker::splitmix64(seed * 1000003ull + k)};
     for (size_t i = 0; i < tensors[k].count; ++i) params[tensors[k].offset + i] = (2.f * rng.next_unit() - 1.f) * bound;
   }
 }
@@ -129,4 +129,4 @@ void sgd_step(float* params, const float* grads, float* momentum_buf, size_t n, 
   }
 }
 
-}  // namespace ddprun::worker::cpu
+}  // namespace ddprun::example

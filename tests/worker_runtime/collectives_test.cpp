@@ -1,0 +1,254 @@
+// Every collective of the Communicator interface, for every DType and reduce op, over real
+// Gloo communicators (ranks = threads, each with its own connection to a real StoreServer;
+// with and without the shared-memory all-reduce) at 1, 2 and 3 ranks, and over the 1-rank
+// communicator init() builds. Inputs are small integers (and halves of them), so every
+// expected result is exact in every dtype and compared bit for bit.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "ddprun/server/store_server.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
+#include "ddprun/worker/runtime.h"
+#include "ddprun/worker/store.h"
+#include "fake_communicator.h"
+#include "half.h"
+
+using namespace ddprun::worker;
+
+namespace {
+
+const DType kDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max};
+const char* op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max"; }
+
+// A typed buffer of `count` elements stored as raw bytes, read and written as doubles (every
+// value used here is exact in every dtype).
+struct Buf {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buf(DType d, size_t count) : dtype(d), bytes(count * dtype_size(d)) {}
+  size_t count() const { return bytes.size() / dtype_size(dtype); }
+  void* data() { return bytes.data(); }
+  void set(size_t i, double v) {
+    unsigned char* p = bytes.data() + i * dtype_size(dtype);
+    switch (dtype) {
+      case DType::F32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DType::F64: std::memcpy(p, &v, 8); break;
+      case DType::I32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DType::I64: { const int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DType::F16: { const uint16_t h = float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DType::BF16: { const uint16_t h = float_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    }
+  }
+  // The bytes `v` has in this dtype: what a correct result holds, bit for bit.
+  std::vector<unsigned char> encoded(double v) const {
+    Buf one(dtype, 1);
+    one.set(0, v);
+    return one.bytes;
+  }
+  bool holds(size_t i, double v) const {
+    const auto want = encoded(v);
+    return std::memcmp(bytes.data() + i * dtype_size(dtype), want.data(), want.size()) == 0;
+  }
+};
+
+bool is_int(DType d) { return d == DType::I32 || d == DType::I64; }
+
+// Element i of rank r's input: small signed integers (|v| <= 5 * (r + 1)).
+double input(int r, size_t i) {
+  const double k = static_cast<double>(i % 5 + 1) * (r + 1);
+  return i % 2 ? -k : k;
+}
+double expected(ReduceOp op, DType d, int size, size_t i) {
+  double sum = 0, mx = input(0, i);
+  for (int r = 0; r < size; ++r) {
+    sum += input(r, i);
+    mx = std::max(mx, input(r, i));
+  }
+  if (op == ReduceOp::Sum) return sum;
+  if (op == ReduceOp::Max) return mx;
+  // Avg: sum = +-k * size(size+1)/2, so sum / size = +-k (size+1)/2, exact in binary for any
+  // size; integers truncate toward zero.
+  return is_int(d) ? std::trunc(sum / size) : sum / size;
+}
+
+// Runs every collective for every dtype (and op) on one rank; returns what went wrong.
+std::string exercise(Communicator& c) {
+  std::ostringstream err;
+  const int n = c.size(), me = c.rank();
+  auto fail = [&](const char* what, DType d, const char* op, size_t i) {
+    err << "rank " << me << "/" << n << " " << what << " " << dtype_name(d) << " " << op << " wrong at element " << i
+        << "; ";
+  };
+  for (DType d : kDTypes) {
+    // allreduce; 1031 elements: odd, larger than one slice per rank.
+    for (ReduceOp op : kOps) {
+      Buf b(d, 1031);
+      for (size_t i = 0; i < b.count(); ++i) b.set(i, input(me, i));
+      c.allreduce(b.data(), b.count(), d, op);
+      for (size_t i = 0; i < b.count(); ++i)
+        if (!b.holds(i, expected(op, d, n, i))) { fail("allreduce", d, op_name(op), i); break; }
+    }
+    // broadcast from the last rank
+    {
+      Buf b(d, 77);
+      for (size_t i = 0; i < b.count(); ++i) b.set(i, input(me, i));
+      c.broadcast(b.data(), b.bytes.size(), n - 1);
+      for (size_t i = 0; i < b.count(); ++i)
+        if (!b.holds(i, input(n - 1, i))) { fail("broadcast", d, "-", i); break; }
+    }
+    // allgather, out of place and in place
+    for (bool in_place : {false, true}) {
+      const size_t count = 19;
+      Buf in(d, count), out(d, count * static_cast<size_t>(n));
+      for (size_t i = 0; i < count; ++i) in.set(i, input(me, i));
+      const void* src = in.data();
+      if (in_place) {
+        std::memcpy(out.bytes.data() + static_cast<size_t>(me) * in.bytes.size(), in.bytes.data(), in.bytes.size());
+        src = out.bytes.data() + static_cast<size_t>(me) * in.bytes.size();
+      }
+      c.allgather(src, out.data(), count, d);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          if (!out.holds(static_cast<size_t>(r) * count + i, input(r, i))) {
+            fail(in_place ? "allgather(in place)" : "allgather", d, "-", static_cast<size_t>(r) * count + i);
+            r = n;
+            break;
+          }
+    }
+    // reduce_scatter, out of place and in place: block q of every rank's input is input(., i)
+    // shifted by q, so each rank's result differs.
+    for (ReduceOp op : kOps)
+      for (bool in_place : {false, true}) {
+        const size_t count = 13;
+        Buf in(d, count * static_cast<size_t>(n)), out(d, count);
+        for (size_t j = 0; j < in.count(); ++j) in.set(j, input(me, j));
+        void* dst = out.data();
+        if (in_place) dst = in.bytes.data() + static_cast<size_t>(me) * out.bytes.size();
+        c.reduce_scatter(in.data(), dst, count, d, op);
+        if (in_place) std::memcpy(out.data(), dst, out.bytes.size());
+        for (size_t i = 0; i < count; ++i)
+          if (!out.holds(i, expected(op, d, n, static_cast<size_t>(me) * count + i))) {
+            fail(in_place ? "reduce_scatter(in place)" : "reduce_scatter", d, op_name(op), i);
+            break;
+          }
+      }
+  }
+  return err.str();
+}
+
+}  // namespace
+
+TEST_CASE("Collectives: every op and dtype over Gloo, bit-exact, at 1, 2 and 3 ranks", "[collectives]") {
+  const int world = GENERATE(1, 2, 3);
+  const bool shm = GENERATE(true, false);
+  INFO("world " << world << ", shared memory " << shm);
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::atomic<int> arrived{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      std::string& e = errors[static_cast<size_t>(r)];
+      try {
+        StoreOptions co;
+        co.port = server.port();
+        auto store = connect_store(co);
+        GlooOptions go;
+        go.hostname = "127.0.0.1";
+        go.timeout = std::chrono::seconds(60);
+        go.shared_memory = shm;
+        auto comm = make_gloo_communicator(*store, r, world, go);
+        // (no Catch assertions in these threads: Catch is not thread-safe)
+        if (comm->size() != world || comm->rank() != r) e += "wrong rank/size; ";
+        e += exercise(*comm);
+        // barrier: nobody leaves before everyone arrived
+        arrived.fetch_add(1);
+        comm->barrier();
+        if (arrived.load() != world) e += "barrier returned before every rank arrived; ";
+        comm->barrier();  // nobody destroys the mesh while a peer still reads `arrived`
+      } catch (const std::exception& ex) {
+        e += std::string("exception: ") + ex.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) CHECK(e == "");
+}
+
+TEST_CASE("Collectives: the 1-rank communicator of init() is the identity, a copy where in != out", "[collectives]") {
+  RuntimeOptions ro;
+  ro.apply_env_overrides = false;
+  auto rt = init(ro);
+  REQUIRE(rt->world_size() == 1);
+  REQUIRE(std::string(rt->comm().backend()) == "self");
+  REQUIRE(exercise(rt->comm()).empty());
+  float x = 1;
+  REQUIRE_THROWS_AS(rt->comm().broadcast(&x, sizeof x, 1), WorkerError);
+  rt->comm().abort();
+  REQUIRE_THROWS_AS(rt->comm().allreduce(&x, 1, DType::F32, ReduceOp::Sum), CommError);
+
+  SECTION("real_communicator_at_world_size_1 gives a 1-rank Gloo communicator (no launcher, no store)") {
+    ro.real_communicator_at_world_size_1 = true;
+    auto rt1 = init(ro);
+    REQUIRE(std::string(rt1->comm().backend()) == "gloo");
+    REQUIRE(rt1->store() == nullptr);
+    REQUIRE(exercise(rt1->comm()).empty());
+  }
+}
+
+TEST_CASE("Collectives: f16/bf16 conversions round to nearest even and round-trip every value", "[collectives]") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto v = static_cast<uint16_t>(h);
+    const bool f16_nan = (v & 0x7c00) == 0x7c00 && (v & 0x3ff);
+    if (!f16_nan && float_to_half(half_to_float(v)) != v) FAIL("f16 " << h << " does not round-trip");
+    const bool bf_nan = (v & 0x7f80) == 0x7f80 && (v & 0x7f);
+    if (!bf_nan && float_to_bf16(bf16_to_float(v)) != v) FAIL("bf16 " << h << " does not round-trip");
+  }
+  REQUIRE(half_to_float(0x3c00) == 1.0f);
+  REQUIRE(half_to_float(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  REQUIRE(float_to_half(65504.f) == 0x7bff);
+  REQUIRE(float_to_half(65520.f) == 0x7c00);                   // halfway to 2^16: ties to even = inf
+  REQUIRE(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie between 1 and 1+2^-10: even
+  REQUIRE(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie: up to even
+  REQUIRE(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);     // tie between 0 and the smallest: even
+  REQUIRE(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);     // tie between 1 and 2 units: even
+  REQUIRE(float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);  // tie: even
+  REQUIRE(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
+  REQUIRE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+  REQUIRE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+TEST_CASE("Collectives: the test fake's allgather and reduce_scatter keep the interface's contract", "[collectives]") {
+  const int world = 3;
+  testing::FakeGroup g(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      testing::FakeCommunicator c(g, r);
+      std::string& e = errors[static_cast<size_t>(r)];
+      double mine[2] = {1.0 * r, -2.0 * r}, all[6] = {};
+      c.allgather(mine, all, 2, DType::F64);
+      for (int q = 0; q < world; ++q)
+        if (all[2 * q] != q || all[2 * q + 1] != -2.0 * q) e += "allgather; ";
+      for (ReduceOp op : kOps) {
+        std::vector<float> in(2 * world), out(2);
+        for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>(input(r, j));
+        c.reduce_scatter(in.data(), out.data(), 2, DType::F32, op);
+        for (size_t i = 0; i < 2; ++i)
+          if (out[i] != static_cast<float>(expected(op, DType::F32, world, static_cast<size_t>(r) * 2 + i)))
+            e += std::string("reduce_scatter ") + op_name(op) + "; ";
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) CHECK(e == "");
+}
