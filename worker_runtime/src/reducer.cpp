@@ -79,7 +79,38 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
       bk.staging.resize(bk.count * es);
     }
   }
+  ready_.assign(grads_.size(), 0);
+  contributed_.assign(grads_.size(), 0);
   if (!solo() && !comm_.stream_ordered()) thread_ = std::thread([this] { comm_thread_main(); });
+}
+
+void Reducer::misuse(const std::string& op, const std::string& what) const {
+  throw WorkerError("Reducer misuse on rank " + std::to_string(comm_.rank()) + " in " + op + ": " + what);
+}
+
+std::string Reducer::param_label(size_t index) const {
+  std::string s = "parameter " + std::to_string(index);
+  if (options_.param_name) s += " (" + options_.param_name(index) + ")";
+  return s;
+}
+
+void Reducer::check_mark(const char* op, size_t index) const {
+  const std::string call = std::string(op) + "(" + std::to_string(index) + ")";
+  if (index >= grads_.size())
+    misuse(call, "index out of range: expected a parameter index below " + std::to_string(grads_.size()) +
+                     " (registration order)");
+  if (!in_backward_)
+    misuse(call, "called outside a backward pass for " + param_label(index) +
+                     ": expected prepare_for_backward() before each backward pass (without it this rank would "
+                     "skip synchronisation and silently diverge from its peers)");
+  if (ready_[index])
+    misuse(call, param_label(index) + " was already marked ready in backward pass " + std::to_string(pass_) +
+                     ": expected each gradient to be marked exactly once per pass, after its last contribution");
+}
+
+void Reducer::count_ready(size_t index) {
+  ready_[index] = 1;
+  ++n_ready_;
 }
 
 Reducer::~Reducer() {
@@ -94,6 +125,13 @@ Reducer::~Reducer() {
 }
 
 void Reducer::prepare_for_backward() {
+  if (in_backward_)
+    misuse("prepare_for_backward()", "called again while backward pass " + std::to_string(pass_) +
+                                         " is still open: expected finalize() (or finalize_and_step()) after "
+                                         "each backward pass before the next prepare_for_backward()");
+  ++pass_;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  n_ready_ = 0;
   for (auto& bk : buckets_) {
     bk.pending = bk.members.size();
     bk.launched = false;
@@ -107,10 +145,11 @@ void Reducer::prepare_for_backward() {
 }
 
 void Reducer::mark_ready(size_t index) {
-  DDPRUN_ENFORCE(index < grads_.size(), "mark_ready: index out of range");
-  if (!sync_ || !in_backward_ || solo()) return;
+  check_mark("mark_ready", index);
+  count_ready(index);
+  contributed_[index] = 1;
+  if (!sync_ || solo()) return;
   Bucket& bk = buckets_[bucket_of_[index]];
-  DDPRUN_ENFORCE(bk.pending > 0, "mark_ready called twice for gradient " + std::to_string(index));
   --bk.pending;
   if (!options_.overlap) return;
   // Launch in bucket order so every rank issues the same sequence of collectives. Fused
@@ -123,6 +162,46 @@ void Reducer::mark_ready(size_t index) {
     launch(b);
     ++launched_early_;
   }
+}
+
+void Reducer::mark_unused(size_t index) {
+  check_mark("mark_unused", index);
+  if (!contributed_[index]) {
+    if (comm_.stream_ordered())
+      misuse("mark_unused(" + std::to_string(index) + ")",
+             "the gradient of " + param_label(index) +
+                 " is in device memory: expected the program to zero it on the device and call mark_ready()");
+    std::memset(grads_[index].ptr, 0, grads_[index].count * dtype_size(dtype_));
+  }
+  // Counted like mark_ready (also launching the buckets it completes), minus the contribution.
+  const unsigned char had = contributed_[index];
+  mark_ready(index);
+  contributed_[index] = had;
+}
+
+void Reducer::begin_finalize(const char* op) {
+  if (!in_backward_)
+    misuse(op, "called without prepare_for_backward() for this pass: expected prepare_for_backward() before "
+               "backward, mark_ready() once per gradient during it, then one " + std::string(op));
+  if (n_ready_ < grads_.size()) {
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < grads_.size(); ++i)
+      if (!ready_[i]) missing.push_back(i);
+    if (options_.find_unused_parameters) {
+      for (size_t i : missing) mark_unused(i);
+    } else {
+      std::string list;
+      for (size_t k = 0; k < missing.size() && k < 16; ++k) list += (k ? ", " : "") + param_label(missing[k]);
+      if (missing.size() > 16) list += ", ... (" + std::to_string(missing.size() - 16) + " more)";
+      in_backward_ = false;
+      misuse(op, std::to_string(missing.size()) + " of " + std::to_string(grads_.size()) +
+                     " gradients were never marked ready in backward pass " + std::to_string(pass_) + ": " + list +
+                     ". Expected mark_ready() for every parameter; if these did not take part in this step, call "
+                     "mark_unused() for them or set ReducerOptions::find_unused_parameters");
+    }
+  }
+  in_backward_ = false;
+  if (sync_) std::fill(contributed_.begin(), contributed_.end(), 0);
 }
 
 void Reducer::launch(size_t b) {
@@ -193,8 +272,6 @@ void Reducer::comm_thread_main() {
 }
 
 void Reducer::launch_rest_and_wait(bool skip_fused) {
-  for (const auto& bk : buckets_)
-    DDPRUN_ENFORCE(bk.pending == 0 || !options_.overlap, "finalize: a gradient was never marked ready");
   // In bucket order, the same on every rank (fused buckets skipped in mark_ready come here).
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused)) launch(b);
@@ -213,8 +290,7 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
 }
 
 void Reducer::finalize() {
-  if (!in_backward_) return;
-  in_backward_ = false;
+  begin_finalize("finalize()");
   if (!sync_ || solo()) return;
   launch_rest_and_wait(false);
 }
@@ -281,12 +357,8 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
                      std::to_string(step_arrays_.size()) + " were registered");
   fused_last_ = 0;
   fused_calls_last_ = 0;
-  if (!in_backward_) return false;
-  if (!sync_) {  // accumulating (no_sync): no step until the synchronised micro-batch
-    in_backward_ = false;
-    return false;
-  }
-  in_backward_ = false;
+  begin_finalize("finalize_and_step()");
+  if (!sync_) return false;  // accumulating (no_sync): no step until the synchronised micro-batch
   if (comm_.size() > 1) launch_rest_and_wait(true);
   // The communication thread is idle now: this thread may issue the fused collectives, in
   // bucket order like every other rank. Every rank is past backward once all are here.

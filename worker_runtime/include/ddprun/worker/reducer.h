@@ -33,13 +33,25 @@
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
 // Errors: a failed all-reduce is rethrown from finalize() / finalize_and_step() as CommError.
+//
+// Misuse is an error, never silent divergence (a rank that skipped synchronisation would end
+// with different parameters and still exit 0). Each pass must be, on every rank:
+//   prepare_for_backward(); backward with mark_ready(i) (or mark_unused(i)) once per gradient;
+//   finalize() or finalize_and_step().
+// mark_ready/mark_unused outside a pass, finalize without prepare, prepare twice, a gradient
+// marked twice, or finalize with gradients never marked throw WorkerError naming the rank, the
+// call and what was expected (parameters by index, and by name with ReducerOptions::param_name).
+// These checks also run at world size 1 and while sync is off, so a bug shows on one rank.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +66,13 @@ struct ReducerOptions {
   // World size 1: still bucket and launch every collective, as PyTorch's DDP wrapper does, so
   // a one-rank benchmark measures the DDP machinery instead of skipping it. Default: skip.
   bool force_collective = false;
+  // Gradients not marked ready (nor unused) by finalize() are treated as unused (mark_unused)
+  // instead of being an error, like PyTorch DDP's find_unused_parameters (which finds them by
+  // walking the autograd graph; here whatever was not marked is unused). Buckets holding such a
+  // gradient can only start in finalize(), so marking unused parameters early overlaps better.
+  bool find_unused_parameters = false;
+  // Optional: the name of parameter i (registration order), used in error messages.
+  std::function<std::string(size_t)> param_name;
 };
 
 struct GradView {
@@ -79,7 +98,13 @@ class Reducer {
   void prepare_for_backward();
   // Gradient `index` (registration order) is final for this backward pass.
   void mark_ready(size_t index);
-  // Waits for all buckets (launching any not yet launched). Throws CommError.
+  // Parameter `index` took no part in this pass: its gradient counts as ready, zero-filled
+  // unless it received a contribution since the last synchronised pass (no_sync accumulation
+  // keeps it, as PyTorch keeps a defined .grad). Host gradients only: for device gradients
+  // zero it on the device and call mark_ready().
+  void mark_unused(size_t index);
+  // Waits for all buckets (launching any not yet launched). Throws CommError; WorkerError when
+  // a gradient was never marked (without find_unused_parameters) or on misuse (see above).
   void finalize();
 
   // Collective, once, outside backward: where the arrays of the ElementwiseStep given to
@@ -139,6 +164,14 @@ class Reducer {
   // The step arrays at the element of gradient pointer `g`.
   void arrays_at(const void* g, float** out) const;
   void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
+  // Misuse: throws WorkerError "Reducer misuse on rank R in <op>: <what>".
+  [[noreturn]] void misuse(const std::string& op, const std::string& what) const;
+  std::string param_label(size_t index) const;
+  void check_mark(const char* op, size_t index) const;
+  void count_ready(size_t index);
+  // finalize()'s entry check: a pass is open; every gradient marked (or, with
+  // find_unused_parameters, the rest marked unused).
+  void begin_finalize(const char* op);
   // Nothing to communicate: one rank and no forced collective.
   bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
 
@@ -158,6 +191,10 @@ class Reducer {
   std::vector<float*> step_arrays_;
   bool sync_ = true;
   bool in_backward_ = false;
+  uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
+  std::vector<unsigned char> ready_;        // per gradient, this pass
+  std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
+  size_t n_ready_ = 0;
 
   // Host communication thread.
   std::thread thread_;
