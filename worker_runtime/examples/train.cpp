@@ -115,6 +115,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   int64_t start_epoch = meta[1], start_in_epoch = meta[2];
   bool momentum_init = meta[3] != 0;
   if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
+  // Rank 0 writes checkpoints in the background (the loop does not wait for the disk).
+  std::optional<dw::CheckpointWriter> writer;
+  if (rank == 0 && !o.checkpoint_dir.empty()) writer.emplace(o.checkpoint_dir, o.keep_checkpoints);
 
   std::vector<dw::GradView> views;
   for (const auto& t : model.tensors()) views.push_back({grads + t.offset, t.count});
@@ -202,7 +205,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
         ck.put_u64("rng_state", o.seed);  // data and shuffles are counter-based: the seed is the whole RNG state
         const std::string cfg = config_fingerprint(o);
         ck.put("config", cfg.data(), cfg.size());
-        dw::save_checkpoint(o.checkpoint_dir, ck, o.keep_checkpoints);
+        writer->save(std::move(ck));
       }
     }
     if (rank == 0 && loss_n > 0) {
@@ -212,6 +215,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       std::fflush(stdout);
     }
   }
+  if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
   if (rank == 0) {
     if (timed_steps > 0)
