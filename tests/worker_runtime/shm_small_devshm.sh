@@ -8,7 +8,8 @@ ddprun="$1"; train="$2"
 if [[ "$(id -u)" != 0 ]] || ! unshare -m true 2>/dev/null; then echo "SKIP: needs root and unshare -m"; exit 77; fi
 tmp="$(mktemp -d /tmp/ddprun-smallshm-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
-common=(--width 64 --depth 2 --samples 200 --batch 20 --epochs 2 --device cpu)
+# Wide enough that the touched shared memory exceeds 1 MiB (a sparse segment would SIGBUS).
+common=(--width 512 --depth 2 --samples 120 --batch 20 --epochs 1 --device cpu)
 
 "$ddprun" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" >"$tmp/normal.log" 2>&1 || {
   echo "normal run failed:"; cat "$tmp/normal.log"; exit 1; }
