@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -141,6 +142,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   using Clock = std::chrono::steady_clock;
   double timed_ms = 0, comm_wait_ms = 0;  // comm_wait: time finalize() blocks after backward
   double after_backward_ms = 0;
+  double ov_sum[5] = {0, 0, 0, 0, 0};  // buckets early, bytes early, comm ms, hidden ms, finish ms
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false;
@@ -179,6 +181,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       ++run_steps;
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (run_steps > o.warmup_steps) {
+        const auto& ov = reducer.overlap();  // overlap evidence, averaged over the timed steps
+        ov_sum[0] += ov.buckets ? static_cast<double>(ov.buckets_early) / static_cast<double>(ov.buckets) : 0;
+        ov_sum[1] += ov.bytes ? static_cast<double>(ov.bytes_early) / static_cast<double>(ov.bytes) : 0;
+        ov_sum[2] += ov.comm_ms;
+        ov_sum[3] += std::max(0.0, ov.comm_ms - ov.exposed_ms);
+        ov_sum[4] += ov.finish_ms;
         timed_ms += ms;
         comm_wait_ms += wait_ms;
         after_backward_ms += after_ms;
@@ -222,6 +230,13 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
                   timed_ms / static_cast<double>(timed_steps), timed_steps, comm_wait_ms / static_cast<double>(timed_steps),
                   after_backward_ms / static_cast<double>(timed_steps));
+    if (timed_steps > 0 && world > 1) {
+      const double k = static_cast<double>(timed_steps);
+      std::printf("overlap_buckets_early=%.3f overlap_bytes_early=%.3f comm_ms=%.3f comm_hidden_ms=%.3f "
+                  "comm_hidden_frac=%.3f fused_finish_ms=%.3f\n",
+                  ov_sum[0] / k, ov_sum[1] / k, ov_sum[2] / k, ov_sum[3] / k, ov_sum[2] > 0 ? ov_sum[3] / ov_sum[2] : 0.0,
+                  ov_sum[4] / k);
+    }
     std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
                 dw::fnv1a64(params, n * sizeof(float)));
     std::fflush(stdout);

@@ -158,6 +158,17 @@ class GlooCommunicator final : public Communicator {
     guarded("allreduce_step", [&] { shm_->allreduce_step(grad, count, step, arrays); });
   }
 
+  bool splits_step() const override { return shm_ != nullptr; }
+  void reduce_for_step(float* grad, size_t count) override {
+    check_alive("reduce_for_step");
+    guarded("reduce_for_step", [&] { shm_->reduce_for_step(grad, count); });
+  }
+  void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                   float* const* arrays) override {
+    check_alive("finish_step");
+    guarded("finish_step", [&] { shm_->finish_step(n_segments, grads, counts, step, arrays); });
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
     if (bytes == 0) return;

@@ -1,6 +1,7 @@
 #include "ddprun/worker/reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -142,6 +143,7 @@ void Reducer::prepare_for_backward() {
   in_backward_ = true;
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
+  comm_ms_ = 0;
 }
 
 void Reducer::mark_ready(size_t index) {
@@ -152,13 +154,14 @@ void Reducer::mark_ready(size_t index) {
   Bucket& bk = buckets_[bucket_of_[index]];
   --bk.pending;
   if (!options_.overlap) return;
-  // Launch in bucket order so every rank issues the same sequence of collectives. Fused
-  // buckets wait for finalize_and_step(): their step writes parameters that this or another
-  // rank may still read in backward. Ranks agree on which buckets are fused, so the sequence
-  // stays the same everywhere.
+  // Launch in bucket order so every rank issues the same sequence of collectives. A fused
+  // bucket starts its reduction now where the step splits (reduce_for_step writes no
+  // parameter); otherwise it waits for finalize_and_step(): its step writes parameters that
+  // this or another rank may still read in backward. Ranks agree on which buckets are fused
+  // and on splitting, so the sequence stays the same everywhere.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     const size_t b = next_to_launch_++;
-    if (buckets_[b].fused) continue;
+    if (buckets_[b].fused && !split_) continue;
     launch(b);
     ++launched_early_;
   }
@@ -222,6 +225,10 @@ void Reducer::launch(size_t b) {
 
 void Reducer::reduce_bucket(Bucket& bk) {
   const size_t es = dtype_size(dtype_);
+  if (bk.fused && split_) {
+    comm_.reduce_for_step(static_cast<float*>(bk.base), bk.count);
+    return;
+  }
   if (bk.base) {
     comm_.allreduce(bk.base, bk.count, dtype_, ReduceOp::Avg);
     return;
@@ -255,6 +262,7 @@ void Reducer::comm_thread_main() {
       }
     }
     std::exception_ptr err;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       reduce_bucket(buckets_[b]);
     } catch (const CommError&) {
@@ -262,9 +270,11 @@ void Reducer::comm_thread_main() {
     } catch (const std::exception& e) {
       err = std::make_exception_ptr(CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
     }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (err && !error_) error_ = err;
+      comm_ms_ += ms;
       ++completed_;
     }
     cv_.notify_all();
@@ -273,15 +283,28 @@ void Reducer::comm_thread_main() {
 
 void Reducer::launch_rest_and_wait(bool skip_fused) {
   // In bucket order, the same on every rank (fused buckets skipped in mark_ready come here).
+  const size_t es = dtype_size(dtype_);
+  stats_ = OverlapStats{};
+  for (const auto& bk : buckets_) {
+    stats_.buckets += 1;
+    stats_.bytes += bk.count * es;
+    if (bk.launched) {
+      stats_.buckets_early += 1;
+      stats_.bytes_early += bk.count * es;
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b)
-    if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused)) launch(b);
+    if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused && !split_)) launch(b);
   next_to_launch_ = buckets_.size();
   if (comm_.stream_ordered()) {
     comm_.compute_waits_for_comm();
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return completed_ == launched_; });
+  stats_.exposed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stats_.comm_ms = comm_ms_;
   if (error_) {
     auto e = error_;
     error_ = nullptr;
@@ -291,6 +314,9 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
 
 void Reducer::finalize() {
   begin_finalize("finalize()");
+  if (sync_ && split_ && std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.fused; }))
+    misuse("finalize()", "set_step_arrays() made buckets reduce for the fused step during backward: expected "
+                         "finalize_and_step() to end a synchronised pass");
   if (!sync_ || solo()) return;
   launch_rest_and_wait(false);
 }
@@ -316,7 +342,8 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   // backward, so one collective over the joined range saves two barriers per join. Votes:
   // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
   const size_t nb = buckets_.size();
-  std::vector<float> votes(2 * nb, 0.f);
+  std::vector<float> votes(2 * nb + 1, 0.f);
+  votes[2 * nb] = comm_.splits_step() ? 1.f : 0.f;
   float* at[ElementwiseStep::kMaxArrays];
   auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
   auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
@@ -332,6 +359,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   }
   comm_.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
   const auto all = static_cast<float>(comm_.size());
+  split_ = votes[2 * nb] == all;
   for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
   for (size_t b = 0; b < nb; ++b)
     buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
@@ -359,13 +387,25 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
   fused_calls_last_ = 0;
   begin_finalize("finalize_and_step()");
   if (!sync_) return false;  // accumulating (no_sync): no step until the synchronised micro-batch
-  if (comm_.size() > 1) launch_rest_and_wait(true);
+  if (!solo()) launch_rest_and_wait(true);
   // The communication thread is idle now: this thread may issue the fused collectives, in
   // bucket order like every other rank. Every rank is past backward once all are here.
+  const auto t_finish = std::chrono::steady_clock::now();
   float* at[ElementwiseStep::kMaxArrays];
+  std::vector<float*> seg_grads, seg_arrays;  // split: every fused bucket in one finish_step
+  std::vector<size_t> seg_counts;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!buckets_[b].fused) {
       step_locally(buckets_[b], step);
+      continue;
+    }
+    if (split_) {
+      auto* g = static_cast<float*>(buckets_[b].base);
+      seg_grads.push_back(g);
+      seg_counts.push_back(buckets_[b].count);
+      arrays_at(g, at);
+      seg_arrays.insert(seg_arrays.end(), at, at + step_arrays_.size());
+      ++fused_last_;
       continue;
     }
     // This bucket and the following ones that join it: one contiguous range.
@@ -383,6 +423,11 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
     comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
     ++fused_calls_last_;
   }
+  if (!seg_grads.empty()) {
+    comm_.finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
+    ++fused_calls_last_;
+  }
+  stats_.finish_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_finish).count();
   return true;
 }
 

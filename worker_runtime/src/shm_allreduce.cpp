@@ -28,16 +28,18 @@ struct ShmGroup::Control {
   std::atomic<uint32_t> generation;
   std::atomic<int32_t> pids[kMaxRanks];
   // Written by its rank before a collective's first barrier, read by all after it (the
-  // barrier's release/acquire orders them); no rank rewrites its entry before everyone passed
-  // the check, which needs the next barrier.
-  OpSig sigs[kMaxRanks];
+  // barrier's release/acquire orders them). Two sets, by the parity of the sequence number: a
+  // rank can be one collective ahead (reduce_for_step has a single barrier), writing the next
+  // entry while a slower peer still checks this one; it cannot be two ahead, since that needs
+  // the next barrier, which the slow peer reaches only after its check.
+  OpSig sigs[2][kMaxRanks];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex needs lock-free 32-bit atomics");
 
 namespace {
 
-constexpr size_t kHeaderBytes = 4096;
-enum OpKind : uint32_t { kStaged = 1, kZeroCopy = 2, kFusedStep = 3 };
+constexpr size_t kHeaderBytes = 16384;
+enum OpKind : uint32_t { kStaged = 1, kZeroCopy = 2, kFusedStep = 3, kReduceForStep = 4, kFinishStep = 5 };
 
 // Reduction arithmetic per element type: f16 and bf16 accumulate in float and round once.
 struct bf16_t {
@@ -277,11 +279,12 @@ void ShmGroup::barrier() {
 void ShmGroup::enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra) {
   if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
   const OpSig mine{++seq_, count, where, kind, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op), extra};
-  ctl_->sigs[rank_] = mine;
+  OpSig* const sigs = ctl_->sigs[mine.seq & 1];
+  sigs[rank_] = mine;
   barrier();
   std::string diff;
   for (int r = 0; r < size_; ++r) {
-    const OpSig o = ctl_->sigs[r];
+    const OpSig o = sigs[r];
     if (o.seq == mine.seq && o.count == mine.count && o.where == mine.where && o.kind == mine.kind &&
         o.dtype == mine.dtype && o.op == mine.op && o.extra == mine.extra)
       continue;
@@ -312,6 +315,11 @@ std::string ShmGroup::describe(const OpSig& s) const {
     case kFusedStep:
       return "allreduce_step(fp32, " + std::to_string(s.count) + " elements, " + std::to_string(s.extra) +
              " arrays, gradient at " + place + ")";
+    case kReduceForStep:
+      return "reduce_for_step(fp32, " + std::to_string(s.count) + " elements, gradient at " + place + ")";
+    case kFinishStep:
+      return "finish_step(fp32, " + std::to_string(s.count) + " elements in " + std::to_string(s.extra) +
+             " segments, first at " + place + ")";
   }
   return "an unknown collective";
 }
@@ -440,6 +448,74 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
       for (size_t j = 0; j < na; ++j) copy_nontemporal(at(arr[j], q) + b0, mine[j], b1 - b0);
+    }
+  }
+  _mm_sfence();  // the streaming stores are weakly ordered: visible before the barrier says so
+  barrier();     // every slice of every array written everywhere
+}
+
+void ShmGroup::reduce_for_step(float* grad, size_t count) {
+  const Region* reg = region_of(grad, count * sizeof(float));
+  DDPRUN_ENFORCE(reg != nullptr, "shm reduce_for_step: the gradient is not in alloc_shared memory");
+  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(grad) -
+                                         (reg->base + static_cast<size_t>(rank_) * reg->stride));
+  auto part = [&](int q) { return reinterpret_cast<const float*>(reg->base + static_cast<size_t>(q) * reg->stride + off); };
+  enter(kReduceForStep, DType::F32, count, ReduceOp::Avg, where_of(reg, grad), 0);  // every rank's gradient is final
+  // Slice r of every part is read by rank r only, so rank r may overwrite its own part's slice
+  // with the average: no second barrier (finish_step's first one orders it before any reader).
+  const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+  const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+  constexpr size_t kBlock = 2048;
+  for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+    const size_t b1 = std::min(hi, b0 + kBlock);
+    float acc[kBlock];
+    // The reduction of allreduce_step (order, Avg division): the same averaged bits.
+    reduce_block<float>(acc, b0, b1, size_, ReduceOp::Avg, part);
+    std::memcpy(grad + b0, acc, (b1 - b0) * sizeof(float));
+  }
+}
+
+void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                           float* const* arrays) {
+  const size_t na = step.num_arrays();
+  size_t total = 0;
+  for (size_t s = 0; s < n_segments; ++s) {
+    DDPRUN_ENFORCE(fuses_step(grads[s], counts[s], arrays + s * na, na),
+                   "shm finish_step: buffers are not all in alloc_shared memory");
+    total += counts[s];
+  }
+  if (n_segments == 0) return;
+  // Every rank is past backward (nobody reads parameters any more) and every reduce_for_step
+  // of this pass finished on every rank.
+  enter(kFinishStep, DType::F32, total, ReduceOp::Avg, where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]),
+        static_cast<uint32_t>(n_segments));
+  constexpr size_t kBlock = 2048;
+  for (size_t s = 0; s < n_segments; ++s) {
+    const size_t count = counts[s];
+    const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+    const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+    float* const* arr = arrays + s * na;
+    struct Peer {
+      const Region* reg;
+      size_t off;
+    } where[ElementwiseStep::kMaxArrays];
+    for (size_t j = 0; j < na; ++j) {
+      const Region* reg = region_of(arr[j], count * sizeof(float));
+      where[j] = {reg, static_cast<size_t>(reinterpret_cast<unsigned char*>(arr[j]) -
+                                           (reg->base + static_cast<size_t>(rank_) * reg->stride))};
+    }
+    float* mine[ElementwiseStep::kMaxArrays];
+    for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+      const size_t b1 = std::min(hi, b0 + kBlock);
+      for (size_t j = 0; j < na; ++j) mine[j] = arr[j] + b0;
+      step.apply(mine, grads[s] + b0, b1 - b0);
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        for (size_t j = 0; j < na; ++j)
+          copy_nontemporal(
+              reinterpret_cast<float*>(where[j].reg->base + static_cast<size_t>(q) * where[j].reg->stride + where[j].off) + b0,
+              mine[j], b1 - b0);
+      }
     }
   }
   _mm_sfence();  // the streaming stores are weakly ordered: visible before the barrier says so

@@ -50,6 +50,13 @@
 // Dtypes: f32, f64, i32, i64 reduced in their own type; f16 and bf16 accumulated in float
 // (rank order, Avg divides in float) and rounded once to nearest even.
 //
+// Split fused step (reduce_for_step, then finish_step): the reduction of the fused step
+// moved into backward, where it overlaps the rest of it: rank r averages slice r of a bucket
+// as soon as the bucket is ready on every rank and keeps it in its own part of the gradient
+// (only rank r reads slice r, so no second barrier); after backward one finish_step steps
+// every fused bucket's slice and writes the updated parameters into every rank's copy (one
+// barrier pair for all buckets). Parameters are written only there, after backward.
+//
 // Not thread-safe: one collective at a time (like the communicator that owns it).
 #pragma once
 
@@ -91,6 +98,14 @@ class ShmGroup {
   // The fused average + step of the header comment; requires fuses_step(). Afterwards every
   // rank's part of every array holds the same updated values; grad keeps its local values.
   void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
+
+  // The fused step in two phases (Communicator::splits_step): reduce_for_step() during
+  // backward leaves in this rank's part the average of the gradient slice this rank steps;
+  // finish_step() after backward steps each segment's slice and writes it everywhere, as
+  // allreduce_step() does, with the same bits.
+  void reduce_for_step(float* grad, size_t count);
+  void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                   float* const* arrays);
 
   // Collective (same bytes, same order on every rank): a new segment with one part per rank;
   // returns this rank's part (zeroed), valid for the group's lifetime, or nullptr on every

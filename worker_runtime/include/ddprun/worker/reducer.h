@@ -22,14 +22,19 @@
 // set_step_arrays() and end each pass with finalize_and_step(step) instead of finalize() plus
 // an optimizer pass. Buckets whose gradients and arrays the communicator can average and step
 // in one pass (Communicator::fuses_step: the CPU shared-memory path, everything in
-// alloc_shared() memory) are then not launched during backward but in finalize_and_step():
-// there each rank steps only its slice of a bucket and writes the result into every rank's
-// copy (ZeRO-1 style, but the state stays replicated), i.e. into parameters that a slower
-// peer could still be reading in backward (dX = dz.W runs after mark_ready of W). Fused
-// buckets adjacent in memory go as one collective (all run after backward anyway, and each
-// collective costs two barriers). Every other bucket is all-reduced as usual (overlapped)
-// and stepped locally after it. Both give the same bits: same reduction order, same
-// per-element float operations (see Communicator::allreduce_step).
+// alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
+// result into every rank's copy (ZeRO-1 style, but the state stays replicated). Writing
+// parameters must wait until every rank is past backward (a slower peer may still read them:
+// dX = dz.W runs after mark_ready of W), but the reduction need not: where the communicator
+// splits the step (Communicator::splits_step, the shm path), a fused bucket's reduction
+// (reduce_for_step: each rank averages its slice) starts as soon as the bucket is ready, during
+// backward like any bucket, and finalize_and_step() only steps the slices and writes them
+// everywhere (one finish_step for all fused buckets). A communicator that fuses without
+// splitting gets the fused buckets launched in finalize_and_step(), adjacent ones as one
+// collective. Every other bucket is all-reduced as usual (overlapped) and stepped locally
+// after it. All give the same bits: same reduction order, same per-element float operations
+// (see Communicator::allreduce_step). After set_step_arrays() end synchronised passes with
+// finalize_and_step(), not finalize().
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
 // Errors: a failed all-reduce is rethrown from finalize() / finalize_and_step() as CommError.
@@ -139,6 +144,15 @@ class Reducer {
   const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
   // Number of buckets launched before finalize() in the last pass (overlap evidence).
   size_t buckets_launched_early() const { return launched_early_; }
+  // Overlap of the last synchronised pass (host communicators time their collectives).
+  struct OverlapStats {
+    size_t buckets = 0, buckets_early = 0;  // early: launched during backward (before finalize)
+    size_t bytes = 0, bytes_early = 0;
+    double comm_ms = 0;     // communication thread's time in this pass's collectives
+    double exposed_ms = 0;  // of which finalize waited after backward (the rest was hidden)
+    double finish_ms = 0;   // fused step after backward (finish_step / allreduce_step)
+  };
+  const OverlapStats& overlap() const { return stats_; }
   // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
   // and the number of fused collectives they took (adjacent fused buckets go as one).
   size_t buckets_fused() const { return fused_last_; }
@@ -191,6 +205,9 @@ class Reducer {
   std::vector<float*> step_arrays_;
   bool sync_ = true;
   bool in_backward_ = false;
+  bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
+  OverlapStats stats_;
+  double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
   uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
   std::vector<unsigned char> ready_;        // per gradient, this pass
   std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
