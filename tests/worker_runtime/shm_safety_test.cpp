@@ -299,3 +299,52 @@ TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leav
   REQUIRE(left.empty());
   std::filesystem::remove_all(dir);
 }
+
+// ---- the debug-mode collective check for Gloo over TCP (collective_check.h) --------------------
+
+#include <barrier>
+
+#include "collective_check.h"
+
+TEST_CASE("CollectiveChecker: matching collectives pass, different ones fail on every rank with both ops",
+          "[collective_check]") {
+  const int world = 3;
+  std::vector<CollectiveSignature> board(world);
+  std::barrier sync(world);
+  // An all-gather over threads: everyone writes its slot, waits, reads all, waits.
+  auto all_gather = [&](int r) {
+    return [&, r](const void* mine, void* all, size_t bytes) {
+      REQUIRE(bytes == sizeof(CollectiveSignature));
+      std::memcpy(&board[static_cast<size_t>(r)], mine, bytes);
+      sync.arrive_and_wait();
+      std::memcpy(all, board.data(), bytes * world);
+      sync.arrive_and_wait();
+    };
+  };
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      CollectiveChecker c(r, world);
+      try {
+        c.check(CollectiveOp::AllReduce, DType::F32, 100, static_cast<int>(ReduceOp::Sum), all_gather(r));
+        c.check(CollectiveOp::Broadcast, DType::F32, 64, 0, all_gather(r));
+        if (r == 2) {
+          c.check(CollectiveOp::Broadcast, DType::F32, 64, 0, all_gather(r));  // rank 2 skipped an all-reduce
+        } else {
+          c.check(CollectiveOp::AllReduce, DType::BF16, 100, static_cast<int>(ReduceOp::Avg), all_gather(r));
+        }
+      } catch (const CommError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << e);
+    REQUIRE(has(e, "collective mismatch (DDPRUN_DEBUG_COLLECTIVES) seen by rank " + std::to_string(r)));
+    REQUIRE(has(e, "issued #3 allreduce(bf16, 100 elements, avg)"));
+    REQUIRE(has(e, "issued #3 broadcast(64 bytes, root 0)"));
+    REQUIRE_FALSE(has(e, "#2"));
+  }
+}
