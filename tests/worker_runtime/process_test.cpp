@@ -239,7 +239,10 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   const std::string resumed = run_elastic(args, 2, 3, &attempts);
   INFO("resumed log: " << resumed);
   REQUIRE(attempts == 3);
-  REQUIRE(resumed.find("resumed from step 20") != std::string::npos);
+  // Rank 0 writes checkpoints in the background: stopped (SIGTERM) while step 20's is still in
+  // flight, it resumes from step 16's. Either way the end is bit-identical.
+  REQUIRE((resumed.find("resumed from step 20") != std::string::npos ||
+           resumed.find("resumed from step 16") != std::string::npos));
   REQUIRE(checksum_of(resumed) == want);
 
   SECTION("on one store kept across attempts, as torchrun 2.6+ does, attempts do not read each other's keys") {

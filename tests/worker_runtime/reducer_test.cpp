@@ -470,6 +470,7 @@ TEST_CASE("Reducer: an unused parameter is zero-filled and averaged (mark_unused
           "[reducer_safety]") {
   for (bool automatic : {false, true}) {
     std::vector<std::vector<float>> out(2);
+    std::vector<size_t> early(2);
     on_threads(2, [&](int r, FakeCommunicator& c) {
       std::vector<float> flat(30, static_cast<float>(10 * (r + 1)));  // stale values from an earlier step
       ReducerOptions o;
@@ -489,7 +490,11 @@ TEST_CASE("Reducer: an unused parameter is zero-filled and averaged (mark_unused
       red.mark_ready(0);
       red.finalize();
       out[static_cast<size_t>(r)] = flat;
+      early[static_cast<size_t>(r)] = red.buckets_launched_early();
     });
+    // Rank 1: parameter 1's bucket (and the one after it) could start only in finalize.
+    REQUIRE(early[0] == 3);
+    REQUIRE(early[1] == (automatic ? 1u : 3u));
     for (int r = 0; r < 2; ++r) {
       const auto& v = out[static_cast<size_t>(r)];
       REQUIRE(v[0] == 1.5f);

@@ -136,6 +136,7 @@ void Reducer::prepare_for_backward() {
   for (auto& bk : buckets_) {
     bk.pending = bk.members.size();
     bk.launched = false;
+    bk.early = false;
   }
   next_to_launch_ = 0;
   launched_early_ = 0;
@@ -163,7 +164,10 @@ void Reducer::mark_ready(size_t index) {
     const size_t b = next_to_launch_++;
     if (buckets_[b].fused && !split_) continue;
     launch(b);
-    ++launched_early_;
+    if (!finalizing_) {  // not when finalize() marks the unused ones (find_unused_parameters)
+      ++launched_early_;
+      buckets_[b].early = true;
+    }
   }
 }
 
@@ -191,7 +195,9 @@ void Reducer::begin_finalize(const char* op) {
     for (size_t i = 0; i < grads_.size(); ++i)
       if (!ready_[i]) missing.push_back(i);
     if (options_.find_unused_parameters) {
+      finalizing_ = true;  // what these launch does not count as launched during backward
       for (size_t i : missing) mark_unused(i);
+      finalizing_ = false;
     } else {
       std::string list;
       for (size_t k = 0; k < missing.size() && k < 16; ++k) list += (k ? ", " : "") + param_label(missing[k]);
@@ -289,7 +295,7 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
   for (const auto& bk : buckets_) {
     stats_.buckets += 1;
     stats_.bytes += bk.count * es;
-    if (bk.launched) {
+    if (bk.early) {
       stats_.buckets_early += 1;
       stats_.bytes_early += bk.count * es;
     }

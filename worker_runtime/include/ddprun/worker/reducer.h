@@ -163,6 +163,7 @@ class Reducer {
     std::vector<size_t> members;
     size_t pending = 0;
     bool launched = false;
+    bool early = false;  // launched during backward (from mark_ready/mark_unused)
     void* base = nullptr;   // in-place range, or nullptr when staged
     size_t count = 0;
     std::vector<unsigned char> staging;
@@ -205,6 +206,7 @@ class Reducer {
   std::vector<float*> step_arrays_;
   bool sync_ = true;
   bool in_backward_ = false;
+  bool finalizing_ = false;  // finalize() marking unused gradients (find_unused_parameters)
   bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
   OverlapStats stats_;
   double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
