@@ -297,7 +297,8 @@ TEST_CASE("Reducer: no_sync: finalize_and_step neither communicates nor steps", 
     REQUIRE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));
     REQUIRE(red.buckets_fused() == 1);
     REQUIRE(p[0] == 1.f - 3.f);  // average of the accumulated (2, 4)
-    REQUIRE_FALSE(red.finalize_and_step(SgdStep(1.f, 0.f, true)));  // no second step for one backward
+    // No second step for one backward: a second finalize is misuse, and changes nothing.
+    REQUIRE_THROWS_AS(red.finalize_and_step(SgdStep(1.f, 0.f, true)), WorkerError);
     REQUIRE(p[0] == -2.f);
   });
 }
@@ -345,5 +346,184 @@ TEST_CASE("Reducer: set_step_arrays and finalize_and_step reject misuse", "[redu
     red.set_step_arrays(f.grads.data(), {f.params.data()});
     f.backward(red, 0, 0);
     REQUIRE_THROWS_AS(red.finalize_and_step(SgdStep(0.1f, 0.9f, true)), std::logic_error);  // 2 arrays, 1 registered
+  });
+}
+
+// ---- misuse is an error naming the rank, the call and what was expected ----------------------
+
+namespace {
+// The message of the WorkerError `f` throws ("" when it throws nothing or something else).
+template <class F>
+std::string worker_error_of(F f) {
+  try {
+    f();
+  } catch (const WorkerError& e) {
+    return e.what();
+  } catch (...) {
+    return "(another exception)";
+  }
+  return "";
+}
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// Rank 1 of a 2-rank group whose rank 0 never communicates: every check must fire before any
+// collective (a forgotten prepare_for_backward on one rank used to skip synchronisation).
+struct MisuseFixture {
+  FakeGroup g{2};
+  FakeCommunicator c{g, 1};
+  std::vector<float> flat = std::vector<float>(30, 1.f);
+  std::vector<GradView> views{{flat.data(), 10}, {flat.data() + 10, 10}, {flat.data() + 20, 10}};
+  static ReducerOptions opts() {
+    ReducerOptions o;
+    o.first_bucket_cap_bytes = 1u << 20;  // one bucket: nothing launches before all are ready
+    o.param_name = [](size_t i) { return "layer" + std::to_string(i) + ".weight"; };
+    return o;
+  }
+};
+}  // namespace
+
+TEST_CASE("Reducer misuse: mark_ready or finalize without prepare_for_backward is an error", "[reducer_safety]") {
+  MisuseFixture f;
+  Reducer red(f.c, f.views, DType::F32, MisuseFixture::opts());
+  std::string e = worker_error_of([&] { red.mark_ready(2); });
+  INFO(e);
+  REQUIRE(has(e, "rank 1"));
+  REQUIRE(has(e, "mark_ready(2)"));
+  REQUIRE(has(e, "layer2.weight"));
+  REQUIRE(has(e, "expected prepare_for_backward()"));
+  e = worker_error_of([&] { red.finalize(); });
+  INFO(e);
+  REQUIRE(has(e, "rank 1"));
+  REQUIRE(has(e, "finalize()"));
+  REQUIRE(has(e, "without prepare_for_backward()"));
+  REQUIRE(f.c.allreduce_calls == 0);
+  // The same after a completed pass (the pass is closed by finalize).
+  FakeGroup solo_group(1);
+  FakeCommunicator solo(solo_group, 0);
+  Reducer one(solo, f.views, DType::F32, MisuseFixture::opts());
+  one.prepare_for_backward();
+  for (size_t k = 3; k-- > 0;) one.mark_ready(k);
+  one.finalize();
+  REQUIRE(has(worker_error_of([&] { one.mark_ready(0); }), "outside a backward pass"));
+  REQUIRE(has(worker_error_of([&] { one.finalize(); }), "without prepare_for_backward()"));
+}
+
+TEST_CASE("Reducer misuse: finalize_and_step without prepare, prepare twice, a gradient marked twice",
+          "[reducer_safety]") {
+  MisuseFixture f;
+  std::vector<float> params(30, 0.f);
+  Reducer red(f.c, f.views, DType::F32, MisuseFixture::opts());
+  // set_step_arrays is collective: give it a fake peer so the vote completes.
+  std::thread peer([&] {
+    FakeCommunicator c0(f.g, 0);
+    std::vector<float> votes(2, 0.f);
+    c0.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
+  });
+  red.set_step_arrays(f.flat.data(), {params.data()});
+  peer.join();
+  std::string e = worker_error_of([&] { red.finalize_and_step(SgdStep(0.1f, 0.f, true)); });
+  INFO(e);
+  REQUIRE(has(e, "rank 1"));
+  REQUIRE(has(e, "finalize_and_step()"));
+  REQUIRE(has(e, "without prepare_for_backward()"));
+  REQUIRE(params == std::vector<float>(30, 0.f));
+  red.prepare_for_backward();
+  e = worker_error_of([&] { red.prepare_for_backward(); });
+  INFO(e);
+  REQUIRE(has(e, "rank 1"));
+  REQUIRE(has(e, "prepare_for_backward()"));
+  REQUIRE(has(e, "expected finalize()"));
+  red.mark_ready(1);
+  e = worker_error_of([&] { red.mark_ready(1); });
+  INFO(e);
+  REQUIRE(has(e, "rank 1"));
+  REQUIRE(has(e, "mark_ready(1)"));
+  REQUIRE(has(e, "layer1.weight"));
+  REQUIRE(has(e, "already marked ready"));
+  REQUIRE(has(worker_error_of([&] { red.mark_ready(3); }), "index out of range"));
+}
+
+TEST_CASE("Reducer misuse: finalize with gradients never marked names them (also on one rank)", "[reducer_safety]") {
+  for (int world : {1, 2}) {
+    MisuseFixture f;
+    FakeGroup g1(1);
+    FakeCommunicator c1(g1, 0);
+    Communicator& c = world == 1 ? static_cast<Communicator&>(c1) : f.c;
+    Reducer red(c, f.views, DType::F32, MisuseFixture::opts());
+    red.prepare_for_backward();
+    red.mark_ready(2);
+    const std::string e = worker_error_of([&] { red.finalize(); });
+    INFO(e);
+    REQUIRE(has(e, world == 1 ? "rank 0" : "rank 1"));
+    REQUIRE(has(e, "2 of 3 gradients were never marked ready"));
+    REQUIRE(has(e, "parameter 0 (layer0.weight)"));
+    REQUIRE(has(e, "parameter 1 (layer1.weight)"));
+    REQUIRE_FALSE(has(e, "parameter 2"));
+    REQUIRE(has(e, "find_unused_parameters"));
+    REQUIRE(has(e, "mark_unused()"));
+    // The pass is closed: the next one starts cleanly.
+    red.prepare_for_backward();
+  }
+}
+
+TEST_CASE("Reducer: an unused parameter is zero-filled and averaged (mark_unused, find_unused_parameters)",
+          "[reducer_safety]") {
+  for (bool automatic : {false, true}) {
+    std::vector<std::vector<float>> out(2);
+    std::vector<size_t> early(2);
+    on_threads(2, [&](int r, FakeCommunicator& c) {
+      std::vector<float> flat(30, static_cast<float>(10 * (r + 1)));  // stale values from an earlier step
+      ReducerOptions o;
+      o.first_bucket_cap_bytes = 40;  // one parameter per bucket
+      o.bucket_cap_bytes = 40;
+      o.find_unused_parameters = automatic;
+      Reducer red(c, {{flat.data(), 10}, {flat.data() + 10, 10}, {flat.data() + 20, 10}}, DType::F32, o);
+      red.prepare_for_backward();
+      for (size_t i = 0; i < 30; ++i) flat[i] = static_cast<float>(r + 1);
+      red.mark_ready(2);
+      if (r == 1) {
+        flat[10] = 99.f;  // parameter 1 is unused on rank 1: what the buffer holds must not count
+        if (!automatic) red.mark_unused(1);
+      } else {
+        red.mark_ready(1);
+      }
+      red.mark_ready(0);
+      red.finalize();
+      out[static_cast<size_t>(r)] = flat;
+      early[static_cast<size_t>(r)] = red.buckets_launched_early();
+    });
+    // Rank 1: parameter 1's bucket (and the one after it) could start only in finalize.
+    REQUIRE(early[0] == 3);
+    REQUIRE(early[1] == (automatic ? 1u : 3u));
+    for (int r = 0; r < 2; ++r) {
+      const auto& v = out[static_cast<size_t>(r)];
+      REQUIRE(v[0] == 1.5f);
+      REQUIRE(v[10] == 0.5f);  // (1 + 0) / 2
+      REQUIRE(v[19] == 0.5f);
+      REQUIRE(v[25] == 1.5f);
+    }
+  }
+}
+
+TEST_CASE("Reducer: mark_unused keeps a gradient accumulated under no_sync", "[reducer_safety]") {
+  on_threads(2, [&](int r, FakeCommunicator& c) {
+    std::vector<float> g(8, 0.f);
+    Reducer red(c, {{g.data(), 8}}, DType::F32, {});
+    {
+      auto guard = red.no_sync();
+      red.prepare_for_backward();
+      for (auto& v : g) v += static_cast<float>(r + 1);
+      red.mark_ready(0);
+      red.finalize();
+    }
+    red.prepare_for_backward();
+    red.mark_unused(0);  // unused in the synced micro-batch: the accumulated value still counts
+    red.finalize();
+    REQUIRE(g[0] == 1.5f);
+    red.prepare_for_backward();
+    g[0] = 7.f;
+    red.mark_unused(0);  // nothing accumulated since the last sync: zero
+    red.finalize();
+    REQUIRE(g[0] == 0.f);
   });
 }

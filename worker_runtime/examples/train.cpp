@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -120,6 +121,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   int64_t start_epoch = meta[1], start_in_epoch = meta[2];
   bool momentum_init = meta[3] != 0;
   if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
+  // Rank 0 writes checkpoints in the background (the loop does not wait for the disk).
+  std::optional<dw::CheckpointWriter> writer;
+  if (rank == 0 && !o.checkpoint_dir.empty()) writer.emplace(o.checkpoint_dir, o.keep_checkpoints);
 
   std::vector<dw::GradView> views;
   for (const auto& t : model.tensors()) views.push_back({grads + t.offset, t.count});
@@ -145,6 +149,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   using Clock = std::chrono::steady_clock;
   double timed_ms = 0, comm_wait_ms = 0;  // comm_wait: time finalize() blocks after backward
   double after_backward_ms = 0;
+  double ov_sum[5] = {0, 0, 0, 0, 0};  // buckets early, bytes early, comm ms, hidden ms, finish ms
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false;
@@ -183,6 +188,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       ++run_steps;
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (run_steps > o.warmup_steps) {
+        const auto& ov = reducer.overlap();  // overlap evidence, averaged over the timed steps
+        ov_sum[0] += ov.buckets ? static_cast<double>(ov.buckets_early) / static_cast<double>(ov.buckets) : 0;
+        ov_sum[1] += ov.bytes ? static_cast<double>(ov.bytes_early) / static_cast<double>(ov.bytes) : 0;
+        ov_sum[2] += ov.comm_ms;
+        ov_sum[3] += std::max(0.0, ov.comm_ms - ov.exposed_ms);
+        ov_sum[4] += ov.finish_ms;
         timed_ms += ms;
         comm_wait_ms += wait_ms;
         after_backward_ms += after_ms;
@@ -209,7 +220,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
         ck.put_u64("rng_state", o.seed);  // data and shuffles are counter-based: the seed is the whole RNG state
         const std::string cfg = config_fingerprint(o);
         ck.put("config", cfg.data(), cfg.size());
-        dw::save_checkpoint(o.checkpoint_dir, ck, o.keep_checkpoints);
+        writer->save(std::move(ck));
       }
     }
     if (rank == 0 && loss_n > 0) {
@@ -219,12 +230,20 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       std::fflush(stdout);
     }
   }
+  if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
   if (rank == 0) {
     if (timed_steps > 0)
       std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
                   timed_ms / static_cast<double>(timed_steps), timed_steps, comm_wait_ms / static_cast<double>(timed_steps),
                   after_backward_ms / static_cast<double>(timed_steps));
+    if (timed_steps > 0 && world > 1) {
+      const double k = static_cast<double>(timed_steps);
+      std::printf("overlap_buckets_early=%.3f overlap_bytes_early=%.3f comm_ms=%.3f comm_hidden_ms=%.3f "
+                  "comm_hidden_frac=%.3f fused_finish_ms=%.3f\n",
+                  ov_sum[0] / k, ov_sum[1] / k, ov_sum[2] / k, ov_sum[3] / k, ov_sum[2] > 0 ? ov_sum[3] / ov_sum[2] : 0.0,
+                  ov_sum[4] / k);
+    }
     std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step,
                 dw::fnv1a64(params, n * sizeof(float)));
     std::fflush(stdout);

@@ -192,6 +192,10 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
   int64_t meta[4] = {0, 0, 0, 0};
   std::vector<float> host_mom(momentum.n, 0.f);
+  // fp16 loss scaler state (scale, growth tracker), restored so a resumed run scales as the
+  // uninterrupted one would.
+  float scaler_scale = 65536.f;
+  int scaler_growth = 0;
   if (!o.checkpoint_dir.empty()) {
     if (auto ck = dw::load_latest_checkpoint(o.checkpoint_dir)) {
       if (ck->section("config") != config_fingerprint(o)) throw dw::WorkerError("checkpoint is for another model");
@@ -201,6 +205,8 @@ int run_typed(const Options& o, dw::Runtime& rt) {
       meta[1] = static_cast<int64_t>(ck->get_u64("epoch"));
       meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
       meta[3] = static_cast<int64_t>(ck->get_u64("momentum_init"));
+      scaler_scale = ck->get_value_or<float>("loss_scaler/scale", scaler_scale);
+      scaler_growth = ck->get_value_or<int32_t>("loss_scaler/growth_tracker", scaler_growth);
       if (rank == 0) std::printf("[train] resumed from step %" PRId64 "\n", meta[0]);
     }
   }
@@ -215,6 +221,9 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaMemcpyAsync(meta, dmeta.p, sizeof meta, cudaMemcpyDeviceToHost, stream));
   DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (kLow) cast_kernel<T><<<blocks_for(n, 256), 256, 0, stream>>>(master.p, copy.p, n);
+  // Rank 0 writes checkpoints in the background (the loop does not wait for the disk).
+  std::optional<dw::CheckpointWriter> writer;
+  if (rank == 0 && !o.checkpoint_dir.empty()) writer.emplace(o.checkpoint_dir, o.keep_checkpoints);
   int64_t step = meta[0], start_epoch = meta[1], start_in_epoch = meta[2];
   bool momentum_init = meta[3] != 0;
   if (start_in_epoch >= steps_per_epoch) { ++start_epoch; start_in_epoch = 0; }
@@ -233,10 +242,9 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DeviceBuf<T> dz(static_cast<size_t>(B) * o.width), dprev(static_cast<size_t>(B) * o.width);
   DeviceBuf<float> xin(static_cast<size_t>(B) * o.in), yin(static_cast<size_t>(B)), dloss(1), dscale(1);
   DeviceBuf<int> dflag(1), dgood(1), dskipped(1);
-  const float init_scale = 65536.f;
-  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dscale.p, &init_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dscale.p, &scaler_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, sizeof(int), stream));
-  DDPRUN_CUDA_CHECK(cudaMemsetAsync(dgood.p, 0, sizeof(int), stream));
+  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dgood.p, &scaler_growth, sizeof(int), cudaMemcpyHostToDevice, stream));
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dskipped.p, 0, sizeof(int), stream));
   // Two pinned staging buffers for the batch, so filling step k+1's never waits for step k.
   float* hbuf[2] = {nullptr, nullptr};
@@ -348,6 +356,10 @@ int run_typed(const Options& o, dw::Runtime& rt) {
         DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
         if (momentum.n)
           DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_mom.data(), momentum.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        if (fp16) {
+          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_scale, dscale.p, sizeof(float), cudaMemcpyDeviceToHost, stream));
+          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_growth, dgood.p, sizeof(int), cudaMemcpyDeviceToHost, stream));
+        }
         DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
         dw::Checkpoint ck;
         ck.step = static_cast<uint64_t>(step);
@@ -360,7 +372,11 @@ int run_typed(const Options& o, dw::Runtime& rt) {
         ck.put_u64("rng_state", o.seed);
         const std::string cfg = config_fingerprint(o);
         ck.put("config", cfg.data(), cfg.size());
-        dw::save_checkpoint(o.checkpoint_dir, ck, o.keep_checkpoints);
+        if (fp16) {
+          ck.put_value<float>("loss_scaler/scale", scaler_scale);
+          ck.put_value<int32_t>("loss_scaler/growth_tracker", scaler_growth);
+        }
+        writer->save(std::move(ck));
       }
     }
     if (rank == 0) {
@@ -374,6 +390,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   }
   DDPRUN_CUDA_CHECK(cudaEventRecord(t_end, stream));
   DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
   float total_ms = 0;
   if (timed_steps > 0) DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&total_ms, t_start, t_end));

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,6 +83,54 @@ std::vector<uint64_t> list_steps(const std::string& dir) {
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }
+
+constexpr const char* kTmpPrefix = ".ckpt-tmp.";
+
+std::string this_host() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+// Buffered writes of the file, with the running CRC of everything after the magic.
+class FileSink {
+ public:
+  FileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  void put(const void* p, size_t n, bool checksummed = true) {
+    if (checksummed) crc_ = crc32c(p, n, crc_);
+    const auto* c = static_cast<const char*>(p);
+    if (buf_.size() + n > kBuf) drain();
+    if (n >= kBuf) return write_all(c, n);
+    buf_.append(c, n);
+  }
+  template <class T>
+  void put_le(T v) { put(&v, sizeof v); }
+  void drain() {
+    write_all(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  static constexpr size_t kBuf = 1 << 20;
+  void write_all(const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw_io("write", path_, errno);
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  int fd_;
+  std::string path_;
+  std::string buf_;
+  uint32_t crc_ = 0;
+};
+
+bool pid_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
 void mkdirs(const std::string& dir) {
   std::string cur;
@@ -189,24 +238,44 @@ std::string checkpoint_path(const std::string& dir, uint64_t step) {
 
 void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_last) {
   mkdirs(dir);
-  const std::string bytes = encode_checkpoint(ckpt);
   const std::string final_path = checkpoint_path(dir, ckpt.step);
-  const std::string tmp = dir + "/.tmp-" + std::to_string(::getpid()) + "-" + std::to_string(ckpt.step);
+  const std::string tmp = dir + "/" + kTmpPrefix + std::to_string(::getpid()) + "." + std::to_string(ckpt.step) + "." +
+                          this_host();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_io("open", tmp, errno);
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw_io("write", tmp, e);
+  try {
+    // The format of encode_checkpoint(), streamed: sections in name order with "__step" among them.
+    const uint64_t step = ckpt.step;
+    const std::string step_bytes(reinterpret_cast<const char*>(&step), sizeof step);
+    std::vector<std::pair<const std::string*, const std::string*>> secs;
+    const std::string step_name = "__step";
+    for (const auto& [name, data] : ckpt.sections)
+      if (name != step_name) secs.emplace_back(&name, &data);
+    secs.emplace_back(&step_name, &step_bytes);
+    std::sort(secs.begin(), secs.end(), [](const auto& a, const auto& b) { return *a.first < *b.first; });
+    uint64_t payload = 0;
+    for (const auto& [name, data] : secs) payload += 4 + name->size() + 8 + data->size();
+    FileSink out(fd, tmp);
+    out.put(kMagic, sizeof kMagic, false);
+    out.put_le<uint32_t>(kVersion);
+    out.put_le<uint32_t>(static_cast<uint32_t>(secs.size()));
+    out.put_le<uint64_t>(payload);
+    for (const auto& [name, data] : secs) {
+      out.put_le<uint32_t>(static_cast<uint32_t>(name->size()));
+      out.put(name->data(), name->size());
+      out.put_le<uint64_t>(data->size());
+      out.put(data->data(), data->size());
     }
-    off += static_cast<size_t>(n);
+    const uint32_t crc = out.crc();
+    out.put(&crc, sizeof crc, false);
+    out.put(kTrailer, sizeof kTrailer, false);
+    out.drain();
+    if (::fsync(fd) != 0) throw_io("fsync", tmp, errno);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
-  if (::fsync(fd) != 0) { int e = errno; ::close(fd); ::unlink(tmp.c_str()); throw_io("fsync", tmp, e); }
   if (::close(fd) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("close", tmp, e); }
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("rename", final_path, e); }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -217,6 +286,144 @@ void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_la
     auto steps = list_steps(dir);
     for (size_t i = static_cast<size_t>(keep_last); i < steps.size(); ++i)
       ::unlink(checkpoint_path(dir, steps[i]).c_str());
+  }
+}
+
+size_t remove_orphaned_temp_files(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  const std::string host = this_host();
+  std::vector<std::string> orphans;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    long pid = 0;
+    std::string from;
+    if (n.rfind(kTmpPrefix, 0) == 0) {  // .ckpt-tmp.<pid>.<step>.<host>
+      const size_t a = std::strlen(kTmpPrefix);
+      const size_t b = n.find('.', a);
+      const size_t c = b == std::string::npos ? b : n.find('.', b + 1);
+      if (c == std::string::npos) continue;
+      pid = std::atol(n.substr(a, b - a).c_str());
+      from = n.substr(c + 1);
+    } else if (n.rfind(".tmp-", 0) == 0) {  // .tmp-<pid>-<step> of earlier versions (this host)
+      pid = std::atol(n.c_str() + 5);
+      from = host;
+    } else {
+      continue;
+    }
+    if (from != host || !pid_alive(pid)) orphans.push_back(n);
+  }
+  ::closedir(d);
+  size_t removed = 0;
+  for (const auto& n : orphans) {
+    if (::unlink((dir + "/" + n).c_str()) == 0) {
+      ++removed;
+      spdlog::info("removed orphaned checkpoint temp file {}/{} (its writer is gone)", dir, n);
+    }
+  }
+  return removed;
+}
+
+CheckpointWriter::CheckpointWriter(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {
+  mkdirs(dir_);
+  orphans_removed_ = remove_orphaned_temp_files(dir_);
+  thread_ = std::thread([this] { run(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    spdlog::error("checkpoint writer for {}: the last background write failed: {}", dir_, e.what());
+  }
+}
+
+void CheckpointWriter::rethrow_error_locked() {
+  if (!error_) return;
+  auto e = error_;
+  error_ = nullptr;
+  std::rethrow_exception(e);
+}
+
+void CheckpointWriter::save(Checkpoint snapshot) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (closed_) throw WorkerError("CheckpointWriter::save after close() (" + dir_ + ")");
+  rethrow_error_locked();
+  if (pending_) ++superseded_;
+  pending_ = std::move(snapshot);  // the one replaced (if any) is freed here, outside the writer
+  lk.unlock();
+  cv_.notify_all();
+}
+
+void CheckpointWriter::flush() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return (!pending_ && !busy_) || !thread_.joinable(); });
+  rethrow_error_locked();
+}
+
+void CheckpointWriter::close() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_ && !thread_.joinable()) {
+      rethrow_error_locked();
+      return;
+    }
+    closed_ = true;
+  }
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !pending_ && !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  rethrow_error_locked();
+}
+
+uint64_t CheckpointWriter::written() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return written_;
+}
+
+bool CheckpointWriter::waiting() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pending_.has_value();
+}
+
+uint64_t CheckpointWriter::superseded() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return superseded_;
+}
+
+void CheckpointWriter::run() {
+  for (;;) {
+    Checkpoint ck;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || pending_; });
+      if (!pending_) return;  // stop_ and nothing left
+      ck = std::move(*pending_);
+      pending_.reset();
+      busy_ = true;
+    }
+    std::exception_ptr err;
+    try {
+      save_checkpoint(dir_, ck, keep_last_);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    ck = Checkpoint{};  // free the snapshot before reporting done
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_ = false;
+      if (err) {
+        if (!error_) error_ = err;  // the first failure is the one reported
+      } else {
+        ++written_;
+      }
+    }
+    cv_.notify_all();
   }
 }
 

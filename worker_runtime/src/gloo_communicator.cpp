@@ -80,7 +80,9 @@ void divide(T* p, size_t n, int size) {
 
 // The dtypes ShmGroup::allreduce handles (see shm_allreduce.h); the others go over Gloo.
 // Keep in step with ShmGroup when it learns more.
-bool shm_handles(DType dtype) { return dtype == DType::F32 || dtype == DType::I32; }
+// The shared-memory path reduces every DType (f16/bf16 accumulated in float, rounded once,
+// like the Gloo path below).
+bool shm_handles(DType) { return true; }
 
 bool is_half(DType d) { return d == DType::F16 || d == DType::BF16; }
 
@@ -217,6 +219,17 @@ class GlooCommunicator final : public Communicator {
     if (!fuses_step(grad, count, arrays, step.num_arrays())) return Communicator::allreduce_step(grad, count, step, arrays);
     check_alive("allreduce_step");
     guarded("allreduce_step", [&] { shm_->allreduce_step(grad, count, step, arrays); });
+  }
+
+  bool splits_step() const override { return shm_ != nullptr; }
+  void reduce_for_step(float* grad, size_t count) override {
+    check_alive("reduce_for_step");
+    guarded("reduce_for_step", [&] { shm_->reduce_for_step(grad, count); });
+  }
+  void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                   float* const* arrays) override {
+    check_alive("finish_step");
+    guarded("finish_step", [&] { shm_->finish_step(n_segments, grads, counts, step, arrays); });
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {

@@ -1,6 +1,7 @@
 #include "ddprun/worker/reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -79,7 +80,38 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
       bk.staging.resize(bk.count * es);
     }
   }
+  ready_.assign(grads_.size(), 0);
+  contributed_.assign(grads_.size(), 0);
   if (!solo() && !comm_.stream_ordered()) thread_ = std::thread([this] { comm_thread_main(); });
+}
+
+void Reducer::misuse(const std::string& op, const std::string& what) const {
+  throw WorkerError("Reducer misuse on rank " + std::to_string(comm_.rank()) + " in " + op + ": " + what);
+}
+
+std::string Reducer::param_label(size_t index) const {
+  std::string s = "parameter " + std::to_string(index);
+  if (options_.param_name) s += " (" + options_.param_name(index) + ")";
+  return s;
+}
+
+void Reducer::check_mark(const char* op, size_t index) const {
+  const std::string call = std::string(op) + "(" + std::to_string(index) + ")";
+  if (index >= grads_.size())
+    misuse(call, "index out of range: expected a parameter index below " + std::to_string(grads_.size()) +
+                     " (registration order)");
+  if (!in_backward_)
+    misuse(call, "called outside a backward pass for " + param_label(index) +
+                     ": expected prepare_for_backward() before each backward pass (without it this rank would "
+                     "skip synchronisation and silently diverge from its peers)");
+  if (ready_[index])
+    misuse(call, param_label(index) + " was already marked ready in backward pass " + std::to_string(pass_) +
+                     ": expected each gradient to be marked exactly once per pass, after its last contribution");
+}
+
+void Reducer::count_ready(size_t index) {
+  ready_[index] = 1;
+  ++n_ready_;
 }
 
 Reducer::~Reducer() {
@@ -94,9 +126,17 @@ Reducer::~Reducer() {
 }
 
 void Reducer::prepare_for_backward() {
+  if (in_backward_)
+    misuse("prepare_for_backward()", "called again while backward pass " + std::to_string(pass_) +
+                                         " is still open: expected finalize() (or finalize_and_step()) after "
+                                         "each backward pass before the next prepare_for_backward()");
+  ++pass_;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  n_ready_ = 0;
   for (auto& bk : buckets_) {
     bk.pending = bk.members.size();
     bk.launched = false;
+    bk.early = false;
   }
   next_to_launch_ = 0;
   launched_early_ = 0;
@@ -104,25 +144,73 @@ void Reducer::prepare_for_backward() {
   in_backward_ = true;
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
+  comm_ms_ = 0;
 }
 
 void Reducer::mark_ready(size_t index) {
-  DDPRUN_ENFORCE(index < grads_.size(), "mark_ready: index out of range");
-  if (!sync_ || !in_backward_ || solo()) return;
+  check_mark("mark_ready", index);
+  count_ready(index);
+  contributed_[index] = 1;
+  if (!sync_ || solo()) return;
   Bucket& bk = buckets_[bucket_of_[index]];
-  DDPRUN_ENFORCE(bk.pending > 0, "mark_ready called twice for gradient " + std::to_string(index));
   --bk.pending;
   if (!options_.overlap) return;
-  // Launch in bucket order so every rank issues the same sequence of collectives. Fused
-  // buckets wait for finalize_and_step(): their step writes parameters that this or another
-  // rank may still read in backward. Ranks agree on which buckets are fused, so the sequence
-  // stays the same everywhere.
+  // Launch in bucket order so every rank issues the same sequence of collectives. A fused
+  // bucket starts its reduction now where the step splits (reduce_for_step writes no
+  // parameter); otherwise it waits for finalize_and_step(): its step writes parameters that
+  // this or another rank may still read in backward. Ranks agree on which buckets are fused
+  // and on splitting, so the sequence stays the same everywhere.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     const size_t b = next_to_launch_++;
-    if (buckets_[b].fused) continue;
+    if (buckets_[b].fused && !split_) continue;
     launch(b);
-    ++launched_early_;
+    if (!finalizing_) {  // not when finalize() marks the unused ones (find_unused_parameters)
+      ++launched_early_;
+      buckets_[b].early = true;
+    }
   }
+}
+
+void Reducer::mark_unused(size_t index) {
+  check_mark("mark_unused", index);
+  if (!contributed_[index]) {
+    if (comm_.stream_ordered())
+      misuse("mark_unused(" + std::to_string(index) + ")",
+             "the gradient of " + param_label(index) +
+                 " is in device memory: expected the program to zero it on the device and call mark_ready()");
+    std::memset(grads_[index].ptr, 0, grads_[index].count * dtype_size(dtype_));
+  }
+  // Counted like mark_ready (also launching the buckets it completes), minus the contribution.
+  const unsigned char had = contributed_[index];
+  mark_ready(index);
+  contributed_[index] = had;
+}
+
+void Reducer::begin_finalize(const char* op) {
+  if (!in_backward_)
+    misuse(op, "called without prepare_for_backward() for this pass: expected prepare_for_backward() before "
+               "backward, mark_ready() once per gradient during it, then one " + std::string(op));
+  if (n_ready_ < grads_.size()) {
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < grads_.size(); ++i)
+      if (!ready_[i]) missing.push_back(i);
+    if (options_.find_unused_parameters) {
+      finalizing_ = true;  // what these launch does not count as launched during backward
+      for (size_t i : missing) mark_unused(i);
+      finalizing_ = false;
+    } else {
+      std::string list;
+      for (size_t k = 0; k < missing.size() && k < 16; ++k) list += (k ? ", " : "") + param_label(missing[k]);
+      if (missing.size() > 16) list += ", ... (" + std::to_string(missing.size() - 16) + " more)";
+      in_backward_ = false;
+      misuse(op, std::to_string(missing.size()) + " of " + std::to_string(grads_.size()) +
+                     " gradients were never marked ready in backward pass " + std::to_string(pass_) + ": " + list +
+                     ". Expected mark_ready() for every parameter; if these did not take part in this step, call "
+                     "mark_unused() for them or set ReducerOptions::find_unused_parameters");
+    }
+  }
+  in_backward_ = false;
+  if (sync_) std::fill(contributed_.begin(), contributed_.end(), 0);
 }
 
 void Reducer::launch(size_t b) {
@@ -143,6 +231,10 @@ void Reducer::launch(size_t b) {
 
 void Reducer::reduce_bucket(Bucket& bk) {
   const size_t es = dtype_size(dtype_);
+  if (bk.fused && split_) {
+    comm_.reduce_for_step(static_cast<float*>(bk.base), bk.count);
+    return;
+  }
   if (bk.base) {
     comm_.allreduce(bk.base, bk.count, dtype_, ReduceOp::Avg);
     return;
@@ -176,6 +268,7 @@ void Reducer::comm_thread_main() {
       }
     }
     std::exception_ptr err;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       reduce_bucket(buckets_[b]);
     } catch (const CommError&) {
@@ -183,9 +276,11 @@ void Reducer::comm_thread_main() {
     } catch (const std::exception& e) {
       err = std::make_exception_ptr(CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
     }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (err && !error_) error_ = err;
+      comm_ms_ += ms;
       ++completed_;
     }
     cv_.notify_all();
@@ -193,11 +288,20 @@ void Reducer::comm_thread_main() {
 }
 
 void Reducer::launch_rest_and_wait(bool skip_fused) {
-  for (const auto& bk : buckets_)
-    DDPRUN_ENFORCE(bk.pending == 0 || !options_.overlap, "finalize: a gradient was never marked ready");
   // In bucket order, the same on every rank (fused buckets skipped in mark_ready come here).
+  const auto t0 = std::chrono::steady_clock::now();  // from here on, communication is exposed
+  const size_t es = dtype_size(dtype_);
+  stats_ = OverlapStats{};
+  for (const auto& bk : buckets_) {
+    stats_.buckets += 1;
+    stats_.bytes += bk.count * es;
+    if (bk.early) {
+      stats_.buckets_early += 1;
+      stats_.bytes_early += bk.count * es;
+    }
+  }
   for (size_t b = 0; b < buckets_.size(); ++b)
-    if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused)) launch(b);
+    if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused && !split_)) launch(b);
   next_to_launch_ = buckets_.size();
   if (comm_.stream_ordered()) {
     comm_.compute_waits_for_comm();
@@ -205,6 +309,8 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
   }
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return completed_ == launched_; });
+  stats_.exposed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stats_.comm_ms = comm_ms_;
   if (error_) {
     auto e = error_;
     error_ = nullptr;
@@ -213,8 +319,10 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
 }
 
 void Reducer::finalize() {
-  if (!in_backward_) return;
-  in_backward_ = false;
+  begin_finalize("finalize()");
+  if (sync_ && split_ && std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.fused; }))
+    misuse("finalize()", "set_step_arrays() made buckets reduce for the fused step during backward: expected "
+                         "finalize_and_step() to end a synchronised pass");
   if (!sync_ || solo()) return;
   launch_rest_and_wait(false);
 }
@@ -240,7 +348,8 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   // backward, so one collective over the joined range saves two barriers per join. Votes:
   // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
   const size_t nb = buckets_.size();
-  std::vector<float> votes(2 * nb, 0.f);
+  std::vector<float> votes(2 * nb + 1, 0.f);
+  votes[2 * nb] = comm_.splits_step() ? 1.f : 0.f;
   float* at[ElementwiseStep::kMaxArrays];
   auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
   auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
@@ -256,6 +365,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   }
   comm_.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
   const auto all = static_cast<float>(comm_.size());
+  split_ = votes[2 * nb] == all;
   for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
   for (size_t b = 0; b < nb; ++b)
     buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
@@ -281,19 +391,27 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
                      std::to_string(step_arrays_.size()) + " were registered");
   fused_last_ = 0;
   fused_calls_last_ = 0;
-  if (!in_backward_) return false;
-  if (!sync_) {  // accumulating (no_sync): no step until the synchronised micro-batch
-    in_backward_ = false;
-    return false;
-  }
-  in_backward_ = false;
-  if (comm_.size() > 1) launch_rest_and_wait(true);
+  begin_finalize("finalize_and_step()");
+  if (!sync_) return false;  // accumulating (no_sync): no step until the synchronised micro-batch
+  if (!solo()) launch_rest_and_wait(true);
   // The communication thread is idle now: this thread may issue the fused collectives, in
   // bucket order like every other rank. Every rank is past backward once all are here.
+  const auto t_finish = std::chrono::steady_clock::now();
   float* at[ElementwiseStep::kMaxArrays];
+  std::vector<float*> seg_grads, seg_arrays;  // split: every fused bucket in one finish_step
+  std::vector<size_t> seg_counts;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!buckets_[b].fused) {
       step_locally(buckets_[b], step);
+      continue;
+    }
+    if (split_) {
+      auto* g = static_cast<float*>(buckets_[b].base);
+      seg_grads.push_back(g);
+      seg_counts.push_back(buckets_[b].count);
+      arrays_at(g, at);
+      seg_arrays.insert(seg_arrays.end(), at, at + step_arrays_.size());
+      ++fused_last_;
       continue;
     }
     // This bucket and the following ones that join it: one contiguous range.
@@ -311,6 +429,11 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
     comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
     ++fused_calls_last_;
   }
+  if (!seg_grads.empty()) {
+    comm_.finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
+    ++fused_calls_last_;
+  }
+  stats_.finish_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_finish).count();
   return true;
 }
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <xmmintrin.h>
@@ -15,7 +16,8 @@
 #include <climits>
 #include <cstring>
 #include <functional>
-#include <random>
+#include <type_traits>
+#include <spdlog/spdlog.h>
 
 #include "ddprun/worker/checks.h"
 
@@ -25,12 +27,63 @@ struct ShmGroup::Control {
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> generation;
   std::atomic<int32_t> pids[kMaxRanks];
+  // Written by its rank before a collective's first barrier, read by all after it (the
+  // barrier's release/acquire orders them). Two sets, by the parity of the sequence number: a
+  // rank can be one collective ahead (reduce_for_step has a single barrier), writing the next
+  // entry while a slower peer still checks this one; it cannot be two ahead, since that needs
+  // the next barrier, which the slow peer reaches only after its check.
+  OpSig sigs[2][kMaxRanks];
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex needs lock-free 32-bit atomics");
 
 namespace {
 
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 16384;
+enum OpKind : uint32_t { kStaged = 1, kZeroCopy = 2, kFusedStep = 3, kReduceForStep = 4, kFinishStep = 5 };
+
+// Reduction arithmetic per element type: f16 and bf16 accumulate in float and round once.
+struct bf16_t {
+  uint16_t bits;
+};
+template <class T>
+struct Arith {
+  using Acc = T;
+  static Acc in(T v) { return v; }
+  static T out(Acc a) { return a; }
+};
+template <>
+struct Arith<_Float16> {
+  using Acc = float;
+  static float in(_Float16 v) { return static_cast<float>(v); }
+  static _Float16 out(float a) { return static_cast<_Float16>(a); }  // round to nearest even
+};
+template <>
+struct Arith<bf16_t> {
+  using Acc = float;
+  static float in(bf16_t v) {
+    const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static bf16_t out(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    return {static_cast<uint16_t>(u >> 16)};
+  }
+};
+static_assert(sizeof(_Float16) == 2 && sizeof(bf16_t) == 2);
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::F32;
+  if constexpr (std::is_same_v<T, double>) return DType::F64;
+  if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
+  if constexpr (std::is_same_v<T, int64_t>) return DType::I64;
+  if constexpr (std::is_same_v<T, _Float16>) return DType::F16;
+  if constexpr (std::is_same_v<T, bf16_t>) return DType::BF16;
+}
 using Clock = std::chrono::steady_clock;
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
@@ -40,20 +93,37 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts
 // Reduces [b0, b1) of every rank's buffer (src_of(r)) into acc[0, b1-b0), in rank order so
 // every rank computes bit-identical results; Avg divides at the end.
 template <class T, class SrcOf>
-void reduce_block(T* acc, size_t b0, size_t b1, int size, ReduceOp op, SrcOf src_of) {
+void reduce_block(typename Arith<T>::Acc* acc, size_t b0, size_t b1, int size, ReduceOp op, SrcOf src_of) {
+  using A = Arith<T>;
   for (int r = 0; r < size; ++r) {
     const T* __restrict src = src_of(r);
     if (r == 0) {
-      for (size_t i = b0; i < b1; ++i) acc[i - b0] = src[i];
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] = A::in(src[i]);
     } else if (op == ReduceOp::Max) {
-      for (size_t i = b0; i < b1; ++i) acc[i - b0] = acc[i - b0] > src[i] ? acc[i - b0] : src[i];
+      for (size_t i = b0; i < b1; ++i) {
+        const auto v = A::in(src[i]);
+        acc[i - b0] = acc[i - b0] > v ? acc[i - b0] : v;
+      }
     } else {
-      for (size_t i = b0; i < b1; ++i) acc[i - b0] += src[i];
+      for (size_t i = b0; i < b1; ++i) acc[i - b0] += A::in(src[i]);
     }
   }
   if (op == ReduceOp::Avg) {
-    const T d = static_cast<T>(size);
+    const auto d = static_cast<typename Arith<T>::Acc>(size);
     for (size_t i = b0; i < b1; ++i) acc[i - b0] /= d;
+  }
+}
+
+// The block's result in T (a no-op view for types reduced in their own type).
+template <class T>
+const T* to_elements(const typename Arith<T>::Acc* acc, size_t n, T* tmp) {
+  if constexpr (std::is_same_v<typename Arith<T>::Acc, T>) {
+    (void)n;
+    (void)tmp;
+    return acc;
+  } else {
+    for (size_t i = 0; i < n; ++i) tmp[i] = Arith<T>::out(acc[i]);
+    return tmp;
   }
 }
 
@@ -71,51 +141,92 @@ void copy_nontemporal(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
-std::string ShmGroup::fresh_name() const {
-  std::random_device rd;
-  return "/ddprun-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + "-" + std::to_string(rd());
+void shm_close_fd(int fd) { ::close(fd); }
+
+size_t ShmGroup::control_bytes(int size) {
+  DDPRUN_ENFORCE(size >= 1 && size <= kMaxRanks, "shm group size out of range");
+  return kHeaderBytes + (static_cast<size_t>(size) + 1) * kChunkBytes;
 }
 
-void* ShmGroup::map_named(const std::string& name, size_t bytes, bool create) {
-  int fd = ::shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
-  if (fd < 0) detail::throw_errno(("shm_open " + name).c_str(), __FILE__, __LINE__, errno);
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int e = errno;
+void* ShmGroup::create_unnamed(size_t bytes, int* fd_out, std::string* handle, std::string* why) {
+  static_assert(sizeof(Control) <= kHeaderBytes);
+  const char* dir = "/dev/shm";
+  struct statvfs vs {};
+  if (::statvfs(dir, &vs) == 0) {
+    const auto avail = static_cast<unsigned long long>(vs.f_bavail) * vs.f_frsize;
+    if (avail < bytes) {
+      *why = std::string(dir) + " has " + std::to_string(avail) + " bytes free, " + std::to_string(bytes) + " needed";
+      return nullptr;
+    }
+  }
+  // Unnamed from birth: nothing to unlink, nothing left behind by a kill (header comment).
+  int fd = ::open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == ENOENT || errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL))
+    fd = ::memfd_create("ddprun-shm", MFD_CLOEXEC);
+  if (fd < 0) detail::throw_errno("open(/dev/shm, O_TMPFILE) and memfd_create", __FILE__, __LINE__, errno);
+  // Allocate now: a sparse file on a full tmpfs would fault SIGBUS at first touch instead.
+  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc == ENOSPC || rc == EFBIG) {
     ::close(fd);
-    ::shm_unlink(name.c_str());
-    detail::throw_errno("ftruncate(shm)", __FILE__, __LINE__, e);
+    *why = "allocating " + std::to_string(bytes) + " bytes in " + dir + ": " + std::strerror(rc);
+    return nullptr;
+  }
+  if (rc != 0) {
+    ::close(fd);
+    detail::throw_errno("posix_fallocate(shm)", __FILE__, __LINE__, rc);
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) detail::throw_errno("mmap(shm)", __FILE__, __LINE__, errno);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    ::close(fd);
+    detail::throw_errno("mmap(shm)", __FILE__, __LINE__, e);
+  }
+  *fd_out = fd;
+  *handle = std::to_string(::getpid()) + ":" + std::to_string(fd);
   return p;
 }
 
-std::string ShmGroup::create_segment() {
-  name_ = fresh_name();
-  map_segment(name_, true);
-  return name_;
+void* ShmGroup::open_handle(const std::string& handle, size_t bytes) {
+  const auto colon = handle.find(':');
+  if (colon == std::string::npos || colon == 0)
+    throw CommError("shm group: malformed segment handle '" + handle + "' from rank 0 (a rank of another ddprun version?)");
+  const std::string path = "/proc/" + handle.substr(0, colon) + "/fd/" + handle.substr(colon + 1);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    throw CommError("shm group: cannot open rank 0's segment " + path + ": " + std::strerror(e) +
+                    (e == ENOENT ? " (rank 0 exited before this rank joined)"
+                                 : " (all ranks of a host must run as one user; DDPRUN_SHM=0 uses Gloo over TCP instead)"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+    ::close(fd);
+    throw CommError("shm group: rank 0's segment " + path + " is smaller than " + std::to_string(bytes) + " bytes");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) detail::throw_errno("mmap(shm)", __FILE__, __LINE__, e);
+  return p;
 }
 
-void ShmGroup::map_segment(const std::string& name, bool create) {
-  DDPRUN_ENFORCE(size_ >= 1 && size_ <= kMaxRanks, "shm group size out of range");
-  name_ = name;
-  bytes_ = kHeaderBytes + (static_cast<size_t>(size_) + 1) * kChunkBytes;
-  base_ = map_named(name, bytes_, create);
+void ShmGroup::warn_fallback(int rank, const std::string& what, const std::string& handle) {
+  if (rank != 0) return;  // one line for the group; every rank takes the same fallback
+  spdlog::warn("shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
+               "a larger /dev/shm (e.g. docker --shm-size=1g) for the fast path",
+               what, handle.substr(5), what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP" : "private memory");
+}
+
+void ShmGroup::map_control(void* base) {
+  base_ = base;
   ctl_ = static_cast<Control*>(base_);  // a fresh tmpfs page is zero: counters start at 0
   slots_ = static_cast<unsigned char*>(base_) + kHeaderBytes;
   result_ = slots_ + static_cast<size_t>(size_) * kChunkBytes;
 }
 
-void ShmGroup::unlink_name() {
-  if (rank_ == 0 && !name_.empty()) ::shm_unlink(name_.c_str());
-  name_.clear();
-}
-
 void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_barrier) {
   ctl_->pids[rank_].store(static_cast<int32_t>(::getpid()));
   outer_barrier();  // everyone mapped and registered
-  unlink_name();
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const int pid = ctl_->pids[r].load();
@@ -126,7 +237,6 @@ void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_
 }
 
 ShmGroup::~ShmGroup() {
-  unlink_name();
   for (int fd : pidfds_) ::close(fd);
   for (const auto& r : regions_) ::munmap(r.base, r.stride * static_cast<size_t>(size_));
   if (base_) ::munmap(base_, bytes_);
@@ -166,8 +276,64 @@ void ShmGroup::barrier() {
   }
 }
 
+void ShmGroup::enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra) {
+  if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
+  const OpSig mine{++seq_, count, where, kind, static_cast<uint32_t>(dtype), static_cast<uint32_t>(op), extra};
+  OpSig* const sigs = ctl_->sigs[mine.seq & 1];
+  sigs[rank_] = mine;
+  barrier();
+  std::string diff;
+  for (int r = 0; r < size_; ++r) {
+    const OpSig o = sigs[r];
+    if (o.seq == mine.seq && o.count == mine.count && o.where == mine.where && o.kind == mine.kind &&
+        o.dtype == mine.dtype && o.op == mine.op && o.extra == mine.extra)
+      continue;
+    if (diff.size() < 600) diff += "; rank " + std::to_string(r) + " issued #" + std::to_string(o.seq) + " " + describe(o);
+  }
+  if (diff.empty()) return;
+  broken_ = true;  // the peers' buffers are not what this rank expects: never read them
+  throw CommError("shm collective mismatch seen by rank " + std::to_string(rank_) + ": rank " + std::to_string(rank_) +
+                  " (this one) issued #" + std::to_string(mine.seq) + " " + describe(mine) + diff +
+                  ". Expected every rank to issue the same collectives in the same order (op, dtype, count, and "
+                  "for shared buffers the same place in them); ranks diverged (e.g. a skipped step or a "
+                  "rank-dependent branch)");
+}
+
+std::string ShmGroup::describe(const OpSig& s) const {
+  const char* op = s.op == static_cast<uint32_t>(ReduceOp::Sum)   ? "sum"
+                   : s.op == static_cast<uint32_t>(ReduceOp::Avg) ? "avg"
+                   : s.op == static_cast<uint32_t>(ReduceOp::Max) ? "max"
+                                                                  : "?";
+  const std::string dt = s.dtype <= static_cast<uint32_t>(DType::I64) ? dtype_name(static_cast<DType>(s.dtype)) : "?";
+  const std::string place = "region " + std::to_string(s.where >> 48) + " offset " +
+                            std::to_string(s.where & ((uint64_t{1} << 48) - 1));
+  if (s.seq == 0) return "nothing yet";
+  switch (s.kind) {
+    case kStaged: return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ")";
+    case kZeroCopy:
+      return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ", shared buffer at " + place + ")";
+    case kFusedStep:
+      return "allreduce_step(fp32, " + std::to_string(s.count) + " elements, " + std::to_string(s.extra) +
+             " arrays, gradient at " + place + ")";
+    case kReduceForStep:
+      return "reduce_for_step(fp32, " + std::to_string(s.count) + " elements, gradient at " + place + ")";
+    case kFinishStep:
+      return "finish_step(fp32, " + std::to_string(s.count) + " elements in " + std::to_string(s.extra) +
+             " segments, first at " + place + ")";
+  }
+  return "an unknown collective";
+}
+
+uint64_t ShmGroup::where_of(const Region* reg, const void* p) const {
+  const auto idx = static_cast<uint64_t>(reg - regions_.data());
+  const auto off = static_cast<uint64_t>(static_cast<const unsigned char*>(p) -
+                                         (reg->base + static_cast<size_t>(rank_) * reg->stride));
+  return (idx << 48) | off;
+}
+
 template <class T>
 void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
+  using Acc = typename Arith<T>::Acc;
   const size_t chunk = kChunkBytes / sizeof(T);
   constexpr size_t kBlock = 2048;  // accumulate in L1-sized blocks: one pass over memory
   T* __restrict res = reinterpret_cast<T*>(result_);
@@ -180,17 +346,23 @@ void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
     T* slot = reinterpret_cast<T*>(slots_ + static_cast<size_t>(rank_) * kChunkBytes);
     std::memcpy(slot, mine, lo * sizeof(T));
     std::memcpy(slot + hi, mine + hi, (n - hi) * sizeof(T));
-    barrier();
+    if (off == 0) {
+      enter(kStaged, dtype_of<T>(), count, op, 0, 0);  // the first barrier, with the op check
+    } else {
+      barrier();
+    }
     // Slice [lo, hi): sum over ranks in rank order (deterministic, identical on every rank).
     for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
       const size_t b1 = std::min(hi, b0 + kBlock);
-      T acc[kBlock];
-      reduce_block(acc, b0, b1, size_, op, [&](int r) {
+      Acc acc[kBlock];
+      T tmp[kBlock];
+      reduce_block<T>(acc, b0, b1, size_, op, [&](int r) {
         return r == rank_ ? static_cast<const T*>(mine)
                           : reinterpret_cast<const T*>(slots_ + static_cast<size_t>(r) * kChunkBytes);
       });
-      std::memcpy(res + b0, acc, (b1 - b0) * sizeof(T));
-      std::memcpy(mine + b0, acc, (b1 - b0) * sizeof(T));
+      const T* out = to_elements<T>(acc, b1 - b0, tmp);
+      std::memcpy(res + b0, out, (b1 - b0) * sizeof(T));
+      std::memcpy(mine + b0, out, (b1 - b0) * sizeof(T));
     }
     barrier();
     std::memcpy(mine, res, lo * sizeof(T));
@@ -202,18 +374,21 @@ void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
 
 template <class T>
 void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, ReduceOp op) {
+  using Acc = typename Arith<T>::Acc;
   const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(buf) -
                                          (reg.base + static_cast<size_t>(rank_) * reg.stride));
   auto part = [&](int r) { return reinterpret_cast<T*>(reg.base + static_cast<size_t>(r) * reg.stride + off); };
   constexpr size_t kBlock = 2048;
-  barrier();  // every rank's values are final
+  enter(kZeroCopy, dtype_of<T>(), count, op, where_of(&reg, buf), 0);  // every rank's values are final
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
   const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
   for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
     const size_t b1 = std::min(hi, b0 + kBlock);
-    T acc[kBlock];
-    reduce_block(acc, b0, b1, size_, op, [&](int r) { return static_cast<const T*>(part(r)); });
-    for (int r = 0; r < size_; ++r) std::memcpy(part(r) + b0, acc, (b1 - b0) * sizeof(T));
+    Acc acc[kBlock];
+    T tmp[kBlock];
+    reduce_block<T>(acc, b0, b1, size_, op, [&](int r) { return static_cast<const T*>(part(r)); });
+    const T* out = to_elements<T>(acc, b1 - b0, tmp);
+    for (int r = 0; r < size_; ++r) std::memcpy(part(r) + b0, out, (b1 - b0) * sizeof(T));
   }
   barrier();  // every slice written everywhere
 }
@@ -257,7 +432,8 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
   for (size_t j = 0; j < na; ++j) arr[j] = where(arrays[j]);
 
   constexpr size_t kBlock = 2048;  // the averaged block stays in L1 between reduce, step and copies
-  barrier();  // every rank's gradient is final and every rank is past backward
+  // Every rank's gradient is final and every rank is past backward; all issued this step.
+  enter(kFusedStep, DType::F32, count, ReduceOp::Avg, where_of(g.reg, grad), static_cast<uint32_t>(na));
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
   const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
   float* mine[ElementwiseStep::kMaxArrays];
@@ -266,7 +442,7 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
     float acc[kBlock];
     // The same reduction (order, Avg division) as allreduce_zero_copy, so the averaged gradient
     // and hence the step's result are bit-identical to the unfused path.
-    reduce_block(acc, b0, b1, size_, ReduceOp::Avg, [&](int q) { return static_cast<const float*>(at(g, q)); });
+    reduce_block<float>(acc, b0, b1, size_, ReduceOp::Avg, [&](int q) { return static_cast<const float*>(at(g, q)); });
     for (size_t j = 0; j < na; ++j) mine[j] = arrays[j] + b0;
     step.apply(mine, acc, b1 - b0);
     for (int q = 0; q < size_; ++q) {
@@ -278,14 +454,91 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
   barrier();     // every slice of every array written everywhere
 }
 
+void ShmGroup::reduce_for_step(float* grad, size_t count) {
+  const Region* reg = region_of(grad, count * sizeof(float));
+  DDPRUN_ENFORCE(reg != nullptr, "shm reduce_for_step: the gradient is not in alloc_shared memory");
+  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(grad) -
+                                         (reg->base + static_cast<size_t>(rank_) * reg->stride));
+  auto part = [&](int q) { return reinterpret_cast<const float*>(reg->base + static_cast<size_t>(q) * reg->stride + off); };
+  enter(kReduceForStep, DType::F32, count, ReduceOp::Avg, where_of(reg, grad), 0);  // every rank's gradient is final
+  // Slice r of every part is read by rank r only, so rank r may overwrite its own part's slice
+  // with the average: no second barrier (finish_step's first one orders it before any reader).
+  const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+  const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+  constexpr size_t kBlock = 2048;
+  for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+    const size_t b1 = std::min(hi, b0 + kBlock);
+    float acc[kBlock];
+    // The reduction of allreduce_step (order, Avg division): the same averaged bits.
+    reduce_block<float>(acc, b0, b1, size_, ReduceOp::Avg, part);
+    std::memcpy(grad + b0, acc, (b1 - b0) * sizeof(float));
+  }
+}
+
+void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                           float* const* arrays) {
+  const size_t na = step.num_arrays();
+  size_t total = 0;
+  for (size_t s = 0; s < n_segments; ++s) {
+    DDPRUN_ENFORCE(fuses_step(grads[s], counts[s], arrays + s * na, na),
+                   "shm finish_step: buffers are not all in alloc_shared memory");
+    total += counts[s];
+  }
+  if (n_segments == 0) return;
+  // Every rank is past backward (nobody reads parameters any more) and every reduce_for_step
+  // of this pass finished on every rank.
+  enter(kFinishStep, DType::F32, total, ReduceOp::Avg, where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]),
+        static_cast<uint32_t>(n_segments));
+  constexpr size_t kBlock = 2048;
+  for (size_t s = 0; s < n_segments; ++s) {
+    const size_t count = counts[s];
+    const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
+    const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
+    float* const* arr = arrays + s * na;
+    struct Peer {
+      const Region* reg;
+      size_t off;
+    } where[ElementwiseStep::kMaxArrays];
+    for (size_t j = 0; j < na; ++j) {
+      const Region* reg = region_of(arr[j], count * sizeof(float));
+      where[j] = {reg, static_cast<size_t>(reinterpret_cast<unsigned char*>(arr[j]) -
+                                           (reg->base + static_cast<size_t>(rank_) * reg->stride))};
+    }
+    float* mine[ElementwiseStep::kMaxArrays];
+    for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
+      const size_t b1 = std::min(hi, b0 + kBlock);
+      for (size_t j = 0; j < na; ++j) mine[j] = arr[j] + b0;
+      step.apply(mine, grads[s] + b0, b1 - b0);
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        for (size_t j = 0; j < na; ++j)
+          copy_nontemporal(
+              reinterpret_cast<float*>(where[j].reg->base + static_cast<size_t>(q) * where[j].reg->stride + where[j].off) + b0,
+              mine[j], b1 - b0);
+      }
+    }
+  }
+  _mm_sfence();  // the streaming stores are weakly ordered: visible before the barrier says so
+  barrier();     // every slice of every array written everywhere
+}
+
+template <class T>
+void ShmGroup::allreduce_as(void* buf, size_t count, ReduceOp op) {
+  if (const Region* reg = region_of(buf, count * sizeof(T)))
+    return allreduce_zero_copy(*reg, static_cast<T*>(buf), count, op);
+  allreduce_typed(static_cast<T*>(buf), count, op);
+}
+
 void ShmGroup::allreduce(void* buf, size_t count, DType dtype, ReduceOp op) {
   if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
-  if (const Region* reg = region_of(buf, count * dtype_size(dtype))) {
-    if (dtype == DType::F32) return allreduce_zero_copy(*reg, static_cast<float*>(buf), count, op);
-    if (dtype == DType::I32) return allreduce_zero_copy(*reg, static_cast<int32_t*>(buf), count, op);
+  switch (dtype) {
+    case DType::F32: return allreduce_as<float>(buf, count, op);
+    case DType::F64: return allreduce_as<double>(buf, count, op);
+    case DType::I32: return allreduce_as<int32_t>(buf, count, op);
+    case DType::I64: return allreduce_as<int64_t>(buf, count, op);
+    case DType::F16: return allreduce_as<_Float16>(buf, count, op);
+    case DType::BF16: return allreduce_as<bf16_t>(buf, count, op);
   }
-  if (dtype == DType::F32) return allreduce_typed(static_cast<float*>(buf), count, op);
-  if (dtype == DType::I32) return allreduce_typed(static_cast<int32_t*>(buf), count, op);
   throw WorkerError(std::string("shm all-reduce of ") + dtype_name(dtype) + " is not supported");
 }
 

@@ -26,17 +26,47 @@
 // barrier means every rank is past it); the last barrier keeps every rank from reading its
 // parameters before all slices are written.
 //
+// Mismatched collectives (safety): every collective publishes this rank's sequence number and
+// op signature (kind incl. staged / zero-copy / fused, dtype, count, reduce op, where in a shared
+// region) in the control page before its first barrier; after that barrier every rank compares
+// every peer's with its own and throws CommError naming the ranks, the op and what was expected
+// (instead of reading a peer's unrelated data). All ranks see the same table, so all throw.
+//
+// No /dev/shm leftovers at any moment (safety): segments never have a name. The creator opens
+// an unnamed file on /dev/shm (O_TMPFILE; memfd where /dev/shm lacks it), sizes it with
+// posix_fallocate, and publishes "<pid>:<fd>"; peers open /proc/<pid>/fd/<fd> (a same-user
+// read access, allowed under Yama unlike pidfd_getfd), then the creator closes its descriptor
+// after a barrier. The memory lives exactly as long as some mapping or descriptor does, so a
+// SIGKILL at any instant leaks nothing (named segments plus an unlink always leave a window,
+// and a sweep of dead PIDs' names needs a survivor to run it). A creator killed before the
+// peers opened it makes their open fail: a CommError, and the group is restarted anyway.
+//
+// Capacity (safety): a /dev/shm without room for a segment (statvfs before, ENOSPC/EFBIG from
+// posix_fallocate, which allocates now instead of faulting SIGBUS later) makes the creator
+// publish "none:<why>" instead; every rank reads the same answer, so the whole group falls back
+// together (create() returns nullptr: Gloo; alloc_shared() returns nullptr: private memory),
+// with one warning line from rank 0.
+//
+// Dtypes: f32, f64, i32, i64 reduced in their own type; f16 and bf16 accumulated in float
+// (rank order, Avg divides in float) and rounded once to nearest even.
+//
+// Split fused step (reduce_for_step, then finish_step): the reduction of the fused step
+// moved into backward, where it overlaps the rest of it: rank r averages slice r of a bucket
+// as soon as the bucket is ready on every rank and keeps it in its own part of the gradient
+// (only rank r reads slice r, so no second barrier); after backward one finish_step steps
+// every fused bucket's slice and writes the updated parameters into every rank's copy (one
+// barrier pair for all buckets). Parameters are written only there, after backward.
+//
 // Not thread-safe: one collective at a time (like the communicator that owns it).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <sys/mman.h>
 
 #include "ddprun/worker/communicator.h"
 
@@ -44,9 +74,10 @@ namespace ddprun::worker {
 
 class ShmGroup {
  public:
-  // Rank 0 creates the segment and publishes its name through `publish`; the others obtain it
-  // through `fetch`; `barrier` is a group barrier over another transport, used once so rank 0
-  // can unlink the name after everyone mapped it (nothing leaks if a process dies later).
+  // Rank 0 creates the segment and publishes how to open it through `publish`; the others
+  // obtain it through `fetch`; `barrier` is a group barrier over another transport, used once
+  // so rank 0 can drop its descriptor after everyone opened it. Returns nullptr on every rank
+  // when rank 0 found /dev/shm too small (see the header comment).
   template <class Publish, class Fetch, class Barrier>
   static std::unique_ptr<ShmGroup> create(int rank, int size, std::chrono::milliseconds timeout, Publish publish,
                                           Fetch fetch, Barrier barrier);
@@ -55,9 +86,10 @@ class ShmGroup {
   static constexpr int kMaxRanks = 64;
   static constexpr size_t kChunkBytes = 8u << 20;
 
-  // In place; F32 (Sum/Avg/Max) and I32 (Sum/Max). Throws CommError on peer death/timeout.
-  // A buffer inside a part returned by alloc_shared() is reduced without copies: rank r sums
-  // slice r straight from every rank's part and writes the result into every part.
+  // In place; every DType, Sum/Avg/Max. Throws CommError on peer death/timeout or when the
+  // ranks issued different collectives. A buffer inside a part returned by alloc_shared() is
+  // reduced without copies: rank r sums slice r straight from every rank's part and writes
+  // the result into every part.
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op);
 
   // True when grad[0, count) and every arrays[j][0, count) lie in this rank's parts of
@@ -67,20 +99,44 @@ class ShmGroup {
   // rank's part of every array holds the same updated values; grad keeps its local values.
   void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
 
+  // The fused step in two phases (Communicator::splits_step): reduce_for_step() during
+  // backward leaves in this rank's part the average of the gradient slice this rank steps;
+  // finish_step() after backward steps each segment's slice and writes it everywhere, as
+  // allreduce_step() does, with the same bits.
+  void reduce_for_step(float* grad, size_t count);
+  void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
+                   float* const* arrays);
+
   // Collective (same bytes, same order on every rank): a new segment with one part per rank;
-  // returns this rank's part (zeroed). Valid for the group's lifetime.
+  // returns this rank's part (zeroed), valid for the group's lifetime, or nullptr on every
+  // rank when /dev/shm has no room for it.
   template <class Publish, class Fetch, class Barrier>
   void* alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier);
 
  private:
   struct Control;
+  struct OpSig {
+    uint64_t seq, count, where;
+    uint32_t kind, dtype, op, extra;
+  };
   ShmGroup(int rank, int size, std::chrono::milliseconds timeout) : rank_(rank), size_(size), timeout_(timeout) {}
-  std::string create_segment();  // rank 0
-  void map_segment(const std::string& name, bool create);
-  void unlink_name();
+  static size_t control_bytes(int size);
+  // Creator side: an unnamed segment of `bytes` and its "<pid>:<fd>" handle, or nullptr with
+  // *why when /dev/shm has no room. *fd stays open until drop_creator_fd().
+  static void* create_unnamed(size_t bytes, int* fd, std::string* handle, std::string* why);
+  static void* open_handle(const std::string& handle, size_t bytes);
+  static bool is_fallback(const std::string& handle) { return handle.rfind("none:", 0) == 0; }
+  static void warn_fallback(int rank, const std::string& what, const std::string& handle);
+  void map_control(void* base);
   void register_self_and_watch_peers(const std::function<void()>& barrier);
   void barrier();
   void check_peers();
+  // Publishes this rank's op, waits for everyone (the collective's first barrier) and checks
+  // that every rank issued the same one.
+  void enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra);
+  std::string describe(const OpSig& s) const;
+  template <class T>
+  void allreduce_as(void* buf, size_t count, ReduceOp op);
   template <class T>
   void allreduce_typed(T* buf, size_t count, ReduceOp op);
   struct Region {
@@ -91,12 +147,10 @@ class ShmGroup {
   void allreduce_zero_copy(const Region& r, T* buf, size_t count, ReduceOp op);
   // The region whose part of this rank holds [p, p + bytes), or nullptr.
   const Region* region_of(const void* p, size_t bytes) const;
-  static void* map_named(const std::string& name, size_t bytes, bool create);
-  std::string fresh_name() const;
+  uint64_t where_of(const Region* reg, const void* p) const;
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;
-  std::string name_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
   Control* ctl_ = nullptr;
@@ -104,25 +158,38 @@ class ShmGroup {
   unsigned char* result_ = nullptr;  // kChunkBytes
   std::vector<int> pidfds_;
   std::vector<Region> regions_;
+  uint64_t seq_ = 0;
   bool broken_ = false;
+};
+
+void shm_close_fd(int fd);
+// Closes a creator's descriptor on every exit path (the mapping stays).
+struct ShmFdGuard {
+  int fd = -1;
+  ~ShmFdGuard() { if (fd >= 0) shm_close_fd(fd); }
 };
 
 template <class Publish, class Fetch, class Barrier>
 void* ShmGroup::alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier) {
   const size_t stride = (bytes + 4095) / 4096 * 4096;
-  std::string name;
+  const size_t total = stride * static_cast<size_t>(size_);
+  std::string handle, why;
   void* base = nullptr;
+  ShmFdGuard fd;
   if (rank_ == 0) {
-    name = fresh_name();
-    base = map_named(name, stride * static_cast<size_t>(size_), true);
-    publish(name);
+    base = create_unnamed(total, &fd.fd, &handle, &why);
+    if (!base) handle = "none:" + why;
+    publish(handle);
   } else {
-    name = fetch();
-    base = map_named(name, stride * static_cast<size_t>(size_), false);
+    handle = fetch();
   }
+  if (is_fallback(handle)) {  // the same answer on every rank: no barrier, all return nullptr
+    warn_fallback(rank_, "a shared region of " + std::to_string(total) + " bytes", handle);
+    return nullptr;
+  }
+  if (rank_ != 0) base = open_handle(handle, total);
   regions_.push_back({static_cast<unsigned char*>(base), stride});
-  barrier();  // everyone mapped it: the name can go
-  if (rank_ == 0) ::shm_unlink(name.c_str());
+  barrier();  // everyone opened it: the creator's descriptor can go (fd's guard)
   return static_cast<unsigned char*>(base) + static_cast<size_t>(rank_) * stride;
 }
 
@@ -130,11 +197,24 @@ template <class Publish, class Fetch, class Barrier>
 std::unique_ptr<ShmGroup> ShmGroup::create(int rank, int size, std::chrono::milliseconds timeout, Publish publish,
                                            Fetch fetch, Barrier barrier) {
   std::unique_ptr<ShmGroup> g(new ShmGroup(rank, size, timeout));
+  const size_t bytes = control_bytes(size);
+  std::string handle, why;
+  ShmFdGuard fd;  // closed once everyone opened it (after the barrier), or on an error
+  void* base = nullptr;
   if (rank == 0) {
-    publish(g->create_segment());
+    base = create_unnamed(bytes, &fd.fd, &handle, &why);
+    if (!base) handle = "none:" + why;
+    publish(handle);
   } else {
-    g->map_segment(fetch(), false);
+    handle = fetch();
   }
+  if (is_fallback(handle)) {
+    warn_fallback(rank, "the all-reduce segment (" + std::to_string(bytes) + " bytes)", handle);
+    return nullptr;
+  }
+  if (rank != 0) base = open_handle(handle, bytes);
+  g->bytes_ = bytes;
+  g->map_control(base);
   g->register_self_and_watch_peers(barrier);
   return g;
 }

@@ -113,6 +113,18 @@ class DDPRUN_WORKER_API Communicator {
     return false;
   }
 
+  // The fused step split in two, so the reduction overlaps backward (the Reducer's default CPU
+  // path). Only where splits_step() and fuses_step() hold. Phase 1, reduce_for_step(), may run
+  // while backward still reads the parameters: it reads gradients only and leaves on each rank
+  // the average of the slice of grad[0, count) that this rank steps. Phase 2, finish_step(),
+  // after backward on every rank: for each segment s (one earlier reduce_for_step(grads[s],
+  // counts[s]) each), the step over that segment with arrays[s * n_arrays + j], written into
+  // every rank's arrays. Same bits as allreduce_step() over each segment.
+  virtual bool splits_step() const { return false; }
+  virtual void reduce_for_step(float* /*grad*/, size_t /*count*/) {}
+  virtual void finish_step(size_t /*n_segments*/, float* const* /*grads*/, const size_t* /*counts*/,
+                           const ElementwiseStep& /*step*/, float* const* /*arrays*/) {}
+
   // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
   virtual bool stream_ordered() const { return false; }
   // The caller's compute stream (a cudaStream_t; default: the legacy default stream).

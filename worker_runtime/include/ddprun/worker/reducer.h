@@ -22,24 +22,41 @@
 // set_step_arrays() and end each pass with finalize_and_step(step) instead of finalize() plus
 // an optimizer pass. Buckets whose gradients and arrays the communicator can average and step
 // in one pass (Communicator::fuses_step: the CPU shared-memory path, everything in
-// alloc_shared() memory) are then not launched during backward but in finalize_and_step():
-// there each rank steps only its slice of a bucket and writes the result into every rank's
-// copy (ZeRO-1 style, but the state stays replicated), i.e. into parameters that a slower
-// peer could still be reading in backward (dX = dz.W runs after mark_ready of W). Fused
-// buckets adjacent in memory go as one collective (all run after backward anyway, and each
-// collective costs two barriers). Every other bucket is all-reduced as usual (overlapped)
-// and stepped locally after it. Both give the same bits: same reduction order, same
-// per-element float operations (see Communicator::allreduce_step).
+// alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
+// result into every rank's copy (ZeRO-1 style, but the state stays replicated). Writing
+// parameters must wait until every rank is past backward (a slower peer may still read them:
+// dX = dz.W runs after mark_ready of W), but the reduction need not: where the communicator
+// splits the step (Communicator::splits_step, the shm path), a fused bucket's reduction
+// (reduce_for_step: each rank averages its slice) starts as soon as the bucket is ready, during
+// backward like any bucket, and finalize_and_step() only steps the slices and writes them
+// everywhere (one finish_step for all fused buckets). A communicator that fuses without
+// splitting gets the fused buckets launched in finalize_and_step(), adjacent ones as one
+// collective. Every other bucket is all-reduced as usual (overlapped) and stepped locally
+// after it. All give the same bits: same reduction order, same per-element float operations
+// (see Communicator::allreduce_step). After set_step_arrays() end synchronised passes with
+// finalize_and_step(), not finalize().
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
 // Errors: a failed all-reduce is rethrown from finalize() / finalize_and_step() as CommError.
+//
+// Misuse is an error, never silent divergence (a rank that skipped synchronisation would end
+// with different parameters and still exit 0). Each pass must be, on every rank:
+//   prepare_for_backward(); backward with mark_ready(i) (or mark_unused(i)) once per gradient;
+//   finalize() or finalize_and_step().
+// mark_ready/mark_unused outside a pass, finalize without prepare, prepare twice, a gradient
+// marked twice, or finalize with gradients never marked throw WorkerError naming the rank, the
+// call and what was expected (parameters by index, and by name with ReducerOptions::param_name).
+// These checks also run at world size 1 and while sync is off, so a bug shows on one rank.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +71,13 @@ struct ReducerOptions {
   // World size 1: still bucket and launch every collective, as PyTorch's DDP wrapper does, so
   // a one-rank benchmark measures the DDP machinery instead of skipping it. Default: skip.
   bool force_collective = false;
+  // Gradients not marked ready (nor unused) by finalize() are treated as unused (mark_unused)
+  // instead of being an error, like PyTorch DDP's find_unused_parameters (which finds them by
+  // walking the autograd graph; here whatever was not marked is unused). Buckets holding such a
+  // gradient can only start in finalize(), so marking unused parameters early overlaps better.
+  bool find_unused_parameters = false;
+  // Optional: the name of parameter i (registration order), used in error messages.
+  std::function<std::string(size_t)> param_name;
 };
 
 struct GradView {
@@ -79,7 +103,13 @@ class DDPRUN_WORKER_API Reducer {
   void prepare_for_backward();
   // Gradient `index` (registration order) is final for this backward pass.
   void mark_ready(size_t index);
-  // Waits for all buckets (launching any not yet launched). Throws CommError.
+  // Parameter `index` took no part in this pass: its gradient counts as ready, zero-filled
+  // unless it received a contribution since the last synchronised pass (no_sync accumulation
+  // keeps it, as PyTorch keeps a defined .grad). Host gradients only: for device gradients
+  // zero it on the device and call mark_ready().
+  void mark_unused(size_t index);
+  // Waits for all buckets (launching any not yet launched). Throws CommError; WorkerError when
+  // a gradient was never marked (without find_unused_parameters) or on misuse (see above).
   void finalize();
 
   // Collective, once, outside backward: where the arrays of the ElementwiseStep given to
@@ -114,6 +144,15 @@ class DDPRUN_WORKER_API Reducer {
   const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
   // Number of buckets launched before finalize() in the last pass (overlap evidence).
   size_t buckets_launched_early() const { return launched_early_; }
+  // Overlap of the last synchronised pass (host communicators time their collectives).
+  struct OverlapStats {
+    size_t buckets = 0, buckets_early = 0;  // early: launched during backward (before finalize)
+    size_t bytes = 0, bytes_early = 0;
+    double comm_ms = 0;     // communication thread's time in this pass's collectives
+    double exposed_ms = 0;  // of which finalize waited after backward (the rest was hidden)
+    double finish_ms = 0;   // fused step after backward (finish_step / allreduce_step)
+  };
+  const OverlapStats& overlap() const { return stats_; }
   // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
   // and the number of fused collectives they took (adjacent fused buckets go as one).
   size_t buckets_fused() const { return fused_last_; }
@@ -124,6 +163,7 @@ class DDPRUN_WORKER_API Reducer {
     std::vector<size_t> members;
     size_t pending = 0;
     bool launched = false;
+    bool early = false;  // launched during backward (from mark_ready/mark_unused)
     void* base = nullptr;   // in-place range, or nullptr when staged
     size_t count = 0;
     std::vector<unsigned char> staging;
@@ -139,6 +179,14 @@ class DDPRUN_WORKER_API Reducer {
   // The step arrays at the element of gradient pointer `g`.
   void arrays_at(const void* g, float** out) const;
   void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
+  // Misuse: throws WorkerError "Reducer misuse on rank R in <op>: <what>".
+  [[noreturn]] void misuse(const std::string& op, const std::string& what) const;
+  std::string param_label(size_t index) const;
+  void check_mark(const char* op, size_t index) const;
+  void count_ready(size_t index);
+  // finalize()'s entry check: a pass is open; every gradient marked (or, with
+  // find_unused_parameters, the rest marked unused).
+  void begin_finalize(const char* op);
   // Nothing to communicate: one rank and no forced collective.
   bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
 
@@ -158,6 +206,14 @@ class DDPRUN_WORKER_API Reducer {
   std::vector<float*> step_arrays_;
   bool sync_ = true;
   bool in_backward_ = false;
+  bool finalizing_ = false;  // finalize() marking unused gradients (find_unused_parameters)
+  bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
+  OverlapStats stats_;
+  double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
+  uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
+  std::vector<unsigned char> ready_;        // per gradient, this pass
+  std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
+  size_t n_ready_ = 0;
 
   // Host communication thread.
   std::thread thread_;

@@ -1,0 +1,350 @@
+// Safety of the shared-memory all-reduce through the public communicator (real Gloo mesh, real
+// store, real /dev/shm): ranks that issue different collectives get an error naming the op
+// instead of each other's data; every dtype reduces (f16/bf16 accumulated in float); and
+// SIGKILLs of `train` ranks at random moments of start-up leave nothing in /dev/shm.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/worker/store.h"
+#include "ddprun/server/store_server.h"
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
+
+using namespace ddprun::worker;
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs body(rank, comm) for `world` ranks on threads, each with its own store connection and
+// shm-enabled Gloo communicator; returns each rank's exception message ("" when none).
+std::vector<std::string> on_ranks(int world, const std::function<void(int, Communicator&)>& body) {
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        StoreOptions co;
+        co.host = "127.0.0.1";
+        co.port = server.port();
+        co.connect_timeout = std::chrono::seconds(30);
+        auto store = connect_store(co);
+        GlooOptions go;
+        go.hostname = "127.0.0.1";
+        go.timeout = std::chrono::seconds(30);
+        go.shared_memory = true;
+        auto comm = make_gloo_communicator(*store, r, world, go);
+        body(r, *comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_bf16_exact(float f) {  // only for values bf16 holds exactly
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  REQUIRE((u & 0xffffu) == 0);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+TEST_CASE("shm: ranks issuing different collectives get an error naming the ranks and the ops", "[shm_safety]") {
+  struct Case {
+    const char* what;
+    size_t count1;
+    DType dtype1;
+    ReduceOp op1;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"count", 20, DType::F32, ReduceOp::Sum, "allreduce(fp32, 20 elements, sum)"},
+      {"dtype", 10, DType::I32, ReduceOp::Sum, "allreduce(int32, 10 elements, sum)"},
+      {"op", 10, DType::F32, ReduceOp::Max, "allreduce(fp32, 10 elements, max)"},
+  };
+  for (const Case& c : cases) {
+    INFO("mismatch in " << c.what);
+    std::vector<std::vector<float>> after(2);
+    const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
+      REQUIRE(comm.alloc_shared(64) != nullptr);  // the shm path is on
+      std::vector<float> ok(8, 1.f);
+      comm.allreduce(ok.data(), ok.size(), DType::F32, ReduceOp::Sum);  // #1 matches
+      std::vector<float> buf(32, static_cast<float>(r + 1));
+      if (r == 0) {
+        comm.allreduce(buf.data(), 10, DType::F32, ReduceOp::Sum);
+      } else {
+        comm.allreduce(buf.data(), c.count1, c.dtype1, c.op1);
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      const std::string& e = errors[static_cast<size_t>(r)];
+      INFO("rank " << r << ": " << e);
+      REQUIRE(has(e, "shm collective mismatch seen by rank " + std::to_string(r)));
+      REQUIRE(has(e, "rank " + std::to_string(r) + " (this one) issued"));
+      REQUIRE(has(e, std::string("issued #2 ") + c.expect));  // rank 1's op
+      REQUIRE(has(e, "issued #2 allreduce(fp32, 10 elements, sum)"));  // rank 0's op
+      REQUIRE(has(e, "Expected every rank to issue the same collectives"));
+    }
+  }
+}
+
+TEST_CASE("shm: a shared buffer reduced at different places on different ranks is an error", "[shm_safety]") {
+  const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
+    auto* p = static_cast<float*>(comm.alloc_shared(1024 * sizeof(float)));
+    REQUIRE(p != nullptr);
+    comm.allreduce(p + (r == 0 ? 0 : 16), 100, DType::F32, ReduceOp::Sum);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[static_cast<size_t>(r)]);
+    REQUIRE(has(errors[static_cast<size_t>(r)], "shared buffer at region 0 offset 64"));
+  }
+}
+
+TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float", "[shm_safety]") {
+  const int world = 3;
+  std::vector<std::string> failures(world);
+  const auto errors = on_ranks(world, [&](int r, Communicator& comm) {
+    auto fail = [&](const std::string& m) {
+      if (failures[static_cast<size_t>(r)].empty()) failures[static_cast<size_t>(r)] = m;
+    };
+    // 5 M elements: more than one 8 MiB chunk for every type on the staged path.
+    const size_t big = 5u << 20;
+    for (bool shared : {false, true}) {
+      const size_t n = shared ? 4096 : big;
+      auto buffer = [&](size_t bytes, std::vector<unsigned char>& own) -> void* {
+        if (shared) return comm.alloc_shared(bytes);
+        own.assign(bytes, 0);
+        return own.data();
+      };
+      std::vector<unsigned char> s64, s32, s16a, s16b, sf64, si32;
+      auto* f64 = static_cast<double*>(buffer(n * 8, sf64));
+      auto* i64 = static_cast<int64_t*>(buffer(n * 8, s64));
+      auto* i32 = static_cast<int32_t*>(buffer(n * 4, si32));
+      auto* f32 = static_cast<float*>(buffer(n * 4, s32));
+      auto* h = static_cast<_Float16*>(buffer(n * 2, s16a));
+      auto* bf = static_cast<uint16_t*>(buffer(n * 2, s16b));
+      if (!f64 || !i64 || !i32 || !f32 || !h || !bf) return fail("alloc_shared failed");
+      for (size_t i = 0; i < n; ++i) {
+        const auto v = static_cast<int64_t>((i % 1000) * 3 + static_cast<size_t>(r));
+        f64[i] = static_cast<double>(v) * 0.25;
+        i64[i] = v * 1000000007LL;
+        i32[i] = static_cast<int32_t>(v);
+        f32[i] = static_cast<float>(v) * 0.25f;
+        // 2048 + 1 + 1: in f16 arithmetic each + 1 would round back to 2048 (spacing 2 there, ties
+        // to even); accumulated in float the sum is 2050, which f16 holds. Likewise bf16 at 256.
+        h[i] = static_cast<_Float16>(r == 0 ? 2048.f : 1.f);
+        bf[i] = float_to_bf16_exact(i % 2 ? (r == 0 ? 256.f : 1.f) : static_cast<float>(r + 1));
+      }
+      comm.allreduce(f64, n, DType::F64, ReduceOp::Sum);
+      comm.allreduce(i64, n, DType::I64, ReduceOp::Sum);
+      comm.allreduce(i32, n, DType::I32, ReduceOp::Max);
+      comm.allreduce(f32, n, DType::F32, ReduceOp::Avg);
+      comm.allreduce(h, n, DType::F16, ReduceOp::Sum);
+      comm.allreduce(bf, n, DType::BF16, ReduceOp::Sum);
+      for (size_t i = 0; i < n; ++i) {
+        const auto base = static_cast<int64_t>((i % 1000) * 3);
+        const int64_t sum = 3 * base + 0 + 1 + 2;
+        if (f64[i] != static_cast<double>(sum) * 0.25) return fail("f64 at " + std::to_string(i));
+        if (i64[i] != sum * 1000000007LL) return fail("i64 at " + std::to_string(i));
+        if (i32[i] != base + 2) return fail("i32 max at " + std::to_string(i));
+        if (f32[i] != static_cast<float>(sum) * 0.25f / 3.f) return fail("f32 avg at " + std::to_string(i));
+        if (static_cast<float>(h[i]) != 2050.f)
+          return fail("f16 at " + std::to_string(i) + ": " + std::to_string(static_cast<float>(h[i])));
+        const float want_bf = i % 2 ? 258.f : 6.f;
+        if (bf16_to_float(bf[i]) != want_bf) return fail("bf16 avg at " + std::to_string(i));
+      }
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[static_cast<size_t>(r)] == "");
+    REQUIRE(failures[static_cast<size_t>(r)] == "");
+  }
+}
+
+// ---- SIGKILL at random moments of start-up: nothing left in /dev/shm ----------------------------
+
+namespace {
+
+pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  for (const std::string& kv : {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                                "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                                std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")})
+    env_s.push_back(kv);
+  std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+// Entries of /dev/shm that a process of `pids` created under our naming scheme
+// ("ddprun-<pid>-..."), which is how segments were named before they became unnamed.
+std::vector<std::string> leftovers_of(const std::set<pid_t>& pids) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("ddprun-", 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(n.c_str() + 7));
+    if (pids.count(pid)) out.push_back(n);
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leaves nothing in /dev/shm",
+          "[shm_kill]") {
+  char tmpl[] = "/tmp/ddprun-shmkill-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  std::set<pid_t> pids;
+  auto reap = [](pid_t pid) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    return st;
+  };
+  // One uninterrupted run sets the range of kill moments: start-up plus a bit of training.
+  server.reset_keyspace();
+  const auto t0 = Clock::now();
+  pid_t a = spawn_train(0, 2, server.port(), dir + "/clean0.log");
+  pid_t b = spawn_train(1, 2, server.port(), dir + "/clean1.log");
+  pids.insert(a);
+  pids.insert(b);
+  const int sa = reap(a), sb = reap(b);
+  REQUIRE(WIFEXITED(sa));
+  REQUIRE(WEXITSTATUS(sa) == 0);
+  REQUIRE(WIFEXITED(sb));
+  REQUIRE(WEXITSTATUS(sb) == 0);
+  const auto span_us = std::max<int64_t>(
+      1000, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+  std::mt19937_64 rng(std::random_device{}());
+  const auto deadline = Clock::now() + std::chrono::seconds(150);
+  int trials = 0;
+  for (; trials < 100 && Clock::now() < deadline; ++trials) {
+    server.reset_keyspace();
+    const pid_t p[2] = {spawn_train(0, 2, server.port(), dir + "/r0.log"),
+                        spawn_train(1, 2, server.port(), dir + "/r1.log")};
+    pids.insert(p[0]);
+    pids.insert(p[1]);
+    const int victim = static_cast<int>(rng() % 2);
+    // The kill moments themselves are what is random; nothing waits on them for ordering.
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng() % static_cast<uint64_t>(span_us))));
+    ::kill(p[victim], SIGKILL);
+    // The launcher's teardown of the survivor, at another random moment.
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng() % 20000)));
+    ::kill(p[1 - victim], SIGKILL);
+    reap(p[0]);
+    reap(p[1]);
+  }
+  INFO("trials " << trials << ", kill moments within " << span_us << " us of the start");
+  REQUIRE(trials >= 30);  // bounded time on a loaded box; normally all 100 run
+  const auto left = leftovers_of(pids);
+  for (const auto& n : left) ::unlink(("/dev/shm/" + n).c_str());  // leave the box clean either way
+  INFO("left in /dev/shm: " << left.size() << (left.empty() ? "" : " e.g. " + left.front()));
+  REQUIRE(left.empty());
+  std::filesystem::remove_all(dir);
+}
+
+// ---- the debug-mode collective check for Gloo over TCP (collective_check.h) --------------------
+
+#include <barrier>
+
+#include "collective_check.h"
+
+TEST_CASE("CollectiveChecker: matching collectives pass, different ones fail on every rank with both ops",
+          "[collective_check]") {
+  const int world = 3;
+  std::vector<CollectiveSignature> board(world);
+  std::barrier sync(world);
+  // An all-gather over threads: everyone writes its slot, waits, reads all, waits.
+  auto all_gather = [&](int r) {
+    return [&, r](const void* mine, void* all, size_t bytes) {
+      REQUIRE(bytes == sizeof(CollectiveSignature));
+      std::memcpy(&board[static_cast<size_t>(r)], mine, bytes);
+      sync.arrive_and_wait();
+      std::memcpy(all, board.data(), bytes * world);
+      sync.arrive_and_wait();
+    };
+  };
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      CollectiveChecker c(r, world);
+      try {
+        c.check(CollectiveOp::AllReduce, DType::F32, 100, static_cast<int>(ReduceOp::Sum), all_gather(r));
+        c.check(CollectiveOp::Broadcast, DType::F32, 64, 0, all_gather(r));
+        if (r == 2) {
+          c.check(CollectiveOp::Broadcast, DType::F32, 64, 0, all_gather(r));  // rank 2 skipped an all-reduce
+        } else {
+          c.check(CollectiveOp::AllReduce, DType::BF16, 100, static_cast<int>(ReduceOp::Avg), all_gather(r));
+        }
+      } catch (const CommError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << e);
+    REQUIRE(has(e, "collective mismatch (DDPRUN_DEBUG_COLLECTIVES) seen by rank " + std::to_string(r)));
+    REQUIRE(has(e, "issued #3 allreduce(bf16, 100 elements, avg)"));
+    REQUIRE(has(e, "issued #3 broadcast(64 bytes, root 0)"));
+    REQUIRE_FALSE(has(e, "#2"));
+  }
+}
