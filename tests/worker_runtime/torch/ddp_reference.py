@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--load-init", default="")
     ap.add_argument("--batches", default="", help="per-step sample indices written by the example (%%r = rank)")
     ap.add_argument("--dump-final", default="")
+    ap.add_argument("--optimizer-zero-grad", type=int, default=1,
+                    help="1: zero_grad(set_to_none=True); 0: zero in place (gradients stay bucket views)")
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--time", action="store_true")
@@ -161,7 +163,7 @@ def main():
     for step in range(a.steps):
         t0 = time.perf_counter()
         ids = torch.tensor(schedule[step], dtype=torch.long)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=bool(a.optimizer_zero_grad))
         for k in range(a.accum):
             part = ids[k * a.batch:(k + 1) * a.batch]
             x, y = X.index_select(0, part), Y.index_select(0, part)

@@ -90,8 +90,14 @@ def main():
 
     if a.case == "python_ddp":
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank", "--find-unused", "1"]
-        ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
-                            "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r")])
+        out = ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                                  "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r")]).stdout
+        # Several buckets, rebuilt in arrival order after the first step, launched during backward.
+        m = re.search(r"buckets=(\d+) rebuilt=(\d+) launched_early_last_step=(\d+) first_bucket=(\S+)", out)
+        assert m, out
+        print(f"buckets {m.group(1)}, rebuilt {m.group(2)}, launched early {m.group(3)}, first bucket {m.group(4)}")
+        assert int(m.group(1)) >= 2 and int(m.group(2)) == 1 and int(m.group(3)) >= 1, out
+        assert m.group(4).startswith("fc."), "FAIL: the first bucket must hold the gradients backward makes first"
         # The wrap broadcast made every rank start from rank 0's state.
         compare(T("init.0"), T("init.1"), rtol=0, atol=0)
         torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),

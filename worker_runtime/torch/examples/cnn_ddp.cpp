@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-kb", bucket_cap_kb);
   app.add_option("--first-bucket-kb", first_bucket_kb);
   app.add_option("--optimizer-zero-grad", optimizer_zero_grad,
-                 "1: opt.zero_grad() (set_to_none, as Python); 0: ddp.zero_grad() (in place)");
+                 "1: opt.zero_grad() (set_to_none, as Python's default); 0: zero in place (ddp.zero_grad(), or "
+                 "opt.zero_grad(false) without DDP)");
   app.add_option("--fail-at-step", fail_at_step, "SIGKILL --fail-rank at the start of this step (first attempt)");
   app.add_option("--fail-rank", fail_rank);
   app.add_option("--dump-init", dump_init, "write the initial state (after the wrap) here; %r = rank");
@@ -239,8 +240,8 @@ int main(int argc, char** argv) {
         for (auto i : ids) batch_log << i << ' ';
         batch_log << '\n';
       }
-      if (optimizer_zero_grad || !ddp)
-        opt.zero_grad();
+      if (!ddp || optimizer_zero_grad)
+        opt.zero_grad(/*set_to_none=*/optimizer_zero_grad);
       else
         ddp->zero_grad();
       const auto all = torch::tensor(ids, torch::kLong);
@@ -269,6 +270,13 @@ int main(int argc, char** argv) {
         lt::save_optimizer(opt, *net, ck);
         dw::save_checkpoint(checkpoint_dir, ck);
       }
+    }
+    if (ddp && rank == 0) {
+      const auto buckets = ddp->bucket_names();
+      std::printf("buckets=%zu rebuilt=%zu launched_early_last_step=%zu first_bucket=", buckets.size(), ddp->rebuilds(),
+                  ddp->buckets_launched_early());
+      for (size_t k = 0; k < buckets.front().size(); ++k) std::printf("%s%s", k ? "," : "", buckets.front()[k].c_str());
+      std::printf("\n");
     }
     if (!dump_final.empty()) dump_state(per_rank(dump_final, rank), *net);
     if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed, timed);

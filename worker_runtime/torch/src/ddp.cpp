@@ -65,6 +65,7 @@ struct DdpEngine::State {
   // (so every bucket is one contiguous range, reduced in place).
   std::vector<size_t> layout;
   at::Tensor flat;
+  bool flat_is_comm_memory = false;  // from Communicator::alloc_shared (the communicator owns it)
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
 
@@ -151,6 +152,7 @@ struct DdpEngine::State {
       if (g.defined() || views.empty()) g = fresh_views[i];
     }
     reducer.reset();
+    flat_is_comm_memory = shared != nullptr;
     ReducerOptions ro;
     ro.bucket_cap_bytes = opt.bucket_cap_bytes;
     ro.first_bucket_cap_bytes = opt.first_bucket_cap_bytes;
@@ -251,8 +253,15 @@ DdpEngine::DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& 
 DdpEngine::~DdpEngine() {
   if (!s_) return;
   for (size_t i = 0; i < s_->accs.size(); ++i) s_->accs[i]->del_post_hook(s_->hook_keys[i]);
-  // Gradients keep pointing at the flat buffer (their deleters keep it alive) unless it is
-  // the communicator's shared memory, which the communicator owns.
+  // Gradients in our own flat buffer stay valid (their deleters keep it alive); gradients in
+  // the communicator's shared memory would dangle once it is destroyed: give them their own.
+  if (s_->flat_is_comm_memory) {
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < s_->params.size(); ++i) {
+      at::Tensor& g = s_->params[i].mutable_grad();
+      if (g.defined() && g.data_ptr() == s_->views[i].data_ptr()) g = g.clone();
+    }
+  }
 }
 
 const std::vector<std::string>& DdpEngine::parameter_names() const { return s_->names; }
@@ -267,6 +276,7 @@ std::vector<std::vector<std::string>> DdpEngine::bucket_names() const {
 }
 
 size_t DdpEngine::rebuilds() const { return s_->rebuilds; }
+size_t DdpEngine::buckets_launched_early() const { return s_->reducer->buckets_launched_early(); }
 
 void DdpEngine::zero_grad() {
   at::NoGradGuard ng;

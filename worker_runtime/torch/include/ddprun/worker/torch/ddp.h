@@ -120,6 +120,9 @@ class DdpEngine {
   // Bucket plan in launch order, as parameter names (for logging and tests).
   std::vector<std::vector<std::string>> bucket_names() const;
   size_t rebuilds() const;  // 0 or 1: whether the arrival-order rebuild happened
+  // Buckets whose all-reduce started during the last synced backward, before its end
+  // (overlap evidence; 0 with one rank unless force_collective).
+  size_t buckets_launched_early() const;
 
   // The autograd hooks' entry points (public for the hook objects; not for users).
   void on_grad_ready(size_t index);
