@@ -8,7 +8,8 @@ Cases:
                 and on others on every rank (find_unused_parameters), several buckets: every
                 parameter and buffer of every rank equals Python DDP's within 1e-5 relative.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
-                newest checkpoint: final checksum bit-identical to the uninterrupted run.
+                newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
+                (SGD with momentum; kill_resume_adam: the same with Adam's state).
   invariant     2 ranks x batch 8 == 1 rank x batch 16 (the model without batch norm, whose
                 per-rank batch statistics would differ by design; `aux` unused on the same steps).
   unused_error  find_unused_parameters off + a parameter unused: exit code 1 (a DdpError, no
@@ -109,8 +110,10 @@ def main():
         assert moved > 1e-3, f"parameters did not move ({moved})"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
 
-    elif a.case == "kill_resume":
+    elif a.case in ("kill_resume", "kill_resume_adam"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]
+        if a.case == "kill_resume_adam":
+            common += ["--optimizer", "adam", "--lr", "0.01"]
         want = checksum(ddprun(2, common).stdout)
         p = ddprun(2, common + ["--checkpoint-dir", T("ck"), "--checkpoint-every", "4", "--fail-at-step", "10",
                                 "--fail-rank", "1"], launcher_args=["--max_restarts=1"])

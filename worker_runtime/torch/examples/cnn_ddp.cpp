@@ -14,6 +14,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
   double lr = 0.05, momentum = 0.9;
   uint64_t seed = 1234;
   bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
-  std::string unused_mode = "step", checkpoint_dir;
+  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd";
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr);
   app.add_option("--momentum", momentum);
   app.add_option("--seed", seed);
+  app.add_option("--optimizer", optimizer, "sgd (with --momentum) | adam (--lr)")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--checkpoint-dir", checkpoint_dir, "save here and resume from the newest checkpoint");
   app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: never)");
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
@@ -198,7 +200,12 @@ int main(int argc, char** argv) {
     if (!no_ddp) ddp.emplace(net, rt->comm(), opts);
     if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
 
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+    std::unique_ptr<torch::optim::Optimizer> opt_holder;
+    if (optimizer == "adam")
+      opt_holder = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(lr));
+    else
+      opt_holder = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+    torch::optim::Optimizer& opt = *opt_holder;
 
     dw::DistributedSampler sampler({.dataset_size = static_cast<size_t>(samples), .num_replicas = world,
                                     .rank = rank, .shuffle = shuffle, .seed = seed});

@@ -295,7 +295,8 @@ void DdpEngine::pre_forward() {
     // on). Nothing was launched yet (unused parameters are marked on the first hook), so
     // re-arming is safe.
     if (s.hooks_fired != 0)
-      throw DdpError("DDP: forward called while the previous backward is still running");
+      throw DdpError("DDP: forward called before the previous backward completed (it failed, or is still running "
+                     "in another thread); run one backward per training forward, from one thread");
     s.armed = false;
   }
   if (s.rebuild_pending) {
