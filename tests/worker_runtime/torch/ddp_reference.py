@@ -159,9 +159,9 @@ def main():
         return True
 
     net.train()
-    timed, timed_s = 0, 0.0
+    timed, timed_s, cpu_s = 0, 0.0, 0.0
     for step in range(a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ids = torch.tensor(schedule[step], dtype=torch.long)
         opt.zero_grad(set_to_none=bool(a.optimizer_zero_grad))
         for k in range(a.accum):
@@ -183,10 +183,12 @@ def main():
         if step >= a.warmup:
             timed += 1
             timed_s += dt
+            cpu_s += time.process_time() - c0
     if a.dump_final:
         write_dump(per_rank(a.dump_final, rank), net)
     if a.time and timed:
-        print(f"rank {rank} step_ms={1e3 * timed_s / timed:.4f} steps={timed}", flush=True)
+        print(f"rank {rank} step_ms={1e3 * timed_s / timed:.4f} cpu_ms={1e3 * cpu_s / timed:.4f} steps={timed}",
+              flush=True)
     dist.destroy_process_group()
 
 

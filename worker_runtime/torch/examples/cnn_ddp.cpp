@@ -22,6 +22,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -231,7 +232,7 @@ int main(int argc, char** argv) {
       return true;
     };
     net->train();
-    double timed_s = 0;
+    double timed_s = 0, cpu_s = 0;  // wall and process CPU time of the timed steps
     int timed = 0;
     for (int step = start; step < steps; ++step) {
       if (step == fail_at_step && rank == fail_rank && rt->env().restart_count == 0) {
@@ -240,6 +241,7 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }
       const auto t0 = std::chrono::steady_clock::now();
+      const std::clock_t c0 = std::clock();
       sampler.set_epoch(static_cast<uint64_t>(step) / batches);
       const auto idx = sampler.batch(static_cast<size_t>(step) % batches, per_step);
       std::vector<int64_t> ids(idx.begin(), idx.end());
@@ -269,7 +271,7 @@ int main(int argc, char** argv) {
       }
       opt.step();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (step - start >= warmup) timed_s += dt, ++timed;
+      if (step - start >= warmup) timed_s += dt, cpu_s += double(std::clock() - c0) / CLOCKS_PER_SEC, ++timed;
       if (!checkpoint_dir.empty() && checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && rank == 0) {
         dw::Checkpoint ck;
         ck.step = static_cast<uint64_t>(step + 1);
@@ -286,7 +288,8 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     if (!dump_final.empty()) dump_state(per_rank(dump_final, rank), *net);
-    if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed, timed);
+    if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f cpu_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed,
+                                           1e3 * cpu_s / timed, timed);
     if (rank == 0)
       std::printf("final_param_checksum=%016llx\n", static_cast<unsigned long long>(lt::state_checksum(*net)));
     return 0;
