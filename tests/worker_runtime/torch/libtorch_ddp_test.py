@@ -6,7 +6,8 @@ checked against PyTorch's own Python DDP from the same torch build.
 Cases:
   python_ddp    2 ranks, 20 steps, CNN with batch norm, `aux` unused on some steps on one rank
                 and on others on every rank (find_unused_parameters), several buckets: every
-                parameter and buffer of every rank equals Python DDP's within 1e-5 relative.
+                parameter and buffer of every rank equals Python DDP's within 1e-5 relative;
+                without the per-forward buffer broadcast rank 1's statistics would differ.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
                 (SGD with momentum; kill_resume_adam: the same with Adam's state).
@@ -108,6 +109,12 @@ def main():
         # Not a vacuous comparison: training moved the parameters.
         moved = (read_dump(T("cpp.0"))["param/conv1.weight"] - read_dump(T("init.0"))["param/conv1.weight"]).norm()
         assert moved > 1e-3, f"parameters did not move ({moved})"
+        # The buffer comparison has teeth: without the per-forward broadcast, rank 1's batch-norm
+        # statistics drift from Python DDP's (which broadcasts them from rank 0).
+        ddprun(2, common + ["--broadcast-buffers", "0", "--dump-final", T("nobcast.%r")])
+        drift = (read_dump(T("nobcast.1"))["buffer/bn1.running_mean"] - read_dump(T("py.1"))["buffer/bn1.running_mean"])
+        print(f"without broadcast_buffers rank 1's running_mean is off by {drift.abs().max().item():.3e}")
+        assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
 
     elif a.case in ("kill_resume", "kill_resume_adam"):
