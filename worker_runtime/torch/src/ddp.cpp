@@ -129,12 +129,22 @@ struct DdpEngine::State {
       total += params[i].numel();
     }
     const size_t esize = dtype_size(dtype);
+    // The gradients' current values (they may live in the buffer about to be reordered).
+    std::vector<at::Tensor> saved(n);
+    for (size_t i = 0; i < n; ++i)
+      if (params[i].grad().defined()) saved[i] = params[i].grad().clone();
     at::Tensor fresh;
-    void* shared = on_cuda ? nullptr : comm.alloc_shared(static_cast<size_t>(total) * esize);
-    if (shared)  // the communicator's zero-copy memory; lives as long as the communicator
-      fresh = at::from_blob(shared, {total}, grad_options);
-    else
-      fresh = at::zeros({total}, grad_options);
+    bool shared = flat_is_comm_memory;
+    if (flat.defined()) {
+      fresh = flat;  // a rebuild: same size, new order, same memory (no second allocation)
+    } else {
+      void* mem = on_cuda ? nullptr : comm.alloc_shared(static_cast<size_t>(total) * esize);
+      shared = mem != nullptr;
+      if (mem)  // the communicator's zero-copy memory; lives as long as the communicator
+        fresh = at::from_blob(mem, {total}, grad_options);
+      else
+        fresh = at::zeros({total}, grad_options);
+    }
     std::vector<at::Tensor> fresh_views(n);
     std::vector<GradView> gv;
     gv.reserve(n);
@@ -148,11 +158,11 @@ struct DdpEngine::State {
     }
     for (size_t i = 0; i < n; ++i) {
       at::Tensor& g = params[i].mutable_grad();
-      if (g.defined()) fresh_views[i].copy_(g);
+      if (saved[i].defined()) fresh_views[i].copy_(saved[i]);
       if (g.defined() || views.empty()) g = fresh_views[i];
     }
     reducer.reset();
-    flat_is_comm_memory = shared != nullptr;
+    flat_is_comm_memory = shared;
     ReducerOptions ro;
     ro.bucket_cap_bytes = opt.bucket_cap_bytes;
     ro.first_bucket_cap_bytes = opt.first_bucket_cap_bytes;
