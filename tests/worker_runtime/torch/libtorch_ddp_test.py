@@ -1,0 +1,184 @@
+"""The libtorch ctest cases: real processes of ddprun-torch-example under the real launchers,
+checked against PyTorch's own Python DDP from the same torch build.
+
+  libtorch_ddp_test.py <case> --ddprun <ddprun> --example <ddprun-torch-example> [--torchrun-python <venv python>]
+
+Cases:
+  python_ddp    2 ranks, 20 steps, CNN with batch norm, `aux` unused on some steps on one rank
+                and on others on every rank (find_unused_parameters), several buckets: every
+                parameter and buffer of every rank equals Python DDP's within 1e-5 relative;
+                without the per-forward buffer broadcast rank 1's statistics would differ.
+  kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
+                newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
+                (SGD with momentum; kill_resume_adam: the same with Adam's state).
+  invariant     2 ranks x batch 8 == 1 rank x batch 16 (the model without batch norm, whose
+                per-rank batch statistics would differ by design; `aux` unused on the same steps).
+  unused_error  find_unused_parameters off + a parameter unused: exit code 1 (a DdpError, no
+                signal, no abort), the message names 'aux.weight'.
+  wrap_sync     ranks that start from different parameters end bit-identical to a run whose
+                ranks start alike (parameters and buffers broadcast from rank 0 at wrap time).
+  no_sync       2 micro-batches of 4 (first under no_sync) == one batch of 8, 2 ranks.
+  torchrun      the example under torchrun 2.11 gives the same checksum as under ddprun.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import torch  # noqa: E402
+
+from ddp_reference import read_dump  # noqa: E402
+
+TIMEOUT = 600
+
+
+def run(cmd, expect_ok=True, env=None):
+    print("+", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT, env=env)
+    if expect_ok and p.returncode != 0:
+        print(p.stdout)
+        raise SystemExit(f"FAIL: exit code {p.returncode}")
+    return p
+
+
+def checksum(out):
+    m = re.findall(r"final_param_checksum=([0-9a-f]+)", out)
+    if not m:
+        print(out)
+        raise SystemExit("FAIL: no final_param_checksum in the output")
+    return m[-1]
+
+
+def compare(a_path, b_path, rtol=1e-5, atol=1e-6, exact_names=()):
+    a, b = read_dump(a_path), read_dump(b_path)
+    if sorted(a) != sorted(b):
+        raise SystemExit(f"FAIL: different tensors: {sorted(a)} vs {sorted(b)}")
+    worst = 0.0
+    for k in sorted(a):
+        x, y = a[k], b[k]
+        if x.dtype == torch.int64 or k in exact_names:
+            if not torch.equal(x, y):
+                raise SystemExit(f"FAIL: {k} differs: {x} vs {y}")
+            continue
+        rel = ((x - y).norm() / y.norm().clamp_min(1e-30)).item()
+        worst = max(worst, rel)
+        if not torch.allclose(x, y, rtol=rtol, atol=atol) or rel > rtol:
+            raise SystemExit(f"FAIL: {k}: relative difference {rel:.3e}, max abs {(x - y).abs().max().item():.3e}")
+    print(f"{a_path} vs {b_path}: {len(a)} tensors, worst relative norm difference {worst:.3e}")
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case")
+    ap.add_argument("--ddprun", required=True)
+    ap.add_argument("--example", required=True)
+    ap.add_argument("--python", default=sys.executable, help="python with torch 2.11 (the venv)")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix=f"ddprun-libtorch-{a.case}-")
+    T = lambda name: os.path.join(tmp, name)  # noqa: E731
+
+    def ddprun(n, args, expect_ok=True, launcher_args=()):
+        return run([a.ddprun, f"--nproc_per_node={n}", "--master_port=0", *launcher_args, a.example, *args],
+                   expect_ok=expect_ok)
+
+    def torchrun(n, script_and_args, expect_ok=True):
+        return run([a.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                    *script_and_args], expect_ok=expect_ok)
+
+    if a.case == "python_ddp":
+        common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank", "--find-unused", "1"]
+        out = ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                                  "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r")]).stdout
+        # Several buckets, rebuilt in arrival order after the first step, launched during backward.
+        m = re.search(r"buckets=(\d+) rebuilt=(\d+) launched_early_last_step=(\d+) first_bucket=(\S+)", out)
+        assert m, out
+        print(f"buckets {m.group(1)}, rebuilt {m.group(2)}, launched early {m.group(3)}, first bucket {m.group(4)}")
+        assert int(m.group(1)) >= 2 and int(m.group(2)) == 1 and int(m.group(3)) >= 1, out
+        assert m.group(4).startswith("fc."), "FAIL: the first bucket must hold the gradients backward makes first"
+        # The wrap broadcast made every rank start from rank 0's state.
+        compare(T("init.0"), T("init.1"), rtol=0, atol=0)
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),
+                     "--batches", T("batches.%r"), "--dump-final", T("py.%r")])
+        for r in (0, 1):
+            compare(T(f"cpp.{r}"), T(f"py.{r}"))
+        # Not a vacuous comparison: training moved the parameters.
+        moved = (read_dump(T("cpp.0"))["param/conv1.weight"] - read_dump(T("init.0"))["param/conv1.weight"]).norm()
+        assert moved > 1e-3, f"parameters did not move ({moved})"
+        # The buffer comparison has teeth: without the per-forward broadcast, rank 1's batch-norm
+        # statistics drift from Python DDP's (which broadcasts them from rank 0).
+        ddprun(2, common + ["--broadcast-buffers", "0", "--dump-final", T("nobcast.%r")])
+        drift = (read_dump(T("nobcast.1"))["buffer/bn1.running_mean"] - read_dump(T("py.1"))["buffer/bn1.running_mean"])
+        print(f"without broadcast_buffers rank 1's running_mean is off by {drift.abs().max().item():.3e}")
+        assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
+        print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
+
+    elif a.case in ("kill_resume", "kill_resume_adam"):
+        common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]
+        if a.case == "kill_resume_adam":
+            common += ["--optimizer", "adam", "--lr", "0.01"]
+        want = checksum(ddprun(2, common).stdout)
+        p = ddprun(2, common + ["--checkpoint-dir", T("ck"), "--checkpoint-every", "4", "--fail-at-step", "10",
+                                "--fail-rank", "1"], launcher_args=["--max_restarts=1"])
+        got = checksum(p.stdout)
+        assert "injected fault" in p.stdout, p.stdout
+        assert "resumed from step 8" in p.stdout, p.stdout
+        print(f"uninterrupted {want}, killed at step 10 and resumed {got}")
+        assert got == want, "FAIL: resumed run differs"
+        print("OK: bit-identical after SIGKILL + resume")
+
+    elif a.case == "invariant":
+        common = ["--steps", "12", "--bn", "0", "--unused-mode", "step", "--samples", "256"]
+        ddprun(2, common + ["--batch", "8", "--dump-final", T("two.%r")])
+        ddprun(1, common + ["--batch", "16", "--dump-final", T("one.%r")])
+        compare(T("two.0"), T("one.0"))
+        compare(T("two.1"), T("one.0"))
+        print("OK: 2 ranks x 8 == 1 rank x 16")
+
+    elif a.case == "unused_error":
+        p = ddprun(2, ["--steps", "6", "--unused-mode", "step", "--find-unused", "0"], expect_ok=False)
+        print(p.stdout)
+        assert p.returncode != 0, "FAIL: an unused parameter without find_unused_parameters must fail"
+        assert "'aux.weight'" in p.stdout and "find_unused_parameters" in p.stdout, "FAIL: message must name it"
+        for bad in ("SIGSEGV", "SIGABRT", "terminate called", "core dumped"):
+            assert bad not in p.stdout, f"FAIL: crashed ({bad})"
+        assert re.search(r"exit code 1\b", p.stdout), "FAIL: expected a clean exit code 1"
+        # The same model with the option on trains to the end.
+        checksum(ddprun(2, ["--steps", "6", "--unused-mode", "step", "--find-unused", "1"]).stdout)
+        print("OK: clear error naming the parameter; fine with find_unused_parameters")
+
+    elif a.case == "wrap_sync":
+        common = ["--steps", "6", "--unused-mode", "none", "--find-unused", "0"]
+        want = checksum(ddprun(2, common).stdout)
+        got = checksum(ddprun(2, common + ["--perturb-init"]).stdout)
+        print(f"alike {want}, rank 1 perturbed before the wrap {got}")
+        assert got == want, "FAIL: the wrap did not make rank 1 start from rank 0's parameters"
+        print("OK: parameters broadcast at wrap time")
+
+    elif a.case == "no_sync":
+        common = ["--steps", "10", "--bn", "0", "--unused-mode", "none", "--find-unused", "0",
+                  "--optimizer-zero-grad", "0"]
+        ddprun(2, common + ["--batch", "4", "--accum", "2", "--dump-final", T("acc.%r")])
+        ddprun(2, common + ["--batch", "8", "--accum", "1", "--dump-final", T("big.%r")])
+        compare(T("acc.0"), T("big.0"))
+        compare(T("acc.1"), T("acc.0"), rtol=0, atol=0)
+        print("OK: no_sync accumulation == one bigger batch")
+
+    elif a.case == "torchrun":
+        common = ["--steps", "8", "--unused-mode", "rank"]
+        want = checksum(ddprun(2, common).stdout)
+        got = checksum(torchrun(2, ["--no-python", a.example, *common]).stdout)
+        print(f"ddprun {want}, torchrun {got}")
+        assert got == want, "FAIL: different result under torchrun"
+        print("OK: the example runs under torchrun 2.11")
+    else:
+        raise SystemExit(f"unknown case {a.case}")
+    subprocess.run(["rm", "-rf", tmp])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+// ddprun-torch-example: a small CNN with batch norm trained data-parallel through
+// ddprun::worker::libtorch::DistributedDataParallel, under `ddprun` or `torchrun`.
+//
+//   ddprun --nproc_per_node=2 ddprun-torch-example --steps 20 --checkpoint-dir /tmp/ck
+//
+// Synthetic deterministic data (torch::manual_seed), the core DistributedSampler, SGD with
+// momentum, a checkpoint every K steps (model + optimizer, by module path), resume from the
+// newest one, and `final_param_checksum=<hex>` at the end. The `aux` head is skipped on some
+// steps (--unused-mode), so the unused-parameter handling is exercised. The flags after
+// "testing" exist for the tests and the benchmark (tests/worker_runtime/torch,
+// scripts/bench/bench_torch_ddp.py).
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "ddprun/worker/checkpoint.h"
+#include "ddprun/worker/runtime.h"
+#include "ddprun/worker/sampler.h"
+#include "ddprun/worker/torch/ddp.h"
+#include "ddprun/worker/torch/state.h"
+
+namespace nn = torch::nn;
+namespace dw = ddprun::worker;
+namespace lt = ddprun::worker::libtorch;
+
+struct NetImpl : nn::Module {
+  NetImpl(int channels, int hidden, int depth, bool bn) {
+    conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(3, channels, 3).padding(1)));
+    if (bn) bn1 = register_module("bn1", nn::BatchNorm2d(channels));
+    conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, 2 * channels, 3).padding(1)));
+    int width = 2 * channels;
+    hidden_layers = register_module("hidden", nn::ModuleList());
+    for (int i = 0; i < depth; ++i, width = hidden) hidden_layers->push_back(nn::Linear(width, hidden));
+    fc = register_module("fc", nn::Linear(width, 10));
+    aux = register_module("aux", nn::Linear(width, 10));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_aux) {
+    x = conv1->forward(x);
+    if (bn1) x = bn1->forward(x);
+    x = torch::relu(x);
+    x = torch::relu(conv2->forward(x)).mean({2, 3});
+    for (const auto& m : *hidden_layers) x = torch::relu(m->as<nn::Linear>()->forward(x));
+    auto y = fc->forward(x);
+    if (use_aux) y = y + aux->forward(x);
+    return y;
+  }
+  nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  nn::BatchNorm2d bn1{nullptr};
+  nn::ModuleList hidden_layers{nullptr};
+  nn::Linear fc{nullptr}, aux{nullptr};
+};
+TORCH_MODULE(Net);
+
+// Tensor dump for the tests: "DDPT", u32 count, then per tensor u32 name length, name,
+// u8 dtype (0 f32, 1 i64, 2 f64), u64 bytes, bytes (little-endian, contiguous).
+static void dump_state(const std::string& path, nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> all;
+  for (const auto& p : m.named_parameters(true)) all.emplace_back("param/" + p.key(), p.value());
+  for (const auto& b : m.named_buffers(true)) all.emplace_back("buffer/" + b.key(), b.value());
+  std::ofstream f(path, std::ios::binary);
+  auto w = [&](const void* d, size_t n) { f.write(static_cast<const char*>(d), static_cast<std::streamsize>(n)); };
+  w("DDPT", 4);
+  const uint32_t count = static_cast<uint32_t>(all.size());
+  w(&count, 4);
+  for (auto& [name, t] : all) {
+    torch::Tensor c = t.detach().cpu().contiguous();
+    const uint32_t len = static_cast<uint32_t>(name.size());
+    const uint8_t code = c.scalar_type() == torch::kFloat ? 0 : c.scalar_type() == torch::kLong ? 1 : 2;
+    const uint64_t bytes = c.nbytes();
+    w(&len, 4), w(name.data(), len), w(&code, 1), w(&bytes, 8), w(c.data_ptr(), bytes);
+  }
+  if (!f) throw dw::WorkerError("cannot write " + path);
+}
+
+static void load_state(const std::string& path, nn::Module& m) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw dw::WorkerError("cannot read --load-init file " + path);
+  auto r = [&](void* d, size_t n) {
+    f.read(static_cast<char*>(d), static_cast<std::streamsize>(n));
+    if (!f) throw dw::WorkerError("truncated --load-init file " + path);
+  };
+  char magic[4];
+  uint32_t count = 0;
+  r(magic, 4), r(&count, 4);
+  if (std::string(magic, 4) != "DDPT") throw dw::WorkerError(path + " is not a tensor dump");
+  std::map<std::string, torch::Tensor> target;
+  for (const auto& p : m.named_parameters(true)) target["param/" + p.key()] = p.value();
+  for (const auto& b : m.named_buffers(true)) target["buffer/" + b.key()] = b.value();
+  torch::NoGradGuard ng;
+  for (uint32_t k = 0; k < count; ++k) {
+    uint32_t len = 0;
+    uint8_t code = 0;
+    uint64_t bytes = 0;
+    r(&len, 4);
+    std::string name(len, '\0');
+    r(name.data(), len), r(&code, 1), r(&bytes, 8);
+    auto it = target.find(name);
+    if (it == target.end()) throw dw::WorkerError(path + ": no tensor '" + name + "' in this model");
+    torch::Tensor c = torch::empty_like(it->second).contiguous();
+    if (c.nbytes() != bytes) throw dw::WorkerError(path + ": size mismatch for '" + name + "'");
+    r(c.data_ptr(), bytes);
+    it->second.copy_(c);
+  }
+}
+
+static std::string per_rank(std::string path, int rank) {
+  if (auto pos = path.find("%r"); pos != std::string::npos) path.replace(pos, 2, std::to_string(rank));
+  return path;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddprun-torch-example: a CNN with batch norm under DDP for LibTorch"};
+  int steps = 20, batch = 8, accum = 1, samples = 512, channels = 8, hidden = 16, depth = 0, image = 8, threads = 1;
+  double lr = 0.05, momentum = 0.9;
+  uint64_t seed = 1234;
+  bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
+  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd";
+  int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3;
+  size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
+  std::string dump_init, load_init, dump_final, dump_batches;
+  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false;
+  app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
+  app.add_option("--accum", accum, "micro-batches per step (all but the last under no_sync)")->check(CLI::PositiveNumber);
+  app.add_option("--samples", samples, "dataset size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr);
+  app.add_option("--momentum", momentum);
+  app.add_option("--seed", seed);
+  app.add_option("--optimizer", optimizer, "sgd (with --momentum) | adam (--lr)")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--checkpoint-dir", checkpoint_dir, "save here and resume from the newest checkpoint");
+  app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: never)");
+  app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--bn", bn, "batch norm after conv1 (1/0)");
+  app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
+                                               "rank (some steps on one rank, some on all)")
+      ->check(CLI::IsMember({"none", "step", "rank"}));
+  app.add_option("--find-unused", find_unused, "DdpOptions::find_unused_parameters (1/0)");
+  // testing and benchmarking
+  app.add_option("--broadcast-buffers", broadcast_buffers, "(1/0)");
+  app.add_option("--shuffle", shuffle, "sampler shuffle (1/0)");
+  app.add_option("--channels", channels)->check(CLI::PositiveNumber);
+  app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
+  app.add_option("--depth", depth, "hidden Linear layers")->check(CLI::NonNegativeNumber);
+  app.add_option("--image", image, "input height = width")->check(CLI::PositiveNumber);
+  app.add_option("--bucket-cap-kb", bucket_cap_kb);
+  app.add_option("--first-bucket-kb", first_bucket_kb);
+  app.add_option("--optimizer-zero-grad", optimizer_zero_grad,
+                 "1: opt.zero_grad() (set_to_none, as Python's default); 0: zero in place (ddp.zero_grad(), or "
+                 "opt.zero_grad(false) without DDP)");
+  app.add_option("--fail-at-step", fail_at_step, "SIGKILL --fail-rank at the start of this step (first attempt)");
+  app.add_option("--fail-rank", fail_rank);
+  app.add_option("--dump-init", dump_init, "write the initial state (after the wrap) here; %r = rank");
+  app.add_option("--load-init", load_init, "load the initial state from a dump");
+  app.add_option("--dump-final", dump_final, "write the final state here; %r = rank");
+  app.add_option("--dump-batches", dump_batches, "write each step's sample indices here; %r = rank");
+  app.add_flag("--perturb-init", perturb, "ranks other than 0 start from different parameters (wrap must fix)");
+  app.add_flag("--no-ddp", no_ddp, "no wrapper, no communication (the benchmark's baseline)");
+  app.add_flag("--time", time_steps, "print the mean step time after --warmup steps");
+  app.add_option("--warmup", warmup);
+  app.add_flag("--force-collective", force_collective, "all-reduce even with one rank");
+  CLI11_PARSE(app, argc, argv);
+
+  return dw::run_worker_main([&]() -> int {
+    torch::set_num_threads(threads);
+    auto rt = dw::init();
+    const int rank = rt->rank(), world = rt->world_size();
+
+    torch::manual_seed(seed);
+    Net net(channels, hidden, depth, bn);
+    if (!load_init.empty()) load_state(load_init, *net);
+    if (perturb && rank != 0) {
+      torch::NoGradGuard ng;
+      for (auto& p : net->parameters()) p.add_(0.125);
+    }
+    // Data: the same on every rank, from a generator of its own seed.
+    torch::manual_seed(seed + 1);
+    const auto X = torch::randn({samples, 3, image, image});
+    const auto Y = torch::randint(0, 10, {samples});
+
+    lt::DdpOptions opts;
+    opts.find_unused_parameters = find_unused;
+    opts.broadcast_buffers = broadcast_buffers;
+    opts.bucket_cap_bytes = bucket_cap_kb * 1024;
+    opts.first_bucket_cap_bytes = first_bucket_kb * 1024;
+    opts.force_collective = force_collective;
+    std::optional<lt::DistributedDataParallel<Net>> ddp;
+    if (!no_ddp) ddp.emplace(net, rt->comm(), opts);
+    if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
+
+    std::unique_ptr<torch::optim::Optimizer> opt_holder;
+    if (optimizer == "adam")
+      opt_holder = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(lr));
+    else
+      opt_holder = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+    torch::optim::Optimizer& opt = *opt_holder;
+
+    dw::DistributedSampler sampler({.dataset_size = static_cast<size_t>(samples), .num_replicas = world,
+                                    .rank = rank, .shuffle = shuffle, .seed = seed});
+    const size_t per_step = static_cast<size_t>(batch) * static_cast<size_t>(accum);
+    const size_t batches = sampler.num_batches(per_step, /*drop_last_batch=*/true);
+    if (batches == 0) throw dw::WorkerError("--batch x --accum exceeds the per-rank dataset; lower them");
+
+    int start = 0;
+    if (!checkpoint_dir.empty()) {
+      if (auto ck = dw::load_latest_checkpoint(checkpoint_dir)) {
+        lt::load_module(*net, *ck);
+        lt::load_optimizer(opt, *net, *ck);
+        start = static_cast<int>(ck->step);
+        if (rank == 0) std::printf("resumed from step %d\n", start);
+      }
+    }
+    std::ofstream batch_log;
+    if (!dump_batches.empty()) batch_log.open(per_rank(dump_batches, rank));
+
+    auto use_aux = [&](int step) {
+      if (unused_mode == "step") return step % 3 != 2;
+      if (unused_mode == "rank") return !((step + rank) % 4 == 0 || step % 5 == 4);
+      return true;
+    };
+    net->train();
+    double timed_s = 0, cpu_s = 0;  // wall and process CPU time of the timed steps
+    int timed = 0;
+    for (int step = start; step < steps; ++step) {
+      if (step == fail_at_step && rank == fail_rank && rt->env().restart_count == 0) {
+        std::fprintf(stderr, "injected fault: rank %d SIGKILL at step %d\n", rank, step);
+        std::fflush(stderr);
+        std::raise(SIGKILL);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::clock_t c0 = std::clock();
+      sampler.set_epoch(static_cast<uint64_t>(step) / batches);
+      const auto idx = sampler.batch(static_cast<size_t>(step) % batches, per_step);
+      std::vector<int64_t> ids(idx.begin(), idx.end());
+      if (batch_log.is_open()) {
+        for (auto i : ids) batch_log << i << ' ';
+        batch_log << '\n';
+      }
+      if (!ddp || optimizer_zero_grad)
+        opt.zero_grad(/*set_to_none=*/optimizer_zero_grad);
+      else
+        ddp->zero_grad();
+      const auto all = torch::tensor(ids, torch::kLong);
+      for (int a = 0; a < accum; ++a) {
+        const auto part = all.narrow(0, static_cast<int64_t>(a) * batch, batch);
+        const auto x = X.index_select(0, part), y = Y.index_select(0, part);
+        auto forward_backward = [&] {
+          auto out = ddp ? (*ddp)(x, use_aux(step)) : net->forward(x, use_aux(step));
+          auto loss = nn::functional::cross_entropy(out, y) / static_cast<double>(accum);
+          loss.backward();
+        };
+        if (ddp && a + 1 < accum) {
+          auto guard = ddp->no_sync();
+          forward_backward();
+        } else {
+          forward_backward();
+        }
+      }
+      opt.step();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (step - start >= warmup) timed_s += dt, cpu_s += double(std::clock() - c0) / CLOCKS_PER_SEC, ++timed;
+      if (!checkpoint_dir.empty() && checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && rank == 0) {
+        dw::Checkpoint ck;
+        ck.step = static_cast<uint64_t>(step + 1);
+        lt::save_module(*net, ck);
+        lt::save_optimizer(opt, *net, ck);
+        dw::save_checkpoint(checkpoint_dir, ck);
+      }
+    }
+    if (ddp && rank == 0) {
+      const auto buckets = ddp->bucket_names();
+      std::printf("buckets=%zu rebuilt=%zu launched_early_last_step=%zu first_bucket=", buckets.size(), ddp->rebuilds(),
+                  ddp->buckets_launched_early());
+      for (size_t k = 0; k < buckets.front().size(); ++k) std::printf("%s%s", k ? "," : "", buckets.front()[k].c_str());
+      std::printf("\n");
+    }
+    if (!dump_final.empty()) dump_state(per_rank(dump_final, rank), *net);
+    if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f cpu_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed,
+                                           1e3 * cpu_s / timed, timed);
+    if (rank == 0)
+      std::printf("final_param_checksum=%016llx\n", static_cast<unsigned long long>(lt::state_checksum(*net)));
+    return 0;
+  });
+}

@@ -1,0 +1,188 @@
+// Data parallelism for LibTorch modules: PyTorch's DistributedDataParallel for C++ programs.
+//
+//   auto rt = ddprun::worker::init();
+//   Net net;                                                   // a TORCH_MODULE holder
+//   ddprun::worker::libtorch::DistributedDataParallel ddp(net, rt->comm());
+//   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+//   for (...) {
+//     opt.zero_grad();
+//     auto loss = torch::cross_entropy_loss(ddp(x), y);        // ddp(x) runs net->forward(x)
+//     loss.backward();     // gradients averaged over ranks when backward returns
+//     opt.step();
+//   }
+//
+// What the wrapper does (the semantics of torch.nn.parallel.DistributedDataParallel with
+// gradient_as_bucket_view=True):
+//  * Construction (collective): every parameter and buffer becomes rank root's (broadcast).
+//    Each parameter's gradient becomes a view into one flat buffer (param.grad() aliases it),
+//    which the core Reducer all-reduces bucket by bucket (~25 MiB, a small first bucket).
+//  * Forward through ddp(...): buffers (batch-norm statistics) are broadcast from root first
+//    (broadcast_buffers), then the module runs; when grad mode is on and sync is on, the
+//    reducer is armed for the backward of the returned outputs.
+//  * Backward: a post-hook on each parameter's AccumulateGrad node marks its gradient ready;
+//    a bucket's all-reduce starts as soon as its last gradient is ready and overlaps the rest
+//    of backward. An end-of-backward callback waits for every bucket, so param.grad() holds
+//    the average over ranks when loss.backward() returns. After the first synced backward the
+//    buckets are rebuilt in the order gradients actually arrived (rank 0's order on all ranks).
+//  * Unused parameters: with find_unused_parameters, the autograd graph is walked from the
+//    forward's outputs; parameters not reached are reduced as zeros (a parameter unused on
+//    every rank keeps its gradient untouched, so an optimizer skips it as PyTorch's does).
+//    Without it, a parameter that gets no gradient is a DdpError naming it by module path
+//    ("head.aux.weight"), thrown from backward(); the peers then fail with CommError.
+//  * no_sync(): backward accumulates gradients locally; the next synced backward reduces the
+//    sum. Forward without grad mode (evaluation) arms nothing.
+//  * Devices: CPU tensors go through host communicators (Gloo, shared memory). CUDA tensors
+//    need a stream-ordered communicator (NCCL): collectives run on its side stream after an
+//    event on the current CUDA stream, and the current stream waits for them at the end of
+//    backward (only built when both LibTorch and the core have CUDA).
+//
+// Contracts: all parameters that require grad share one dtype (f32, f64, f16 or bf16) and one
+// device; the module's structure is fixed after wrapping; the same sequence of forward /
+// backward / no_sync happens on every rank (collectives must match). Not thread-safe: one
+// training thread per wrapper. The module and the communicator must outlive the wrapper.
+// Errors: DdpError (a ddprun::worker::WorkerError) for misuse, CommError from a collective.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
+
+namespace ddprun::worker::libtorch {
+
+class DdpError : public WorkerError {
+ public:
+  using WorkerError::WorkerError;
+};
+
+struct DdpOptions {
+  size_t bucket_cap_bytes = 25u << 20;
+  size_t first_bucket_cap_bytes = 1u << 20;
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;
+  // Rebuild the buckets from the arrival order of the first synced backward (PyTorch does).
+  bool rebuild_buckets = true;
+  int root = 0;  // the rank whose parameters and buffers everyone starts from
+  // World size 1: still bucket and all-reduce (measures the DDP machinery, as PyTorch does).
+  bool force_collective = false;
+};
+
+// The engine behind DistributedDataParallel<M>, independent of the module's forward
+// signature. Use it directly when the forward is not module->forward(...):
+//   ddp.pre_forward(); auto out = custom(...); ddp.post_forward({out});
+class DdpEngine {
+ public:
+  DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& comm, DdpOptions options = {});
+  ~DdpEngine();
+  DdpEngine(const DdpEngine&) = delete;
+  DdpEngine& operator=(const DdpEngine&) = delete;
+
+  // Before the module's forward: finishes a bucket rebuild, broadcasts buffers. Collective.
+  void pre_forward();
+  // After the module's forward, with every tensor output the loss may depend on (the unused-
+  // parameter search starts there). Arms the reducer when grad mode and sync are on.
+  void post_forward(const std::vector<at::Tensor>& outputs);
+
+  // Gradient accumulation (PyTorch's no_sync()): while a guard lives, backward does not
+  // communicate.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DdpEngine& e) : e_(e), prev_(e.sync_) { e_.sync_ = false; }
+    ~NoSyncGuard() { e_.sync_ = prev_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DdpEngine& e_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  bool sync() const { return sync_; }
+
+  // Zeroes every gradient in place, keeping them views of the flat buffer (one memset; the
+  // optimizer's zero_grad(true) also works but costs a copy per parameter in backward and
+  // makes unused parameters' gradients undefined, which optimizers skip).
+  void zero_grad();
+  // Broadcasts the buffers from root now (collective); forward does it when enabled.
+  void sync_buffers();
+
+  ::torch::nn::Module& module() { return *module_; }
+  const std::vector<std::string>& parameter_names() const;
+  // Bucket plan in launch order, as parameter names (for logging and tests).
+  std::vector<std::vector<std::string>> bucket_names() const;
+  size_t rebuilds() const;  // 0 or 1: whether the arrival-order rebuild happened
+  // Buckets whose all-reduce started during the last synced backward, before its end
+  // (overlap evidence; 0 with one rank unless force_collective).
+  size_t buckets_launched_early() const;
+
+  // The autograd hooks' entry points (public for the hook objects; not for users).
+  void on_grad_ready(size_t index);
+  void on_backward_end();
+
+ private:
+  struct State;
+  std::shared_ptr<::torch::nn::Module> module_;
+  std::unique_ptr<State> s_;
+  bool sync_ = true;
+};
+
+namespace detail {
+inline void collect(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+inline void collect(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& v) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <class... T>
+void collect(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
+  std::apply([&](const auto&... e) { (collect(out, e), ...); }, t);
+}
+template <class A, class B>
+void collect(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
+  collect(out, p.first);
+  collect(out, p.second);
+}
+}  // namespace detail
+
+// The wrapper. M: a module holder (TORCH_MODULE(Net) -> Net) or std::shared_ptr<NetImpl>.
+// operator()/forward(args...) = pre_forward, (*module)->forward(args...), post_forward(the
+// tensors of the result: a Tensor, a vector of them, or tuples/pairs of those).
+template <class M>
+class DistributedDataParallel : public DdpEngine {
+ public:
+  DistributedDataParallel(M module, Communicator& comm, DdpOptions options = {})
+      : DdpEngine(as_shared(module), comm, options), m_(std::move(module)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    pre_forward();
+    auto out = m_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect(tensors, out);
+    post_forward(tensors);
+    return out;
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  M& wrapped() { return m_; }
+
+ private:
+  static std::shared_ptr<::torch::nn::Module> as_shared(const M& m) {
+    if constexpr (requires { m.ptr(); })
+      return m.ptr();  // a ModuleHolder
+    else
+      return m;        // a shared_ptr to the module
+  }
+  M m_;
+};
+
+}  // namespace ddprun::worker::libtorch

@@ -1,0 +1,38 @@
+// A LibTorch module's and optimizer's state in a ddprun Checkpoint, named by module path, so
+// that a killed-and-resumed run continues bit for bit.
+//
+// Sections (raw little-endian bytes of the contiguous CPU tensor; sizes are checked on load):
+//   <prefix>param/<path>            each parameter         e.g. model/param/conv1.weight
+//   <prefix>buffer/<path>           each buffer            e.g. model/buffer/bn1.running_mean
+//   <prefix>optim/<path>/<field>    optimizer state of the parameter at <path>:
+//       SGD:  momentum_buffer
+//       Adam / AdamW: step (i64), exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad only)
+// A parameter without optimizer state (no step taken for it yet) has no optim sections, and
+// loading leaves it without state. Hyperparameters (learning rate, ...) are the program's:
+// they are not saved. Other optimizers are a DdpError naming the type.
+// Loading needs the same module structure (a missing or mis-sized section is a WorkerError
+// naming it) and must happen before the optimizer's first step after construction.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <string>
+
+#include "ddprun/worker/checkpoint.h"
+
+namespace ddprun::worker::libtorch {
+
+void save_module(const ::torch::nn::Module& module, Checkpoint& ckpt, const std::string& prefix = "model/");
+void load_module(::torch::nn::Module& module, const Checkpoint& ckpt, const std::string& prefix = "model/");
+
+// `module`: the module whose parameters the optimizer updates (gives the names).
+void save_optimizer(const ::torch::optim::Optimizer& opt, const ::torch::nn::Module& module, Checkpoint& ckpt,
+                    const std::string& prefix = "model/");
+void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& module, const Checkpoint& ckpt,
+                    const std::string& prefix = "model/");
+
+// FNV-1a over every parameter's and buffer's bytes in module order (bit-identity checks).
+uint64_t state_checksum(const ::torch::nn::Module& module);
+
+}  // namespace ddprun::worker::libtorch

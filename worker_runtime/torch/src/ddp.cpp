@@ -1,0 +1,440 @@
+// DdpEngine: autograd hooks -> the core Reducer over a flat gradient buffer.
+// The only translation unit of the library that sees autograd internals.
+#include "ddprun/worker/torch/ddp.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#if DDPRUN_TORCH_HAVE_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ddprun/worker/reducer.h"
+
+namespace ddprun::worker::libtorch {
+
+namespace {
+
+using ::torch::autograd::Node;
+
+DType to_dtype(at::ScalarType t, const std::string& name) {
+  switch (t) {
+    case at::kFloat: return DType::F32;
+    case at::kDouble: return DType::F64;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    default:
+      throw DdpError("DDP: parameter '" + name + "' has dtype " + std::string(c10::toString(t)) +
+                     "; gradients must be float, double, half or bfloat16");
+  }
+}
+
+std::string join_names(const std::vector<std::string>& names, const std::vector<size_t>& idx, size_t max = 10) {
+  std::string s;
+  for (size_t k = 0; k < idx.size() && k < max; ++k) s += (k ? ", '" : "'") + names[idx[k]] + "'";
+  if (idx.size() > max) s += " and " + std::to_string(idx.size() - max) + " more";
+  return s;
+}
+
+}  // namespace
+
+struct DdpEngine::State {
+  State(Communicator& c, DdpOptions o) : comm(c), opt(o) {}
+  Communicator& comm;
+  DdpOptions opt;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> buffers;
+  std::vector<std::shared_ptr<Node>> accs;  // keeps each AccumulateGrad node (and our hook) alive
+  std::vector<uintptr_t> hook_keys;
+  at::TensorOptions grad_options;
+  DType dtype = DType::F32;
+  bool on_cuda = false;
+
+  // Layout: the Reducer's registration order; gradients lie in the flat buffer in this order
+  // (so every bucket is one contiguous range, reduced in place).
+  std::vector<size_t> layout;
+  at::Tensor flat;
+  bool flat_is_comm_memory = false;  // from Communicator::alloc_shared (the communicator owns it)
+  std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
+  std::unique_ptr<Reducer> reducer;
+
+  // Per synced backward.
+  bool armed = false;           // post_forward armed the reducer; the end callback disarms
+  bool callback_queued = false;
+  size_t hooks_fired = 0;
+  std::vector<uint8_t> marked;
+  std::vector<size_t> unused;   // found by the graph walk, marked on the first hook
+  std::vector<uint8_t> used;    // gradient seen since the last synced backward (no_sync included)
+  std::vector<uint8_t> attach_at_end;  // locally unused, grad undefined: attach if used elsewhere
+  bool failed = false;
+
+  std::vector<size_t> arrival;  // first synced backward only
+  bool rebuild_pending = false;
+  size_t rebuilds = 0;
+  bool require_forward_param_sync = true;
+
+  bool distributed() const { return comm.size() > 1 || opt.force_collective; }
+
+  // Collective: bytes of every tensor become root's. Packs into one message.
+  void broadcast_tensors(const std::vector<at::Tensor>& ts) {
+    if (ts.empty() || comm.size() == 1) return;
+    at::NoGradGuard ng;
+    std::vector<at::Tensor> bytes;
+    bytes.reserve(ts.size());
+    for (const auto& t : ts) bytes.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+    at::Tensor packed = at::cat(bytes);
+    stream_prologue();
+    comm.broadcast(packed.data_ptr(), static_cast<size_t>(packed.numel()), opt.root);
+    stream_epilogue();
+    int64_t off = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const int64_t nb = bytes[i].numel();
+      ts[i].copy_(packed.narrow(0, off, nb).view(ts[i].scalar_type()).view(ts[i].sizes()));
+      off += nb;
+    }
+  }
+
+  // Stream-ordered communicators: collectives follow the work queued on the current stream.
+  void stream_prologue() {
+#if DDPRUN_TORCH_HAVE_CUDA
+    if (on_cuda && comm.stream_ordered()) {
+      comm.set_compute_stream(c10::cuda::getCurrentCUDAStream().stream());
+      comm.comm_waits_for_compute();
+    }
+#endif
+  }
+  void stream_epilogue() {
+    if (on_cuda && comm.stream_ordered()) comm.compute_waits_for_comm();
+  }
+
+  // Lays the gradients out in `order`, rebinding param.grad() to the new views (contents kept).
+  void build_layout(const std::vector<size_t>& order) {
+    at::NoGradGuard ng;
+    const size_t n = params.size();
+    std::vector<int64_t> offset(n);
+    int64_t total = 0;
+    for (size_t i : order) {
+      offset[i] = total;
+      total += params[i].numel();
+    }
+    const size_t esize = dtype_size(dtype);
+    // The gradients' current values (they may live in the buffer about to be reordered).
+    std::vector<at::Tensor> saved(n);
+    for (size_t i = 0; i < n; ++i)
+      if (params[i].grad().defined()) saved[i] = params[i].grad().clone();
+    at::Tensor fresh;
+    bool shared = flat_is_comm_memory;
+    if (flat.defined()) {
+      fresh = flat;  // a rebuild: same size, new order, same memory (no second allocation)
+    } else {
+      void* mem = on_cuda ? nullptr : comm.alloc_shared(static_cast<size_t>(total) * esize);
+      shared = mem != nullptr;
+      if (mem)  // the communicator's zero-copy memory; lives as long as the communicator
+        fresh = at::from_blob(mem, {total}, grad_options);
+      else
+        fresh = at::zeros({total}, grad_options);
+    }
+    std::vector<at::Tensor> fresh_views(n);
+    std::vector<GradView> gv;
+    gv.reserve(n);
+    auto* base = static_cast<char*>(fresh.data_ptr());
+    for (size_t i : order) {
+      // A plain tensor over the flat storage (not an autograd view): optimizers may detach_()
+      // and zero_() it, and AccumulateGrad adds into it in place.
+      fresh_views[i] = at::from_blob(base + offset[i] * static_cast<int64_t>(esize), params[i].sizes(),
+                                     [keep = fresh](void*) {}, grad_options);
+      gv.push_back(GradView{fresh_views[i].data_ptr(), static_cast<size_t>(params[i].numel())});
+    }
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor& g = params[i].mutable_grad();
+      if (saved[i].defined()) fresh_views[i].copy_(saved[i]);
+      if (g.defined() || views.empty()) g = fresh_views[i];
+    }
+    reducer.reset();
+    flat_is_comm_memory = shared;
+    ReducerOptions ro;
+    ro.bucket_cap_bytes = opt.bucket_cap_bytes;
+    ro.first_bucket_cap_bytes = opt.first_bucket_cap_bytes;
+    ro.force_collective = opt.force_collective;
+    reducer = std::make_unique<Reducer>(comm, std::move(gv), dtype, ro);
+    layout = order;
+    flat = fresh;
+    views = std::move(fresh_views);
+  }
+
+  // param.grad() becomes its view (copying a gradient autograd put elsewhere, e.g. after
+  // zero_grad(set_to_none=true)).
+  void bind_view(size_t i, bool zero_if_undefined) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (!g.defined()) {
+      if (zero_if_undefined) views[i].zero_();
+      return;
+    }
+    if (g.data_ptr() != views[i].data_ptr()) {
+      views[i].copy_(g);
+      g = views[i];
+    }
+  }
+
+  size_t reducer_index(size_t i) const { return pos_in_layout[i]; }
+  std::vector<size_t> pos_in_layout;
+  void index_layout() {
+    pos_in_layout.assign(params.size(), 0);
+    for (size_t k = 0; k < layout.size(); ++k) pos_in_layout[layout[k]] = k;
+  }
+};
+
+DdpEngine::DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& comm, DdpOptions options)
+    : module_(std::move(module)), s_(std::make_unique<State>(comm, options)) {
+  if (!module_) throw DdpError("DDP: null module");
+  if (options.root < 0 || options.root >= comm.size())
+    throw DdpError("DDP: root rank " + std::to_string(options.root) + " not in [0, " + std::to_string(comm.size()) +
+                   ")");
+  State& s = *s_;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    s.names.push_back(item.key());
+    s.params.push_back(item.value());
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) s.buffers.push_back(item.value());
+  if (s.params.empty()) throw DdpError("DDP: the module has no parameter that requires grad");
+
+  s.dtype = to_dtype(s.params[0].scalar_type(), s.names[0]);
+  const auto device = s.params[0].device();
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].scalar_type() != s.params[0].scalar_type() || s.params[i].device() != device)
+      throw DdpError("DDP: parameter '" + s.names[i] + "' is " + std::string(c10::toString(s.params[i].scalar_type())) +
+                     " on " + s.params[i].device().str() + " but '" + s.names[0] + "' is " +
+                     std::string(c10::toString(s.params[0].scalar_type())) + " on " + device.str() +
+                     "; all parameters must share one dtype and device (convert the module first)");
+    if (s.params[i].is_sparse()) throw DdpError("DDP: parameter '" + s.names[i] + "' is sparse (unsupported)");
+  }
+  s.on_cuda = device.is_cuda();
+#if !DDPRUN_TORCH_HAVE_CUDA
+  if (s.on_cuda)
+    throw DdpError("DDP: the module is on " + device.str() +
+                   " but this build of ddprun_worker_torch has no CUDA support (LibTorch or the core without CUDA)");
+#endif
+  if (s.on_cuda != comm.stream_ordered())
+    throw DdpError(std::string("DDP: parameters on ") + device.str() + " but the communicator is " + comm.backend() +
+                   (s.on_cuda ? "; CUDA parameters need the NCCL communicator" : "; CPU parameters need a host one"));
+  s.grad_options = s.params[0].options().requires_grad(false);
+
+  // Everyone starts from root's parameters and buffers (collective).
+  {
+    std::vector<at::Tensor> all(s.params);
+    all.insert(all.end(), s.buffers.begin(), s.buffers.end());
+    s.broadcast_tensors(all);
+  }
+
+  // Registration order = module order; the Reducer buckets it in reverse (backward) order.
+  std::vector<size_t> order(s.params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  s.build_layout(order);
+  s.index_layout();
+  s.marked.assign(s.params.size(), 0);
+  s.used.assign(s.params.size(), 0);
+  s.attach_at_end.assign(s.params.size(), 0);
+
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = ::torch::autograd::impl::grad_accumulator(s.params[i]);
+    if (!acc) throw DdpError("DDP: parameter '" + s.names[i] + "' has no gradient accumulator (not a leaf?)");
+    auto hook = std::make_unique<::torch::autograd::utils::LambdaPostHook>(
+        [this, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
+          on_grad_ready(i);
+          return outputs;
+        });
+    s.hook_keys.push_back(acc->add_post_hook(std::move(hook)));
+    s.accs.push_back(std::move(acc));
+  }
+}
+
+DdpEngine::~DdpEngine() {
+  if (!s_) return;
+  for (size_t i = 0; i < s_->accs.size(); ++i) s_->accs[i]->del_post_hook(s_->hook_keys[i]);
+  // Gradients in our own flat buffer stay valid (their deleters keep it alive); gradients in
+  // the communicator's shared memory would dangle once it is destroyed: give them their own.
+  if (s_->flat_is_comm_memory) {
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < s_->params.size(); ++i) {
+      at::Tensor& g = s_->params[i].mutable_grad();
+      if (g.defined() && g.data_ptr() == s_->views[i].data_ptr()) g = g.clone();
+    }
+  }
+}
+
+const std::vector<std::string>& DdpEngine::parameter_names() const { return s_->names; }
+
+std::vector<std::vector<std::string>> DdpEngine::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : s_->reducer->buckets()) {
+    out.emplace_back();
+    for (size_t k : b) out.back().push_back(s_->names[s_->layout[k]]);
+  }
+  return out;
+}
+
+size_t DdpEngine::rebuilds() const { return s_->rebuilds; }
+size_t DdpEngine::buckets_launched_early() const { return s_->reducer->buckets_launched_early(); }
+
+void DdpEngine::zero_grad() {
+  at::NoGradGuard ng;
+  s_->flat.zero_();
+  for (size_t i = 0; i < s_->params.size(); ++i) s_->params[i].mutable_grad() = s_->views[i];
+}
+
+void DdpEngine::sync_buffers() { s_->broadcast_tensors(s_->buffers); }
+
+void DdpEngine::pre_forward() {
+  State& s = *s_;
+  if (s.failed)
+    throw DdpError("DDP: a previous backward failed (see its error); the ranks are out of step, restart the job");
+  if (s.armed) {
+    // Armed by a forward whose backward never ran (e.g. an evaluation pass with grad mode
+    // on). Nothing was launched yet (unused parameters are marked on the first hook), so
+    // re-arming is safe.
+    if (s.hooks_fired != 0)
+      throw DdpError("DDP: forward called before the previous backward completed (it failed, or is still running "
+                     "in another thread); run one backward per training forward, from one thread");
+    s.armed = false;
+  }
+  if (s.rebuild_pending) {
+    s.rebuild_pending = false;
+    // Arrival order of the first synced backward; never-arrived (unused) parameters last.
+    std::vector<int64_t> arrival(s.params.size());
+    std::vector<uint8_t> seen(s.params.size(), 0);
+    size_t k = 0;
+    for (size_t i : s.arrival)
+      if (!seen[i]) seen[i] = 1, arrival[k++] = static_cast<int64_t>(i);
+    for (size_t i = s.params.size(); i-- > 0;)
+      if (!seen[i]) arrival[k++] = static_cast<int64_t>(i);
+    s.arrival.clear();
+    // Every rank must bucket alike: rank root's order wins (collective).
+    if (s.comm.size() > 1) {
+      at::Tensor t = at::from_blob(arrival.data(), {static_cast<int64_t>(arrival.size())}, at::kLong).clone();
+      if (s.on_cuda) t = t.to(s.params[0].device());
+      s.broadcast_tensors({t});
+      t = t.cpu();
+      std::memcpy(arrival.data(), t.data_ptr<int64_t>(), arrival.size() * sizeof(int64_t));
+    }
+    // The Reducer buckets its registration order reversed: register reversed arrival.
+    std::vector<size_t> order(arrival.rbegin(), arrival.rend());
+    for (size_t i : order)
+      if (i >= s.params.size()) throw DdpError("DDP: corrupt bucket order from rank root");
+    s.build_layout(order);
+    s.index_layout();
+    ++s.rebuilds;
+  }
+  if (s.opt.broadcast_buffers && s.require_forward_param_sync && !s.buffers.empty()) s.broadcast_tensors(s.buffers);
+}
+
+void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
+  State& s = *s_;
+  const bool grad_on = at::GradMode::is_enabled();
+  s.require_forward_param_sync = grad_on && sync_;
+  if (!(grad_on && sync_)) return;
+  s.stream_prologue();  // the Reducer's collectives follow the current stream
+  s.reducer->prepare_for_backward();
+  s.armed = true;
+  s.hooks_fired = 0;
+  std::fill(s.marked.begin(), s.marked.end(), 0);
+  std::fill(s.attach_at_end.begin(), s.attach_at_end.end(), 0);
+  s.unused.clear();
+  if (!s.opt.find_unused_parameters) return;
+  // Every node reachable from the outputs; a parameter whose AccumulateGrad is not among
+  // them gets no gradient in this backward.
+  std::unordered_set<const Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    auto edge = ::torch::autograd::impl::gradient_edge(out);
+    if (edge.function && seen.insert(edge.function.get()).second) stack.push_back(edge.function.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges())
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+  }
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (!seen.count(s.accs[i].get())) s.unused.push_back(i);
+}
+
+void DdpEngine::on_grad_ready(size_t i) {
+  State& s = *s_;
+  at::NoGradGuard ng;
+  s.bind_view(i, false);
+  s.used[i] = 1;
+  if (!s.armed) return;  // no_sync, or a forward not through the wrapper: accumulate locally
+  if (s.hooks_fired++ == 0) {
+    // End-of-backward callback: runs once the engine finished this graph task.
+    ::torch::autograd::Engine::get_default_engine().queue_callback([this] { on_backward_end(); });
+    s.callback_queued = true;
+    // Unused parameters count as ready (zeros, or what no_sync accumulated) from the start.
+    for (size_t u : s.unused) {
+      if (!s.params[u].grad().defined()) s.attach_at_end[u] = 1;
+      s.bind_view(u, true);
+      s.marked[u] = 1;
+      s.reducer->mark_ready(s.reducer_index(u));
+    }
+  }
+  if (s.marked[i]) {
+    s.failed = true;
+    throw DdpError("DDP: parameter '" + s.names[i] +
+                   "' got a gradient twice in one backward (or was found unused but still reached): pass every "
+                   "forward output the loss depends on to DDP, and run one backward per forward");
+  }
+  s.marked[i] = 1;
+  if (s.opt.rebuild_buckets && s.rebuilds == 0 && !s.rebuild_pending && s.distributed()) s.arrival.push_back(i);
+  s.reducer->mark_ready(s.reducer_index(i));
+}
+
+void DdpEngine::on_backward_end() {
+  State& s = *s_;
+  s.callback_queued = false;
+  if (!s.armed) return;
+  s.armed = false;
+  at::NoGradGuard ng;
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (!s.marked[i]) missing.push_back(i);
+  if (!missing.empty()) {
+    s.failed = true;
+    throw DdpError("DDP: parameter" + std::string(missing.size() > 1 ? "s " : " ") + join_names(s.names, missing) +
+                   " received no gradient in this backward pass, so the ranks cannot reduce in step. If the model "
+                   "leaves parameters unused on some steps, set DdpOptions::find_unused_parameters = true; otherwise "
+                   "make sure the loss depends on every parameter through the outputs of the DDP forward");
+  }
+  s.reducer->finalize();
+  if (s.opt.find_unused_parameters) {
+    // Used anywhere? A parameter unused on every rank keeps its gradient untouched (undefined
+    // stays undefined) so the optimizer skips it, as with PyTorch's DDP.
+    std::vector<int32_t> used(s.used.begin(), s.used.end());
+    if (s.distributed() && s.comm.size() > 1) {
+      at::Tensor t = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kInt).clone();
+      if (s.on_cuda) t = t.to(s.params[0].device());
+      s.stream_prologue();
+      s.comm.allreduce(t.data_ptr(), used.size(), DType::I32, ReduceOp::Sum);
+      s.stream_epilogue();
+      t = t.cpu();
+      std::memcpy(used.data(), t.data_ptr<int32_t>(), used.size() * sizeof(int32_t));
+    }
+    for (size_t i = 0; i < s.params.size(); ++i)
+      if (s.attach_at_end[i] && used[i] > 0) s.params[i].mutable_grad() = s.views[i];
+  }
+  std::fill(s.used.begin(), s.used.end(), 0);
+  if (s.opt.rebuild_buckets && s.rebuilds == 0 && s.distributed()) s.rebuild_pending = true;
+}
+
+}  // namespace ddprun::worker::libtorch
