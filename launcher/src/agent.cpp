@@ -203,27 +203,33 @@ void Agent::on_notice(const Notice& n) {
 void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
   group_->start(attempt, layout_, log_root_ / layout_.run_id / ("attempt_" + std::to_string(attempt)), spawn_);
+  workers_started_ = true;
   const double spawn_ms = ms_since(t0);
+  const auto t_spawned = Clock::now();
   const std::string where = fmt::format("node rank {} of {}, world size {}, workers' store {}:{}", layout_.node_rank,
                                         layout_.num_nodes, layout_.world_size, layout_.store_host, layout_.store_port);
   if (attempt == 0 && failures_seen_ == 0) {
+    failed_since_round_ = false;
     spdlog::info("attempt 0 of job {}: {}; rendezvous {:.1f} ms, {} workers started in {:.1f} ms, ready {:.1f} ms "
                  "after launch{}",
                  layout_.run_id, where, std::chrono::duration<double, std::milli>(t0 - join_sent_).count(),
                  group_->current().size(), spawn_ms, ms_since(t_launch_),
                  opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "");
+    group_->kill_stale_orphans();
     return;
   }
   // From this node's failure when it had one, else from the restart notice.
-  const bool ours = failure_ && failure_seen_ >= restart_seen_ - std::chrono::seconds(60) && failures_seen_ > 0;
+  const bool ours = failed_since_round_;
   const auto since = ours ? failure_seen_ : restart_seen_;
   const size_t retiring = group_->retiring_count();
   spdlog::info("restarting the worker group: attempt {} of {} ({}): {} workers started {:.1f} ms after the {} "
                "(fresh store keyspace; spawn {:.1f} ms){}",
                attempt, max_restarts_, where, group_->current().size(),
-               std::chrono::duration<double, std::milli>(Clock::now() - since).count(),
+               std::chrono::duration<double, std::milli>(t_spawned - since).count(),
                ours ? "failure was seen" : "restart notice", spawn_ms,
                retiring ? fmt::format("; {} old worker(s) still stopping in the background", retiring) : std::string());
+  failed_since_round_ = false;
+  group_->kill_stale_orphans();
 }
 
 void Agent::on_signalfd() {
@@ -320,6 +326,7 @@ void Agent::record_failure(const Action& a) {
   f.tail = w->tail.lines();
   f.error_file = w->error_file;
   failure_seen_ = w->ended;
+  failed_since_round_ = true;
   if (std::ifstream in(w->error_file, std::ios::binary); in) {
     std::string content(kMaxErrorFileBytes, '\0');
     in.read(content.data(), static_cast<std::streamsize>(content.size()));
@@ -359,6 +366,7 @@ std::string Agent::summary() const {
   in.job_failed = job_failed_;
   in.multi_node = !plan_.local;
   in.agent_error = agent_error_;
+  in.workers_started = workers_started_;
   return format_summary(in);
 }
 

@@ -76,6 +76,8 @@ class Agent {
   std::optional<rdzv::JobFailed> job_failed_;
   std::string agent_error_;
   Clock::time_point join_sent_, restart_seen_, failure_seen_;
+  bool failed_since_round_ = false;  // this node reported a failure since the last round began
+  bool workers_started_ = false;
 
   std::filesystem::path log_root_;
   bool log_root_is_temp_ = false;

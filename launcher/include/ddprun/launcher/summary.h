@@ -40,6 +40,7 @@ struct SummaryInput {
   std::optional<rdzv::JobFailed> job_failed;
   bool multi_node = false;  // whether to print the job-wide verdict (one node: it is ours)
   std::string agent_error;  // an error of the agent itself (coordinator gone, ...)
+  bool workers_started = true;  // false: stopped before any worker ran (connecting, joining)
 };
 
 // The failure summary (the last lines on stderr), or "" when the job succeeded.
