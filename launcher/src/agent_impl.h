@@ -78,6 +78,7 @@ class Agent {
   Clock::time_point join_sent_, restart_seen_, failure_seen_;
   bool failed_since_round_ = false;  // this node reported a failure since the last round began
   bool workers_started_ = false;
+  int dispatch_depth_ = 0;
 
   std::filesystem::path log_root_;
   bool log_root_is_temp_ = false;
