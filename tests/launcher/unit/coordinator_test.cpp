@@ -232,3 +232,20 @@ TEST_CASE("notices: what each server message means to the agent", "[coordinator]
   CHECK(static_cast<int>(e->kind) == static_cast<int>(Notice::Kind::JobFailed));
   CHECK(e->failed.reason == "refused");
 }
+
+TEST_CASE("remote: nothing listening past the connect timeout is an error that says what to check", "[coordinator]") {
+  uint16_t port = 0;
+  {
+    auto s = start_server();
+    port = s->port();
+  }
+  try {
+    make_remote_coordinator("127.0.0.1", port, settings(1, 0), "", 300ms, 200ms, [] { return false; });
+    FAIL("connected to nothing");
+  } catch (const CoordinatorInterrupted&) {
+    FAIL("not interrupted: timed out");
+  } catch (const CoordinatorError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot reach the rendezvous endpoint 127.0.0.1:") &&
+                             Catch::Contains("--rdzv_endpoint"));
+  }
+}
