@@ -121,7 +121,13 @@ void Agent::loop() {
 }
 
 void Agent::dispatch(const AgentEvent& e) {
+  ++dispatch_depth_;
   for (const auto& a : state_.on_event(e)) perform(a);
+  --dispatch_depth_;
+  // An in-process round answers at once: act on its answer now (the outermost dispatch only,
+  // never inside another's actions) instead of one loop turn later. The restart path of one
+  // node is then as direct as before the seam: failure -> RESTART -> join -> ROUND -> spawn.
+  if (dispatch_depth_ == 0 && !done_ && coordinator_ && coordinator_->has_notices()) on_coordinator();
 }
 
 void Agent::perform(const Action& a) {
@@ -203,28 +209,34 @@ void Agent::on_notice(const Notice& n) {
 void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
   group_->start(attempt, layout_, attempt_log_dir(run_log_dir_, attempt), spawn_);
+  workers_started_ = true;
   const double spawn_ms = ms_since(t0);
+  const auto t_spawned = Clock::now();
   const std::string where = fmt::format("node rank {} of {}, world size {}, workers' store {}:{}", layout_.node_rank,
                                         layout_.num_nodes, layout_.world_size, layout_.store_host, layout_.store_port);
   if (attempt == 0 && failures_seen_ == 0) {
+    failed_since_round_ = false;
     spdlog::info("attempt 0 of job {}: {}; rendezvous {:.1f} ms, {} workers started in {:.1f} ms, ready {:.1f} ms "
                  "after launch{}{}",
                  layout_.run_id, where, std::chrono::duration<double, std::milli>(t0 - join_sent_).count(),
                  group_->current().size(), spawn_ms, ms_since(t_launch_),
                  opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
                  start_line_note(interpreter_));
+    group_->kill_stale_orphans();
     return;
   }
   // From this node's failure when it had one, else from the restart notice.
-  const bool ours = failure_ && failure_seen_ >= restart_seen_ - std::chrono::seconds(60) && failures_seen_ > 0;
+  const bool ours = failed_since_round_;
   const auto since = ours ? failure_seen_ : restart_seen_;
   const size_t retiring = group_->retiring_count();
   spdlog::info("restarting the worker group: attempt {} of {} ({}): {} workers started {:.1f} ms after the {} "
                "(fresh store keyspace; spawn {:.1f} ms){}",
                attempt, max_restarts_, where, group_->current().size(),
-               std::chrono::duration<double, std::milli>(Clock::now() - since).count(),
+               std::chrono::duration<double, std::milli>(t_spawned - since).count(),
                ours ? "failure was seen" : "restart notice", spawn_ms,
                retiring ? fmt::format("; {} old worker(s) still stopping in the background", retiring) : std::string());
+  failed_since_round_ = false;
+  group_->kill_stale_orphans();
 }
 
 void Agent::on_signalfd() {
@@ -321,6 +333,7 @@ void Agent::record_failure(const Action& a) {
   f.tail = w->tail.lines();
   f.error_file = w->error_file;
   failure_seen_ = w->ended;
+  failed_since_round_ = true;
   if (std::ifstream in(w->error_file, std::ios::binary); in) {
     std::string content(kMaxErrorFileBytes, '\0');
     in.read(content.data(), static_cast<std::streamsize>(content.size()));
@@ -361,6 +374,7 @@ std::string Agent::summary() const {
   in.multi_node = !plan_.local;
   in.agent_error = agent_error_;
   in.interpreter = interpreter_;
+  in.workers_started = workers_started_;
   return format_summary(in);
 }
 

@@ -112,8 +112,10 @@ void Agent::host_server() {
   if (!plan_.host_server) return;
   auto start_on = [&](uint16_t port) {
     server::StoreServerOptions so;
+    so.host = plan_.listen_host;
     so.port = port;
     so.io_threads = plan_.server_io_threads;
+    so.enable_rendezvous = plan_.serve_rendezvous;
     auto s = std::make_unique<server::StoreServer>(so);
     s->start();
     return s;

@@ -98,6 +98,7 @@ class LocalCoordinator final : public Coordinator {
   }
   void report_success() override { feed(rdzv::to_message(rdzv::Succeeded{.round = round_})); }
   int fd() const override { return efd_; }
+  bool has_notices() const override { return !queue_.empty(); }
   std::vector<Notice> take_notices() override {
     uint64_t v = 0;
     while (::read(efd_, &v, sizeof v) > 0) {
@@ -162,6 +163,7 @@ class RemoteCoordinator final : public Coordinator {
   }
   void report_success() override { guard([&] { client_->report_success(round_); }); }
   int fd() const override { return client_->fd(); }
+  bool has_notices() const override { return false; }
   std::vector<Notice> take_notices() override {
     std::vector<Notice> out;
     try {

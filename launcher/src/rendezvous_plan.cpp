@@ -75,6 +75,7 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
     p.listen_port = !port_given ? first_choice : c10d ? opts.rdzv_port : *opts.master_port;
     p.free_port_fallback = !port_given;
     p.store_host = !opts.local_addr.empty() ? opts.local_addr : c10d ? "127.0.0.1" : opts.master_addr;
+    if (p.store_host == "127.0.0.1" || p.store_host == "localhost") p.listen_host = "127.0.0.1";
     j.fixed_store_port = true;
     j.node_rank = 0;
     j.join_timeout_ms = 24LL * 3600 * 1000;  // nobody else is coming; the round fills at once
@@ -83,6 +84,7 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
 
   p.local = false;
   p.server_io_threads = 0;  // the whole job's agents and workers connect to the host
+  p.serve_rendezvous = true;
   p.endpoint_host = c10d ? opts.rdzv_host : opts.master_addr;
   p.endpoint_port = c10d ? opts.rdzv_port : opts.master_port.value_or(kDefaultMasterPort);
   if (c10d) {

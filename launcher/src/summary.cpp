@@ -43,7 +43,10 @@ std::string format_summary(const SummaryInput& in) {
     if (in.job_failed->first_failure && !in.job_failed->first_failure->host.empty())
       s << "[ddprun]   first failure of the job: " << describe_first_failure(*in.job_failed->first_failure) << "\n";
   }
-  if (in.stop_signal) {
+  if (in.stop_signal && !in.workers_started) {
+    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << " before any worker started; exit code "
+      << in.exit_code << "\n";
+  } else if (in.stop_signal) {
     s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << ": the workers were sent "
       << signal_name(*in.stop_signal) << " (SIGKILL after " << in.shutdown_timeout_s << " s); exit code "
       << in.exit_code << "\n";

@@ -191,8 +191,9 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
       spdlog::error("local rank {}: {}", i, msg);
     }
   }
-  // After the spawn, off the restart's critical path: orphans of ended attempts (adopted as
-  // subreaper) that left their worker's process group.
+}
+
+void WorkerGroup::kill_stale_orphans() {
   if (attempts_started_++ > 0) kill_orphans(std::nullopt);
 }
 

@@ -80,6 +80,9 @@ class WorkerGroup {
   // stderr tail). Logs go under `attempt_dir`/<local_rank>/.
   void start(int attempt, const GroupLayout& layout, const std::filesystem::path& attempt_dir,
              const SpawnTemplate& spawn);
+  // After start(), off the restart's critical path: SIGKILLs orphans of ended attempts
+  // (adopted as subreaper) that left their worker's process group.
+  void kill_stale_orphans();
   // The retire timer's descriptor (on the epoll set): call on_retire_timer() when readable.
   int retire_timer_fd() const { return retire_timer_fd_; }
 

@@ -1162,6 +1162,30 @@ class Coordination(unittest.TestCase):
         self.assertNotIn("no restarts left", p.stderr)
 
 
+    def test_a_single_node_store_answers_no_rendezvous_and_listens_on_loopback(self):
+        code = ("import os, socket, struct\n"
+                "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 5)\n"
+                "body = bytes([1]) + struct.pack('<Q', 1) + struct.pack('<Q', 6) + b'run_id' + struct.pack('<Q', 1) + b'x'\n"
+                "s.sendall(bytes([0]) + (0x52504444).to_bytes(4, 'little') + struct.pack('<I', len(body)) + body)\n"
+                "s.settimeout(10)\n"
+                "try:\n"
+                "    got = s.recv(100)\n"
+                "except ConnectionResetError:\n"
+                "    got = b''\n"
+                "print('answer', len(got), flush=True)\n"
+                # the listeners on MASTER_PORT (state 0A), by local address, while the store runs
+                "port = '%04X' % int(os.environ['MASTER_PORT'])\n"
+                "ls = [l.split()[1].split(':')[0] for f in ('/proc/net/tcp', '/proc/net/tcp6') for l in open(f)\n"
+                "      if l.split()[1].endswith(':' + port) and l.split()[3] == '0A']\n"
+                "print('listeners', ' '.join(ls), flush=True)\n")
+        p = run(["-v"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r0]: answer 0", p.stdout)  # closed, no ROUND
+        self.assertIn("[r0]: listeners 0100007F", p.stdout)  # 127.0.0.1 only (one per I/O thread)
+        listeners = p.stdout.split("listeners ")[1].split("\n")[0].split()
+        self.assertEqual(set(listeners), {"0100007F"}, p.stdout)
+
+
 if __name__ == "__main__":
     DDPRUN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

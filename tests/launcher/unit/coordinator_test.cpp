@@ -211,3 +211,41 @@ TEST_CASE("remote: a connect with nothing listening gives up when interrupted", 
   // Generous for a loaded CI host: the contract is "within 100 ms of the answer".
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
+
+TEST_CASE("notices: what each server message means to the agent", "[coordinator]") {
+  auto j = settings(4, 2, "nj");
+  CHECK_FALSE(notice_of(rdzv::to_message(rdzv::Heartbeat{}), j, "h"));
+  auto r = notice_of(rdzv::to_message(rdzv::Round{.round = 3, .restart_count = 1, .max_restarts = 2, .node_rank = 1,
+                                                  .nnodes = 2, .world_size = 7, .base_rank = 3, .store_port = 4242}),
+                     j, "10.0.0.1");
+  REQUIRE(r);
+  CHECK(static_cast<int>(r->kind) == static_cast<int>(Notice::Kind::Round));
+  CHECK(r->round == 3);
+  CHECK(r->layout.local_world_size == 4);  // this node's own
+  CHECK(r->layout.global_rank_base == 3);
+  CHECK(r->layout.store_host == "10.0.0.1");
+  CHECK(r->layout.store_port == 4242);
+  CHECK(r->layout.run_id == "nj");
+  CHECK(r->layout.restart_count == 1);
+  auto e = notice_of(rdzv::to_message(rdzv::Error{.message = "refused"}), j, "h");
+  REQUIRE(e);
+  CHECK(static_cast<int>(e->kind) == static_cast<int>(Notice::Kind::JobFailed));
+  CHECK(e->failed.reason == "refused");
+}
+
+TEST_CASE("remote: nothing listening past the connect timeout is an error that says what to check", "[coordinator]") {
+  uint16_t port = 0;
+  {
+    auto s = start_server();
+    port = s->port();
+  }
+  try {
+    make_remote_coordinator("127.0.0.1", port, settings(1, 0), "", 300ms, 200ms, [] { return false; });
+    FAIL("connected to nothing");
+  } catch (const CoordinatorInterrupted&) {
+    FAIL("not interrupted: timed out");
+  } catch (const CoordinatorError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot reach the rendezvous endpoint 127.0.0.1:") &&
+                             Catch::Contains("--rdzv_endpoint"));
+  }
+}

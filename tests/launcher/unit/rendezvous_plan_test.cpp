@@ -30,8 +30,11 @@ TEST_CASE("one node: a local round on our own store, port as torchrun picks it",
   CHECK(p.free_port_fallback);  // no port given: 29500 or a free one
   CHECK(p.server_io_threads == 1);
   CHECK(p.store_host == "127.0.0.1");
+  CHECK(p.listen_host == "127.0.0.1");  // the workers come over loopback: nobody else may
+  CHECK_FALSE(p.serve_rendezvous);       // the round runs in-process
   CHECK(p.join.fixed_store_port);
   CHECK(p.join.max_restarts == 3);
+  CHECK(plan({"--master_addr=10.1.2.3"}).listen_host.empty());  // workers come from elsewhere
   CHECK(p.join.local_world_size == 2);
   CHECK(p.join.min_nodes == 1);
   CHECK(p.join.max_nodes == 1);
@@ -65,6 +68,8 @@ TEST_CASE("static multi-node: node 0 hosts on --master_port, the workers' store 
   CHECK(p0.join.node_rank == 0);
   CHECK(p0.join.last_call_ms == 0);
   CHECK(p0.server_io_threads == 0);
+  CHECK(p0.serve_rendezvous);
+  CHECK(p0.listen_host.empty());
   auto p1 = plan({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29555"});
   CHECK_FALSE(p1.host_server);
   CHECK(p1.join.node_rank == 1);

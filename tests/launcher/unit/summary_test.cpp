@@ -92,3 +92,13 @@ TEST_CASE("an agent error without a worker failure", "[summary]") {
   in.agent_error = "the rendezvous server closed the connection";
   CHECK_THAT(format_summary(in), Catch::Contains("JOB FAILED: the rendezvous server closed the connection"));
 }
+
+TEST_CASE("stopped while joining: no workers to speak of", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 128 + SIGTERM;
+  in.stop_signal = SIGTERM;
+  in.workers_started = false;
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("stopped by SIGTERM before any worker started"));
+  CHECK_FALSE(Catch::Contains("the workers were sent").match(s));
+}

@@ -69,6 +69,9 @@ class Coordinator {
   virtual void report_success() = 0;
   // Readable when take_notices() has something.
   virtual int fd() const = 0;
+  // Notices are known to be waiting, without a system call (the local round answers in the
+  // same call that asked); false does not mean none (watch fd() for those).
+  virtual bool has_notices() const = 0;
   // The notices that arrived, in order (non-blocking). Throws CoordinatorError when the
   // coordinator is gone.
   virtual std::vector<Notice> take_notices() = 0;

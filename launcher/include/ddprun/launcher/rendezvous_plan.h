@@ -31,9 +31,13 @@ struct RendezvousPlan {
   // Otherwise (c10d, endpoint on this host) a taken port means someone already serves the
   // rendezvous there (a standing ddprund, another agent): join it as a client.
   bool host_explicit = false;
+  // host_server: the address to listen on ("" = every address). One node whose workers reach
+  // the store over loopback listens on loopback only: nobody else has business there.
+  std::string listen_host;
   uint16_t listen_port = 0;        // host_server: where to listen (0 = a free port)
   bool free_port_fallback = false;  // listen_port taken: use a free port instead (no port given)
   int server_io_threads = 1;        // 1 for one node's few workers; 0 (one per core) for a job
+  bool serve_rendezvous = false;    // the server answers the agents' protocol (many nodes only)
   std::string endpoint_host;        // !local: the rendezvous server
   uint16_t endpoint_port = 0;
   // local: the workers' MASTER_ADDR (their store is ours). Remote: the endpoint's host.

@@ -41,6 +41,7 @@ struct SummaryInput {
   bool multi_node = false;  // whether to print the job-wide verdict (one node: it is ours)
   std::string agent_error;  // an error of the agent itself (coordinator gone, ...)
   std::string interpreter;  // Python workers' interpreter (entrypoint.h), for missing_module_hint
+  bool workers_started = true;  // false: stopped before any worker ran (connecting, joining)
 };
 
 // The failure summary (the last lines on stderr), or "" when the job succeeded.
