@@ -1,5 +1,7 @@
 #include "ddprun/launcher/rendezvous_plan.h"
 
+#include "ddprun/common/knobs.h"
+
 #include <arpa/inet.h>
 
 #include <cstdlib>
@@ -70,8 +72,8 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
     p.server_io_threads = 1;
     const bool port_given = c10d ? opts.rdzv_port_given : opts.master_port.has_value();
     uint16_t first_choice = c10d ? opts.rdzv_port : kDefaultMasterPort;
-    if (auto it = env.find("DDPRUN_DEFAULT_STORE_PORT"); it != env.end())
-      first_choice = static_cast<uint16_t>(std::strtoul(it->second.c_str(), nullptr, 10));
+    if (auto v = knobs::get(knobs::kDefaultStorePort, env))
+      first_choice = static_cast<uint16_t>(std::strtoul(v->c_str(), nullptr, 10));
     p.listen_port = !port_given ? first_choice : c10d ? opts.rdzv_port : *opts.master_port;
     p.free_port_fallback = !port_given;
     p.store_host = !opts.local_addr.empty() ? opts.local_addr : c10d ? "127.0.0.1" : opts.master_addr;

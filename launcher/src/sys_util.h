@@ -7,14 +7,7 @@
 #include <string>
 #include <system_error>
 
-// Every system call checked at its call site: file:line and strerror.
-#define DDPRUN_CHECK_SYS(expr)                                                                          \
-  do {                                                                                                  \
-    if ((expr) < 0) {                                                                                   \
-      throw std::system_error(errno, std::generic_category(),                                          \
-                              std::string(#expr) + " at " + __FILE__ + ":" + std::to_string(__LINE__)); \
-    }                                                                                                   \
-  } while (0)
+#include "ddprun/common/check.h"  // DDPRUN_CHECK_SYS
 
 namespace ddprun::launcher {
 

@@ -35,7 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 // Runs body(rank, comm) for `world` ranks on threads, each with its own store connection and
 // shm-enabled Gloo communicator; returns each rank's exception message ("" when none).
-std::vector<std::string> on_ranks(int world, const std::function<void(int, Communicator&)>& body) {
+std::vector<std::string> on_ranks(int world, const std::function<void(int, Communicator&)>& body,
+                                  bool shared_memory = true) {
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -54,7 +55,7 @@ std::vector<std::string> on_ranks(int world, const std::function<void(int, Commu
         GlooOptions go;
         go.hostname = "127.0.0.1";
         go.timeout = std::chrono::seconds(30);
-        go.shared_memory = true;
+        go.shared_memory = shared_memory;
         auto comm = make_gloo_communicator(*store, r, world, go);
         body(r, *comm);
       } catch (const std::exception& e) {
@@ -346,5 +347,32 @@ TEST_CASE("CollectiveChecker: matching collectives pass, different ones fail on 
     REQUIRE(has(e, "issued #3 allreduce(bf16, 100 elements, avg)"));
     REQUIRE(has(e, "issued #3 broadcast(64 bytes, root 0)"));
     REQUIRE_FALSE(has(e, "#2"));
+  }
+}
+
+TEST_CASE("Gloo over TCP with DDPRUN_DEBUG_COLLECTIVES=1: ranks that issue different collectives fail naming both",
+          "[collective_check]") {
+  // Read once per process: ctest runs this tag in its own process, before any communicator.
+  ::setenv("DDPRUN_DEBUG_COLLECTIVES", "1", 1);
+  REQUIRE(debug_collectives_enabled());
+  const auto errors = on_ranks(
+      2,
+      [](int r, Communicator& c) {
+        std::vector<float> a(8, 1.f);
+        c.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);  // matching: passes
+        REQUIRE(a[0] == 2.f);
+        if (r == 0) {
+          c.allreduce(a.data(), 4, DType::F32, ReduceOp::Sum);
+        } else {
+          c.broadcast(a.data(), 4 * sizeof(float), 0);
+        }
+      },
+      /*shared_memory=*/false);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = errors[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << e);
+    REQUIRE(has(e, "collective mismatch (DDPRUN_DEBUG_COLLECTIVES) seen by rank " + std::to_string(r)));
+    REQUIRE(has(e, "allreduce(fp32, 4 elements, sum)"));
+    REQUIRE(has(e, "broadcast(16 bytes, root 0)"));
   }
 }

@@ -22,6 +22,7 @@
 #include "ddprun/worker/communicator.h"
 #include "ddprun/worker/store.h"
 #include "half.h"
+#include "collective_check.h"
 #include "shm_allreduce.h"
 
 namespace ddprun::worker {
@@ -123,6 +124,9 @@ class GlooCommunicator final : public Communicator {
       GlooStoreAdapter adapter(store, opt.key_prefix, timeout_);
       ctx->connectFullMesh(adapter, device_);
       ctx_ = std::move(ctx);
+      // DDPRUN_DEBUG_COLLECTIVES=1: ranks compare op signatures before each collective that
+      // goes over TCP (the shared-memory path checks every collective anyway).
+      if (size_ > 1 && debug_collectives_enabled()) checker_ = std::make_unique<CollectiveChecker>(rank_, size_);
       if (opt.shared_memory && size_ > 1 && size_ <= ShmGroup::kMaxRanks && all_on_this_host(store, opt.key_prefix)) {
         shm_ = ShmGroup::create(
             rank_, size_, timeout_, [&](const std::string& name) { store.set(opt.key_prefix + "shm", name); },
@@ -162,6 +166,7 @@ class GlooCommunicator final : public Communicator {
       guarded("allreduce", [&] { shm_->allreduce(buf, count, dtype, op); });
       return;
     }
+    debug_check(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
     if (is_half(dtype)) {
       // Accumulate in float, round once: exact whenever the float sum is, and the same bits
       // on every rank (every rank rounds the same float result).
@@ -188,6 +193,7 @@ class GlooCommunicator final : public Communicator {
     auto* mine = static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes;
     if (in != mine) std::memcpy(mine, in, bytes);
     if (size_ == 1) return;
+    debug_check(CollectiveOp::AllGather, dtype, count, 0);
     // In place: Gloo gathers every rank's block of `out` (ours is already there).
     guarded("allgather", [&] {
       gloo::AllgatherOptions o(ctx_);
@@ -201,6 +207,7 @@ class GlooCommunicator final : public Communicator {
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     check_alive("reduce_scatter");
     if (count == 0) return;
+    debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     switch (dtype) {
       case DType::F32: return reduce_scatter_typed<float, float>(in, out, count, op, dtype);
       case DType::F64: return reduce_scatter_typed<double, double>(in, out, count, op, dtype);
@@ -235,6 +242,7 @@ class GlooCommunicator final : public Communicator {
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
     if (bytes == 0) return;
+    debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
     guarded("broadcast", [&] {
       gloo::BroadcastOptions o(ctx_);
       o.setTag(next_tag());
@@ -247,6 +255,7 @@ class GlooCommunicator final : public Communicator {
 
   void barrier() override {
     check_alive("barrier");
+    debug_check(CollectiveOp::Barrier, DType::F32, 0, 0);
     guarded("barrier", [&] {
       gloo::BarrierOptions o(ctx_);
       o.setTag(next_tag());
@@ -330,6 +339,20 @@ class GlooCommunicator final : public Communicator {
       if (r != rank_ && store.get(prefix + "host/" + std::to_string(r), timeout_) != me) same = false;
     return same;
   }
+  // The debug-mode signature check (collective_check.h): one small all-gather, same transport.
+  void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {
+    if (!checker_) return;
+    guarded("collective check", [&] {
+      checker_->check(op, dtype, count, arg, [&](const void* mine, void* all, size_t bytes) {
+        std::memcpy(static_cast<unsigned char*>(all) + static_cast<size_t>(rank_) * bytes, mine, bytes);
+        gloo::AllgatherOptions o(ctx_);
+        o.setTag(next_tag());
+        o.setTimeout(timeout_);
+        o.setOutput(static_cast<uint8_t*>(all), bytes * static_cast<size_t>(size_));
+        gloo::allgather(o);
+      });
+    });
+  }
   void check_alive(const char* what) {
     if (aborted_.load()) throw CommError(std::string("gloo ") + what + ": communicator aborted");
   }
@@ -356,6 +379,7 @@ class GlooCommunicator final : public Communicator {
   uint32_t tag_ = 1;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<ShmGroup> shm_;
+  std::unique_ptr<CollectiveChecker> checker_;
   worker::Store& store_;
   std::string key_prefix_;
   int regions_ = 0;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ddprun/client/store_client.h"
+#include "ddprun/common/knobs.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
@@ -67,13 +68,14 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
-std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
+std::chrono::milliseconds env_seconds(const knobs::Knob& knob, std::chrono::milliseconds def) {
+  const auto value = knobs::get(knob);
+  if (!value) return def;
+  const char* v = value->c_str();
   char* end = nullptr;
   const double s = std::strtod(v, &end);
   if (end == v || *end != '\0' || !(s > 0))
-    throw WorkerError(std::string("environment variable ") + name + "='" + v + "' is not a positive number of seconds");
+    throw WorkerError(std::string("environment variable ") + knob.name + "='" + v + "' is not a positive number of seconds");
   return std::chrono::milliseconds(static_cast<long long>(s * 1000));
 }
 
@@ -86,10 +88,10 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   rt->env_ = read_worker_env();
   const WorkerEnv& env = rt->env_;
   if (options.apply_env_overrides) {
-    options.timeout = env_seconds("DDPRUN_COLLECTIVE_TIMEOUT_S", options.timeout);
-    options.store_timeout = env_seconds("DDPRUN_STORE_TIMEOUT_S", options.store_timeout);
-    if (const char* d = std::getenv("DDPRUN_DEVICE"); d && *d) {
-      const std::string s = d;
+    options.timeout = env_seconds(knobs::kCollectiveTimeout, options.timeout);
+    options.store_timeout = env_seconds(knobs::kStoreTimeout, options.store_timeout);
+    if (const auto d = knobs::get(knobs::kDevice)) {
+      const std::string s = *d;
       if (s == "cpu") options.device = DeviceKind::Cpu;
       else if (s == "cuda") options.device = DeviceKind::Cuda;
       else if (s == "auto") options.device = DeviceKind::Auto;
@@ -161,7 +163,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     GlooOptions go;
     go.timeout = options.timeout;
     go.key_prefix = scope + "gloo/";
-    if (const char* shm = std::getenv("DDPRUN_SHM"); shm && std::string(shm) == "0") go.shared_memory = false;
+    if (knobs::get(knobs::kShm) == "0") go.shared_memory = false;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
     rt->comm_ = make_gloo_communicator(*store, env.rank, env.world_size, go);

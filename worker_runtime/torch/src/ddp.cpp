@@ -71,6 +71,10 @@ struct DdpEngine::State {
 
   // Per synced backward.
   bool armed = false;           // post_forward armed the reducer; the end callback disarms
+  // The core Reducer's pass is open (prepare_for_backward() without finalize() yet). A forward
+  // whose backward never ran leaves it open and clean; the next training forward reuses it
+  // (the Reducer refuses a second prepare_for_backward() on an open pass).
+  bool reducer_open = false;
   bool callback_queued = false;
   size_t hooks_fired = 0;
   std::vector<uint8_t> marked;
@@ -168,6 +172,7 @@ struct DdpEngine::State {
     ro.first_bucket_cap_bytes = opt.first_bucket_cap_bytes;
     ro.force_collective = opt.force_collective;
     reducer = std::make_unique<Reducer>(comm, std::move(gv), dtype, ro);
+    reducer_open = false;
     layout = order;
     flat = fresh;
     views = std::move(fresh_views);
@@ -345,7 +350,8 @@ void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
   s.require_forward_param_sync = grad_on && sync_;
   if (!(grad_on && sync_)) return;
   s.stream_prologue();  // the Reducer's collectives follow the current stream
-  s.reducer->prepare_for_backward();
+  if (!s.reducer_open) s.reducer->prepare_for_backward();
+  s.reducer_open = true;
   s.armed = true;
   s.hooks_fired = 0;
   std::fill(s.marked.begin(), s.marked.end(), 0);
@@ -416,6 +422,7 @@ void DdpEngine::on_backward_end() {
                    "leaves parameters unused on some steps, set DdpOptions::find_unused_parameters = true; otherwise "
                    "make sure the loss depends on every parameter through the outputs of the DDP forward");
   }
+  s.reducer_open = false;
   s.reducer->finalize();
   if (s.opt.find_unused_parameters) {
     // Used anywhere? A parameter unused on every rank keeps its gradient untouched (undefined

@@ -35,8 +35,8 @@ inline constexpr Knob kStoreLock{
     "the store state's lock: adaptive (spins briefly before sleeping) or plain (a plain mutex, "
     "for comparison in benchmarks)"};
 inline constexpr Knob kCollectiveTimeout{
-    "DDPRUN_COLLECTIVE_TIMEOUT_S", "30", "worker runtime",
-    "seconds a collective may wait for its peers before it fails (CommError)"};
+    "DDPRUN_COLLECTIVE_TIMEOUT_S", "600", "worker runtime",
+    "seconds a collective (and NCCL/Gloo set-up) may wait for its peers before it fails (CommError); PyTorch's default"};
 inline constexpr Knob kStoreTimeout{
     "DDPRUN_STORE_TIMEOUT_S", "300", "worker runtime",
     "seconds a worker waits for the store and for its peers' keys"};
@@ -45,8 +45,13 @@ inline constexpr Knob kDevice{"DDPRUN_DEVICE", "auto", "worker runtime",
 inline constexpr Knob kShm{"DDPRUN_SHM", "1", "worker runtime",
                            "0: the CPU backend uses TCP between ranks of one host, not shared memory"};
 
-inline constexpr Knob kAll[] = {kPythonExec,        kDefaultStorePort, kSysfsRoot, kStoreLock,
-                                kCollectiveTimeout, kStoreTimeout,     kDevice,    kShm};
+inline constexpr Knob kDebugCollectives{
+    "DDPRUN_DEBUG_COLLECTIVES", "0", "worker runtime",
+    "1: before each collective over Gloo/TCP, the ranks compare op signatures and fail on a mismatch "
+    "(the shared-memory path always checks)"};
+
+inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,       kCollectiveTimeout,
+                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {
