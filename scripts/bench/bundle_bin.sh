@@ -2,13 +2,14 @@
 # Copies the built programs and the shared libraries they need that a GPU machine lacks
 # (Debian's spdlog/fmt/gloo/..., libddprun_worker) into one folder, to carry there with the
 # device tool. CUDA's own libraries (cudart, cublas, nccl) are left out: the GPU machine has
-# them in PyTorch's venv: put its nvidia/*/lib folders on LD_LIBRARY_PATH there.
+# them in PyTorch's venv: put its nvidia/*/lib folders on LD_LIBRARY_PATH there. So do LibTorch's
+# (torch/lib), which the LibTorch example links.
 #   usage: scripts/bench/bundle_bin.sh BUILD_DIR OUT_DIR
 set -euo pipefail
 build="${1:?build dir}"; out="${2:?out dir}"
 mkdir -p "$out/lib"
 progs=(launcher/ddprun rendezvous/ddprund rendezvous/tools/bench/ddprun_store_bench rendezvous/ddprun_rdzv_bench
-       worker_runtime/train worker_runtime/ddprun_allreduce_bench)
+       worker_runtime/train worker_runtime/ddprun_allreduce_bench worker_runtime/torch/ddprun-torch-example)
 for p in "${progs[@]}"; do
   [[ -x "$build/$p" ]] || continue
   cp "$build/$p" "$out/"
@@ -16,7 +17,10 @@ for p in "${progs[@]}"; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libgcc_s*|libstdc++*|libpthread*|libdl.so*|librt.so*|ld-linux*) ;;
       libcuda*|libcudart*|libcublas*|libnccl*|libnvidia*) ;;
-      *) cp -L "$lib" "$out/lib/" ;;
+      *) case "$lib" in
+           */site-packages/*) ;;  # LibTorch and its CUDA libraries: the GPU machine's torch wheel has them
+           *) cp -L "$lib" "$out/lib/" ;;
+         esac ;;
     esac
   done
 done
