@@ -32,10 +32,10 @@ for t in "${targets[@]}"; do
   if "$build/tests/fuzz/ddprun_fuzz_$t" -max_total_time="$seconds" -max_len=8192 -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/crashes/$t/" \
       "$work/corpus/$t" "$here/tests/fuzz/corpus/$t" >"$log" 2>&1; then
-    grep -E '^#[0-9]+ +DONE' "$log" | tail -1 | sed "s/^/[fuzz] $t: /"
+    { grep -E '^#[0-9]+[[:space:]]+DONE' "$log" || true; } | tail -1 | sed "s/^/[fuzz] $t: /"
   else
     failed+=("$t")
-    grep -E 'ERROR|invariant|SUMMARY' "$log" | head -5 | sed "s/^/[fuzz] $t: /"
+    { grep -E 'ERROR|invariant|SUMMARY' "$log" || true; } | head -5 | sed "s/^/[fuzz] $t: /"
     echo "[fuzz] $t: crasher in $work/crashes/$t/ -- replay it with build/tests/fuzz/ddprun_fuzz_replay $t FILE," \
          "then keep it in tests/fuzz/regressions/$t/ once fixed" >&2
   fi
