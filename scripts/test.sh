@@ -1,11 +1,72 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test with ctest
 # (unit, integration, end-to-end, interop with PyTorch 1.13 and 2.11, multi-host in network
-# namespaces). Needs root for apt-get and network namespaces, as CI has.
+# namespaces), then a short fuzz run of each libFuzzer target. Needs root for apt-get and
+# network namespaces, as CI has. Arguments go to the main ctest run.
+#
+# Optional stages (docs/FUZZING.md has their cost on a 2-core box):
+#   DDPRUN_TEST_FUZZ_SECONDS=N   seconds per fuzz target (default 60; 0 skips the fuzz stage)
+#   DDPRUN_TEST_SANITIZERS=asan  the whole suite again, built with ASan+UBSan (build-asan)
+#   DDPRUN_TEST_SANITIZERS=tsan  the server, client and agent tests built with TSan (build-tsan)
+#   DDPRUN_TEST_SANITIZERS=1     both (also "asan,tsan")
+#   DDPRUN_TEST_MAIN=0           skips the main suite (to run only the stages above)
+# Every stage runs even when an earlier one failed (a stage's own steps are chained with &&:
+# `set -e` does not apply inside `if`); the exit status is 1 if any failed.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDPRUN_BUILD_DIR:-$here/build}"
+jobs="${DDPRUN_TEST_JOBS:-2}"
+fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-60}"
+sanitizers="${DDPRUN_TEST_SANITIZERS:-}"
+[[ "$sanitizers" == 1 || "$sanitizers" == all ]] && sanitizers="asan,tsan"
+
+failed=()
+stage() {  # stage NAME COMMAND...: runs it, times it, remembers a failure
+  local name="$1" start=$SECONDS
+  shift
+  echo "[test] stage $name"
+  if "$@"; then
+    echo "[test] stage $name passed in $((SECONDS - start)) s"
+  else
+    echo "[test] stage $name FAILED after $((SECONDS - start)) s" >&2
+    failed+=("$name")
+  fi
+}
+
+main_suite() {
+  "$here/scripts/build.sh" &&
+  (cd "$build" && ctest --output-on-failure --timeout 900 -j "$jobs" "$@")
+}
+
+# ASan+UBSan over the whole suite: every C++ test and the ddprun/ddprund binaries that the
+# Python (PyTorch) tests drive. The Python interpreters themselves are not instrumented. The
+# GPU parts are left out: nvcc does not instrument them and CI has no GPU to run them.
+asan_suite() {
+  local dir="${DDPRUN_ASAN_BUILD_DIR:-$here/build-asan}"
+  DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=address,undefined -DDDPRUN_WITH_CUDA=OFF &&
+  (cd "$dir" && ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1" \
+     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
+     ctest --output-on-failure --timeout 1800 -j "$jobs" -E "${DDPRUN_ASAN_EXCLUDE:-^$}")
+}
+
+# TSan over what has threads: the Asio server, the blocking client, the launcher's agent
+# (unit, end-to-end, process tests). The worker runtime is not built here.
+tsan_suite() {
+  local dir="${DDPRUN_TSAN_BUILD_DIR:-$here/build-tsan}"
+  DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=thread -DDDPRUN_BUILD_WORKER_RUNTIME=OFF &&
+  (cd "$dir" && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+     ctest --output-on-failure --timeout 1800 -j "$jobs" -R '^(rendezvous\.|launcher\.(unit|e2e|process))')
+}
+
 "$here/scripts/setup_deps.sh"
-"$here/scripts/build.sh"
-cd "$build"
-ctest --output-on-failure --timeout 900 -j "${DDPRUN_TEST_JOBS:-2}" "$@"
+[[ "${DDPRUN_TEST_MAIN:-1}" != 0 ]] && stage suite main_suite "$@"
+if ((fuzz_seconds > 0)); then
+  stage fuzz "$here/scripts/fuzz.sh" "$fuzz_seconds"
+fi
+[[ ",$sanitizers," == *,asan,* ]] && stage asan asan_suite
+[[ ",$sanitizers," == *,tsan,* ]] && stage tsan tsan_suite
+if ((${#failed[@]})); then
+  echo "[test] FAILED stages: ${failed[*]}" >&2
+  exit 1
+fi
+echo "[test] all stages passed"

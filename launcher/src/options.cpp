@@ -551,15 +551,18 @@ ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvM
     out.message = app.help();
     out.exit_code = 0;
   } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    for (char& c : msg) {
-      if (c == '\n') c = ' ';
-    }
-    out.message = msg;
+    out.message = e.what();
     out.exit_code = kUsageExitCode;
   } catch (const UsageError& e) {
     out.message = e.what();
     out.exit_code = kUsageExitCode;
+  }
+  // Errors quote the user's flags and values: keep them one line, and let no control byte
+  // (newline, terminal escape) through to the console (found by tests/fuzz, options target).
+  if (out.exit_code == kUsageExitCode) {
+    for (char& c : out.message) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = c == '\n' ? ' ' : '?';
+    }
   }
   return out;
 }

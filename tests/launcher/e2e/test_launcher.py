@@ -8,6 +8,7 @@ readable), never by sleeping; time bounds only guard against hangs.
 """
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -1015,7 +1016,8 @@ def read_frame(sock):
 
 def where_lines(out):
     """[rank, world size, MASTER_PORT, restart count] of every 'where' line (prefixes cut)."""
-    return [l[l.index("where"):].split()[1:] for l in out.splitlines() if "where" in l]
+    # Only the workers' own lines ("where R W PORT N"): other output may contain the word too.
+    return [list(m.groups()) for m in re.finditer(r"\bwhere (\d+) (\d+) (\d+) (\d+)\b", out)]
 
 
 WORKER_SAYS_WHERE = ("import os; print('where', os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT'],"
