@@ -21,12 +21,14 @@ sanitizers="${DDPRUN_TEST_SANITIZERS:-}"
 [[ "$sanitizers" == 1 || "$sanitizers" == all ]] && sanitizers="asan,tsan"
 
 failed=()
+passed=0
 stage() {  # stage NAME COMMAND...: runs it, times it, remembers a failure
   local name="$1" start=$SECONDS
   shift
   echo "[test] stage $name"
   if "$@"; then
     echo "[test] stage $name passed in $((SECONDS - start)) s"
+    passed=$((passed + 1))
   else
     echo "[test] stage $name FAILED after $((SECONDS - start)) s" >&2
     failed+=("$name")
@@ -65,8 +67,11 @@ if ((fuzz_seconds > 0)); then
 fi
 [[ ",$sanitizers," == *,asan,* ]] && stage asan asan_suite
 [[ ",$sanitizers," == *,tsan,* ]] && stage tsan tsan_suite
+# The closing line counts stages (the main suite's own ctest summary is above).
 if ((${#failed[@]})); then
   echo "[test] FAILED stages: ${failed[*]}" >&2
+  echo "stages: $passed passed, ${#failed[@]} failed"
   exit 1
 fi
 echo "[test] all stages passed"
+echo "stages: $passed passed, 0 failed"
