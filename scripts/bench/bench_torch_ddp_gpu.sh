@@ -91,17 +91,18 @@ fails=0
 verdict() { if [[ "$2" == 0 ]]; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi; }
 checksum() { grep -o 'final_param_checksum=[0-9a-f]*' "$1" | tail -1 | cut -d= -f2; }
 tmp="$(mktemp -d)"
-small=(--device cuda --force-collective --deterministic --steps 20 --batch 16 --channels 16 --hidden 64 --depth 2
+dev="${SMOKE_DEVICE:-cuda}"   # SMOKE_DEVICE=cpu: the same checks on the CPU (to test this script without a GPU)
+small=(--device "$dev" --force-collective --deterministic --batch 16 --channels 16 --hidden 64 --depth 2
        --image 16 --bucket-cap-kb 16 --first-bucket-kb 4)
 
 # python_ddp: ours against PyTorch's DDP on the same GPU.
-timeout 300 ddprun --nproc_per_node=1 --master_port=0 "$ex" "${small[@]}" --unused-mode rank --find-unused 1 \
+timeout 300 ddprun --nproc_per_node=1 --master_port=0 "$ex" "${small[@]}" --steps 20 --unused-mode rank --find-unused 1 \
   --dump-init "$tmp/init.%r" --dump-final "$tmp/cpp.%r" --dump-batches "$tmp/batches.%r" > "$out/smoke_ours.log" 2>&1
 rc=$?
 cat "$out/smoke_ours.log"
 if [[ $rc == 0 ]]; then
   timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$root/tests/worker_runtime/torch/ddp_reference.py" \
-    --device cuda --deterministic --steps 20 --batch 16 --channels 16 --hidden 64 --depth 2 --image 16 --unused-mode rank \
+    --device "$dev" --deterministic --steps 20 --batch 16 --channels 16 --hidden 64 --depth 2 --image 16 --unused-mode rank \
     --find-unused 1 --load-init "$tmp/init.0" --batches "$tmp/batches.%r" --dump-final "$tmp/py.%r" > "$out/smoke_torch.log" 2>&1
   rc=$?
   tail -5 "$out/smoke_torch.log"
@@ -133,6 +134,7 @@ echo "killed and resumed: $c"
 rm -rf "$tmp"
 
 # The benchmark.
+[[ "${SKIP_BENCH:-0}" == 1 ]] && { echo "smoke failures: $fails"; exit "$fails"; }
 echo "== benchmark"
 "$PY" "$root/scripts/bench/bench_torch_ddp.py" --device cuda --example "$ex" --ddprun "$bin/ddprun" --python "$PY" "$@" \
   2>&1 | tee "$out/bench.txt"
