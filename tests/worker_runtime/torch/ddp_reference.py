@@ -1,5 +1,6 @@
 """PyTorch's own DDP on the model of ddprun-torch-example: the reference for the libtorch tests
-and the Python side of scripts/bench/bench_torch_ddp.py. Run under torchrun (gloo, CPU):
+and the Python side of scripts/bench/bench_torch_ddp.py. Run under torchrun (gloo on the CPU, or
+NCCL with --device cuda, one GPU per local rank):
 
   torchrun --standalone --nproc_per_node=2 ddp_reference.py --load-init init.0 \
       --batches 'batches.%r' --dump-final 'py.%r' --steps 20
@@ -80,7 +81,7 @@ def write_dump(path, module):
     with open(path, "wb") as f:
         f.write(b"DDPT" + struct.pack("<I", len(items)))
         for name, t in items:
-            t = t.detach().contiguous()
+            t = t.detach().cpu().contiguous()
             code = {torch.float32: 0, torch.int64: 1, torch.float64: 2}[t.dtype]
             raw = bytes(t.reshape(-1).view(torch.uint8).tolist())
             f.write(struct.pack("<I", len(name)) + name.encode() + struct.pack("<BQ", code, len(raw)) + raw)
@@ -124,23 +125,41 @@ def main():
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--foreach", type=int, default=0,
+                    help="SGD foreach (multi-tensor) kernels: 0 (default) = one parameter at a time, the kernels "
+                         "of LibTorch's C++ SGD; 1 = PyTorch's own CUDA default")
+    ap.add_argument("--deterministic", action="store_true", help="deterministic cuDNN algorithms")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo")
+    if a.deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    cuda = a.device == "cuda"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
     torch.manual_seed(a.seed)
     net = Net(a.channels, a.hidden, a.depth, bool(a.bn))
     if a.load_init:
         load_init(a.load_init, net)
+    net.to(dev)
     torch.manual_seed(a.seed + 1)
-    X = torch.randn(a.samples, 3, a.image, a.image)
-    Y = torch.randint(0, 10, (a.samples,))
+    X = torch.randn(a.samples, 3, a.image, a.image).to(dev)
+    Y = torch.randint(0, 10, (a.samples,)).to(dev)
     model = net
     if not a.no_ddp:
-        model = DDP(net, find_unused_parameters=bool(a.find_unused), broadcast_buffers=True,
-                    gradient_as_bucket_view=True, static_graph=a.static_graph)
-    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
+        model = DDP(net, device_ids=[local] if cuda else None, find_unused_parameters=bool(a.find_unused),
+                    broadcast_buffers=True, gradient_as_bucket_view=True, static_graph=a.static_graph)
+    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum, foreach=bool(a.foreach))
 
     per_step = a.batch * a.accum
     if a.batches:
@@ -161,8 +180,10 @@ def main():
     net.train()
     timed, timed_s, cpu_s = 0, 0.0, 0.0
     for step in range(a.steps):
+        if a.time:
+            sync()
         t0, c0 = time.perf_counter(), time.process_time()
-        ids = torch.tensor(schedule[step], dtype=torch.long)
+        ids = torch.tensor(schedule[step], dtype=torch.long).to(dev)
         opt.zero_grad(set_to_none=bool(a.optimizer_zero_grad))
         for k in range(a.accum):
             part = ids[k * a.batch:(k + 1) * a.batch]
@@ -179,6 +200,8 @@ def main():
             else:
                 fwd_bwd()
         opt.step()
+        if a.time:
+            sync()
         dt = time.perf_counter() - t0
         if step >= a.warmup:
             timed += 1

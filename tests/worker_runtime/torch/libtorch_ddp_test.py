@@ -19,6 +19,10 @@ Cases:
                 ranks start alike (parameters and buffers broadcast from rank 0 at wrap time).
   no_sync       2 micro-batches of 4 (first under no_sync) == one batch of 8, 2 ranks.
   torchrun      the example under torchrun 2.11 gives the same checksum as under ddprun.
+  force_collective  1 rank with DdpOptions::force_collective (a real 1-rank Gloo communicator):
+                buckets are rebuilt and launched during backward, as with 2 ranks, and the result
+                is bit-identical to the run without it (an average over one rank is the identity);
+                without the option nothing is rebuilt or launched.
 """
 import argparse
 import os
@@ -175,6 +179,20 @@ def main():
         print(f"ddprun {want}, torchrun {got}")
         assert got == want, "FAIL: different result under torchrun"
         print("OK: the example runs under torchrun 2.11")
+    elif a.case == "force_collective":
+        common = ["--steps", "8", "--unused-mode", "rank", "--bucket-cap-kb", "2", "--first-bucket-kb", "1"]
+        stats = r"buckets=(\d+) rebuilt=(\d+) launched_early_last_step=(\d+)"
+        plain = ddprun(1, common).stdout
+        forced = ddprun(1, common + ["--force-collective"]).stdout
+        mp, mf = re.search(stats, plain), re.search(stats, forced)
+        assert mp and mf, plain + forced
+        print(f"plain: rebuilt {mp.group(2)}, launched early {mp.group(3)}; "
+              f"forced: {mf.group(1)} buckets, rebuilt {mf.group(2)}, launched early {mf.group(3)}")
+        assert int(mp.group(2)) == 0 and int(mp.group(3)) == 0, "FAIL: 1 rank without the option communicated"
+        assert int(mf.group(1)) >= 2 and int(mf.group(2)) == 1 and int(mf.group(3)) >= 1, \
+            "FAIL: force_collective did not bucket, rebuild and launch during backward"
+        assert checksum(plain) == checksum(forced), "FAIL: forcing the collective changed the result"
+        print("OK: force_collective runs the DDP machinery at world size 1, same bits")
     else:
         raise SystemExit(f"unknown case {a.case}")
     subprocess.run(["rm", "-rf", tmp])

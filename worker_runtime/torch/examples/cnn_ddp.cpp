@@ -9,12 +9,14 @@
 // steps (--unused-mode), so the unused-parameter handling is exercised. The flags after
 // "testing" exist for the tests and the benchmark (tests/worker_runtime/torch,
 // scripts/bench/bench_torch_ddp.py).
+#include <ATen/Context.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/cuda.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -128,11 +130,11 @@ int main(int argc, char** argv) {
   double lr = 0.05, momentum = 0.9;
   uint64_t seed = 1234;
   bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
-  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd";
+  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd", device_flag = "cpu";
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
-  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false;
+  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
   app.add_option("--accum", accum, "micro-batches per step (all but the last under no_sync)")->check(CLI::PositiveNumber);
@@ -149,6 +151,10 @@ int main(int argc, char** argv) {
                                                "rank (some steps on one rank, some on all)")
       ->check(CLI::IsMember({"none", "step", "rank"}));
   app.add_option("--find-unused", find_unused, "DdpOptions::find_unused_parameters (1/0)");
+  app.add_option("--device", device_flag,
+                 "cpu (Gloo / shared memory) | cuda (NCCL, one GPU per local rank) | auto (cuda when every local "
+                 "rank can have a GPU); DDPRUN_DEVICE overrides it")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   // testing and benchmarking
   app.add_option("--broadcast-buffers", broadcast_buffers, "(1/0)");
   app.add_option("--shuffle", shuffle, "sampler shuffle (1/0)");
@@ -171,13 +177,31 @@ int main(int argc, char** argv) {
   app.add_flag("--no-ddp", no_ddp, "no wrapper, no communication (the benchmark's baseline)");
   app.add_flag("--time", time_steps, "print the mean step time after --warmup steps");
   app.add_option("--warmup", warmup);
-  app.add_flag("--force-collective", force_collective, "all-reduce even with one rank");
+  app.add_flag("--force-collective", force_collective,
+               "all-reduce even with one rank (DdpOptions::force_collective; on the CPU a real 1-rank Gloo "
+               "communicator)");
+  app.add_flag("--deterministic", deterministic,
+               "deterministic cuDNN algorithms (GPU runs that must repeat bit for bit, e.g. kill-and-resume)");
   CLI11_PARSE(app, argc, argv);
 
   return dw::run_worker_main([&]() -> int {
     torch::set_num_threads(threads);
-    auto rt = dw::init();
+    if (deterministic) {
+      at::globalContext().setDeterministicCuDNN(true);
+      at::globalContext().setBenchmarkCuDNN(false);
+    }
+    dw::RuntimeOptions ro;
+    ro.device = device_flag == "cuda" ? dw::DeviceKind::Cuda : device_flag == "auto" ? dw::DeviceKind::Auto
+                                                                                    : dw::DeviceKind::Cpu;
+    ro.real_communicator_at_world_size_1 = force_collective;
+    auto rt = dw::init(ro);
     const int rank = rt->rank(), world = rt->world_size();
+    // Tensors live where the communicator works: the runtime picked (and bound) this rank's GPU.
+    const torch::Device device = rt->on_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rt->cuda_device()))
+                                               : torch::Device(torch::kCPU);
+    if (device.is_cuda() && !torch::cuda::is_available())
+      throw dw::WorkerError("the runtime chose CUDA but this LibTorch sees no CUDA device (a CPU-only LibTorch "
+                            "build?); run with --device cpu");
 
     torch::manual_seed(seed);
     Net net(channels, hidden, depth, bn);
@@ -186,10 +210,15 @@ int main(int argc, char** argv) {
       torch::NoGradGuard ng;
       for (auto& p : net->parameters()) p.add_(0.125);
     }
+    net->to(device);  // after the CPU-side initialisation: the same initial state on every device
     // Data: the same on every rank, from a generator of its own seed.
     torch::manual_seed(seed + 1);
-    const auto X = torch::randn({samples, 3, image, image});
-    const auto Y = torch::randint(0, 10, {samples});
+    const auto X = torch::randn({samples, 3, image, image}).to(device);
+    const auto Y = torch::randint(0, 10, {samples}).to(device);
+    // Timing on a GPU waits for the step's kernels (the PyTorch side does the same).
+    auto sync_device = [&] {
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    };
 
     lt::DdpOptions opts;
     opts.find_unused_parameters = find_unused;
@@ -240,6 +269,7 @@ int main(int argc, char** argv) {
         std::fflush(stderr);
         std::raise(SIGKILL);
       }
+      if (time_steps) sync_device();
       const auto t0 = std::chrono::steady_clock::now();
       const std::clock_t c0 = std::clock();
       sampler.set_epoch(static_cast<uint64_t>(step) / batches);
@@ -253,7 +283,7 @@ int main(int argc, char** argv) {
         opt.zero_grad(/*set_to_none=*/optimizer_zero_grad);
       else
         ddp->zero_grad();
-      const auto all = torch::tensor(ids, torch::kLong);
+      const auto all = torch::tensor(ids, torch::kLong).to(device);
       for (int a = 0; a < accum; ++a) {
         const auto part = all.narrow(0, static_cast<int64_t>(a) * batch, batch);
         const auto x = X.index_select(0, part), y = Y.index_select(0, part);
@@ -270,6 +300,7 @@ int main(int argc, char** argv) {
         }
       }
       opt.step();
+      if (time_steps) sync_device();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (step - start >= warmup) timed_s += dt, cpu_s += double(std::clock() - c0) / CLOCKS_PER_SEC, ++timed;
       if (!checkpoint_dir.empty() && checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 && rank == 0) {

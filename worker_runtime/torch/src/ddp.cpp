@@ -60,6 +60,7 @@ struct DdpEngine::State {
   at::TensorOptions grad_options;
   DType dtype = DType::F32;
   bool on_cuda = false;
+  c10::DeviceIndex device_index = -1;  // the parameters' CUDA device
 
   // Layout: the Reducer's registration order; gradients lie in the flat buffer in this order
   // (so every bucket is one contiguous range, reduced in place).
@@ -113,7 +114,8 @@ struct DdpEngine::State {
   void stream_prologue() {
 #if DDPRUN_TORCH_HAVE_CUDA
     if (on_cuda && comm.stream_ordered()) {
-      comm.set_compute_stream(c10::cuda::getCurrentCUDAStream().stream());
+      // The parameters' device's current stream, not the calling thread's current device's.
+      comm.set_compute_stream(c10::cuda::getCurrentCUDAStream(device_index).stream());
       comm.comm_waits_for_compute();
     }
 #endif
@@ -226,6 +228,7 @@ DdpEngine::DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& 
     if (s.params[i].is_sparse()) throw DdpError("DDP: parameter '" + s.names[i] + "' is sparse (unsupported)");
   }
   s.on_cuda = device.is_cuda();
+  s.device_index = device.index();
 #if !DDPRUN_TORCH_HAVE_CUDA
   if (s.on_cuda)
     throw DdpError("DDP: the module is on " + device.str() +

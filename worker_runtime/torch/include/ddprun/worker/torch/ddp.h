@@ -33,8 +33,12 @@
 //    sum. Forward without grad mode (evaluation) arms nothing.
 //  * Devices: CPU tensors go through host communicators (Gloo, shared memory). CUDA tensors
 //    need a stream-ordered communicator (NCCL): collectives run on its side stream after an
-//    event on the current CUDA stream, and the current stream waits for them at the end of
-//    backward (only built when both LibTorch and the core have CUDA).
+//    event on the current CUDA stream of the parameters' device (as of the forward), and that
+//    stream waits for them at the end of backward, without blocking the host (only built when
+//    both LibTorch and the core have CUDA). Run forward and backward on one stream.
+//  * World size 1: no communication unless DdpOptions::force_collective (which buckets and
+//    all-reduces anyway, as PyTorch's DDP does; on the CPU it needs a real communicator, see
+//    RuntimeOptions::real_communicator_at_world_size_1).
 //
 // Contracts: all parameters that require grad share one dtype (f32, f64, f16 or bf16) and one
 // device; the module's structure is fixed after wrapping; the same sequence of forward /
