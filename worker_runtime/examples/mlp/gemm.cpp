@@ -166,8 +166,15 @@ class Pool {
     cv_.notify_all();
     for (auto& t : workers_) t.join();
     workers_.clear();
-    stop_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    uint64_t start = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = false;
+      start = gen_;
+    }
+    // A new worker waits for the next run(), not the generation that stopped its predecessors
+    // (it would run a stale fn_).
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, start] { loop(i, start); });
   }
   void run(int n, const std::function<void(int)>& fn) {
     const int parts = size();
@@ -179,6 +186,7 @@ class Pool {
       std::lock_guard<std::mutex> lk(mu_);
       fn_ = &fn;
       tasks_ = n;
+      parts_ = parts;
       pending_ = parts - 1;
       ++gen_;
     }
@@ -189,15 +197,14 @@ class Pool {
   }
 
  private:
-  void loop(int part) {
-    uint64_t seen = 0;
+  void loop(int part, uint64_t seen) {
     for (;;) {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return gen_ != seen; });
       seen = gen_;
       if (stop_) return;
       const auto* fn = fn_;
-      const int n = tasks_, parts = size();
+      const int n = tasks_, parts = parts_;  // read under the lock: resize() changes workers_
       lk.unlock();
       for (int i = part; i < n; i += parts) (*fn)(i);
       lk.lock();
@@ -208,7 +215,7 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int)>* fn_ = nullptr;
-  int tasks_ = 0, pending_ = 0;
+  int tasks_ = 0, parts_ = 1, pending_ = 0;
   uint64_t gen_ = 0;
   bool stop_ = false;
 };
