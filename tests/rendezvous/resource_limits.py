@@ -122,10 +122,10 @@ def pump_joins(conns, quiet_s):
                 c[3] = {ROUND: "round", ERROR: "error"}.get(c[2][4], "other")
 
 
-def join_and_read(port, run_id, timeout_s=30.0):
-    """One JOIN, its reply's type and raw bytes."""
+def join_and_read(port, run_id, timeout_s=30.0, frame=None):
+    """One JOIN (of run_id, or `frame` as is), the socket and the reply frame's payload."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-    s.sendall(join_bytes(run_id))
+    s.sendall(frame or join_bytes(run_id))
     head = b""
     while len(head) < 4:
         chunk = s.recv(4 - len(head))
@@ -235,6 +235,13 @@ def job_limit(binary):
         held.append(s)
     s, body = join_and_read(d.port, "one-too-many")
     check(body[:1] == bytes([ERROR]) and b"--max-jobs" in body, "a JOIN for a 4th job gets an ERROR naming --max-jobs")
+    if s is not None:
+        s.close()
+    # A job that would wait for a second node opens no store: it is counted all the same.
+    two_nodes = (join_bytes("gathering").replace(blob("max_nodes") + blob("1"), blob("max_nodes") + blob("2"))
+                 .replace(blob("min_nodes") + blob("1"), blob("min_nodes") + blob("2")))
+    s, body = join_and_read(d.port, None, frame=two_nodes)
+    check(body[:1] == bytes([ERROR]), "a JOIN for a 4th job still gathering its nodes gets an ERROR too")
     if s is not None:
         s.close()
     held.pop().close()

@@ -531,7 +531,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           t.rdzv_out.clear();
           std::string refusal;
           try {
+            const size_t jobs_before = rounds.num_jobs();
             rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
+            // A job still gathering its nodes opens no store (open() checks the others).
+            if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) refusal = jobs_limit_message();
           } catch (const std::exception& e) {
             // The job limit (open()) or no descriptor for its store: this agent is refused;
             // its connection's close makes the rounds forget what the JOIN began.
@@ -794,6 +797,11 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     }
   }
 
+  std::string jobs_limit_message() const {
+    return "the rendezvous server runs " + std::to_string(options.max_jobs) +
+           " jobs, its limit (ddprund --max-jobs); try again when one ends, or raise the limit";
+  }
+
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override {
     if (fixed_port) {
@@ -805,9 +813,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                     round, bound_port.load());
       return bound_port;
     }
-    if (rounds.num_jobs() > options.max_jobs)
-      throw std::runtime_error("the rendezvous server runs " + std::to_string(options.max_jobs) +
-                               " jobs, its limit (ddprund --max-jobs); try again when one ends, or raise the limit");
+    if (rounds.num_jobs() > options.max_jobs) throw std::runtime_error(jobs_limit_message());
     auto ks = std::make_unique<Keyspace>(options.store);
     ks->name = run_id + "/round " + std::to_string(round);
     // Same address as the main listener, any free port. Out of descriptors, this throws: the
