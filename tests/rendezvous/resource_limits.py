@@ -210,19 +210,29 @@ def conns_past_fd_limit(binary):
 def warning_flood(binary):
     d = start_daemon(binary)
     start = time.monotonic()
-    n = 2000
-    for i in range(n):
+
+    def bad_connection():
         c = RawConn(d.host, d.port)
         c.send(bytes([200]))  # an unknown command byte: closed as bad input
         c.is_closed_by_peer(30.0)
         c.close()
+
+    n = 2000
+    for _ in range(n):
+        bad_connection()
+    # The count of the lines left out rides on the next line shown, a second after the first:
+    # keep misbehaving until it appears (bounded).
+    deadline = time.monotonic() + 60
+    while not any("more like it" in w for w in warning_lines(d, "closing connection")) and time.monotonic() < deadline:
+        for _ in range(50):
+            bad_connection()
+            n += 1
     elapsed = time.monotonic() - start
     still_serves(d, f"{n} bad connections")
     warns = warning_lines(d, "closing connection")
     log(f"  {len(warns)} 'closing connection' lines for {n} bad connections in {elapsed:.1f}s")
     check(len(warns) <= 2 * (elapsed + 2), "bad-peer warnings are rate-limited (about one a second)")
-    check(any("more like it" in w for w in warns) or len(warns) == n,
-          "a later line counts the ones left out")
+    check(any("more like it" in w for w in warns), "a later line counts the ones left out")
     check_eq(d.stop(), 0, "ddprund exit code after SIGTERM")
 
 
