@@ -30,6 +30,8 @@ struct DaemonOptions {
   uint64_t max_jobs = ddprun::server::kDefaultMaxJobs;
   uint64_t max_connection_buffered_bytes = ddprun::server::kDefaultMaxConnectionBufferedBytes;
   uint64_t max_buffered_bytes = ddprun::server::kDefaultMaxBufferedBytes;
+  // Limits given on the command line; the others follow --max-value-len up when it needs it.
+  bool reply_given = false, conn_buffer_given = false, buffer_given = false;
 };
 
 void setup_options(CLI::App& app, DaemonOptions& o) {
@@ -98,14 +100,15 @@ int run(const DaemonOptions& o) {
   so.limits.max_request_bytes =
       o.max_request_bytes > 0 ? o.max_request_bytes
                               : std::max(so.limits.max_request_bytes, ddprun::server::min_request_bytes(so.limits));
-  so.store.max_reply_bytes = o.max_reply_bytes;
+  so.store.max_reply_bytes = o.reply_given ? o.max_reply_bytes : std::max(o.max_reply_bytes, o.max_value_len + 16);
   so.store.max_keys = o.max_store_keys;
   so.store.max_bytes = o.max_store_bytes;
   so.store.max_value_len = o.max_value_len;
   so.max_connections = o.max_connections;
   so.max_jobs = o.max_jobs;
-  so.max_connection_buffered_bytes = o.max_connection_buffered_bytes;
-  so.max_buffered_bytes = o.max_buffered_bytes;
+  so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
+                                                         : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
+  so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
 
   sigset_t set;
@@ -146,6 +149,9 @@ int main(int argc, char** argv) {
   setup_options(app, opts);
   try {
     app.parse(argc, argv);
+    opts.reply_given = app.count("--max-reply-bytes") > 0;
+    opts.conn_buffer_given = app.count("--max-connection-buffered-bytes") > 0;
+    opts.buffer_given = app.count("--max-buffered-bytes") > 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
