@@ -110,6 +110,9 @@ void Agent::prepare_log_root() {
 // hosting was not asked for), or an error.
 void Agent::host_server() {
   if (!plan_.host_server) return;
+  // Each connection costs the server a descriptor: take the hard limit, as ddprund does (at
+  // the default soft limit of 1024 a few hundred strangers used to exhaust it).
+  server::raise_fd_limit();
   auto start_on = [&](uint16_t port) {
     server::StoreServerOptions so;
     so.host = plan_.listen_host;

@@ -4,7 +4,9 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <thread>
 
 #include "ddprun/server/store_server.h"
@@ -19,6 +21,17 @@ struct DaemonOptions {
   int threads = 0;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
+  uint64_t max_keys = ddprun::wire::Limits{}.max_keys;
+  uint64_t max_request_bytes = 0;  // 0: the default, or enough for the longest key and value
+  uint64_t max_reply_bytes = ddprun::store::kDefaultMaxReplyBytes;
+  uint64_t max_store_keys = ddprun::store::kDefaultMaxKeysPerStore;
+  uint64_t max_store_bytes = ddprun::store::kDefaultMaxBytesPerStore;
+  uint64_t max_connections = ddprun::server::kDefaultMaxConnections;
+  uint64_t max_jobs = ddprun::server::kDefaultMaxJobs;
+  uint64_t max_connection_buffered_bytes = ddprun::server::kDefaultMaxConnectionBufferedBytes;
+  uint64_t max_buffered_bytes = ddprun::server::kDefaultMaxBufferedBytes;
+  // Limits given on the command line; the others follow --max-value-len up when it needs it.
+  bool reply_given = false, conn_buffer_given = false, buffer_given = false;
 };
 
 void setup_options(CLI::App& app, DaemonOptions& o) {
@@ -31,6 +44,38 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--max-key-len", o.max_key_len, "longest key accepted, bytes")->capture_default_str();
   app.add_option("--max-value-len", o.max_value_len, "longest value accepted, bytes")->capture_default_str();
+  app.add_option("--max-keys-per-request", o.max_keys, "most keys one CHECK/WAIT/MULTI_GET/MULTI_SET may name")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-request-bytes", o.max_request_bytes,
+                 "largest request accepted, bytes (default " + std::to_string(ddprun::wire::Limits{}.max_request_bytes) +
+                     ", or more when --max-value-len needs it)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-reply-bytes", o.max_reply_bytes,
+                 "largest reply one request may ask for (MULTI_GET, LIST_KEYS), bytes; a request past it is refused")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-store-keys", o.max_store_keys, "keys (and queues) one store may hold: the main one, each job's")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-store-bytes", o.max_store_bytes, "bytes of keys and values one store may hold")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections", o.max_connections,
+                 "open connections in all (also kept below the descriptor limit); past it new ones are closed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-jobs", o.max_jobs, "rendezvous jobs at once; a JOIN for one more gets an error")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connection-buffered-bytes", o.max_connection_buffered_bytes,
+                 "bytes queued for one peer that does not read them before it is dropped")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-buffered-bytes", o.max_buffered_bytes,
+                 "bytes of partly received requests of all connections together")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
@@ -40,25 +85,30 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
 }
 
-// Thousands of clients need thousands of descriptors: take the hard limit.
-void raise_fd_limit() {
-  rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
-}
-
 int run(const DaemonOptions& o) {
   spdlog::set_level(spdlog::level::from_str(o.log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
-  raise_fd_limit();
+  ddprun::server::raise_fd_limit();
   ddprun::server::StoreServerOptions so;
   so.host = o.host;
   so.port = o.port;
   so.legacy_dialect = o.legacy_dialect == "2.1" ? ddprun::wire::Dialect::D1 : ddprun::wire::Dialect::D0;
   so.limits.max_key_len = o.max_key_len;
   so.limits.max_value_len = o.max_value_len;
+  so.limits.max_keys = o.max_keys;
+  // A longer --max-value-len raises the request limit with it (it used to cap it silently).
+  so.limits.max_request_bytes =
+      o.max_request_bytes > 0 ? o.max_request_bytes
+                              : std::max(so.limits.max_request_bytes, ddprun::server::min_request_bytes(so.limits));
+  so.store.max_reply_bytes = o.reply_given ? o.max_reply_bytes : std::max(o.max_reply_bytes, o.max_value_len + 16);
+  so.store.max_keys = o.max_store_keys;
+  so.store.max_bytes = o.max_store_bytes;
+  so.store.max_value_len = o.max_value_len;
+  so.max_connections = o.max_connections;
+  so.max_jobs = o.max_jobs;
+  so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
+                                                         : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
+  so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
 
   sigset_t set;
@@ -71,6 +121,9 @@ int run(const DaemonOptions& o) {
   ddprun::server::StoreServer server(so);
   try {
     server.start();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ddprund: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddprund: %s. Choose another --port, or 0 for a free one.\n", e.what());
     return 1;
@@ -96,6 +149,9 @@ int main(int argc, char** argv) {
   setup_options(app, opts);
   try {
     app.parse(argc, argv);
+    opts.reply_given = app.count("--max-reply-bytes") > 0;
+    opts.conn_buffer_given = app.count("--max-connection-buffered-bytes") > 0;
+    opts.buffer_given = app.count("--max-buffered-bytes") > 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -218,3 +218,52 @@ TEST_CASE("IntegerReadsCountersLikeAdd", "[state]") {
   h.call(1, Op::Set, {"txt"}, {"abc"});
   CHECK_FALSE(h.state.integer("txt").has_value());
 }
+
+TEST_CASE("StoreLimitsRefuseWithoutChangingAnything", "[state][limits]") {
+  store::StoreLimits lim;
+  lim.max_keys = 3;
+  lim.max_bytes = 100;
+  lim.max_reply_bytes = 64;
+  lim.max_value_len = 40;
+  Harness h{store::StoreState(lim)};
+  h.call(1, Op::Set, {"a"}, {std::string(30, 'x')});
+  REQUIRE_FALSE(h.last.close);
+  CHECK(h.state.bytes() == 31);
+  // A MULTI_GET naming one value often enough to pass the reply limit: refused, not built.
+  h.call(1, Op::MultiGet, {"a", "a", "a"});
+  CHECK(h.last.close);
+  CHECK(h.last.error.find("--max-reply-bytes") != std::string::npos);
+  CHECK(h.reply.empty());
+  h.call(1, Op::MultiGet, {"a"});
+  CHECK_FALSE(h.last.close);
+  // APPEND past the value limit.
+  h.call(1, Op::Append, {"a"}, {std::string(20, 'y')});
+  CHECK(h.last.close);
+  CHECK(h.state.bytes() == 31);
+  // Bytes per store.
+  h.call(1, Op::Set, {"b"}, {std::string(40, 'x')});
+  REQUIRE_FALSE(h.last.close);
+  h.call(1, Op::Set, {"c"}, {std::string(40, 'x')});
+  CHECK(h.last.close);
+  CHECK(h.last.error.find("--max-store-bytes") != std::string::npos);
+  CHECK_FALSE(h.state.contains("c"));
+  // Replacing a value by a smaller one is always allowed; deleting frees its bytes.
+  h.call(1, Op::Set, {"b"}, {"small"});
+  CHECK_FALSE(h.last.close);
+  h.call(1, Op::DeleteKey, {"b"});
+  CHECK(h.state.bytes() == 31);
+  // Keys (and queues) per store.
+  h.call(1, Op::Set, {"d"}, {"1"});
+  h.call(1, Op::QueuePush, {"q"}, {"item"});
+  REQUIRE_FALSE(h.last.close);
+  h.call(1, Op::Add, {"e"}, {}, 1);
+  CHECK(h.last.close);
+  CHECK(h.last.error.find("--max-store-keys") != std::string::npos);
+  h.call(1, Op::QueuePop, {"q"});
+  CHECK_FALSE(h.last.close);
+  CHECK(h.state.bytes() == 31 + 2);
+  h.call(1, Op::Add, {"e"}, {}, 1);
+  CHECK_FALSE(h.last.close);
+  h.state.clear();
+  CHECK(h.state.bytes() == 0);
+}

@@ -12,6 +12,8 @@
 #include <boost/asio.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <utility>
 #include <string_view>
 #include <map>
 #include <set>
@@ -84,6 +86,51 @@ bool adaptive_state_lock() {
   return ::ddprun::knobs::get(::ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
 }
 
+// Warnings about peers (bad bytes, limits, accept errors) are what a stranger controls: at most
+// one line per second per kind, the next one saying how many were left out, so a fuzzer or a
+// connection flood cannot fill the console of the job the server runs in.
+enum class Warn { BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, kCount };
+class WarnLimiter {
+ public:
+  // `line` is called only when the line is printed.
+  template <class F>
+  void warn(Warn kind, F&& line) {
+    uint64_t left_out = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto& k = kinds_[static_cast<size_t>(kind)];
+      const auto now = std::chrono::steady_clock::now();
+      if (k.printed && now - k.last < kPeriod) {
+        ++k.left_out;
+        return;
+      }
+      k.printed = true;
+      k.last = now;
+      left_out = std::exchange(k.left_out, 0);
+    }
+    if (left_out > 0)
+      spdlog::warn("{} ({} more like it since the last one shown)", line(), left_out);
+    else
+      spdlog::warn("{}", line());
+  }
+
+ private:
+  static constexpr auto kPeriod = std::chrono::seconds(1);
+  struct Kind {
+    bool printed = false;
+    std::chrono::steady_clock::time_point last{};
+    uint64_t left_out = 0;
+  };
+  std::mutex mu_;
+  Kind kinds_[static_cast<size_t>(Warn::kCount)];
+};
+
+// Accept errors that mean "no descriptor or memory now": the connection waits in the backlog
+// while the server pauses accepting this long (closing connections frees descriptors).
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
+// Descriptors kept out of --max-connections: listeners of the jobs' stores, logs, pipes.
+constexpr uint64_t kReservedDescriptors = 64;
+
 int resolve_io_threads(int wanted) {
   if (wanted > 0) return wanted;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -119,6 +166,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // per rendezvous round for that round's workers, so every attempt starts empty and no
   // worker of an old attempt can reach the new one's keys.
   struct Keyspace {
+    explicit Keyspace(const store::StoreLimits& limits) : state(limits) {}
     std::vector<std::unique_ptr<tcp::acceptor>> acceptors;  // [i] belongs to threads[i]
     store::StoreState state;
     std::string name;
@@ -138,7 +186,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // mu by revoke_connections_locked
     std::atomic<bool> agent{false};
     wire::Dialect dialect = wire::Dialect::Unknown;
-    std::vector<uint8_t> in;
+    std::vector<uint8_t> in;  // its size counts in Impl::buffered
+    wire::RequestFramer framer;  // how far the request at the start of `in` has been framed
+    bool draining = false;       // refused: its last reply is queued, it reads nothing more
     size_t in_size = 0;
     size_t need_total = 0;
     size_t chunk = kSmallReadChunk;
@@ -152,6 +202,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     bool close_when_flushed = false;
     bool writer_busy = false;  // its thread has an async write in flight (which flushes again)
     bool fd_closed = false;    // its thread closed (or is closing) the socket
+    bool overflowed = false;   // its outbox passed the limit: dropped, a close is posted
     // queued on some thread's to_flush/remote list and not flushed yet
     std::atomic<bool> flush_posted{false};
   };
@@ -159,7 +210,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   explicit Impl(StoreServerOptions o) : options(std::move(o)) {
     const int n = resolve_io_threads(options.io_threads);
     for (int i = 0; i < n; ++i) threads.push_back(std::make_unique<IoThread>());
-    main_ks = std::make_unique<Keyspace>();
+    main_ks = std::make_unique<Keyspace>(options.store);
     main_ks->name = "main";
     tick_timer.emplace(control());
   }
@@ -195,6 +246,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   ConnId next_id = 1;
   std::atomic<uint16_t> bound_port{0};
   std::atomic<uint64_t> accepted{0}, closed_bad{0}, open_conns{0}, agents{0};
+  std::atomic<uint64_t> refused_over_limit{0}, accept_errors{0};
+  std::atomic<uint64_t> buffered{0};  // bytes of every connection's input buffer
+  uint64_t max_conns = 0;             // options.max_connections within the descriptor limit (start())
+  WarnLimiter warns;
   std::atomic<bool> started{false}, stopped{false};
   tcp::endpoint bound_endpoint;
 
@@ -292,34 +347,89 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     IoThread* t = threads[i].get();
     tcp::acceptor& acceptor = *ks->acceptors[i];
     acceptor.async_accept([this, ks, i, t](boost::system::error_code ec, tcp::socket sock) {
-      tcp::acceptor& a = *ks->acceptors[i];
-      if (ec == asio::error::operation_aborted || !a.is_open()) return;
-      if (ec) {
-        // EMFILE and the like: the connection waits in the backlog; try again shortly.
-        spdlog::warn("[ddprund] accept failed on the {} store: {}; retrying", ks->name, ec.message());
-        auto timer = std::make_shared<asio::steady_timer>(t->io, std::chrono::milliseconds(10));
-        timer->async_wait([this, ks, i, timer](boost::system::error_code e2) {
-          if (!e2) do_accept(ks, i);
-        });
-        return;
+      try {
+        on_accept(ks, i, t, ec, std::move(sock));
+      } catch (const std::exception& e) {
+        // Nothing of the new connection is registered yet (or it was closed): keep accepting.
+        warns.warn(Warn::Exception, [&] { return fmt::format("[ddprund] accept on the {} store: {}", ks->name, e.what()); });
+        retry_accept_later(ks, i, t);
       }
-      auto c = std::make_shared<Connection>(std::move(sock), ks, t);
-      bool refused = false;
-      {
-        std::lock_guard lock(mu);
-        refused = ks->discarded;
-        if (!refused) {
-          c->id = next_id++;
-          conns.emplace(c->id, c);
-        }
-      }
-      if (!refused) {
-        ++accepted;
-        ++open_conns;
-        start_read(c);
-      }
-      do_accept(ks, i);
     });
+  }
+
+  void retry_accept_later(Keyspace* ks, size_t i, IoThread* t) {
+    auto timer = std::make_shared<asio::steady_timer>(t->io, kAcceptBackoff);
+    timer->async_wait([this, ks, i, timer](boost::system::error_code e2) {
+      if (e2 || !ks->acceptors[i]->is_open()) return;
+      try {
+        do_accept(ks, i);
+      } catch (const std::exception& e) {
+        warns.warn(Warn::Exception, [&] { return fmt::format("[ddprund] accept on the {} store: {}", ks->name, e.what()); });
+      }
+    });
+  }
+
+  void on_accept(Keyspace* ks, size_t i, IoThread* t, boost::system::error_code ec, tcp::socket sock) {
+    tcp::acceptor& a = *ks->acceptors[i];
+    if (ec == asio::error::operation_aborted || !a.is_open()) return;
+    if (ec) {
+      ++accept_errors;
+      // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection waits in the backlog; pause briefly so
+      // a descriptor can come free instead of spinning on the error. Others (ECONNABORTED: the
+      // peer gave up) concern one connection only.
+      const bool exhausted = ec.value() == EMFILE || ec.value() == ENFILE || ec.value() == ENOBUFS || ec.value() == ENOMEM;
+      warns.warn(Warn::Accept, [&] {
+        return fmt::format("[ddprund] accept failed on the {} store: {}{}", ks->name, ec.message(),
+                           exhausted ? "; pausing accepts briefly (raise the descriptor limit or lower --max-connections)" : "");
+      });
+      if (exhausted) retry_accept_later(ks, i, t);
+      else do_accept(ks, i);
+      return;
+    }
+    if (open_conns.load() >= max_conns) {
+      ++refused_over_limit;
+      boost::system::error_code e;
+      const auto ep = sock.remote_endpoint(e);
+      sock.close(e);
+      warns.warn(Warn::ConnectionLimit, [&] {
+        return fmt::format("[ddprund] {} connections open, the limit (--max-connections {} within the descriptor limit): "
+                           "closed a new one from {}",
+                           open_conns.load(), max_conns, e ? std::string("?") : ep.address().to_string());
+      });
+      do_accept(ks, i);
+      return;
+    }
+    auto c = std::make_shared<Connection>(std::move(sock), ks, t);
+    bool refused = false;
+    {
+      std::lock_guard lock(mu);
+      refused = ks->discarded;
+      if (!refused) {
+        c->id = next_id++;
+        conns.emplace(c->id, c);
+      }
+    }
+    if (!refused) {
+      ++accepted;
+      ++open_conns;
+      guarded(c, [&] { start_read(c); });
+    }
+    do_accept(ks, i);
+  }
+
+  // Runs `fn` for connection c on its thread: an exception closes c only.
+  template <class F>
+  void guarded(const ConnPtr& c, F&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      try {
+        warns.warn(Warn::Exception, [&] { return fmt::format("[ddprund] connection {}: {}; closing it", c->id, e.what()); });
+        close(c, "", false);
+      } catch (...) {
+        // Out of memory while closing: the socket closes with its last reference.
+      }
+    }
   }
 
   // ---- reading and dispatch (the connection's thread) ----
@@ -329,7 +439,17 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // (doubling what is buffered), so announced-but-unsent megabytes cost nothing.
     size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
     size_t want = std::max(c->chunk, std::min(missing, std::max(c->in_size, kReadChunk)));
-    if (c->in.size() < c->in_size + want) c->in.resize(c->in_size + want);
+    if (c->in.size() < c->in_size + want) {
+      const size_t grow = c->in_size + want - c->in.size();
+      if (buffered.fetch_add(grow) + grow > options.max_buffered_bytes) {
+        buffered -= grow;
+        closed_for_limit(c, Warn::BufferLimit,
+                         fmt::format("partly received requests of all connections would pass {} bytes (--max-buffered-bytes)",
+                                     options.max_buffered_bytes));
+        return;
+      }
+      c->in.resize(c->in_size + want);
+    }
     c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want),
                               [this, c](boost::system::error_code ec, size_t n) {
                                 if (c->closed) return;
@@ -339,14 +459,16 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                                 }
                                 c->in_size += n;
                                 if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
-                                process(c);
-                                start_read(c);
+                                guarded(c, [&] {
+                                  process(c);
+                                  start_read(c);
+                                });
                               });
   }
 
   // Parses every complete request in the buffer and applies them under one lock.
   void process(const ConnPtr& c) {
-    if (c->in_size < c->need_total) return;
+    if (c->draining || c->in_size < c->need_total) return;
     c->need_total = 0;
     IoThread& t = *c->thread;
     size_t pos = 0;
@@ -373,7 +495,23 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       std::unique_lock lock(mu, std::defer_lock);
       while (pos < c->in_size) {
         std::span<const uint8_t> rest{c->in.data() + pos, c->in_size - pos};
+        if (!c->agent) {
+          // Frame first, resuming where the last read stopped; parse once the request is whole.
+          // Parsing from its start on every read made a 64 MiB request cost 21 s of CPU.
+          auto framed = c->framer.scan(rest, c->dialect, options.limits);
+          if (framed.status == wire::ParseStatus::NeedMore) {
+            c->need_total = framed.need_total;
+            break;
+          }
+          if (framed.status == wire::ParseStatus::Bad) {
+            bad = framed.error;
+            break;
+          }
+          rest = rest.first(framed.consumed);
+          c->framer.reset();
+        }
         auto res = c->agent ? rdzv::parse_message(rest, t.msg) : wire::parse_request(rest, c->dialect, options.limits, t.req);
+        if (res.status == wire::ParseStatus::NeedMore && !c->agent) res = {wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"};
         if (res.status == wire::ParseStatus::NeedMore) {
           c->need_total = res.need_total;
           break;
@@ -391,13 +529,40 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         }
         if (c->agent) {
           t.rdzv_out.clear();
-          rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
+          std::string refusal;
+          try {
+            const size_t jobs_before = rounds.num_jobs();
+            rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
+            // A job still gathering its nodes opens no store (open() checks the others).
+            if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) refusal = jobs_limit_message();
+          } catch (const std::exception& e) {
+            // The job limit (open()) or no descriptor for its store: this agent is refused;
+            // its connection's close makes the rounds forget what the JOIN began.
+            refusal = e.what();
+          }
+          if (!refusal.empty()) {
+            t.rdzv_out.clear();
+            std::string bytes;
+            rdzv::encode(rdzv::Error{.message = refusal}, bytes);
+            append_locked(t, c, bytes, true);
+            c->draining = true;
+            warns.warn(Warn::JobLimit, [&] { return fmt::format("[ddprund] refused agent connection {}: {}", c->id, refusal); });
+            break;
+          }
           route_locked(t, t.rdzv_out);
           continue;
         }
         t.others.clear();
         t.reply.clear();
-        auto applied = c->ks->state.apply(c->id, c->dialect, t.req, t.reply, t.others);
+        store::ApplyResult applied;
+        try {
+          applied = c->ks->state.apply(c->id, c->dialect, t.req, t.reply, t.others);
+        } catch (const std::bad_alloc&) {
+          applied = {true, "out of memory while serving it"};
+          t.reply.clear();
+          t.reply.shrink_to_fit();
+          t.others.clear();
+        }
         if (applied.close) {
           bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
           break;
@@ -421,6 +586,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
     }
     if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) {
+      buffered -= c->in.size() - kReadChunk;
       c->in.resize(kReadChunk);
       c->in.shrink_to_fit();
     }
@@ -434,6 +600,21 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   void append_locked(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false) {
     {
       std::lock_guard out_lock(target->out_mu);
+      if (target->overflowed || target->fd_closed) return;
+      if (target->out.size() + bytes.size() > options.max_connection_buffered_bytes) {
+        // Its peer does not read what it asks for: drop it rather than buffer without end.
+        target->overflowed = true;
+        std::string().swap(target->out);
+        asio::post(target->thread->io, [this, target] {
+          guarded(target, [&] {
+            closed_for_limit(target, Warn::BufferLimit,
+                             fmt::format("more than {} bytes queued for a peer that does not read them "
+                                         "(--max-connection-buffered-bytes)",
+                                         options.max_connection_buffered_bytes));
+          });
+        });
+        return;
+      }
       target->out.append(bytes);
       if (close_after) target->close_when_flushed = true;
     }
@@ -484,7 +665,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     if (!t.remote.empty()) {
       take(t.remote, [this](const ConnPtr& c, size_t n) {
         if (n <= kMaxDirectSends) send_from_here(c);
-        else asio::post(c->thread->io, [this, c] { flush(c); });
+        else asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
       });
     }
     if (!t.to_flush.empty()) take(t.to_flush, [this](const ConnPtr& c, size_t) { flush(c); });
@@ -503,7 +684,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         if (c->out.empty()) return;
       }
     }
-    asio::post(c->thread->io, [this, c] { flush(c); });
+    asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
   }
 
   void schedule_tick_locked() {
@@ -518,13 +699,17 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     tick_timer->async_wait([this](boost::system::error_code ec) {
       if (ec) return;
       IoThread& t = *threads.front();
-      {
-        std::lock_guard lock(mu);
-        t.rdzv_out.clear();
-        rounds.on_tick(std::chrono::steady_clock::now(), t.rdzv_out);
-        route_locked(t, t.rdzv_out);
+      try {
+        {
+          std::lock_guard lock(mu);
+          t.rdzv_out.clear();
+          rounds.on_tick(std::chrono::steady_clock::now(), t.rdzv_out);
+          route_locked(t, t.rdzv_out);
+        }
+        flush_pending(t);
+      } catch (const std::exception& e) {
+        warns.warn(Warn::Exception, [&] { return fmt::format("[ddprund] rendezvous tick: {}", e.what()); });
       }
-      flush_pending(t);
     });
   }
 
@@ -558,7 +743,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         close(c, "", false);
         return;
       }
-      flush(c);
+      guarded(c, [&] { flush(c); });
     });
   }
 
@@ -567,10 +752,12 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     c->closed = true;
     if (bad_input) {
       ++closed_bad;
-      boost::system::error_code e;
-      auto ep = c->socket.remote_endpoint(e);
-      const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-      spdlog::warn("[ddprund] closing connection {} from {}: {}", c->id, peer, why);
+      warns.warn(Warn::BadInput, [&] {
+        boost::system::error_code e;
+        auto ep = c->socket.remote_endpoint(e);
+        const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+        return fmt::format("[ddprund] closing connection {} from {}: {}", c->id, peer, why);
+      });
     }
     {
       std::lock_guard out_lock(c->out_mu);  // no other thread is sending on it past this point
@@ -579,6 +766,8 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
     c->socket.close(ignored);
+    buffered -= c->in.size();
+    std::vector<uint8_t>().swap(c->in);
     --open_conns;
     if (c->agent) --agents;
     IoThread& t = *c->thread;
@@ -604,8 +793,13 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     for (auto& [_, c] : conns) {
       if (c->ks != ks || c->revoked || c->agent) continue;
       c->revoked = true;
-      asio::post(c->thread->io, [this, c] { close(c, "", false); });
+      asio::post(c->thread->io, [this, c] { guarded(c, [&] { close(c, "", false); }); });
     }
+  }
+
+  std::string jobs_limit_message() const {
+    return "the rendezvous server runs " + std::to_string(options.max_jobs) +
+           " jobs, its limit (ddprund --max-jobs); try again when one ends, or raise the limit";
   }
 
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
@@ -619,10 +813,16 @@ struct StoreServer::Impl : rdzv::WorkerStores {
                     round, bound_port.load());
       return bound_port;
     }
-    auto ks = std::make_unique<Keyspace>();
+    if (rounds.num_jobs() > options.max_jobs) throw std::runtime_error(jobs_limit_message());
+    auto ks = std::make_unique<Keyspace>(options.store);
     ks->name = run_id + "/round " + std::to_string(round);
-    // Same address as the main listener, any free port.
-    bind(*ks, options.host, 0);
+    // Same address as the main listener, any free port. Out of descriptors, this throws: the
+    // joining agent gets an ERROR (process()), the server goes on.
+    try {
+      bind(*ks, options.host, 0);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("cannot open the workers' store of job ") + run_id + ": " + e.what());
+    }
     const uint16_t port = ks->acceptors.front()->local_endpoint().port();
     start_accepting(ks.get());
     round_ks[{run_id, round}] = std::move(ks);
@@ -653,7 +853,39 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   }
 
   // ---- lifecycle ----
+  // A connection closed for a limit: counted and logged as bad input (rate-limited).
+  void closed_for_limit(const ConnPtr& c, Warn kind, const std::string& why) {
+    ++closed_bad;
+    warns.warn(kind, [&] { return fmt::format("[ddprund] closing connection {}: {}", c->id, why); });
+    close(c, "", false);
+  }
+
+  void check_limits() const {
+    const auto& l = options.limits;
+    if (l.max_request_bytes < min_request_bytes(l))
+      throw std::invalid_argument("a request limit of " + std::to_string(l.max_request_bytes) +
+                                  " bytes cannot hold a SET of the longest key and value (" +
+                                  std::to_string(min_request_bytes(l)) +
+                                  " bytes): raise --max-request-bytes or lower --max-value-len/--max-key-len");
+    if (options.store.max_reply_bytes < l.max_value_len + 16)
+      throw std::invalid_argument("a reply limit of " + std::to_string(options.store.max_reply_bytes) +
+                                  " bytes cannot carry the longest value (" + std::to_string(l.max_value_len) +
+                                  "): raise --max-reply-bytes or lower --max-value-len");
+    if (options.max_connection_buffered_bytes < options.store.max_reply_bytes)
+      throw std::invalid_argument("--max-connection-buffered-bytes must be at least --max-reply-bytes");
+    if (options.max_buffered_bytes < l.max_request_bytes)
+      throw std::invalid_argument("--max-buffered-bytes must be at least --max-request-bytes");
+  }
+
   void start() {
+    check_limits();
+    {
+      rlimit rl{};
+      uint64_t fds = UINT64_MAX;
+      if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        fds = rl.rlim_cur > 2 * kReservedDescriptors ? rl.rlim_cur - kReservedDescriptors : rl.rlim_cur / 2;
+      max_conns = std::min<uint64_t>(options.max_connections, fds);
+    }
     if (threads.size() > 1) presize_descriptor_table();
     listen();
     start_accepting(main_ks.get());
@@ -680,7 +912,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         std::lock_guard l(mu);
         tick_timer->cancel();
       });
-      for (auto& [_, c] : conns) asio::post(c->thread->io, [this, c] { close(c, "", false); });
+      for (auto& [_, c] : conns) asio::post(c->thread->io, [this, c] { guarded(c, [&] { close(c, "", false); }); });
     }
     // Each thread runs what was posted before its stop (FIFO), then returns.
     for (auto& t : threads) asio::post(t->io, [io = &t->io] { io->stop(); });
@@ -689,6 +921,22 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     }
   }
 };
+
+uint64_t min_request_bytes(const wire::Limits& l) {
+  // MULTI_SET of one pair: code, count, two length prefixes.
+  return 1 + 8 + 8 + l.max_key_len + 8 + l.max_value_len;
+}
+
+uint64_t raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  return rl.rlim_cur;
+}
 
 StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
@@ -720,6 +968,8 @@ StoreServerStats StoreServer::stats() const {
   s.connections_closed_for_bad_input = impl_->closed_bad;
   for (auto& t : impl_->threads) s.requests += t->requests.load(std::memory_order_relaxed);
   s.agents_connected = impl_->agents;
+  s.connections_refused_over_limit = impl_->refused_over_limit;
+  s.accept_errors = impl_->accept_errors;
   return s;
 }
 

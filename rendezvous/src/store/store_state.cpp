@@ -40,15 +40,29 @@ bool StoreState::exists(const std::string& key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
+std::optional<std::string> StoreState::over_limit(uint64_t new_keys, uint64_t more_bytes) const {
+  const uint64_t keys = kv_.size() + queues_.size();
+  if (keys + new_keys > limits_.max_keys)
+    return "the store holds " + std::to_string(keys) + " keys; the limit is " + std::to_string(limits_.max_keys) +
+           " (ddprund --max-store-keys)";
+  if (bytes_ + more_bytes > limits_.max_bytes)
+    return "the store holds " + std::to_string(bytes_) + " bytes; " + std::to_string(more_bytes) +
+           " more would pass the limit of " + std::to_string(limits_.max_bytes) + " (ddprund --max-store-bytes)";
+  return std::nullopt;
+}
+
 void StoreState::set_value(const std::string& key, std::string value, std::vector<Outgoing>& others) {
   auto it = kv_.find(key);
   if (it == kv_.end()) {
+    bytes_ += key.size() + value.size();
     auto [ins, _] = kv_.emplace(key, std::move(value));
     on_stored(key, nullptr, ins->second, others);
   } else if (watchers_.empty()) {
+    bytes_ = bytes_ - it->second.size() + value.size();
     it->second = std::move(value);
     on_stored(key, nullptr, it->second, others);
   } else {
+    bytes_ = bytes_ - it->second.size() + value.size();
     std::string old = std::move(it->second);
     it->second = std::move(value);
     on_stored(key, &old, it->second, others);
@@ -143,12 +157,20 @@ void StoreState::clear() {
   barrier_of_.clear();
   watchers_.clear();
   watched_by_.clear();
+  bytes_ = 0;
 }
 
 ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request& req, std::string& reply,
                               std::vector<Outgoing>& others) {
   (void)d;
   Writer w(reply);
+  // Room for storing `value` under `key` (replacing what is there).
+  auto room_for = [&](const std::string& key, size_t value_size) -> std::optional<std::string> {
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return over_limit(1, key.size() + value_size);
+    return over_limit(0, value_size > it->second.size() ? value_size - it->second.size() : 0);
+  };
+  auto refuse = [](const std::string& why) { return ApplyResult{true, why}; };
   switch (req.op) {
     case Op::Validate:
       return {true, "VALIDATE after the connection was already validated"};
@@ -156,12 +178,14 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       w.u32(req.u32);
       return {};
     case Op::Set:
+      if (auto why = room_for(req.keys[0], req.values[0].size())) return refuse(*why);
       set_value(req.keys[0], req.values[0], others);
       return {};
     case Op::CompareSet: {
       const std::string& key = req.keys[0];
       const std::string& expected = req.values[0];
       const std::string& desired = req.values[1];
+      if (auto why = room_for(key, desired.size())) return refuse(*why);
       auto it = kv_.find(key);
       if (it == kv_.end()) {
         if (expected.empty()) {
@@ -188,6 +212,7 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       auto it = kv_.find(req.keys[0]);
       if (it != kv_.end() && !parse_integer(it->second, current))
         return {true, "ADD on key whose value is not an integer"};
+      if (auto why = room_for(req.keys[0], 20)) return refuse(*why);
       // Two's-complement wrap, as the int64 arithmetic of PyTorch's servers.
       int64_t next = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.number));
       set_value(req.keys[0], std::to_string(next), others);
@@ -230,6 +255,7 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
             others.push_back({c, std::move(ev)});
           }
         }
+        bytes_ -= it->first.size() + it->second.size();
         kv_.erase(it);
       }
       w.i64(removed ? 1 : 0);
@@ -237,35 +263,68 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
     }
     case Op::Append: {
       auto it = kv_.find(req.keys[0]);
+      const uint64_t len = (it == kv_.end() ? 0 : it->second.size()) + req.values[0].size();
+      if (len > limits_.max_value_len)
+        return refuse("the value would grow to " + std::to_string(len) + " bytes, past the limit of " +
+                      std::to_string(limits_.max_value_len) + " (ddprund --max-value-len)");
+      if (auto why = room_for(req.keys[0], len)) return refuse(*why);
       std::string v = it == kv_.end() ? req.values[0] : it->second + req.values[0];
       set_value(req.keys[0], std::move(v), others);
       return {};
     }
-    case Op::MultiGet:
+    case Op::MultiGet: {
+      // The reply's size is known before it is built: refuse one that would pass the limit
+      // (a small request naming one large value many times must not cost gigabytes).
+      uint64_t size = 0;
+      for (const auto& k : req.keys) {
+        auto it = kv_.find(k);
+        size += 8 + (it == kv_.end() ? 0 : it->second.size());
+      }
+      if (size > limits_.max_reply_bytes)
+        return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
+                      std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
+      reply.reserve(reply.size() + size);
       for (const auto& k : req.keys) {
         auto it = kv_.find(k);
         w.blob(it == kv_.end() ? std::string_view() : std::string_view(it->second));
       }
       return {};
-    case Op::MultiSet:
+    }
+    case Op::MultiSet: {
+      uint64_t new_keys = 0, more = 0;
+      for (size_t i = 0; i < req.keys.size(); ++i) {
+        if (!kv_.count(req.keys[i])) ++new_keys;
+        more += req.keys[i].size() + req.values[i].size();  // an upper bound: replaced values not subtracted
+      }
+      if (auto why = over_limit(new_keys, more)) return refuse(*why);
       for (size_t i = 0; i < req.keys.size(); ++i) set_value(req.keys[i], req.values[i], others);
       return {};
+    }
     case Op::CancelWait:
       remove_waiter(conn);
       w.u8(wire::kWaitCanceled);
       return {};
-    case Op::QueuePush:
+    case Op::QueuePush: {
+      const bool fresh = !queues_.count(req.keys[0]);
+      const uint64_t more = req.values[0].size() + (fresh ? req.keys[0].size() : 0);
+      if (auto why = over_limit(fresh ? 1 : 0, more)) return refuse(*why);
+      bytes_ += more;
       queues_[req.keys[0]].push_back(req.values[0]);
       on_queue_push(req.keys[0], others);
       return {};
+    }
     case Op::QueuePop: {
       auto q = queues_.find(req.keys[0]);
       int64_t len = q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
       w.i64(len);
       if (len > 0) {
         w.blob(q->second.front());
+        bytes_ -= q->second.front().size();
         q->second.pop_front();
-        if (q->second.empty()) queues_.erase(q);
+        if (q->second.empty()) {
+          bytes_ -= q->first.size();
+          queues_.erase(q);
+        }
       }
       return {};
     }
@@ -274,10 +333,16 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       w.i64(q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
       return {};
     }
-    case Op::ListKeys:
+    case Op::ListKeys: {
+      uint64_t size = 8;
+      for (const auto& [k, _] : kv_) size += 8 + k.size();
+      if (size > limits_.max_reply_bytes)
+        return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
+                      std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
       w.i64(static_cast<int64_t>(kv_.size()));
       for (const auto& [k, _] : kv_) w.blob(k);
       return {};
+    }
     case Op::Barrier: {
       const std::string& key = req.keys[0];
       int64_t count = 0;
@@ -285,6 +350,7 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       if (it != kv_.end() && !parse_integer(it->second, count))
         return {true, "BARRIER on key whose value is not an integer"};
       ++count;
+      if (auto why = room_for(key, 20)) return refuse(*why);
       set_value(key, std::to_string(count), others);
       if (count >= req.number) {
         w.u8(wire::kWaitStop);

@@ -246,6 +246,98 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
   return r.ok();
 }
 
+namespace {
+ParseResult need(size_t total) {
+  ParseResult r;
+  r.status = ParseStatus::NeedMore;
+  r.need_total = total;
+  return r;
+}
+ParseResult bad_result(std::string why) {
+  ParseResult r;
+  r.status = ParseStatus::Bad;
+  r.error = std::move(why);
+  return r;
+}
+std::string too_large(const Limits& limits) {
+  return "request larger than the limit of " + std::to_string(limits.max_request_bytes) + " bytes";
+}
+}  // namespace
+
+ParseResult RequestFramer::scan(std::span<const uint8_t> buf, Dialect d, const Limits& limits) {
+  if (stage_ == Stage::Opcode) {
+    if (buf.empty()) return need(1);
+    auto op = op_from_code(d, buf[0]);
+    if (!op) return bad_result("unknown command byte " + std::to_string(buf[0]) + " for dialect " + dialect_name(d));
+    op_ = *op;
+    pos_ = 1;
+    stage_ = Stage::Blobs;
+    switch (op_) {
+      case Op::Validate:
+      case Op::Ping: tail_ = 4; break;
+      case Op::Set:
+      case Op::Append:
+      case Op::QueuePush: blobs_left_ = 2; break;
+      case Op::CompareSet: blobs_left_ = 3; break;
+      case Op::Get:
+      case Op::DeleteKey:
+      case Op::QueuePop:
+      case Op::QueueLen:
+      case Op::WatchKey: blobs_left_ = 1; break;
+      case Op::Add:
+      case Op::Barrier: blobs_left_ = 1; tail_ = 8; break;
+      case Op::Check:
+      case Op::Wait:
+      case Op::MultiGet: stage_ = Stage::Count; break;
+      case Op::MultiSet: stage_ = Stage::Count; blobs_per_count_ = 2; break;
+      case Op::GetNumKeys:
+      case Op::CancelWait:
+      case Op::ListKeys: break;
+    }
+  }
+  if (stage_ == Stage::Count) {
+    if (pos_ + 8 > limits.max_request_bytes) return bad_result(too_large(limits));
+    if (buf.size() < pos_ + 8) return need(pos_ + 8);
+    const uint64_t n = load_u64(buf.data() + pos_);
+    if (n > limits.max_keys)
+      return bad_result("key count " + std::to_string(n) + " exceeds the limit of " + std::to_string(limits.max_keys));
+    // Every field needs at least its 8-byte length: refuse a count the request limit cannot hold.
+    if (n * 8 * blobs_per_count_ > limits.max_request_bytes) return bad_result("key count too large for the request limit");
+    pos_ += 8;
+    blobs_left_ = n * blobs_per_count_;
+    stage_ = Stage::Blobs;
+  }
+  while (stage_ == Stage::Blobs && blobs_left_ > 0) {
+    // pos_ may already point past a field whose bytes have not all arrived.
+    if (pos_ + 8 > limits.max_request_bytes) return bad_result(too_large(limits));
+    if (buf.size() < pos_ + 8) return need(pos_ + 8);
+    const uint64_t n = load_u64(buf.data() + pos_);
+    bool is_key = true;
+    if (op_ == Op::MultiSet) is_key = blob_index_ % 2 == 0;
+    else if (op_ == Op::Set || op_ == Op::Append || op_ == Op::QueuePush || op_ == Op::CompareSet) is_key = blob_index_ == 0;
+    const uint64_t limit = is_key ? limits.max_key_len : limits.max_value_len;
+    if (n > limit)
+      return bad_result(std::string(is_key ? "key" : "value") + " length " + std::to_string(n) +
+                        " exceeds the limit of " + std::to_string(limit) + " bytes");
+    if (pos_ + 8 + n > limits.max_request_bytes) return bad_result(too_large(limits));
+    pos_ += 8 + n;
+    --blobs_left_;
+    ++blob_index_;
+  }
+  if (stage_ == Stage::Blobs) stage_ = Stage::Tail;
+  if (stage_ == Stage::Tail) {
+    if (pos_ + tail_ > limits.max_request_bytes) return bad_result(too_large(limits));
+    pos_ += tail_;
+    tail_ = 0;
+    stage_ = Stage::Done;
+  }
+  if (buf.size() < pos_) return need(pos_);
+  ParseResult r;
+  r.status = ParseStatus::Ok;
+  r.consumed = pos_;
+  return r;
+}
+
 DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect, const Limits& limits) {
   DetectResult res;
   if (buf.empty()) return res;

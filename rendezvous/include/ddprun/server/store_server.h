@@ -11,8 +11,15 @@
 // that mutex, so they reach the wire in the order the state produced them, whichever thread
 // caused them; the owning thread writes them.
 //
-// Bad bytes close only the connection that sent them (and are logged); the server and every
-// other client go on.
+// Bad bytes close only the connection that sent them (and are logged, at most one line per
+// second per kind with a count of the ones left out); the server and every other client go on.
+// No exception leaves a handler: one thrown while serving a connection closes that connection.
+// Running out of descriptors (EMFILE/ENFILE) pauses accepting briefly; the server keeps serving.
+//
+// Resource limits (each a ddprund flag, docs/PROTOCOL.md "Limits"): total connections, jobs,
+// per-request lengths (wire::Limits), what one keyspace holds and one reply carries
+// (store::StoreLimits), bytes buffered per connection and in all. Past one, the offending
+// connection is closed (an agent first gets an ERROR saying which limit), never the server.
 //
 // Thread-safety: every public method may be called from any thread.
 #pragma once
@@ -28,11 +35,27 @@
 
 namespace ddprun::server {
 
+inline constexpr uint64_t kDefaultMaxConnections = 65536;
+inline constexpr uint64_t kDefaultMaxJobs = 1024;
+inline constexpr uint64_t kDefaultMaxConnectionBufferedBytes = 256ull * 1024 * 1024;
+inline constexpr uint64_t kDefaultMaxBufferedBytes = 1ull << 30;
+
 struct StoreServerOptions {
   std::string host = "";      // "" = dual-stack any address (falls back to 0.0.0.0)
   uint16_t port = 29500;      // 0 = ephemeral; port() tells which
   int backlog = 0;            // 0 = the system maximum (SOMAXCONN)
   wire::Limits limits{};      // per-request limits; a request over them closes its connection
+  store::StoreLimits store{};  // per keyspace (a job's round store, the main store) and per reply
+  // Open connections of every keyspace together; past it (or past the descriptor limit less a
+  // reserve) a new connection is closed at once.
+  uint64_t max_connections = kDefaultMaxConnections;
+  // Rendezvous jobs at once; a JOIN that would create one more gets an ERROR.
+  uint64_t max_jobs = kDefaultMaxJobs;
+  // Bytes one connection may have queued for sending (its peer does not read): past it, closed.
+  uint64_t max_connection_buffered_bytes = kDefaultMaxConnectionBufferedBytes;
+  // Bytes of partly received requests of every connection together: a connection whose request
+  // would grow past it is closed.
+  uint64_t max_buffered_bytes = kDefaultMaxBufferedBytes;
   // Meaning of the legacy codes 7 and 8 (TCPSTORE §6.2): D0 (1.13/2.0) or D1 (2.1).
   wire::Dialect legacy_dialect = wire::Dialect::D0;
   // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
@@ -51,7 +74,16 @@ struct StoreServerStats {
   uint64_t connections_closed_for_bad_input = 0;
   uint64_t requests = 0;
   uint64_t agents_connected = 0;  // connections speaking the agents' rendezvous protocol
+  uint64_t connections_refused_over_limit = 0;  // closed at accept: --max-connections or descriptors
+  uint64_t accept_errors = 0;                   // EMFILE and the like
 };
+
+// The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
+uint64_t min_request_bytes(const wire::Limits& l);
+
+// Raises this process's soft descriptor limit to its hard limit (thousands of clients need
+// thousands of descriptors); returns the soft limit now in force.
+uint64_t raise_fd_limit();
 
 class StoreServer {
  public:
@@ -60,8 +92,9 @@ class StoreServer {
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
-  // Binds and listens (throws std::system_error with the address on failure, e.g.
-  // EADDRINUSE), then serves on background threads until stop() or destruction.
+  // Checks that the limits agree (throws std::invalid_argument saying which flag to change,
+  // e.g. a request limit too small for a SET of the longest value), binds and listens (throws
+  // std::system_error with the address on failure, e.g. EADDRINUSE), then serves on background threads until stop() or destruction.
   void start();
   // Closes every connection and joins the threads. Idempotent.
   void stop();

@@ -26,6 +26,19 @@ struct Outgoing {
   std::string bytes;
 };
 
+// What one keyspace (a job's round store, or ddprund's main store) may hold and answer. A
+// request past a limit changes nothing and closes its connection (TCPStore has no error reply);
+// PyTorch's rendezvous and collectives stay far below every default.
+inline constexpr uint64_t kDefaultMaxKeysPerStore = 1 << 20;              // keys + queues
+inline constexpr uint64_t kDefaultMaxBytesPerStore = 1ull << 30;          // keys + values + queued items
+inline constexpr uint64_t kDefaultMaxReplyBytes = 64ull * 1024 * 1024;    // one reply (MULTI_GET, LIST_KEYS)
+struct StoreLimits {
+  uint64_t max_keys = kDefaultMaxKeysPerStore;
+  uint64_t max_bytes = kDefaultMaxBytesPerStore;
+  uint64_t max_reply_bytes = kDefaultMaxReplyBytes;
+  uint64_t max_value_len = wire::Limits{}.max_value_len;  // APPEND may not grow a value past it
+};
+
 struct ApplyResult {
   bool close = false;  // protocol error: close the requesting connection, nothing changed
   std::string error;   // why, for the log
@@ -33,6 +46,9 @@ struct ApplyResult {
 
 class StoreState {
  public:
+  StoreState() = default;
+  explicit StoreState(StoreLimits limits) : limits_(limits) {}
+
   // Applies `req` from `conn` (whose dialect is `d`, for reply and event formats). Appends the
   // reply for `conn` to `reply` (nothing when deferred, e.g. a WAIT on missing keys) and
   // anything owed to other connections to `others`.
@@ -46,6 +62,8 @@ class StoreState {
   void clear();
 
   size_t num_keys() const { return kv_.size(); }
+  // Bytes of keys, values and queued items held (what StoreLimits::max_bytes bounds).
+  uint64_t bytes() const { return bytes_; }
   size_t num_waiting_connections() const { return waiters_.size(); }
   bool contains(const std::string& key) const { return kv_.count(key) != 0; }
   // The value of `key` read as ADD reads it (decimal text), or nullopt when absent or not a
@@ -64,6 +82,11 @@ class StoreState {
   void on_queue_push(const std::string& key, std::vector<Outgoing>& others);
   void remove_waiter(ConnId conn);
   void set_value(const std::string& key, std::string value, std::vector<Outgoing>& others);
+  // Whether `new_keys` more keys and `more_bytes` more bytes fit; else why not.
+  std::optional<std::string> over_limit(uint64_t new_keys, uint64_t more_bytes) const;
+
+  StoreLimits limits_{};
+  uint64_t bytes_ = 0;
 
   std::unordered_map<std::string, std::string> kv_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;

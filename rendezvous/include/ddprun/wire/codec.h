@@ -63,8 +63,34 @@ struct ParseResult {
   std::string error;       // Bad: why
 };
 
-// Parses one request of dialect `d` (not Unknown) from the start of `buf`.
+// Parses one request of dialect `d` (not Unknown) from the start of `buf`. Costs O(bytes
+// parsed) per call, so calling it again on every read of a large request that arrives in
+// pieces is quadratic: servers frame with RequestFramer first and parse once it is whole.
 ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits& limits, Request& out);
+
+// Finds where one request ends by walking its length prefixes only, resuming where the last
+// call stopped: feeding it the growing buffer of one request costs O(length fields) in all,
+// however many reads deliver it. Checks the same limits as parse_request (a lie is Bad as soon
+// as its length prefix arrives); allocates nothing.
+//
+// Contract: every call between reset()s sees the same request at the start of `buf` (more of
+// it each time). Ok: consumed = the request's length (parse_request on exactly those bytes
+// succeeds or reports a field limit); NeedMore: need_total; Bad: error.
+class RequestFramer {
+ public:
+  ParseResult scan(std::span<const uint8_t> buf, Dialect d, const Limits& limits);
+  void reset() { *this = RequestFramer{}; }
+
+ private:
+  enum class Stage : uint8_t { Opcode, Count, Blobs, Tail, Done };
+  Stage stage_ = Stage::Opcode;
+  Op op_ = Op::Validate;
+  size_t pos_ = 0;           // bytes of the request accounted for so far
+  uint64_t blobs_left_ = 0;  // length-prefixed fields still to walk
+  uint64_t blob_index_ = 0;  // which field comes next (key or value?)
+  uint32_t blobs_per_count_ = 1;
+  uint32_t tail_ = 0;        // fixed bytes after the fields (ADD delta, VALIDATE magic...)
+};
 
 // First bytes of a connection: D2 if they are VALIDATE with the right magic (consumed = 5),
 // otherwise the legacy dialect given (consumed = 0, the bytes are the first request).
