@@ -158,7 +158,8 @@ void Agent::start_coordinator() {
                  plan_.endpoint_port);
     coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
                                            plan_.connect_timeout, plan_.heartbeat_interval,
-                                           [this] { return stop_requested(); });
+                                           // Once stopping, no send waits for a server that stopped reading.
+                                           [this] { return state_.stop_signal().has_value() || stop_requested(); });
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
   // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user
