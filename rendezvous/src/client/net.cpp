@@ -26,23 +26,6 @@ namespace ddprun::client {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-bool is_local_address(const std::string& host) {
-  if (host == "localhost") return true;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  bool local = false;
-  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return local;
-}
-
 std::string interface_of(const std::string& addr) {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return "";
@@ -198,6 +181,23 @@ int try_address(const addrinfo* ai, const std::string& where, Clock::time_point 
 }
 
 }  // namespace
+
+bool is_local_address(const std::string& host) {
+  if (host == "localhost") return true;
+  // Bounded like the connect's lookups: a name service that does not answer means "not ours".
+  addrinfo* res = nullptr;
+  std::string error;
+  if (resolve_until(host, 0, Clock::now() + kResolveAttempt, {}, res, error) != ResolveOutcome::Resolved) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return local;
+}
 
 int connect_until(const std::string& host, uint16_t port, Clock::time_point deadline,
                   const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error) {

@@ -10,7 +10,8 @@
 
 namespace ddprun::client {
 
-// Whether `host` names an address of this machine (it can be bound here). "localhost" is.
+// Whether `host` names an address of this machine (it can be bound here). "localhost" is. The
+// name lookup is bounded (5 s; no answer: not this machine).
 bool is_local_address(const std::string& host);
 
 // The interface that carries `addr` (e.g. "eth0"), or "" when none does.
