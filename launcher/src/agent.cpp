@@ -161,6 +161,13 @@ void Agent::perform(const Action& a) {
   } catch (const CoordinatorError& e) {
     // The connection's end shows on its descriptor next: on_coordinator() acts on it.
     spdlog::error("{}", e.what());
+    if (stop_signal_seen_ && !state_.stop_signal()) {
+      // A send stuck on a server that stopped reading was abandoned for a stop signal, which
+      // stop_requested() took off the signalfd: queue it again so the loop acts on it.
+      const int s = *stop_signal_seen_;
+      stop_signal_seen_.reset();
+      ::raise(s);
+    }
   }
 }
 

@@ -105,9 +105,8 @@ void Agent::prepare_log_root() {
   if (any_files) spdlog::info("no --log_dir: worker logs go to {}", run_log_dir_.string());
 }
 
-// The store server of this process, when the plan says it hosts one. A taken port: a free one
-// (one node, no port given), joining whoever serves there (the endpoint is on this host and
-// hosting was not asked for), or an error.
+// The store server of this process, when the plan says it hosts one. A port that cannot be
+// bound: the plan decides (on_bind_failure: a free port, joining as a client, or an error).
 void Agent::host_server() {
   if (!plan_.host_server) return;
   // Each connection costs the server a descriptor: take the hard limit, as ddprund does (at
@@ -126,27 +125,17 @@ void Agent::host_server() {
   try {
     store_ = start_on(plan_.listen_port);
   } catch (const std::exception& e) {
-    const std::string port = std::to_string(plan_.listen_port);
-    const bool c10d = opts_.rdzv_backend == "c10d";
-    if (plan_.free_port_fallback) {
-      spdlog::info("port {} is taken ({}); the store uses a free port instead", port, e.what());
-      store_ = start_on(0);
-    } else if (!plan_.host_explicit) {
-      spdlog::info("port {} of this host is taken ({}): joining the rendezvous served there as a client "
-                   "(--rdzv_conf is_host=1 would insist on hosting it)",
-                   port, e.what());
-      plan_.host_server = false;
-      plan_.join.prefer_rank0 = false;
-      return;
-    } else if (plan_.local) {
-      throw std::runtime_error("cannot host the store on port " + port + ": " + e.what() +
-                               (c10d ? " (use another --rdzv_endpoint port, or 0 for a free port)"
-                                     : " (use another --master_port, or 0 for a free port)"));
-    } else {
-      throw std::runtime_error("this node hosts the rendezvous (" + plan_.endpoint_host + ":" + port +
-                               ") but cannot listen there: " + e.what() +
-                               (c10d ? "; is another job using it? (without --rdzv_conf is_host=1, ddprun joins it)"
-                                     : "; choose another --master_port"));
+    BindFallback f = on_bind_failure(plan_, e.what());
+    switch (f.kind) {
+      case BindFallback::Kind::UseFreePort:
+        spdlog::info("{}", f.message);
+        store_ = start_on(0);
+        break;
+      case BindFallback::Kind::JoinAsClient:
+        spdlog::info("{}", f.message);
+        plan_ = std::move(f.plan);
+        return;
+      case BindFallback::Kind::Fail: throw std::runtime_error(f.message);
     }
   }
   if (!plan_.local) spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rdzv_id, store_->port());
@@ -161,7 +150,8 @@ void Agent::start_coordinator() {
                  plan_.endpoint_port);
     coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
                                            plan_.connect_timeout, plan_.heartbeat_interval,
-                                           [this] { return stop_requested(); });
+                                           // Once stopping, no send waits for a server that stopped reading.
+                                           [this] { return state_.stop_signal().has_value() || stop_requested(); });
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
   // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "ddprun/client/net.h"
+#include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/server/store_server.h"
@@ -57,25 +58,28 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
 
 namespace {
 
-// One node's rounds: the agent's own store server holds the workers' store, its main keyspace
-// emptied for every round (on the fixed port the workers were told).
-class LocalStores final : public rdzv::WorkerStores {
+// One node's rounds: the agent's own store server holds the workers' store, by the same
+// fixed-port rule as the server's (rdzv/fixed_port_stores.h): its main keyspace, emptied for
+// every round, on the port the workers were told.
+class LocalStores final : public rdzv::WorkerStores, rdzv::MainKeyspace {
  public:
   explicit LocalStores(server::StoreServer& s) : store_(s) {}
-  uint16_t open(const std::string&, int64_t, bool) override {
-    // Also closes the old workers' store connections: a retiring worker cannot reach the new
-    // attempt's keys.
-    store_.reset_keyspace();
-    return store_.port();
-  }
-  void close(const std::string&, int64_t) override {}  // the next open() empties it
-  bool progressed(const std::string&, int64_t, int64_t world_size) override {
-    // Every worker joined the store: PyTorch's clients and libddprun_worker add 1 to init/.
-    return store_.counter("init/") >= world_size;
+  uint16_t open(const std::string& run_id, int64_t round, bool) override { return rounds_.open(run_id, round); }
+  void close(const std::string& run_id, int64_t round) override { rounds_.close(run_id, round); }
+  bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
+    return rounds_.progressed(run_id, round, world_size).value_or(false);
   }
 
  private:
+  void reset() override { store_.reset_keyspace(); }
+  std::optional<int64_t> integer(const std::string& key) override {
+    const int64_t v = store_.counter(key);
+    return v < 0 ? std::nullopt : std::optional<int64_t>(v);
+  }
+  uint16_t port() const override { return store_.port(); }
+
   server::StoreServer& store_;
+  rdzv::FixedPortStores rounds_{*this};
 };
 
 class LocalCoordinator final : public Coordinator {

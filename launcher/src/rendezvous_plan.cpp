@@ -44,6 +44,7 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
                             const std::function<bool(const std::string&)>& is_local_host) {
   RendezvousPlan p;
   const bool c10d = opts.rdzv_backend == "c10d";
+  p.port_from_endpoint = c10d;
   if (c10d && !opts.standalone) check_host("--rdzv_endpoint", opts.rdzv_endpoint, opts.rdzv_host);
   const auto join_timeout = conf_seconds(opts, "join_timeout", 600);
   const auto heartbeat_timeout = conf_seconds(opts, "heartbeat_timeout", 5);
@@ -105,6 +106,32 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
   j.prefer_rank0 = c10d && p.host_server;
   p.store_host = p.endpoint_host == "localhost" ? "127.0.0.1" : p.endpoint_host;
   return p;
+}
+
+BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why) {
+  BindFallback f;
+  f.plan = plan;
+  const std::string port = std::to_string(plan.listen_port);
+  if (plan.free_port_fallback) {
+    f.kind = BindFallback::Kind::UseFreePort;
+    f.message = "port " + port + " is taken (" + why + "); the store uses a free port instead";
+  } else if (!plan.host_explicit) {
+    f.kind = BindFallback::Kind::JoinAsClient;
+    f.message = "port " + port + " of this host is taken (" + why +
+                "): joining the rendezvous served there as a client (--rdzv_conf is_host=1 would insist on hosting it)";
+    f.plan.host_server = false;
+    f.plan.join.prefer_rank0 = false;
+  } else if (plan.local) {
+    f.message = "cannot host the store on port " + port + ": " + why +
+                (plan.port_from_endpoint ? " (use another --rdzv_endpoint port, or 0 for a free port)"
+                                         : " (use another --master_port, or 0 for a free port)");
+  } else {
+    f.message = "this node hosts the rendezvous (" + plan.endpoint_host + ":" + port + ") but cannot listen there: " +
+                why +
+                (plan.port_from_endpoint ? "; is another job using it? (without --rdzv_conf is_host=1, ddprun joins it)"
+                                         : "; choose another --master_port");
+  }
+  return f;
 }
 
 }  // namespace ddprun::launcher

@@ -2,6 +2,14 @@
 #include <catch2/catch.hpp>
 #include <future>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
 #include "ddprun/client/store_client.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/server/store_server.h"
@@ -119,4 +127,88 @@ TEST_CASE("StoreClientsAndAgentsShareThePort", "[rdzv][server]") {
   auto r = a->join(info("solo", 4, 1, 1), 5s);
   CHECK(r.world_size == 4);
   CHECK(store.get("k") == "v");
+}
+
+namespace {
+// A server that accepts and never reads, with a small receive buffer so a client's send
+// buffer fills quickly.
+struct DeafServer {
+  int listen_fd = -1;
+  int conn_fd = -1;
+  uint16_t port = 0;
+  DeafServer() {
+    listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    ::setsockopt(listen_fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // inherited by accepted
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listen_fd, 4) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  void accept_one() { conn_fd = ::accept(listen_fd, nullptr, nullptr); }
+  ~DeafServer() {
+    if (conn_fd >= 0) ::close(conn_fd);
+    ::close(listen_fd);
+  }
+};
+
+// Writes junk through the client's socket until there is no room left even for one byte: a
+// small fixed send buffer (no autotuning), big writes then single bytes (the kernel refuses a
+// big write while a small one still fits), again until a round after a pause writes nothing.
+void fill(int fd) {
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  std::string junk(65536, 'x');
+  while (true) {
+    size_t wrote = 0;
+    for (size_t chunk : {junk.size(), size_t{1}})
+      for (ssize_t n; (n = ::send(fd, junk.data(), chunk, MSG_DONTWAIT | MSG_NOSIGNAL)) > 0;) wrote += n;
+    REQUIRE((errno == EAGAIN || errno == EWOULDBLOCK));
+    if (wrote == 0) return;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, 300);  // POLLOUT wants a third of the buffer free: mostly this times out
+  }
+}
+}  // namespace
+
+TEST_CASE("ASendToAServerThatStopsReadingIsAbandonedOnStopAndTheDestructorReturns", "[rdzv][client]") {
+  DeafServer deaf;
+  std::atomic<bool> stop{false};
+  auto a = std::make_unique<rdzv::RendezvousClient>("127.0.0.1", deaf.port, 5s, 10ms, [&] { return stop.load(); });
+  deaf.accept_one();
+  fill(a->fd());
+  stop = true;
+  // Before the fix this blocked in ::send for as long as the server did not read.
+  CHECK_THROWS_AS(a->report_success(0), rdzv::RendezvousInterrupted);
+  a->leave();  // never throws, never waits once stopped
+  // The heartbeat thread (every 10 ms) is stuck on the same full socket: the destructor must
+  // still return (a hang here is this test's failure, by the ctest timeout).
+  a.reset();
+  SUCCEED();
+}
+
+TEST_CASE("ASendToAServerThatStopsReadingGivesUpAfterTheSendTimeout", "[rdzv][client]") {
+  DeafServer deaf;
+  rdzv::RendezvousClient a("127.0.0.1", deaf.port, 5s, 1h);
+  deaf.accept_one();
+  fill(a.fd());
+  try {
+    a.report_success(0);
+    FAIL("a send into a full socket returned");
+  } catch (const rdzv::RendezvousInterrupted&) {
+    FAIL("interrupted without a stop");
+  } catch (const rdzv::RendezvousError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("stopped reading"));
+  }
+}
+
+TEST_CASE("ConnectingToANameThatDoesNotResolveStopsWhenAsked", "[rdzv][client]") {
+  // .invalid never resolves (RFC 6761); whether the lookup fails fast or hangs on the name
+  // service, a stop ends the connect.
+  CHECK_THROWS_AS(rdzv::RendezvousClient("ddprun-no-such-host.invalid", 29500, 60s, 1s, [] { return true; }),
+                  rdzv::RendezvousInterrupted);
 }

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
 
 using namespace ddprun::rdzv;
@@ -357,4 +358,49 @@ TEST_CASE("AgentProtocolFramesRoundTrip", "[rdzv]") {
   bad[4] = 99;
   CHECK(parse_message({reinterpret_cast<const uint8_t*>(bad.data()), bad.size()}, back).status ==
         ddprun::wire::ParseStatus::Bad);
+}
+
+namespace {
+// The main keyspace as a counter map, recording its resets.
+struct CountingKeyspace : MainKeyspace {
+  std::map<std::string, int64_t> keys;
+  int resets = 0;
+  void reset() override {
+    keys.clear();
+    ++resets;
+  }
+  std::optional<int64_t> integer(const std::string& key) override {
+    auto it = keys.find(key);
+    return it == keys.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  }
+  uint16_t port() const override { return 29500; }
+};
+}  // namespace
+
+TEST_CASE("FixedPortStoresEmptyTheMainKeyspaceEachRoundAndCountJoinedWorkers", "[rdzv][fixed_port]") {
+  CountingKeyspace ks;
+  FixedPortStores stores(ks);
+  ks.keys["left over"] = 7;
+  CHECK(stores.open("job", 0) == 29500);
+  CHECK(ks.keys.empty());
+  CHECK(stores.progressed("job", 0, 2) == std::optional<bool>(false));
+  ks.keys[kWorkerJoinKey] = 1;
+  CHECK(stores.progressed("job", 0, 2) == std::optional<bool>(false));
+  ks.keys[kWorkerJoinKey] = 2;
+  CHECK(stores.progressed("job", 0, 2) == std::optional<bool>(true));
+  // Not one of its rounds: the caller looks elsewhere.
+  CHECK_FALSE(stores.progressed("job", 1, 2).has_value());
+  CHECK_FALSE(stores.close("job", 1));
+  CHECK(ks.resets == 1);
+  // Closing empties it too: a retiring worker cannot leave keys for the next round.
+  CHECK(stores.close("job", 0));
+  CHECK(ks.resets == 2);
+  CHECK_FALSE(stores.progressed("job", 0, 2).has_value());
+}
+
+TEST_CASE("AllWorkersJoinedWhenTheCounterReachesTheWorldSize", "[rdzv][fixed_port]") {
+  CHECK_FALSE(all_workers_joined(std::nullopt, 1));
+  CHECK(all_workers_joined(std::nullopt, 0));
+  CHECK_FALSE(all_workers_joined(3, 4));
+  CHECK(all_workers_joined(4, 4));
 }

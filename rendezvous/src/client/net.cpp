@@ -13,7 +13,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "ddprun/client/tcp_connect.h"
 
@@ -21,23 +25,6 @@ namespace ddprun::client {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-bool is_local_address(const std::string& host) {
-  if (host == "localhost") return true;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  bool local = false;
-  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return local;
-}
 
 std::string interface_of(const std::string& addr) {
   ifaddrs* list = nullptr;
@@ -77,6 +64,7 @@ std::string local_address_of(int fd) {
 namespace {
 
 constexpr milliseconds kSlice{100};  // how often `interrupted` is asked, at most this far apart
+constexpr milliseconds kResolveAttempt{5000};
 
 // Waits until `deadline` in slices; false when interrupted.
 bool pause_until(Clock::time_point until, const std::function<bool()>& interrupted) {
@@ -86,6 +74,66 @@ bool pause_until(Clock::time_point until, const std::function<bool()>& interrupt
     if (now >= until) return true;
     ::poll(nullptr, 0, static_cast<int>(std::min(kSlice, std::chrono::ceil<milliseconds>(until - now)).count()));
   }
+}
+
+// getaddrinfo cannot be abandoned (a name whose DNS server does not answer holds it for the
+// resolver's whole timeout), so it runs on a detached thread; the caller waits in slices and,
+// when stopped or out of time, walks away. The shared state outlives whichever side is last.
+struct Resolution {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  int rc = 0;
+  addrinfo* res = nullptr;
+  bool abandoned = false;
+};
+
+enum class ResolveOutcome { Resolved, Failed, TimedOut, Interrupted };
+
+ResolveOutcome resolve_until(const std::string& host, uint16_t port, Clock::time_point deadline,
+                             const std::function<bool()>& interrupted, addrinfo*& res, std::string& error) {
+  auto r = std::make_shared<Resolution>();
+  try {
+    std::thread([r, host, service = std::to_string(port)] {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* out = nullptr;
+      const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &out);
+      std::lock_guard lk(r->mu);
+      if (r->abandoned) {
+        if (rc == 0) ::freeaddrinfo(out);
+        return;
+      }
+      r->rc = rc;
+      r->res = out;
+      r->done = true;
+      r->cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {
+    error = "cannot resolve '" + host + "': " + e.what();
+    return ResolveOutcome::Failed;
+  }
+  std::unique_lock lk(r->mu);
+  while (!r->cv.wait_for(lk, std::min(kSlice, std::chrono::ceil<milliseconds>(deadline - Clock::now())),
+                         [&] { return r->done; })) {
+    // `interrupted` is the caller's (it may read a signalfd): asked without our lock.
+    lk.unlock();
+    const bool stop = interrupted && interrupted();
+    lk.lock();
+    if (r->done) break;
+    if (stop || Clock::now() >= deadline) {
+      r->abandoned = true;
+      error = "cannot resolve '" + host + "': no answer from the name service";
+      return stop ? ResolveOutcome::Interrupted : ResolveOutcome::TimedOut;
+    }
+  }
+  if (r->rc != 0) {
+    error = "cannot resolve '" + host + "': " + gai_strerror(r->rc);
+    return ResolveOutcome::Failed;
+  }
+  res = r->res;
+  return ResolveOutcome::Resolved;
 }
 
 // One non-blocking connect to one address. Returns the fd, or -1 (`error` set); `interrupted`
@@ -134,18 +182,38 @@ int try_address(const addrinfo* ai, const std::string& where, Clock::time_point 
 
 }  // namespace
 
+bool is_local_address(const std::string& host) {
+  if (host == "localhost") return true;
+  // Bounded like the connect's lookups: a name service that does not answer means "not ours".
+  addrinfo* res = nullptr;
+  std::string error;
+  if (resolve_until(host, 0, Clock::now() + kResolveAttempt, {}, res, error) != ResolveOutcome::Resolved) return false;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;  // port 0 in the result: no conflict
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return local;
+}
+
 int connect_until(const std::string& host, uint16_t port, Clock::time_point deadline,
                   const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error) {
   const std::string where = host + ":" + std::to_string(port);
   auto backoff = milliseconds(20);
   while (true) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
     addrinfo* res = nullptr;
-    if (int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-      error = "cannot resolve '" + host + "': " + gai_strerror(rc);
-    } else {
+    // Each attempt's lookup gets at most a few seconds, so a slow name service is retried
+    // (and reported) like a refused connect instead of using up the whole deadline at once.
+    const auto resolved =
+        resolve_until(host, port, std::min(deadline, Clock::now() + kResolveAttempt), interrupted, res, error);
+    if (resolved == ResolveOutcome::Interrupted) {
+      outcome = ConnectOutcome::Interrupted;
+      return -1;
+    }
+    if (resolved == ResolveOutcome::Resolved) {
       bool stop = false;
       for (addrinfo* ai = res; ai && !stop; ai = ai->ai_next) {
         int fd = try_address(ai, where, deadline, interrupted, stop, error);

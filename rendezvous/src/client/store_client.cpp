@@ -1,5 +1,6 @@
 #include "ddprun/client/store_client.h"
 #include "ddprun/client/tcp_connect.h"
+#include "ddprun/rdzv/fixed_port_stores.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -85,7 +86,7 @@ void StoreClient::connect_and_handshake() {
     }
   }
   if (options_.world_size) {
-    DDPRUN_SEND(make(Op::Add, {"init/"}, {}, 1));
+    DDPRUN_SEND(make(Op::Add, {rdzv::kWorkerJoinKey}, {}, 1));
     recv_i64();
   }
 }

@@ -33,16 +33,23 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
                           "); check --rdzv_endpoint / --master_addr and that the server is up");
   std::string hello;
   wire::Writer(hello).u8(0).u32(kAgentMagic);
-  if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size()))
-    throw RendezvousError("cannot talk to the rendezvous endpoint " + host_ + ":" + std::to_string(port_));
+  try {
+    write_all(hello, Sender::Caller);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
   heartbeat_ = std::thread([this, heartbeat_interval] {
     std::unique_lock lk(hb_mu_);
-    while (!hb_cv_.wait_for(lk, heartbeat_interval, [this] { return stopping_; })) {
+    while (!hb_cv_.wait_for(lk, heartbeat_interval, [this] { return stopping_.load(); })) {
+      // Unlocked while sending: the destructor's stop must never wait behind a stuck send.
+      lk.unlock();
       try {
-        send(Heartbeat{});
+        send(Heartbeat{}, Sender::Heartbeat);
       } catch (const RendezvousError&) {
-        return;  // the reader sees the closed connection
+        return;  // the reader sees the closed connection (or we are stopping)
       }
+      lk.lock();
     }
   });
 }
@@ -53,24 +60,65 @@ RendezvousClient::~RendezvousClient() {
     stopping_ = true;
   }
   hb_cv_.notify_all();
+  // Bounded: a heartbeat stuck on a server that stopped reading gives up within one slice.
   if (heartbeat_.joinable()) heartbeat_.join();
   if (fd_ >= 0) ::close(fd_);
 }
 
-template <class T>
-void RendezvousClient::send(const T& m) {
-  std::string bytes;
-  encode(m, bytes);
-  std::lock_guard lk(send_mu_);
+namespace {
+constexpr std::chrono::milliseconds kSendSlice{100};
+}  // namespace
+
+bool RendezvousClient::give_up(Sender who) const {
+  if (stopping_) return true;
+  // `interrupted` belongs to the caller's thread (the agent's reads its signalfd).
+  return who == Sender::Caller && interrupted_ && interrupted_();
+}
+
+void RendezvousClient::write_all(const std::string& bytes, Sender who) {
+  const std::string where = host_ + ":" + std::to_string(port_);
+  const auto deadline = Clock::now() + kSendTimeout;
+  // The lock too is taken in slices: the other sender may be the one stuck.
+  std::unique_lock lk(send_mu_, std::defer_lock);
+  while (!lk.try_lock_for(kSendSlice)) {
+    if (give_up(who)) throw RendezvousInterrupted("stopped while sending to the rendezvous server " + where);
+    if (Clock::now() >= deadline)
+      throw RendezvousError("the rendezvous server at " + where + " stopped reading (a send waited " +
+                            std::to_string(kSendTimeout.count() / 1000) + " s)");
+  }
+  if (broken_) throw RendezvousError("the connection to the rendezvous server " + where + " was abandoned mid-message");
   size_t off = 0;
   while (off < bytes.size()) {
-    ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw RendezvousError(std::string("lost the rendezvous server: ") + std::strerror(errno));
+    // Never blocks: a server that stops reading must not hold us with the stop signals masked.
+    ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      off += static_cast<size_t>(n);
+      continue;
     }
-    off += static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      throw RendezvousError(std::string("lost the rendezvous server: ") + std::strerror(errno));
+    // A message cut short leaves the stream unusable: later sends fail at once.
+    if (give_up(who)) {
+      broken_ = off > 0;
+      throw RendezvousInterrupted("stopped while sending to the rendezvous server " + where +
+                                  " (it is not reading)");
+    }
+    if (Clock::now() >= deadline) {
+      broken_ = off > 0;
+      throw RendezvousError("the rendezvous server at " + where + " stopped reading (a send waited " +
+                            std::to_string(kSendTimeout.count() / 1000) + " s)");
+    }
+    pollfd p{fd_, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(kSendSlice.count()));
   }
+}
+
+template <class T>
+void RendezvousClient::send(const T& m, Sender who) {
+  std::string bytes;
+  encode(m, bytes);
+  write_all(bytes, who);
 }
 
 bool RendezvousClient::read_some(bool block, std::chrono::milliseconds timeout) {

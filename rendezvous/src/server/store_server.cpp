@@ -23,6 +23,7 @@
 
 #include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
 
 namespace ddprun::server {
@@ -238,8 +239,20 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // Rounds that ended: emptied and closed, kept until the server goes (accept handlers may still
   // name them; a job has few rounds).
   std::vector<std::unique_ptr<Keyspace>> retired_ks;
-  // Rounds whose workers' store is the main keyspace (Join::fixed_store_port).
-  std::set<std::pair<std::string, int64_t>> main_rounds;
+  // Rounds whose workers' store is the main keyspace (Join::fixed_store_port), by the rule
+  // shared with the launcher's in-process rounds; called under mu.
+  struct MainView final : rdzv::MainKeyspace {
+    explicit MainView(Impl& i) : impl(i) {}
+    void reset() override {
+      impl.revoke_connections_locked(impl.main_ks.get());
+      impl.main_ks->state.clear();
+    }
+    std::optional<int64_t> integer(const std::string& key) override { return impl.main_ks->state.integer(key); }
+    uint16_t port() const override { return impl.bound_port; }
+    Impl& impl;
+  };
+  MainView main_view{*this};
+  rdzv::FixedPortStores main_rounds{main_view};
   rdzv::RoundState rounds{*this};
   std::optional<asio::steady_timer> tick_timer;
   std::unordered_map<ConnId, ConnPtr> conns;
@@ -805,13 +818,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override {
     if (fixed_port) {
-      // The round's store is the main keyspace, emptied: the same port every round.
-      revoke_connections_locked(main_ks.get());
-      main_ks->state.clear();
-      main_rounds.insert({run_id, round});
       spdlog::debug("[ddprund] job {} round {}: workers' store is the main keyspace (port {}), emptied", run_id,
                     round, bound_port.load());
-      return bound_port;
+      return main_rounds.open(run_id, round);
     }
     if (rounds.num_jobs() > options.max_jobs) throw std::runtime_error(jobs_limit_message());
     auto ks = std::make_unique<Keyspace>(options.store);
@@ -830,11 +839,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     return port;
   }
   void close(const std::string& run_id, int64_t round) override {
-    if (main_rounds.erase({run_id, round})) {
-      revoke_connections_locked(main_ks.get());
-      main_ks->state.clear();
-      return;
-    }
+    if (main_rounds.close(run_id, round)) return;
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return;
     std::unique_ptr<Keyspace> ks = std::move(it->second);
@@ -846,10 +851,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     retired_ks.push_back(std::move(ks));
   }
   bool progressed(const std::string& run_id, int64_t round, int64_t world_size) override {
-    if (main_rounds.count({run_id, round})) return main_ks->state.integer("init/").value_or(0) >= world_size;
+    if (auto fixed = main_rounds.progressed(run_id, round, world_size)) return *fixed;
     auto it = round_ks.find({run_id, round});
     if (it == round_ks.end()) return false;
-    return it->second->state.integer("init/").value_or(0) >= world_size;
+    return rdzv::all_workers_joined(it->second->state.integer(rdzv::kWorkerJoinKey), world_size);
   }
 
   // ---- lifecycle ----

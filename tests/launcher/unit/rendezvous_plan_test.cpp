@@ -125,3 +125,38 @@ TEST_CASE("bad rendezvous input is a usage error that says what to write", "[pla
   // An IPv6 literal in brackets is fine.
   CHECK(plan({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:29400"}, true).endpoint_host == "::1");
 }
+
+TEST_CASE("a port that cannot be bound: the plan says what to do and how to say it", "[plan]") {
+  using K = BindFallback::Kind;
+  const std::string why = "Address already in use";
+  // One node, no port given: a free port instead.
+  auto any = on_bind_failure(plan({"--nproc_per_node=2"}), why);
+  CHECK(any.kind == K::UseFreePort);
+  CHECK_THAT(any.message, Catch::Contains("port 29500 is taken (Address already in use)"));
+  // One node, a port given: an error naming the flag that chose it.
+  auto fixed = on_bind_failure(plan({"--master_port=29511"}), why);
+  CHECK(fixed.kind == K::Fail);
+  CHECK_THAT(fixed.message, Catch::Contains("cannot host the store on port 29511") &&
+                                Catch::Contains("use another --master_port, or 0 for a free port"));
+  auto endpoint = on_bind_failure(plan({"--rdzv_backend=c10d", "--rdzv_endpoint=otherhost:29411"}), why);
+  CHECK(endpoint.kind == K::Fail);
+  CHECK_THAT(endpoint.message, Catch::Contains("use another --rdzv_endpoint port"));
+  // c10d, the endpoint on this host, hosting not asked for: join whoever serves there.
+  const std::vector<std::string> c10d{"--nnodes=1:3", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400"};
+  auto join = on_bind_failure(plan(c10d, /*endpoint_is_here=*/true), why);
+  CHECK(join.kind == K::JoinAsClient);
+  CHECK_FALSE(join.plan.host_server);
+  CHECK_FALSE(join.plan.join.prefer_rank0);
+  CHECK_THAT(join.message, Catch::Contains("joining the rendezvous served there as a client"));
+  // Hosting asked for (is_host=1, static node 0): an error with the remedy of its backend.
+  auto forced_args = c10d;
+  forced_args.push_back("--rdzv_conf=is_host=1");
+  auto forced = on_bind_failure(plan(forced_args), why);
+  CHECK(forced.kind == K::Fail);
+  CHECK(forced.plan.host_server);
+  CHECK_THAT(forced.message, Catch::Contains("this node hosts the rendezvous (node0:29400)") &&
+                                 Catch::Contains("is another job using it?"));
+  auto node0 = on_bind_failure(plan({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--master_port=29555"}), why);
+  CHECK(node0.kind == K::Fail);
+  CHECK_THAT(node0.message, Catch::Contains("choose another --master_port"));
+}

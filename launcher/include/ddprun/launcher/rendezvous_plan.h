@@ -47,7 +47,25 @@ struct RendezvousPlan {
   rdzv::Join join;
   std::chrono::milliseconds connect_timeout{600000};  // = join_timeout
   std::chrono::milliseconds heartbeat_interval{1000};
+  // The port came from --rdzv_endpoint (c10d) rather than --master_port: for the wording of
+  // bind failures only.
+  bool port_from_endpoint = false;
 };
+
+// What the agent does when its store server cannot listen on plan.listen_port.
+struct BindFallback {
+  enum class Kind {
+    UseFreePort,   // listen on a free port instead (one node, no port given)
+    JoinAsClient,  // someone serves the rendezvous there already: join it (plan changed)
+    Fail,          // a usage-level error: `message` says what to change
+  };
+  Kind kind = Kind::Fail;
+  std::string message;  // UseFreePort / JoinAsClient: the info line; Fail: the error
+  RendezvousPlan plan;  // the plan to go on with (JoinAsClient: no hosting, no rank-0 wish)
+};
+
+// The decision and its wording for "plan.listen_port could not be bound: `why`". Pure.
+BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why);
 
 // Throws UsageError for bad --rdzv_conf values or an endpoint that does not parse.
 // `env` supplies DDPRUN_DEFAULT_STORE_PORT (a test seam: the port tried first when none is

@@ -10,7 +10,8 @@
 
 namespace ddprun::client {
 
-// Whether `host` names an address of this machine (it can be bound here). "localhost" is.
+// Whether `host` names an address of this machine (it can be bound here). "localhost" is. The
+// name lookup is bounded (5 s; no answer: not this machine).
 bool is_local_address(const std::string& host);
 
 // The interface that carries `addr` (e.g. "eth0"), or "" when none does.
@@ -24,8 +25,9 @@ enum class ConnectOutcome { Connected, TimedOut, Interrupted };
 
 // Connects to host:port, retrying refused or unreachable attempts with backoff (20 ms up to
 // 500 ms) until `deadline`. Each attempt is a non-blocking connect, so neither a SYN into a
-// black hole nor the backoff blocks for long: `interrupted` is asked at least every 100 ms and
-// a true answer gives up at once. Returns the connected fd (CLOEXEC, blocking, TCP_NODELAY)
+// black hole nor the backoff blocks for long, and each name lookup runs apart and is waited for
+// at most 5 s per attempt (a name service that does not answer is walked away from):
+// `interrupted` is asked at least every 100 ms and a true answer gives up at once. Returns the connected fd (CLOEXEC, blocking, TCP_NODELAY)
 // or -1 with `outcome` and `error` (the last attempt's reason) saying why.
 int connect_until(const std::string& host, uint16_t port, std::chrono::steady_clock::time_point deadline,
                   const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error);

@@ -3,7 +3,7 @@
 // store server and the worker runtime read the same table; `ddprun --help` lists it.
 //
 // torchrun's own variables (PET_<FLAG>, the worker variables) are not knobs: they are the
-// compatibility surface, documented in docs/TORCHRUN_COMPAT.md.
+// compatibility surface, documented in launcher/README.md.
 #pragma once
 
 #include <cstdlib>

@@ -3,12 +3,17 @@
 // server's notices (ROUND, RESTART, JOB_DONE, JOB_FAILED, ERROR) read whenever fd() is
 // readable. Messages are the typed structs of agent_protocol.h.
 //
-// Every blocking step can be abandoned: the constructor's connect retries and join() ask
-// `interrupted` at least every 100 ms and throw RendezvousInterrupted when it says yes (the
-// launcher passes "a stop signal arrived").
+// Every blocking step can be abandoned: the constructor's connect retries (name resolution
+// included), join() and every send ask `interrupted` at least every 100 ms and throw
+// RendezvousInterrupted when it says yes (the launcher passes "a stop signal arrived"). A send
+// never blocks on the socket: it waits for room in 100 ms slices, at most kSendTimeout in all
+// (then RendezvousError: the server stopped reading). A send cut short mid-message makes every
+// later send fail. The destructor returns within about one slice even when the server stopped
+// reading (the heartbeat thread's send gives up on the stop flag).
 //
-// Thread-safety: join/poll/wait_message/report_* are for one thread (the agent's loop); the
-// heartbeat thread only writes, under the send mutex. Errors throw RendezvousError.
+// Thread-safety: join/poll/wait_message/report_*/leave are for one thread (the agent's loop),
+// and `interrupted` is only called on it; the heartbeat thread only writes, under the send
+// mutex. Errors throw RendezvousError.
 #pragma once
 
 #include <atomic>
@@ -68,9 +73,15 @@ class RendezvousClient {
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
 
+  // How long one message may wait for the server to make room.
+  static constexpr std::chrono::milliseconds kSendTimeout{10000};
+
  private:
+  enum class Sender { Caller, Heartbeat };
   template <class T>
-  void send(const T& m);
+  void send(const T& m, Sender who = Sender::Caller);
+  void write_all(const std::string& bytes, Sender who);
+  bool give_up(Sender who) const;
   bool read_some(bool block, std::chrono::milliseconds timeout);
   std::optional<Message> take_buffered();
 
@@ -79,11 +90,12 @@ class RendezvousClient {
   std::function<bool()> interrupted_;
   int fd_ = -1;
   std::vector<uint8_t> in_;
-  std::mutex send_mu_;
+  std::timed_mutex send_mu_;
+  bool broken_ = false;  // under send_mu_
   std::thread heartbeat_;
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace ddprun::rdzv
