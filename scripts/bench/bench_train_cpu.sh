@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # CPU benchmark, one run: ddprun's `train` vs a PyTorch gloo DDP script of the same model under
-# torchrun (Debian's torch 1.13 on /usr/bin/python3), 1024-wide x 4 hidden layers (4.2 M
+# torchrun (torch 2.11 from the repository's .venv-torch2), 1024-wide x 4 hidden layers (4.2 M
 # params), batch 64 per rank, fp32, one thread per rank, at 1 and 2 ranks.
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
 #   usage: scripts/bench/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
 # TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step.
-# PY=python (default /usr/bin/python3: Debian's torch 1.13) runs the PyTorch side; CPUS=0,1
+# PY=python (default .venv-torch2/bin/python: torch 2.11 with its own optimised BLAS, the speed
+# anchor; Debian's /usr/bin/python3 has torch 1.13 on netlib BLAS, for wire compatibility only
+# and never an anchor) runs the PyTorch side; CPUS=0,1
 # pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,7 +18,15 @@ STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DE
 [[ -x "$train" ]] || { echo "build train first: cmake --build $build --target train"; exit 1; }
 tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-PY="${PY:-/usr/bin/python3}"
+PY="${PY:-$here/.venv-torch2/bin/python}"
+[[ -x "$PY" ]] || { echo "no $PY: run scripts/setup_deps.sh (or set PY=a python with torch 2.x)"; exit 1; }
+# The anchor, named in the output: which torch, from where, with which BLAS.
+anchor="$("$PY" - <<'PY' 2>/dev/null || echo "torch ? ($PY)"
+import re, sys, torch
+blas = re.findall(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+print("torch %s (%s, BLAS %s)" % (torch.__version__, sys.executable, blas[0] if blas else "?"))
+PY
+)"
 pin=(); if [[ -n "${CPUS:-}" ]]; then pin=(taskset -c "$CPUS"); fi
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -44,7 +54,8 @@ theirs() {
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 
-echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}; torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}"
+echo "anchor: PyTorch DDP (gloo) on $anchor"
 o1=(); o2=(); t1=(); t2=()
 for ((i = 0; i < REPEAT; i++)); do
   o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")

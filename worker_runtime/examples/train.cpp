@@ -282,7 +282,8 @@ int main(int argc, char** argv) {
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
       ->check(CLI::IsMember({"kill", "exit"}));
   app.add_option("--timeout", o.timeout_s,
-                 "timeout in seconds of NCCL init and of every collective (env DDPRUN_COLLECTIVE_TIMEOUT_S wins)")
+                 "timeout in seconds of NCCL init and of every collective (given, it beats env "
+                 "DDPRUN_COLLECTIVE_TIMEOUT_S; not given, the environment beats its default)")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
@@ -301,6 +302,9 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : dw::kExitUsage;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // The usual CLI rule: an explicit flag beats the environment, which beats the default. init()
+  // reads the knob itself, so an explicit --timeout replaces the knob for this process.
+  if (app.count("--timeout") > 0) ::setenv("DDPRUN_COLLECTIVE_TIMEOUT_S", std::to_string(o.timeout_s).c_str(), 1);
   return dw::run_worker_main([&] {
     dw::RuntimeOptions ro;
     ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;

@@ -22,6 +22,7 @@
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "knob_flag.h"
 
 namespace ddprun::worker {
 
@@ -38,12 +39,10 @@ struct CollectiveSignature {
 };
 static_assert(sizeof(CollectiveSignature) == 32);
 
-// DDPRUN_DEBUG_COLLECTIVES=1 (read once).
+// DDPRUN_DEBUG_COLLECTIVES=1 (read once; a value other than 0/1 throws WorkerError, and is
+// read again on the next call, so every caller sees the error).
 inline bool debug_collectives_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("DDPRUN_DEBUG_COLLECTIVES");
-    return v && std::string(v) == "1";
-  }();
+  static const bool on = knob_flag(knobs::kDebugCollectives);
   return on;
 }
 

@@ -11,7 +11,9 @@
 #include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
+#include "collective_check.h"
 #include "gpu_backend.h"
+#include "knob_flag.h"
 #include "store_impl.h"
 
 namespace ddprun::worker {
@@ -87,6 +89,10 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   auto rt = std::make_unique<RuntimeImpl>();
   rt->env_ = read_worker_env();
   const WorkerEnv& env = rt->env_;
+  // The 0/1 knobs are checked up front, so a bad value fails every run, not only the runs
+  // (world size > 1, CPU) that happen to read it.
+  (void)knob_flag(knobs::kShm);
+  (void)debug_collectives_enabled();
   if (options.apply_env_overrides) {
     options.timeout = env_seconds(knobs::kCollectiveTimeout, options.timeout);
     options.store_timeout = env_seconds(knobs::kStoreTimeout, options.store_timeout);
@@ -163,7 +169,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     GlooOptions go;
     go.timeout = options.timeout;
     go.key_prefix = scope + "gloo/";
-    if (knobs::get(knobs::kShm) == "0") go.shared_memory = false;
+    go.shared_memory = knob_flag(knobs::kShm);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) go.iface = ifname;
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
     rt->comm_ = make_gloo_communicator(*store, env.rank, env.world_size, go);

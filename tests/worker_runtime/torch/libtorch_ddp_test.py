@@ -138,9 +138,12 @@ def main():
     elif a.case == "invariant":
         common = ["--steps", "12", "--bn", "0", "--unused-mode", "step", "--samples", "256"]
         ddprun(2, common + ["--batch", "8", "--dump-final", T("two.%r")])
-        ddprun(1, common + ["--batch", "16", "--dump-final", T("one.%r")])
+        ddprun(1, common + ["--batch", "16", "--dump-init", T("init1.%r"), "--dump-final", T("one.%r")])
         compare(T("two.0"), T("one.0"))
         compare(T("two.1"), T("one.0"))
+        # Not a vacuous comparison: training moved the parameters.
+        moved = (read_dump(T("one.0"))["param/conv1.weight"] - read_dump(T("init1.0"))["param/conv1.weight"]).norm()
+        assert moved > 1e-3, f"parameters did not move ({moved})"
         print("OK: 2 ranks x 8 == 1 rank x 16")
 
     elif a.case == "unused_error":
