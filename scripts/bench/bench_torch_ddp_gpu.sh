@@ -40,7 +40,7 @@ if [[ "${1:-}" == "--bundle" ]]; then
       esac
     done
   done
-  cp "$here/bench_torch_ddp_gpu.sh" "$here/bench_torch_ddp.py" "$dst/scripts/bench/"
+  cp "$here/bench_torch_ddp_gpu.sh" "$here/bench_torch_ddp.py" "$here/device_env.sh" "$dst/scripts/bench/"
   cp "$root/tests/worker_runtime/torch/ddp_reference.py" "$root/tests/worker_runtime/torch/libtorch_ddp_test.py" \
      "$dst/tests/worker_runtime/torch/"
   strip "$dst"/bin/* "$dst"/bin/lib/* "$dst"/bin/fallback/* 2>/dev/null || true
@@ -52,27 +52,7 @@ out="${1:?output dir}"; shift
 mkdir -p "$out"; out="$(cd "$out" && pwd)"
 PY="${PY:-python3}"
 bin="$root/bin"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-torchlib="$("$PY" -c 'import torch,os; print(os.path.dirname(torch.__file__)+"/lib")')"
-nvlibs="$("$PY" - <<'PY'
-import glob, os
-dirs = []
-try:
-    import nvidia
-    for d in nvidia.__path__:
-        for so in glob.glob(os.path.join(d, "*", "lib", "*.so*")) + glob.glob(os.path.join(d, "*", "*", "lib", "*.so*")):
-            if os.path.dirname(so) not in dirs:
-                dirs.append(os.path.dirname(so))
-except Exception:
-    pass
-print(":".join(dirs))
-PY
-)"
-export LD_LIBRARY_PATH="$bin/lib:$torchlib:$nvlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for so in "$bin"/fallback/*.so*; do   # the bundle's copy only where this machine has none
-  [[ -e "$so" ]] || continue
-  ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$(basename "$so") " || { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$bin/fallback"; break; }
-done
+. "$here/device_env.sh" "$bin"   # library path (bundle, LibTorch, NVIDIA wheels), multicast off
 export PATH="$bin:$PATH"
 ex="$bin/ddprun-torch-example"
 

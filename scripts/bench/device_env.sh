@@ -24,6 +24,13 @@ except Exception:
 print(":".join(dirs))
 PY
 )"
-export LD_LIBRARY_PATH="$(cd "$_bin" && pwd)/lib:${_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+_bin="$(cd "$_bin" && pwd)"
+export LD_LIBRARY_PATH="$_bin/lib:${_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# $_bin/fallback: libraries most machines have (libibverbs, libnl), used only where this one
+# lacks them, so that NCCL never sees another distribution's libibverbs.
+for _so in "$_bin"/fallback/*.so*; do
+  [[ -e "$_so" ]] || continue
+  ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$(basename "$_so") " || { LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$_bin/fallback"; break; }
+done
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-unset _bin _py _libs
+unset _bin _py _libs _so
