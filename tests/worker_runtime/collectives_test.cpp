@@ -15,6 +15,7 @@
 #include "ddprun/worker/communicator.h"
 #include "ddprun/worker/runtime.h"
 #include "ddprun/worker/store.h"
+#include "gloo_ranks.h"
 #include "fake_communicator.h"
 #include "half.h"
 
@@ -148,40 +149,21 @@ TEST_CASE("Collectives: every op and dtype over Gloo, bit-exact, at 1, 2 and 3 r
   const int world = GENERATE(1, 2, 3);
   const bool shm = GENERATE(true, false);
   INFO("world " << world << ", shared memory " << shm);
-  ddprun::server::StoreServerOptions so;
-  so.host = "127.0.0.1";
-  so.port = 0;
-  ddprun::server::StoreServer server(so);
-  server.start();
-  std::vector<std::string> errors(static_cast<size_t>(world));
   std::atomic<int> arrived{0};
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      std::string& e = errors[static_cast<size_t>(r)];
-      try {
-        StoreOptions co;
-        co.port = server.port();
-        auto store = connect_store(co);
-        GlooOptions go;
-        go.hostname = "127.0.0.1";
-        go.timeout = std::chrono::seconds(60);
-        go.shared_memory = shm;
-        auto comm = make_gloo_communicator(*store, r, world, go);
-        // (no Catch assertions in these threads: Catch is not thread-safe)
-        if (comm->size() != world || comm->rank() != r) e += "wrong rank/size; ";
-        e += exercise(*comm);
-        // barrier: nobody leaves before everyone arrived
-        arrived.fetch_add(1);
-        comm->barrier();
-        if (arrived.load() != world) e += "barrier returned before every rank arrived; ";
-        comm->barrier();  // nobody destroys the mesh while a peer still reads `arrived`
-      } catch (const std::exception& ex) {
-        e += std::string("exception: ") + ex.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  std::vector<std::string> findings(static_cast<size_t>(world));
+  const auto errors = testing::on_gloo_ranks(world, shm, std::chrono::seconds(60), [&](int r, Communicator& comm) {
+    // (no Catch assertions in these threads: Catch is not thread-safe)
+    std::string& e = findings[static_cast<size_t>(r)];
+    if (comm.size() != world || comm.rank() != r) e += "wrong rank/size; ";
+    e += exercise(comm);
+    // barrier: nobody leaves before everyone arrived
+    arrived.fetch_add(1);
+    comm.barrier();
+    if (arrived.load() != world) e += "barrier returned before every rank arrived; ";
+    comm.barrier();  // nobody destroys the mesh while a peer still reads `arrived`
+  });
   for (const auto& e : errors) CHECK(e == "");
+  for (const auto& e : findings) CHECK(e == "");
 }
 
 TEST_CASE("Collectives: the 1-rank communicator of init() is the identity, a copy where in != out", "[collectives]") {

@@ -12,6 +12,7 @@
 #include "mlp/mlp.h"
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/store.h"
+#include "gloo_ranks.h"
 
 using namespace ddprun::worker;
 using namespace ddprun::example;
@@ -150,32 +151,10 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Runs `world` ranks (threads, each with its own store connection and Gloo communicator).
 std::vector<Trace> run_ranks(int world, bool shared_memory, const RunOptions& o) {
-  ddprun::server::StoreServerOptions so;
-  so.host = "127.0.0.1";
-  so.port = 0;
-  ddprun::server::StoreServer server(so);
-  server.start();
   std::vector<Trace> traces(static_cast<size_t>(world));
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        StoreOptions co;
-        co.host = "127.0.0.1";
-        co.port = server.port();
-        auto store = connect_store(co);
-        GlooOptions go;
-        go.hostname = "127.0.0.1";
-        go.timeout = std::chrono::seconds(20);
-        go.shared_memory = shared_memory;
-        auto comm = make_gloo_communicator(*store, r, world, go);
-        traces[static_cast<size_t>(r)] = run(comm.get(), r, world, world, o);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  const auto errors = testing::on_gloo_ranks(world, shared_memory, std::chrono::seconds(20), [&](int r, Communicator& c) {
+    traces[static_cast<size_t>(r)] = run(&c, r, world, world, o);
+  });
   for (const auto& e : errors) REQUIRE(e.empty());
   return traces;
 }

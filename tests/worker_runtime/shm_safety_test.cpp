@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ddprun/worker/store.h"
+#include "gloo_ranks.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
@@ -36,37 +37,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Runs body(rank, comm) for `world` ranks on threads, each with its own store connection and
-// shm-enabled Gloo communicator; returns each rank's exception message ("" when none).
+// Every rank a thread with its own store connection and (by default shm-enabled) Gloo
+// communicator; returns each rank's exception message ("" when none).
 std::vector<std::string> on_ranks(int world, const std::function<void(int, Communicator&)>& body,
                                   bool shared_memory = true) {
-  ddprun::server::StoreServerOptions so;
-  so.host = "127.0.0.1";
-  so.port = 0;
-  ddprun::server::StoreServer server(so);
-  server.start();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        StoreOptions co;
-        co.host = "127.0.0.1";
-        co.port = server.port();
-        co.connect_timeout = std::chrono::seconds(30);
-        auto store = connect_store(co);
-        GlooOptions go;
-        go.hostname = "127.0.0.1";
-        go.timeout = std::chrono::seconds(30);
-        go.shared_memory = shared_memory;
-        auto comm = make_gloo_communicator(*store, r, world, go);
-        body(r, *comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
+  return testing::on_gloo_ranks(world, shared_memory, std::chrono::seconds(30), body);
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
