@@ -25,6 +25,7 @@
 
 #include "ddprun/worker/store.h"
 #include "gloo_ranks.h"
+#include "spawn_logged.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
@@ -179,28 +180,11 @@ TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float"
 namespace {
 
 pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
-  for (const std::string& kv : {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+  std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
+  return testing::spawn_logged(args, std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
                                 "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
                                 std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")})
-    env_s.push_back(kv);
-  std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
-  return pid;
+                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")}, log);
 }
 
 // What /dev/shm holds: its entries and its used blocks. In the private tmpfs the test runs in
