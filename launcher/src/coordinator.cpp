@@ -12,6 +12,7 @@
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/rdzv/round_state.h"
+#include "ddprun/rdzv/validate.h"
 #include "ddprun/server/store_server.h"
 
 namespace ddprun::launcher {
@@ -22,6 +23,11 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
   switch (m.type) {
     case MsgType::Round: {
       const auto r = rdzv::from_message<rdzv::Round>(m);
+      if (auto why = rdzv::check_round(r, settings.local_world_size)) {
+        n.kind = Notice::Kind::JobFailed;
+        n.failed.reason = *why;
+        return n;
+      }
       n.kind = Notice::Kind::Round;
       n.layout.node_rank = static_cast<int>(r.node_rank);
       n.layout.num_nodes = static_cast<int>(r.nnodes);
@@ -39,17 +45,21 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
     case MsgType::Restart:
       n.kind = Notice::Kind::Restart;
       n.restart = rdzv::from_message<rdzv::Restart>(m);
+      n.restart.reason = rdzv::printable(n.restart.reason, rdzv::kMaxReasonLen);
       return n;
     case MsgType::JobDone:
       n.kind = Notice::Kind::JobDone;
       return n;
     case MsgType::JobFailed:
       n.kind = Notice::Kind::JobFailed;
+      // The server's words, and a failure another node reported: printed on this console.
       n.failed = rdzv::from_message<rdzv::JobFailed>(m);
+      n.failed.reason = rdzv::printable(n.failed.reason, rdzv::kMaxReasonLen);
+      if (n.failed.first_failure) n.failed.first_failure = rdzv::sanitized(*n.failed.first_failure);
       return n;
     case MsgType::Error:
       n.kind = Notice::Kind::JobFailed;
-      n.failed.reason = rdzv::from_message<rdzv::Error>(m).message;
+      n.failed.reason = rdzv::printable(rdzv::from_message<rdzv::Error>(m).message, rdzv::kMaxReasonLen);
       return n;
     default:
       return std::nullopt;
@@ -150,8 +160,8 @@ class RemoteCoordinator final : public Coordinator {
  public:
   RemoteCoordinator(const std::string& host, uint16_t port, rdzv::Join settings, const std::string& advertise,
                     std::chrono::milliseconds connect_timeout, std::chrono::milliseconds heartbeat_interval,
-                    const std::function<bool()>& interrupted)
-      : client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted)),
+                    const std::function<bool()>& interrupted, const std::string& token)
+      : client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted, token)),
         settings_(std::move(settings)),
         store_host_(host == "localhost" ? "127.0.0.1" : host) {
     char hostname[256] = "";
@@ -191,9 +201,10 @@ class RemoteCoordinator final : public Coordinator {
   static std::unique_ptr<rdzv::RendezvousClient> connect(const std::string& host, uint16_t port,
                                                          std::chrono::milliseconds timeout,
                                                          std::chrono::milliseconds heartbeat,
-                                                         const std::function<bool()>& interrupted) {
+                                                         const std::function<bool()>& interrupted,
+                                                         const std::string& token) {
     try {
-      return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted);
+      return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted, token);
     } catch (const rdzv::RendezvousInterrupted& e) {
       throw CoordinatorInterrupted(e.what());
     } catch (const rdzv::RendezvousError& e) {
@@ -226,9 +237,10 @@ std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, ui
                                                      const std::string& advertise,
                                                      std::chrono::milliseconds connect_timeout,
                                                      std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted) {
+                                                     const std::function<bool()>& interrupted,
+                                                     const std::string& token) {
   return std::make_unique<RemoteCoordinator>(host, port, std::move(settings), advertise, connect_timeout,
-                                             heartbeat_interval, interrupted);
+                                             heartbeat_interval, interrupted, token);
 }
 
 }  // namespace ddprun::launcher

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ddprun/rdzv/validate.h"
+
 namespace ddprun::rdzv {
 
 using std::chrono::milliseconds;
@@ -31,7 +33,7 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
   job.members.at(conn).last_seen = now;
   switch (m.type) {
     case MsgType::Heartbeat: break;
-    case MsgType::Failure: on_failure(job, conn, from_message<Failure>(m), out); break;
+    case MsgType::Failure: on_failure(job, conn, sanitized(from_message<Failure>(m)), out); break;
     case MsgType::Succeeded: on_succeeded(job, conn, from_message<Succeeded>(m), out); break;
     case MsgType::Leave: on_disconnect(conn, now, out); break;
     default:
@@ -42,8 +44,10 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
 void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out) {
   const std::string& run_id = m.run_id;
   const int64_t min_nodes = m.min_nodes, max_nodes = m.max_nodes;
-  if (run_id.empty() || min_nodes < 1 || max_nodes < min_nodes || m.local_world_size < 1) {
-    out.push_back({conn, error_msg("JOIN needs run_id, 1 <= min_nodes <= max_nodes and local_world_size >= 1"), true});
+  // Every field in bounds before anything is stored: what a JOIN says reaches the workers'
+  // environment and every node's console.
+  if (auto why = check_join(m)) {
+    out.push_back({conn, error_msg(*why), true});
     return;
   }
   if (auto cj = conn_job_.find(conn); cj != conn_job_.end() && cj->second != run_id) {
@@ -98,6 +102,19 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
         out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is already taken by " + describe(n)), true});
         return;
       }
+  }
+  {
+    // The world size of any round these members can form stays an int, far from overflow.
+    int64_t total = m.local_world_size;
+    for (const auto& [c, n] : job.members)
+      if (c != conn) total += n.local_world_size;
+    if (total > kMaxWorldSize) {
+      out.push_back({conn, error_msg("JOIN refused: job " + run_id + " would have " + std::to_string(total) +
+                                         " workers, more than " + std::to_string(kMaxWorldSize)),
+                     true});
+      if (created) jobs_.erase(it);
+      return;
+    }
   }
   Node& node = job.members[conn];
   const bool new_member = node.conn == 0;
@@ -337,6 +354,19 @@ void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
       fail_job(job, text, FailCause::Timeout, out);
     }
   }
+}
+
+const std::vector<ConnId>& RoundState::participants(const std::string& run_id) const {
+  static const std::vector<ConnId> none;
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? none : it->second.participants;
+}
+
+bool RoundState::is_participant(ConnId conn) const {
+  auto cj = conn_job_.find(conn);
+  if (cj == conn_job_.end()) return false;
+  const auto& p = participants(cj->second);
+  return std::find(p.begin(), p.end(), conn) != p.end();
 }
 
 std::optional<Clock::time_point> RoundState::next_deadline() const {

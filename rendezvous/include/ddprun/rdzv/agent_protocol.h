@@ -36,12 +36,16 @@ enum class MsgType : uint8_t {
   Failure = 3,
   Succeeded = 4,
   Leave = 5,
+  Hello = 6,  // the first message: the agent's nonce (agent_auth.h)
+  Auth = 7,   // the agent's proof that it holds the token
   // server -> agent
   Round = 20,
   Restart = 21,
   JobDone = 22,
   JobFailed = 23,
   Error = 24,  // the request was refused or timed out; the server closes the connection
+  Challenge = 25,  // the answer to HELLO: whether a token is required, the server's nonce and proof
+  Welcome = 26,    // the agent's proof was right: it may join
 };
 const char* msg_type_name(MsgType t);
 
@@ -191,6 +195,42 @@ struct JobFailed {
     v("reason", s.reason), v("cause", s.cause), v("restart_count", s.restart_count);
     v("max_restarts", s.max_restarts), v("first_failure", s.first_failure);
   }
+};
+
+// The token handshake (agent_auth.h says why it goes this way).
+struct Hello {
+  static constexpr MsgType kType = MsgType::Hello;
+  int64_t version = 1;
+  std::string client_nonce;  // hex
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("version", s.version), v("client_nonce", s.client_nonce);
+  }
+};
+
+struct Auth {
+  static constexpr MsgType kType = MsgType::Auth;
+  std::string proof;  // hex HMAC-SHA256
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("proof", s.proof);
+  }
+};
+
+struct Challenge {
+  static constexpr MsgType kType = MsgType::Challenge;
+  bool token_required = false;
+  std::string server_nonce, server_proof;  // hex; empty without a token
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("token_required", s.token_required), v("server_nonce", s.server_nonce), v("server_proof", s.server_proof);
+  }
+};
+
+struct Welcome {
+  static constexpr MsgType kType = MsgType::Welcome;
+  template <class S, class V>
+  static void visit(S&, V&&) {}
 };
 
 struct Error {

@@ -66,6 +66,11 @@ class RoundState {
   // caller ticks periodically (a fraction of the heartbeat timeout) for that.
   std::optional<Clock::time_point> next_deadline() const;
 
+  // The connections of the agents in the job's current (or last) round; none for an unknown job.
+  const std::vector<ConnId>& participants(const std::string& run_id) const;
+  // Whether `conn` is an agent in its job's current (or last) round.
+  bool is_participant(ConnId conn) const;
+
   size_t num_jobs() const { return jobs_.size(); }
   size_t num_agents() const { return conn_job_.size(); }
 
