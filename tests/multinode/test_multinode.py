@@ -326,6 +326,14 @@ def intruded_job(args, token):
         wait_for(lambda: len(run.records()) >= 2, 40, "both workers of round 0")
         modes = ATTACKS if token else ["huge_world"]
         loop = finish_intruder(intruder(run, 2, modes, ["--seconds", "8"] + same_flags))
+        if token:
+            # A real ddprun with the wrong token, then with none: refused, saying what to set.
+            for bad_env, says in (({"DDPRUN_RDZV_TOKEN": "not the job's token, 16+ bytes"}, "token mismatch"),
+                                  ({}, "requires a token and this agent has none")):
+                run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=bad_env)
+                code, out = run.wait(2, 60)
+                assert code != 0 and "rendezvous refused: " + says in out, (code, out)
+                assert "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node" in out, out
         store_port = run.records()[0]["MASTER_PORT"]
         store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", store_port]))
         run.release()
