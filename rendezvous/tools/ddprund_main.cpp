@@ -118,6 +118,7 @@ int run(const DaemonOptions& o) {
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
+  so.standing = true;
   try {
     so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
   } catch (const std::invalid_argument& e) {

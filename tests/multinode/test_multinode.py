@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -274,6 +275,47 @@ def scenario_standing_ddprund(args):
         assert all(x["MASTER_ADDR"] == run.cluster.addr(0) for x in recs), "workers' store beside ddprund"
         check_round([x for x in recs if x["TORCHELASTIC_RUN_ID"] == "jobB"], 1, 2, 2)
         assert d.poll() is None, "ddprund outlives its jobs"
+    finally:
+        run.close()
+
+
+def start_ddprund(run, args, extra=()):
+    ddprund = os.path.join(os.path.dirname(args.ddprun), "..", "rendezvous", "ddprund")
+    d = run.cluster.spawn(0, [ddprund, "--port", "29400"] + list(extra))
+    line = d.stdout.readline()
+    assert "listening" in line, line
+    return d
+
+
+def scenario_ddprund_restart(args):
+    """A standing ddprund is SIGKILLed mid-run and started again on the same address: the agents
+    reconnect, the daemon rebuilds the round from their re-joins, the workers keep running
+    (one attempt, nothing restarted, max_restarts=0 so any budget spent would fail the job)."""
+    run = Run(args, 3)
+    try:
+        d = start_ddprund(run, args)
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        for n in (1, 2):
+            run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0"]), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        d2 = start_ddprund(run, args)
+        # The daemon says when the round is whole again; then the workers may finish.
+        lines = []
+        threading.Thread(target=lambda: lines.extend(iter(d2.stdout.readline, "")), daemon=True).start()
+        try:
+            wait_for(lambda: any("rebuilt" in ln for ln in lines), 40, "ddprund to rebuild the round")
+        finally:
+            print("ddprund (restarted):\n" + "".join(lines))
+        run.release()
+        (c1, out1), (c2, out2) = run.wait(1, 60), run.wait(2, 60)
+        assert (c1, c2) == (0, 0), (c1, c2)
+        recs = run.records()
+        assert len(recs) == 2, f"the workers were not restarted: {recs}"
+        check_round(recs, 0, 2, 2)
+        assert "reconnected to the rendezvous server" in out1 + out2
+        assert d2.poll() is None
     finally:
         run.close()
 

@@ -102,8 +102,8 @@ std::string load_token(const std::string& file, const char* env_value) {
   return checked_token(std::move(content), flag);
 }
 
-ServerHandshake::ServerHandshake(std::string token, std::string server_nonce)
-    : token_(std::move(token)), server_nonce_(std::move(server_nonce)) {}
+ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing)
+    : token_(std::move(token)), server_nonce_(std::move(server_nonce)), standing_(standing) {}
 
 ServerHandshake::Step ServerHandshake::refuse(std::string text, std::string why) {
   state_ = State::Refused;
@@ -137,14 +137,15 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
       }
       if (token_.empty()) {
         state_ = State::Admitted;
-        s.reply = to_message(Challenge{.token_required = false});
+        s.reply = to_message(Challenge{.token_required = false, .standing = standing_});
         s.admitted = true;
         return s;
       }
       state_ = State::Challenged;
       s.reply = to_message(Challenge{.token_required = true,
                                      .server_nonce = server_nonce_,
-                                     .server_proof = server_proof(token_, client_nonce_, server_nonce_)});
+                                     .server_proof = server_proof(token_, client_nonce_, server_nonce_),
+                                     .standing = standing_});
       return s;
     case State::Challenged: {
       if (m.type != MsgType::Auth)
@@ -179,6 +180,7 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
                              " (not a ddprun rendezvous of this version?)");
     challenged_ = true;
     const Challenge c = from_message<Challenge>(m);
+    standing_ = c.standing;
     if (!c.token_required) {
       if (!token_.empty())
         throw HandshakeRefused("rendezvous refused: the server at " + where_ +

@@ -194,6 +194,7 @@ void RendezvousClient::handshake(const std::string& token) {
       write_all(bytes, Sender::Caller);
     }
   }
+  server_standing_ = hs.server_standing();
 }
 
 void RendezvousClient::send_join(const Join& info) { send(info); }

@@ -143,6 +143,13 @@ std::optional<std::string> check_join(const Join& j) {
   if (!in_range(j.node_rank, -1, j.max_nodes - 1))
     return "JOIN refused: --node_rank " + to_string(j.node_rank) + " is out of range for " + to_string(j.max_nodes) +
            " nodes (0.." + to_string(j.max_nodes - 1) + ")";
+  if (j.resume_round >= 0 &&
+      (!in_range(j.resume_round, 0, int64_t{1} << 40) || !in_range(j.resume_restart_count, 0, j.max_restarts) ||
+       !in_range(j.resume_nnodes, 1, j.max_nodes) || !in_range(j.resume_node_rank, 0, j.resume_nnodes - 1) ||
+       !in_range(j.resume_store_port, 0, 65535)))
+    return "JOIN refused: the round to resume is out of range (round " + to_string(j.resume_round) + ", node rank " +
+           to_string(j.resume_node_rank) + " of " + to_string(j.resume_nnodes) + ", restart count " +
+           to_string(j.resume_restart_count) + ")";
   return std::nullopt;
 }
 

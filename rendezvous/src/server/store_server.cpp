@@ -542,7 +542,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           c->ks == main_ks.get() && options.enable_rendezvous) {
         c->agent = true;
         ++agents;
-        c->handshake.emplace(options.rdzv_token, rdzv::random_nonce());
+        c->handshake.emplace(options.rdzv_token, rdzv::random_nonce(), options.standing);
         pos = 5;
       } else {
         auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
@@ -906,6 +906,15 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override {
+    return open_on(run_id, round, fixed_port, 0);
+  }
+  uint16_t reopen(const std::string& run_id, int64_t round, bool fixed_port, uint16_t port) override {
+    spdlog::info("[ddprund] job {}: round {} rebuilt from its agents' re-joins after a restart of this server", run_id,
+                 round);
+    return open_on(run_id, round, fixed_port, port);
+  }
+  // `port` 0: any free one; else that one when free (a rebuilt round's workers know it).
+  uint16_t open_on(const std::string& run_id, int64_t round, bool fixed_port, uint16_t want) {
     if (fixed_port) {
       spdlog::debug("[ddprund] job {} round {}: workers' store is the main keyspace (port {}), emptied", run_id,
                     round, bound_port.load());
@@ -918,7 +927,12 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // Same address as the main listener, any free port. Out of descriptors, this throws: the
     // joining agent gets an ERROR (process()), the server goes on.
     try {
-      bind(*ks, options.host, 0);
+      try {
+        bind(*ks, options.host, want);
+      } catch (const std::exception&) {
+        if (want == 0) throw;
+        bind(*ks, options.host, 0);  // taken meanwhile: the rebuilt round's store moves
+      }
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot open the workers' store of job ") + run_id + ": " + e.what());
     }

@@ -55,7 +55,7 @@ inline constexpr const char* kTokenAdvice =
 class ServerHandshake {
  public:
   // `token`: "" = the rendezvous is open. `server_nonce`: random_nonce() (tests pass their own).
-  ServerHandshake(std::string token, std::string server_nonce);
+  ServerHandshake(std::string token, std::string server_nonce, bool standing = false);
 
   struct Step {
     std::optional<Message> reply;  // to send to the agent
@@ -72,6 +72,7 @@ class ServerHandshake {
   enum class State { Fresh, Challenged, Admitted, Refused };
   Step refuse(std::string text, std::string why);
   std::string token_, server_nonce_, client_nonce_;
+  bool standing_ = false;
   State state_ = State::Fresh;
 };
 
@@ -90,10 +91,12 @@ class ClientHandshake {
   // HandshakeRefused on a token mismatch (either way), an ERROR, or an answer out of turn.
   std::optional<Message> on_reply(const Message& m);
   bool done() const { return done_; }
+  // The server said it is a standing daemon (known once challenged).
+  bool server_standing() const { return standing_; }
 
  private:
   std::string token_, client_nonce_, where_;
-  bool challenged_ = false, done_ = false;
+  bool challenged_ = false, done_ = false, standing_ = false;
 };
 
 }  // namespace ddprun::rdzv

@@ -80,6 +80,8 @@ class RendezvousClient {
   void report_success(int64_t round);
   void leave();  // never throws
 
+  // The server is a standing daemon (ddprund), as its handshake said.
+  bool server_standing() const { return server_standing_; }
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
 
@@ -108,6 +110,7 @@ class RendezvousClient {
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
   std::atomic<bool> stopping_{false};
+  bool server_standing_ = false;
 };
 
 }  // namespace ddprun::rdzv

@@ -70,6 +70,9 @@ struct StoreServerOptions {
   // restricted when enable_rendezvous). For the launcher hosting a multi-node job, whose main
   // keyspace is the workers' store; a standing ddprund's main keyspace stays a general store.
   bool restrict_main_store = false;
+  // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
+  // and re-join their running round (round_state.h "Resume"); told in the handshake.
+  bool standing = false;
   // I/O threads; 0 = one per core, at most kMaxAutoIoThreads. The launcher's in-process store
   // (a handful of local workers) uses 1; ddprund defaults to 0.
   int io_threads = 1;
