@@ -190,6 +190,7 @@ class RemoteCoordinator final : public Coordinator {
 
   void join() override {
     running_ = false;
+    join_pending_ = true;
     guard([&] { client_->send_join(settings_); });
   }
   void report_failure(rdzv::Failure f) override {
@@ -208,6 +209,7 @@ class RemoteCoordinator final : public Coordinator {
     try {
       while (auto m = client_->poll()) {
         if (auto n = notice_of(*m, settings_, store_host_)) {
+          join_pending_ = false;
           if (n->kind == Notice::Kind::Round) {
             round_ = n->round;
             last_round_ = rdzv::from_message<rdzv::Round>(*m);
@@ -223,13 +225,13 @@ class RemoteCoordinator final : public Coordinator {
       // The server's last word (an ERROR, JOB_FAILED) comes before its close: deliver it; the
       // closed connection stays readable and is reported on the next call.
       if (!out.empty()) return out;
-      if (client_->server_standing() && running_) {
+      if (client_->server_standing() && (running_ || join_pending_)) {
         reconnect(e.what());
         return out;
       }
       throw CoordinatorError(std::string(e.what()) +
                              (client_->server_standing()
-                                  ? std::string(" (the standing rendezvous server is gone while no round ran)")
+                                  ? std::string(" (the standing rendezvous server went away after the job ended)")
                                   : std::string(" (the node hosting the rendezvous is gone: its agent ended or "
                                                 "crashed; a standing ddprund as --rdzv_endpoint outlives any agent)")));
     }
@@ -269,9 +271,13 @@ class RemoteCoordinator final : public Coordinator {
   void reconnect(const std::string& why) {
     const std::string where = host_ + ":" + std::to_string(port_);
     const auto timeout = std::chrono::milliseconds(settings_.join_timeout_ms);
-    spdlog::warn("lost the standing rendezvous server at {} ({}) while round {} runs: reconnecting for up to {} s; "
-                 "the workers keep running",
-                 where, why, round_, timeout.count() / 1000);
+    if (running_)
+      spdlog::warn("lost the standing rendezvous server at {} ({}) while round {} runs: reconnecting for up to {} s; "
+                   "the workers keep running",
+                   where, why, round_, timeout.count() / 1000);
+    else
+      spdlog::warn("lost the standing rendezvous server at {} ({}) while joining: reconnecting for up to {} s", where,
+                   why, timeout.count() / 1000);
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     const auto deadline = t0 + timeout;
@@ -302,6 +308,13 @@ class RemoteCoordinator final : public Coordinator {
       }
     }
     watch();
+    if (!running_) {
+      // It was gathering a round: join again from scratch (the new server knows nothing).
+      guard([&] { client_->send_join(settings_); });
+      spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; joining again", where,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+      return;
+    }
     rdzv::Join resume = settings_;
     resume.resume_round = last_round_.round;
     resume.resume_restart_count = last_round_.restart_count;
@@ -337,6 +350,7 @@ class RemoteCoordinator final : public Coordinator {
   int64_t round_ = -1;
   rdzv::Round last_round_;
   bool running_ = false;    // a ROUND came and no RESTART/JOB_* since: a round to resume
+  bool join_pending_ = false;  // a JOIN went out and no answer came yet
   bool succeeded_ = false;  // SUCCEEDED was sent for it
 };
 
