@@ -293,14 +293,19 @@ def scenario_ddprund_restart(args):
     (one attempt, nothing restarted, max_restarts=0 so any budget spent would fail the job)."""
     run = Run(args, 3)
     try:
-        d = start_ddprund(run, args)
+        # With a token (a 0600 file on every side): the reconnect proves it again.
+        token_file = os.path.join(run.out, "token")
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(TOKEN + "\n")
+        d = start_ddprund(run, args, ["--rdzv_token_file", token_file])
         env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
         for n in (1, 2):
-            run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0"]), extra_env=env)
+            run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0", "--rdzv_token_file", token_file]),
+                      extra_env=env)
         wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
-        d2 = start_ddprund(run, args)
+        d2 = start_ddprund(run, args, ["--rdzv_token_file", token_file])
         # The daemon says when the round is whole again; then the workers may finish.
         lines = []
         threading.Thread(target=lambda: lines.extend(iter(d2.stdout.readline, "")), daemon=True).start()
