@@ -405,6 +405,14 @@ def intruded_job(args, token):
                 code, out = run.wait(2, 60)
                 assert code != 0 and "rendezvous refused: " in out and says in out, (code, out)
                 assert "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node" in out, out
+            # A token file others may read is a usage error that says how to fix it.
+            loose = os.path.join(run.out, "loose_token")
+            with open(loose, "w") as f:
+                f.write(TOKEN)
+            os.chmod(loose, 0o644)
+            run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3", "--rdzv_token_file", loose]))
+            code, out = run.wait(2, 60)
+            assert code == 2 and f"chmod 600 {loose}" in out, (code, out)
         store_port = run.records()[0]["MASTER_PORT"]
         store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", store_port]))
         run.release()
