@@ -177,6 +177,17 @@ void Agent::on_coordinator() {
       if (done_) break;
       on_notice(n);
     }
+  } catch (const CoordinatorInterrupted& e) {
+    // A stop signal ended a reconnect: act on the signal (stop_requested() took it off the
+    // signalfd), not on a lost job.
+    spdlog::error("{}", e.what());
+    if (stop_signal_seen_ && !state_.stop_signal()) {
+      const int s = *stop_signal_seen_;
+      stop_signal_seen_.reset();
+      ::raise(s);
+      return;
+    }
+    coordinator_lost(e.what());
   } catch (const CoordinatorError& e) {
     coordinator_lost(e.what());
   }
@@ -184,8 +195,7 @@ void Agent::on_coordinator() {
 
 void Agent::coordinator_lost(const std::string& what) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, coordinator_->fd(), nullptr);
-  agent_error_ = what + " (the node hosting the rendezvous is gone? A standing ddprund as --rdzv_endpoint outlives "
-                        "any agent)";
+  agent_error_ = what;  // the coordinator says what was lost and why
   spdlog::error("{}", what);
   dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
 }

@@ -14,6 +14,8 @@
 
 #include "agent_impl.h"
 #include "ddprun/client/net.h"
+#include "ddprun/common/knobs.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/launcher/signal_names.h"
 #include "sys_util.h"
 
@@ -118,6 +120,8 @@ void Agent::host_server() {
     so.port = port;
     so.io_threads = plan_.server_io_threads;
     so.enable_rendezvous = plan_.serve_rendezvous;
+    so.rdzv_token = plan_.rdzv_token;
+    so.restrict_main_store = !plan_.local;  // static multi-node: the workers' store
     auto s = std::make_unique<server::StoreServer>(so);
     s->start();
     return s;
@@ -142,6 +146,20 @@ void Agent::host_server() {
 }
 
 void Agent::start_coordinator() {
+  if (!plan_.local) {
+    // Who may join: the same token on every node, or a rendezvous open to the network.
+    const auto env_token = env_.find(knobs::kRdzvToken.name);
+    try {
+      plan_.rdzv_token = rdzv::load_token(opts_.rdzv_token_file,
+                                          env_token == env_.end() ? nullptr : env_token->second.c_str());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    if (plan_.rdzv_token.empty())
+      spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it: set DDPRUN_RDZV_TOKEN or "
+                   "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
+                   opts_.rdzv_id, plan_.endpoint_host, plan_.endpoint_port);
+  }
   host_server();
   if (plan_.local) {
     coordinator_ = make_local_coordinator(*store_, plan_.join, plan_.store_host);
@@ -151,7 +169,8 @@ void Agent::start_coordinator() {
     coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
                                            plan_.connect_timeout, plan_.heartbeat_interval,
                                            // Once stopping, no send waits for a server that stopped reading.
-                                           [this] { return state_.stop_signal().has_value() || stop_requested(); });
+                                           [this] { return state_.stop_signal().has_value() || stop_requested(); },
+                                           plan_.rdzv_token);
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
   // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user

@@ -1,6 +1,7 @@
 // Both coordinators (coordinator.h) and the one translation of server messages into notices.
 #include "ddprun/launcher/coordinator.h"
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -8,10 +9,13 @@
 #include <deque>
 #include <system_error>
 
+#include <spdlog/spdlog.h>
+
 #include "ddprun/client/net.h"
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/rdzv/round_state.h"
+#include "ddprun/rdzv/validate.h"
 #include "ddprun/server/store_server.h"
 
 namespace ddprun::launcher {
@@ -22,6 +26,11 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
   switch (m.type) {
     case MsgType::Round: {
       const auto r = rdzv::from_message<rdzv::Round>(m);
+      if (auto why = rdzv::check_round(r, settings.local_world_size)) {
+        n.kind = Notice::Kind::JobFailed;
+        n.failed.reason = *why;
+        return n;
+      }
       n.kind = Notice::Kind::Round;
       n.layout.node_rank = static_cast<int>(r.node_rank);
       n.layout.num_nodes = static_cast<int>(r.nnodes);
@@ -39,17 +48,21 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
     case MsgType::Restart:
       n.kind = Notice::Kind::Restart;
       n.restart = rdzv::from_message<rdzv::Restart>(m);
+      n.restart.reason = rdzv::printable(n.restart.reason, rdzv::kMaxReasonLen);
       return n;
     case MsgType::JobDone:
       n.kind = Notice::Kind::JobDone;
       return n;
     case MsgType::JobFailed:
       n.kind = Notice::Kind::JobFailed;
+      // The server's words, and a failure another node reported: printed on this console.
       n.failed = rdzv::from_message<rdzv::JobFailed>(m);
+      n.failed.reason = rdzv::printable(n.failed.reason, rdzv::kMaxReasonLen);
+      if (n.failed.first_failure) n.failed.first_failure = rdzv::sanitized(*n.failed.first_failure);
       return n;
     case MsgType::Error:
       n.kind = Notice::Kind::JobFailed;
-      n.failed.reason = rdzv::from_message<rdzv::Error>(m).message;
+      n.failed.reason = rdzv::printable(rdzv::from_message<rdzv::Error>(m).message, rdzv::kMaxReasonLen);
       return n;
     default:
       return std::nullopt;
@@ -146,62 +159,178 @@ class LocalCoordinator final : public Coordinator {
   bool left_ = false;
 };
 
+// Many nodes: a client of the rendezvous server. fd() is an epoll set of its own around the
+// client's socket, so the agent's loop keeps watching one descriptor when the connection is
+// replaced (a reconnect to a standing ddprund that restarted).
 class RemoteCoordinator final : public Coordinator {
  public:
   RemoteCoordinator(const std::string& host, uint16_t port, rdzv::Join settings, const std::string& advertise,
                     std::chrono::milliseconds connect_timeout, std::chrono::milliseconds heartbeat_interval,
-                    const std::function<bool()>& interrupted)
-      : client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted)),
+                    const std::function<bool()>& interrupted, const std::string& token)
+      : host_(host),
+        port_(port),
+        heartbeat_(heartbeat_interval),
+        interrupted_(interrupted),
+        token_(token),
+        client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted, token)),
         settings_(std::move(settings)),
         store_host_(host == "localhost" ? "127.0.0.1" : host) {
     char hostname[256] = "";
     ::gethostname(hostname, sizeof hostname - 1);
     settings_.host = !advertise.empty() ? advertise : client::local_address_of(client_->fd());
     settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
+    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+    watch();
+  }
+  ~RemoteCoordinator() override {
+    client_.reset();
+    ::close(epfd_);
   }
 
-  void join() override { guard([&] { client_->send_join(settings_); }); }
+  void join() override {
+    running_ = false;
+    join_pending_ = true;
+    guard([&] { client_->send_join(settings_); });
+  }
   void report_failure(rdzv::Failure f) override {
     f.round = round_;
     guard([&] { client_->report_failure(f); });
   }
-  void report_success() override { guard([&] { client_->report_success(round_); }); }
-  int fd() const override { return client_->fd(); }
+  void report_success() override {
+    succeeded_ = true;
+    guard([&] { client_->report_success(round_); });
+  }
+  int fd() const override { return epfd_; }
   bool has_notices() const override { return false; }
   std::vector<Notice> take_notices() override {
     std::vector<Notice> out;
+    if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
     try {
       while (auto m = client_->poll()) {
         if (auto n = notice_of(*m, settings_, store_host_)) {
-          if (n->kind == Notice::Kind::Round) round_ = n->round;
+          join_pending_ = false;
+          if (n->kind == Notice::Kind::Round) {
+            round_ = n->round;
+            last_round_ = rdzv::from_message<rdzv::Round>(*m);
+            running_ = true;
+            succeeded_ = false;
+          } else {
+            running_ = false;  // RESTART, JOB_DONE, JOB_FAILED: nothing to resume
+          }
           out.push_back(std::move(*n));
         }
       }
     } catch (const rdzv::RendezvousError& e) {
       // The server's last word (an ERROR, JOB_FAILED) comes before its close: deliver it; the
       // closed connection stays readable and is reported on the next call.
-      if (out.empty()) throw CoordinatorError(e.what());
+      if (!out.empty()) return out;
+      if (client_->server_standing() && (running_ || join_pending_)) {
+        reconnect(e.what());
+        return out;
+      }
+      throw CoordinatorError(std::string(e.what()) +
+                             (client_->server_standing()
+                                  ? std::string(" (the standing rendezvous server went away after the job ended)")
+                                  : std::string(" (the node hosting the rendezvous is gone: its agent ended or "
+                                                "crashed; a standing ddprund as --rdzv_endpoint outlives any agent)")));
     }
     return out;
   }
-  void leave() override { client_->leave(); }
+  void leave() override {
+    if (client_) client_->leave();
+  }
   std::string node_address() const override { return settings_.host; }
 
  private:
   static std::unique_ptr<rdzv::RendezvousClient> connect(const std::string& host, uint16_t port,
                                                          std::chrono::milliseconds timeout,
                                                          std::chrono::milliseconds heartbeat,
-                                                         const std::function<bool()>& interrupted) {
+                                                         const std::function<bool()>& interrupted,
+                                                         const std::string& token) {
     try {
-      return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted);
+      return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted, token);
     } catch (const rdzv::RendezvousInterrupted& e) {
       throw CoordinatorInterrupted(e.what());
     } catch (const rdzv::RendezvousError& e) {
       throw CoordinatorError(e.what());
     }
   }
+
+  void watch() {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = client_->fd();
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, client_->fd(), &ev) != 0)
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+  }
+
+  // The standing server went away while this node's workers run: reconnect (retrying with
+  // backoff, bounded by the join timeout, given up on a stop signal) and re-join the running
+  // round, which the server rebuilds from the agents' re-joins. The workers keep running.
+  void reconnect(const std::string& why) {
+    const std::string where = host_ + ":" + std::to_string(port_);
+    const auto timeout = std::chrono::milliseconds(settings_.join_timeout_ms);
+    if (running_)
+      spdlog::warn("lost the standing rendezvous server at {} ({}) while round {} runs: reconnecting for up to {} s; "
+                   "the workers keep running",
+                   where, why, round_, timeout.count() / 1000);
+    else
+      spdlog::warn("lost the standing rendezvous server at {} ({}) while joining: reconnecting for up to {} s", where,
+                   why, timeout.count() / 1000);
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + timeout;
+    client_.reset();  // its socket leaves the epoll set as it closes
+    auto backoff = std::chrono::milliseconds(50);
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      try {
+        if (left.count() <= 0) throw rdzv::RendezvousError("no time left");
+        client_ = std::make_unique<rdzv::RendezvousClient>(host_, port_, left, heartbeat_, interrupted_, token_);
+        break;
+      } catch (const rdzv::RendezvousInterrupted& e) {
+        throw CoordinatorInterrupted(e.what());
+      } catch (const rdzv::RendezvousRefused& e) {
+        throw CoordinatorError(e.what());  // the server that came back has another token: no retry helps
+      } catch (const rdzv::RendezvousError& e) {
+        // A daemon still dying (its backlog accepts, then resets) or not listening yet: again.
+        if (Clock::now() + backoff >= deadline)
+          throw CoordinatorError("lost the standing rendezvous server at " + where + " (" + why +
+                                 ") and it did not come back within " + std::to_string(timeout.count() / 1000) +
+                                 " s (last attempt: " + e.what() + "); the job's rounds lived there");
+        for (auto until = Clock::now() + backoff; Clock::now() < until;) {
+          if (interrupted_ && interrupted_())
+            throw CoordinatorInterrupted("stopped while reconnecting to the rendezvous server " + where);
+          ::usleep(20000);
+        }
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+      }
+    }
+    watch();
+    if (!running_) {
+      // It was gathering a round: join again from scratch (the new server knows nothing).
+      guard([&] { client_->send_join(settings_); });
+      spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; joining again", where,
+                   std::chrono::duration<double>(Clock::now() - t0).count());
+      return;
+    }
+    rdzv::Join resume = settings_;
+    resume.resume_round = last_round_.round;
+    resume.resume_restart_count = last_round_.restart_count;
+    resume.resume_node_rank = last_round_.node_rank;
+    resume.resume_nnodes = last_round_.nnodes;
+    resume.resume_store_port = last_round_.store_port;
+    resume.resume_succeeded = succeeded_;
+    guard([&] { client_->send_join(resume); });
+    spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; re-joined round {} (node rank {} of {})",
+                 where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), round_,
+                 last_round_.node_rank, last_round_.nnodes);
+  }
+
   template <class F>
   void guard(F&& f) {
+    if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
     try {
       f();
     } catch (const rdzv::RendezvousError& e) {
@@ -209,10 +338,20 @@ class RemoteCoordinator final : public Coordinator {
     }
   }
 
+  std::string host_;
+  uint16_t port_;
+  std::chrono::milliseconds heartbeat_;
+  std::function<bool()> interrupted_;
+  std::string token_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::Join settings_;
   std::string store_host_;
+  int epfd_ = -1;
   int64_t round_ = -1;
+  rdzv::Round last_round_;
+  bool running_ = false;    // a ROUND came and no RESTART/JOB_* since: a round to resume
+  bool join_pending_ = false;  // a JOIN went out and no answer came yet
+  bool succeeded_ = false;  // SUCCEEDED was sent for it
 };
 
 }  // namespace
@@ -226,9 +365,10 @@ std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, ui
                                                      const std::string& advertise,
                                                      std::chrono::milliseconds connect_timeout,
                                                      std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted) {
+                                                     const std::function<bool()>& interrupted,
+                                                     const std::string& token) {
   return std::make_unique<RemoteCoordinator>(host, port, std::move(settings), advertise, connect_timeout,
-                                             heartbeat_interval, interrupted);
+                                             heartbeat_interval, interrupted, token);
 }
 
 }  // namespace ddprun::launcher

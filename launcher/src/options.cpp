@@ -57,6 +57,11 @@ constexpr FlagSpec kFlags[] = {
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
     {"local_ranks_filter", "", true, "only these local ranks print to the console, e.g. 0,2"},
     {"local_addr", "", true, "address this node advertises"},
+    {"rdzv_token_file", "", true,
+     "a file (mode 0600, yours) holding the rendezvous token, a shared secret of 16+ bytes: agents "
+     "must prove they hold it (HMAC challenge-response, both ways) to join a multi-node job; the "
+     "same on every node and on a standing ddprund. Without it, DDPRUN_RDZV_TOKEN; without "
+     "either the rendezvous is open to anyone who can reach it"},
     {"signals_to_handle", "", true,
      "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},
@@ -466,6 +471,10 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
   if (auto s = get("tee")) o.tee = parse_std_streams("tee", *s);
   if (auto s = get("local_ranks_filter")) o.local_ranks_filter = parse_local_ranks_filter(*s);
   if (auto s = get("local_addr")) o.local_addr = trim(*s);
+  if (auto s = get("rdzv_token_file")) {
+    if (trim(*s).empty()) bad("rdzv_token_file", *s, "the path of a file holding the token");
+    o.rdzv_token_file = *s;
+  }
   if (auto s = get("signals_to_handle")) {
     o.signals_to_handle = parse_signals(*s);
     o.signals_to_handle_text = trim(*s);

@@ -25,9 +25,10 @@ std::string describe_first_failure(const rdzv::Failure& f) {
     << (f.signal.empty() ? "exit code " + std::to_string(f.exit_code) : "signal " + f.signal);
   if (!f.when.empty()) t << ", at " << f.when;
   if (!f.stderr_tail.empty()) {
-    t << "\n[ddprun]   last lines of its stderr:";
+    // Another node's text: every line marked as such, so none can pass for ddprun's own.
+    t << "\n[ddprun]   last lines of its stderr, as its node reported them:";
     std::istringstream lines(f.stderr_tail);
-    for (std::string line; std::getline(lines, line);) t << "\n    " << line;
+    for (std::string line; std::getline(lines, line);) t << "\n    [remote " << f.host << "] " << line;
   }
   return t.str();
 }

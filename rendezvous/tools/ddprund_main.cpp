@@ -6,9 +6,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
+#include "ddprun/common/knobs.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/server/store_server.h"
 
 namespace {
@@ -18,6 +21,7 @@ struct DaemonOptions {
   uint16_t port = 29400;
   std::string legacy_dialect = "1.13";
   std::string log_level = "info";
+  std::string rdzv_token_file;
   int threads = 0;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
@@ -76,6 +80,10 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "bytes of partly received requests of all connections together")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--rdzv_token_file,--rdzv-token-file", o.rdzv_token_file,
+                 "a file (mode 0600, yours) holding the rendezvous token (16+ bytes): agents must prove they hold "
+                 "it (HMAC challenge-response, both ways) before they join; without it, DDPRUN_RDZV_TOKEN; without "
+                 "either the rendezvous is open to anyone who can connect");
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
@@ -110,6 +118,13 @@ int run(const DaemonOptions& o) {
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
+  so.standing = true;
+  try {
+    so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "ddprund: %s\n", e.what());
+    return 2;
+  }
 
   sigset_t set;
   sigemptyset(&set);
@@ -131,6 +146,11 @@ int run(const DaemonOptions& o) {
   // Scripts read the port at the end of this first line.
   std::printf("ddprund listening on %s:%u\n", o.host.empty() ? "*" : o.host.c_str(), server.port());
   spdlog::info("[ddprund] {} I/O threads", server.io_threads());
+  if (so.rdzv_token.empty())
+    spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
+                 "DDPRUN_RDZV_TOKEN (the same on every agent) to require a token");
+  else
+    spdlog::info("[ddprund] agents must prove the rendezvous token before they join");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -63,6 +64,12 @@ class Run:
         open(os.path.join(self.out, "release"), "w").close()
 
     def close(self):
+        # Agents nobody waited for (a scenario failed early): show what they said.
+        for node, p in self.agents.items():
+            if p.returncode is None:
+                p.kill()
+                out, _ = p.communicate()
+                print(f"--- node {node} output (not waited for) ---\n{out}")
         self.cluster.close()
 
 
@@ -272,6 +279,76 @@ def scenario_standing_ddprund(args):
         run.close()
 
 
+def start_ddprund(run, args, extra=()):
+    ddprund = os.path.join(os.path.dirname(args.ddprun), "..", "rendezvous", "ddprund")
+    d = run.cluster.spawn(0, [ddprund, "--port", "29400"] + list(extra))
+    line = d.stdout.readline()
+    assert "listening" in line, line
+    return d
+
+
+def scenario_ddprund_restart(args):
+    """A standing ddprund is SIGKILLed mid-run and started again on the same address: the agents
+    reconnect, the daemon rebuilds the round from their re-joins, the workers keep running
+    (one attempt, nothing restarted, max_restarts=0 so any budget spent would fail the job)."""
+    run = Run(args, 3)
+    try:
+        # With a token (a 0600 file on every side): the reconnect proves it again.
+        token_file = os.path.join(run.out, "token")
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(TOKEN + "\n")
+        d = start_ddprund(run, args, ["--rdzv_token_file", token_file])
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        for n in (1, 2):
+            run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0", "--rdzv_token_file", token_file]),
+                      extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        d2 = start_ddprund(run, args, ["--rdzv_token_file", token_file])
+        # The daemon says when the round is whole again; then the workers may finish.
+        lines = []
+        threading.Thread(target=lambda: lines.extend(iter(d2.stdout.readline, "")), daemon=True).start()
+        try:
+            wait_for(lambda: any("rebuilt" in ln for ln in lines), 40, "ddprund to rebuild the round")
+        finally:
+            print("ddprund (restarted):\n" + "".join(lines))
+        run.release()
+        (c1, out1), (c2, out2) = run.wait(1, 60), run.wait(2, 60)
+        assert (c1, c2) == (0, 0), (c1, c2)
+        recs = run.records()
+        assert len(recs) == 2, f"the workers were not restarted: {recs}"
+        check_round(recs, 0, 2, 2)
+        assert "reconnected to the rendezvous server" in out1 + out2
+        assert d2.poll() is None
+    finally:
+        run.close()
+
+
+def scenario_ddprund_gone(args):
+    """The standing ddprund dies for good: an agent reconnects for the join timeout, then fails
+    saying what happened; another, sent SIGTERM meanwhile, stops as signalled."""
+    run = Run(args, 3)
+    try:
+        d = start_ddprund(run, args)
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        for n in (1, 2):
+            run.agent(n, [f"--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={run.cluster.addr(0)}:29400",
+                          "--rdzv_id=job", "--nproc_per_node=1", "--rdzv_conf=join_timeout=6"], extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        run.agents[1].send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        (c1, out1), (c2, out2) = run.wait(1, 60), run.wait(2, 60)
+        assert c1 == 128 + signal.SIGTERM, (c1, out1)
+        assert c2 != 0 and "did not come back within 6 s" in out2, (c2, out2)
+        assert "the job's rounds lived there" in out2, out2
+        assert time.monotonic() - t0 < 40, "bounded by the join timeout"
+    finally:
+        run.close()
+
+
 def scenario_gloo_static(args):
     """Real PyTorch (Debian's 1.13) gloo workers across two hosts through env://."""
     run = Run(args, 2)
@@ -281,6 +358,106 @@ def scenario_gloo_static(args):
         (c0, out0), (c1, out1) = run.wait(0, 180), run.wait(1, 180)
         assert (c0, c1) == (0, 0), (c0, c1)
         assert "loss" in out0.lower() + out1.lower()
+    finally:
+        run.close()
+
+
+INTRUDER = os.path.join(HERE, "intruder.py")
+TOKEN = "multinode test token: 0123456789abcdef"
+ATTACKS = ["wrong_token", "no_token", "huge_world", "join_leave", "forge_failure"]
+
+
+def intruder(run, node, modes, extra=()):
+    argv = ["/usr/bin/python3", INTRUDER, "--host", run.cluster.addr(0), "--my_addr", run.cluster.addr(node)]
+    return run.cluster.spawn(node, argv + list(extra) + list(modes), env=run.env(node))
+
+
+def finish_intruder(p, timeout=90):
+    out, _ = p.communicate(timeout=timeout)
+    print(f"--- intruder (exit {p.returncode}) ---\n{out}")
+    return out
+
+
+def intruded_job(args, token):
+    """Nodes 0 and 1 run an elastic 2:3 job (max_restarts=3, workers held); node 2 is a stranger
+    who knows the run id. With room for a third node, a JOIN gets a stranger into the round
+    (scale-up) and its LEAVE then spends the budget; its FAILURE fails the job. Every attack
+    must change nothing: one attempt, restart count 0, both nodes exit 0."""
+    run = Run(args, 3)
+    try:
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        if token:
+            env["DDPRUN_RDZV_TOKEN"] = TOKEN
+        # Before the second node comes, a stranger declares 2^31-1 workers (the job exists:
+        # node 0 created it; without the checks the round formed with the stranger).
+        run.agent(0, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=env)
+        same_flags = ["--min_nodes", "2", "--nnodes", "3", "--max_restarts", "3"]  # the job's: not refused for those
+        first = finish_intruder(intruder(run, 2, ["huge_world"], ["--once"] + same_flags))
+        run.agent(1, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers of round 0")
+        modes = ATTACKS if token else ["huge_world"]
+        loop = finish_intruder(intruder(run, 2, modes, ["--seconds", "8"] + same_flags))
+        if token:
+            # A real ddprun with the wrong token, then with none: refused, saying what to set.
+            for bad_env, says in (({"DDPRUN_RDZV_TOKEN": "not the job's token, 16+ bytes"}, "token mismatch"),
+                                  ({}, "requires a token and this agent has none")):
+                run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=bad_env)
+                code, out = run.wait(2, 60)
+                assert code != 0 and "rendezvous refused: " in out and says in out, (code, out)
+                assert "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node" in out, out
+            # A token file others may read is a usage error that says how to fix it.
+            loose = os.path.join(run.out, "loose_token")
+            with open(loose, "w") as f:
+                f.write(TOKEN)
+            os.chmod(loose, 0o644)
+            run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3", "--rdzv_token_file", loose]))
+            code, out = run.wait(2, 60)
+            assert code == 2 and f"chmod 600 {loose}" in out, (code, out)
+        store_port = run.records()[0]["MASTER_PORT"]
+        store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", store_port]))
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        recs = run.records()
+        assert len(recs) == 2, f"one attempt of two workers, nothing restarted: {recs}"
+        check_round(recs, 0, 2, 2)
+        for line in (first + loop).splitlines():
+            if line.split(":")[0] in ATTACKS:
+                assert "ERROR" in line and ("rendezvous refused" in line or "JOIN refused" in line), line
+        if not token:
+            assert "local_world_size 2147483647" in first, first
+        assert "store: refused" in store, store
+        return run
+    finally:
+        run.close()
+
+
+def scenario_intruder_token(args):
+    """With a token, a stranger (no token, a wrong one, or raw frames) is refused at the door."""
+    intruded_job(args, token=True)
+
+
+def scenario_intruder_open(args):
+    """Without a token the rendezvous is open, but a JOIN out of bounds is refused and the
+    workers' store still serves only the job's nodes."""
+    intruded_job(args, token=False)
+
+
+def scenario_intruder_static_store(args):
+    """Static two nodes: node 0's own store is the workers' store (--master_port); a stranger's
+    TCPStore client there is closed, the nodes' workers are served."""
+    run = Run(args, 3)
+    try:
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        for n in (0, 1):
+            run.agent(n, static_flags(run, n, 2, 1), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", "29500"]))
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+        check_round(run.records(), 0, 2, 2)
+        assert "store: refused" in store, store
     finally:
         run.close()
 

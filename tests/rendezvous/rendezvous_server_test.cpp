@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 #include <cerrno>
 
 #include "ddprun/client/store_client.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/server/store_server.h"
 
@@ -135,7 +137,7 @@ namespace {
 struct DeafServer {
   int listen_fd = -1;
   int conn_fd = -1;
-  uint16_t port = 0;
+  std::atomic<uint16_t> port{0};
   DeafServer() {
     listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int small = 4096;
@@ -149,8 +151,26 @@ struct DeafServer {
     ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
     port = ntohs(a.sin_port);
   }
-  void accept_one() { conn_fd = ::accept(listen_fd, nullptr, nullptr); }
+  // Accepts one agent and answers its HELLO (an open rendezvous) on a thread, so the client's
+  // constructor completes; accept_one() waits for that. After it, nothing is read.
+  std::thread greeter{[this] {
+    while (port == 0) std::this_thread::yield();
+    const int fd = ::accept(listen_fd, nullptr, nullptr);
+    uint8_t head[9];
+    if (fd < 0 || ::recv(fd, head, sizeof head, MSG_WAITALL) != sizeof head) return;
+    const uint32_t len = wire::load_u32(head + 5);
+    std::string hello(len, '\0');
+    if (::recv(fd, hello.data(), len, MSG_WAITALL) != static_cast<ssize_t>(len)) return;
+    std::string challenge;
+    rdzv::encode(rdzv::Challenge{.token_required = false}, challenge);
+    (void)!::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
+    conn_fd = fd;
+  }};
+  void accept_one() {
+    if (greeter.joinable()) greeter.join();
+  }
   ~DeafServer() {
+    accept_one();
     if (conn_fd >= 0) ::close(conn_fd);
     ::close(listen_fd);
   }
@@ -211,4 +231,129 @@ TEST_CASE("ConnectingToANameThatDoesNotResolveStopsWhenAsked", "[rdzv][client]")
   // service, a stop ends the connect.
   CHECK_THROWS_AS(rdzv::RendezvousClient("ddprun-no-such-host.invalid", 29500, 60s, 1s, [] { return true; }),
                   rdzv::RendezvousInterrupted);
+}
+
+namespace {
+const std::string kToken = "the job's shared secret, 16+ bytes";
+std::unique_ptr<server::StoreServer> start_token_server(int io_threads = 1) {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.io_threads = io_threads;
+  o.rdzv_token = kToken;
+  auto s = std::make_unique<server::StoreServer>(o);
+  s->start();
+  return s;
+}
+// A raw agent connection that skips the handshake: the magic, then `frames`; returns what the
+// server sent back before it closed the connection (or 5 s passed).
+std::vector<rdzv::Message> raw_agent(uint16_t port, const std::vector<rdzv::Message>& frames) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::string out;
+  wire::Writer(out).u8(0).u32(rdzv::kAgentMagic);
+  for (const auto& m : frames) rdzv::encode_message(m, out);
+  REQUIRE(::send(fd, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
+  std::vector<uint8_t> in;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    uint8_t buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    in.insert(in.end(), buf, buf + n);
+  }
+  ::close(fd);
+  std::vector<rdzv::Message> got;
+  size_t pos = 0;
+  while (pos < in.size()) {
+    rdzv::Message m;
+    auto r = rdzv::parse_message({in.data() + pos, in.size() - pos}, m);
+    if (r.status != wire::ParseStatus::Ok) break;
+    got.push_back(m);
+    pos += r.consumed;
+  }
+  return got;
+}
+}  // namespace
+
+TEST_CASE("WithATokenOnlyAgentsThatProveItJoinAndStrangersChangeNothing", "[rdzv][server][auth]") {
+  auto srv = start_token_server(GENERATE(1, 4));
+  auto connect = [&](const std::string& token) {
+    return std::make_unique<rdzv::RendezvousClient>("127.0.0.1", srv->port(), 5s, 300ms, std::function<bool()>{},
+                                                    token);
+  };
+  // Strangers first: a wrong token, no token, and raw frames that skip the handshake (a JOIN
+  // declaring 2^31-1 workers, a forged FAILURE, JOIN-LEAVE) — before the job exists, so a
+  // stranger cannot create it with its own settings either.
+  try {
+    connect("a different token, 16+ bytes");
+    FAIL("a wrong token was accepted");
+  } catch (const rdzv::RendezvousRefused& e) {
+    CHECK_THAT(e.what(), Catch::Contains("rendezvous refused: token mismatch"));
+    CHECK_THAT(e.what(), Catch::Contains("set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node"));
+  }
+  CHECK_THROWS_AS(connect(""), rdzv::RendezvousRefused);
+  auto huge = info("intruder", 1, 2, 2, 3);
+  huge.local_world_size = 2147483647;
+  for (const auto& frames : std::vector<std::vector<rdzv::Message>>{
+           {rdzv::to_message(huge)},
+           {rdzv::to_message(info("intruder", 1, 1, 1, 0)), rdzv::to_message(rdzv::Failure{.round = 0})},
+           {rdzv::to_message(info("intruder", 1, 2, 2, 3)), rdzv::to_message(rdzv::Leave{})},
+           // a HELLO, then JOIN instead of the proof
+           {rdzv::to_message(rdzv::Hello{.client_nonce = rdzv::random_nonce()}), rdzv::to_message(info("x", 1, 2, 2))},
+       }) {
+    auto got = raw_agent(srv->port(), frames);
+    REQUIRE_FALSE(got.empty());
+    CHECK(got.back().type == rdzv::MsgType::Error);
+    CHECK_THAT(got.back().get("message"), Catch::Contains("rendezvous refused"));
+  }
+  CHECK(srv->stats().agents_refused == 4);  // the two clients above refused the server first
+
+  // The real agents: the job has their settings, and WORLD_SIZE is theirs.
+  auto a = connect(kToken), b = connect(kToken);
+  auto fa = std::async(std::launch::async, [&] { return a->join(info("a", 2, 2, 2, 3), 10s); });
+  auto rb = b->join(info("b", 1, 2, 2, 3), 10s);
+  auto ra = fa.get();
+  CHECK(ra.world_size == 3);
+  CHECK(rb.restart_count == 0);
+  // A stranger during the round cannot fail it.
+  raw_agent(srv->port(), {rdzv::to_message(rdzv::Failure{.round = ra.round, .exit_code = 1})});
+  CHECK_FALSE(a->wait_message(300ms));
+  a->report_success(ra.round);
+  b->report_success(rb.round);
+  auto done = a->wait_message(5s);
+  REQUIRE(done);
+  CHECK(done->type == rdzv::MsgType::JobDone);
+}
+
+TEST_CASE("AnAgentWithATokenTrustsNoOpenServer", "[rdzv][server][auth]") {
+  auto srv = start_server();
+  try {
+    rdzv::RendezvousClient a("127.0.0.1", srv->port(), 5s, 300ms, {}, kToken);
+    FAIL("an agent with a token trusted a server without one");
+  } catch (const rdzv::RendezvousRefused& e) {
+    CHECK_THAT(e.what(), Catch::Contains("requires no token but this agent has one"));
+  }
+}
+
+TEST_CASE("AnOpenServerRefusesOutOfBoundsJoinsBeforeTheJobExists", "[rdzv][server]") {
+  auto srv = start_server();
+  // Without a token anyone may join, but not with a world size that wraps: before the fix the
+  // stranger created the job and the real workers got WORLD_SIZE=-2147483647.
+  auto huge = info("intruder", 1, 2, 2);
+  huge.local_world_size = 2147483647;
+  auto got = raw_agent(srv->port(), {rdzv::to_message(huge)});
+  REQUIRE(got.size() == 1);
+  CHECK_THAT(got[0].get("message"), Catch::Contains("local_world_size 2147483647"));
+  auto a = agent(srv->port()), b = agent(srv->port());
+  auto fa = std::async(std::launch::async, [&] { return a->join(info("a", 2, 2, 2), 10s); });
+  auto rb = b->join(info("b", 2, 2, 2), 10s);
+  CHECK(fa.get().world_size == 4);
+  CHECK(rb.world_size == 4);
 }

@@ -404,3 +404,128 @@ TEST_CASE("AllWorkersJoinedWhenTheCounterReachesTheWorldSize", "[rdzv][fixed_por
   CHECK_FALSE(all_workers_joined(3, 4));
   CHECK(all_workers_joined(4, 4));
 }
+
+// ---- a standing server restarted: the agents' re-joins rebuild the running round ----
+namespace {
+struct ReopenStores : FakeStores {
+  std::vector<uint16_t> reopened;
+  uint16_t reopen(const std::string& run, int64_t round, bool fixed_port, uint16_t port) override {
+    reopened.push_back(port);
+    open_stores[{run, round}] = port;
+    (void)fixed_port;
+    return port;
+  }
+};
+Message resume_msg(const std::string& host, int64_t rank, int64_t nnodes, int64_t round, int64_t restarts_done,
+                   bool succeeded = false, int64_t min = 2) {
+  Join j;
+  j.run_id = "job";
+  j.node_id = host + "_1";
+  j.host = host;
+  j.local_world_size = 2;
+  j.min_nodes = min;
+  j.max_nodes = nnodes;
+  j.max_restarts = 3;
+  j.last_call_ms = 3000;
+  j.join_timeout_ms = 60000;
+  j.resume_round = round;
+  j.resume_restart_count = restarts_done;
+  j.resume_node_rank = rank;
+  j.resume_nnodes = nnodes;
+  j.resume_store_port = 41000;
+  j.resume_succeeded = succeeded;
+  return to_message(j);
+}
+}  // namespace
+
+TEST_CASE("ResumeRebuildsTheRunningRoundWithoutARoundOrARestart", "[round][resume]") {
+  ReopenStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  // Rank 1 is back first, and had succeeded already.
+  state.on_message(2, resume_msg("h2", 1, 2, 5, 1, /*succeeded=*/true), now, out);
+  CHECK(out.empty());
+  CHECK(stores.reopened.empty());  // not whole yet
+  state.on_message(1, resume_msg("h1", 0, 2, 5, 1), now, out);
+  CHECK(out.empty());  // no ROUND: the workers keep running
+  REQUIRE(stores.reopened == std::vector<uint16_t>{41000});
+  CHECK(state.participants("job") == std::vector<ConnId>{1, 2});  // by node rank
+  // The round goes on as before: node 0's success ends the job (node 1's counted already).
+  state.on_message(1, to_message(Succeeded{.round = 5}), now, out);
+  REQUIRE(out.size() == 2);
+  const auto done = from_message<JobDone>(out[0].msg);
+  CHECK(out[0].msg.type == MsgType::JobDone);
+  CHECK(done.round == 5);
+  CHECK(done.restart_count == 1);  // nothing spent for the server's restart
+}
+
+TEST_CASE("ResumeFailureAfterTheRebuildSpendsBudgetFromTheResumedCount", "[round][resume]") {
+  ReopenStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, resume_msg("h1", 0, 2, 3, 2), now, out);
+  state.on_message(2, resume_msg("h2", 1, 2, 3, 2), now, out);
+  out.clear();
+  state.on_message(2, to_message(Failure{.round = 3, .global_rank = 2, .exit_code = 1}), now, out);
+  REQUIRE_FALSE(out.empty());
+  CHECK(out[0].msg.type == MsgType::Restart);
+  CHECK(from_message<Restart>(out[0].msg).restart_count == 3);
+}
+
+TEST_CASE("ResumeThatNeverBecomesWholeRestartsWithoutBudgetOrFails", "[round][resume]") {
+  for (const int64_t min : {1, 3}) {
+    ReopenStores stores;
+    RoundState state{stores};
+    std::vector<Outbound> out;
+    auto now = Clock::time_point{} + 1000s;
+    state.on_message(1, resume_msg("h1", 0, 3, 4, 1, false, min), now, out);
+    state.on_message(2, resume_msg("h2", 1, 3, 4, 1, false, min), now, out);
+    REQUIRE(out.empty());
+    // Heartbeats keep them alive; rank 2 never comes back.
+    for (int i = 0; i < 61; ++i) {
+      now += 1s;
+      for (ConnId c : {ConnId{1}, ConnId{2}}) state.on_message(c, to_message(Heartbeat{}), now, out);
+      state.on_tick(now, out);
+      if (!out.empty()) break;
+    }
+    REQUIRE(out.size() >= 2);
+    if (min == 1) {
+      CHECK(out[0].msg.type == MsgType::Restart);
+      const auto r = from_message<Restart>(out[0].msg);
+      CHECK(r.restart_count == 1);  // unchanged
+      CHECK_THAT(r.reason, Catch::Contains("2 of the 3 nodes of round 4 came back"));
+      // They re-join normally and get a fresh round 5 of two nodes.
+      out.clear();
+      Message j1 = resume_msg("h1", 0, 3, 4, 1, false, min), j2 = resume_msg("h2", 1, 3, 4, 1, false, min);
+      j1.fields.erase("resume_round"), j2.fields.erase("resume_round");
+      state.on_message(1, j1, now, out);
+      state.on_message(2, j2, now, out);
+      REQUIRE(out.size() == 2);
+      const auto round = from_message<Round>(out[0].msg);
+      CHECK(round.round == 5);
+      CHECK(round.nnodes == 2);
+      CHECK(round.restart_count == 1);
+    } else {
+      CHECK(out[0].msg.type == MsgType::JobFailed);
+      CHECK_THAT(from_message<JobFailed>(out[0].msg).reason, Catch::Contains("fewer than the minimum of 3"));
+    }
+  }
+}
+
+TEST_CASE("ResumeRefusesAgentsThatDisagreeOnTheRound", "[round][resume]") {
+  ReopenStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, resume_msg("h1", 0, 2, 5, 1), now, out);
+  state.on_message(2, resume_msg("h2", 1, 2, 6, 1), now, out);  // another round
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].msg.type == MsgType::Error);
+  CHECK_THAT(out[0].msg.get("message"), Catch::Contains("cannot resume round 6"));
+  out.clear();
+  state.on_message(3, resume_msg("h3", 0, 2, 5, 1), now, out);  // rank 0 again
+  REQUIRE(out.size() == 1);
+  CHECK_THAT(out[0].msg.get("message"), Catch::Contains("resumed it already"));
+}

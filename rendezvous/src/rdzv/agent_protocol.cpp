@@ -11,6 +11,10 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Failure: return "FAILURE";
     case MsgType::Succeeded: return "SUCCEEDED";
     case MsgType::Leave: return "LEAVE";
+    case MsgType::Hello: return "HELLO";
+    case MsgType::Auth: return "AUTH";
+    case MsgType::Challenge: return "CHALLENGE";
+    case MsgType::Welcome: return "WELCOME";
     case MsgType::Round: return "ROUND";
     case MsgType::Restart: return "RESTART";
     case MsgType::JobDone: return "JOB_DONE";
@@ -99,6 +103,10 @@ DDPRUN_RDZV_MESSAGE(Restart)
 DDPRUN_RDZV_MESSAGE(JobDone)
 DDPRUN_RDZV_MESSAGE(JobFailed)
 DDPRUN_RDZV_MESSAGE(Error)
+DDPRUN_RDZV_MESSAGE(Hello)
+DDPRUN_RDZV_MESSAGE(Auth)
+DDPRUN_RDZV_MESSAGE(Challenge)
+DDPRUN_RDZV_MESSAGE(Welcome)
 #undef DDPRUN_RDZV_MESSAGE
 
 void encode_message(const Message& m, std::string& out) {
@@ -134,7 +142,7 @@ wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out) {
     return r;
   };
   const uint8_t type = *p++;
-  const bool known = (type >= 1 && type <= 5) || (type >= 20 && type <= 24);
+  const bool known = (type >= 1 && type <= 7) || (type >= 20 && type <= 26);
   if (!known) return bad("unknown agent message type " + std::to_string(type));
   uint64_t n = wire::load_u64(p);
   p += 8;

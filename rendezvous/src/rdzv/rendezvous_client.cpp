@@ -1,6 +1,8 @@
 #include "ddprun/rdzv/rendezvous_client.h"
 
 #include "ddprun/client/net.h"
+#include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/validate.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -18,7 +20,8 @@ namespace ddprun::rdzv {
 using Clock = std::chrono::steady_clock;
 
 RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted)
+                                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted,
+                                   std::string token)
     : host_(std::move(host)), port_(port), interrupted_(std::move(interrupted)) {
   std::string error;
   client::ConnectOutcome outcome{};
@@ -35,6 +38,7 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
   wire::Writer(hello).u8(0).u32(kAgentMagic);
   try {
     write_all(hello, Sender::Caller);
+    handshake(token);
   } catch (...) {
     ::close(fd_);
     throw;
@@ -163,6 +167,36 @@ std::optional<Message> RendezvousClient::wait_message(std::chrono::milliseconds 
   }
 }
 
+void RendezvousClient::handshake(const std::string& token) {
+  const std::string where = host_ + ":" + std::to_string(port_);
+  ClientHandshake hs(token, random_nonce(), where);
+  std::string bytes;
+  encode_message(hs.hello(), bytes);
+  write_all(bytes, Sender::Caller);
+  const auto deadline = Clock::now() + kHandshakeTimeout;
+  while (!hs.done()) {
+    if (interrupted_ && interrupted_())
+      throw RendezvousInterrupted("stopped while authenticating with the rendezvous server " + where);
+    if (Clock::now() >= deadline)
+      throw RendezvousError("the rendezvous server at " + where + " did not answer the handshake within " +
+                            std::to_string(kHandshakeTimeout.count() / 1000) + " s (is it a ddprun rendezvous?)");
+    auto m = wait_message(std::chrono::milliseconds(100));
+    if (!m) continue;
+    std::optional<Message> next;
+    try {
+      next = hs.on_reply(*m);
+    } catch (const HandshakeRefused& e) {
+      throw RendezvousRefused(e.what());
+    }
+    if (next) {
+      bytes.clear();
+      encode_message(*next, bytes);
+      write_all(bytes, Sender::Caller);
+    }
+  }
+  server_standing_ = hs.server_standing();
+}
+
 void RendezvousClient::send_join(const Join& info) { send(info); }
 
 Round RendezvousClient::join(const Join& info, std::chrono::milliseconds timeout) {
@@ -177,9 +211,14 @@ Round RendezvousClient::join(const Join& info, std::chrono::milliseconds timeout
     auto m = wait_message(std::min(left, std::chrono::milliseconds(100)));
     if (!m) continue;
     switch (m->type) {
-      case MsgType::Round: return from_message<Round>(*m);
-      case MsgType::Error: throw RendezvousError(from_message<Error>(*m).message);
-      case MsgType::JobFailed: throw RendezvousError("the job failed: " + from_message<JobFailed>(*m).reason);
+      case MsgType::Round: {
+        Round r = from_message<Round>(*m);
+        if (auto why = check_round(r, info.local_world_size)) throw RendezvousError(*why);
+        return r;
+      }
+      case MsgType::Error: throw RendezvousError(printable(from_message<Error>(*m).message, kMaxReasonLen));
+      case MsgType::JobFailed:
+        throw RendezvousError("the job failed: " + printable(from_message<JobFailed>(*m).reason, kMaxReasonLen));
       case MsgType::JobDone: throw RendezvousError("the job already finished");
       default: break;  // a RESTART that crossed our JOIN: we are joining already
     }

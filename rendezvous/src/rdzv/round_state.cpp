@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ddprun/rdzv/validate.h"
+
 namespace ddprun::rdzv {
 
 using std::chrono::milliseconds;
@@ -31,7 +33,7 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
   job.members.at(conn).last_seen = now;
   switch (m.type) {
     case MsgType::Heartbeat: break;
-    case MsgType::Failure: on_failure(job, conn, from_message<Failure>(m), out); break;
+    case MsgType::Failure: on_failure(job, conn, sanitized(from_message<Failure>(m)), out); break;
     case MsgType::Succeeded: on_succeeded(job, conn, from_message<Succeeded>(m), out); break;
     case MsgType::Leave: on_disconnect(conn, now, out); break;
     default:
@@ -42,8 +44,10 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
 void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out) {
   const std::string& run_id = m.run_id;
   const int64_t min_nodes = m.min_nodes, max_nodes = m.max_nodes;
-  if (run_id.empty() || min_nodes < 1 || max_nodes < min_nodes || m.local_world_size < 1) {
-    out.push_back({conn, error_msg("JOIN needs run_id, 1 <= min_nodes <= max_nodes and local_world_size >= 1"), true});
+  // Every field in bounds before anything is stored: what a JOIN says reaches the workers'
+  // environment and every node's console.
+  if (auto why = check_join(m)) {
+    out.push_back({conn, error_msg(*why), true});
     return;
   }
   if (auto cj = conn_job_.find(conn); cj != conn_job_.end() && cj->second != run_id) {
@@ -99,6 +103,23 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
         return;
       }
   }
+  {
+    // The world size of any round these members can form stays an int, far from overflow.
+    int64_t total = m.local_world_size;
+    for (const auto& [c, n] : job.members)
+      if (c != conn) total += n.local_world_size;
+    if (total > kMaxWorldSize) {
+      out.push_back({conn, error_msg("JOIN refused: job " + run_id + " would have " + std::to_string(total) +
+                                         " workers, more than " + std::to_string(kMaxWorldSize)),
+                     true});
+      if (created) jobs_.erase(it);
+      return;
+    }
+  }
+  if (m.resume_round >= 0 && (created || job.phase == Phase::Resuming)) {
+    on_resume(job, conn, m, created, now, out);
+    return;
+  }
   Node& node = job.members[conn];
   const bool new_member = node.conn == 0;
   node.conn = conn;
@@ -122,6 +143,75 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   }
   if (!job.join_deadline) job.join_deadline = now + job.join_timeout;
   maybe_complete(job, now, out);
+}
+
+void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, Clock::time_point now,
+                           std::vector<Outbound>& out) {
+  if (created) {
+    job.phase = Phase::Resuming;
+    job.round = m.resume_round;
+    job.restart_count = m.resume_restart_count;
+    job.resume_nnodes = m.resume_nnodes;
+    job.resume_store_port = m.resume_store_port;
+    job.join_deadline = now + job.join_timeout;
+  } else if (m.resume_round != job.round || m.resume_nnodes != job.resume_nnodes ||
+             m.resume_restart_count != job.restart_count) {
+    out.push_back({conn, error_msg("cannot resume round " + std::to_string(m.resume_round) + " (" +
+                                       std::to_string(m.resume_nnodes) + " nodes) of job " + job.run_id +
+                                       ": the nodes back so far resume round " + std::to_string(job.round) + " (" +
+                                       std::to_string(job.resume_nnodes) + " nodes)"),
+                   true});
+    return;
+  }
+  for (ConnId c : job.participants)
+    if (job.members.at(c).last_rank == m.resume_node_rank && c != conn) {
+      out.push_back({conn, error_msg("cannot resume node rank " + std::to_string(m.resume_node_rank) + " of job " +
+                                         job.run_id + ": " + describe(job.members.at(c)) + " resumed it already"),
+                     true});
+      if (created) jobs_.erase(job.run_id);
+      return;
+    }
+  Node& node = job.members[conn];
+  node.conn = conn;
+  node.node_id = m.node_id;
+  node.host = m.host;
+  node.local_world_size = m.local_world_size;
+  node.fixed_rank = m.node_rank;
+  node.prefer_rank0 = m.prefer_rank0;
+  node.last_rank = m.resume_node_rank;
+  node.last_seen = now;
+  node.seq = job.seq++;
+  conn_job_[conn] = job.run_id;
+  job.participants.push_back(conn);
+  if (m.resume_succeeded) job.succeeded.insert(conn);
+  if (static_cast<int64_t>(job.participants.size()) < job.resume_nnodes) return;
+
+  // Every node of the round is back: it runs again as it did, with no ROUND and no restart.
+  std::sort(job.participants.begin(), job.participants.end(),
+            [&](ConnId a, ConnId b) { return job.members.at(a).last_rank < job.members.at(b).last_rank; });
+  job.world_size = 0;
+  for (ConnId c : job.participants) job.world_size += job.members.at(c).local_world_size;
+  stores_.reopen(job.run_id, job.round, job.fixed_store_port, static_cast<uint16_t>(job.resume_store_port));
+  job.phase = Phase::Running;
+  job.join_deadline.reset();
+  maybe_done(job, out);
+  if (job.phase == Phase::Running && !job.waiting.empty() &&
+      static_cast<int64_t>(job.participants.size()) < job.max_nodes)
+    restart(job, "a node joined while the round was rebuilt: scale-up to a new round", /*spends_budget=*/false, now,
+            out);
+}
+
+void RoundState::resume_timed_out(Job& job, Clock::time_point now, std::vector<Outbound>& out) {
+  const std::string what = std::to_string(job.participants.size()) + " of the " + std::to_string(job.resume_nnodes) +
+                           " nodes of round " + std::to_string(job.round) + " came back within " +
+                           std::to_string(job.join_timeout.count() / 1000) +
+                           " s after the rendezvous server restarted";
+  if (static_cast<int64_t>(job.participants.size()) >= job.min_nodes) {
+    job.phase = Phase::Running;  // restart() addresses the round's participants
+    restart(job, what + ": a new round with them (no restart spent)", /*spends_budget=*/false, now, out);
+  } else {
+    fail_job(job, what + ", fewer than the minimum of " + std::to_string(job.min_nodes), FailCause::LostNodes, out);
+  }
 }
 
 void RoundState::maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out) {
@@ -245,6 +335,10 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
 void RoundState::on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out) {
   if (job.phase != Phase::Running || m.round != job.round) return;
   job.succeeded.insert(conn);
+  maybe_done(job, out);
+}
+
+void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
   for (ConnId c : job.participants)
     if (!job.succeeded.count(c)) return;
   const Message done = to_message(JobDone{.round = job.round, .restart_count = job.restart_count});
@@ -261,6 +355,12 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   job.members.erase(conn);
   job.waiting.erase(conn);
   if (job.phase == Phase::Finished) return;
+  if (job.phase == Phase::Resuming) {
+    // Not back after all: the round waits for the others until join_timeout.
+    std::erase(job.participants, conn);
+    job.succeeded.erase(conn);
+    return;
+  }
   if (job.phase == Phase::Gathering) {
     if (job.round >= 0 && was_participant && static_cast<int64_t>(job.members.size()) < job.min_nodes) {
       fail_job(job, "lost node " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
@@ -321,6 +421,10 @@ void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
     if (job.members.empty()) jobs_.erase(run_id);
   }
   for (auto& [id, job] : jobs_) {
+    if (job.phase == Phase::Resuming && job.join_deadline && now >= *job.join_deadline) {
+      resume_timed_out(job, now, out);
+      continue;
+    }
     if (job.phase != Phase::Gathering) continue;
     if (job.last_call_deadline && now >= *job.last_call_deadline) {
       maybe_complete(job, now, out);
@@ -337,6 +441,19 @@ void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
       fail_job(job, text, FailCause::Timeout, out);
     }
   }
+}
+
+const std::vector<ConnId>& RoundState::participants(const std::string& run_id) const {
+  static const std::vector<ConnId> none;
+  auto it = jobs_.find(run_id);
+  return it == jobs_.end() ? none : it->second.participants;
+}
+
+bool RoundState::is_participant(ConnId conn) const {
+  auto cj = conn_job_.find(conn);
+  if (cj == conn_job_.end()) return false;
+  const auto& p = participants(cj->second);
+  return std::find(p.begin(), p.end(), conn) != p.end();
 }
 
 std::optional<Clock::time_point> RoundState::next_deadline() const {

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "ddprun/common/knobs.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
@@ -90,7 +91,7 @@ bool adaptive_state_lock() {
 // Warnings about peers (bad bytes, limits, accept errors) are what a stranger controls: at most
 // one line per second per kind, the next one saying how many were left out, so a fuzzer or a
 // connection flood cannot fill the console of the job the server runs in.
-enum class Warn { BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, kCount };
+enum class Warn { BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, AgentRefused, StoreStranger, kCount };
 class WarnLimiter {
  public:
   // `line` is called only when the line is printed.
@@ -132,6 +133,12 @@ constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 // Descriptors kept out of --max-connections: listeners of the jobs' stores, logs, pipes.
 constexpr uint64_t kReservedDescriptors = 64;
 
+// IPv4 peers of a dual-stack listener show as ::ffff:a.b.c.d: compare them as IPv4.
+asio::ip::address plain_address(const asio::ip::address& a) {
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a;
+}
+
 int resolve_io_threads(int wanted) {
   if (wanted > 0) return wanted;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -171,6 +178,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     std::vector<std::unique_ptr<tcp::acceptor>> acceptors;  // [i] belongs to threads[i]
     store::StoreState state;
     std::string name;
+    std::string run_id;      // a round's store: its job ("" for the main keyspace)
     bool discarded = false;  // under mu: its round is over; refuse new connections
   };
 
@@ -186,6 +194,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // speaks the agents' rendezvous protocol, not TCPStore; set once by its thread, read under
     // mu by revoke_connections_locked
     std::atomic<bool> agent{false};
+    asio::ip::address peer;  // plain_address of the remote end, set at accept
+    // agents: the token handshake; `admitted` (under mu) once it let the agent in
+    std::optional<rdzv::ServerHandshake> handshake;
+    bool admitted = false;
     wire::Dialect dialect = wire::Dialect::Unknown;
     std::vector<uint8_t> in;  // its size counts in Impl::buffered
     wire::RequestFramer framer;  // how far the request at the start of `in` has been framed
@@ -259,7 +271,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   ConnId next_id = 1;
   std::atomic<uint16_t> bound_port{0};
   std::atomic<uint64_t> accepted{0}, closed_bad{0}, open_conns{0}, agents{0};
-  std::atomic<uint64_t> refused_over_limit{0}, accept_errors{0};
+  std::atomic<uint64_t> refused_over_limit{0}, accept_errors{0}, agents_refused{0}, store_strangers{0};
   std::atomic<uint64_t> buffered{0};  // bytes of every connection's input buffer
   uint64_t max_conns = 0;             // options.max_connections within the descriptor limit (start())
   WarnLimiter warns;
@@ -413,10 +425,18 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       return;
     }
     auto c = std::make_shared<Connection>(std::move(sock), ks, t);
+    {
+      boost::system::error_code e;
+      const auto ep = c->socket.remote_endpoint(e);
+      if (!e) c->peer = plain_address(ep.address());
+    }
     bool refused = false;
+    bool stranger = false;
     {
       std::lock_guard lock(mu);
       refused = ks->discarded;
+      // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
+      if (!refused && ks != main_ks.get() && !store_peer_allowed_locked(*ks, c->peer)) refused = stranger = true;
       if (!refused) {
         c->id = next_id++;
         conns.emplace(c->id, c);
@@ -426,8 +446,40 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       ++accepted;
       ++open_conns;
       guarded(c, [&] { start_read(c); });
+    } else if (stranger) {
+      refused_stranger(c);
     }
     do_accept(ks, i);
+  }
+
+  // Under mu: whether a TCPStore client from `peer` may use `ks`: loopback, or the address of
+  // an agent in the current round of ks's job (the main keyspace: of any job).
+  bool store_peer_allowed_locked(const Keyspace& ks, const asio::ip::address& peer) const {
+    if (peer.is_loopback() || (peer.is_v4() && (peer.to_v4().to_uint() >> 24) == 127)) return true;
+    auto agent_at = [&](rdzv::ConnId id) {
+      auto it = conns.find(id);
+      return it != conns.end() && it->second->admitted && it->second->peer == peer;
+    };
+    if (!ks.run_id.empty()) {
+      for (rdzv::ConnId id : rounds.participants(ks.run_id))
+        if (agent_at(id)) return true;
+      return false;
+    }
+    for (const auto& [id, c] : conns)
+      if (c->agent && c->admitted && c->peer == peer && rounds.is_participant(id)) return true;
+    return false;
+  }
+
+  // A store connection from an address that is no node of the job: closed before it reads a byte.
+  void refused_stranger(const ConnPtr& c) {
+    ++store_strangers;
+    warns.warn(Warn::StoreStranger, [&] {
+      return fmt::format("[ddprund] closed a connection to the {} store from {}: only loopback and the nodes of the "
+                         "job's current round may use it",
+                         c->ks->name, c->peer.to_string());
+    });
+    boost::system::error_code ignored;
+    c->socket.close(ignored);
   }
 
   // Runs `fn` for connection c on its thread: an exception closes c only.
@@ -490,6 +542,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           c->ks == main_ks.get() && options.enable_rendezvous) {
         c->agent = true;
         ++agents;
+        c->handshake.emplace(options.rdzv_token, rdzv::random_nonce(), options.standing);
         pos = 5;
       } else {
         auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
@@ -497,6 +550,23 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         if (det.status == wire::ParseStatus::Bad) {
           close(c, "first message is VALIDATE with a wrong magic", true);
           return;
+        }
+        if (c->ks == main_ks.get() && options.restrict_main_store) {
+          bool allowed;
+          {
+            std::lock_guard lock(mu);
+            allowed = store_peer_allowed_locked(*c->ks, c->peer);
+          }
+          if (!allowed) {
+            ++store_strangers;
+            warns.warn(Warn::StoreStranger, [&] {
+              return fmt::format("[ddprund] closed a TCPStore connection from {}: only loopback and the nodes of the "
+                                 "job's current round may use the workers' store",
+                                 c->peer.to_string());
+            });
+            close(c, "", false);
+            return;
+          }
         }
         c->dialect = det.dialect;
         pos = det.consumed;
@@ -539,6 +609,25 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         if (c->revoked) {
           revoked = true;
           break;
+        }
+        if (c->agent && !c->admitted) {
+          // Nothing of an agent reaches the rounds before the handshake let it in.
+          auto step = c->handshake->on_message(t.msg);
+          if (step.reply) {
+            std::string bytes;
+            rdzv::encode_message(*step.reply, bytes);
+            append_locked(t, c, bytes, step.refused);
+          }
+          if (step.refused) {
+            c->draining = true;
+            ++agents_refused;
+            warns.warn(Warn::AgentRefused, [&] {
+              return fmt::format("[ddprund] refused an agent from {}: {}", c->peer.to_string(), step.why);
+            });
+            break;
+          }
+          c->admitted = step.admitted;
+          if (!step.forward) continue;
         }
         if (c->agent) {
           t.rdzv_out.clear();
@@ -817,6 +906,15 @@ struct StoreServer::Impl : rdzv::WorkerStores {
 
   // ---- rdzv::WorkerStores: one keyspace and listener per round (called under mu) ----
   uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override {
+    return open_on(run_id, round, fixed_port, 0);
+  }
+  uint16_t reopen(const std::string& run_id, int64_t round, bool fixed_port, uint16_t port) override {
+    spdlog::info("[ddprund] job {}: round {} rebuilt from its agents' re-joins after a restart of this server", run_id,
+                 round);
+    return open_on(run_id, round, fixed_port, port);
+  }
+  // `port` 0: any free one; else that one when free (a rebuilt round's workers know it).
+  uint16_t open_on(const std::string& run_id, int64_t round, bool fixed_port, uint16_t want) {
     if (fixed_port) {
       spdlog::debug("[ddprund] job {} round {}: workers' store is the main keyspace (port {}), emptied", run_id,
                     round, bound_port.load());
@@ -825,10 +923,16 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     if (rounds.num_jobs() > options.max_jobs) throw std::runtime_error(jobs_limit_message());
     auto ks = std::make_unique<Keyspace>(options.store);
     ks->name = run_id + "/round " + std::to_string(round);
+    ks->run_id = run_id;
     // Same address as the main listener, any free port. Out of descriptors, this throws: the
     // joining agent gets an ERROR (process()), the server goes on.
     try {
-      bind(*ks, options.host, 0);
+      try {
+        bind(*ks, options.host, want);
+      } catch (const std::exception&) {
+        if (want == 0) throw;
+        bind(*ks, options.host, 0);  // taken meanwhile: the rebuilt round's store moves
+      }
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot open the workers' store of job ") + run_id + ": " + e.what());
     }
@@ -975,6 +1079,8 @@ StoreServerStats StoreServer::stats() const {
   s.agents_connected = impl_->agents;
   s.connections_refused_over_limit = impl_->refused_over_limit;
   s.accept_errors = impl_->accept_errors;
+  s.agents_refused = impl_->agents_refused;
+  s.store_clients_refused = impl_->store_strangers;
   return s;
 }
 

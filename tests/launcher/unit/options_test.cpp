@@ -298,3 +298,15 @@ TEST_CASE("the knob registry: unique names, documented, read from a map", "[opti
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kPythonExec, env));  // empty counts as unset
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kStoreLock, env));
 }
+
+TEST_CASE("--rdzv_token_file: both spellings and PET_RDZV_TOKEN_FILE; an empty path is refused", "[options]") {
+  // The file itself is read and checked by the agent (rdzv::load_token), not by the parser.
+  CHECK(ok({"--rdzv_token_file", "/etc/ddprun/token", "train.py"}).rdzv_token_file == "/etc/ddprun/token");
+  CHECK(ok({"--rdzv-token-file=/t", "train.py"}).rdzv_token_file == "/t");
+  CHECK(ok({"train.py"}, {{"PET_RDZV_TOKEN_FILE", "/from/env"}}).rdzv_token_file == "/from/env");
+  CHECK(ok({"train.py"}).rdzv_token_file.empty());
+  CHECK_THAT(error_of({"--rdzv_token_file", " ", "train.py"}), Catch::Contains("rdzv_token_file"));
+  auto help = parse({"--help"});
+  CHECK_THAT(help.message, Catch::Contains("--rdzv_token_file"));
+  CHECK_THAT(help.message, Catch::Contains("DDPRUN_RDZV_TOKEN"));
+}

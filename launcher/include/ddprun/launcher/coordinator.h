@@ -89,13 +89,15 @@ std::unique_ptr<Coordinator> make_local_coordinator(server::StoreServer& store, 
 
 // Connects to the rendezvous server at host:port, retrying until `connect_timeout`; asks
 // `interrupted` at least every 100 ms while connecting and gives up (CoordinatorInterrupted)
-// when it says yes. `advertise`: this node's address for the others ("" = the local address of
+// when it says yes; `token` ("" = none) is proven to the server, which must prove it back
+// (rdzv/agent_auth.h). `advertise`: this node's address for the others ("" = the local address of
 // the connection). Throws CoordinatorError when the endpoint cannot be reached.
 std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, uint16_t port, rdzv::Join settings,
                                                      const std::string& advertise,
                                                      std::chrono::milliseconds connect_timeout,
                                                      std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted);
+                                                     const std::function<bool()>& interrupted,
+                                                     const std::string& token = {});
 
 // The notice a server message means to an agent with `settings` whose workers' store lives at
 // `store_host` (shared by both implementations; exposed for tests). Messages that are no

@@ -85,6 +85,8 @@ struct LaunchOptions {
   StdStreamSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
   std::string local_addr;
+  // The rendezvous token's file (--rdzv_token_file; the agent reads it, or DDPRUN_RDZV_TOKEN).
+  std::string rdzv_token_file;
   std::vector<int> signals_to_handle;  // signal numbers
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   double shutdown_timeout_s = 30.0;

@@ -45,6 +45,9 @@ struct RendezvousPlan {
   // Job-wide settings and this node's wishes, as sent in JOIN (node_id and host are filled in
   // once connected).
   rdzv::Join join;
+  // The rendezvous token ("" = none): not resolved here (reading a file is I/O); the agent
+  // loads it (rdzv::load_token) before it hosts or joins a multi-node rendezvous.
+  std::string rdzv_token;
   std::chrono::milliseconds connect_timeout{600000};  // = join_timeout
   std::chrono::milliseconds heartbeat_interval{1000};
   // The port came from --rdzv_endpoint (c10d) rather than --master_port: for the wording of

@@ -50,8 +50,13 @@ inline constexpr Knob kDebugCollectives{
     "1: before each collective over Gloo/TCP, the ranks compare op signatures and fail on a mismatch "
     "(the shared-memory path always checks)"};
 
-inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,       kCollectiveTimeout,
-                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives};
+inline constexpr Knob kRdzvToken{
+    "DDPRUN_RDZV_TOKEN", "none", "ddprun, ddprund",
+    "the rendezvous token (16+ bytes), when --rdzv_token_file is not given: agents must prove they hold "
+    "it to join; the same on every node and on a standing ddprund"};
+
+inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,        kCollectiveTimeout,
+                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives, kRdzvToken};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {

@@ -36,12 +36,16 @@ enum class MsgType : uint8_t {
   Failure = 3,
   Succeeded = 4,
   Leave = 5,
+  Hello = 6,  // the first message: the agent's nonce (agent_auth.h)
+  Auth = 7,   // the agent's proof that it holds the token
   // server -> agent
   Round = 20,
   Restart = 21,
   JobDone = 22,
   JobFailed = 23,
   Error = 24,  // the request was refused or timed out; the server closes the connection
+  Challenge = 25,  // the answer to HELLO: whether a token is required, the server's nonce and proof
+  Welcome = 26,    // the agent's proof was right: it may join
 };
 const char* msg_type_name(MsgType t);
 
@@ -79,6 +83,14 @@ struct Join {
   // per node
   int64_t node_rank = -1;     // static: --node_rank; -1: the server assigns
   bool prefer_rank0 = false;  // this node hosts the endpoint
+  // Re-joining a standing server that restarted while this agent's workers run round
+  // `resume_round` (-1: a plain join): the round's layout as the agent knows it, so the server
+  // rebuilds the round from the agents' re-joins (round_state.h "Resume").
+  int64_t resume_round = -1;
+  int64_t resume_restart_count = 0;
+  int64_t resume_node_rank = -1, resume_nnodes = 0;
+  int64_t resume_store_port = 0;
+  bool resume_succeeded = false;  // its workers had all exited 0 (SUCCEEDED was sent)
 
   template <class S, class V>
   static void visit(S& s, V&& v) {
@@ -87,6 +99,9 @@ struct Join {
     v("last_call_ms", s.last_call_ms), v("join_timeout_ms", s.join_timeout_ms);
     v("heartbeat_timeout_ms", s.heartbeat_timeout_ms), v("fixed_store_port", s.fixed_store_port);
     v("node_rank", s.node_rank), v("prefer_rank0", s.prefer_rank0);
+    v("resume_round", s.resume_round), v("resume_restart_count", s.resume_restart_count);
+    v("resume_node_rank", s.resume_node_rank), v("resume_nnodes", s.resume_nnodes);
+    v("resume_store_port", s.resume_store_port), v("resume_succeeded", s.resume_succeeded);
   }
 };
 
@@ -191,6 +206,45 @@ struct JobFailed {
     v("reason", s.reason), v("cause", s.cause), v("restart_count", s.restart_count);
     v("max_restarts", s.max_restarts), v("first_failure", s.first_failure);
   }
+};
+
+// The token handshake (agent_auth.h says why it goes this way).
+struct Hello {
+  static constexpr MsgType kType = MsgType::Hello;
+  int64_t version = 1;
+  std::string client_nonce;  // hex
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("version", s.version), v("client_nonce", s.client_nonce);
+  }
+};
+
+struct Auth {
+  static constexpr MsgType kType = MsgType::Auth;
+  std::string proof;  // hex HMAC-SHA256
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("proof", s.proof);
+  }
+};
+
+struct Challenge {
+  static constexpr MsgType kType = MsgType::Challenge;
+  bool token_required = false;
+  std::string server_nonce, server_proof;  // hex; empty without a token
+  // A standing server (ddprund), not an agent hosting its job: worth reconnecting to.
+  bool standing = false;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("token_required", s.token_required), v("server_nonce", s.server_nonce), v("server_proof", s.server_proof);
+    v("standing", s.standing);
+  }
+};
+
+struct Welcome {
+  static constexpr MsgType kType = MsgType::Welcome;
+  template <class S, class V>
+  static void visit(S&, V&&) {}
 };
 
 struct Error {

@@ -43,11 +43,21 @@ class RendezvousInterrupted : public RendezvousError {
   using RendezvousError::RendezvousError;
 };
 
+// The handshake refused this agent or the server (a token mismatch either way, a token on one
+// side only): the message says which and what to set. Retrying cannot help.
+class RendezvousRefused : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 class RendezvousClient {
  public:
-  // Connects (retrying until `connect_timeout`) and announces the agent protocol.
+  // Connects (retrying until `connect_timeout`), announces the agent protocol and runs the
+  // token handshake (agent_auth.h; `token` "" = none), waiting at most kHandshakeTimeout for
+  // the server's answers. Throws RendezvousRefused when either side's proof fails.
   RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
-                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted = {});
+                   std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted = {},
+                   std::string token = {});
   ~RendezvousClient();
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;
@@ -70,11 +80,14 @@ class RendezvousClient {
   void report_success(int64_t round);
   void leave();  // never throws
 
+  // The server is a standing daemon (ddprund), as its handshake said.
+  bool server_standing() const { return server_standing_; }
   const std::string& host() const { return host_; }
   uint16_t port() const { return port_; }
 
   // How long one message may wait for the server to make room.
   static constexpr std::chrono::milliseconds kSendTimeout{10000};
+  static constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
 
  private:
   enum class Sender { Caller, Heartbeat };
@@ -83,6 +96,7 @@ class RendezvousClient {
   void write_all(const std::string& bytes, Sender who);
   bool give_up(Sender who) const;
   bool read_some(bool block, std::chrono::milliseconds timeout);
+  void handshake(const std::string& token);
   std::optional<Message> take_buffered();
 
   std::string host_;
@@ -96,6 +110,7 @@ class RendezvousClient {
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
   std::atomic<bool> stopping_{false};
+  bool server_standing_ = false;
 };
 
 }  // namespace ddprun::rdzv

@@ -13,6 +13,13 @@
 //    node that asks for other values is refused, the error naming both;
 //  - node ranks are stable across rounds; a node with prefer_rank0 (the endpoint host) gets 0;
 //  - a node is lost when its connection closes or its heartbeats stop (heartbeat_timeout_ms).
+//  - Resume: a standing server that restarted knows no job. Agents whose workers run reconnect
+//    and re-join with the round they run (Join::resume_*); the first such JOIN re-creates the
+//    job in that round with its restart count, and once every node of the round is back (its
+//    node ranks 0..nnodes-1) the round runs again: no ROUND is sent, the workers keep
+//    running, no restart is spent, the workers' store is reopened on its old port when free.
+//    Nodes that had succeeded count as succeeded. If the round is not whole by join_timeout,
+//    the nodes that came back restart without spending budget (at least MIN), or the job fails.
 //
 // These rules live here only: the launcher runs this same class in-process for a single node
 // (launcher/coordinator.h, LocalCoordinator), so one node and many follow one policy.
@@ -53,6 +60,12 @@ class WorkerStores {
   // Whether the round's workers made progress: all `world_size` of them joined the store
   // (PyTorch and libddprun_worker clients add 1 to `init/` when they connect).
   virtual bool progressed(const std::string& run_id, int64_t round, int64_t world_size) = 0;
+  // As open(), on `port` when it can (a round rebuilt after a server restart: its workers
+  // were told that port); any free port otherwise.
+  virtual uint16_t reopen(const std::string& run_id, int64_t round, bool fixed_port, uint16_t port) {
+    (void)port;
+    return open(run_id, round, fixed_port);
+  }
 };
 
 class RoundState {
@@ -65,6 +78,11 @@ class RoundState {
   // The earliest last-call or join deadline, if any. Heartbeat expiry is not included: the
   // caller ticks periodically (a fraction of the heartbeat timeout) for that.
   std::optional<Clock::time_point> next_deadline() const;
+
+  // The connections of the agents in the job's current (or last) round; none for an unknown job.
+  const std::vector<ConnId>& participants(const std::string& run_id) const;
+  // Whether `conn` is an agent in its job's current (or last) round.
+  bool is_participant(ConnId conn) const;
 
   size_t num_jobs() const { return jobs_.size(); }
   size_t num_agents() const { return conn_job_.size(); }
@@ -80,7 +98,7 @@ class RoundState {
     uint64_t seq = 0;
     Clock::time_point last_seen;
   };
-  enum class Phase { Gathering, Running, Finished };
+  enum class Phase { Gathering, Running, Finished, Resuming };
   struct Job {
     std::string run_id;
     int64_t min_nodes = 1, max_nodes = 1, max_restarts = 0;
@@ -98,9 +116,15 @@ class RoundState {
     std::optional<Failure> first_failure;
     bool previous_failed_without_progress = false;
     uint64_t seq = 0;
+    // Resuming: the round's size and store port as the agents know them.
+    int64_t resume_nnodes = 0;
+    int64_t resume_store_port = 0;
   };
 
   void on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out);
+  void on_resume(Job& job, ConnId conn, const Join& m, bool created, Clock::time_point now, std::vector<Outbound>& out);
+  void resume_timed_out(Job& job, Clock::time_point now, std::vector<Outbound>& out);
+  void maybe_done(Job& job, std::vector<Outbound>& out);
   void on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out);
   void on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out);
   void node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now, std::vector<Outbound>& out);

@@ -61,6 +61,18 @@ struct StoreServerOptions {
   // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
   // gets a fresh workers' store on its own ephemeral port of the same address.
   bool enable_rendezvous = true;
+  // The rendezvous token (rdzv/agent_auth.h): "" = the rendezvous is open to anyone who can
+  // connect. With one, an agent must prove it holds the same token before its messages reach
+  // the rounds; one that cannot is refused and changes nothing.
+  std::string rdzv_token;
+  // TCPStore clients of the main keyspace (not agents) must come from loopback or from the
+  // address of an agent in a job's current round, as for the rounds' own stores (always so
+  // restricted when enable_rendezvous). For the launcher hosting a multi-node job, whose main
+  // keyspace is the workers' store; a standing ddprund's main keyspace stays a general store.
+  bool restrict_main_store = false;
+  // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
+  // and re-join their running round (round_state.h "Resume"); told in the handshake.
+  bool standing = false;
   // I/O threads; 0 = one per core, at most kMaxAutoIoThreads. The launcher's in-process store
   // (a handful of local workers) uses 1; ddprund defaults to 0.
   int io_threads = 1;
@@ -76,6 +88,8 @@ struct StoreServerStats {
   uint64_t agents_connected = 0;  // connections speaking the agents' rendezvous protocol
   uint64_t connections_refused_over_limit = 0;  // closed at accept: --max-connections or descriptors
   uint64_t accept_errors = 0;                   // EMFILE and the like
+  uint64_t agents_refused = 0;                  // agents refused by the token handshake
+  uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.

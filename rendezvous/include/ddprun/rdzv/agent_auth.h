@@ -1,0 +1,102 @@
+// Who may join: a shared secret (the rendezvous token) proven by an HMAC challenge-response,
+// in both directions, before an agent may join, report or hear anything of a job.
+//
+//   agent  -> server  HELLO      client_nonce Nc
+//   server -> agent   CHALLENGE  token_required, server_nonce Ns,
+//                                server_proof = HMAC-SHA256(token, "ddprun-rdzv-v1 server" | Nc | Ns)
+//   agent  -> server  AUTH       proof = HMAC-SHA256(token, "ddprun-rdzv-v1 agent" | Ns | Nc)
+//   server -> agent   WELCOME    (or ERROR and a close: "rendezvous refused: token mismatch ...")
+//
+// Both nonces are 32 random bytes per connection, so no proof can be replayed on another
+// connection; the two labels keep the server's proof from serving as an agent's. The agent
+// checks the server's proof before it sends its own or anything else: an agent with a token
+// trusts no server without the same token (nor one that requires none), so a fake endpoint
+// learns nothing and cannot steer the agent's workers. Proofs are compared in constant time.
+//
+// Without a token on the server, CHALLENGE says so and the connection is admitted at once; an
+// old-style agent that sends JOIN first is admitted too (the rendezvous is open). With a token,
+// anything but HELLO/AUTH before WELCOME is refused and changes nothing.
+//
+// Pure (the nonces come from the caller); random_nonce() is the one function with I/O.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "ddprun/rdzv/agent_protocol.h"
+
+namespace ddprun::rdzv {
+
+inline constexpr size_t kNonceBytes = 32;
+// The token (agent_token.h loads it); shorter ones are refused when loaded.
+inline constexpr size_t kMinTokenBytes = 16;
+inline constexpr size_t kMaxTokenBytes = 4096;
+
+// Hex of kNonceBytes bytes from the kernel's random source (getrandom).
+std::string random_nonce();
+
+std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce);
+std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
+
+// The rendezvous token, read the same way by ddprun and ddprund: the contents of `file` when
+// given (a regular file of this user, mode 0600 or stricter), else `env_value` (the
+// DDPRUN_RDZV_TOKEN variable; nullptr or "" = none, and "" is returned). Trailing whitespace
+// (a final newline) is no part of it. Throws std::invalid_argument saying what to fix (e.g.
+// `chmod 600 PATH`) for a file that is missing, not regular, another user's or readable by
+// others, and for a token shorter than kMinTokenBytes or longer than kMaxTokenBytes.
+std::string load_token(const std::string& file, const char* env_value);
+
+// The advice every refusal ends with.
+inline constexpr const char* kTokenAdvice =
+    "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node (and on a standing ddprund)";
+
+// The server's side for one connection.
+class ServerHandshake {
+ public:
+  // `token`: "" = the rendezvous is open. `server_nonce`: random_nonce() (tests pass their own).
+  ServerHandshake(std::string token, std::string server_nonce, bool standing = false);
+
+  struct Step {
+    std::optional<Message> reply;  // to send to the agent
+    bool admitted = false;         // from now on its messages go to the rounds
+    bool refused = false;          // `reply` is an ERROR; close the connection after it
+    bool forward = false;          // (open rendezvous, no HELLO) admitted, and `m` itself goes to the rounds
+    std::string why;               // refused: for the server's log
+  };
+  // One message of a connection not admitted yet.
+  Step on_message(const Message& m);
+  bool admitted() const { return state_ == State::Admitted; }
+
+ private:
+  enum class State { Fresh, Challenged, Admitted, Refused };
+  Step refuse(std::string text, std::string why);
+  std::string token_, server_nonce_, client_nonce_;
+  bool standing_ = false;
+  State state_ = State::Fresh;
+};
+
+// The handshake went wrong on the agent's side: the message says why and what to do.
+class HandshakeRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The agent's side. `where`: host:port, for the messages.
+class ClientHandshake {
+ public:
+  ClientHandshake(std::string token, std::string client_nonce, std::string where);
+  Message hello() const;
+  // The server's answer to HELLO or AUTH: the next message to send (AUTH), or nothing. Throws
+  // HandshakeRefused on a token mismatch (either way), an ERROR, or an answer out of turn.
+  std::optional<Message> on_reply(const Message& m);
+  bool done() const { return done_; }
+  // The server said it is a standing daemon (known once challenged).
+  bool server_standing() const { return standing_; }
+
+ private:
+  std::string token_, client_nonce_, where_;
+  bool challenged_ = false, done_ = false, standing_ = false;
+};
+
+}  // namespace ddprun::rdzv

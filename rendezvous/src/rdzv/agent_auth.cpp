@@ -1,0 +1,206 @@
+#include "ddprun/rdzv/agent_auth.h"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+#include "ddprun/rdzv/sha256.h"
+#include "ddprun/rdzv/validate.h"
+
+namespace ddprun::rdzv {
+namespace {
+constexpr const char* kServerLabel = "ddprun-rdzv-v1 server";
+constexpr const char* kAgentLabel = "ddprun-rdzv-v1 agent";
+
+bool is_nonce(const std::string& s) {
+  if (s.size() != 2 * kNonceBytes) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+Message error_msg(const std::string& text) { return to_message(Error{.message = text}); }
+}  // namespace
+
+std::string random_nonce() {
+  uint8_t bytes[kNonceBytes];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char hex[] = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : bytes) s += hex[b >> 4], s += hex[b & 15];
+  return s;
+}
+
+std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce) {
+  return to_hex(hmac_sha256(token, std::string(kServerLabel) + "|" + client_nonce + "|" + server_nonce));
+}
+
+std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce) {
+  return to_hex(hmac_sha256(token, std::string(kAgentLabel) + "|" + server_nonce + "|" + client_nonce));
+}
+
+namespace {
+std::string checked_token(std::string t, const std::string& source) {
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  const std::string make = "make one with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE";
+  if (t.size() < kMinTokenBytes)
+    throw std::invalid_argument("the rendezvous token from " + source + " is " + std::to_string(t.size()) +
+                                " bytes, fewer than " + std::to_string(kMinTokenBytes) + "; " + make);
+  if (t.size() > kMaxTokenBytes)
+    throw std::invalid_argument("the rendezvous token from " + source + " is longer than " +
+                                std::to_string(kMaxTokenBytes) + " bytes; " + make);
+  return t;
+}
+}  // namespace
+
+std::string load_token(const std::string& file, const char* env_value) {
+  if (file.empty()) {
+    if (env_value == nullptr || *env_value == '\0') return "";
+    return checked_token(env_value, "DDPRUN_RDZV_TOKEN");
+  }
+  const std::string flag = "--rdzv_token_file " + file;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0)
+    throw std::invalid_argument(flag + ": cannot open it (" + std::strerror(errno) + ")");
+  struct stat st{};
+  std::string why;
+  if (::fstat(fd, &st) != 0) why = std::string("cannot stat it (") + std::strerror(errno) + ")";
+  else if (!S_ISREG(st.st_mode)) why = "not a regular file; put the token in a file of its own";
+  else if (st.st_uid != ::geteuid())
+    why = "owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " + std::to_string(::geteuid()) +
+          "); use a token file of your own";
+  else if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    why = std::string("mode ") + mode + " lets other users read or change it; run: chmod 600 " + file;
+  } else if (st.st_size > static_cast<off_t>(kMaxTokenBytes) + 64)
+    why = "larger than a token (" + std::to_string(st.st_size) + " bytes)";
+  std::string content;
+  if (why.empty()) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && content.size() <= kMaxTokenBytes + 64) content.append(buf, static_cast<size_t>(n));
+    if (n < 0) why = std::string("cannot read it (") + std::strerror(errno) + ")";
+  }
+  ::close(fd);
+  if (!why.empty()) throw std::invalid_argument(flag + ": " + why);
+  return checked_token(std::move(content), flag);
+}
+
+ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing)
+    : token_(std::move(token)), server_nonce_(std::move(server_nonce)), standing_(standing) {}
+
+ServerHandshake::Step ServerHandshake::refuse(std::string text, std::string why) {
+  state_ = State::Refused;
+  Step s;
+  s.reply = error_msg(text);
+  s.refused = true;
+  s.why = std::move(why);
+  return s;
+}
+
+ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
+  Step s;
+  switch (state_) {
+    case State::Admitted: s.admitted = s.forward = true; return s;
+    case State::Refused: return refuse("rendezvous refused", "a message after a refusal");
+    case State::Fresh:
+      if (m.type != MsgType::Hello) {
+        if (token_.empty()) {
+          state_ = State::Admitted;  // an open rendezvous takes an agent that skips HELLO
+          s.admitted = s.forward = true;
+          return s;
+        }
+        return refuse(std::string("rendezvous refused: ") + msg_type_name(m.type) +
+                          " before authentication; this server requires a token: " + kTokenAdvice,
+                      std::string(msg_type_name(m.type)) + " without authentication");
+      }
+      {
+        const Hello h = from_message<Hello>(m);
+        if (!is_nonce(h.client_nonce)) return refuse("rendezvous refused: HELLO without a valid nonce", "bad HELLO");
+        client_nonce_ = h.client_nonce;
+      }
+      if (token_.empty()) {
+        state_ = State::Admitted;
+        s.reply = to_message(Challenge{.token_required = false, .standing = standing_});
+        s.admitted = true;
+        return s;
+      }
+      state_ = State::Challenged;
+      s.reply = to_message(Challenge{.token_required = true,
+                                     .server_nonce = server_nonce_,
+                                     .server_proof = server_proof(token_, client_nonce_, server_nonce_),
+                                     .standing = standing_});
+      return s;
+    case State::Challenged: {
+      if (m.type != MsgType::Auth)
+        return refuse(std::string("rendezvous refused: ") + msg_type_name(m.type) + " before authentication; " +
+                          kTokenAdvice,
+                      std::string(msg_type_name(m.type)) + " instead of AUTH");
+      const Auth a = from_message<Auth>(m);
+      if (!constant_time_equal(a.proof, agent_proof(token_, server_nonce_, client_nonce_)))
+        return refuse(std::string("rendezvous refused: token mismatch (this agent's token differs from the server's); ") +
+                          kTokenAdvice,
+                      "token mismatch");
+      state_ = State::Admitted;
+      s.reply = to_message(Welcome{});
+      s.admitted = true;
+      return s;
+    }
+  }
+  return s;
+}
+
+ClientHandshake::ClientHandshake(std::string token, std::string client_nonce, std::string where)
+    : token_(std::move(token)), client_nonce_(std::move(client_nonce)), where_(std::move(where)) {}
+
+Message ClientHandshake::hello() const { return to_message(Hello{.client_nonce = client_nonce_}); }
+
+std::optional<Message> ClientHandshake::on_reply(const Message& m) {
+  if (m.type == MsgType::Error)
+    throw HandshakeRefused(printable(from_message<Error>(m).message, kMaxReasonLen) + " (server " + where_ + ")");
+  if (!challenged_) {
+    if (m.type != MsgType::Challenge)
+      throw HandshakeRefused("the rendezvous server at " + where_ + " answered HELLO with " + msg_type_name(m.type) +
+                             " (not a ddprun rendezvous of this version?)");
+    challenged_ = true;
+    const Challenge c = from_message<Challenge>(m);
+    standing_ = c.standing;
+    if (!c.token_required) {
+      if (!token_.empty())
+        throw HandshakeRefused("rendezvous refused: the server at " + where_ +
+                               " requires no token but this agent has one, so it cannot tell it from an impostor; " +
+                               kTokenAdvice);
+      done_ = true;
+      return std::nullopt;
+    }
+    if (token_.empty())
+      throw HandshakeRefused("rendezvous refused: the server at " + where_ + " requires a token and this agent has none; " +
+                             kTokenAdvice);
+    if (!is_nonce(c.server_nonce) || !constant_time_equal(c.server_proof, server_proof(token_, client_nonce_, c.server_nonce)))
+      throw HandshakeRefused("rendezvous refused: token mismatch (the server at " + where_ +
+                             " holds a different token); " + kTokenAdvice);
+    return to_message(Auth{.proof = agent_proof(token_, c.server_nonce, client_nonce_)});
+  }
+  if (m.type != MsgType::Welcome)
+    throw HandshakeRefused("the rendezvous server at " + where_ + " answered AUTH with " + msg_type_name(m.type));
+  done_ = true;
+  return std::nullopt;
+}
+
+}  // namespace ddprun::rdzv

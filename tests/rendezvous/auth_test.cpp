@@ -1,0 +1,240 @@
+// The token handshake's pieces: SHA-256 and HMAC against the published vectors and Python's
+// hashlib/hmac, the handshake both ways, and the token file checks.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/sha256.h"
+
+using namespace ddprun::rdzv;
+
+namespace {
+std::string hex_of(std::string_view s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) out += hex[c >> 4], out += hex[c & 15];
+  return out;
+}
+const std::string kToken = "correct horse battery staple";
+}  // namespace
+
+TEST_CASE("Sha256MatchesFips180Vectors", "[auth]") {
+  CHECK(to_hex(sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(to_hex(sha256("abc")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(to_hex(sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // A million 'a' fed in uneven pieces: the block buffering is exercised.
+  Sha256 h;
+  const std::string chunk(997, 'a');
+  size_t fed = 0;
+  while (fed + chunk.size() <= 1000000) h.update(chunk), fed += chunk.size();
+  h.update(std::string(1000000 - fed, 'a'));
+  CHECK(to_hex(h.finish()) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("HmacSha256MatchesRfc4231Vectors", "[auth]") {
+  CHECK(to_hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(to_hex(hmac_sha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(to_hex(hmac_sha256(std::string(20, '\xaa'), std::string(50, '\xdd'))) ==
+        "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+  std::string key4;
+  for (int i = 1; i <= 25; ++i) key4 += static_cast<char>(i);
+  CHECK(to_hex(hmac_sha256(key4, std::string(50, '\xcd'))) ==
+        "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  const std::string big_key(131, '\xaa');
+  CHECK(to_hex(hmac_sha256(big_key, "Test Using Larger Than Block-Size Key - Hash Key First")) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  CHECK(to_hex(hmac_sha256(big_key, "This is a test using a larger than block-size key and a larger than block-size "
+                                    "data. The key needs to be hashed before being used by the HMAC algorithm.")) ==
+        "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+}
+
+TEST_CASE("HmacSha256AgreesWithPythonHmac", "[auth]") {
+  // Random keys and messages of every length class (empty, < block, block, > block), checked
+  // by Python's hmac in one run.
+  std::mt19937 gen(12);
+  std::string script = "import hmac,hashlib,sys\nfor line in sys.stdin:\n  k,m=line.split()\n"
+                       "  print(hmac.new(bytes.fromhex(k[1:]),bytes.fromhex(m[1:]),hashlib.sha256).hexdigest())\n";
+  const std::string path = "/tmp/ddprun_hmac_check_" + std::to_string(::getpid()) + ".py";
+  std::ofstream(path) << script;
+  std::vector<std::pair<std::string, std::string>> cases;
+  for (size_t klen : {0, 1, 31, 32, 63, 64, 65, 200})
+    for (size_t mlen : {0, 1, 55, 56, 63, 64, 65, 119, 120, 1000}) {
+      std::string k(klen, '\0'), m(mlen, '\0');
+      for (char& c : k) c = static_cast<char>(gen());
+      for (char& c : m) c = static_cast<char>(gen());
+      cases.emplace_back(k, m);
+    }
+  const std::string in_path = path + ".in";
+  {
+    std::ofstream in(in_path);
+    for (const auto& [k, m] : cases) in << "x" << hex_of(k) << " x" << hex_of(m) << "\n";
+  }
+  FILE* p = ::popen((std::string(DDPRUN_PYTHON3) + " " + path + " < " + in_path).c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::vector<std::string> theirs;
+  char line[256];
+  while (std::fgets(line, sizeof line, p)) theirs.emplace_back(std::string(line).substr(0, 64));
+  CHECK(::pclose(p) == 0);
+  ::unlink(path.c_str());
+  ::unlink(in_path.c_str());
+  REQUIRE(theirs.size() == cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("key " << cases[i].first.size() << " bytes, message " << cases[i].second.size() << " bytes");
+    CHECK(to_hex(hmac_sha256(cases[i].first, cases[i].second)) == theirs[i]);
+  }
+}
+
+TEST_CASE("ConstantTimeEqual", "[auth]") {
+  CHECK(constant_time_equal("abc", "abc"));
+  CHECK_FALSE(constant_time_equal("abc", "abd"));
+  CHECK_FALSE(constant_time_equal("abc", "ab"));
+  CHECK(constant_time_equal("", ""));
+}
+
+namespace {
+// Runs the handshake between the two pure sides; returns the agent's refusal text, or "".
+struct Outcome {
+  std::string agent_error;
+  bool server_admitted = false;
+  bool server_refused = false;
+  std::string server_error;  // the ERROR it sent
+};
+Outcome run_handshake(const std::string& agent_token, const std::string& server_token) {
+  Outcome o;
+  ServerHandshake server(server_token, random_nonce());
+  ClientHandshake agent(agent_token, random_nonce(), "test:1");
+  std::optional<Message> to_server = agent.hello();
+  try {
+    while (to_server && !o.server_refused) {
+      auto step = server.on_message(*to_server);
+      o.server_admitted = step.admitted;
+      o.server_refused = step.refused;
+      if (step.refused) o.server_error = from_message<Error>(*step.reply).message;
+      to_server.reset();
+      if (step.reply) to_server = agent.on_reply(*step.reply);
+    }
+  } catch (const HandshakeRefused& e) {
+    o.agent_error = e.what();
+  }
+  if (o.agent_error.empty() && !o.server_refused) CHECK(agent.done());
+  return o;
+}
+}  // namespace
+
+TEST_CASE("HandshakeAdmitsOnlyTheSameTokenBothWays", "[auth]") {
+  auto same = run_handshake(kToken, kToken);
+  CHECK(same.agent_error.empty());
+  CHECK(same.server_admitted);
+
+  auto open = run_handshake("", "");
+  CHECK(open.agent_error.empty());
+  CHECK(open.server_admitted);
+
+  // The agent sees the server's proof first: a wrong token is caught before it proves anything.
+  auto wrong = run_handshake("another token of 16+ bytes", kToken);
+  CHECK_THAT(wrong.agent_error, Catch::Contains("rendezvous refused: token mismatch"));
+  CHECK_THAT(wrong.agent_error, Catch::Contains("DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node"));
+  CHECK_FALSE(wrong.server_admitted);
+
+  auto none = run_handshake("", kToken);
+  CHECK_THAT(none.agent_error, Catch::Contains("requires a token and this agent has none"));
+  CHECK_FALSE(none.server_admitted);
+
+  // An agent with a token trusts no open server (it could be anyone's).
+  auto impostor = run_handshake(kToken, "");
+  CHECK_THAT(impostor.agent_error, Catch::Contains("requires no token but this agent has one"));
+}
+
+TEST_CASE("ServerRefusesAgentsThatSkipOrForgeTheProof", "[auth]") {
+  const std::string ns = random_nonce(), nc = random_nonce();
+  {
+    // JOIN without HELLO: admitted by an open server (the old agents' way), refused with a token.
+    ServerHandshake open("", ns);
+    auto s = open.on_message(to_message(Join{}));
+    CHECK(s.admitted);
+    CHECK(s.forward);
+    ServerHandshake closed(kToken, ns);
+    auto r = closed.on_message(to_message(Join{}));
+    CHECK(r.refused);
+    CHECK_FALSE(closed.admitted());
+    CHECK_THAT(from_message<Error>(*r.reply).message, Catch::Contains("JOIN before authentication"));
+    // Nothing after a refusal gets through.
+    CHECK(closed.on_message(to_message(Hello{.client_nonce = nc})).refused);
+  }
+  {
+    // A FAILURE in place of AUTH.
+    ServerHandshake s(kToken, ns);
+    auto c = s.on_message(to_message(Hello{.client_nonce = nc}));
+    REQUIRE(c.reply);
+    CHECK(c.reply->type == MsgType::Challenge);
+    CHECK(s.on_message(to_message(Failure{})).refused);
+  }
+  {
+    // A proof for another connection's nonces (a replay) or with the server's label.
+    ServerHandshake s(kToken, ns);
+    s.on_message(to_message(Hello{.client_nonce = nc}));
+    auto r = s.on_message(to_message(Auth{.proof = agent_proof(kToken, random_nonce(), nc)}));
+    CHECK(r.refused);
+    CHECK_THAT(from_message<Error>(*r.reply).message, Catch::Contains("rendezvous refused: token mismatch"));
+    ServerHandshake s2(kToken, ns);
+    s2.on_message(to_message(Hello{.client_nonce = nc}));
+    CHECK(s2.on_message(to_message(Auth{.proof = server_proof(kToken, nc, ns)})).refused);
+    ServerHandshake s3(kToken, ns);
+    s3.on_message(to_message(Hello{.client_nonce = nc}));
+    auto ok = s3.on_message(to_message(Auth{.proof = agent_proof(kToken, ns, nc)}));
+    CHECK(ok.admitted);
+    CHECK(ok.reply->type == MsgType::Welcome);
+  }
+  {
+    ServerHandshake s(kToken, ns);
+    CHECK(s.on_message(to_message(Hello{.client_nonce = "short"})).refused);
+  }
+  CHECK(random_nonce() != random_nonce());
+  CHECK(random_nonce().size() == 2 * kNonceBytes);
+}
+
+TEST_CASE("LoadTokenChecksTheFile", "[auth]") {
+  char dir_template[] = "/tmp/ddprun_token_XXXXXX";
+  REQUIRE(::mkdtemp(dir_template));
+  const std::string dir = dir_template;
+  const std::string file = dir + "/token";
+  std::ofstream(file) << "s3cret-token-of-enough-bytes\n";
+  ::chmod(file.c_str(), 0644);
+  try {
+    load_token(file, nullptr);
+    FAIL("a world-readable token file was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(e.what(), Catch::Contains("chmod 600 " + file));
+  }
+  ::chmod(file.c_str(), 0600);
+  CHECK(load_token(file, nullptr) == "s3cret-token-of-enough-bytes");
+  CHECK(load_token(file, "the environment's token") == "s3cret-token-of-enough-bytes");  // the file wins
+  ::chmod(file.c_str(), 0400);
+  CHECK(load_token(file, nullptr) == "s3cret-token-of-enough-bytes");
+  CHECK_THROWS_WITH(load_token(dir, nullptr), Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(load_token(dir + "/missing", nullptr), Catch::Contains("cannot open"));
+  const std::string short_file = dir + "/short";
+  std::ofstream(short_file) << "short\n";
+  ::chmod(short_file.c_str(), 0600);
+  CHECK_THROWS_WITH(load_token(short_file, nullptr), Catch::Contains("fewer than 16"));
+  if (::geteuid() == 0) {
+    // Another user's file (root can make one): refused though root could read it.
+    REQUIRE(::chown(file.c_str(), 12345, 12345) == 0);
+    CHECK_THROWS_WITH(load_token(file, nullptr), Catch::Contains("not by this user"));
+  }
+  CHECK(load_token("", nullptr).empty());
+  CHECK(load_token("", "").empty());
+  CHECK(load_token("", "environment-token-16+\n") == "environment-token-16+");
+  CHECK_THROWS_WITH(load_token("", "tiny"), Catch::Contains("DDPRUN_RDZV_TOKEN"));
+  for (const auto& f : {file, short_file}) ::unlink(f.c_str());
+  ::rmdir(dir.c_str());
+}
