@@ -26,6 +26,9 @@ std::vector<std::string> split_commas(const std::string& s) {
 EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
                         int local_rank, const std::string& error_file) {
   EnvMap env = parent;
+  // The rendezvous secret authenticates agents; workers never need it, and a worker's
+  // environment is readable by anything the training script spawns or dumps.
+  env.erase("DDPRUN_RDZV_TOKEN");
   const int rank = g.global_rank_base + local_rank;
   auto set = [&](const char* k, const std::string& v) { env[k] = v; };
   auto set_default = [&](const char* k, const std::string& v) { env.emplace(k, v); };

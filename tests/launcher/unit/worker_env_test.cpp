@@ -135,3 +135,10 @@ TEST_CASE("argv for scripts, modules, programs", "[env]") {
 TEST_CASE("envp is K=V", "[env]") {
   CHECK(to_envp({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
 }
+
+TEST_CASE("the rendezvous token is not passed to workers", "[env]") {
+  EnvMap parent{{"PATH", "/usr/bin"}, {"DDPRUN_RDZV_TOKEN", "s3cret-shared-by-agents"}};
+  auto env = build_worker_env(parent, opts(2), layout(2), 0, "/logs/0/error.json");
+  CHECK(env.count("DDPRUN_RDZV_TOKEN") == 0);
+  CHECK(env.at("PATH") == "/usr/bin");
+}
