@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <csignal>
+
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/options.h"
 
@@ -297,4 +299,17 @@ TEST_CASE("the knob registry: unique names, documented, read from a map", "[opti
   CHECK(ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env) == std::optional<std::string>("/fake"));
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kPythonExec, env));  // empty counts as unset
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kStoreLock, env));
+}
+
+TEST_CASE("--preempt_signals and --preempt_grace: defaults, both spellings, none, PET_, bad values", "[options]") {
+  const auto d = ok({"x"});
+  CHECK(d.preempt_signals == std::vector<int>{SIGUSR1});
+  CHECK(d.preempt_grace_s == 90.0);
+  CHECK(ok({"--preempt-signals=SIGUSR1,TERM", "x"}).preempt_signals == std::vector<int>{SIGUSR1, SIGTERM});
+  CHECK(ok({"--preempt_signals", "none", "x"}).preempt_signals.empty());
+  CHECK(ok({"--preempt-grace=2.5", "x"}).preempt_grace_s == 2.5);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_GRACE", "7"}}).preempt_grace_s == 7.0);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_SIGNALS", "SIGUSR2"}}).preempt_signals == std::vector<int>{SIGUSR2});
+  CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}), Catch::Contains("--preempt_signals") && Catch::Contains("none"));
+  CHECK_THAT(error_of({"--preempt_grace=-1", "x"}), Catch::Contains("--preempt_grace") && Catch::Contains("seconds"));
 }
