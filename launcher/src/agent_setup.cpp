@@ -4,13 +4,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-
-#include <algorithm>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <spdlog/spdlog.h>
 
