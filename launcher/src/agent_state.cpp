@@ -153,10 +153,12 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     }
     return out;
   }
-  // Preempting, Stopping or Killing: wait for the rest. A group stopped for a stop signal or a
-  // notice (another node left after its preemption) whose workers answer with the preemption
-  // code was preempted, unless this attempt failed here first.
-  if (preempt_exit(e.status) && !failed_this_attempt_) preempted_ = true;
+  // Preempting, Stopping or Killing: wait for the rest. A group stopped for a stop signal or
+  // because the job ended (another node left after its preemption) whose workers answer with
+  // the preemption code was preempted, unless this attempt failed here first. Stopped for a
+  // restart (a scale-up, another node's failure), the code only says they stopped cleanly
+  // (after a checkpoint, with libddprun_worker): the restart goes on.
+  if (preempt_exit(e.status) && !failed_this_attempt_ && !pending_restart_) preempted_ = true;
   if (alive_.empty()) {
     out.push_back({.kind = Action::Kind::DisarmTimer});
     group_stopped(out);

@@ -263,6 +263,16 @@ TEST_CASE("a notice stops the group and its workers answer 99: preempted, not fa
   CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
 }
 
+TEST_CASE("a restart notice stops the group and its workers answer 99: the restart goes on", "[state]") {
+  // A scale-up (or another node's failure) in a multi-node job: the workers stop at a step
+  // boundary on SIGTERM, with a checkpoint, and exit 99; the next attempt resumes from it.
+  auto s = running(preempt_config(2, false));
+  CHECK(s.on_event(CoordinatorNotice{N::Restart, 1}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), join(1)});
+  CHECK_FALSE(s.preempted());
+}
+
 TEST_CASE("SIGTERM (a stop signal) whose workers stop with 99: the job exits 99", "[state]") {
   auto s = running(preempt_config(2));
   CHECK(s.on_event(SignalReceived{SIGTERM}) == Actions{signal_all(SIGTERM), arm(30)});
