@@ -19,9 +19,11 @@ import glob
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 HANG_GUARD = 240
 STOP = 25
@@ -90,7 +92,6 @@ def run_one_node(args, mode, err_path):
 
 
 def run_two_nodes(ddprun, train, train_args, tmp):
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -105,7 +106,6 @@ def run_two_nodes(ddprun, train, train_args, tmp):
         if "hosting the rendezvous" in line:
             break
     b = subprocess.Popen(agent, stdout=subprocess.PIPE, stderr=errs[1], text=True)
-    import threading
     drain = threading.Thread(target=lambda: errs[0].write(a.stderr.read()))
     drain.start()
     lines_a = read_until_waiting(a, (0,), "node 0")
