@@ -34,12 +34,14 @@
 // ranks agreed to stop: the worker runtime's agree_stop()): the others get the same grace,
 // unsignalled. So is that exit from a group stopped for a stop signal or a JobFailed notice,
 // but not from one stopped for a Restart notice (a scale-up: the workers only stopped cleanly
-// at a step boundary, and the restart goes on). Once preempted, worker exits are not failures (nothing is reported, nothing
-// restarted: a preemption costs no restart budget), notices no longer restart the group, and
-// the agent finishes with kPreemptedExitCode whatever the workers' statuses were: the batch
-// script requeues the job and it resumes from its last checkpoint. Repeated preemption signals
-// are ignored (Slurm signals every process of a step, srun may relay it again); a stop signal
-// while preempting cuts the grace short (forwarded, shutdown grace, SIGKILL).
+// at a step boundary, and the restart goes on). Once preempted, worker exits are not failures
+// (nothing is reported, nothing restarted: a preemption costs no restart budget), notices no
+// longer restart the group, and the agent finishes with kPreemptedExitCode whatever the
+// workers' statuses were: the batch script requeues the job and it resumes from its last
+// checkpoint. Repeated preemption signals are ignored (Slurm signals every process of a step,
+// srun may relay it again); a stop signal while preempting cuts the grace short (forwarded,
+// shutdown grace, SIGKILL). A preemption signal while joining or awaiting finishes at once;
+// while a failed group stops, it only cancels the restart.
 //
 // Thread-safety: none (one owner).
 #pragma once
