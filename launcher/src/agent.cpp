@@ -63,7 +63,7 @@ int Agent::run() {
   } catch (const CoordinatorInterrupted& e) {
     const int s = stop_signal_seen_.value_or(SIGINT);
     spdlog::error("received {}: {}", signal_name(s), e.what());
-    exit_code_ = 128 + s;
+    exit_code_ = is_preempt_signal(s) ? kPreemptedExitCode : 128 + s;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     if (group_) group_->signal(SIGKILL);
@@ -209,7 +209,8 @@ void Agent::on_notice(const Notice& n) {
       break;
     case Notice::Kind::Restart:
       restart_seen_ = Clock::now();
-      spdlog::warn("restarting the job: {}", n.restart.reason);
+      if (state_.preempted()) spdlog::info("the rendezvous restarts the job ({}): not here, stopping for a preemption", n.restart.reason);
+      else spdlog::warn("restarting the job: {}", n.restart.reason);
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::Restart, static_cast<int>(n.restart.restart_count)});
       break;
     case Notice::Kind::JobDone:
@@ -217,7 +218,8 @@ void Agent::on_notice(const Notice& n) {
       break;
     case Notice::Kind::JobFailed:
       job_failed_ = n.failed;
-      spdlog::error("the job ended: {}", n.failed.reason);
+      if (state_.preempted()) spdlog::info("the rendezvous ended the job ({}): already stopping for a preemption", n.failed.reason);
+      else spdlog::error("the job ended: {}", n.failed.reason);
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
       break;
   }
@@ -267,8 +269,20 @@ void Agent::on_signalfd() {
   if (child) reap_children();
   for (int s : others) {
     if (done_) break;
-    spdlog::warn("received {}: forwarding it to every worker's process group", signal_name(s));
-    dispatch(SignalReceived{s});
+    const bool preempt = is_preempt_signal(s);
+    if (preempt && state_.preempted()) {
+      spdlog::info("received {} again: already stopping for a preemption", signal_name(s));
+    } else if (preempt && state_.phase() == AgentState::Phase::Running) {
+      spdlog::warn("received {} (a preemption signal): forwarding it to every worker's process group; they have "
+                   "{:g} s (--preempt_grace) to stop, then SIGTERM; the job will exit {} (requeue it to resume)",
+                   signal_name(s), opts_.preempt_grace_s, kPreemptedExitCode);
+    } else if (preempt) {
+      spdlog::warn("received {} (a preemption signal): stopping; the job will exit {}", signal_name(s),
+                   kPreemptedExitCode);
+    } else {
+      spdlog::warn("received {}: forwarding it to every worker's process group", signal_name(s));
+    }
+    dispatch(SignalReceived{.signo = s, .preempt = preempt});
   }
 }
 
@@ -331,7 +345,18 @@ void Agent::worker_ended(Worker& w) {
                 w.reaped ? "" : " (seen as it began to exit)");
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
+  const bool was_preempted = state_.preempted();
   dispatch(WorkerExited{.local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt});
+  if (current && state_.preempted()) {
+    // Not failures: say how each worker took the preemption (one that dies of the signal
+    // itself does not handle it, and wrote no checkpoint).
+    const bool clean = w.status->success() || *w.status == WorkerStatus::exited(kPreemptedExitCode);
+    if (!was_preempted)
+      spdlog::warn("worker r{} stopped for a preemption ({}): the job stops, without a restart, and will exit {}",
+                   w.global_rank, w.status->describe(), kPreemptedExitCode);
+    else if (clean) spdlog::info("worker r{} stopped for the preemption: {}", w.global_rank, w.status->describe());
+    else spdlog::warn("worker r{} ended during the preemption with {}", w.global_rank, w.status->describe());
+  }
   if (!current) group_->on_retired_exit(w);  // may free `w`
 }
 
@@ -386,6 +411,8 @@ std::string Agent::summary() const {
   in.host = host;
   in.shutdown_timeout_s = opts_.shutdown_timeout_s;
   in.stop_signal = state_.stop_signal() ? state_.stop_signal() : stop_signal_seen_;
+  in.preempted = exit_code_ == kPreemptedExitCode && (state_.preempted() || (in.stop_signal && is_preempt_signal(*in.stop_signal)));
+  in.preempt_grace_s = opts_.preempt_grace_s;
   in.failure = failure_;
   in.job_failed = job_failed_;
   in.multi_node = !plan_.local;

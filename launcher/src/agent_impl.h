@@ -32,7 +32,8 @@ class Agent {
                            .shutdown_timeout_s = opts.shutdown_timeout_s,
                            .kill_wait_s = kKillWaitS,
                            // A local policy: a job-wide restart waits for every node's group.
-                           .overlap_restart = opts.overlap_restart && plan_.local}) {}
+                           .overlap_restart = opts.overlap_restart && plan_.local,
+                           .preempt_grace_s = opts.preempt_grace_s}) {}
   ~Agent() { close_all(); }
 
   int run();
@@ -44,6 +45,7 @@ class Agent {
   void host_server();
   void start_coordinator();
   bool stop_requested();
+  bool is_preempt_signal(int signo) const;
   void wait_for_other_agents();
   void loop();
   void dispatch(const AgentEvent& e);

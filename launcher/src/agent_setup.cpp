@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "agent_impl.h"
@@ -31,7 +33,9 @@ void Agent::setup_signals() {
   if (::signal(SIGPIPE, SIG_IGN) != SIG_IGN) spawn_.reset_to_default.push_back(SIGPIPE);
   sigemptyset(&handled_);
   sigaddset(&handled_, SIGCHLD);
-  for (int s : opts_.signals_to_handle) {
+  std::vector<int> signals = opts_.signals_to_handle;
+  signals.insert(signals.end(), opts_.preempt_signals.begin(), opts_.preempt_signals.end());
+  for (int s : signals) {
     struct sigaction current {};
     ::sigaction(s, nullptr, &current);
     if (current.sa_handler == SIG_IGN) {
@@ -57,6 +61,10 @@ void Agent::setup_signals() {
     ev.data.fd = fd;
     DDPRUN_CHECK_SYS(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev));
   }
+}
+
+bool Agent::is_preempt_signal(int signo) const {
+  return std::find(opts_.preempt_signals.begin(), opts_.preempt_signals.end(), signo) != opts_.preempt_signals.end();
 }
 
 // A stop signal arrived (asked while a blocking step runs outside the loop). SIGCHLD is

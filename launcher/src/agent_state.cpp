@@ -17,6 +17,7 @@ const char* phase_name(AgentState::Phase p) {
     case AgentState::Phase::Joining: return "joining";
     case AgentState::Phase::Awaiting: return "awaiting the job's verdict";
     case AgentState::Phase::Running: return "running";
+    case AgentState::Phase::Preempting: return "preempting";
     case AgentState::Phase::Stopping: return "stopping";
     case AgentState::Phase::Killing: return "killing";
     case AgentState::Phase::Done: return "done";
@@ -75,7 +76,7 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
     case Phase::Running:
     case Phase::Stopping:
       if (n.kind == K::JobDone) return out;  // cannot be: this node has not succeeded yet
-      if (n.kind == K::Restart && config_.overlap_restart && !stop_signal_) {
+      if (n.kind == K::Restart && config_.overlap_restart && !stop_signal_ && !preempted_) {
         // The survivors wind down in the background; the next round does not wait for the
         // kernel to tear them down (tens of ms per process with PyTorch loaded).
         if (phase_ == Phase::Running) out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
@@ -93,6 +94,7 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
         out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
       }
       return out;
+    case Phase::Preempting:  // the preemption decides the ending (group_stopped)
     case Phase::Killing:
       if (n.kind == K::Restart) pending_restart_ = n.attempt;
       else if (n.kind == K::JobFailed) pending_job_failed_ = true;
@@ -118,6 +120,19 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   if (e.attempt && *e.attempt != attempt_) return out;  // a retired worker of an earlier attempt
   if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
   if (phase_ == Phase::Running) {
+    if (preempt_exit(e.status)) {
+      // The workers stopped for a preemption (their ranks agreed on it): no failure. The others
+      // are on their way out; they get the preemption grace, and no signal that could cut a
+      // checkpoint short.
+      preempted_ = true;
+      if (alive_.empty()) {
+        group_stopped(out);
+      } else {
+        phase_ = Phase::Preempting;
+        out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.preempt_grace_s});
+      }
+      return out;
+    }
     if (e.status.success()) {
       if (alive_.empty()) {
         phase_ = Phase::Awaiting;
@@ -138,7 +153,12 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     }
     return out;
   }
-  // Stopping or Killing: wait for the rest.
+  // Preempting, Stopping or Killing: wait for the rest. A group stopped for a stop signal or
+  // because the job ended (another node left after its preemption) whose workers answer with
+  // the preemption code was preempted, unless this attempt failed here first. Stopped for a
+  // restart (a scale-up, another node's failure), the code only says they stopped cleanly
+  // (after a checkpoint, with libddprun_worker): the restart goes on.
+  if (preempt_exit(e.status) && !failed_this_attempt_ && !pending_restart_) preempted_ = true;
   if (alive_.empty()) {
     out.push_back({.kind = Action::Kind::DisarmTimer});
     group_stopped(out);
@@ -148,17 +168,42 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
 
 std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
   std::vector<Action> out;
+  if (s.preempt) {
+    if (preempted_) return out;  // already stopping for a preemption: a repeat changes nothing
+    preempted_ = true;
+    switch (phase_) {
+      case Phase::Joining:
+      case Phase::Awaiting:
+        stop_signal_ = s.signo;
+        finish_for_signal(out);
+        return out;
+      case Phase::Running:
+        stop_signal_ = s.signo;
+        phase_ = Phase::Preempting;
+        out.push_back({.kind = Action::Kind::SignalWorkers, .signo = s.signo});
+        out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.preempt_grace_s});
+        return out;
+      default:
+        // Already stopping (a failure, a notice, a stop signal): the preemption changes only the
+        // ending (no restart, the preemption code). The workers still hear of it.
+        if (!stop_signal_) {
+          stop_signal_ = s.signo;
+          out.push_back({.kind = Action::Kind::SignalWorkers, .signo = s.signo});
+        }
+        return out;
+    }
+  }
   if (phase_ == Phase::Joining || phase_ == Phase::Awaiting) {
     stop_signal_ = s.signo;
-    finish(128 + s.signo, out);
+    finish_for_signal(out);
     return out;
   }
-  if (phase_ == Phase::Running || (phase_ == Phase::Stopping && !stop_signal_)) {
+  if (phase_ == Phase::Running || phase_ == Phase::Preempting || (phase_ == Phase::Stopping && !stop_signal_)) {
     // Forward the signal itself; the workers decide how to wind down. A signal while a
-    // failed group is stopping cancels the restart.
-    stop_signal_ = s.signo;
+    // failed group is stopping cancels the restart; one while preempting ends the grace.
+    if (!stop_signal_) stop_signal_ = s.signo;
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = s.signo});
-    if (phase_ == Phase::Running) {
+    if (phase_ != Phase::Stopping) {
       phase_ = Phase::Stopping;
       out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
     }
@@ -175,7 +220,12 @@ std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
 
 std::vector<Action> AgentState::on_timer() {
   std::vector<Action> out;
-  if (phase_ == Phase::Stopping) {
+  if (phase_ == Phase::Preempting) {
+    // The preemption grace is over: the ordinary stop.
+    phase_ = Phase::Stopping;
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+    out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+  } else if (phase_ == Phase::Stopping) {
     phase_ = Phase::Killing;
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGKILL});
     out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.kill_wait_s});
@@ -188,8 +238,8 @@ std::vector<Action> AgentState::on_timer() {
 }
 
 void AgentState::group_stopped(std::vector<Action>& out) {
-  if (stop_signal_) {
-    finish(128 + *stop_signal_, out);
+  if (preempted_ || stop_signal_) {
+    finish_for_signal(out);
   } else if (pending_job_failed_) {
     finish(failure_exit_code(), out);
   } else if (pending_restart_) {
@@ -199,6 +249,10 @@ void AgentState::group_stopped(std::vector<Action>& out) {
   } else {
     phase_ = Phase::Awaiting;  // our failure was reported; the coordinator decides
   }
+}
+
+void AgentState::finish_for_signal(std::vector<Action>& out) {
+  finish(preempted_ ? kPreemptedExitCode : 128 + stop_signal_.value_or(SIGTERM), out);
 }
 
 void AgentState::finish(int code, std::vector<Action>& out) {

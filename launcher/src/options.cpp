@@ -65,6 +65,14 @@ constexpr FlagSpec kFlags[] = {
     {"signals_to_handle", "", true,
      "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},
+    {"preempt_signals", "", true,
+     "signals that mean a preemption (default SIGUSR1, Slurm's usual warning; none = no such "
+     "signal): forwarded to the workers, which get --preempt_grace to stop (write a checkpoint, "
+     "exit); the job is then stopped, not restarted, and ddprun exits 99. A signal listed here "
+     "and in --signals_to_handle is a preemption"},
+    {"preempt_grace", "", true,
+     "seconds the workers get after a preemption signal before they are stopped (SIGTERM, then "
+     "SIGKILL after --shutdown_timeout; default 90)"},
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
@@ -290,17 +298,17 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& value) {
   return conf;
 }
 
-std::vector<int> parse_signals(const std::string& value) {
+std::vector<int> parse_signals(const std::string& value, const std::string& flag) {
   std::vector<int> out;
+  const char* example = flag == "preempt_signals" ? "SIGUSR1,SIGTERM (or none)" : "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   for (const auto& name : split(value, ',')) {
     auto signo = signal_from_name(name);
     if (!signo || *signo == SIGKILL || *signo == SIGSTOP || *signo == SIGCHLD) {
-      bad("signals_to_handle", value,
-          "a comma-separated list of catchable signal names, e.g. SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+      bad(flag, value, std::string("a comma-separated list of catchable signal names, e.g. ") + example);
     }
     out.push_back(*signo);
   }
-  if (out.empty()) bad("signals_to_handle", value, "at least one signal name");
+  if (out.empty()) bad(flag, value, std::string("at least one signal name, e.g. ") + example);
   return out;
 }
 
@@ -482,6 +490,13 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     o.signals_to_handle = parse_signals(o.signals_to_handle_text);
   }
   if (auto s = get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
+  if (auto s = get("preempt_signals")) {
+    o.preempt_signals_text = trim(*s);
+    o.preempt_signals = o.preempt_signals_text == "none" ? std::vector<int>{} : parse_signals(*s, "preempt_signals");
+  } else {
+    o.preempt_signals = parse_signals(o.preempt_signals_text, "preempt_signals");
+  }
+  if (auto s = get("preempt_grace")) o.preempt_grace_s = seconds("preempt_grace", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
   if (auto s = get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);

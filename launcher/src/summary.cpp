@@ -39,6 +39,19 @@ std::string format_summary(const SummaryInput& in) {
   const std::string bar(72, '=');
   s << "[ddprun] " << bar << "\n";
   if (!in.agent_error.empty()) s << "[ddprun] JOB FAILED: " << in.agent_error << "\n";
+  if (in.preempted) {
+    // Another node's end (it left after its own preemption) is no news here: not a failure.
+    s << "[ddprun] PREEMPTED: ";
+    if (in.stop_signal && !in.workers_started) s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
+    else if (in.stop_signal) s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; "
+                               << in.preempt_grace_s << " s to stop after a preemption signal)";
+    else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
+    s << "; exit code " << in.exit_code << "\n";
+    s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID) "
+         "to resume from its last checkpoint\n";
+    s << "[ddprun] " << bar << "\n";
+    return s.str();
+  }
   if (in.job_failed && in.multi_node) {
     s << "[ddprun] JOB FAILED: " << in.job_failed->reason << "\n";
     if (in.job_failed->first_failure && !in.job_failed->first_failure->host.empty())

@@ -3,6 +3,9 @@
 // fault injection. CPU path here (Gloo); GPU path in train_gpu.cu (NCCL + cuBLAS).
 //   ddprun --nproc_per_node=2 train
 //   ddprun --nproc_per_node=2 --max_restarts=3 train --checkpoint-dir /tmp/ck --fail-at-step 7,13
+// SIGUSR1 or SIGTERM (Slurm's warning, a preemption, ddprun forwarding one) stops every rank
+// after the same step (stop.h's agreement, once per step), with a checkpoint of that step when
+// --checkpoint-dir is given, and exit code kExitPreempted (99); rerun to resume.
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/runtime.h"
 #include "ddprun/worker/sampler.h"
+#include "ddprun/worker/stop.h"
 #include "train_common.h"
 
 namespace dw = ddprun::worker;
@@ -46,6 +50,23 @@ void maybe_inject_fault(const Options& o, const dw::WorkerEnv& env, int64_t step
   }
 }
 
+// --wait-for-signal-at-step (tests): the chosen rank(s) block before the agreement of that step
+// until a stop signal arrived, so a test signals "mid-run" at a known step without racing the
+// run's end. Signals blocked around the check, then sigsuspend: none is lost in between.
+void maybe_wait_for_signal(const Options& o, const dw::WorkerEnv& env, int64_t step) {
+  if (o.wait_for_signal_at_step < 0 || step != o.wait_for_signal_at_step) return;
+  if (o.wait_rank >= 0 && env.rank != o.wait_rank) return;
+  sigset_t stop_set, old;
+  sigemptyset(&stop_set);
+  sigaddset(&stop_set, SIGUSR1);
+  sigaddset(&stop_set, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &stop_set, &old);
+  std::printf("[train] rank %d: waiting for a stop signal after step %" PRId64 "\n", env.rank, step);
+  std::fflush(stdout);
+  while (!dw::stop_requested()) ::sigsuspend(&old);
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+}
+
 namespace {
 
 std::string config_fingerprint(const Options& o) {
@@ -54,6 +75,10 @@ std::string config_fingerprint(const Options& o) {
 }
 
 int run_cpu(const Options& o, dw::Runtime& rt) {
+  // SIGUSR1/SIGTERM now only ask for a stop, which the ranks agree on at the end of a step
+  // (stop.h). The GPU path does not agree yet (stop.h's agree_stop is for host communicators),
+  // so there the signals keep ending the process.
+  if (o.stop_check_every > 0) dw::install_stop_handlers();
   const dw::WorkerEnv& env = rt.env();
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
@@ -152,7 +177,22 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   double ov_sum[5] = {0, 0, 0, 0, 0};  // buckets early, bytes early, comm ms, hidden ms, finish ms
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
-  bool stop = false;
+  bool stop = false, stopped_for_preemption = false;
+  // The state after global step `step`: `epoch`, `next_in_epoch` batches of it done.
+  auto save = [&](int64_t epoch, int64_t next_in_epoch) {
+    dw::Checkpoint ck;
+    ck.step = static_cast<uint64_t>(step);
+    ck.put("params", params, n * sizeof(float));
+    if (momentum) ck.put("momentum", momentum, n * sizeof(float));
+    ck.put_u64("epoch", static_cast<uint64_t>(epoch));
+    ck.put_u64("step_in_epoch", static_cast<uint64_t>(next_in_epoch));
+    ck.put_u64("momentum_init", momentum_init ? 1 : 0);
+    ck.put_u64("world_size", static_cast<uint64_t>(world));
+    ck.put_u64("rng_state", o.seed);  // data and shuffles are counter-based: the seed is the whole RNG state
+    const std::string cfg = config_fingerprint(o);
+    ck.put("config", cfg.data(), cfg.size());
+    writer->save(std::move(ck));
+  };
   for (int64_t epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     double loss_sum = 0;
@@ -208,19 +248,17 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       const bool epoch_end = s + 1 == steps_per_epoch;
       const bool ckpt_now = !o.checkpoint_dir.empty() &&
                             (o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end);
-      if (ckpt_now && rank == 0) {
-        dw::Checkpoint ck;
-        ck.step = static_cast<uint64_t>(step);
-        ck.put("params", params, n * sizeof(float));
-        if (momentum) ck.put("momentum", momentum, n * sizeof(float));
-        ck.put_u64("epoch", static_cast<uint64_t>(epoch));
-        ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
-        ck.put_u64("momentum_init", momentum_init ? 1 : 0);
-        ck.put_u64("world_size", static_cast<uint64_t>(world));
-        ck.put_u64("rng_state", o.seed);  // data and shuffles are counter-based: the seed is the whole RNG state
-        const std::string cfg = config_fingerprint(o);
-        ck.put("config", cfg.data(), cfg.size());
-        writer->save(std::move(ck));
+      if (ckpt_now && rank == 0) save(epoch, s + 1);
+      // Every step, every rank: stop together when any rank was asked to (a preemption).
+      maybe_wait_for_signal(o, env, step);
+      if (o.stop_check_every > 0 && step % o.stop_check_every == 0 && rt.agree_stop()) {
+        const int sig = dw::stop_signal();
+        std::printf("[train] rank %d: stopping after step %" PRId64 " for a preemption (%s)\n", rank, step,
+                    sig == SIGUSR1 ? "SIGUSR1 here" : sig == SIGTERM ? "SIGTERM here" : "asked by another rank");
+        if (rank == 0 && !o.checkpoint_dir.empty() && !ckpt_now) save(epoch, s + 1);
+        stopped_for_preemption = true;
+        stop = true;
+        break;
       }
     }
     if (rank == 0 && loss_n > 0) {
@@ -232,6 +270,17 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   }
   if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
+  if (stopped_for_preemption) {
+    if (rank == 0) {
+      if (!o.checkpoint_dir.empty())
+        std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
+                    dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
+      else
+        std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
+    }
+    std::fflush(stdout);
+    return dw::kExitPreempted;
+  }
   if (rank == 0) {
     if (timed_steps > 0)
       std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
@@ -281,6 +330,13 @@ int main(int argc, char** argv) {
   app.add_option("--fail-attempt", o.fail_attempt, "attempt (TORCHELASTIC_RESTART_COUNT) on which every fault fires");
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
       ->check(CLI::IsMember({"kill", "exit"}));
+  app.add_option("--stop-check-every", o.stop_check_every,
+                 "steps between the ranks' agreements on stopping for a preemption (SIGUSR1/SIGTERM); "
+                 "0 = none (the signals then end the process)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--wait-for-signal-at-step", o.wait_for_signal_at_step,
+                 "tests: block after this global step until SIGUSR1/SIGTERM arrives (on --wait-rank)");
+  app.add_option("--wait-rank", o.wait_rank, "rank that waits (-1 = every rank)");
   app.add_option("--timeout", o.timeout_s,
                  "timeout in seconds of NCCL init and of every collective (given, it beats env "
                  "DDPRUN_COLLECTIVE_TIMEOUT_S; not given, the environment beats its default)")

@@ -39,6 +39,9 @@ struct Options {
   bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
   bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
   bool sync_data = false;          // rank 0 generates data (debug)
+  int64_t stop_check_every = 1;         // steps between stop agreements (stop.h); 0: none
+  int64_t wait_for_signal_at_step = -1;  // tests: block after this step until a stop signal (-1: never)
+  int wait_rank = -1;                    // the rank that blocks (-1: every rank)
 };
 
 // Deterministic synthetic data: sample i is a pure function of (seed, i).
@@ -56,6 +59,8 @@ inline void make_sample(uint64_t seed, int64_t i, int in, float* x, float* y) {
 
 // Applies --fail-at-step: on the chosen rank and attempt, before global step `step` runs.
 void maybe_inject_fault(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
+// Applies --wait-for-signal-at-step: blocks until stop_requested() (stop.h).
+void maybe_wait_for_signal(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
 
 #ifdef DDPRUN_TRAIN_HAVE_CUDA
 int run_gpu(const Options& o, ddprun::worker::Runtime& rt);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Real PyTorch (gloo DDP) under ddprun: tests/launcher/train_ddp.py with 2 workers.
 
-Usage: test_torch_ddp.py <ddprun> <python with torch> {train|restart|keyspace}
+Usage: test_torch_ddp.py <ddprun> <python with torch> {train|restart|keyspace|preempt}
+(preempt: torch/preempt_ddp.py, the README's recipe for a PyTorch script, stopped by SIGUSR1.)
 Exit 77 (ctest: skipped) only when that Python does not exist, saying why.
 """
 import os
@@ -91,8 +92,59 @@ def main():
             check("leftover 0 " in line, f"rank {r} sees no key of attempt 0: {line!r}")
             check(line.endswith("counter 1") or line.endswith("counter 2"),
                   f"rank {r}: the counter restarted from zero: {line!r}")
+    elif mode == "preempt":
+        preempt(ddprun, python)
     else:
         sys.exit(f"unknown mode {mode}")
+
+
+def preempt(ddprun, python):
+    """SIGUSR1 to ddprun once both ranks are held after step 12: both stop after step 12, rank 0
+    saves, exit 99 without a restart; the rerun resumes there and ends bit-identical to an
+    uninterrupted run."""
+    import signal
+    import tempfile
+    script = os.path.join(HERE, "preempt_ddp.py")
+    env = dict(os.environ, PYTHON_EXEC=python)
+    with tempfile.TemporaryDirectory() as tmp:
+        def go(ck, extra=()):
+            cmd = [ddprun, "--nproc_per_node=2", "--master_port=0", "--max_restarts=2", script,
+                   "--checkpoint", os.path.join(tmp, ck)] + list(extra)
+            return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=HANG_GUARD)
+
+        def digest(p):
+            m = re.search(r"\[r0\]: final_step 25 param_sha256 ([0-9a-f]+)", p.stdout)
+            return m.group(1) if m else None
+
+        clean = go("clean.pt")
+        print(clean.stdout, clean.stderr, sep="\n")
+        want = digest(clean)
+        check(clean.returncode == 0 and want, f"the uninterrupted run ends (exit {clean.returncode})")
+        cmd = [ddprun, "--nproc_per_node=2", "--master_port=0", "--max_restarts=2", script,
+               "--checkpoint", os.path.join(tmp, "ck.pt"), "--wait-for-signal-at-step", "12"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines, waiting = [], {"0", "1"}
+        for line in p.stdout:
+            lines.append(line)
+            m = re.search(r"rank (\d): waiting for a stop signal after step 12", line)
+            if m:
+                waiting.discard(m.group(1))
+                if not waiting:
+                    break
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=HANG_GUARD)
+        out = "".join(lines) + out
+        print(out, err, sep="\n")
+        check(p.returncode == 99, f"ddprun exits 99 when preempted (got {p.returncode})")
+        stops = sorted(re.findall(r"\[r(\d)\]: rank \d: stopping after step (\d+) for a preemption \((\w+) here\)", out))
+        check(stops == [("0", "12", "SIGUSR1"), ("1", "12", "SIGUSR1")], f"both ranks stop after step 12: {stops}")
+        check("PREEMPTED" in err and "FAILED" not in err and "restarting" not in err,
+              "the summary says PREEMPTED; no failure, no restart")
+        resumed = go("ck.pt")
+        print(resumed.stdout, resumed.stderr, sep="\n")
+        check("[r0]: resumed from step 12" in resumed.stdout, "the rerun resumes from step 12")
+        check(resumed.returncode == 0 and digest(resumed) == want,
+              f"the rerun ends with the uninterrupted run's parameters ({digest(resumed)} vs {want})")
 
 
 if __name__ == "__main__":

@@ -185,3 +185,125 @@ TEST_CASE("overlap on: the job failing while the group stops means no retire, st
   CHECK(s.on_event(CoordinatorNotice{N::JobFailed, 0}).empty());
   CHECK(s.on_event(killed(0, SIGTERM)) == Actions{disarm(), finish(6)});
 }
+
+// ---- Preemption (Slurm's --signal=USR1@T, scancel --signal=USR1; a worker's exit 99) ----
+
+namespace {
+AgentConfig preempt_config(int nproc, bool overlap = true) {
+  AgentConfig c = config(nproc, overlap);
+  c.preempt_grace_s = 90;
+  return c;
+}
+SignalReceived preempt(int signo = SIGUSR1) { return {.signo = signo, .preempt = true}; }
+}  // namespace
+
+TEST_CASE("preemption signal: forwarded, the grace, then finish 99 with nothing reported", "[state]") {
+  auto s = running(preempt_config(2));
+  CHECK(s.on_event(preempt()) == Actions{signal_all(SIGUSR1), arm(90)});
+  CHECK(s.phase() == Phase::Preempting);
+  CHECK(s.preempted());
+  // Their exits, whatever the status (a program that dies of SIGUSR1 included), are no failure.
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(killed(1, SIGUSR1)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK_FALSE(s.last_failure());
+  CHECK(s.exit_code() == kPreemptedExitCode);
+}
+
+TEST_CASE("preemption grace over: the ordinary stop, SIGTERM then SIGKILL, still 99", "[state]") {
+  auto s = running(preempt_config(2));
+  s.on_event(preempt());
+  CHECK(s.on_event(TimerExpired{}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.phase() == Phase::Stopping);
+  CHECK(s.on_event(TimerExpired{}) == Actions{signal_all(SIGKILL), arm(5)});
+  CHECK(s.on_event(killed(0, SIGKILL)).empty());
+  CHECK(s.on_event(killed(1, SIGKILL)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("a repeated preemption signal changes nothing; a stop signal ends the grace", "[state]") {
+  auto s = running(preempt_config(1));
+  s.on_event(preempt());
+  CHECK(s.on_event(preempt()).empty());  // Slurm signals the agent and the workers; srun may relay again
+  CHECK(s.phase() == Phase::Preempting);
+  // The time limit's SIGTERM while they still write their checkpoint: forwarded, the shutdown grace.
+  CHECK(s.on_event(SignalReceived{SIGTERM}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.phase() == Phase::Stopping);
+  CHECK(s.on_event(SignalReceived{SIGINT}) == Actions{signal_all(SIGKILL), arm(5)});  // impatient
+  CHECK(s.on_event(killed(0, SIGKILL)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("a worker exiting 99 is a preemption: no report, the others get the grace unsignalled", "[state]") {
+  auto s = running(preempt_config(3));
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{arm(90)});
+  CHECK(s.phase() == Phase::Preempting);
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(2, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK_FALSE(s.last_failure());
+}
+
+TEST_CASE("one worker, exiting 99: finish at once", "[state]") {
+  auto s = running(preempt_config(1));
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)) == Actions{finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("preempting: notices neither restart nor end the group early", "[state]") {
+  auto s = running(preempt_config(2));
+  s.on_event(preempt());
+  // Another node finished its preemption first and left: the round restarts or fails the job.
+  CHECK(s.on_event(CoordinatorNotice{N::Restart, 1}).empty());
+  CHECK(s.on_event(CoordinatorNotice{N::JobFailed, 0}).empty());
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("a notice stops the group and its workers answer 99: preempted, not failed", "[state]") {
+  auto s = running(preempt_config(2));
+  // This node's agent got no signal (yet); another node left after its preemption.
+  CHECK(s.on_event(CoordinatorNotice{N::JobFailed, 0}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("a restart notice stops the group and its workers answer 99: the restart goes on", "[state]") {
+  // A scale-up (or another node's failure) in a multi-node job: the workers stop at a step
+  // boundary on SIGTERM, with a checkpoint, and exit 99; the next attempt resumes from it.
+  auto s = running(preempt_config(2, false));
+  CHECK(s.on_event(CoordinatorNotice{N::Restart, 1}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), join(1)});
+  CHECK_FALSE(s.preempted());
+}
+
+TEST_CASE("SIGTERM (a stop signal) whose workers stop with 99: the job exits 99", "[state]") {
+  auto s = running(preempt_config(2));
+  CHECK(s.on_event(SignalReceived{SIGTERM}) == Actions{signal_all(SIGTERM), arm(30)});
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK(s.stop_signal() == SIGTERM);
+}
+
+TEST_CASE("a failed attempt's 99 exits do not hide its failure", "[state]") {
+  auto s = running(preempt_config(2, false));
+  s.on_event(exit_of(1, 3));
+  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)) == Actions{disarm()});
+  CHECK_FALSE(s.preempted());
+  CHECK(s.phase() == Phase::Awaiting);
+  CHECK(s.on_event(CoordinatorNotice{N::Restart, 1}) == Actions{join(1)});
+}
+
+TEST_CASE("a preemption signal while a failed group stops cancels the restart", "[state]") {
+  auto s = running(preempt_config(2));
+  s.on_event(exit_of(1, 3));
+  CHECK(s.on_event(preempt()) == Actions{signal_all(SIGUSR1)});  // the shutdown grace runs on
+  CHECK(s.on_event(CoordinatorNotice{N::Restart, 1}).empty());   // no overlapped restart
+  CHECK(s.on_event(killed(0, SIGTERM)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("a preemption signal while joining or awaiting finishes 99 at once", "[state]") {
+  AgentState joining(preempt_config(1));
+  joining.start();
+  CHECK(joining.on_event(preempt()) == Actions{finish(kPreemptedExitCode)});
+  auto awaiting = running(preempt_config(1));
+  awaiting.on_event(exit_of(0, 0));
+  REQUIRE(awaiting.phase() == Phase::Awaiting);
+  CHECK(awaiting.on_event(preempt()) == Actions{finish(kPreemptedExitCode)});
+}

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <csignal>
+
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/options.h"
 
@@ -309,4 +311,17 @@ TEST_CASE("--rdzv_token_file: both spellings and PET_RDZV_TOKEN_FILE; an empty p
   auto help = parse({"--help"});
   CHECK_THAT(help.message, Catch::Contains("--rdzv_token_file"));
   CHECK_THAT(help.message, Catch::Contains("DDPRUN_RDZV_TOKEN"));
+}
+
+TEST_CASE("--preempt_signals and --preempt_grace: defaults, both spellings, none, PET_, bad values", "[options]") {
+  const auto d = ok({"x"});
+  CHECK(d.preempt_signals == std::vector<int>{SIGUSR1});
+  CHECK(d.preempt_grace_s == 90.0);
+  CHECK(ok({"--preempt-signals=SIGUSR1,TERM", "x"}).preempt_signals == std::vector<int>{SIGUSR1, SIGTERM});
+  CHECK(ok({"--preempt_signals", "none", "x"}).preempt_signals.empty());
+  CHECK(ok({"--preempt-grace=2.5", "x"}).preempt_grace_s == 2.5);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_GRACE", "7"}}).preempt_grace_s == 7.0);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_SIGNALS", "SIGUSR2"}}).preempt_signals == std::vector<int>{SIGUSR2});
+  CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}), Catch::Contains("--preempt_signals") && Catch::Contains("none"));
+  CHECK_THAT(error_of({"--preempt_grace=-1", "x"}), Catch::Contains("--preempt_grace") && Catch::Contains("seconds"));
 }

@@ -106,3 +106,20 @@ TEST_CASE("stopped while joining: no workers to speak of", "[summary]") {
   CHECK_THAT(s, Catch::Contains("stopped by SIGTERM before any worker started"));
   CHECK_FALSE(Catch::Contains("the workers were sent").match(s));
 }
+
+TEST_CASE("preempted: not a failure, says how to resume, no job verdict", "[summary]") {
+  SummaryInput in;
+  in.exit_code = kPreemptedExitCode;
+  in.preempted = true;
+  in.stop_signal = SIGUSR1;
+  in.preempt_grace_s = 90;
+  in.multi_node = true;
+  in.job_failed = failed(rdzv::FailCause::LostNodes, 0, "node 1 left");  // it left after its own preemption
+  auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("PREEMPTED: stopped by SIGUSR1") && Catch::Contains("exit code 99") &&
+                    Catch::Contains("requeue"));
+  CHECK_FALSE(Catch::Contains("FAILED").match(s));
+  in.stop_signal.reset();
+  s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("the workers stopped for a preemption (a worker exited 99)"));
+}

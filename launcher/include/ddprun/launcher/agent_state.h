@@ -23,6 +23,26 @@
 // (SIGKILL after `seconds`, then gives up after the kill wait) and still reads its output; its
 // exits come back as WorkerExited with the old `attempt` and are ignored here.
 //
+// Preemption (a scheduler wants the node back: Slurm's `--signal=USR1@T` warning, `scancel
+// --signal=USR1`): a preemption signal (SignalReceived::preempt) is forwarded to the workers,
+// which get AgentConfig::preempt_grace_s to stop on their own (write a checkpoint, exit) before
+// the ordinary stop (SIGTERM, shutdown grace, SIGKILL):
+//
+//   Running --preemption signal: forward it--> Preempting --timer: SIGTERM--> Stopping ...
+//
+// A worker of the current attempt that exits with kPreemptedExitCode is a preemption too (its
+// ranks agreed to stop: the worker runtime's agree_stop()): the others get the same grace,
+// unsignalled. So is that exit from a group stopped for a stop signal or a JobFailed notice,
+// but not from one stopped for a Restart notice (a scale-up: the workers only stopped cleanly
+// at a step boundary, and the restart goes on). Once preempted, worker exits are not failures
+// (nothing is reported, nothing restarted: a preemption costs no restart budget), notices no
+// longer restart the group, and the agent finishes with kPreemptedExitCode whatever the
+// workers' statuses were: the batch script requeues the job and it resumes from its last
+// checkpoint. Repeated preemption signals are ignored (Slurm signals every process of a step,
+// srun may relay it again); a stop signal while preempting cuts the grace short (forwarded,
+// shutdown grace, SIGKILL). A preemption signal while joining or awaiting finishes at once;
+// while a failed group stops, it only cancels the restart.
+//
 // Thread-safety: none (one owner).
 #pragma once
 
@@ -33,6 +53,13 @@
 #include <vector>
 
 namespace ddprun::launcher {
+
+// The exit code of a job that stopped because of a preemption, of ddprun and of workers that
+// stopped for one (libddprun_worker's kExitPreempted). Distinct from every code ddprun gives
+// otherwise (0, a worker's failure code, 1, 2 for usage errors, 128 + signal), from the
+// sysexits.h range (64-78: the worker runtime's comm failure is 75) and from the shell's
+// (124-127), so a batch script can tell "requeue me" from everything else.
+inline constexpr int kPreemptedExitCode = 99;
 
 // How a worker ended (from waitpid).
 struct WorkerStatus {
@@ -59,6 +86,7 @@ struct WorkerExited {
 };
 struct SignalReceived {
   int signo = 0;
+  bool preempt = false;  // one of --preempt_signals: ask the workers to stop, give them the grace
 };
 struct TimerExpired {};
 // The coordinator's round is complete: this node's attempt number (the job-wide restart count).
@@ -113,6 +141,8 @@ struct AgentConfig {
   // On a Restart notice while the group is stopping, join the next round without waiting for
   // the survivors to exit (RetireWorkers). Off: stop the whole group (grace, SIGKILL), then join.
   bool overlap_restart = true;
+  // Preemption signal (or a worker's kPreemptedExitCode exit) -> the ordinary stop (SIGTERM).
+  double preempt_grace_s = 90;
 };
 
 struct FailureRecord {
@@ -125,7 +155,8 @@ class AgentState {
  public:
   // Joining: waiting for the coordinator's round. Awaiting: for its verdict after the local
   // group ended.
-  enum class Phase { Idle, Joining, Running, Stopping, Killing, Awaiting, Done };
+  // Preempting: the workers were asked to stop for a preemption and have the preempt grace.
+  enum class Phase { Idle, Joining, Running, Preempting, Stopping, Killing, Awaiting, Done };
 
   explicit AgentState(AgentConfig config);
 
@@ -140,6 +171,9 @@ class AgentState {
   const std::optional<FailureRecord>& last_failure() const { return failure_; }
   // The signal that made the agent stop, if any.
   std::optional<int> stop_signal() const { return stop_signal_; }
+  // A preemption signal arrived or a worker exited with kPreemptedExitCode: the agent finishes
+  // with kPreemptedExitCode.
+  bool preempted() const { return preempted_; }
   std::optional<int> exit_code() const { return exit_code_; }
 
  private:
@@ -153,6 +187,8 @@ class AgentState {
   void join(int attempt, std::vector<Action>& out);
   void group_stopped(std::vector<Action>& out);
   void finish(int code, std::vector<Action>& out);
+  void finish_for_signal(std::vector<Action>& out);
+  bool preempt_exit(const WorkerStatus& st) const { return !st.signaled && st.code == kPreemptedExitCode; }
 
   AgentConfig config_;
   Phase phase_ = Phase::Idle;
@@ -161,6 +197,7 @@ class AgentState {
   std::optional<FailureRecord> failure_;
   bool failed_this_attempt_ = false;
   std::optional<int> stop_signal_;
+  bool preempted_ = false;
   std::optional<int> exit_code_;
   // What to do once the stopping group is gone (the notice came while it stopped).
   std::optional<int> pending_restart_;

@@ -90,6 +90,11 @@ struct LaunchOptions {
   std::vector<int> signals_to_handle;  // signal numbers
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   double shutdown_timeout_s = 30.0;
+  // Signals that mean "you are being preempted" (agent_state.h: forwarded, preempt_grace_s for
+  // the workers to stop, exit kPreemptedExitCode, no restart). Empty: none ("none" given).
+  std::vector<int> preempt_signals;
+  std::string preempt_signals_text = "SIGUSR1";
+  double preempt_grace_s = 90.0;
   // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
   // background). Single node only; multi-node restarts always wait.
   bool overlap_restart = true;
@@ -153,7 +158,8 @@ int parse_nproc_per_node(const std::string& value, const SystemInfo& sys);
 std::pair<int, int> parse_nnodes(const std::string& value);
 StdStreamSpec parse_std_streams(const std::string& flag, const std::string& value);
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& value);
-std::vector<int> parse_signals(const std::string& value);
+// `flag` names the flag in the error.
+std::vector<int> parse_signals(const std::string& value, const std::string& flag = "signals_to_handle");
 std::set<int> parse_local_ranks_filter(const std::string& value);
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
 std::vector<std::string> parse_filter_list(const std::string& value);

@@ -35,6 +35,9 @@ struct SummaryInput {
   std::string host;  // this machine's name
   double shutdown_timeout_s = 30;
   std::optional<int> stop_signal;
+  // Stopped for a preemption (agent_state.h): the exit code is kPreemptedExitCode, not a failure.
+  bool preempted = false;
+  double preempt_grace_s = 90;
   std::optional<FailureDetails> failure;  // this node's latest
   // The job's end as the coordinator said it (none: it did not fail, or it never answered).
   std::optional<rdzv::JobFailed> job_failed;

@@ -23,6 +23,9 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitError = 1;          // unexpected error (bug, bad input)
 inline constexpr int kExitUsage = 2;          // bad command line
 inline constexpr int kExitCommFailure = 75;   // EX_TEMPFAIL: a peer/collective/store failed; restart the group
+// Stopped for a preemption after agreeing with every rank (stop.h): not a failure. ddprun's
+// kPreemptedExitCode: ddprun then stops the job without a restart and exits with it too.
+inline constexpr int kExitPreempted = 99;
 
 class DDPRUN_WORKER_API WorkerError : public std::runtime_error {
  public:

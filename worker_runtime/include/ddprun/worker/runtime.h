@@ -25,6 +25,7 @@
 #include "ddprun/worker/communicator.h"
 #include "ddprun/worker/env.h"
 #include "ddprun/worker/export.h"
+#include "ddprun/worker/stop.h"
 #include "ddprun/worker/store.h"
 
 namespace ddprun::worker {
@@ -58,6 +59,10 @@ class DDPRUN_WORKER_API Runtime {
   virtual int cuda_device() const = 0;  // LOCAL_RANK when on_cuda()
   int rank() const { return env().rank; }
   int world_size() const { return env().world_size; }
+  // stop.h, for this runtime's communicator: whether this rank was asked to stop, and the
+  // collective agreement of every rank on stopping now (call it at the same point on every rank).
+  bool stop_requested() const { return worker::stop_requested(); }
+  bool agree_stop() { return worker::agree_stop(comm()); }
 };
 
 // Reads the environment, connects to the store at MASTER_ADDR:MASTER_PORT as a
