@@ -6,7 +6,7 @@
 # 2. The launch: "G" + 8-byte length with the worker's stdout and stderr attached (SCM_RIGHTS),
 #    then cwd, argv, environment (NUL-separated). It takes them, answers "A" (or "E why"),
 #    closes CTL_FD and runs the entry point in __main__ as the interpreter itself would.
-# No '@' in this file: CMake's configure_file embeds it.
+# No at-sign in this file: CMake's configure_file embeds it.
 
 
 def _ddprun_spare_main():

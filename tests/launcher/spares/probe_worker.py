@@ -5,6 +5,7 @@
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,7 @@ info = {
     "file": globals().get("__file__"),
     "cached": globals().get("__cached__"),
     "loader": type(globals().get("__loader__")).__name__,
-    "spec": repr(globals().get("__spec__")),
+    "spec": re.sub(r" at 0x[0-9a-f]+", "", repr(globals().get("__spec__"))),  # no object addresses
     "main_globals": sorted(k for k in vars(main) if k not in ("info",)),
     "path0": sys.path[0],
     "path": sys.path,
