@@ -82,6 +82,8 @@ def _ddprun_spare_main():
         if born and hasattr(sys, "orig_argv"):
             # Threads the imports started inherited the idle priority, and an unprivileged
             # process cannot raise it again: import once more, at normal priority.
+            print("ddprun warm spare: %d thread(s) started by the import run at idle priority: importing again at "
+                  "normal priority" % len(born), file=sys.stderr)
             os.set_inheritable(ctl, True)
             argv = list(sys.orig_argv)
             argv[argv.index("idle", 4)] = "normal"

@@ -77,6 +77,7 @@ info = {
     "status": proc_status(("SigBlk", "SigIgn", "SigCgt", "NoNewPrivs", "Seccomp", "Cpus_allowed_list")),
     "fds": fds(),
     "sched": [os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)],
+    "threads_sched": sorted(os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")),
     "pgrp_is_pid": os.getpgrp() == os.getpid(),
     "stdout": [sys.stdout.encoding, sys.stdout.line_buffering, sys.stdout.write_through],
     "excepthook_default": sys.excepthook is sys.__excepthook__,

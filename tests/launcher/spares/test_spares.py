@@ -11,6 +11,8 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
                 with the same weights as with --warm_spares=0
   killed_spare  rank 1's spare is SIGKILLed before the restart: the restart starts r1 cold, says so, succeeds
   agent_killed  SIGKILL of ddprun: no spare (nor worker) outlives it
+  idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
+                priority, so no thread of the worker it becomes runs at SCHED_IDLE
 Waits are for events (log lines, files, exits), each bounded by a generous timeout.
 Exit 77 (ctest: skipped) only when that Python does not exist.
 """
@@ -228,6 +230,21 @@ def killed_spare(ddprun, python):
     check((1, 0) in recs and (1, 1) in recs, "both ranks of attempt 1 ran")
 
 
+def idle_threads(ddprun, python):
+    run = Launch(ddprun, python, ["--preload=threads_at_import", "--spare_priority=idle"],
+                 [os.path.join(HERE, "probe_worker.py")])
+    kill_rank1_after_ready(run)
+    rc = run.finish()
+    check(rc == 0, "ddprun exit code 0 (got %s)" % rc)
+    check(any("importing again at normal priority" in l for l in run.err),
+          "the spares saw threads started at idle priority and imported again")
+    check(any("2 of 2 from warm spares" in l for l in run.err), "the restart used both spares")
+    recs = probe_records(run.out)
+    for r in (0, 1):
+        check(recs[(1, r)]["threads_sched"] == [0, 0],
+              "r%d: its threads (main, the module's) run at SCHED_OTHER: %s" % (r, recs[(1, r)]["threads_sched"]))
+
+
 def alive(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -261,7 +278,8 @@ def main():
      "traceback": lambda: traceback(ddprun, python),
      "resume": lambda: resume(ddprun, python),
      "killed_spare": lambda: killed_spare(ddprun, python),
-     "agent_killed": lambda: agent_killed(ddprun, python)}[mode]()
+     "agent_killed": lambda: agent_killed(ddprun, python),
+     "idle_threads": lambda: idle_threads(ddprun, python)}[mode]()
 
 
 if __name__ == "__main__":
