@@ -14,6 +14,9 @@ def _ddprun_spare_main():
     import sys
     import time
 
+    if sys.version_info < (3, 9):  # socket.recv_fds; exiting with an error before "R" turns spares off
+        print("warm spares need Python 3.9 or later (this is %d.%d)" % sys.version_info[:2], file=sys.stderr)
+        sys.exit(3)
     ctl = int(sys.argv[1])
     priority = sys.argv[2]
     preload = [m for m in sys.argv[3].split(",") if m]

@@ -196,7 +196,12 @@ void Spares::drop(int local_rank, const std::string& why, bool kill) {
 void Spares::disable(const std::string& why) {
   if (!enabled_) return;
   enabled_ = false;
-  spdlog::warn("warm spares off for this run: {}; restarts start their workers cold", why);
+  off_reason_ = why.substr(0, why.find('\n'));
+  // Asked for (--warm_spares=1): a warning. On by default (a Python entry point with restarts,
+  // maybe one that does not use torch): said once, without alarm.
+  spdlog::log(opts_.warm_spares ? spdlog::level::warn : spdlog::level::info,
+              "warm spares off for this run: {}; restarts start their workers cold{}", why,
+              opts_.warm_spares ? "" : " (--warm_spares=0 turns them off from the start)");
   std::vector<int> ranks;
   for (auto& [lr, s] : by_rank_) ranks.push_back(lr);
   for (int lr : ranks) drop(lr, "warm spares are off", true);
@@ -243,6 +248,10 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   }
   Spare& s = *it->second;
   if (!s.ready && s.ctl >= 0) read_ctl(s);  // a readiness not read off the socket yet
+  if (s.ctl < 0) {  // its socket closed: it is exiting, and its reap is on the way
+    why = fmt::format("its spare (pid {}) is exiting", s.pid);
+    return std::nullopt;
+  }
   if (!s.ready) {
     // Kept: it finishes its import in the background and serves the next restart.
     why = fmt::format("its spare (pid {}) is still importing ({:.1f} s after its start)", s.pid,

@@ -43,6 +43,8 @@ class Spares {
 
   void enable() { enabled_ = true; }
   bool enabled() const { return enabled_; }
+  // Why spares were turned off during the run (a preload that failed), else "".
+  const std::string& off_reason() const { return off_reason_; }
 
   // After an attempt started: a spare for every local rank below layout.local_world_size
   // that has none.
@@ -99,6 +101,7 @@ class Spares {
   int epoll_fd_;
   Guardian& guardian_;
   bool enabled_ = false;
+  std::string off_reason_;
   std::map<int, std::unique_ptr<Spare>> by_rank_;     // the pool: one per local rank
   std::unordered_map<int, Spare*> by_fd_;             // ctl/out/err -> spare
   std::unordered_map<pid_t, int> pids_;               // pid -> local rank, until reaped (pool or dropped)

@@ -247,7 +247,9 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
       spdlog::error("local rank {}: {}", i, msg);
     }
   }
-  if (from_spares > 0 || !cold_why.empty()) {
+  if (!spares_.off_reason().empty()) {
+    start_note_ = "; started cold: warm spares are off (" + spares_.off_reason() + ")";
+  } else if (from_spares > 0 || !cold_why.empty()) {
     start_note_ = fmt::format("; {} of {} from warm spares", from_spares, pending.size());
     if (!cold_why.empty()) {
       std::string list;

@@ -14,7 +14,7 @@
 #   ddprun --warm_spares=0  (cold restart: exec python, import torch)
 #   torchrun                (python -m torch.distributed.run --monitor_interval 0.1, with torch >= 2 only)
 # Runs are interleaved (round-robin, order rotated each round); medians and ratios to torchrun and to ddprun
-# cold of the same torch. Bounded: RUN_TIMEOUT (default 120 s) per run; whole rounds stop past BUDGET
+# cold of the same torch. Bounded: RUN_TIMEOUT (default 90 s) per run; whole rounds stop past BUDGET
 # (default 540 s). KEEP=1 keeps the per-run logs.
 # On the GPU machine (binaries from scripts/bench/bundle_bin.sh):
 #   . scripts/bench/device_env.sh out/bench-bin && DDPRUN=out/bench-bin/ddprun PYS="$(which python3)" \
@@ -35,7 +35,7 @@ DDPRUN="${DDPRUN:-$build/launcher/ddprun}"
 PYS="${PYS:-/usr/bin/python3 ${DDPRUN_VENV:-$here/.venv-torch2}/bin/python}"
 SPARE_PRIORITY="${SPARE_PRIORITY:-idle}"
 WORKER="$here/scripts/bench/bench_spares_worker.py"
-RUN_TIMEOUT="${RUN_TIMEOUT:-120}"
+RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
 BUDGET="${BUDGET:-540}"
 [[ -x "$DDPRUN" ]] || { echo "no ddprun at $DDPRUN (build first: cmake --build $build --target ddprun)"; exit 1; }
 tmp="$(mktemp -d)"
@@ -166,11 +166,13 @@ python3 - "$results" <<'PY'
 import json, statistics, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
 names = list(dict.fromkeys(r["name"] for r in rs))
+def vals(name, k):  # "started" counts every run that got that far (torchrun's replacements may fail later)
+    return [r[k] for r in rs if r["name"] == name and (k == "started_ms" or not r["error"]) and k in r]
 def med(name, k):
-    v = [r[k] for r in rs if r["name"] == name and not r["error"] and k in r]
+    v = vals(name, k)
     return statistics.median(v) if v else None
 def rng(name, k):
-    v = [r[k] for r in rs if r["name"] == name and not r["error"] and k in r]
+    v = vals(name, k)
     return "%.0f–%.0f" % (min(v), max(v)) if len(v) > 1 else ""
 print("\n| launcher | worker torch | ok runs | kill → replacements started (ms) | kill → all past init_process_group (ms) "
       "| kill → all past a first all_reduce (ms) | vs ddprun cold | vs torchrun | spare RSS / PSS (MiB) |")
@@ -191,7 +193,7 @@ for n in names:
     label = {"ddprun-spares": "ddprun --warm_spares=1", "ddprun-cold": "ddprun --warm_spares=0", "torchrun": "torchrun"}[n.rsplit("-", 1)[0]]
     print("| %s | %s | %d/%d | %s | %s | %s |" % (label, tv, sum(not r["error"] for r in mine), len(mine), " | ".join(cells),
                                         ratio("ddprun-cold-" + tag), ratio("torchrun-" + tag) + " | " + mem))
-print("\nmedians (min–max) over the runs without error; \"vs X\" = X's median ready time / this row's (how many times"
+print("\nmedians (min–max) over the runs without error (\"started\": every run that got that far); \"vs X\" = X's median ready time / this row's (how many times"
       " sooner this launcher's job computes again)")
 sr = [r["spares_ready_after_s"] for r in rs if "spares_ready_after_s" in r]
 if sr:

@@ -11,6 +11,7 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
                 with the same weights as with --warm_spares=0
   killed_spare  rank 1's spare is SIGKILLed before the restart: the restart starts r1 cold, says so, succeeds
   agent_killed  SIGKILL of ddprun: no spare (nor worker) outlives it
+  bad_preload   --preload of a module that does not exist: spares turn off with the reason, the restart is cold
   idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
                 priority, so no thread of the worker it becomes runs at SCHED_IDLE
 Waits are for events (log lines, files, exits), each bounded by a generous timeout.
@@ -245,6 +246,22 @@ def idle_threads(ddprun, python):
               "r%d: its threads (main, the module's) run at SCHED_OTHER: %s" % (r, recs[(1, r)]["threads_sched"]))
 
 
+def bad_preload(ddprun, python):
+    run = Launch(ddprun, python, ["--preload=no_such_module_for_spares", "--spare_priority=normal"],
+                 [os.path.join(HERE, "probe_worker.py")])
+    run.wait_for("spares turned off", lambda: any("warm spares off for this run" in l for l in run.err))
+    os.kill(run.pid_of_rank(1), signal.SIGKILL)
+    rc = run.finish()
+    check(rc == 0, "ddprun exit code 0: a failed preload is no failure of the job (got %s)" % rc)
+    off = next(l for l in run.err if "warm spares off for this run" in l)
+    check("could not import no_such_module_for_spares" in off, "the warning names the preload: " + off)
+    check(any("ModuleNotFoundError" in l for l in run.err), "and shows the spare's error")
+    line = next((l for l in run.err if "restarting the worker group: attempt 1" in l), "")
+    check("started cold: warm spares are off" in line, "the restart says it started cold and why: " + line)
+    recs = probe_records(run.out)
+    check((1, 0) in recs and (1, 1) in recs, "both ranks of attempt 1 ran")
+
+
 def alive(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -279,7 +296,8 @@ def main():
      "resume": lambda: resume(ddprun, python),
      "killed_spare": lambda: killed_spare(ddprun, python),
      "agent_killed": lambda: agent_killed(ddprun, python),
-     "idle_threads": lambda: idle_threads(ddprun, python)}[mode]()
+     "idle_threads": lambda: idle_threads(ddprun, python),
+     "bad_preload": lambda: bad_preload(ddprun, python)}[mode]()
 
 
 if __name__ == "__main__":
