@@ -11,6 +11,7 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
                 with the same weights as with --warm_spares=0
   killed_spare  rank 1's spare is SIGKILLed before the restart: the restart starts r1 cold, says so, succeeds
   agent_killed  SIGKILL of ddprun: no spare (nor worker) outlives it
+  two_nodes     two agents (static, --nnodes=2) on this host: each node's restart starts from its spare
   bad_preload   --preload of a module that does not exist: spares turn off with the reason, the restart is cold
   idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
                 priority, so no thread of the worker it becomes runs at SCHED_IDLE
@@ -42,12 +43,12 @@ def check(cond, what):
 class Launch:
     """ddprun in its own session; stdout and stderr collected line by line as they come."""
 
-    def __init__(self, ddprun, python, flags, entry, cwd=None):
+    def __init__(self, ddprun, python, flags, entry, cwd=None, base=("--nproc_per_node=2", "--max_restarts=1")):
         self.tmp = tempfile.mkdtemp(prefix="spares-test-")
         self.pids = os.path.join(self.tmp, "pids")
         os.mkdir(self.pids)
         env = dict(os.environ, PYTHON_EXEC=python, PROBE_PIDFILE_DIR=self.pids)
-        self.cmd = [ddprun, "-v", "--nproc_per_node=2", "--max_restarts=1"] + flags + entry
+        self.cmd = [ddprun, "-v"] + list(base) + flags + entry
         print("$", " ".join(self.cmd), flush=True)
         self.p = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
                                   start_new_session=True)
@@ -80,8 +81,8 @@ class Launch:
         """{local rank: pid} of the spares seen ready."""
         return {int(m.group(1)): int(m.group(2)) for m in map(READY_RE.search, self.err) if m}
 
-    def wait_ready(self):
-        self.wait_for("both warm spares ready", lambda: len(self.spares_ready()) == 2)
+    def wait_ready(self, n=2):
+        self.wait_for("%d warm spare(s) ready" % n, lambda: len(self.spares_ready()) == n)
         return self.spares_ready()
 
     def pid_of_rank(self, lr):
@@ -262,6 +263,25 @@ def bad_preload(ddprun, python):
     check((1, 0) in recs and (1, 1) in recs, "both ranks of attempt 1 ran")
 
 
+def two_nodes(ddprun, python):
+    """Two agents (static rendezvous, one worker each) on this host: both restart from their spares."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs = [Launch(ddprun, python, ["--spare_priority=normal"], [os.path.join(HERE, "probe_worker.py")],
+                   base=("--nnodes=2", "--node_rank=%d" % n, "--master_addr=127.0.0.1", "--master_port=%d" % port,
+                         "--nproc_per_node=1", "--max_restarts=1")) for n in (0, 1)]
+    for r in runs:
+        r.wait_ready(1)
+    os.kill(runs[1].pid_of_rank(0), signal.SIGKILL)  # node 1's worker (global rank 1)
+    for n, r in enumerate(runs):
+        rc = r.finish()
+        check(rc == 0, "node %d: ddprun exit code 0 (got %s)" % (n, rc))
+        line = next((l for l in r.err if "restarting the worker group: attempt 1" in l), "")
+        check("1 of 1 from warm spares" in line, "node %d restarted from its spare: %s" % (n, line))
+
+
 def alive(pid):
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -297,7 +317,8 @@ def main():
      "killed_spare": lambda: killed_spare(ddprun, python),
      "agent_killed": lambda: agent_killed(ddprun, python),
      "idle_threads": lambda: idle_threads(ddprun, python),
-     "bad_preload": lambda: bad_preload(ddprun, python)}[mode]()
+     "bad_preload": lambda: bad_preload(ddprun, python),
+     "two_nodes": lambda: two_nodes(ddprun, python)}[mode]()
 
 
 if __name__ == "__main__":
