@@ -75,7 +75,8 @@ constexpr FlagSpec kFlags[] = {
     {"preload", "", true, "modules a warm spare imports before it waits, comma-separated "
                           "(default torch,torch.distributed)"},
     {"spare_priority", "", true,
-     "idle (default): spares import at SCHED_IDLE priority, so they never slow the job's own start-up; "
+     "idle (default): spares import at SCHED_IDLE priority, on CPU time the job leaves unused (a preload that starts "
+     "threads or needs the main thread is imported again at normal priority); "
      "normal: at the workers' priority (spares are ready sooner on a busy host)"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},

@@ -79,18 +79,26 @@ def _ddprun_spare_main():
             if helper not in tasks():
                 break
             time.sleep(0.001)
-        if failed:
-            raise failed[0]
         born = tasks() - before - {helper}
-        if born and hasattr(sys, "orig_argv"):
-            # Threads the imports started inherited the idle priority, and an unprivileged
-            # process cannot raise it again: import once more, at normal priority.
-            print("ddprun warm spare: %d thread(s) started by the import run at idle priority: importing again at "
-                  "normal priority" % len(born), file=sys.stderr)
+        # Threads the imports started inherited the idle priority, and an unprivileged process
+        # cannot raise it again; a module that must be imported on the main thread (one that
+        # calls signal.signal) failed. Either way: import once more, on the main thread, at
+        # normal priority.
+        why = None
+        if failed and isinstance(failed[0], ValueError) and "main thread" in str(failed[0]):
+            why = "the import needs the main thread (%s)" % failed[0]
+        elif failed:
+            raise failed[0]
+        elif born:
+            why = "%d thread(s) started by the import run at idle priority" % len(born)
+        if why and hasattr(sys, "orig_argv"):
+            print("ddprun warm spare: %s: importing again at normal priority" % why, file=sys.stderr)
             os.set_inheritable(ctl, True)
             argv = list(sys.orig_argv)
             argv[argv.index("idle", 4)] = "normal"
             os.execv(sys.executable, argv)
+        elif why and failed:
+            raise failed[0]
     else:
         for m in preload:
             __import__(m)

@@ -11,6 +11,7 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
                 with the same weights as with --warm_spares=0
   killed_spare  rank 1's spare is SIGKILLed before the restart: the restart starts r1 cold, says so, succeeds
   agent_killed  SIGKILL of ddprun: no spare (nor worker) outlives it
+  main_thread_import  a preload that calls signal.signal, at --spare_priority=idle: imported again on the main thread
   two_nodes     two agents (static, --nnodes=2) on this host: each node's restart starts from its spare
   bad_preload   --preload of a module that does not exist: spares turn off with the reason, the restart is cold
   idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
@@ -232,16 +233,20 @@ def killed_spare(ddprun, python):
     check((1, 0) in recs and (1, 1) in recs, "both ranks of attempt 1 ran")
 
 
-def idle_threads(ddprun, python):
-    run = Launch(ddprun, python, ["--preload=threads_at_import", "--spare_priority=idle"],
+def idle_threads(ddprun, python, preload="threads_at_import"):
+    run = Launch(ddprun, python, ["--preload=" + preload, "--spare_priority=idle"],
                  [os.path.join(HERE, "probe_worker.py")])
     kill_rank1_after_ready(run)
     rc = run.finish()
     check(rc == 0, "ddprun exit code 0 (got %s)" % rc)
     check(any("importing again at normal priority" in l for l in run.err),
-          "the spares saw threads started at idle priority and imported again")
+          "the spares saw their import could not stay on the idle thread and imported again")
     check(any("2 of 2 from warm spares" in l for l in run.err), "the restart used both spares")
     recs = probe_records(run.out)
+    if preload != "threads_at_import":
+        check(all(recs[(1, r)]["signals"]["SIGUSR2"] == "<Handlers.SIG_IGN: 1>" for r in (0, 1)),
+              "the preload's signal handler is in place (documented: preloads ran)")
+        return
     for r in (0, 1):
         check(recs[(1, r)]["threads_sched"] == [0, 0],
               "r%d: its threads (main, the module's) run at SCHED_OTHER: %s" % (r, recs[(1, r)]["threads_sched"]))
@@ -318,7 +323,8 @@ def main():
      "agent_killed": lambda: agent_killed(ddprun, python),
      "idle_threads": lambda: idle_threads(ddprun, python),
      "bad_preload": lambda: bad_preload(ddprun, python),
-     "two_nodes": lambda: two_nodes(ddprun, python)}[mode]()
+     "two_nodes": lambda: two_nodes(ddprun, python),
+     "main_thread_import": lambda: idle_threads(ddprun, python, "signal_at_import")}[mode]()
 
 
 if __name__ == "__main__":
