@@ -171,6 +171,8 @@ def identity(ddprun, python, module):
     # The attempt-1 workers are the spares' processes (pids seen in the ready lines).
     worker_pids = {int(m.group(1)) for m in (re.search(r"worker r\d \(pid (\d+)\) ended: exit code 0", l) for l in run.err) if m}
     check(set(ready.values()) <= worker_pids, "attempt 1 ran in the spares' processes %s (workers %s)" % (ready, worker_pids))
+    started = [l for l in run.err if re.search(r"warm spare for local rank \d started: pid", l)]
+    check(len(started) == 4, "the used spares were replaced once attempt 1 ran (%d spares started)" % len(started))
 
 
 def traceback_lines(lines):
