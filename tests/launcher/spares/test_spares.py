@@ -155,7 +155,8 @@ def kill_rank1_after_ready(run):
 
 
 def identity(ddprun, python, module):
-    flags = ["--spare_priority=normal"]
+    logs = tempfile.mkdtemp(prefix="spares-logs-")
+    flags = ["--spare_priority=normal", "--log_dir", logs, "--tee=3"]
     entry = (["-m", "probe_worker"] if module else [os.path.join(HERE, "probe_worker.py")]) + ["a", "b c"]
     run = Launch(ddprun, python, flags + (["--module"] if module else []),
                  entry[1:] if module else entry, cwd=HERE if module else None)
@@ -171,6 +172,14 @@ def identity(ddprun, python, module):
     # The attempt-1 workers are the spares' processes (pids seen in the ready lines).
     worker_pids = {int(m.group(1)) for m in (re.search(r"worker r\d \(pid (\d+)\) ended: exit code 0", l) for l in run.err) if m}
     check(set(ready.values()) <= worker_pids, "attempt 1 ran in the spares' processes %s (workers %s)" % (ready, worker_pids))
+    # The spares' output went to attempt 1's log files (the agent's relay, as for a cold worker).
+    for r in (0, 1):
+        files = [os.path.join(dp, f) for dp, _, fs in os.walk(logs) for f in fs
+                 if f == "stdout.log" and dp.endswith(os.path.join("attempt_1", str(r)))]
+        check(len(files) == 1, "r%d: one attempt_1 stdout.log (%s)" % (r, files))
+        with open(files[0]) as f:
+            check(json.loads(f.readline())["environ"]["TORCHELASTIC_RESTART_COUNT"] == "1",
+                  "r%d: attempt 1's stdout.log holds what the worker from a spare printed" % r)
     started = [l for l in run.err if re.search(r"warm spare for local rank \d started: pid", l)]
     check(len(started) == 4, "the used spares were replaced once attempt 1 ran (%d spares started)" % len(started))
 
