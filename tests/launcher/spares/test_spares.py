@@ -19,9 +19,11 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
 Waits are for events (log lines, files, exits), each bounded by a generous timeout.
 Exit 77 (ctest: skipped) only when that Python does not exist.
 """
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +33,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 240  # seconds, any one wait (a loaded 2-core box imports torch in 5-60 s)
+_made = []
+
+
+def mkdtemp(prefix):
+    d = tempfile.mkdtemp(prefix=prefix)
+    _made.append(d)
+    return d
+
+
+atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _made])
 READY_RE = re.compile(r"warm spare for local rank (\d+) ready: pid (\d+)")
 
 
@@ -45,7 +57,7 @@ class Launch:
     """ddprun in its own session; stdout and stderr collected line by line as they come."""
 
     def __init__(self, ddprun, python, flags, entry, cwd=None, base=("--nproc_per_node=2", "--max_restarts=1")):
-        self.tmp = tempfile.mkdtemp(prefix="spares-test-")
+        self.tmp = mkdtemp(prefix="spares-test-")
         self.pids = os.path.join(self.tmp, "pids")
         os.mkdir(self.pids)
         env = dict(os.environ, PYTHON_EXEC=python, PROBE_PIDFILE_DIR=self.pids)
@@ -155,7 +167,7 @@ def kill_rank1_after_ready(run):
 
 
 def identity(ddprun, python, module):
-    logs = tempfile.mkdtemp(prefix="spares-logs-")
+    logs = mkdtemp(prefix="spares-logs-")
     flags = ["--spare_priority=normal", "--log_dir", logs, "--tee=3"]
     entry = (["-m", "probe_worker"] if module else [os.path.join(HERE, "probe_worker.py")]) + ["a", "b c"]
     run = Launch(ddprun, python, flags + (["--module"] if module else []),
@@ -210,7 +222,7 @@ def traceback(ddprun, python):
 def resume(ddprun, python):
     finals = {}
     for spares in ("1", "0"):
-        tmp = tempfile.mkdtemp(prefix="spares-resume-")
+        tmp = mkdtemp(prefix="spares-resume-")
         gate = os.path.join(tmp, "gate")
         entry = [os.path.join(HERE, "ddp_resume.py"), os.path.join(tmp, "ckpt.pt"), gate]
         run = Launch(ddprun, python, ["--warm_spares=" + spares, "--spare_priority=normal"], entry)
