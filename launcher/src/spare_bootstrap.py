@@ -102,8 +102,19 @@ def _ddprun_spare_main():
     else:
         for m in preload:
             __import__(m)
+    # Everything the launch needs, imported now: nothing is imported between the launch and the
+    # entry point.
+    import runpy
     import socket
     import struct
+    from importlib.machinery import SourceFileLoader
+
+    try:
+        import ctypes
+
+        clearenv = ctypes.CDLL(None).clearenv
+    except Exception:  # noqa: BLE001 - os.environ below still unsets what Python knows of
+        clearenv = None
 
     sock = socket.socket(fileno=ctl)
     threads = len(tasks())
@@ -140,12 +151,8 @@ def _ddprun_spare_main():
 
     # The environment, all of it, in os.environ and in the C library's environ (what
     # subprocesses and native code see): both cleared, then filled from the launch.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).clearenv()
-    except Exception:  # noqa: BLE001 - os.environ below still unsets what Python knows of
-        pass
+    if clearenv is not None:
+        clearenv()
     os.environ.clear()
     for kv in env:
         k, _, v = kv.partition(b"=")
@@ -173,8 +180,6 @@ def _ddprun_spare_main():
     if rest[0] == "-c":
         sys.argv = ["-c"] + rest[2:]
         return compile(rest[1], "<string>", "exec", dont_inherit=True), g
-    import runpy
-
     if rest[0] == "-m":
         sys.argv = ["-m"] + rest[2:]
         stub = compile("_r(_m, True)", "<ddprun-spare>", "exec", dont_inherit=True)
@@ -184,8 +189,6 @@ def _ddprun_spare_main():
     if os.path.isdir(path) or _is_zip(path):
         stub = compile("_r('__main__', False)", "<ddprun-spare>", "exec", dont_inherit=True)
         return stub, {"_r": runpy._run_module_as_main}
-    from importlib.machinery import SourceFileLoader
-
     g["__file__"] = os.path.abspath(path)
     g["__cached__"] = None
     g["__loader__"] = SourceFileLoader("__main__", g["__file__"])
