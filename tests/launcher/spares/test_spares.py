@@ -161,6 +161,7 @@ def same_but_attempt(cold, warm, rank):
 
 def kill_rank1_after_ready(run):
     ready = run.wait_ready()
+    run.pid_of_rank(0)  # rank 0 of attempt 0 printed its record too (before its pid file)
     pid = run.pid_of_rank(1)
     os.kill(pid, signal.SIGKILL)
     return ready
