@@ -25,6 +25,7 @@
 #include "agent_impl.h"
 #include "ddprun/client/net.h"
 #include "ddprun/launcher/signal_names.h"
+#include "ddprun/launcher/spare_plan.h"
 #include "sys_util.h"
 
 namespace ddprun::launcher {
@@ -52,6 +53,10 @@ int Agent::run() {
     become_child_subreaper();
     prepare_log_root();
     group_ = std::make_unique<WorkerGroup>(opts_, epoll_fd_, *guardian_);
+    const bool python = !interpreter_.empty() && spare_can_run(spawn_.argv);
+    if (spares_enabled(opts_, python)) group_->enable_spares();
+    else if (opts_.warm_spares.value_or(false))
+      spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
     loop();
@@ -242,6 +247,7 @@ void Agent::start_attempt(int attempt) {
                  opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
                  start_line_note(interpreter_));
     group_->kill_stale_orphans();
+    group_->start_spares(layout_, spawn_);
     return;
   }
   // From this node's failure when it had one, else from the restart notice.
@@ -249,13 +255,14 @@ void Agent::start_attempt(int attempt) {
   const auto since = ours ? failure_seen_ : restart_seen_;
   const size_t retiring = group_->retiring_count();
   spdlog::info("restarting the worker group: attempt {} of {} ({}): {} workers started {:.1f} ms after the {} "
-               "(fresh store keyspace; spawn {:.1f} ms){}",
+               "(fresh store keyspace; spawn {:.1f} ms{}){}",
                attempt, max_restarts_, where, group_->current().size(),
                std::chrono::duration<double, std::milli>(t_spawned - since).count(),
-               ours ? "failure was seen" : "restart notice", spawn_ms,
+               ours ? "failure was seen" : "restart notice", spawn_ms, group_->start_note(),
                retiring ? fmt::format("; {} old worker(s) still stopping in the background", retiring) : std::string());
   failed_since_round_ = false;
   group_->kill_stale_orphans();
+  group_->start_spares(layout_, spawn_);
 }
 
 void Agent::on_signalfd() {
@@ -293,6 +300,7 @@ void Agent::reap_children() {
     if (pid <= 0) break;
     Worker* wp = group_->by_pid(pid);
     if (!wp) {
+      if (group_->on_spare_reaped(pid, st)) continue;
       double ms = 0;
       if (group_->reaped_dying(pid, ms)) spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid, ms);
       else spdlog::debug("reaped descendant pid {}", pid);

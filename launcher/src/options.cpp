@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <csignal>
@@ -80,6 +81,16 @@ constexpr FlagSpec kFlags[] = {
      "1 (default): learn of a worker's exit as it starts (a seccomp listener, Linux 6.11+), not "
      "15-30 ms later when the kernel has freed it; without CAP_SYS_ADMIN this sets no_new_privs on "
      "the workers (setuid programs such as sudo then fail in them); 0: off"},
+    {"warm_spares", "", true,
+     "1: keep one Python interpreter per local worker with the --preload modules imported, and start "
+     "a restart's workers from them (no `import torch` on the restart path); 0: off; default: on "
+     "when --max_restarts > 0 and the entry point runs under Python"},
+    {"preload", "", true, "modules a warm spare imports before it waits, comma-separated "
+                          "(default torch,torch.distributed)"},
+    {"spare_priority", "", true,
+     "idle (default): spares import at SCHED_IDLE priority, on CPU time the job leaves unused (a preload that starts "
+     "threads or needs the main thread is imported again at normal priority); "
+     "normal: at the workers' priority (spares are ready sooner on a busy host)"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},
     {"duplicate_stdout_filters", "", true,
@@ -499,6 +510,24 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
   if (auto s = get("preempt_grace")) o.preempt_grace_s = seconds("preempt_grace", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
+  if (auto s = get("warm_spares")) o.warm_spares = boolean("warm_spares", *s);
+  if (auto s = get("preload")) {
+    o.preload.clear();
+    for (const auto& m : split(*s, ',')) {
+      if (m.empty()) continue;
+      bool ok = true;
+      for (const auto& part : split(m, '.'))
+        ok = ok && !part.empty() && !std::isdigit(static_cast<unsigned char>(part[0])) &&
+             std::all_of(part.begin(), part.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+      if (!ok) bad("preload", *s, "Python module names separated by commas, e.g. torch,torch.distributed");
+      o.preload.push_back(m);
+    }
+  }
+  if (auto s = get("spare_priority")) {
+    const std::string p = trim(*s);
+    if (p != "idle" && p != "normal") bad("spare_priority", *s, "idle or normal");
+    o.spare_priority = p;
+  }
   if (auto s = get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = get("duplicate_stderr_filters")) o.duplicate_stderr_filters = parse_filter_list(*s);
   if (auto s = get("logs_specs")) {

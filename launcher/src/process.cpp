@@ -99,14 +99,16 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
   if (req.stdin_fd >= 0) ::dup2(req.stdin_fd, 0);
   ::dup2(out_w, 1);
   ::dup2(err_w, 2);
-  // Keep only 0-2 and the exec-status pipe (close-on-exec itself).
-  int keep = ::fcntl(status_w, F_DUPFD_CLOEXEC, 3);
+  // Keep only 0-2, the exec-status pipe (close-on-exec itself) as 3 and the passed fd as 4.
+  // Both are first moved above 4, so that placing one cannot overwrite the other.
+  int keep = ::fcntl(status_w, F_DUPFD_CLOEXEC, 5);
   if (keep < 0) ::_exit(127);
-  if (keep > 3) {
-    ::dup2(keep, 3);
-    ::fcntl(3, F_SETFD, FD_CLOEXEC);
-  }
-  close_fds_from(4);
+  int pass = req.pass_fd >= 0 ? ::fcntl(req.pass_fd, F_DUPFD_CLOEXEC, 5) : -1;
+  if (req.pass_fd >= 0 && pass < 0) ::_exit(127);
+  ::dup2(keep, 3);
+  ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  if (pass >= 0) ::dup2(pass, 4);  // dup2 leaves the new descriptor open across exec
+  close_fds_from(pass >= 0 ? 5 : 4);
   ::execve(req.executable.c_str(), argv, envp);
   int err = errno;
   ssize_t ignored = ::write(3, &err, sizeof err);

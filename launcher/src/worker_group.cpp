@@ -22,6 +22,9 @@ namespace fs = std::filesystem;
 
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxDrainBytes = 16 * 1024 * 1024;  // per stream, when a worker has exited
+// A parked spare answers a launch in milliseconds; this only bounds a stuck one (its rank then
+// starts cold).
+constexpr int kSpareAnswerTimeoutMs = 10000;
 
 // Whether this process has any child left (workers or adopted orphans), without reaping.
 bool has_children() {
@@ -45,7 +48,7 @@ void write_all(int fd, std::string_view data) {
 }  // namespace
 
 WorkerGroup::WorkerGroup(const LaunchOptions& opts, int epoll_fd, Guardian& guardian)
-    : opts_(opts), epoll_fd_(epoll_fd), guardian_(guardian) {
+    : opts_(opts), epoll_fd_(epoll_fd), guardian_(guardian), spares_(opts, epoll_fd, guardian) {
   retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   DDPRUN_CHECK_SYS(retire_timer_fd_);
   watch_fd(retire_timer_fd_);
@@ -112,7 +115,14 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
   node_rank_ = layout.node_rank;
   multi_node_ = layout.num_nodes > 1 || opts_.multi_node();
   attempt_started_tick_ = boot_ticks_now();
-  std::vector<SpawnedProcess> spawned;
+  start_note_.clear();
+  struct Pending {
+    std::optional<Spares::Launch> warm;
+    std::optional<SpawnedProcess> cold;
+    EnvMap env;
+  };
+  std::vector<Pending> pending(static_cast<size_t>(layout.local_world_size));
+  std::vector<std::string> cold_why;
   for (int lr = 0; lr < layout.local_world_size; ++lr) {
     auto w = std::make_unique<Worker>();
     w->attempt = attempt;
@@ -146,35 +156,80 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
     };
     setup(w->out, kStreamOut, "stdout.log");
     setup(w->err, kStreamErr, "stderr.log");
-
-    SpawnRequest req;
-    req.executable = spawn.executable;
-    req.argv = spawn.argv;
-    req.envp = to_envp(spawn.env(layout, lr, w->error_file));
-    req.stdin_fd = spawn.stdin_fd;
-    req.reset_to_default = spawn.reset_to_default;
-    req.exit_watch = spawn.exit_watch;
-    // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
-    req.exit_watch_no_new_privs = true;
-    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[static_cast<size_t>(lr)];  // --numa-binding
-    SpawnedProcess p = spawn_process(req);
-    w->pid = p.pid;
-    w->started = Clock::now();
-    w->out.fd = p.stdout_fd;
-    w->err.fd = p.stderr_fd;
-    for (auto [fd, is_err] : {std::pair{p.stdout_fd, false}, std::pair{p.stderr_fd, true}}) {
-      watch_fd(fd);
-      by_fd_[fd] = {w.get(), is_err};
+    Pending& p = pending[static_cast<size_t>(lr)];
+    p.env = spawn.env(layout, lr, w->error_file);
+    // A warm spare first (spares.h): the launch goes out now, its answer is awaited below.
+    std::string why;
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (spares_.enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
+      p.warm = spares_.launch(lr, spawn.argv, p.env, out[1], err[1], why);
     }
-    by_pid_[w->pid] = w.get();
-    guardian_.watch(w->pid);
-    spawned.push_back(p);
+    for (int fd : {out[1], err[1]})
+      if (fd >= 0) ::close(fd);
+    if (p.warm) {
+      w->out.fd = out[0];
+      w->err.fd = err[0];
+    } else {
+      for (int fd : {out[0], err[0]})
+        if (fd >= 0) ::close(fd);
+      if (!why.empty()) cold_why.push_back(fmt::format("r{} ({})", w->global_rank, why));
+    }
     workers_.push_back(std::move(w));
   }
-  // All forked; now take each exit watch and wait for each exec (a few ms in all, not per worker).
-  for (size_t i = 0; i < spawned.size(); ++i) {
+  // The spares' answers (each parked on its socket: milliseconds); one that refuses is killed
+  // and its rank starts cold.
+  for (size_t i = 0; i < pending.size(); ++i) {
+    auto& warm = pending[i].warm;
+    if (!warm) continue;
+    const std::string why = Spares::answer(*warm, kSpareAnswerTimeoutMs);
+    if (why.empty()) continue;
     Worker& w = *workers_[i];
-    w.exit_watch_fd = receive_exit_watch(spawned[i].exit_watch_sock);
+    spares_.reject(*warm, why);
+    cold_why.push_back(fmt::format("r{} (its spare, pid {}: {})", w.global_rank, warm->pid, why));
+    warm.reset();
+    for (int* fd : {&w.out.fd, &w.err.fd}) {
+      ::close(*fd);
+      *fd = -1;
+    }
+  }
+  int from_spares = 0;
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Worker& w = *workers_[i];
+    Pending& p = pending[i];
+    if (p.warm) {
+      ++from_spares;
+      w.pid = p.warm->pid;
+      w.from_spare = true;
+      w.exit_watch_fd = p.warm->exit_watch_fd;  // the spare's own: the same process
+      for (int fd : {w.out.fd, w.err.fd}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    } else {
+      SpawnRequest req;
+      req.executable = spawn.executable;
+      req.argv = spawn.argv;
+      req.envp = to_envp(p.env);
+      req.stdin_fd = spawn.stdin_fd;
+      req.reset_to_default = spawn.reset_to_default;
+      req.exit_watch = spawn.exit_watch;
+      // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
+      req.exit_watch_no_new_privs = true;
+      if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[i];  // --numa-binding
+      p.cold = spawn_process(req);
+      w.pid = p.cold->pid;
+      w.out.fd = p.cold->stdout_fd;
+      w.err.fd = p.cold->stderr_fd;
+      guardian_.watch(w.pid);  // a spare's group is watched since its start
+    }
+    w.started = Clock::now();
+    for (auto [fd, is_err] : {std::pair{w.out.fd, false}, std::pair{w.err.fd, true}}) {
+      watch_fd(fd);
+      by_fd_[fd] = {&w, is_err};
+    }
+    by_pid_[w.pid] = &w;
+  }
+  // All started; now take each exit watch and wait for each exec (a few ms in all, not per worker).
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Worker& w = *workers_[i];
+    if (pending[i].cold) w.exit_watch_fd = receive_exit_watch(pending[i].cold->exit_watch_sock);
     if (w.exit_watch_fd >= 0) {
       watch_fd(w.exit_watch_fd);
       by_exit_watch_fd_[w.exit_watch_fd] = &w;
@@ -183,14 +238,29 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
                     "seen when reaped");
     }
   }
-  for (size_t i = 0; i < spawned.size(); ++i) {
-    int err = wait_exec_status(spawned[i].exec_status_fd);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (!pending[i].cold) continue;
+    int err = wait_exec_status(pending[i].cold->exec_status_fd);
     if (err != 0) {
       std::string msg = "ddprun: cannot exec " + spawn.executable + ": " + std::strerror(err);
       workers_[i]->tail.push(msg);
       spdlog::error("local rank {}: {}", i, msg);
     }
   }
+  if (!spares_.off_reason().empty()) {
+    start_note_ = "; started cold: warm spares are off (" + spares_.off_reason() + ")";
+  } else if (from_spares > 0 || !cold_why.empty()) {
+    start_note_ = fmt::format("; {} of {} from warm spares", from_spares, pending.size());
+    if (!cold_why.empty()) {
+      std::string list;
+      for (const auto& c : cold_why) list += (list.empty() ? "" : ", ") + c;
+      start_note_ += "; started cold: " + list;
+    }
+  }
+}
+
+void WorkerGroup::start_spares(const GroupLayout& layout, const SpawnTemplate& spawn) {
+  spares_.replenish(layout, spawn);
 }
 
 void WorkerGroup::kill_stale_orphans() {
@@ -220,7 +290,7 @@ void WorkerGroup::kill_orphans(std::optional<unsigned long long> started_before_
   const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
                                             : children_of(::getpid());
   for (pid_t child : children) {
-    if (!by_pid_.count(child) && !dying_.count(child)) {
+    if (!by_pid_.count(child) && !dying_.count(child) && !spares_.owns_pid(child)) {
       spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);
       ::kill(child, SIGKILL);
     }
@@ -327,6 +397,7 @@ void WorkerGroup::close_exit_watch(Worker& w) {
 }
 
 void WorkerGroup::on_pipe(int fd) {
+  if (spares_.owns_fd(fd)) return spares_.on_fd(fd);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return;
   auto [w, is_err] = it->second;
@@ -423,6 +494,7 @@ void WorkerGroup::teardown() {
   for (auto& g : retiring_)
     for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
+  spares_.kill_all();
 }
 
 }  // namespace ddprun::launcher

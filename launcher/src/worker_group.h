@@ -21,6 +21,7 @@
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/process.h"
 #include "ddprun/launcher/worker_env.h"
+#include "spares.h"
 
 namespace ddprun::launcher {
 
@@ -46,6 +47,7 @@ struct Worker {
   bool reaped = false;
   // Its exit was seen through the early exit watch and dispatched; the reap only finishes it.
   bool exit_reported = false;
+  bool from_spare = false;  // started from a warm spare (spares.h), not exec'd
   int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
   Stream out;
   Stream err;
@@ -80,6 +82,16 @@ class WorkerGroup {
   // stderr tail). Logs go under `attempt_dir`/<local_rank>/.
   void start(int attempt, const GroupLayout& layout, const std::filesystem::path& attempt_dir,
              const SpawnTemplate& spawn);
+  // Warm spares (spares.h) for the restarts of this run: start() launches ready ones and
+  // replenishes the pool after each attempt started.
+  void enable_spares() { spares_.enable(); }
+  // After start() (the attempt is running): a spare for each local rank that has none, each
+  // importing at --spare_priority.
+  void start_spares(const GroupLayout& layout, const SpawnTemplate& spawn);
+  // "; 2 of 2 from warm spares; started cold: r1 (why)" for the last start(), or "".
+  const std::string& start_note() const { return start_note_; }
+  // The reap of a pid that is not a worker: true when it was a spare's (logged).
+  bool on_spare_reaped(pid_t pid, int wait_status) { return spares_.on_reaped(pid, wait_status); }
   // After start(), off the restart's critical path: SIGKILLs orphans of ended attempts
   // (adopted as subreaper) that left their worker's process group.
   void kill_stale_orphans();
@@ -89,7 +101,7 @@ class WorkerGroup {
   // Look-ups for the loop's events. Null when not ours.
   Worker* by_pid(pid_t pid);
   Worker* by_exit_watch(int fd);
-  bool owns_pipe(int fd) const { return by_fd_.count(fd) != 0; }
+  bool owns_pipe(int fd) const { return by_fd_.count(fd) != 0 || spares_.owns_fd(fd); }
   // Of the running attempt (not retiring, not ended).
   bool is_current(const Worker& w) const;
   const std::vector<std::unique_ptr<Worker>>& current() const { return workers_; }
@@ -147,6 +159,8 @@ class WorkerGroup {
   std::unordered_map<pid_t, Clock::time_point> dying_;
   std::vector<pid_t> old_pgroups_;  // previous attempts', to clean up
   std::vector<Retiring> retiring_;  // overlapped restart: old attempts
+  Spares spares_;
+  std::string start_note_;
   unsigned long long attempt_started_tick_ = 0;  // boot_ticks_now() just before the spawn
   int attempts_started_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,6 +77,33 @@ TEST_CASE("spawned worker: own process group, pipes, env, argv", "[process]") {
   int st = wait_status(p.pid);
   CHECK(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("pass_fd: the child gets it as fd 4, and no other descriptor but 0-2", "[process]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  int leak = ::open("/dev/null", O_RDONLY);  // not close-on-exec on purpose: must not reach the child
+  REQUIRE(leak >= 0);
+  SpawnRequest req;
+  req.executable = *find_executable("ls", "/usr/bin:/bin");
+  req.argv = {"ls", "/proc/self/fd"};  // ls's own directory handle takes the lowest free number: 3
+  req.pass_fd = sv[1];
+  auto p = spawn_process(req);
+  CHECK(wait_exec_status(p.exec_status_fd) == 0);
+  CHECK(read_all(p.stdout_fd) == "0\n1\n2\n3\n4\n");
+  read_all(p.stderr_fd);
+  CHECK(WIFEXITED(wait_status(p.pid)));
+
+  req.executable = *find_executable("sh", "/usr/bin:/bin");
+  req.argv = {"sh", "-c", "echo via4 >&4"};
+  p = spawn_process(req);
+  ::close(sv[1]);
+  CHECK(wait_exec_status(p.exec_status_fd) == 0);
+  read_all(p.stdout_fd);
+  read_all(p.stderr_fd);
+  CHECK(WIFEXITED(wait_status(p.pid)));
+  CHECK(read_all(sv[0]) == "via4\n");
+  ::close(leak);
 }
 
 TEST_CASE("cpu_affinity: the worker starts on exactly the CPUs asked for", "[process]") {

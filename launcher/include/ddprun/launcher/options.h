@@ -102,6 +102,12 @@ struct LaunchOptions {
   // no_new_privs on the workers when ddprun lacks CAP_SYS_ADMIN.
   bool early_exit_watch = true;
   bool virtual_local_rank = false;
+  // Warm spare interpreters (spare_plan.h): unset = on when max_restarts > 0 and the entry
+  // point runs under Python. preload: the modules a spare imports before it parks.
+  // spare_priority: "idle" (imports in a SCHED_IDLE thread) or "normal".
+  std::optional<bool> warm_spares;
+  std::vector<std::string> preload = {"torch", "torch.distributed"};
+  std::string spare_priority = "idle";
   // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun's comma_separated_list:
   // ",," is a literal comma). Lines of the tee'd streams that contain any of the needles are
   // copied to <attempt dir>/filtered_stdout.log / filtered_stderr.log (output.h's

@@ -42,6 +42,9 @@ struct SpawnRequest {
   // Empty: the agent's own set is inherited. If the kernel refuses the set, the worker does not
   // start: it shows as a failed exec (exec_status_fd) with sched_setaffinity's errno.
   std::vector<int> cpu_affinity;
+  // A descriptor the child gets as fd 4 (not close-on-exec), e.g. a warm spare's control
+  // socket (spares.cpp); -1: none, and the child has only 0-2.
+  int pass_fd = -1;
 };
 
 struct SpawnedProcess {

@@ -1,0 +1,128 @@
+// Warm spares, the pure decisions (spare_plan.h) and their flags.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "ddprun/launcher/options.h"
+#include "ddprun/launcher/spare_plan.h"
+#include "ddprun/launcher/worker_env.h"
+
+using namespace ddprun::launcher;
+
+namespace {
+
+ParseOutcome parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "ddprun");
+  return parse_command_line(args, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+}
+
+LaunchOptions ok(std::vector<std::string> args) {
+  auto r = parse(std::move(args));
+  INFO(r.message);
+  REQUIRE(r.options);
+  return *r.options;
+}
+
+}  // namespace
+
+TEST_CASE("spares are on by default with restarts and a Python entry point", "[spares]") {
+  CHECK_FALSE(spares_enabled(ok({"train.py"}), true));
+  CHECK(spares_enabled(ok({"--max_restarts=2", "train.py"}), true));
+  CHECK_FALSE(spares_enabled(ok({"--max_restarts=2", "./a.out"}), false));
+  CHECK_FALSE(spares_enabled(ok({"--max_restarts=2", "--warm_spares=0", "train.py"}), true));
+  CHECK(spares_enabled(ok({"--warm_spares=1", "train.py"}), true));
+  CHECK_FALSE(spares_enabled(ok({"--warm_spares=1", "--no_python", "./a.out"}), false));
+}
+
+TEST_CASE("--preload and --spare_priority", "[spares]") {
+  CHECK(ok({"train.py"}).preload == std::vector<std::string>{"torch", "torch.distributed"});
+  CHECK(ok({"--preload", "numpy, torch._C,my_pkg.sub_2", "train.py"}).preload ==
+        std::vector<std::string>{"numpy", "torch._C", "my_pkg.sub_2"});
+  CHECK(ok({"--preload=,", "train.py"}).preload.empty());
+  for (const char* bad : {"torch;rm", "a..b", "1abc", "torch.", "a b"}) {
+    auto r = parse({std::string("--preload=") + bad, "train.py"});
+    REQUIRE_FALSE(r.options);
+    CHECK(r.message.find("--preload") != std::string::npos);
+    CHECK(r.message.find("module names") != std::string::npos);
+  }
+  CHECK(ok({"train.py"}).spare_priority == "idle");
+  CHECK(ok({"--spare_priority=normal", "train.py"}).spare_priority == "normal");
+  auto r = parse({"--spare_priority=low", "train.py"});
+  REQUIRE_FALSE(r.options);
+  CHECK(r.message.find("idle or normal") != std::string::npos);
+  r = parse({"--warm_spares=maybe", "train.py"});
+  REQUIRE_FALSE(r.options);
+  CHECK(r.message.find("--warm_spares") != std::string::npos);
+}
+
+TEST_CASE("a spare replays python -u script, -m module and -c code only", "[spares]") {
+  CHECK(spare_can_run({"python3", "-u", "train.py", "--lr", "1"}));
+  CHECK(spare_can_run({"python3", "-u", "-m", "pkg.train"}));
+  CHECK(spare_can_run({"python3", "-u", "-c", "print(1)", "x"}));
+  CHECK_FALSE(spare_can_run({"python3", "-u", "-m"}));
+  CHECK_FALSE(spare_can_run({"python3", "train.py"}));
+  CHECK_FALSE(spare_can_run({"python3", "-u", "-X", "dev", "train.py"}));
+  // What build_worker_argv makes for every Python entry point is replayable.
+  for (auto args : {std::vector<std::string>{"train.py"}, {"-m", "pkg.train"}, {"--run_path", "train.py"}}) {
+    args.insert(args.begin(), "--max_restarts=1");
+    auto o = ok(args);
+    CHECK(spare_can_run(build_worker_argv(o, {}, true)));
+  }
+}
+
+TEST_CASE("a spare serves an attempt whose environment differs only in per-attempt variables", "[spares]") {
+  LaunchOptions o = ok({"--max_restarts=1", "--nproc_per_node=2", "train.py"});
+  EnvMap parent = {{"PATH", "/usr/bin"}, {"PYTHONPATH", "/src"}};
+  GroupLayout g0;
+  g0.local_world_size = 2;
+  g0.world_size = 4;
+  GroupLayout g1 = g0;
+  g1.restart_count = 1;
+  g1.store_port = 31000;
+  g1.global_rank_base = 2;
+  g1.run_id = "other";
+  const EnvMap started = build_worker_env(parent, o, g0, 1, "");
+  const EnvMap wanted = build_worker_env(parent, o, g1, 1, "/logs/attempt_1/1/error.json");
+  CHECK(spare_env_mismatch(started, wanted).empty());
+  // Anything else must match: what the interpreter and its libraries read at start-up.
+  EnvMap changed = wanted;
+  changed["PYTHONPATH"] = "/elsewhere";
+  CHECK(spare_env_mismatch(started, changed) == "PYTHONPATH differs from the spare's");
+  changed = wanted;
+  changed["OMP_NUM_THREADS"] = "4";
+  CHECK(spare_env_mismatch(started, changed) == "OMP_NUM_THREADS differs from the spare's");
+  changed = wanted;
+  changed["LD_PRELOAD"] = "x.so";
+  CHECK(spare_env_mismatch(started, changed) == "LD_PRELOAD is set now, not when the spare started");
+  changed = wanted;
+  changed.erase("PATH");
+  CHECK(spare_env_mismatch(started, changed) == "PATH is unset now, set when the spare started");
+  // Every variable build_worker_env sets per attempt is one that may differ.
+  for (const auto& [k, v] : wanted) {
+    if (started.at(k) != v) {
+      INFO(k);
+      const auto& free = spare_per_attempt_variables();
+      CHECK(std::find(free.begin(), free.end(), k) != free.end());
+    }
+  }
+}
+
+TEST_CASE("the spare's command line and launch message", "[spares]") {
+  const std::vector<std::string> cold = {"/usr/bin/python3", "-u", "train.py", "a b"};
+  auto argv = spare_argv(cold, 4, "idle", {"torch", "numpy"});
+  REQUIRE(argv.size() == 8 + cold.size());
+  CHECK(argv[0] == "/usr/bin/python3");
+  CHECK(argv[1] == "-u");
+  CHECK(argv[2] == "-c");
+  CHECK(std::string(argv[3]).find("ddprun warm spare") != std::string::npos);
+  CHECK(std::vector<std::string>(argv.begin() + 4, argv.begin() + 8) ==
+        std::vector<std::string>{"4", "idle", "torch,numpy", "--"});
+  CHECK(std::vector<std::string>(argv.begin() + 8, argv.end()) == cold);
+  // The bootstrap itself: embedded whole (its last statement re-raises the script's exception).
+  const std::string src = spare_bootstrap_source();
+  CHECK(src.find("raise\n") != std::string::npos);
+  CHECK(src.find('@') == std::string::npos);
+
+  const std::string msg = encode_spare_launch("/work", {"py", "-u", "t.py"}, {{"A", "1"}, {"B", "x=y"}});
+  CHECK(msg == std::string("/work\0" "3\0" "py\0" "-u\0" "t.py\0" "A=1\0" "B=x=y\0", 29));
+}
