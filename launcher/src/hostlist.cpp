@@ -1,5 +1,6 @@
 #include "ddprun/launcher/hostlist.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 
@@ -80,8 +81,10 @@ std::vector<Range> parse_ranges(std::string_view expr, size_t pos, std::string_v
   }
 }
 
-void expand_item(std::string_view expr, size_t item_pos, const std::vector<Piece>& pieces,
-                 std::vector<std::string>& out) {
+// Counts the item's names into `counted` (bounded by kMaxHostlistHosts) and appends them to
+// `out` until it holds `max_names`.
+void expand_item(std::string_view expr, size_t item_pos, const std::vector<Piece>& pieces, size_t& counted,
+                 size_t max_names, std::vector<std::string>& out) {
   size_t total = 1;
   for (const auto& p : pieces) {
     const size_t n = p.count();
@@ -90,9 +93,11 @@ void expand_item(std::string_view expr, size_t item_pos, const std::vector<Piece
     }
     total *= n;
   }
-  if (out.size() + total > kMaxHostlistHosts) {
+  if (counted + total > kMaxHostlistHosts) {
     fail(expr, item_pos, "expands to more than " + std::to_string(kMaxHostlistHosts) + " hosts");
   }
+  counted += total;
+  total = std::min(total, max_names - std::min(max_names, out.size()));
   // Odometer over the bracket groups in Slurm's nesting order (hostlist.h), slowest first:
   // the second-to-last group, then leftwards to the first, then the last group.
   std::vector<size_t> groups;
@@ -128,10 +133,10 @@ void expand_item(std::string_view expr, size_t item_pos, const std::vector<Piece
   }
 }
 
-}  // namespace
-
-std::vector<std::string> expand_hostlist(std::string_view expr) {
+// Parses and validates all of `expr`; materializes at most `max_names` names.
+std::vector<std::string> scan(std::string_view expr, size_t max_names) {
   std::vector<std::string> out;
+  size_t counted = 0;
   size_t i = 0;
   while (i < expr.size()) {
     if (expr[i] == ',' || is_blank(expr[i])) {
@@ -159,13 +164,18 @@ std::vector<std::string> expand_hostlist(std::string_view expr) {
       p.text = std::string(expr.substr(start, i - start));
       pieces.push_back(std::move(p));
     }
-    expand_item(expr, item_pos, pieces, out);
+    expand_item(expr, item_pos, pieces, counted, max_names, out);
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<std::string> expand_hostlist(std::string_view expr) { return scan(expr, kMaxHostlistHosts); }
+
 std::string first_host(std::string_view expr) {
-  auto hosts = expand_hostlist(expr);
+  // Validated as a whole, but only the first name is built.
+  auto hosts = scan(expr, 1);
   if (hosts.empty()) throw HostlistError("Slurm hostlist '" + std::string(expr) + "' names no host");
   return hosts.front();
 }

@@ -72,6 +72,9 @@ TEST_CASE("hostlist: first_host", "[hostlist]") {
   CHECK(first_host(" ,b[2-3]") == "b2");
   CHECK_THROWS_AS(first_host(""), HostlistError);
   CHECK_THROWS_AS(first_host("n[1-2"), HostlistError);  // validated as a whole
+  CHECK_THROWS_AS(first_host("a,n[1-2"), HostlistError);
+  CHECK_THROWS_AS(first_host("a,n[0-9999][0-9999]"), HostlistError);  // and bounded as a whole
+  CHECK(first_host("n[0-65535][0-15]") == "n00");  // a million names, only one built
 }
 
 TEST_CASE("hostlist: malformed expressions get an error naming the place", "[hostlist]") {

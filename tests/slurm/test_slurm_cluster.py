@@ -14,12 +14,18 @@ left once they ended):
   elastic   elastic.sbatch -N2: the agent on the second node is killed (SIGKILL) after the
             first checkpoint; the first node's agent restarts its workers in a world of two,
             they resume from the checkpoint and finish
+  requeue   requeue.sbatch -N2 once uninterrupted (the reference), once with `scancel
+            --signal=USR1` after the first checkpoint: the script requeues the job, which runs
+            again, resumes, and ends with the reference's parameters bit for bit. With ddprun's
+            preemption support (exit code 99) the script is told 99; before that is merged,
+            SIGUSR1 kills the agent and the script is told 138.
 Exits 77 when not root or Slurm is missing.
 """
 import argparse
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -39,10 +45,10 @@ def check(cond, what, out=""):
         raise Failure(what + ("\n--- job output ---\n" + out[-6000:] if out else ""))
 
 
-def submit(c, script, args, job_env, nodes):
+def submit(c, script, args, job_env, nodes, path_without_slurm=True):
     out = os.path.join(c.dir, "job-%j.out")
     job = c.sbatch([f"--nodes={nodes}", f"--output={out}", "--time=10"] + args + [os.path.join(SCRIPTS, script)],
-                   job_env=job_env, cwd=REPO)
+                   job_env=job_env, cwd=REPO, path_without_slurm=path_without_slurm)
     return job, out.replace("%j", str(job))
 
 
@@ -185,11 +191,55 @@ def scenario_elastic(c, a):
     check("[train] resumed from step" in after, "the survivors did not resume from the checkpoint", out)
     check("final_param_checksum=" in after, "the survivors did not finish the training", out)
     check(info.get("JobState") in ("COMPLETED", "FAILED"), f"job {job}: {info.get('JobState')}", out)
+    print(f"elastic job ended {info.get('JobState')} (exit {info.get('ExitCode')}) after the survivor finished")
     wait_gone(c, job)
 
 
+def checksum_of(out):
+    sums = re.findall(r"final_param_checksum=([0-9a-f]+)", out)
+    return sums[-1] if sums else None
+
+
+def scenario_requeue(c, a):
+    # Until ddprun has its preemption handling (--preempt_grace, exit code 99), SIGUSR1 kills
+    # the agent (and with it the workers): the batch script is then told that code.
+    help_text = subprocess.run([a.ddprun, "--help"], capture_output=True, text=True).stdout
+    preempt_support = "preempt_grace" in help_text
+    code = "99" if preempt_support else str(128 + signal.SIGUSR1)
+    cfg = dict(base_env(a), EPOCHS="4", CKPT_EVERY="10", PREEMPTED_EXIT=code,
+               EXTRA="--samples 8000 --width 512 --depth 2 --batch 16 --threads 1 --log-every 50")
+    # Uninterrupted: the reference, and the script's plain path (no scontrol needed).
+    job, path = submit(c, "requeue.sbatch", [], dict(cfg, CKPT=os.path.join(c.dir, "ck-ref")), 2)
+    out = finished(c, job, path)
+    check(f"job {job} run 0 on" in out and "requeueing" not in out and checksum_of(out), "plain run", out)
+    reference = checksum_of(out)
+    # Preempted mid-run: the script requeues (scontrol on its PATH), the job runs again and
+    # resumes from the checkpoint.
+    ckpt = os.path.join(c.dir, "ck-pre")
+    job, path = submit(c, "requeue.sbatch", [], dict(cfg, CKPT=ckpt), 2, path_without_slurm=False)
+    wait_for(lambda: len(workers(c, job, a.train)) == 4, 120, "four train workers", c, job, path)
+    wait_for(lambda: os.path.isdir(ckpt) and any(n.endswith(".ddpck") for n in os.listdir(ckpt)), 240,
+             "the first checkpoint", c, job, path)
+    c.run(["scancel", "--signal=USR1", str(job)])
+    # Slurm holds a requeued job back for a while (BeginTime about two minutes ahead): start it
+    # now; what is tested is that it runs again and resumes, not Slurm's delay.
+    wait_for(lambda: f"preempted: requeueing job {job}" in read(path), 240, "the script to requeue", c, job, path)
+    wait_for(lambda: c.job_info(job).get("JobState") == "PENDING" or f"job {job} run 1 on" in read(path), 120,
+             "the requeued job to be pending")
+    c.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    out = finished(c, job, path, timeout=500)
+    check(f"preempted: requeueing job {job}" in out, "the script did not requeue the job", out)
+    check(f"job {job} run 1 on" in out, "the job did not run again", out)
+    second = out.split(f"job {job} run 1 on", 1)[1]
+    check("[train] resumed from step" in second and checksum_of(second), "the requeued run did not resume", out)
+    # Resuming from train's checkpoint is bit-identical (worker runtime), preempted or not.
+    check(checksum_of(second) == reference,
+          f"resumed run ended with {checksum_of(second)}, the uninterrupted one with {reference}", out)
+
+
 SCENARIOS = {"single": (1, scenario_single), "multi": (2, scenario_multi), "pytorch": (2, scenario_pytorch),
-             "tasks": (2, scenario_tasks), "scancel": (2, scenario_scancel), "elastic": (2, scenario_elastic)}
+             "tasks": (2, scenario_tasks), "scancel": (2, scenario_scancel), "elastic": (2, scenario_elastic),
+             "requeue": (2, scenario_requeue)}
 
 
 def main():
