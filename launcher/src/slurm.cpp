@@ -26,7 +26,7 @@ std::pair<const char*, const std::string*> first_of(const EnvMap& env, std::init
                    "; fix the job's environment or pass --no_slurm and give the flags yourself");
 }
 
-int positive(const char* name, const std::string& value) {
+int non_negative(const char* name, const std::string& value) {
   long long v = 0;
   auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc() || p != value.data() + value.size() || v < 0 || v > (1 << 20)) {
@@ -75,7 +75,7 @@ SlurmDerivation derive_from_slurm(const EnvMap& env, const std::map<std::string,
   auto [nn_name, nn] = first_of(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
   if (!step) {
     // A batch script or an salloc shell: ddprun runs here only, whatever the allocation.
-    if (nn && !given.count("nnodes") && positive(nn_name, *nn) > 1) {
+    if (nn && !given.count("nnodes") && non_negative(nn_name, *nn) > 1) {
       d.warnings.push_back("running outside srun in Slurm job " + *job + " of " + *nn +
                            " nodes: only this node takes part; start ddprun with "
                            "`srun --ntasks-per-node=1 ddprun ...` to use every node");
@@ -95,7 +95,7 @@ SlurmDerivation derive_from_slurm(const EnvMap& env, const std::map<std::string,
   auto [gpu_name, gpu] = first_of(env, {"SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"});
   if (gpu) {
     const bool is_count = std::string(gpu_name) == "SLURM_GPUS_ON_NODE";
-    int count = is_count ? positive(gpu_name, *gpu) : count_index_list(gpu_name, *gpu);
+    int count = is_count ? non_negative(gpu_name, *gpu) : count_index_list(gpu_name, *gpu);
     std::string source = gpu_name;
     if (auto cvd = lookup(env, "CUDA_VISIBLE_DEVICES")) {
       count = count_cuda_visible(*cvd);
@@ -106,11 +106,11 @@ SlurmDerivation derive_from_slurm(const EnvMap& env, const std::map<std::string,
   }
 
   int nnodes = 1;
-  if (nn) nnodes = std::max(1, positive(nn_name, *nn));
+  if (nn) nnodes = std::max(1, non_negative(nn_name, *nn));
   if (!standalone && nnodes > 1) derive("nnodes", std::to_string(nnodes), nn_name);
 
   auto [nt_name, nt] = first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"});
-  if (nt && !given.count("nnodes") && !standalone && positive(nt_name, *nt) > nnodes) {
+  if (nt && !given.count("nnodes") && !standalone && non_negative(nt_name, *nt) > nnodes) {
     throw UsageError("Slurm step " + *job + "." + *step + " runs " + *nt + " tasks on " +
                      std::to_string(nnodes) +
                      " node(s), but ddprun is one agent per node that starts --nproc_per_node workers: "
@@ -152,9 +152,17 @@ SlurmDerivation derive_from_slurm(const EnvMap& env, const std::map<std::string,
     }
     if (backend == "c10d") {
       derive("rdzv_endpoint", host + ":" + port, host_source + ", port from the job id");
+      // Which agent hosts the rendezvous is known from the node's name; asking whether the
+      // endpoint is one of this host's addresses fails where several nodes share an address
+      // or names resolve to loopback.
+      if (auto me = lookup(env, "SLURMD_NODENAME"); me && !given.count("rdzv_endpoint")) {
+        const bool hosts = *me == host;
+        derive("rdzv_conf", hosts ? "is_host=1" : "is_host=0",
+               "SLURMD_NODENAME " + std::string(hosts ? "is" : "is not") + " the first host");
+      }
     } else {
       if (auto nid = lookup(env, "SLURM_NODEID")) {
-        derive("node_rank", std::to_string(positive("SLURM_NODEID", *nid)), "SLURM_NODEID");
+        derive("node_rank", std::to_string(non_negative("SLURM_NODEID", *nid)), "SLURM_NODEID");
       }
       derive("master_addr", host, host_source);
       derive("master_port", port, "from the job id");

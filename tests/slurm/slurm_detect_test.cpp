@@ -17,7 +17,8 @@ EnvMap two_node_step(int node_id) {
           {"SLURM_NNODES", "2"},            {"SLURM_STEP_NUM_NODES", "2"},
           {"SLURM_NTASKS", "2"},            {"SLURM_STEP_NUM_TASKS", "2"},
           {"SLURM_NODEID", std::to_string(node_id)}, {"SLURM_PROCID", std::to_string(node_id)},
-          {"SLURM_LOCALID", "0"},           {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}};
+          {"SLURM_LOCALID", "0"},           {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+          {"SLURMD_NODENAME", node_id == 0 ? "gpu07" : "gpu08"}};
 }
 
 const SystemInfo kSys{.cpu_count = 8, .gpu_count = 0};
@@ -148,6 +149,18 @@ TEST_CASE("slurm: --nnodes=MIN:MAX makes it elastic on the first host", "[slurm]
   CHECK(o.node_rank == 0);  // c10d assigns ranks; SLURM_NODEID is not used
   CHECK_THAT(o.slurm_summary, Catch::Contains("--rdzv_backend=c10d") && Catch::Contains("--rdzv_endpoint=gpu07:") &&
                                   !Catch::Contains("node_rank"));
+  // The node named first hosts the rendezvous, the others never try to (is_host).
+  CHECK(o.rdzv_conf.at("is_host") == "0");
+  CHECK_THAT(o.slurm_summary, Catch::Contains("--rdzv_conf=is_host=0 (SLURMD_NODENAME is not the first host)"));
+  o = ok({"--nnodes=1:2", "x.py"}, two_node_step(0));
+  CHECK(o.rdzv_conf.at("is_host") == "1");
+  // Without the node's name, or with a conf or endpoint of the user's, the address decides.
+  auto anonymous = env;
+  anonymous.erase("SLURMD_NODENAME");
+  CHECK(ok({"--nnodes=1:2", "x.py"}, anonymous).rdzv_conf.count("is_host") == 0);
+  o = ok({"--nnodes=1:2", "--rdzv_conf=join_timeout=30", "x.py"}, env);
+  CHECK(o.rdzv_conf.count("is_host") == 0);
+  CHECK(o.rdzv_conf.at("join_timeout") == "30");
   // c10d asked for with a fixed count: endpoint derived, no node rank.
   o = ok({"--rdzv_backend=c10d", "x.py"}, env);
   CHECK(o.max_nodes == 2);
@@ -156,6 +169,7 @@ TEST_CASE("slurm: --nnodes=MIN:MAX makes it elastic on the first host", "[slurm]
   o = ok({"--nnodes=1:2", "--rdzv_endpoint=h:5", "x.py"}, env);
   CHECK(o.rdzv_host == "h");
   CHECK(o.rdzv_port == 5);
+  CHECK(o.rdzv_conf.count("is_host") == 0);
 }
 
 TEST_CASE("slurm: one task on one node stays a single node", "[slurm]") {

@@ -23,7 +23,9 @@
 //     --nnodes=N      static rendezvous: --node_rank=SLURM_NODEID, --master_addr=first host,
 //                     --master_port=port
 //     --nnodes=MIN:MAX  --rdzv_backend=c10d, --rdzv_endpoint=first host:port (elastic: the
-//                     first node hosts the rendezvous)
+//                     first node hosts the rendezvous), and --rdzv_conf=is_host=1 on the node
+//                     whose SLURMD_NODENAME is the first host, is_host=0 elsewhere (unless
+//                     --rdzv_conf or --rdzv_endpoint is given)
 // GPUs: Slurm gave the task GPUs when SLURM_STEP_GPUS, SLURM_GPUS_ON_NODE or SLURM_JOB_GPUS
 // says so; their count is CUDA_VISIBLE_DEVICES's entries when set (what the workers will see),
 // else the Slurm variable's. That count also answers --nproc_per_node=gpu|auto.
