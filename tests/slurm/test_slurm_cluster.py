@@ -5,11 +5,14 @@
 
 Scenarios (each on a fresh cluster; every one also checks that no process of its jobs is
 left once they ended):
-  single    single_node.sbatch: one node, two train workers, the Slurm line names the run id
+  single    single_node.sbatch: one node, two train workers, the Slurm line names the run id;
+            `srun -n1 ddprun` in a 2-node allocation stays one node; ddprun in the batch
+            script of a 2-node job (no srun) runs on its node only and warns
   multi     multi_node.sbatch -N2: four train workers, node ranks 0 and 1 from Slurm, the
             first host as master; the job's PATH has no scontrol (checked by a job too)
   pytorch   pytorch_gloo.sbatch -N2: four PyTorch gloo ranks with equal parameters
-  tasks     one_task_per_gpu.sbatch -N2: srun starts four `train` tasks, no ddprun
+  tasks     one_task_per_gpu.sbatch -N2: srun starts four `train` tasks, no ddprun; their
+            final parameters equal multi_node.sbatch's (the same world under ddprun)
   scancel   multi_node.sbatch with a long training, scancel while the workers run
   elastic   elastic.sbatch -N2: the agent on the second node is killed (SIGKILL) after the
             first checkpoint; the first node's agent restarts its workers in a world of two,
@@ -112,6 +115,18 @@ def scenario_single(c, a):
           "no Slurm line with the derived run id", out)
     check("--nnodes" not in out, "a one-node step must stay single-node", out)
     check("[train] world=2 " in out and "final_param_checksum=" in out, "train did not run to the end", out)
+    # `srun -n1` in a 2-node allocation: a one-node step, so one node.
+    job = c.sbatch(["--nodes=2", f"--output={c.dir}/n1.out", "--wrap",
+                    f"srun -N1 -n1 {a.ddprun} --nproc_per_node=2 {a.train} --epochs 1"])
+    out = finished(c, job, f"{c.dir}/n1.out")
+    check(f"ddprun: Slurm step {job}.0: --rdzv_id=slurm-{job}.0" in out and "--nnodes" not in out
+          and "[train] world=2 " in out, "srun -n1 in a 2-node allocation must stay single-node", out)
+    # ddprun in the batch script itself (no srun) of a 2-node job: this node only, and a warning.
+    job = c.sbatch(["--nodes=2", f"--output={c.dir}/batch.out", "--wrap",
+                    f"{a.ddprun} --nproc_per_node=2 {a.train} --epochs 1"])
+    out = finished(c, job, f"{c.dir}/batch.out")
+    check(f"running outside srun in Slurm job {job} of 2 nodes: only this node takes part" in out
+          and "Slurm step" not in out and "[train] world=2 " in out, "the batch script case", out)
 
 
 def scenario_multi(c, a):
@@ -151,6 +166,13 @@ def scenario_tasks(c, a):
     check("[train] world=4 " in out and "final_param_checksum=" in out,
           "train tasks started by srun did not form a world of 4", out)
     check("ddprun" not in out, "no ddprun in this scenario", out)
+    # The same world under ddprun (multi_node.sbatch, same train flags) ends with the same
+    # parameters: srun's ranks are the ones ddprun would give.
+    job, path = submit(c, "multi_node.sbatch", [], base_env(a), 2)
+    under_ddprun = finished(c, job, path)
+    check(checksum_of(out) and checksum_of(out) == checksum_of(under_ddprun),
+          f"srun-only world ended with {checksum_of(out)}, the ddprun one with {checksum_of(under_ddprun)}",
+          under_ddprun)
 
 
 # A training that runs for minutes: ended by the test long before.
