@@ -26,7 +26,6 @@ Run by hand: `python3 tests/slurm/cluster.py up` starts a cluster and prints SLU
 export; Ctrl-C stops it. Exits 77 (ctest's skip code) when not root or Slurm is missing.
 """
 import contextlib
-import grp
 import os
 import pwd
 import re
