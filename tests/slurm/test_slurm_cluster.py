@@ -194,16 +194,17 @@ def scenario_elastic(c, a):
     ckpt = os.path.join(c.dir, "ckpt")
     # Slow enough that the second node is killed mid-job, short enough to finish on one node.
     extra = "--samples 16000 --width 1024 --depth 2 --batch 16 --threads 1 --log-every 50"
-    env = dict(base_env(a), CKPT=ckpt, EXTRA=extra, EPOCHS="2", CKPT_EVERY="20")
+    env = dict(base_env(a), CKPT=ckpt, EXTRA=extra, EPOCHS="3", CKPT_EVERY="20")
     job, path = submit(c, "elastic.sbatch", [], env, 2)
     wait_for(lambda: len(workers(c, job, a.train)) == 4, 120, "four train workers", c, job, path)
-    wait_for(lambda: os.path.isdir(ckpt) and any(n.startswith("ckpt-") and n.endswith(".ddpck")
-                                                for n in os.listdir(ckpt)), 240, "the first checkpoint", c, job, path)
     second = c.nodes[1]
     # The agent is the parent of that node's workers (ddprun also keeps a helper process).
     on_second = c.processes({"SLURM_JOB_ID": str(job), "SLURMD_NODENAME": second})
     agents = sorted({slurm.parent_of(p) for p in on_second if slurm.cmdline_of(p).startswith(a.train)})
     check(len(agents) == 1, f"expected one ddprun agent on {second}, found {c.describe(agents)}", read(path))
+    # Found first, so that the kill follows the first checkpoint at once.
+    wait_for(lambda: os.path.isdir(ckpt) and any(n.startswith("ckpt-") and n.endswith(".ddpck")
+                                                for n in os.listdir(ckpt)), 240, "the first checkpoint", c, job, path)
     os.kill(agents[0], signal.SIGKILL)
     info = c.wait_job(job, timeout=400)
     out = read(path)
@@ -229,7 +230,7 @@ def scenario_requeue(c, a):
     preempt_support = "preempt_grace" in help_text
     code = "99" if preempt_support else str(128 + signal.SIGUSR1)
     cfg = dict(base_env(a), EPOCHS="4", CKPT_EVERY="10", PREEMPTED_EXIT=code,
-               EXTRA="--samples 8000 --width 512 --depth 2 --batch 16 --threads 1 --log-every 50")
+               EXTRA="--samples 8000 --width 1024 --depth 2 --batch 16 --threads 1 --log-every 50")
     # Uninterrupted: the reference, and the script's plain path (no scontrol needed).
     job, path = submit(c, "requeue.sbatch", [], dict(cfg, CKPT=os.path.join(c.dir, "ck-ref")), 2)
     out = finished(c, job, path)
