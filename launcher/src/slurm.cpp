@@ -118,8 +118,8 @@ SlurmDerivation derive_from_slurm(const EnvMap& env, const std::map<std::string,
                      "--node_rank yourself)");
   }
 
-  const std::string run_id = "slurm-" + *job + "." + *step;
-  derive("rdzv_id", run_id, std::string(job_name) + "." + step_name);
+  // --standalone draws its own run id, as in torchrun.
+  if (!standalone) derive("rdzv_id", "slurm-" + *job + "." + *step, std::string(job_name) + "." + step_name);
 
   // The node range the launch will use: given or just derived.
   int max_nodes = 1;

@@ -188,6 +188,7 @@ TEST_CASE("slurm: one task on one node stays a single node", "[slurm]") {
   o = ok({"--standalone", "x.py"}, env);
   CHECK(o.rdzv_id != "slurm-7.3");
   CHECK(o.max_nodes == 1);
+  CHECK_THAT(o.slurm_summary, Catch::Contains("nothing derived"));
 }
 
 TEST_CASE("slurm: more tasks than nodes is refused with the srun line to use", "[slurm]") {
