@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   LaunchOptions& opts = *parsed.options;
+  if (!opts.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.slurm_summary.c_str());
   for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
   try {
     resolve_numa_binding(opts, env, ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env).value_or("/"));

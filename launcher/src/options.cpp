@@ -15,6 +15,7 @@
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/signal_names.h"
+#include "ddprun/launcher/slurm.h"
 
 extern char** environ;
 
@@ -107,6 +108,9 @@ constexpr FlagSpec kFlags[] = {
     {"numa_binding", "", true,
      "bind each local rank to the CPUs near the GPU whose index is its local rank: node, socket, "
      "exclusive or core-complex (as torchrun 2.11; needs NVIDIA GPUs)"},
+    {"no_slurm", "", false,
+     "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
+     "from the SLURM_* environment of an srun step"},
 };
 
 std::string dashed(std::string s) {
@@ -401,12 +405,24 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
       v[f.name] = f.takes_value ? it->second : "1";
     }
   }
+  // Inside an srun step, Slurm's environment supplies the flags still missing (slurm.h).
+  SystemInfo host = sys;
+  std::optional<SlurmDerivation> slurm;
+  if (!v.count("no_slurm")) {
+    slurm = derive_from_slurm(env, v);
+    for (const auto& [flag, value] : slurm->flags) v.emplace(flag, value);
+    if (slurm->gpu_count) host.gpu_count = *slurm->gpu_count;
+  }
   auto get = [&](const char* name) -> const std::string* {
     auto it = v.find(name);
     return it == v.end() ? nullptr : &it->second;
   };
 
   LaunchOptions o;
+  if (slurm) {
+    o.slurm_summary = slurm->summary;
+    o.warnings = slurm->warnings;
+  }
   if (raw.rest.empty()) {
     throw UsageError("missing entry point: expected `ddprun [options] script.py|program [args...]`");
   }
@@ -427,7 +443,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     throw UsageError("--module, --no_python and --run_path are mutually exclusive");
   }
 
-  if (auto s = get("nproc_per_node")) o.nproc_per_node = parse_nproc_per_node(*s, sys);
+  if (auto s = get("nproc_per_node")) o.nproc_per_node = parse_nproc_per_node(*s, host);
   if (auto s = get("nnodes")) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(*s);
   if (auto s = get("node_rank")) o.node_rank = int_in("node_rank", *s, 0, 1 << 20, "an integer >= 0");
   if (auto s = get("master_addr")) {

@@ -391,7 +391,9 @@ void options_entry(const uint8_t* data, size_t size) {
   std::string cur;
   auto flush = [&] {
     auto eq = cur.find('=');
-    if (cur.rfind("PET_", 0) == 0 && eq != std::string::npos) {
+    // PET_* and Slurm's variables (slurm.h reads SLURM_* and SLURMD_NODENAME) go to the
+    // environment; everything else is an argument.
+    if ((cur.rfind("PET_", 0) == 0 || cur.rfind("SLURM", 0) == 0) && eq != std::string::npos) {
       env[cur.substr(0, eq)] = cur.substr(eq + 1);
     } else {
       argv.push_back(cur);

@@ -26,8 +26,8 @@ void codec_entry(const uint8_t* data, size_t size);
 void server_entry(const uint8_t* data, size_t size);
 
 // The launcher's parse_command_line: byte 0 is the machine (cpu count, gpu count), the rest
-// NUL-separated strings; one of the form `PET_NAME=value` goes to the environment map, every
-// other one to argv (after argv[0] = "ddprun").
+// NUL-separated strings; one of the form `PET_NAME=value` or `SLURM...=value` (Slurm detection,
+// slurm.h) goes to the environment map, every other one to argv (after argv[0] = "ddprun").
 void options_entry(const uint8_t* data, size_t size);
 
 using Entry = void (*)(const uint8_t*, size_t);

@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
                                          on_slot(0, agent_hello() + jf) + on_slot(3, pytorch_session(wire::Dialect::D0)));
   }
 
-  // options: byte 0 = machine, then NUL-separated argv / PET_ variables.
+  // options: byte 0 = machine, then NUL-separated argv / PET_ and SLURM variables.
   const fs::path options = root / "options";
   auto cmd = [](std::vector<std::string> args) {
     std::string s(1, char(0x44));  // 5 cpus, 2 gpus
@@ -230,6 +230,14 @@ int main(int argc, char** argv) {
   write(options, "signals", cmd({"--signals_to_handle=SIGTERM,SIGINT,SIGUSR1", "--monitor_interval=0.5",
                                  "--start_method=spawn", "--run_path", "script.py"}));
   write(options, "help", cmd({"--help"}));
+  // Inside an srun step: SLURM_* variables (slurm.h) derive the multi-node flags.
+  write(options, "slurm_static",
+        cmd({"SLURM_JOB_ID=41", "SLURM_STEP_ID=0", "SLURM_STEP_NUM_NODES=2", "SLURM_STEP_NUM_TASKS=2",
+             "SLURM_STEP_NODELIST=gpu[07-08],a-[1-2]-b[3,5]", "SLURM_NODEID=1", "SLURM_GPUS_ON_NODE=4",
+             "--nproc_per_node=gpu", "train.py"}));
+  write(options, "slurm_elastic",
+        cmd({"SLURM_JOB_ID=7", "SLURM_STEPID=3", "SLURM_NNODES=4", "SLURM_JOB_NODELIST=n[001-004]",
+             "SLURMD_NODENAME=n001", "SLURM_STEP_GPUS=0,2-3", "--nnodes=2:4", "--max_restarts=3", "train"}));
   std::printf("seeds written under %s\n", root.c_str());
   return 0;
 }

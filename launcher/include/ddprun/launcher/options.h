@@ -126,6 +126,9 @@ struct LaunchOptions {
   // machine before the launch).
   std::string numa_binding;
   std::vector<std::vector<int>> numa_cpus;
+  // What was taken from Slurm's environment (slurm.h), one line; empty outside an srun step or
+  // with --no_slurm. Printed by main().
+  std::string slurm_summary;
   // Things the user should know that do not stop the launch (printed by main()).
   std::vector<std::string> warnings;
   int verbosity = 0;  // -v: debug logs
