@@ -39,6 +39,7 @@ struct Options {
   bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
   bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
   bool sync_data = false;          // rank 0 generates data (debug)
+  std::string grad_dtype = "fp32";  // CUDA, --precision bf16: fp32 | bf16 (gradients and their all-reduce)
 };
 
 // Deterministic synthetic data: sample i is a pure function of (seed, i).

@@ -8,9 +8,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ddprun/worker/checkpoint.h"
@@ -43,13 +48,20 @@ inline unsigned blocks_for(size_t n, unsigned threads) {
   return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 65535u * 16));
 }
 
+// One block row per activation row (grid-stride over rows), threads over its columns: no 64-bit
+// modulo per element to find the bias.
 template <class T>
 __global__ void bias_act_kernel(T* z, const T* b, int rows, int cols, bool relu) {
-  const size_t n = static_cast<size_t>(rows) * cols;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float v = to_f(z[i]) + to_f(b[i % cols]);
-    z[i] = from_f<T>(relu ? fmaxf(v, 0.f) : v);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    T* row = z + static_cast<size_t>(r) * cols;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x) {
+      const float v = to_f(row[j]) + to_f(b[j]);
+      row[j] = from_f<T>(relu ? fmaxf(v, 0.f) : v);
+    }
   }
+}
+inline dim3 bias_act_grid(int rows, int cols) {
+  return dim3(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(std::min(rows, 65535)));
 }
 
 // out is [rows, 1]: dz = 2 (o - y) / rows * scale; loss += sum (o - y)^2 / rows.
@@ -78,14 +90,24 @@ __global__ void relu_bwd_kernel(T* da, const T* a, size_t n) {
     if (!(to_f(a[i]) > 0.f)) da[i] = from_f<T>(0.f);
 }
 
-// db[j] = sum_i dz[i, j]: one thread per column, rows summed in order (deterministic).
-template <class T>
-__global__ void bias_grad_kernel(const T* dz, float* db, int rows, int cols) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+// db[j] = sum_i dz[i, j]. A block takes 32 columns; its 16 thread rows each sum every 16th row
+// in order, then the 16 partial sums are added in order: deterministic, and 16x the threads of
+// one thread per column (which left most of the GPU idle on long columns).
+constexpr int kBgCols = 32, kBgRows = 16;
+template <class T, class G>
+__global__ void bias_grad_kernel(const T* dz, G* db, int rows, int cols) {
+  __shared__ float part[kBgRows][kBgCols + 1];
+  const int j = blockIdx.x * kBgCols + threadIdx.x;
   float s = 0.f;
-  for (int i = 0; i < rows; ++i) s += to_f(dz[static_cast<size_t>(i) * cols + j]);
-  db[j] = s;
+  if (j < cols)
+    for (int i = threadIdx.y; i < rows; i += kBgRows) s += to_f(dz[static_cast<size_t>(i) * cols + j]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = 0.f;
+    for (int k = 0; k < kBgRows; ++k) t += part[k][threadIdx.x];
+    db[j] = from_f<G>(t);
+  }
 }
 
 __global__ void overflow_kernel(const float* g, size_t n, int* flag) {
@@ -95,14 +117,15 @@ __global__ void overflow_kernel(const float* g, size_t n, int* flag) {
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-// p -= lr * (momentum buf | g / scale); refresh the compute copy. Skipped when flag is set.
-template <class T>
-__global__ void sgd_kernel(float* p, const float* g, float* buf, T* copy, size_t n, float lr, float momentum,
-                           bool first, const float* scale, const int* flag) {
+// p -= lr * (momentum buf | g / (world * scale)); refresh the compute copy. Skipped when flag is
+// set. The gradients arrive summed over ranks: the average is this multiply, not a pass of its own.
+template <class T, class G>
+__global__ void sgd_kernel(float* p, const G* g, float* buf, T* copy, size_t n, float lr, float momentum,
+                           bool first, const float* scale, const int* flag, float inv_world) {
   if (flag && *flag) return;
-  const float inv = scale ? 1.f / *scale : 1.f;
+  const float inv = scale ? inv_world / *scale : inv_world;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float d = g[i] * inv;
+    float d = to_f(g[i]) * inv;
     if (buf) {
       d = first ? d : momentum * buf[i] + d;
       buf[i] = d;
@@ -154,12 +177,80 @@ struct DeviceBuf {
   DeviceBuf& operator=(const DeviceBuf&) = delete;
 };
 
+// DDPRUN_TRAIN_PROFILE=1 (a diagnostic of the example): GPU time per phase of the step, from
+// events recorded on the compute stream after each phase (time between consecutive events is
+// charged to the later phase), averaged over the timed steps (at most kMaxSteps), and the host's
+// time per step issuing work and waiting. The events add small gaps between kernels, so the
+// phases add up to a little more than an unprofiled step.
+class PhaseProfile {
+ public:
+  static constexpr size_t kMaxSteps = 200;
+  PhaseProfile(cudaStream_t s) : stream_(s) {
+    const char* v = std::getenv("DDPRUN_TRAIN_PROFILE");
+    on_ = v && std::string(v) == "1";
+  }
+  ~PhaseProfile() {
+    for (auto& st : steps_)
+      for (auto& m : st) cudaEventDestroy(m.second);
+  }
+  void begin_step(bool timed) {
+    active_ = on_ && timed && steps_.size() < kMaxSteps;
+    if (!active_) return;
+    steps_.emplace_back();
+    mark("start");
+  }
+  void mark(const char* name) {
+    if (!active_) return;
+    cudaEvent_t e;
+    DDPRUN_CUDA_CHECK(cudaEventCreate(&e));
+    DDPRUN_CUDA_CHECK(cudaEventRecord(e, stream_));
+    steps_.back().emplace_back(name, e);
+  }
+  void host(const char* name, double ms) {
+    if (!active_) return;
+    add(host_, name, ms);
+  }
+  // After the stream is synchronised.
+  void report() const {
+    if (!on_ || steps_.empty()) return;
+    std::vector<std::pair<std::string, double>> gpu;
+    double total = 0;
+    for (const auto& st : steps_)
+      for (size_t k = 1; k < st.size(); ++k) {
+        float ms = 0;
+        DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&ms, st[k - 1].second, st[k].second));
+        add(gpu, st[k].first, ms);
+        total += ms;
+      }
+    const double n = static_cast<double>(steps_.size());
+    std::printf("profile: %zu steps, GPU ms per step by phase (sum %.3f):\n", steps_.size(), total / n);
+    for (const auto& [name, ms] : gpu) std::printf("profile_gpu %-12s %8.3f\n", name.c_str(), ms / n);
+    for (const auto& [name, ms] : host_) std::printf("profile_host %-12s %8.3f\n", name.c_str(), ms / n);
+  }
+
+ private:
+  static void add(std::vector<std::pair<std::string, double>>& v, const char* name, double ms) {
+    for (auto& e : v)
+      if (e.first == name) {
+        e.second += ms;
+        return;
+      }
+    v.emplace_back(name, ms);
+  }
+  cudaStream_t stream_;
+  bool on_ = false, active_ = false;
+  std::vector<std::vector<std::pair<const char*, cudaEvent_t>>> steps_;
+  std::vector<std::pair<std::string, double>> host_;
+};
+
 std::string config_fingerprint(const Options& o) {
   return "in=" + std::to_string(o.in) + " width=" + std::to_string(o.width) + " depth=" + std::to_string(o.depth) +
          " samples=" + std::to_string(o.samples) + " batch=" + std::to_string(o.batch);
 }
 
-template <class T>
+// T: the compute type of activations and weights' copies; G: the gradients' (float, or bf16
+// with --grad-dtype bf16: the weight-gradient GEMMs write them straight into the buckets).
+template <class T, class G>
 int run_typed(const Options& o, dw::Runtime& rt) {
   const dw::WorkerEnv& env = rt.env();
   dw::Communicator& comm = rt.comm();
@@ -185,7 +276,10 @@ int run_typed(const Options& o, dw::Runtime& rt) {
 
   std::vector<float> host_params(n);
   ex::mlp_init(shape, o.seed, host_params.data());
-  DeviceBuf<float> master(n), grads(n), momentum(o.momentum != 0.f ? n : 0);
+  DeviceBuf<float> master(n), momentum(o.momentum != 0.f ? n : 0);
+  DeviceBuf<G> grads(n);
+  constexpr bool kLowGrads = !std::is_same_v<G, float>;
+  static_assert(!kLowGrads || std::is_same_v<G, T>, "low-precision gradients are in the compute type");
   DeviceBuf<T> copy(kLow ? n : 0);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
@@ -258,14 +352,15 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   std::vector<dw::GradView> views;
   for (const auto& t : tensors) views.push_back({grads.p + t.offset, t.count});
   dw::ReducerOptions ro;
+  ro.average = false;  // summed: sgd_kernel divides by the world size
   ro.overlap = !o.no_overlap;
   ro.force_collective = o.force_collective;
-  dw::Reducer reducer(comm, views, dw::DType::F32, ro);
+  dw::Reducer reducer(comm, views, kLowGrads ? dw::DType::BF16 : dw::DType::F32, ro);
   if (rank == 0)
     std::printf("[train] world=%d backend=%s device=cuda:%d precision=%s params=%zu width=%d depth=%d batch/rank=%d "
-                "steps/epoch=%" PRId64 " buckets=%zu\n",
+                "steps/epoch=%" PRId64 " buckets=%zu grads=%s\n",
                 world, comm.backend(), rt.cuda_device(), o.precision.c_str(), n, o.width, o.depth, B, steps_per_epoch,
-                reducer.buckets().size());
+                reducer.buckets().size(), kLowGrads ? "bf16" : "fp32");
 
   const float one = 1.f, zero = 0.f;
   const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
@@ -281,6 +376,8 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaEventCreate(&t_end));
   int64_t run_steps = 0, timed_steps = 0;
   bool stop = false;
+  PhaseProfile prof(stream);
+  auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   auto epoch_t0 = Clock::now();
   for (int64_t epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch));
@@ -290,55 +387,73 @@ int run_typed(const Options& o, dw::Runtime& rt) {
       if (o.max_steps > 0 && step >= o.max_steps) { stop = true; break; }
       maybe_inject_fault(o, env, step);
       if (run_steps == o.warmup_steps) DDPRUN_CUDA_CHECK(cudaEventRecord(t_start, stream));
+      const auto host_t0 = Clock::now();
+      prof.begin_step(run_steps >= o.warmup_steps);
       const auto idx = sampler.batch(static_cast<size_t>(s), static_cast<size_t>(B));
       const int b = static_cast<int>(idx.size());
       const int slot = static_cast<int>(run_steps & 1);
       float* hx = hbuf[slot];
       float* hy = hx + static_cast<size_t>(B) * o.in;
       DDPRUN_CUDA_CHECK(cudaEventSynchronize(hbuf_free[slot]));  // its copy two steps ago is done
+      prof.host("wait_slot", ms_since(host_t0));
       for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, hx + static_cast<size_t>(i) * o.in, hy + i);
       DDPRUN_CUDA_CHECK(cudaMemcpyAsync(xin.p, hx, static_cast<size_t>(b) * o.in * sizeof(float),
                                         cudaMemcpyHostToDevice, stream));
       DDPRUN_CUDA_CHECK(cudaMemcpyAsync(yin.p, hy, static_cast<size_t>(b) * sizeof(float), cudaMemcpyHostToDevice, stream));
       DDPRUN_CUDA_CHECK(cudaEventRecord(hbuf_free[slot], stream));
       x_to_t_kernel<T><<<blocks_for(static_cast<size_t>(b) * o.in, 256), 256, 0, stream>>>(xin.p, acts[0].p, static_cast<size_t>(b) * o.in);
+      prof.mark("input");
       // forward
       for (size_t l = 0; l < L; ++l) {
         gemm(CUBLAS_OP_T, CUBLAS_OP_N, dims[l + 1], b, dims[l], W[l], ct, dims[l], acts[l].p, ct, dims[l], acts[l + 1].p, ct,
              dims[l + 1]);
-        bias_act_kernel<T><<<blocks_for(static_cast<size_t>(b) * dims[l + 1], 256), 256, 0, stream>>>(
+        prof.mark("fwd_gemm");
+        bias_act_kernel<T><<<bias_act_grid(b, dims[l + 1]), 256, 0, stream>>>(
             acts[l + 1].p, Bv[l], b, dims[l + 1], l + 1 < L);
+        prof.mark("bias_act");
       }
       reducer.prepare_for_backward();
       mse_grad_kernel<T><<<1, 256, 0, stream>>>(acts[L].p, yin.p, dz.p, b, fp16 ? dscale.p : nullptr, dloss.p);
+      prof.mark("loss");
       // backward
       for (size_t l = L; l-- > 0;) {
         const int in = dims[l], out = dims[l + 1];
-        float* dW = grads.p + tensors[2 * l].offset;
-        float* db = grads.p + tensors[2 * l + 1].offset;
-        gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, acts[l].p, ct, in, dz.p, ct, out, dW, CUDA_R_32F, in);
-        bias_grad_kernel<T><<<(out + 255) / 256, 256, 0, stream>>>(dz.p, db, b, out);
+        G* dW = grads.p + tensors[2 * l].offset;
+        G* db = grads.p + tensors[2 * l + 1].offset;
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, acts[l].p, ct, in, dz.p, ct, out, dW, TypeOf<G>::value, in);
+        prof.mark("wgrad");
+        bias_grad_kernel<T, G><<<(out + kBgCols - 1) / kBgCols, dim3(kBgCols, kBgRows), 0, stream>>>(dz.p, db, b, out);
+        prof.mark("bias_grad");
         reducer.mark_ready(2 * l + 1);
         reducer.mark_ready(2 * l);
         if (l == 0) break;
         gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, W[l], ct, in, dz.p, ct, out, dprev.p, ct, in);
+        prof.mark("dgrad");
         relu_bwd_kernel<T><<<blocks_for(static_cast<size_t>(b) * in, 256), 256, 0, stream>>>(dprev.p, acts[l].p,
                                                                                           static_cast<size_t>(b) * in);
+        prof.mark("relu_bwd");
         std::swap(dz.p, dprev.p);
       }
+      const auto fin_t0 = Clock::now();
       reducer.finalize();
-      if (fp16) {
-        overflow_kernel<<<blocks_for(n, 256) > 4096 ? 4096 : blocks_for(n, 256), 256, 0, stream>>>(grads.p, n, dflag.p);
-        if (world > 1) {
-          comm.comm_waits_for_compute();
-          comm.allreduce(dflag.p, 1, dw::DType::I32, dw::ReduceOp::Max);
-          comm.compute_waits_for_comm();
+      prof.host("finalize", ms_since(fin_t0));
+      prof.mark("finalize");
+      if constexpr (!kLowGrads) {
+        if (fp16) {
+          overflow_kernel<<<blocks_for(n, 256) > 4096 ? 4096 : blocks_for(n, 256), 256, 0, stream>>>(grads.p, n, dflag.p);
+          if (world > 1) {
+            comm.comm_waits_for_compute();
+            comm.allreduce(dflag.p, 1, dw::DType::I32, dw::ReduceOp::Max);
+            comm.compute_waits_for_comm();
+          }
         }
       }
-      sgd_kernel<T><<<blocks_for(n, 256) > 8192 ? 8192 : blocks_for(n, 256), 256, 0, stream>>>(
+      sgd_kernel<T, G><<<blocks_for(n, 256) > 8192 ? 8192 : blocks_for(n, 256), 256, 0, stream>>>(
           master.p, grads.p, momentum.n ? momentum.p : nullptr, kLow ? copy.p : nullptr, n, o.lr, o.momentum,
-          !momentum_init, fp16 ? dscale.p : nullptr, fp16 ? dflag.p : nullptr);
+          !momentum_init, fp16 ? dscale.p : nullptr, fp16 ? dflag.p : nullptr, 1.f / static_cast<float>(world));
+      prof.mark("sgd");
       if (fp16) scale_update_kernel<<<1, 1, 0, stream>>>(dscale.p, dgood.p, dflag.p, dskipped.p);
+      prof.host("issue_total", ms_since(host_t0));
       momentum_init = true;
       ++step;
       ++run_steps;
@@ -397,6 +512,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaMemcpy(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost));
   int skipped = 0;
   DDPRUN_CUDA_CHECK(cudaMemcpy(&skipped, dskipped.p, sizeof(int), cudaMemcpyDeviceToHost));
+  if (rank == 0) prof.report();
   if (rank == 0) {
     if (timed_steps > 0) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", total_ms / static_cast<double>(timed_steps), timed_steps);
     if (fp16) std::printf("fp16_skipped_steps=%d\n", skipped);
@@ -418,9 +534,14 @@ int run_typed(const Options& o, dw::Runtime& rt) {
 }  // namespace
 
 int run_gpu(const Options& o, dw::Runtime& rt) {
-  if (o.precision == "bf16") return run_typed<__nv_bfloat16>(o, rt);
-  if (o.precision == "fp16") return run_typed<__half>(o, rt);
-  return run_typed<float>(o, rt);
+  if (o.grad_dtype == "bf16") {
+    if (o.precision != "bf16")
+      throw dw::WorkerError("--grad-dtype bf16 needs --precision bf16 (fp16 keeps fp32 gradients for its loss scaler)");
+    return run_typed<__nv_bfloat16, __nv_bfloat16>(o, rt);
+  }
+  if (o.precision == "bf16") return run_typed<__nv_bfloat16, float>(o, rt);
+  if (o.precision == "fp16") return run_typed<__half, float>(o, rt);
+  return run_typed<float, float>(o, rt);
 }
 
 }  // namespace train
