@@ -48,20 +48,42 @@ inline unsigned blocks_for(size_t n, unsigned threads) {
   return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 65535u * 16));
 }
 
-// One block row per activation row (grid-stride over rows), threads over its columns: no 64-bit
-// modulo per element to find the bias.
+// Four consecutive elements in one aligned access (16 bytes of float, 8 of bf16/fp16): the
+// elementwise kernels below are memory-bound, and 2- or 4-byte accesses left bandwidth unused.
+template <class T>
+struct alignas(4 * sizeof(T)) Pack4 {
+  T v[4];
+};
+
+// z = act(z + b) over [rows, cols], in packs of 4 (cols % 4 == 0) or one by one (the last layer,
+// cols 1). One block row per activation row (grid-stride over rows): the bias index needs no
+// 64-bit modulo per element.
 template <class T>
 __global__ void bias_act_kernel(T* z, const T* b, int rows, int cols, bool relu) {
+  const bool packed = cols % 4 == 0;
+  const int units = packed ? cols / 4 : cols;
   for (int r = blockIdx.y; r < rows; r += gridDim.y) {
     T* row = z + static_cast<size_t>(r) * cols;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += gridDim.x * blockDim.x) {
-      const float v = to_f(row[j]) + to_f(b[j]);
-      row[j] = from_f<T>(relu ? fmaxf(v, 0.f) : v);
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < units; j += gridDim.x * blockDim.x) {
+      if (packed) {
+        Pack4<T> v = reinterpret_cast<Pack4<T>*>(row)[j];
+        const Pack4<T> bb = reinterpret_cast<const Pack4<T>*>(b)[j];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float x = to_f(v.v[k]) + to_f(bb.v[k]);
+          v.v[k] = from_f<T>(relu ? fmaxf(x, 0.f) : x);
+        }
+        reinterpret_cast<Pack4<T>*>(row)[j] = v;
+      } else {
+        const float x = to_f(row[j]) + to_f(b[j]);
+        row[j] = from_f<T>(relu ? fmaxf(x, 0.f) : x);
+      }
     }
   }
 }
 inline dim3 bias_act_grid(int rows, int cols) {
-  return dim3(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(std::min(rows, 65535)));
+  const int units = cols % 4 == 0 ? cols / 4 : cols;
+  return dim3(static_cast<unsigned>((units + 255) / 256), static_cast<unsigned>(std::min(rows, 65535)));
 }
 
 // out is [rows, 1]: dz = 2 (o - y) / rows * scale; loss += sum (o - y)^2 / rows.
@@ -84,56 +106,81 @@ __global__ void mse_grad_kernel(const T* o, const float* y, T* dz, int rows, con
   if (threadIdx.x == 0) *loss = part[0] / rows;
 }
 
+// da = 0 where the forward activation a was not positive: packs of 4, then the tail.
 template <class T>
 __global__ void relu_bwd_kernel(T* da, const T* a, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  auto* d4 = reinterpret_cast<Pack4<T>*>(da);
+  const auto* a4 = reinterpret_cast<const Pack4<T>*>(a);
+  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = 4 * (n / 4) + t; i < n; i += stride)
     if (!(to_f(a[i]) > 0.f)) da[i] = from_f<T>(0.f);
-}
-
-// db[j] = sum_i dz[i, j]. A block takes 32 columns; its 16 thread rows each sum every 16th row
-// in order, then the 16 partial sums are added in order: deterministic, and 16x the threads of
-// one thread per column (which left most of the GPU idle on long columns).
-constexpr int kBgCols = 32, kBgRows = 16;
-template <class T, class G>
-__global__ void bias_grad_kernel(const T* dz, G* db, int rows, int cols) {
-  __shared__ float part[kBgRows][kBgCols + 1];
-  const int j = blockIdx.x * kBgCols + threadIdx.x;
-  float s = 0.f;
-  if (j < cols)
-    for (int i = threadIdx.y; i < rows; i += kBgRows) s += to_f(dz[static_cast<size_t>(i) * cols + j]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < cols) {
-    float t = 0.f;
-    for (int k = 0; k < kBgRows; ++k) t += part[k][threadIdx.x];
-    db[j] = from_f<G>(t);
+  for (size_t i = t; i < n / 4; i += stride) {
+    Pack4<T> d = d4[i];
+    const Pack4<T> x = a4[i];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (!(to_f(x.v[k]) > 0.f)) d.v[k] = from_f<T>(0.f);
+    d4[i] = d;
   }
 }
 
+template <class T>
+__global__ void fill_kernel(T* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = from_f<T>(v);
+}
+
+// flag = 1 if any gradient is inf or NaN (fp16 loss scaling): packs of 4, then the tail.
 __global__ void overflow_kernel(const float* g, size_t n, int* flag) {
   bool bad = false;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    bad |= !isfinite(g[i]);
+  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t k = t; k < n / 4; k += stride) {
+    const Pack4<float> v = reinterpret_cast<const Pack4<float>*>(g)[k];
+    bad |= !(isfinite(v.v[0]) && isfinite(v.v[1]) && isfinite(v.v[2]) && isfinite(v.v[3]));
+  }
+  for (size_t i = 4 * (n / 4) + t; i < n; i += stride) bad |= !isfinite(g[i]);
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
+// Blocks for a kernel that takes packs of 4 elements: one thread per pack, at most 8192 blocks
+// of 256 (grid-stride beyond).
+inline unsigned pack_blocks(size_t n) { return std::min(blocks_for((n + 3) / 4, 256), 8192u); }
+
 // p -= lr * (momentum buf | g / (world * scale)); refresh the compute copy. Skipped when flag is
 // set. The gradients arrive summed over ranks: the average is this multiply, not a pass of its own.
+// Packs of 4 (every array starts 256-byte aligned, so pack k is aligned in each), then the tail.
+template <class T, class G>
+__device__ __forceinline__ void sgd_one(float& p, float g, float* buf, T* copy, float lr, float momentum, bool first) {
+  float d = g;
+  if (buf) {
+    d = first ? d : momentum * *buf + d;
+    *buf = d;
+  }
+  p -= lr * d;
+  if (copy) *copy = from_f<T>(p);
+}
 template <class T, class G>
 __global__ void sgd_kernel(float* p, const G* g, float* buf, T* copy, size_t n, float lr, float momentum,
                            bool first, const float* scale, const int* flag, float inv_world) {
   if (flag && *flag) return;
   const float inv = scale ? inv_world / *scale : inv_world;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float d = to_f(g[i]) * inv;
-    if (buf) {
-      d = first ? d : momentum * buf[i] + d;
-      buf[i] = d;
-    }
-    const float v = p[i] - lr * d;
-    p[i] = v;
-    if (copy) copy[i] = from_f<T>(v);
+  const size_t n4 = n / 4, stride = size_t(gridDim.x) * blockDim.x;
+  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (size_t k = t; k < n4; k += stride) {
+    Pack4<float> pv = reinterpret_cast<Pack4<float>*>(p)[k];
+    const Pack4<G> gv = reinterpret_cast<const Pack4<G>*>(g)[k];
+    Pack4<float> bv{};
+    if (buf) bv = reinterpret_cast<Pack4<float>*>(buf)[k];
+    Pack4<T> cv;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sgd_one<T, G>(pv.v[e], to_f(gv.v[e]) * inv, buf ? &bv.v[e] : nullptr, &cv.v[e], lr, momentum, first);
+    reinterpret_cast<Pack4<float>*>(p)[k] = pv;
+    if (buf) reinterpret_cast<Pack4<float>*>(buf)[k] = bv;
+    if (copy) reinterpret_cast<Pack4<T>*>(copy)[k] = cv;
   }
+  for (size_t i = 4 * n4 + t; i < n; i += stride)
+    sgd_one<T, G>(p[i], to_f(g[i]) * inv, buf ? &buf[i] : nullptr, copy ? &copy[i] : nullptr, lr, momentum, first);
 }
 
 template <class T>
@@ -336,6 +383,8 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DeviceBuf<T> dz(static_cast<size_t>(B) * o.width), dprev(static_cast<size_t>(B) * o.width);
   DeviceBuf<float> xin(static_cast<size_t>(B) * o.in), yin(static_cast<size_t>(B)), dloss(1), dscale(1);
   DeviceBuf<int> dflag(1), dgood(1), dskipped(1);
+  DeviceBuf<T> ones(static_cast<size_t>(B));  // the bias gradients' GEMV operand
+  fill_kernel<T><<<blocks_for(ones.n, 256), 256, 0, stream>>>(ones.p, ones.n, 1.f);
   DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dscale.p, &scaler_scale, sizeof(float), cudaMemcpyHostToDevice, stream));
   DDPRUN_CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, sizeof(int), stream));
   DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dgood.p, &scaler_growth, sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -422,14 +471,16 @@ int run_typed(const Options& o, dw::Runtime& rt) {
         G* db = grads.p + tensors[2 * l + 1].offset;
         gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, acts[l].p, ct, in, dz.p, ct, out, dW, TypeOf<G>::value, in);
         prof.mark("wgrad");
-        bias_grad_kernel<T, G><<<(out + kBgCols - 1) / kBgCols, dim3(kBgCols, kBgRows), 0, stream>>>(dz.p, db, b, out);
+        // db = dz^T 1 (the batch summed per column) as a GEMV in cuBLAS: it reads dz at full
+        // bandwidth, and is deterministic, unlike atomics.
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, out, 1, b, dz.p, ct, out, ones.p, ct, b, db, TypeOf<G>::value, out);
         prof.mark("bias_grad");
         reducer.mark_ready(2 * l + 1);
         reducer.mark_ready(2 * l);
         if (l == 0) break;
         gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, W[l], ct, in, dz.p, ct, out, dprev.p, ct, in);
         prof.mark("dgrad");
-        relu_bwd_kernel<T><<<blocks_for(static_cast<size_t>(b) * in, 256), 256, 0, stream>>>(dprev.p, acts[l].p,
+        relu_bwd_kernel<T><<<pack_blocks(static_cast<size_t>(b) * in), 256, 0, stream>>>(dprev.p, acts[l].p,
                                                                                           static_cast<size_t>(b) * in);
         prof.mark("relu_bwd");
         std::swap(dz.p, dprev.p);
@@ -440,7 +491,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
       prof.mark("finalize");
       if constexpr (!kLowGrads) {
         if (fp16) {
-          overflow_kernel<<<blocks_for(n, 256) > 4096 ? 4096 : blocks_for(n, 256), 256, 0, stream>>>(grads.p, n, dflag.p);
+          overflow_kernel<<<pack_blocks(n), 256, 0, stream>>>(grads.p, n, dflag.p);
           if (world > 1) {
             comm.comm_waits_for_compute();
             comm.allreduce(dflag.p, 1, dw::DType::I32, dw::ReduceOp::Max);
@@ -448,7 +499,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
           }
         }
       }
-      sgd_kernel<T, G><<<blocks_for(n, 256) > 8192 ? 8192 : blocks_for(n, 256), 256, 0, stream>>>(
+      sgd_kernel<T, G><<<pack_blocks(n), 256, 0, stream>>>(
           master.p, grads.p, momentum.n ? momentum.p : nullptr, kLow ? copy.p : nullptr, n, o.lr, o.momentum,
           !momentum_init, fp16 ? dscale.p : nullptr, fp16 ? dflag.p : nullptr, 1.f / static_cast<float>(world));
       prof.mark("sgd");
