@@ -1,6 +1,7 @@
 // GPU path of `train`: cuBLAS GEMMs, small kernels of our own, fp32 master weights with
-// bf16/fp16 compute copies, the Reducer all-reducing fp32 gradient buckets over NCCL on its own
-// stream while backward continues on the compute stream. fp16 uses dynamic loss scaling with
+// bf16/fp16 compute copies, the Reducer summing gradient buckets (fp32, or bf16 with
+// --grad-dtype bf16) over NCCL on its own stream while backward continues on the compute
+// stream; SGD divides by the world size. fp16 uses dynamic loss scaling with
 // the overflow flag all-reduced (max) so every rank skips the same steps; the scale lives on
 // the device, so no step needs a host synchronisation.
 #include <cublas_v2.h>
