@@ -7,7 +7,8 @@ For each model (width x depth, batch, precision) it measures, in one run on one 
     one-rank NCCL process group, so the DDP rows really bucket and all-reduce;
   * ours: `train` under `ddprun --nproc_per_node=1`, as it runs by default (a one-rank reducer
     issues no collective, like a plain step) and with --force-collective (every bucket goes
-    through NCCL, as PyTorch's DDP does at world size 1: the DDP machinery is measured);
+    through NCCL, as PyTorch's DDP does at world size 1: the DDP machinery is measured); for
+    bf16 also forced with --grad-dtype bf16 (bf16 gradients and all-reduce);
   * a roofline: the step's GEMMs timed alone at the shapes the model runs (cuBLAS through
     torch, same dtype) plus the optimizer's memory traffic at the measured copy bandwidth.
 
@@ -156,7 +157,7 @@ def torch_worker(a):
 
 # ---------------------------------------------------------------------------------------------
 # Driver
-def run_ours(a, cfg, force):
+def run_ours(a, cfg, force, extra=()):
     width, depth, batch, prec = cfg
     train = os.path.join(a.bin, "train")
     ddprun = os.path.join(a.bin, "ddprun")
@@ -165,6 +166,7 @@ def run_ours(a, cfg, force):
            "--samples", str(batch * (a.steps + a.warmup)), "--epochs", "1", "--warmup-steps", str(a.warmup)]
     if force:
         cmd.append("--force-collective")
+    cmd += list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     m = re.findall(r"avg_step_ms=([0-9.]+)", p.stdout + p.stderr)
     if p.returncode != 0 or not m:
@@ -210,24 +212,30 @@ def main():
         return torch_worker(a)
 
     configs = [CONFIGS[int(i)] for i in a.only.split(",")] if a.only else CONFIGS
-    head = ("| model | ours | ours, collective forced | PyTorch eager (no DDP) | DDP default | DDP tuned | "
-            "torch.compile (no DDP) | forced / PyTorch's best | roofline (GEMMs + optimizer) | forced: % of roofline |")
-    rows = [head, "|" + "---|" * 10]
+    head = ("| model | ours | ours, collective forced | forced, bf16 grads | PyTorch eager (no DDP) | DDP default | "
+            "DDP tuned | torch.compile (no DDP) | best forced / PyTorch's best | roofline (GEMMs + optimizer) | "
+            "best forced: % of roofline |")
+    rows = [head, "|" + "---|" * 11]
     raw = []
     for cfg in configs:
         t = run_torch(a, cfg) or {}
         ours = run_ours(a, cfg, False)
-        forced = run_ours(a, cfg, True)
+        forced = forced_fp32 = run_ours(a, cfg, True)
+        forced_bf16 = run_ours(a, cfg, True, ["--grad-dtype", "bf16"]) if cfg[3] == "bf16" else None
+        if forced_bf16 is not None and forced is not None:
+            forced = min(forced, forced_bf16)  # the ratio and roofline columns take our best
         best = min([t[v] for v in VARIANTS if t.get(v)] or [float("nan")])
         roof = t.get("roofline")
         roof_ms = roof["gemm_ms"] + roof["opt_ms"] if roof else None
         ratio = forced / best if forced and best == best else None
         pct = 100 * roof_ms / forced if forced and roof_ms else None
         width, depth, batch, prec = cfg
-        rows.append(f"| {width}x{depth} b{batch} {prec} | {fmt(ours)} | {fmt(forced)} | {fmt(t.get('eager'))} | "
+        rows.append(f"| {width}x{depth} b{batch} {prec} | {fmt(ours)} | {fmt(forced_fp32)} | {fmt(forced_bf16)} | "
+                    f"{fmt(t.get('eager'))} | "
                     f"{fmt(t.get('ddp'))} | {fmt(t.get('ddp_tuned'))} | {fmt(t.get('compile'))} | "
                     f"{'–' if ratio is None else f'{ratio:.2f}x'} | {fmt(roof_ms)} | {'–' if pct is None else f'{pct:.0f}%'} |")
-        raw.append({"config": cfg, "torch": t, "ours": ours, "ours_forced": forced})
+        raw.append({"config": cfg, "torch": t, "ours": ours, "ours_forced": forced_fp32,
+                    "ours_forced_bf16_grads": forced_bf16})
         print(rows[-1], flush=True)
     report = "\n".join(["ms per step, one GPU, {} timed steps after {} warm-up".format(a.steps, a.warmup), ""] + rows +
                        ["", "raw: " + json.dumps(raw)])

@@ -98,6 +98,26 @@ TEST_CASE("Reducer: non-contiguous gradients are staged", "[reducer]") {
   });
 }
 
+TEST_CASE("Reducer: average = false sums over ranks (the caller divides), staged buckets too", "[reducer]") {
+  on_threads(3, [&](int r, FakeCommunicator& c) {
+    std::vector<float> flat(30), apart(5);
+    for (size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(r + 1);
+    for (auto& v : apart) v = static_cast<float>(10 * (r + 1));
+    ReducerOptions o;
+    o.average = false;
+    o.first_bucket_cap_bytes = 80;  // buckets {apart, flat[10..30]} (staged) and {flat[0..10]} (in place)
+    Reducer red(c, {{flat.data(), 10}, {flat.data() + 10, 20}, {apart.data(), 5}}, DType::F32, o);
+    REQUIRE(red.buckets().size() == 2);
+    red.prepare_for_backward();
+    for (size_t k = 3; k-- > 0;) red.mark_ready(k);
+    red.finalize();
+    for (float v : flat) REQUIRE(v == 6.f);  // 1 + 2 + 3, not their average 2
+    for (float v : apart) REQUIRE(v == 60.f);
+    // The fused CPU step always averages: it refuses a summing reducer.
+    REQUIRE_THROWS_AS(red.set_step_arrays(flat.data(), {flat.data()}), std::logic_error);
+  });
+}
+
 TEST_CASE("Reducer: out-of-order readiness still launches buckets in order", "[reducer]") {
   on_threads(2, [&](int r, FakeCommunicator& c) {
     std::vector<float> flat(300, static_cast<float>(r));

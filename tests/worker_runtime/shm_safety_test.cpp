@@ -331,6 +331,40 @@ TEST_CASE("CollectiveChecker: matching collectives pass, different ones fail on 
   }
 }
 
+TEST_CASE("collective check in two halves (the NCCL path): next() numbers signatures, verify() names who differs",
+          "[collective_check]") {
+  // The NCCL communicator gathers the table through device memory itself and hands it to
+  // verify(); this is the part of that path that runs without a GPU.
+  CollectiveChecker c(1, 3);
+  const CollectiveSignature first = c.next(CollectiveOp::AllReduce, DType::BF16, 4096, static_cast<int>(ReduceOp::Sum));
+  REQUIRE(first.seq == 1);
+  std::vector<CollectiveSignature> table(3, first);
+  REQUIRE_NOTHROW(c.verify(first, table.data()));  // all agree
+
+  const CollectiveSignature second = c.next(CollectiveOp::Broadcast, DType::F32, 64, 0);
+  REQUIRE(second.seq == 2);
+  table.assign(3, second);
+  // Rank 2 is one collective ahead with another op (it skipped this broadcast): an error on this
+  // rank naming rank 2, its op and number, and what this rank expected.
+  table[2] = CollectiveSignature{3, 4096, static_cast<uint32_t>(CollectiveOp::AllReduce),
+                                 static_cast<uint32_t>(DType::BF16), static_cast<int32_t>(ReduceOp::Sum), 0};
+  try {
+    c.verify(second, table.data());
+    FAIL("verify accepted a table in which rank 2 issued another collective");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    REQUIRE(has(m, "collective mismatch (DDPRUN_DEBUG_COLLECTIVES) seen by rank 1"));
+    REQUIRE(has(m, "rank 1 (this one) issued #2 broadcast(64 bytes, root 0)"));
+    REQUIRE(has(m, "rank 2 issued #3 allreduce(bf16, 4096 elements, sum)"));
+    REQUIRE_FALSE(has(m, "rank 0 issued"));
+  }
+  // Same op, another count (a rank-dependent bucket layout): also an error.
+  table.assign(3, second);
+  table[0].count = 32;
+  REQUIRE_THROWS_WITH(c.verify(second, table.data()), Catch::Contains("rank 0 issued #2 broadcast(32 bytes, root 0)"));
+}
+
 TEST_CASE("Gloo over TCP with DDPRUN_DEBUG_COLLECTIVES=1: ranks that issue different collectives fail naming both",
           "[collective_check]") {
   // Read once per process: ctest runs this tag in its own process, before any communicator.

@@ -83,6 +83,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::Communicator& comm = rt.comm();
   const int rank = env.rank, world = env.world_size;
   if (o.precision != "fp32") throw dw::WorkerError("--precision " + o.precision + " needs --device cuda");
+  if (o.grad_dtype != "fp32") throw dw::WorkerError("--grad-dtype " + o.grad_dtype + " needs --device cuda");
   if (o.gemm == "openblas" && !ex::gemm_blas_available())
     throw dw::WorkerError("--gemm openblas: this train was built without OpenBLAS (install libopenblas64-pthread-dev, "
                           "reconfigure, rebuild) — or use --gemm builtin");
@@ -344,6 +345,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
+  app.add_option("--grad-dtype", o.grad_dtype, "fp32 | bf16 (with --precision bf16 on CUDA: bf16 gradients and all-reduce)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
   app.add_flag("--force-collective", o.force_collective,
                "at world size 1, still bucket and all-reduce every gradient through a real communicator "

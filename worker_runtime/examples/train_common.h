@@ -42,6 +42,7 @@ struct Options {
   int64_t stop_check_every = 1;         // steps between stop agreements (stop.h); 0: none
   int64_t wait_for_signal_at_step = -1;  // tests: block after this step until a stop signal (-1: never)
   int wait_rank = -1;                    // the rank that blocks (-1: every rank)
+  std::string grad_dtype = "fp32";  // CUDA, --precision bf16: fp32 | bf16 (gradients and their all-reduce)
 };
 
 // Deterministic synthetic data: sample i is a pure function of (seed, i).

@@ -1,6 +1,6 @@
 // Debug-mode check that every rank issues the same collective, for transports that have no
-// check of their own (Gloo over TCP; the shm path checks every collective always, see
-// shm_allreduce.h; NCCL has its own). With DDPRUN_DEBUG_COLLECTIVES=1 a communicator calls
+// check of their own (Gloo over TCP, NCCL; the shm path checks every collective always, see
+// shm_allreduce.h). With DDPRUN_DEBUG_COLLECTIVES=1 a communicator calls
 // CollectiveChecker::check() before each collective: every rank all-gathers a 32-byte
 // signature (sequence number, op, dtype, count, reduce op or root) over the same transport
 // and compares all of them, so ranks that diverged (a skipped step, a rank-dependent branch)
@@ -8,10 +8,13 @@
 // silently mixed data. It costs one small all-gather per collective: a debugging aid, off by
 // default.
 //
-// Header-only (inline), so the Gloo communicator can use it without new library symbols:
+// Header-only (inline), so the communicators can use it without new library symbols:
 //   if (checker_) checker_->check(CollectiveOp::AllReduce, dtype, count, int(op), all_gather_bytes);
 // where all_gather_bytes(const void* mine, void* all, size_t bytes) gathers `bytes` from every
-// rank into all[rank * bytes] (e.g. gloo::allgather on the communicator's context).
+// rank into all[rank * bytes] (e.g. gloo::allgather on the communicator's context); or next()
+// and verify() around an all-gather of one's own (the NCCL communicator: through device memory,
+// on its stream, then a host wait — the check blocks the host once per collective, which is
+// why it is a debugging aid).
 #pragma once
 
 #include <cstdint>
@@ -76,14 +79,26 @@ class CollectiveChecker {
   // any rank's signature differs (every rank sees the same table, so every rank throws).
   template <class AllGather>
   void check(CollectiveOp op, DType dtype, size_t count, int arg, AllGather&& all_gather_bytes) {
+    const CollectiveSignature mine = next(op, dtype, count, arg);
+    std::vector<CollectiveSignature> all(static_cast<size_t>(size_));
+    all_gather_bytes(static_cast<const void*>(&mine), static_cast<void*>(all.data()), sizeof mine);
+    verify(mine, all.data());
+  }
+
+  // The two halves of check(), for transports whose all-gather needs buffers of their own
+  // (NCCL: device memory and pinned staging): the signature of the next collective (advances
+  // the sequence number), then the comparison of the gathered table (all[r] = rank r's; size()
+  // entries), which throws CommError naming every rank that differs, its op and this rank's.
+  CollectiveSignature next(CollectiveOp op, DType dtype, size_t count, int arg) {
     CollectiveSignature mine;
     mine.seq = ++seq_;
     mine.count = count;
     mine.op = static_cast<uint32_t>(op);
     mine.dtype = static_cast<uint32_t>(dtype);
     mine.arg = arg;
-    std::vector<CollectiveSignature> all(static_cast<size_t>(size_));
-    all_gather_bytes(static_cast<const void*>(&mine), static_cast<void*>(all.data()), sizeof mine);
+    return mine;
+  }
+  void verify(const CollectiveSignature& mine, const CollectiveSignature* all) const {
     std::string diff;
     for (int r = 0; r < size_; ++r) {
       const CollectiveSignature& o = all[static_cast<size_t>(r)];
@@ -98,6 +113,7 @@ class CollectiveChecker {
                     ". Expected every rank to issue the same collectives in the same order; ranks diverged "
                     "(e.g. a skipped step or a rank-dependent branch)");
   }
+  int size() const { return size_; }
 
  private:
   int rank_, size_;

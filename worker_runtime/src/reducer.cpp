@@ -219,7 +219,7 @@ void Reducer::launch(size_t b) {
   ++launched_;
   if (comm_.stream_ordered()) {
     comm_.comm_waits_for_compute();
-    comm_.allreduce(bk.base, bk.count, dtype_, ReduceOp::Avg);
+    comm_.allreduce(bk.base, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
     return;
   }
   {
@@ -236,7 +236,7 @@ void Reducer::reduce_bucket(Bucket& bk) {
     return;
   }
   if (bk.base) {
-    comm_.allreduce(bk.base, bk.count, dtype_, ReduceOp::Avg);
+    comm_.allreduce(bk.base, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
     return;
   }
   size_t off = 0;
@@ -244,7 +244,7 @@ void Reducer::reduce_bucket(Bucket& bk) {
     std::memcpy(bk.staging.data() + off, grads_[i].ptr, grads_[i].count * es);
     off += grads_[i].count * es;
   }
-  comm_.allreduce(bk.staging.data(), bk.count, dtype_, ReduceOp::Avg);
+  comm_.allreduce(bk.staging.data(), bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
   off = 0;
   for (size_t i : bk.members) {
     std::memcpy(grads_[i].ptr, bk.staging.data() + off, grads_[i].count * es);
@@ -329,6 +329,7 @@ void Reducer::finalize() {
 
 void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
   DDPRUN_ENFORCE(dtype_ == DType::F32, "set_step_arrays: fp32 gradients only");
+  DDPRUN_ENFORCE(options_.average, "set_step_arrays: the fused step averages; ReducerOptions::average must stay true");
   DDPRUN_ENFORCE(!comm_.stream_ordered(), "set_step_arrays: host communicators only (the step runs on the host)");
   DDPRUN_ENFORCE(!in_backward_, "set_step_arrays: not between prepare_for_backward() and finalize()");
   DDPRUN_ENFORCE(!arrays.empty() && arrays.size() <= ElementwiseStep::kMaxArrays,

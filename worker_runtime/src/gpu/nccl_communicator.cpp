@@ -2,6 +2,7 @@
 // communicator so that init and every call can be bounded, a dedicated communication stream,
 // and a watchdog thread that turns an async NCCL error or a collective older than the
 // timeout into abort + error file + exit(kExitCommFailure), so no rank hangs on a dead peer.
+// With DDPRUN_DEBUG_COLLECTIVES=1 every collective is preceded by a signature check.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
 #include "ddprun/worker/gpu_checks.h"
+#include "collective_check.h"
 #include "gpu_backend.h"
 
 namespace ddprun::worker {
@@ -69,6 +71,13 @@ class NcclCommunicator final : public Communicator {
     DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
     DDPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
     DDPRUN_CUDA_CHECK(cudaMalloc(&scratch_, 64));
+    // DDPRUN_DEBUG_COLLECTIVES=1: compare op signatures before each collective. Also at world
+    // size 1, where it compares only with itself but runs the same device path.
+    if (debug_collectives_enabled()) {
+      checker_ = std::make_unique<CollectiveChecker>(rank_, size_);
+      DDPRUN_CUDA_CHECK(cudaMalloc(&sig_dev_, sizeof(CollectiveSignature) * static_cast<size_t>(size_)));
+      DDPRUN_CUDA_CHECK(cudaMallocHost(&sig_host_, sizeof(CollectiveSignature) * static_cast<size_t>(size_ + 1)));
+    }
     watchdog_ = std::thread([this] { watchdog_main(); });
   }
 
@@ -93,6 +102,8 @@ class NcclCommunicator final : public Communicator {
     for (auto& p : pending_) cudaEventDestroy(p.event);
     for (auto e : free_events_) cudaEventDestroy(e);
     if (scratch_) cudaFree(scratch_);
+    if (sig_dev_) cudaFree(sig_dev_);
+    if (sig_host_) cudaFreeHost(sig_host_);
     if (compute_done_) cudaEventDestroy(compute_done_);
     if (comm_done_) cudaEventDestroy(comm_done_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -119,6 +130,7 @@ class NcclCommunicator final : public Communicator {
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
+    debug_check(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
     wait_not_in_progress("ncclAllReduce");
@@ -128,6 +140,7 @@ class NcclCommunicator final : public Communicator {
   void allgather(const void* in, void* out, size_t count, DType dtype) override {
     check_alive("allgather");
     if (count == 0) return;
+    debug_check(CollectiveOp::AllGather, dtype, count, 0);
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclAllGather(in, out, count, to_nccl(dtype), comm_, comm_stream_));
     wait_not_in_progress("ncclAllGather");
@@ -137,6 +150,7 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     check_alive("reduce_scatter");
     if (count == 0) return;
+    debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclReduceScatter(in, out, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
     wait_not_in_progress("ncclReduceScatter");
@@ -145,6 +159,7 @@ class NcclCommunicator final : public Communicator {
 
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
+    debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, comm_stream_));
     wait_not_in_progress("ncclBroadcast");
@@ -154,6 +169,7 @@ class NcclCommunicator final : public Communicator {
 
   void barrier() override {
     check_alive("barrier");
+    debug_check(CollectiveOp::Barrier, DType::F32, 0, 0);
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, comm_stream_));
     wait_not_in_progress("barrier");
@@ -186,6 +202,28 @@ class NcclCommunicator final : public Communicator {
 
   void check_alive(const char* what) {
     if (aborted_.load()) throw CommError(std::string("nccl ") + what + ": communicator aborted");
+  }
+
+  // The debug-mode signature check (collective_check.h): this rank's 32-byte signature goes
+  // into its slot of a device table, an in-place ncclAllGather on the communication stream
+  // fills the others, and the host waits for the copy back before comparing. Queued behind
+  // earlier collectives, so it waits for them too; ranks that diverged get a CommError here
+  // instead of a hang or mixed data in the collective that follows.
+  void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {
+    if (!checker_) return;
+    constexpr size_t kSig = sizeof(CollectiveSignature);
+    const CollectiveSignature mine = checker_->next(op, dtype, count, arg);
+    CollectiveSignature* staged = sig_host_ + size_;  // pinned: the copy is truly asynchronous
+    *staged = mine;
+    auto* slot = static_cast<unsigned char*>(sig_dev_) + static_cast<size_t>(rank_) * kSig;
+    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(slot, staged, kSig, cudaMemcpyHostToDevice, comm_stream_));
+    DDPRUN_NCCL_CHECK(ncclAllGather(slot, sig_dev_, kSig, ncclUint8, comm_, comm_stream_));
+    wait_not_in_progress("collective check");
+    track("collective check");
+    DDPRUN_CUDA_CHECK(
+        cudaMemcpyAsync(sig_host_, sig_dev_, kSig * static_cast<size_t>(size_), cudaMemcpyDeviceToHost, comm_stream_));
+    synchronize();  // bounded: the watchdog aborts a check a dead peer never joins
+    checker_->verify(mine, sig_host_);
   }
 
   // In non-blocking mode any call may return ncclInProgress; the next call must wait for it.
@@ -272,6 +310,9 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t compute_stream_ = nullptr;  // legacy default stream
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
   void* scratch_ = nullptr;
+  std::unique_ptr<CollectiveChecker> checker_;  // DDPRUN_DEBUG_COLLECTIVES=1 only
+  void* sig_dev_ = nullptr;                     // size_ signatures
+  CollectiveSignature* sig_host_ = nullptr;     // pinned: size_ gathered + 1 staged
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -76,6 +76,12 @@ struct ReducerOptions {
   // walking the autograd graph; here whatever was not marked is unused). Buckets holding such a
   // gradient can only start in finalize(), so marking unused parameters early overlaps better.
   bool find_unused_parameters = false;
+  // true: buckets are averaged over ranks. false: they are summed, and the caller divides by
+  // the world size itself, typically inside its optimizer step: that saves a pass over the
+  // gradients where the transport's average is one (NCCL's in-place average at world size 1 is a
+  // scaling kernel over every byte, its in-place sum nothing; PyTorch's DDP divides in a separate
+  // kernel before its sum). Not with set_step_arrays() (the fused CPU step always averages).
+  bool average = true;
   // Optional: the name of parameter i (registration order), used in error messages.
   std::function<std::string(size_t)> param_name;
 };

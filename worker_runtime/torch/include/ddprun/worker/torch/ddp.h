@@ -60,10 +60,11 @@
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/torch/export.h"
 
 namespace ddprun::worker::libtorch {
 
-class DdpError : public WorkerError {
+class DDPRUN_WORKER_TORCH_API DdpError : public WorkerError {
  public:
   using WorkerError::WorkerError;
 };
@@ -83,7 +84,7 @@ struct DdpOptions {
 // The engine behind DistributedDataParallel<M>, independent of the module's forward
 // signature. Use it directly when the forward is not module->forward(...):
 //   ddp.pre_forward(); auto out = custom(...); ddp.post_forward({out});
-class DdpEngine {
+class DDPRUN_WORKER_TORCH_API DdpEngine {
  public:
   DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& comm, DdpOptions options = {});
   ~DdpEngine();

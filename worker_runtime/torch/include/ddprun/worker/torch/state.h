@@ -20,19 +20,22 @@
 #include <string>
 
 #include "ddprun/worker/checkpoint.h"
+#include "ddprun/worker/torch/export.h"
 
 namespace ddprun::worker::libtorch {
 
-void save_module(const ::torch::nn::Module& module, Checkpoint& ckpt, const std::string& prefix = "model/");
-void load_module(::torch::nn::Module& module, const Checkpoint& ckpt, const std::string& prefix = "model/");
+DDPRUN_WORKER_TORCH_API void save_module(const ::torch::nn::Module& module, Checkpoint& ckpt,
+                                         const std::string& prefix = "model/");
+DDPRUN_WORKER_TORCH_API void load_module(::torch::nn::Module& module, const Checkpoint& ckpt,
+                                         const std::string& prefix = "model/");
 
 // `module`: the module whose parameters the optimizer updates (gives the names).
-void save_optimizer(const ::torch::optim::Optimizer& opt, const ::torch::nn::Module& module, Checkpoint& ckpt,
-                    const std::string& prefix = "model/");
-void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& module, const Checkpoint& ckpt,
-                    const std::string& prefix = "model/");
+DDPRUN_WORKER_TORCH_API void save_optimizer(const ::torch::optim::Optimizer& opt, const ::torch::nn::Module& module,
+                                            Checkpoint& ckpt, const std::string& prefix = "model/");
+DDPRUN_WORKER_TORCH_API void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& module,
+                                            const Checkpoint& ckpt, const std::string& prefix = "model/");
 
 // FNV-1a over every parameter's and buffer's bytes in module order (bit-identity checks).
-uint64_t state_checksum(const ::torch::nn::Module& module);
+DDPRUN_WORKER_TORCH_API uint64_t state_checksum(const ::torch::nn::Module& module);
 
 }  // namespace ddprun::worker::libtorch
