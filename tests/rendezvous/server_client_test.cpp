@@ -15,6 +15,7 @@
 #include "ddprun/client/store_client.h"
 #include "ddprun/client/tcp_connect.h"
 #include "ddprun/server/store_server.h"
+#include "../dead_port.h"
 
 using namespace ddprun;
 using namespace std::chrono_literals;
@@ -288,12 +289,8 @@ TEST_CASE("ASocketConnectedToItselfIsSeenAsNoServer", "[server]") {
 }
 
 TEST_CASE("ConnectFailureSaysWhatToCheck", "[server]") {
-  uint16_t port;
-  {
-    auto probe = start_server();
-    port = probe->port();
-  }
-  auto o = client_opts(port);
+  const testing::DeadPort dead;
+  auto o = client_opts(dead.port());
   o.connect_timeout = 200ms;
   try {
     client::StoreClient c(o);

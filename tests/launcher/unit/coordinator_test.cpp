@@ -11,6 +11,7 @@
 #include "ddprun/client/store_client.h"
 #include "ddprun/launcher/coordinator.h"
 #include "ddprun/server/store_server.h"
+#include "../../dead_port.h"
 
 using namespace ddprun;
 using namespace ddprun::launcher;
@@ -194,11 +195,8 @@ TEST_CASE("remote: a node with other job-wide settings is refused, the error nam
 }
 
 TEST_CASE("remote: a connect with nothing listening gives up when interrupted", "[coordinator]") {
-  uint16_t port = 0;
-  {
-    auto s = start_server();
-    port = s->port();
-  }  // closed: nothing listens there now
+  const ddprun::testing::DeadPort dead;  // nothing listens there
+  const uint16_t port = dead.port();
   std::atomic<bool> stop{false};
   std::thread stopper([&] {
     std::this_thread::sleep_for(300ms);
@@ -234,13 +232,9 @@ TEST_CASE("notices: what each server message means to the agent", "[coordinator]
 }
 
 TEST_CASE("remote: nothing listening past the connect timeout is an error that says what to check", "[coordinator]") {
-  uint16_t port = 0;
-  {
-    auto s = start_server();
-    port = s->port();
-  }
+  const ddprun::testing::DeadPort dead;
   try {
-    make_remote_coordinator("127.0.0.1", port, settings(1, 0), "", 300ms, 200ms, [] { return false; });
+    make_remote_coordinator("127.0.0.1", dead.port(), settings(1, 0), "", 300ms, 200ms, [] { return false; });
     FAIL("connected to nothing");
   } catch (const CoordinatorInterrupted&) {
     FAIL("not interrupted: timed out");
