@@ -60,6 +60,11 @@ constexpr FlagSpec kFlags[] = {
     {"signals_to_handle", "", true,
      "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},
+    {"exit_barrier_timeout", "", true,
+     "seconds the other local workers may run on once one has exited 0; then ddprun names the "
+     "ranks still running, stops them (SIGTERM, SIGKILL after --shutdown_timeout) and exits 124. "
+     "0 (default): no limit. (torchrun's agent has an exit_barrier_timeout too, 300 s, not a "
+     "flag: how long finished nodes wait for the others)"},
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
@@ -347,7 +352,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "python3 from PATH).");
-  app.footer("Environment knobs of ddprun itself:\n" + knobs::describe_all());
+  app.footer(std::string(kExitCodeHelp) + "\n\nEnvironment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : kFlags) {
     std::string names;
     if (*f.short_name) names += std::string("-") + f.short_name + ",";
@@ -473,6 +478,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     o.signals_to_handle = parse_signals(o.signals_to_handle_text);
   }
   if (auto s = get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
+  if (auto s = get("exit_barrier_timeout")) o.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
   if (auto s = get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);

@@ -298,3 +298,12 @@ TEST_CASE("the knob registry: unique names, documented, read from a map", "[opti
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kPythonExec, env));  // empty counts as unset
   CHECK_FALSE(ddprun::knobs::get(ddprun::knobs::kStoreLock, env));
 }
+
+TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[options]") {
+  CHECK(ok({"x"}).exit_barrier_timeout_s == 0);
+  CHECK(ok({"--exit-barrier-timeout=2.5", "x"}).exit_barrier_timeout_s == 2.5);
+  CHECK(ok({"--exit_barrier_timeout", "60", "x"}).exit_barrier_timeout_s == 60);
+  CHECK(ok({"x"}, {{"PET_EXIT_BARRIER_TIMEOUT", "7"}}).exit_barrier_timeout_s == 7);
+  CHECK_THAT(error_of({"--exit_barrier_timeout=-1", "x"}), Catch::Contains("--exit_barrier_timeout"));
+  CHECK_THAT(error_of({"--exit_barrier_timeout=soon", "x"}), Catch::Contains("a number of seconds"));
+}
