@@ -149,13 +149,13 @@ class Soak:
     def link(self, node, up):
         sh("ip", "-n", self.cluster.switch, "link", "set", f"p{node}", "up" if up else "down")
 
-    def run_job(self, run_id, ckpt_dir, chaos):
+    def run_job(self, run_id, ckpt_dir, chaos, epochs):
         """Runs the job once; with chaos, injects faults until it ends. Returns the agents'
         final outputs and exit codes."""
         self.run_id = run_id
         os.makedirs(ckpt_dir, exist_ok=True)
         self.train_args = ["--device", "cpu", "--width", str(self.args.width), "--depth", "2",
-                           "--samples", str(self.args.samples), "--batch", "20", "--epochs", str(self.args.epochs),
+                           "--samples", str(self.args.samples), "--batch", "20", "--epochs", str(epochs),
                            "--momentum", "0.9", "--checkpoint-dir", ckpt_dir,
                            "--checkpoint-every", str(self.args.checkpoint_every), "--keep-checkpoints", "0"]
         incarnations = {n: 0 for n in range(1, NODES + 1)}
@@ -317,8 +317,23 @@ class Soak:
         rep = {"seed": self.args.seed, "faults_enabled": self.args.faults}
         try:
             self.start_ddprund()
+            epochs = self.args.epochs
+            if epochs == 0:
+                # Sized to this machine: the uninterrupted job should last about 1.2 x --duration,
+                # so faults keep coming for the whole --duration (each one only lengthens it).
+                # The rate comes from the checkpoints' times (start-up excluded).
+                calib = 20
+                cdir = os.path.join(self.tmp, "ckpt-calibrate")
+                self.run_job("calibrate", cdir, False, calib)
+                ck = sorted((int(m.group(1)), os.path.getmtime(os.path.join(cdir, n)))
+                            for n in os.listdir(cdir) if (m := CKPT_RE.match(n)))
+                steps_per_epoch = ck[-1][0] / calib if ck else 1
+                s_per_step = (ck[-1][1] - ck[0][1]) / max(1, ck[-1][0] - ck[0][0]) if len(ck) > 1 else 0.01
+                epochs = max(calib, int(1.2 * self.args.duration / (s_per_step * steps_per_epoch)) + 1)
+                log(f"calibration: {s_per_step * 1000:.2f} ms per step: the job gets {epochs} epochs")
+            rep["epochs"] = epochs
             log("uninterrupted run")
-            codes, outs, base_s = self.run_job("clean", os.path.join(self.tmp, "ckpt-clean"), chaos=False)
+            codes, outs, base_s = self.run_job("clean", os.path.join(self.tmp, "ckpt-clean"), False, epochs)
             want = checksum(outs)
             steps = newest_step(os.path.join(self.tmp, "ckpt-clean"))
             self.s_per_step = base_s / max(1, steps)
@@ -328,7 +343,7 @@ class Soak:
                 self.problems.append("the uninterrupted run did not succeed")
             log("chaos run")
             self.t_chaos = time.monotonic()
-            codes, outs, chaos_s = self.run_job("chaos", self.ckpt, chaos=True)
+            codes, outs, chaos_s = self.run_job("chaos", self.ckpt, True, epochs)
             got = checksum(outs)
             rep.update(chaos_s=round(chaos_s, 2), chaos_checksum=got, chaos_codes=codes)
             if got != want:
@@ -356,6 +371,9 @@ class Soak:
                 if a.p.poll() is None:
                     a.p.kill()
             self.cluster.close()
+        if len(self.faults) < self.args.min_faults:
+            self.problems.append(f"only {len(self.faults)} fault(s) injected, fewer than --min-faults "
+                                 f"{self.args.min_faults} (the job ended first)")
         not_survived = [f for f in self.faults if not f.get("survived")]
         if not_survived:
             self.problems.append(f"{len(not_survived)} fault(s) not recovered from")
@@ -407,7 +425,9 @@ def main():
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--samples", type=int, default=12000)
-    ap.add_argument("--epochs", type=int, default=20, help="the job's length (the chaos run must outlast the faults)")
+    ap.add_argument("--epochs", type=int, default=0,
+                    help="the job's length; 0 (default): sized by a calibration run to last ~1.2 x --duration")
+    ap.add_argument("--min-faults", type=int, default=1, help="fail when fewer faults were injected")
     ap.add_argument("--checkpoint-every", type=int, default=20)
     ap.add_argument("--report", help="also write the report as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, checkpoints)")
