@@ -84,6 +84,7 @@ int Agent::run() {
     store_->stop();
   }
   std::string text = summary();
+  if (group_) exit_code_ = final_exit_code(exit_code_, group_->log_failures().any());
   close_all();
   if (log_root_is_temp_ && !keep_log_root_) {
     std::error_code ec;
@@ -154,6 +155,7 @@ void Agent::perform(const Action& a) {
       case Action::Kind::RetireWorkers: group_->retire(a.attempt, a.seconds); break;
       case Action::Kind::ArmTimer: arm_timerfd(timer_fd_, a.seconds); break;
       case Action::Kind::DisarmTimer: arm_timerfd(timer_fd_, 0); break;
+      case Action::Kind::StopStragglers: stop_stragglers(a); break;
       case Action::Kind::AbandonWorkers:
         spdlog::error("workers{} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no longer waiting for them",
                       group_->unreaped_pids(), kKillWaitS);
@@ -404,11 +406,23 @@ void Agent::record_failure(const Action& a) {
                                              .stderr_tail = tail});
 }
 
-std::string Agent::summary() const {
-  if (exit_code_ == 0) {
-    if (failures_seen_ > 0) spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nproc_per_node, state_.attempt());
-    return "";
+void Agent::stop_stragglers(const Action& a) {
+  std::string ranks;
+  for (int lr : state_.alive()) {
+    if (const Worker* w = group_->current_rank(lr))
+      ranks += fmt::format("{}r{} (local rank {}, pid {})", ranks.empty() ? "" : ", ", w->global_rank, lr, w->pid);
   }
+  const Worker* first = group_->current_rank(a.local_rank);
+  stragglers_ = fmt::format("r{} exited 0 and {:g} s later (--exit_barrier_timeout) still running: {}",
+                            first ? first->global_rank : a.local_rank, a.seconds, ranks);
+  spdlog::error("{}; stopping them (SIGTERM, SIGKILL after {:g} s)", stragglers_, opts_.shutdown_timeout_s);
+}
+
+std::string Agent::summary() const {
+  const bool logs_lost = group_ && group_->log_failures().any();
+  if (exit_code_ == 0 && failures_seen_ > 0)
+    spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nproc_per_node, state_.attempt());
+  if (exit_code_ == 0 && !logs_lost) return "";
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   SummaryInput in;
@@ -427,6 +441,12 @@ std::string Agent::summary() const {
   in.agent_error = agent_error_;
   in.interpreter = interpreter_;
   in.workers_started = workers_started_;
+  in.stragglers = stragglers_;
+  if (logs_lost) {
+    in.log_losses = group_->log_failures().summary_lines();
+    in.log_files_failed = group_->log_failures().files();
+    in.log_bytes_lost = group_->log_failures().bytes_lost();
+  }
   return format_summary(in);
 }
 

@@ -33,7 +33,8 @@ class Agent {
                            .kill_wait_s = kKillWaitS,
                            // A local policy: a job-wide restart waits for every node's group.
                            .overlap_restart = opts.overlap_restart && plan_.local,
-                           .preempt_grace_s = opts.preempt_grace_s}) {}
+                           .preempt_grace_s = opts.preempt_grace_s,
+                           .exit_barrier_timeout_s = opts.exit_barrier_timeout_s}) {}
   ~Agent() { close_all(); }
 
   int run();
@@ -59,6 +60,7 @@ class Agent {
   void on_exit_watch(Worker& w);
   void worker_ended(Worker& w);
   void record_failure(const Action& a);
+  void stop_stragglers(const Action& a);
   void reap_leftovers(double seconds);
   void close_all();
   std::string summary() const;
@@ -79,6 +81,7 @@ class Agent {
   int max_restarts_ = 0;  // the job's, as the round says
   std::optional<rdzv::JobFailed> job_failed_;
   std::string agent_error_;
+  std::string stragglers_;  // what --exit_barrier_timeout stopped, for the summary
   Clock::time_point join_sent_, restart_seen_, failure_seen_;
   bool failed_since_round_ = false;  // this node reported a failure since the last round began
   bool workers_started_ = false;

@@ -2,6 +2,7 @@
 
 #include <csignal>
 
+#include "ddprun/launcher/options.h"
 #include "ddprun/launcher/signal_names.h"
 
 namespace ddprun::launcher {
@@ -43,6 +44,8 @@ void AgentState::join(int attempt, std::vector<Action>& out) {
 void AgentState::begin_attempt(std::vector<Action>& out) {
   phase_ = Phase::Running;
   failed_this_attempt_ = false;
+  barrier_armed_ = false;
+  first_done_rank_ = -1;
   alive_.clear();
   for (int r = 0; r < config_.nproc; ++r) alive_.insert(r);
   out.push_back({.kind = Action::Kind::StartAttempt, .attempt = attempt_});
@@ -135,13 +138,20 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     }
     if (e.status.success()) {
       if (alive_.empty()) {
+        if (barrier_armed_) out.push_back({.kind = Action::Kind::DisarmTimer});
+        barrier_armed_ = false;
         phase_ = Phase::Awaiting;
         out.push_back({.kind = Action::Kind::ReportSuccess, .attempt = attempt_});
+      } else if (config_.exit_barrier_timeout_s > 0 && !barrier_armed_) {
+        barrier_armed_ = true;
+        first_done_rank_ = e.local_rank;
+        out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.exit_barrier_timeout_s});
       }
       return out;
     }
     failure_ = FailureRecord{e.local_rank, attempt_, e.status};
     failed_this_attempt_ = true;
+    barrier_armed_ = false;  // the timer is the stop's from here on
     out.push_back({.kind = Action::Kind::ReportFailure, .attempt = attempt_, .local_rank = e.local_rank, .status = e.status});
     // Stop the whole group, including process groups whose leader is gone.
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
@@ -220,6 +230,16 @@ std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
 
 std::vector<Action> AgentState::on_timer() {
   std::vector<Action> out;
+  if (phase_ == Phase::Running && barrier_armed_) {
+    barrier_armed_ = false;
+    stopping_stragglers_ = true;
+    phase_ = Phase::Stopping;
+    out.push_back({.kind = Action::Kind::StopStragglers, .local_rank = first_done_rank_,
+                   .seconds = config_.exit_barrier_timeout_s});
+    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+    out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+    return out;
+  }
   if (phase_ == Phase::Preempting) {
     // The preemption grace is over: the ordinary stop.
     phase_ = Phase::Stopping;
@@ -240,6 +260,8 @@ std::vector<Action> AgentState::on_timer() {
 void AgentState::group_stopped(std::vector<Action>& out) {
   if (preempted_ || stop_signal_) {
     finish_for_signal(out);
+  } else if (stopping_stragglers_) {
+    finish(kExitBarrierTimeoutExitCode, out);
   } else if (pending_job_failed_) {
     finish(failure_exit_code(), out);
   } else if (pending_restart_) {

@@ -75,6 +75,12 @@ constexpr FlagSpec kFlags[] = {
     {"preempt_grace", "", true,
      "seconds the workers get after a preemption signal before they are stopped (SIGTERM, then "
      "SIGKILL after --shutdown_timeout; default 90)"},
+
+    {"exit_barrier_timeout", "", true,
+     "seconds the other local workers may run on once one has exited 0; then ddprun names the "
+     "ranks still running, stops them (SIGTERM, SIGKILL after --shutdown_timeout) and exits 124. "
+     "0 (default): no limit. (torchrun's agent has an exit_barrier_timeout too, 300 s, not a "
+     "flag: how long finished nodes wait for the others)"},
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
@@ -375,7 +381,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "python3 from PATH).");
-  app.footer("Environment knobs of ddprun itself:\n" + knobs::describe_all());
+  app.footer(std::string(kExitCodeHelp) + "\n\nEnvironment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : kFlags) {
     std::string names;
     if (*f.short_name) names += std::string("-") + f.short_name + ",";
@@ -524,6 +530,8 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
     o.preempt_signals = parse_signals(o.preempt_signals_text, "preempt_signals");
   }
   if (auto s = get("preempt_grace")) o.preempt_grace_s = seconds("preempt_grace", *s);
+
+  if (auto s = get("exit_barrier_timeout")) o.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
   if (auto s = get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
   if (auto s = get("warm_spares")) o.warm_spares = boolean("warm_spares", *s);

@@ -1,5 +1,9 @@
 #include "ddprun/launcher/output.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
 namespace ddprun::launcher {
 
 std::string console_prefix(int node_rank, int global_rank, bool multi_node) {
@@ -46,6 +50,49 @@ bool DuplicateFilter::matches(std::string_view line) const {
     if (line.find(needle) != std::string_view::npos) return true;
   }
   return false;
+}
+
+namespace {
+std::string errno_text(int err) {
+  const char* name = err == ENOSPC ? "ENOSPC" : err == EIO ? "EIO" : err == EDQUOT ? "EDQUOT" : err == EFBIG ? "EFBIG"
+                   : err == EROFS ? "EROFS" : err == EACCES ? "EACCES" : err == ENOENT ? "ENOENT" : nullptr;
+  std::string text = std::strerror(err);
+  return name ? std::string(name) + ": " + text : text;
+}
+}  // namespace
+
+std::string LogWriteFailures::record(const std::string& path, int err, uint64_t bytes_lost) {
+  auto [it, first] = files_.try_emplace(path);
+  File& f = it->second;
+  f.bytes_lost += bytes_lost;
+  ++f.failures;
+  if (!first) return "";
+  f.first_errno = err;
+  if (warned_ > kMaxWarnings) return "";
+  if (warned_++ == kMaxWarnings)
+    return "more log files cannot be written; they are listed in the summary only (the console still gets every line)";
+  return "cannot write log file " + path + " (" + errno_text(err) + "): the console gets its stream from here on; "
+         "the summary at the end says how much the file lacks";
+}
+
+uint64_t LogWriteFailures::bytes_lost() const {
+  uint64_t n = 0;
+  for (const auto& [path, f] : files_) n += f.bytes_lost;
+  return n;
+}
+
+std::vector<std::string> LogWriteFailures::summary_lines() const {
+  std::vector<std::pair<std::string, File>> sorted(files_.begin(), files_.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second.bytes_lost > b.second.bytes_lost; });
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < sorted.size() && i < kMaxSummaryFiles; ++i) {
+    const auto& [path, f] = sorted[i];
+    lines.push_back(path + ": " + errno_text(f.first_errno) + ", " + std::to_string(f.bytes_lost) +
+                    " bytes not written");
+  }
+  if (sorted.size() > kMaxSummaryFiles) lines.push_back("... and " + std::to_string(sorted.size() - kMaxSummaryFiles) + " more");
+  return lines;
 }
 
 std::string missing_module_hint(const std::deque<std::string>& stderr_tail, const std::string& interpreter) {

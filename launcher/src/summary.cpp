@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ddprun/launcher/error_file.h"
+#include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/signal_names.h"
 
@@ -33,10 +34,29 @@ std::string describe_first_failure(const rdzv::Failure& f) {
   return t.str();
 }
 
+int final_exit_code(int run_code, bool logs_lost) { return run_code == 0 && logs_lost ? kLogsLostExitCode : run_code; }
+
+namespace {
+void log_loss_lines(const SummaryInput& in, std::ostringstream& s) {
+  if (in.log_files_failed == 0) return;
+  s << "[ddprun] LOGS INCOMPLETE: " << in.log_bytes_lost << " bytes of worker output could not be written to "
+    << in.log_files_failed << " log file(s) (the console got every line):\n";
+  for (const auto& line : in.log_losses) s << "[ddprun]   " << line << "\n";
+}
+}  // namespace
+
 std::string format_summary(const SummaryInput& in) {
-  if (in.exit_code == 0) return "";
-  std::ostringstream s;
   const std::string bar(72, '=');
+  if (in.exit_code == 0) {
+    if (in.log_files_failed == 0) return "";
+    std::ostringstream s;
+    s << "[ddprun] " << bar << "\n";
+    log_loss_lines(in, s);
+    s << "[ddprun] the workers succeeded; exit code " << kLogsLostExitCode << " (logs incomplete)\n";
+    s << "[ddprun] " << bar << "\n";
+    return s.str();
+  }
+  std::ostringstream s;
   s << "[ddprun] " << bar << "\n";
   if (!in.agent_error.empty()) s << "[ddprun] JOB FAILED: " << in.agent_error << "\n";
   if (in.preempted) {
@@ -85,6 +105,9 @@ std::string format_summary(const SummaryInput& in) {
       s << "[ddprun]   error file " << f.error_file << ":\n";
       s << format_error_file(parse_error_file(*f.error_file_content)) << "\n";
     }
+  } else if (!in.stragglers.empty() && in.exit_code == kExitBarrierTimeoutExitCode) {
+    s << "[ddprun] EXIT BARRIER TIMEOUT: " << in.stragglers << "; they were stopped; exit code " << in.exit_code
+      << "\n";
   } else if (!in.stop_signal && !job_verdict && in.agent_error.empty()) {
     s << "[ddprun] FAILED: exit code " << in.exit_code << " (see the errors above)\n";
   } else if (in.failure) {
@@ -110,6 +133,7 @@ std::string format_summary(const SummaryInput& in) {
         break;
     }
   }
+  log_loss_lines(in, s);
   s << "[ddprun] " << bar << "\n";
   return s.str();
 }

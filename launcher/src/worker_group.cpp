@@ -34,15 +34,23 @@ bool has_children() {
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-void write_all(int fd, std::string_view data) {
+// Writes all of `data`; returns 0, or the errno of the write that failed (with `data` left
+// holding what was not written).
+int write_all(int fd, std::string_view& data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      return;  // console gone (EPIPE) or disk full: drop, the run goes on
+      return errno;
     }
+    if (n == 0) return EIO;  // cannot happen for a regular file or pipe; never loop on it
     data.remove_prefix(static_cast<size_t>(n));
   }
+  return 0;
+}
+
+void write_console(int fd, std::string_view data) {
+  write_all(fd, data);  // the console gone (EPIPE): drop, the run goes on
 }
 
 }  // namespace
@@ -129,7 +137,11 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
     w->local_rank = lr;
     w->global_rank = layout.global_rank_base + lr;
     const fs::path dir = attempt_dir / std::to_string(lr);
-    fs::create_directories(dir);
+    std::error_code dir_ec;
+    fs::create_directories(dir, dir_ec);
+    const bool dir_ok = !dir_ec;
+    const int dir_errno = dir_ec.value();
+    if (!dir_ok) spdlog::warn("cannot create {} ({}): local rank {} runs without its log files and error file", dir.string(), dir_ec.message(), lr);
     w->error_file = (dir / "error.json").string();
     std::error_code ec;
     fs::remove(w->error_file, ec);
@@ -138,17 +150,20 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
     const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
     auto setup = [&](Stream& s, int bit, const char* name) {
       if ((redirect | tee) & bit) {
-        std::string path = (dir / name).string();
-        s.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (s.log_fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
+        // A file that cannot be made (a full disk) is a loss like a failed write, not the
+        // run's end: the console gets the stream (below) and the summary names the file.
+        s.log_path = (dir / name).string();
+        s.log_fd = dir_ok ? ::open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+        if (s.log_fd < 0) log_failed(s.log_path, dir_ok ? errno : dir_errno, 0);
       }
-      s.console = console_allowed && (!(redirect & bit) || (tee & bit));
+      s.console_allowed = console_allowed;
+      s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
       s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
       if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
-        const std::string path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
-        s.filtered_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (s.filtered_fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
-        if (!s.filter.applies_to(tee, bit, console_allowed)) {
+        s.filtered_path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
+        s.filtered_fd = ::open(s.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (s.filtered_fd < 0) log_failed(s.filtered_path, errno, 0);
+        if (!s.filter.applies_to(tee, bit, console_allowed) && s.filtered_fd >= 0) {
           ::close(s.filtered_fd);
           s.filtered_fd = -1;
         }
@@ -426,7 +441,9 @@ bool WorkerGroup::read_stream(Worker& w, Stream& s, bool is_err, size_t budget) 
 }
 
 void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof) {
-  if (s.log_fd >= 0 && !data.empty()) write_all(s.log_fd, data);
+  // A redirected stream whose file fails goes to the console from then on (this chunk's
+  // lines included), so the failure loses nothing.
+  if (s.log_fd >= 0 && !data.empty() && !write_log(s.log_fd, s.log_path, data) && s.console_allowed) s.console = true;
   std::vector<std::string> lines;
   s.splitter.feed(data, lines);
   std::string rest;
@@ -443,8 +460,18 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
       console += '\n';
     }
   }
-  if (!console.empty()) write_all(is_err ? 2 : 1, console);
-  if (!filtered.empty()) write_all(s.filtered_fd, filtered);
+  if (!console.empty()) write_console(is_err ? 2 : 1, console);
+  if (!filtered.empty()) write_log(s.filtered_fd, s.filtered_path, filtered);
+}
+
+bool WorkerGroup::write_log(int fd, const std::string& path, std::string_view data) {
+  const int err = write_all(fd, data);
+  if (err != 0) log_failed(path, err, data.size());
+  return err == 0;
+}
+
+void WorkerGroup::log_failed(const std::string& path, int err, uint64_t bytes_lost) {
+  if (std::string line = log_failures_.record(path, err, bytes_lost); !line.empty()) spdlog::warn("{}", line);
 }
 
 void WorkerGroup::close_stream(Stream& s) {

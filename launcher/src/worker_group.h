@@ -34,8 +34,12 @@ struct Stream {
   int fd = -1;
   int log_fd = -1;
   int filtered_fd = -1;  // the attempt's filtered_{stdout,stderr}.log (--duplicate_*_filters)
+  std::string log_path, filtered_path;  // for the messages when a write to them fails
   DuplicateFilter filter;
   bool console = true;
+  // --local_ranks_filter lets it print: a redirected stream whose log file fails falls back
+  // to the console then (nothing lost).
+  bool console_allowed = true;
   LineSplitter splitter;
 };
 
@@ -126,6 +130,8 @@ class WorkerGroup {
   std::string unreaped_pids() const;
   // The end: drains and SIGKILLs what is left of every attempt's process groups.
   void teardown();
+  // Log writes that failed so far (for the summary and the exit code).
+  const LogWriteFailures& log_failures() const { return log_failures_; }
 
  private:
   struct Retiring {
@@ -144,6 +150,9 @@ class WorkerGroup {
   void close_stream(Stream& s);
   void forget(Worker& w);
   void watch_fd(int fd);
+  // Writes `data` to a log file; false when it failed (recorded, warned about once per file).
+  bool write_log(int fd, const std::string& path, std::string_view data);
+  void log_failed(const std::string& path, int err, uint64_t bytes_lost);
 
   const LaunchOptions& opts_;
   int epoll_fd_;
@@ -163,6 +172,7 @@ class WorkerGroup {
   std::string start_note_;
   unsigned long long attempt_started_tick_ = 0;  // boot_ticks_now() just before the spawn
   int attempts_started_ = 0;
+  LogWriteFailures log_failures_;
 };
 
 }  // namespace ddprun::launcher

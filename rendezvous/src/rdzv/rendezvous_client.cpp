@@ -82,9 +82,12 @@ bool RendezvousClient::give_up(Sender who) const {
 void RendezvousClient::write_all(const std::string& bytes, Sender who) {
   const std::string where = host_ + ":" + std::to_string(port_);
   const auto deadline = Clock::now() + kSendTimeout;
-  // The lock too is taken in slices: the other sender may be the one stuck.
+  // The lock too is taken in slices: the other sender may be the one stuck. Against the system
+  // clock on purpose: try_lock_for (steady clock) is pthread_mutex_clocklock, which GCC 12's
+  // TSan does not intercept, so it saw every unlock as "of an unlocked mutex"; timedlock it
+  // sees. A clock step only stretches or shortens one 100 ms slice; the deadline is steady.
   std::unique_lock lk(send_mu_, std::defer_lock);
-  while (!lk.try_lock_for(kSendSlice)) {
+  while (!lk.try_lock_until(std::chrono::system_clock::now() + kSendSlice)) {
     if (give_up(who)) throw RendezvousInterrupted("stopped while sending to the rendezvous server " + where);
     if (Clock::now() >= deadline)
       throw RendezvousError("the rendezvous server at " + where + " stopped reading (a send waited " +

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -309,6 +310,43 @@ class Exit(unittest.TestCase):
         self.assertNotIn("attempt 2", p.stdout)
         self.assertIn("not retried: attempts 0 and 1", p.stderr)
         self.assertIn("No module named 'no_such_module'", p.stderr)
+
+
+class ExitBarrier(unittest.TestCase):
+    # rank 0 prints and exits 0; rank 1 prints its pid and hangs (ignoring SIGTERM when asked).
+    CODE = ("import os, signal, sys, time\n"
+            "if os.environ['RANK'] == '0':\n"
+            "    print('done', flush=True); sys.exit(0)\n"
+            "if os.environ.get('IGNORE_TERM'): signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('hanging', os.getpid(), flush=True)\n"
+            "while True: time.sleep(3600)\n")
+
+    def check(self, p, pid):
+        self.assertEqual(p.returncode, 124, p.stderr)
+        self.assertIn("[r0]: done", p.stdout)
+        self.assertRegex(p.stderr, r"r0 exited 0 and 1 s later \(--exit_barrier_timeout\) still running: "
+                                   r"r1 \(local rank 1, pid %d\); stopping them" % pid)
+        self.assertIn("EXIT BARRIER TIMEOUT: r0 exited 0", p.stderr)
+        self.assertIn("exit code 124", p.stderr)
+        self.assertNotIn("restart", p.stderr)
+        self.assertFalse(pid_alive(pid))
+
+    def test_a_hanging_rank_is_named_and_stopped(self):
+        p = run(["--nproc_per_node=2", "--max_restarts=3", "--exit_barrier_timeout=1"] + worker(self.CODE))
+        pid = int(re.search(r"\[r1\]: hanging (\d+)", p.stdout).group(1))
+        self.check(p, pid)
+
+    def test_a_straggler_ignoring_sigterm_gets_sigkill_after_the_grace(self):
+        p = run(["--nproc_per_node=2", "--exit_barrier_timeout=1", "--shutdown_timeout=1"] + worker(self.CODE),
+                env={"IGNORE_TERM": "1"})
+        pid = int(re.search(r"\[r1\]: hanging (\d+)", p.stdout).group(1))
+        self.check(p, pid)
+
+    def test_off_by_default_and_finishing_in_time_is_success(self):
+        # Both exit 0 well within the barrier: nothing is stopped.
+        p = run(["--nproc_per_node=2", "--exit_barrier_timeout=600"] + worker("print('ok', flush=True)"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("exit_barrier", p.stderr)
 
 
 class Signals(unittest.TestCase):
@@ -669,6 +707,70 @@ class Console(unittest.TestCase):
         self.assertEqual(p.stdout, "[r0]: no newline\n")
 
 
+class LogDisk(unittest.TestCase):
+    """--log_dir on a full filesystem: a 64 KiB tmpfs mounted in a private mount namespace
+    (root, as CI runs), so nothing outside this test sees it."""
+    LINES = 20000  # ~2.4 MB per stream and rank, far past the 64 KiB disk
+    CODE = ("import os, sys\n"
+            "r = os.environ['RANK']\n"
+            "for i in range(%d):\n"
+            "    print(f'o{r} {i} ' + 'x' * 100)\n"
+            "    print(f'e{r} {i} ' + 'y' * 100, file=sys.stderr)\n"
+            "sys.stdout.flush(); sys.stderr.flush()\n"
+            "raise SystemExit(int(os.environ.get('EXIT_WITH', '0')))\n" % LINES)
+
+    def run_on_full_disk(self, nproc, extra_env=None):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare(1) for a private tmpfs (CI has both)")
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        logs = os.path.join(d, "logs")
+        os.mkdir(logs)
+        script = ('mount -t tmpfs -o size=64k ddprun-test "$1" && shift && "$@"; rc=$?; '
+                  # the files as they were left, copied out of the namespace before it goes
+                  'cp -r "$LOGS"/. "$OUT"/; exit $rc')
+        out = os.path.join(d, "copy")
+        os.mkdir(out)
+        env = dict(os.environ, LOGS=logs, OUT=out, **(extra_env or {}))
+        p = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", logs, DDPRUN, f"--nproc_per_node={nproc}",
+                            "--log_dir", logs, "-r", "3", "--rdzv_id", "full"] + worker(self.CODE),
+                           capture_output=True, text=True, env=env, timeout=HANG_GUARD * 3)
+        return p, run_dir(out, "full")
+
+    def assert_nothing_lost(self, p, rdir, nproc):
+        for rank in range(nproc):
+            for tag, console, name in (("o", p.stdout, "stdout.log"), ("e", p.stderr, "stderr.log")):
+                path = os.path.join(rdir, "attempt_0", str(rank), name)
+                in_file = read_text(path).splitlines() if os.path.exists(path) else []
+                seen = {l.split()[1] for l in in_file if l.startswith(f"{tag}{rank} ") and len(l.split()) == 3
+                        and len(l.split()[2]) == 100}
+                prefix = f"[r{rank}]: {tag}{rank} "
+                seen |= {l[len(prefix):].split()[0] for l in console.splitlines() if l.startswith(prefix)}
+                missing = self.LINES - len(seen)
+                self.assertEqual(missing, 0, f"{missing} lines of r{rank} {name} in neither file nor console")
+
+    def test_full_log_disk_is_reported_and_nothing_is_lost(self):
+        p, rdir = self.run_on_full_disk(2)
+        self.assertEqual(p.returncode, 74, p.stderr[-3000:])
+        self.assert_nothing_lost(p, rdir, 2)
+        warnings = [l for l in p.stderr.splitlines() if "cannot write log file" in l]
+        self.assertEqual(len(warnings), 4, warnings)  # once per file, not once per write
+        for rank in range(2):
+            for name in ("stdout.log", "stderr.log"):
+                self.assertEqual(sum(f"/attempt_0/{rank}/{name} (ENOSPC" in w for w in warnings), 1, warnings)
+        self.assertIn("LOGS INCOMPLETE", p.stderr)
+        self.assertIn("log file(s) (the console got every line)", p.stderr)
+        self.assertIn("the workers succeeded; exit code 74", p.stderr)
+
+    def test_a_failed_run_keeps_its_code_and_reports_the_lost_logs(self):
+        # One worker: a second one would be stopped (SIGTERM) before it wrote everything.
+        p, rdir = self.run_on_full_disk(1, {"EXIT_WITH": "3"})
+        self.assertEqual(p.returncode, 3, p.stderr[-3000:])
+        self.assert_nothing_lost(p, rdir, 1)
+        self.assertIn("FAILED: worker rank", p.stderr)
+        self.assertIn("LOGS INCOMPLETE", p.stderr)
+
+
 class Ports(unittest.TestCase):
     def test_busy_default_port_falls_back_to_a_free_one(self):
         # Hold 29500 when we can; when another process has it, hold another port and make it
@@ -922,6 +1024,10 @@ class BadInput(unittest.TestCase):
         p = run(["--help"])
         self.assertEqual(p.returncode, 0)
         self.assertIn("--nproc-per-node", p.stdout)
+        # The exit-code table (README's "Exit codes" says the same).
+        self.assertIn("Exit codes:", p.stdout)
+        for code in ("74 the workers succeeded but log files lost output", "124 --exit_barrier_timeout"):
+            self.assertIn(code, " ".join(p.stdout.split()))
 
 
 def read_text(path):

@@ -6,6 +6,7 @@
 #include <csignal>
 
 #include "ddprun/launcher/agent_state.h"
+#include "ddprun/launcher/options.h"
 
 using namespace ddprun::launcher;
 using Kind = Action::Kind;
@@ -306,4 +307,57 @@ TEST_CASE("a preemption signal while joining or awaiting finishes 99 at once", "
   awaiting.on_event(exit_of(0, 0));
   REQUIRE(awaiting.phase() == Phase::Awaiting);
   CHECK(awaiting.on_event(preempt()) == Actions{finish(kPreemptedExitCode)});
+}
+
+namespace {
+AgentConfig barrier_config(int nproc, double barrier_s) {
+  auto c = config(nproc);
+  c.exit_barrier_timeout_s = barrier_s;
+  return c;
+}
+Action stop_stragglers(int first_done, double s) {
+  return {.kind = Kind::StopStragglers, .local_rank = first_done, .seconds = s};
+}
+}  // namespace
+
+TEST_CASE("exit barrier: the first exit 0 arms it; stragglers are stopped and the agent finishes 124", "[state]") {
+  auto s = running(barrier_config(3, 10));
+  CHECK(s.on_event(exit_of(1, 0)) == Actions{arm(10)});
+  CHECK(s.on_event(exit_of(0, 0)).empty());  // armed once, from the first
+  CHECK(s.on_event(TimerExpired{}) == Actions{stop_stragglers(1, 10), signal_all(SIGTERM), arm(30)});
+  CHECK(s.phase() == Phase::Stopping);
+  CHECK(s.alive() == std::set<int>{2});
+  // The straggler's end under SIGTERM is no failure to report, and nothing restarts.
+  CHECK(s.on_event(killed(2, SIGTERM)) == Actions{disarm(), finish(kExitBarrierTimeoutExitCode)});
+  CHECK(s.exit_code() == 124);
+}
+
+TEST_CASE("exit barrier: a straggler ignoring SIGTERM gets SIGKILL after the grace", "[state]") {
+  auto s = running(barrier_config(2, 1));
+  s.on_event(exit_of(0, 0));
+  s.on_event(TimerExpired{});
+  CHECK(s.on_event(TimerExpired{}) == Actions{signal_all(SIGKILL), arm(5)});
+  CHECK(s.on_event(killed(1, SIGKILL)) == Actions{disarm(), finish(124)});
+}
+
+TEST_CASE("exit barrier: everyone finishing in time disarms it; off by default", "[state]") {
+  auto s = running(barrier_config(2, 10));
+  CHECK(s.on_event(exit_of(0, 0)) == Actions{arm(10)});
+  CHECK(s.on_event(exit_of(1, 0)) == Actions{disarm(), success(0)});
+  CHECK(s.on_event(TimerExpired{}).empty());  // a late expiry changes nothing
+  CHECK(s.on_event(CoordinatorNotice{N::JobDone, 0}) == Actions{finish(0)});
+
+  auto off = running(config(2));
+  CHECK(off.on_event(exit_of(0, 0)).empty());
+  CHECK(off.on_event(TimerExpired{}).empty());
+  CHECK(off.phase() == Phase::Running);
+}
+
+TEST_CASE("exit barrier: a failure while it waits is an ordinary failure", "[state]") {
+  auto s = running(barrier_config(3, 10));
+  s.on_event(exit_of(0, 0));
+  CHECK(s.on_event(exit_of(1, 7)) == Actions{report(0, 1, WorkerStatus::exited(7)), signal_all(SIGTERM), arm(30)});
+  CHECK(s.on_event(killed(2, SIGTERM)) == Actions{disarm()});
+  CHECK(s.phase() == Phase::Awaiting);
+  CHECK(s.on_event(CoordinatorNotice{N::JobFailed, 0}) == Actions{finish(7)});
 }

@@ -325,3 +325,12 @@ TEST_CASE("--preempt_signals and --preempt_grace: defaults, both spellings, none
   CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}), Catch::Contains("--preempt_signals") && Catch::Contains("none"));
   CHECK_THAT(error_of({"--preempt_grace=-1", "x"}), Catch::Contains("--preempt_grace") && Catch::Contains("seconds"));
 }
+
+TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[options]") {
+  CHECK(ok({"x"}).exit_barrier_timeout_s == 0);
+  CHECK(ok({"--exit-barrier-timeout=2.5", "x"}).exit_barrier_timeout_s == 2.5);
+  CHECK(ok({"--exit_barrier_timeout", "60", "x"}).exit_barrier_timeout_s == 60);
+  CHECK(ok({"x"}, {{"PET_EXIT_BARRIER_TIMEOUT", "7"}}).exit_barrier_timeout_s == 7);
+  CHECK_THAT(error_of({"--exit_barrier_timeout=-1", "x"}), Catch::Contains("--exit_barrier_timeout"));
+  CHECK_THAT(error_of({"--exit_barrier_timeout=soon", "x"}), Catch::Contains("a number of seconds"));
+}

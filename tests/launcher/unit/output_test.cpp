@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <cerrno>
 
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
@@ -94,4 +95,37 @@ TEST_CASE("missing module hint names the interpreter and PYTHON_EXEC", "[output]
   CHECK_FALSE(missing_module_hint({"ImportError: No module named foo"}, "py").empty());  // Python 2 style
   CHECK(missing_module_hint({"ValueError: bad"}, "py").empty());
   CHECK(missing_module_hint(tail, "").empty());  // not a Python worker
+}
+
+TEST_CASE("a failing log file is warned about once, and the warnings are bounded", "[output]") {
+  LogWriteFailures f;
+  CHECK_FALSE(f.any());
+  const std::string first = f.record("/logs/a/0/stdout.log", ENOSPC, 100);
+  CHECK_THAT(first, Catch::Contains("/logs/a/0/stdout.log"));
+  CHECK_THAT(first, Catch::Contains("ENOSPC"));
+  CHECK(f.record("/logs/a/0/stdout.log", ENOSPC, 50).empty());  // the same file: counted, quiet
+  CHECK(f.record("/logs/a/0/stdout.log", EIO, 7).empty());
+  CHECK_THAT(f.record("/logs/a/0/stderr.log", EIO, 1), Catch::Contains("EIO"));
+  CHECK(f.files() == 2);
+  CHECK(f.bytes_lost() == 158);
+  // Past kMaxWarnings files: one closing line, then silence; every file still counted.
+  for (size_t i = 2; i < LogWriteFailures::kMaxWarnings; ++i)
+    CHECK_FALSE(f.record("/logs/f" + std::to_string(i), ENOSPC, 1).empty());
+  CHECK_THAT(f.record("/logs/over", ENOSPC, 1), Catch::Contains("listed in the summary only"));
+  CHECK(f.record("/logs/over2", ENOSPC, 1).empty());
+  CHECK(f.files() == LogWriteFailures::kMaxWarnings + 2);
+}
+
+TEST_CASE("the summary lists the files that lost most first, bounded", "[output]") {
+  LogWriteFailures f;
+  f.record("/small", ENOSPC, 1);
+  f.record("/big", ENOSPC, 1000);
+  auto lines = f.summary_lines();
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[0], Catch::StartsWith("/big: ENOSPC"));
+  CHECK_THAT(lines[0], Catch::Contains("1000 bytes not written"));
+  for (int i = 0; i < 20; ++i) f.record("/more" + std::to_string(i), EIO, 0);
+  lines = f.summary_lines();
+  CHECK(lines.size() == LogWriteFailures::kMaxSummaryFiles + 1);
+  CHECK(lines.back() == "... and 12 more");
 }

@@ -3,6 +3,7 @@
 
 #include <csignal>
 
+#include "ddprun/launcher/options.h"
 #include "ddprun/launcher/summary.h"
 
 using namespace ddprun;
@@ -122,4 +123,25 @@ TEST_CASE("preempted: not a failure, says how to resume, no job verdict", "[summ
   in.stop_signal.reset();
   s = format_summary(in);
   CHECK_THAT(s, Catch::Contains("the workers stopped for a preemption (a worker exited 99)"));
+}
+
+TEST_CASE("lost log output makes a clean run's summary and exit code say so", "[summary]") {
+  CHECK(final_exit_code(0, false) == 0);
+  CHECK(final_exit_code(0, true) == kLogsLostExitCode);
+  CHECK(final_exit_code(3, true) == 3);  // a failed run keeps its own code
+  SummaryInput in;
+  in.log_files_failed = 2;
+  in.log_bytes_lost = 12345;
+  in.log_losses = {"/l/stdout.log: ENOSPC: No space left on device, 12000 bytes not written",
+                   "/l/stderr.log: ENOSPC: No space left on device, 345 bytes not written"};
+  auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("LOGS INCOMPLETE: 12345 bytes of worker output could not be written to 2 log file(s)"));
+  CHECK_THAT(s, Catch::Contains("/l/stderr.log: ENOSPC"));
+  CHECK_THAT(s, Catch::Contains("the workers succeeded; exit code 74"));
+  in.exit_code = 1;
+  in.failure = failure(0, 1);
+  s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("FAILED: worker rank 1"));
+  CHECK_THAT(s, Catch::Contains("LOGS INCOMPLETE"));
+  CHECK_FALSE(Catch::Contains("the workers succeeded").match(s));
 }

@@ -16,6 +16,10 @@
 //                        |                               JobFailed known -> Done; else Awaiting
 //                        '--Restart notice, overlap_restart--> RetireWorkers, Joining
 //
+// Exit barrier (AgentConfig::exit_barrier_timeout_s): in Running, the first exit 0 while
+// others run arms the timer; when it expires first, StopStragglers + SIGTERM -> Stopping, and
+// the group's end is Done(kExitBarrierTimeoutExitCode), never a restart.
+//
 // Overlapped restart (AgentConfig::overlap_restart, a local policy): when the Restart notice
 // comes while the failed group is still stopping, its survivors (already sent SIGTERM) are
 // handed to the agent as a retiring group (RetireWorkers) and the next round is joined at
@@ -121,6 +125,8 @@ struct Action {
     ArmTimer,       // (re)arm the single timer to expire in `seconds`
     DisarmTimer,
     AbandonWorkers,  // workers still not reaped after SIGKILL + grace: stop waiting for them
+    StopStragglers,  // the exit barrier expired: `local_rank` exited 0 `seconds` ago and the
+                     // workers in alive() still run; say so (SignalWorkers SIGTERM follows)
     Finish,          // exit with `exit_code`
   };
   Kind kind;
@@ -143,6 +149,11 @@ struct AgentConfig {
   bool overlap_restart = true;
   // Preemption signal (or a worker's kPreemptedExitCode exit) -> the ordinary stop (SIGTERM).
   double preempt_grace_s = 90;
+
+  // Once a worker of the attempt has exited 0, the others get this long before they are
+  // stopped and the agent finishes with kExitBarrierTimeoutExitCode (no restart: the work that
+  // finished is done). 0: no limit.
+  double exit_barrier_timeout_s = 0;
 };
 
 struct FailureRecord {
@@ -202,6 +213,9 @@ class AgentState {
   // What to do once the stopping group is gone (the notice came while it stopped).
   std::optional<int> pending_restart_;
   bool pending_job_failed_ = false;
+  bool barrier_armed_ = false;        // the timer waits for the attempt's stragglers
+  bool stopping_stragglers_ = false;  // the exit barrier expired; ends in Done(124)
+  int first_done_rank_ = -1;
 };
 
 const char* phase_name(AgentState::Phase p);

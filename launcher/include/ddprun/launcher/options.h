@@ -34,6 +34,20 @@ class UsageError : public std::runtime_error {
 };
 
 inline constexpr int kUsageExitCode = 2;
+// The workers succeeded but some of their output could not be written to its log files (a
+// full disk, an I/O error): sysexits' EX_IOERR. A run that failed keeps its own code.
+inline constexpr int kLogsLostExitCode = 74;
+// --exit_barrier_timeout expired: a worker had exited 0 and the others were stopped (the code
+// of timeout(1)).
+inline constexpr int kExitBarrierTimeoutExitCode = 124;
+// The exit-code table of `ddprun --help` (and the README's).
+inline constexpr const char* kExitCodeHelp =
+    "Exit codes: 0 every worker succeeded; a failed worker's own exit code (1 when it had none, "
+    "128+N when killed by signal N), also after the restarts are spent; 2 bad command line; "
+    "128+N ddprun itself stopped by signal N; 74 the workers succeeded but log files lost output "
+    "(full disk, I/O error: the console has it all, the summary lists the files); 124 "
+    "--exit_barrier_timeout expired and the workers still running were stopped; 99 preempted "
+    "(a --preempt_signals signal, or a worker exited 99): not a failure, requeue the job.";
 
 // What the host offers, for `--nproc_per_node=cpu|gpu|auto`. probe_system() fills it from
 // the machine (the launcher never links CUDA: GPUs are counted from CUDA_VISIBLE_DEVICES, or
@@ -95,6 +109,10 @@ struct LaunchOptions {
   std::vector<int> preempt_signals;
   std::string preempt_signals_text = "SIGUSR1";
   double preempt_grace_s = 90.0;
+
+  // Once a local worker has exited 0, how long the others may take before they are reported
+  // and stopped (kExitBarrierTimeoutExitCode); 0: no limit (torchrun's behaviour).
+  double exit_barrier_timeout_s = 0;
   // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
   // background). Single node only; multi-node restarts always wait.
   bool overlap_restart = true;

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +66,39 @@ class DuplicateFilter {
 
  private:
   std::vector<std::string> needles_;
+};
+
+// Writes to log files (--log_dir's stdout.log/stderr.log under -r/-t, the filtered logs) that
+// failed: a full disk (ENOSPC), an I/O error (EIO), a file that could not be created. The
+// stream's lines go to the console from then on (a redirected one too); this keeps what the
+// user must be told:
+// one warning per file (the first failure), at most kMaxWarnings files named on the console
+// (then one line saying the rest are counted for the summary only), and the summary's list.
+// A later write to the same file is still attempted (space may come back), so a file may hold
+// output after a gap; the bytes counted here are those not written.
+class LogWriteFailures {
+ public:
+  static constexpr size_t kMaxWarnings = 8;
+  static constexpr size_t kMaxSummaryFiles = 10;
+
+  // The console line to print for this failure, or "" when this file was already reported
+  // (or the warning budget is spent and its closing line printed).
+  std::string record(const std::string& path, int err, uint64_t bytes_lost);
+  bool any() const { return !files_.empty(); }
+  size_t files() const { return files_.size(); }
+  uint64_t bytes_lost() const;
+  // The summary's lines (no "[ddprun]" prefix, no newline): one per file, most lost first,
+  // at most kMaxSummaryFiles, then "... and N more".
+  std::vector<std::string> summary_lines() const;
+
+ private:
+  struct File {
+    int first_errno = 0;
+    uint64_t bytes_lost = 0;
+    uint64_t failures = 0;
+  };
+  std::map<std::string, File> files_;
+  size_t warned_ = 0;
 };
 
 // When a worker's stderr tail shows a failed import (ModuleNotFoundError, "No module named"),

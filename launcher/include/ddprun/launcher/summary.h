@@ -3,9 +3,11 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <optional>
 #include <string>
+#include <vector>
 #include <sys/types.h>
 
 #include "ddprun/launcher/agent_state.h"
@@ -45,9 +47,21 @@ struct SummaryInput {
   std::string agent_error;  // an error of the agent itself (coordinator gone, ...)
   std::string interpreter;  // Python workers' interpreter (entrypoint.h), for missing_module_hint
   bool workers_started = true;  // false: stopped before any worker ran (connecting, joining)
+  // --exit_barrier_timeout stopped these workers ("r0 exited 0 and 5 s later ... still
+  // running: r1 (local rank 1, pid 42)"); empty when it did not.
+  std::string stragglers;
+  // Log files whose writes failed (LogWriteFailures::summary_lines()), with the totals.
+  std::vector<std::string> log_losses;
+  size_t log_files_failed = 0;
+  uint64_t log_bytes_lost = 0;
 };
 
-// The failure summary (the last lines on stderr), or "" when the job succeeded.
+// The exit code of the run: `run_code` (the state machine's), except that a clean run whose
+// log files lost output ends with kLogsLostExitCode.
+int final_exit_code(int run_code, bool logs_lost);
+
+// The failure summary (the last lines on stderr), or "" when the job succeeded and every log
+// write did. `in.exit_code` is the run's own code (before final_exit_code()).
 std::string format_summary(const SummaryInput& in);
 
 // "rank 3 on host h (node rank 1), exit code 1, at <time>" + its stderr tail: the job's first
