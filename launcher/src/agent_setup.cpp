@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include <spdlog/spdlog.h>
 
@@ -130,6 +131,14 @@ void Agent::host_server() {
     so.enable_rendezvous = plan_.serve_rendezvous;
     so.rdzv_token = plan_.rdzv_token;
     so.restrict_main_store = !plan_.local;  // static multi-node: the workers' store
+    // The job's console is the workers' output: a stranger's bad bytes or connection flood
+    // may put one line there (so the operator knows), the rest go to the -v log.
+    so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
+      if (!shown->exchange(true))
+        spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
+      else
+        spdlog::debug("{}", line);
+    };
     auto s = std::make_unique<server::StoreServer>(so);
     s->start();
     return s;

@@ -110,11 +110,13 @@ class WarnLimiter {
       k.last = now;
       left_out = std::exchange(k.left_out, 0);
     }
-    if (left_out > 0)
-      spdlog::warn("{} ({} more like it since the last one shown)", line(), left_out);
-    else
-      spdlog::warn("{}", line());
+    std::string text = left_out > 0 ? fmt::format("{} ({} more like it since the last one shown)", line(), left_out)
+                                    : line();
+    if (sink_) sink_(text);
+    else spdlog::warn("{}", text);
   }
+  // Set once, before the server starts (StoreServerOptions::peer_warning).
+  void set_sink(std::function<void(const std::string&)> sink) { sink_ = std::move(sink); }
 
  private:
   static constexpr auto kPeriod = std::chrono::seconds(1);
@@ -125,6 +127,7 @@ class WarnLimiter {
   };
   std::mutex mu_;
   Kind kinds_[static_cast<size_t>(Warn::kCount)];
+  std::function<void(const std::string&)> sink_;
 };
 
 // Accept errors that mean "no descriptor or memory now": the connection waits in the backlog
@@ -226,6 +229,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     main_ks = std::make_unique<Keyspace>(options.store);
     main_ks->name = "main";
     tick_timer.emplace(control());
+    warns.set_sink(options.peer_warning);
   }
 
   ~Impl() {

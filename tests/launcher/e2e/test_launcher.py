@@ -670,6 +670,27 @@ class Console(unittest.TestCase):
             "print('out of', os.environ['RANK'], flush=True)\n"
             "print('err of', os.environ['RANK'], file=sys.stderr, flush=True)\n")
 
+    # A peer that sends garbage to the job's store for ~2.5 s (the server rate-limits its
+    # warnings to one a second): the job's console gets one line about it, -v gets the rest.
+    GARBAGE = ("import os, socket, time\n"
+               "end = time.monotonic() + 2.5\n"
+               "n = 0\n"
+               "while time.monotonic() < end:\n"
+               "    s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+               "    s.sendall(bytes([200]))\n"
+               "    s.settimeout(30); s.recv(1); s.close(); n += 1\n"
+               "print('sent', n, flush=True)\n")
+
+    def test_bad_peers_of_the_store_put_one_line_on_the_console(self):
+        p = run(["--nproc_per_node=1"] + worker(self.GARBAGE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [l for l in p.stderr.splitlines() if "closing connection" in l]
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertIn("only with -v", lines[0])
+        p = run(["-v", "--nproc_per_node=1"] + worker(self.GARBAGE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertGreaterEqual(len([l for l in p.stderr.splitlines() if "closing connection" in l]), 2, p.stderr)
+
     def test_local_ranks_filter(self):
         p = run(["--nproc_per_node=3", "--local_ranks_filter=1"] + worker(self.CODE))
         self.assertEqual(p.returncode, 0, p.stderr)

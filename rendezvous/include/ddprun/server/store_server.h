@@ -76,6 +76,10 @@ struct StoreServerOptions {
   // I/O threads; 0 = one per core, at most kMaxAutoIoThreads. The launcher's in-process store
   // (a handful of local workers) uses 1; ddprund defaults to 0.
   int io_threads = 1;
+  // Where warnings about peers go (bad bytes, limits, strangers, accept errors), already limited
+  // to one line per second per kind. Empty: spdlog's warning level (ddprund's own console). The
+  // launcher hosting a job passes its own, so that strangers cannot fill the job's console.
+  std::function<void(const std::string&)> peer_warning;
 };
 
 inline constexpr int kMaxAutoIoThreads = 8;
