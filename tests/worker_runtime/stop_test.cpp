@@ -1,8 +1,8 @@
 // stop.h in one process: the handler only sets the flag (the process survives the signal), the
 // first signal is the one remembered, uncatchable signals are refused, and agree_stop() is a MAX
 // over the ranks (threads with real Gloo communicators, shared memory on and off: the flag is per
-// process, so the other rank's vote is its raw all-reduce of a 0, as the collective sees it) and
-// refuses device memory.
+// process, so the other rank's vote is its raw all-reduce of a 0, as the collective sees it); a
+// device-memory communicator must override allreduce_max_host (NCCL's: run on the H200).
 // The agreement across real processes under ddprun: preempt_ddprun.py.
 #include <catch2/catch.hpp>
 
@@ -38,7 +38,7 @@ class StreamOrdered final : public dw::Communicator {
 
 // One test case, in order: the flag is process-wide and never cleared (ctest runs this tag in a
 // process of its own).
-TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device memory refused", "[stop]") {
+TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device memory not handed to the host default", "[stop]") {
   REQUIRE_FALSE(dw::stop_requested());
   REQUIRE(dw::stop_signal() == 0);
 
@@ -88,7 +88,9 @@ TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device me
     CHECK(vote1 == 1);
   }
 
+  // A stream-ordered communicator must stage the vote itself (NCCL does: a device all-reduce);
+  // the host default refuses to hand it host memory.
   StreamOrdered nccl;
-  CHECK_THROWS_WITH(dw::agree_stop(nccl), Catch::Contains("host communicators"));
+  CHECK_THROWS_WITH(dw::agree_stop(nccl), Catch::Contains("does not override allreduce_max_host"));
   CHECK(nccl.calls == 0);
 }

@@ -76,8 +76,7 @@ std::string config_fingerprint(const Options& o) {
 
 int run_cpu(const Options& o, dw::Runtime& rt) {
   // SIGUSR1/SIGTERM now only ask for a stop, which the ranks agree on at the end of a step
-  // (stop.h). The GPU path does not agree yet (stop.h's agree_stop is for host communicators),
-  // so there the signals keep ending the process.
+  // (stop.h); the GPU path does the same (run_gpu, every 10 steps by default).
   if (o.stop_check_every > 0) dw::install_stop_handlers();
   const dw::WorkerEnv& env = rt.env();
   dw::Communicator& comm = rt.comm();
@@ -333,7 +332,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"kill", "exit"}));
   app.add_option("--stop-check-every", o.stop_check_every,
                  "steps between the ranks' agreements on stopping for a preemption (SIGUSR1/SIGTERM); "
-                 "0 = none (the signals then end the process)")
+                 "0 = none (the signals then end the process). Default 1 on the CPU, 10 on the GPU")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--wait-for-signal-at-step", o.wait_for_signal_at_step,
                  "tests: block after this global step until SIGUSR1/SIGTERM arrives (on --wait-rank)");
@@ -372,6 +371,10 @@ int main(int argc, char** argv) {
     auto rt = dw::init(ro);
     if (rt->on_cuda()) {
 #ifdef DDPRUN_TRAIN_HAVE_CUDA
+      // On the GPU each agreement makes the host wait for the step's communication: every 10
+      // steps by default there, so the host keeps running ahead of the GPU in between.
+      if (app.count("--stop-check-every") == 0) o.stop_check_every = 10;
+      if (o.stop_check_every > 0) dw::install_stop_handlers();
       return train::run_gpu(o, *rt);
 #else
       throw dw::WorkerError("train was built without CUDA");

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <type_traits>
 #include <cinttypes>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "ddprun/worker/checkpoint.h"
+#include "ddprun/worker/stop.h"
 #include "mlp/mlp.h"
 #include "ddprun/worker/gpu_checks.h"
 #include "ddprun/worker/reducer.h"
@@ -444,6 +446,35 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   PhaseProfile prof(stream);
   auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   auto epoch_t0 = Clock::now();
+  bool stopped_for_preemption = false;
+  // Rank 0's checkpoint after batch `s` of `epoch` (global step `step`): copied off the GPU
+  // here, written by the background writer.
+  auto save = [&](int64_t epoch, int64_t s) {
+    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (momentum.n)
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_mom.data(), momentum.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (fp16) {
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_scale, dscale.p, sizeof(float), cudaMemcpyDeviceToHost, stream));
+      DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_growth, dgood.p, sizeof(int), cudaMemcpyDeviceToHost, stream));
+    }
+    DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    dw::Checkpoint ck;
+    ck.step = static_cast<uint64_t>(step);
+    ck.put_vector("params", host_params);
+    if (momentum.n) ck.put_vector("momentum", host_mom);
+    ck.put_u64("epoch", static_cast<uint64_t>(epoch));
+    ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
+    ck.put_u64("momentum_init", 1);
+    ck.put_u64("world_size", static_cast<uint64_t>(world));
+    ck.put_u64("rng_state", o.seed);
+    const std::string cfg = config_fingerprint(o);
+    ck.put("config", cfg.data(), cfg.size());
+    if (fp16) {
+      ck.put_value<float>("loss_scaler/scale", scaler_scale);
+      ck.put_value<int32_t>("loss_scaler/growth_tracker", scaler_growth);
+    }
+    writer->save(std::move(ck));
+  };
   for (int64_t epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch));
     epoch_t0 = Clock::now();
@@ -536,31 +567,18 @@ int run_typed(const Options& o, dw::Runtime& rt) {
         std::printf("[train] epoch %" PRId64 " step %" PRId64 " loss %.6f\n", epoch, step, loss);
       }
       const bool ckpt_now = !o.checkpoint_dir.empty() && (o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end);
-      if (ckpt_now && rank == 0) {
-        DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        if (momentum.n)
-          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_mom.data(), momentum.p, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        if (fp16) {
-          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_scale, dscale.p, sizeof(float), cudaMemcpyDeviceToHost, stream));
-          DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_growth, dgood.p, sizeof(int), cudaMemcpyDeviceToHost, stream));
-        }
-        DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
-        dw::Checkpoint ck;
-        ck.step = static_cast<uint64_t>(step);
-        ck.put_vector("params", host_params);
-        if (momentum.n) ck.put_vector("momentum", host_mom);
-        ck.put_u64("epoch", static_cast<uint64_t>(epoch));
-        ck.put_u64("step_in_epoch", static_cast<uint64_t>(s + 1));
-        ck.put_u64("momentum_init", 1);
-        ck.put_u64("world_size", static_cast<uint64_t>(world));
-        ck.put_u64("rng_state", o.seed);
-        const std::string cfg = config_fingerprint(o);
-        ck.put("config", cfg.data(), cfg.size());
-        if (fp16) {
-          ck.put_value<float>("loss_scaler/scale", scaler_scale);
-          ck.put_value<int32_t>("loss_scaler/growth_tracker", scaler_growth);
-        }
-        writer->save(std::move(ck));
+      if (ckpt_now && rank == 0) save(epoch, s);
+      // Every --stop-check-every steps, every rank: stop together when any rank was asked to
+      // (a preemption; stop.h). The vote is a 4-byte NCCL all-reduce the host waits for.
+      maybe_wait_for_signal(o, env, step);
+      if (o.stop_check_every > 0 && step % o.stop_check_every == 0 && rt.agree_stop()) {
+        const int sig = dw::stop_signal();
+        std::printf("[train] rank %d: stopping after step %" PRId64 " for a preemption (%s)\n", rank, step,
+                    sig == SIGUSR1 ? "SIGUSR1 here" : sig == SIGTERM ? "SIGTERM here" : "asked by another rank");
+        if (rank == 0 && !o.checkpoint_dir.empty() && !ckpt_now) save(epoch, s);
+        stopped_for_preemption = true;
+        stop = true;
+        break;
       }
     }
     if (rank == 0) {
@@ -576,6 +594,17 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
+  if (stopped_for_preemption) {
+    if (rank == 0) {
+      if (!o.checkpoint_dir.empty())
+        std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
+                    dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
+      else
+        std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
+    }
+    std::fflush(stdout);
+    return dw::kExitPreempted;
+  }
   float total_ms = 0;
   if (timed_steps > 0) DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&total_ms, t_start, t_end));
   DDPRUN_CUDA_CHECK(cudaMemcpy(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost));

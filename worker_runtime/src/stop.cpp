@@ -48,15 +48,17 @@ void request_stop() noexcept {
   g_stop.compare_exchange_strong(none, -1, std::memory_order_relaxed);
 }
 
+int32_t Communicator::allreduce_max_host(int32_t value) {
+  if (stream_ordered())
+    throw WorkerError(std::string("allreduce_max_host: the ") + backend() +
+                      " communicator reduces device memory and does not override allreduce_max_host");
+  allreduce(&value, 1, DType::I32, ReduceOp::Max);
+  return value;
+}
+
 bool agree_stop(Communicator& comm) {
-  if (comm.stream_ordered())
-    throw WorkerError(std::string("agree_stop: the ") + comm.backend() +
-                      " communicator reduces device memory; agree_stop works on host communicators (Gloo, shared "
-                      "memory) only");
   // Read once: a signal arriving during the collective counts at the next step, on every rank.
-  int32_t flag = stop_requested() ? 1 : 0;
-  comm.allreduce(&flag, 1, DType::I32, ReduceOp::Max);
-  return flag != 0;
+  return comm.allreduce_max_host(stop_requested() ? 1 : 0) != 0;
 }
 
 }  // namespace ddprun::worker

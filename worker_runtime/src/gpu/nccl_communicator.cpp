@@ -137,6 +137,23 @@ class NcclCommunicator final : public Communicator {
     track("allreduce");
   }
 
+  // The value goes through the 64-byte scratch buffer on the communication stream (after the
+  // collectives issued before it, so the answer also says they finished): one NCCL all-reduce
+  // of 4 bytes and a wait, fine once per step.
+  int32_t allreduce_max_host(int32_t value) override {
+    check_alive("allreduce_max_host");
+    debug_check(CollectiveOp::AllReduce, DType::I32, 1, static_cast<int>(ReduceOp::Max));
+    // From pageable memory: returns once `value` is staged, so the local may change after.
+    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(scratch_, &value, sizeof value, cudaMemcpyHostToDevice, comm_stream_));
+    DDPRUN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclMax, comm_, comm_stream_));
+    wait_not_in_progress("ncclAllReduce");
+    track("allreduce_max_host");
+    int32_t out = 0;
+    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&out, scratch_, sizeof out, cudaMemcpyDeviceToHost, comm_stream_));
+    synchronize();
+    return out;
+  }
+
   void allgather(const void* in, void* out, size_t count, DType dtype) override {
     check_alive("allgather");
     if (count == 0) return;

@@ -135,6 +135,12 @@ class DDPRUN_WORKER_API Communicator {
   virtual void compute_waits_for_comm() {}
   // Blocks the host until all issued communication finished (throws CommError on failure).
   virtual void synchronize() {}
+
+  // Collective: `value` from the host of every rank, reduced with MAX, returned on the host (a
+  // tiny control-plane agreement, e.g. stop.h's). The default all-reduces host memory, right for
+  // host backends; a stream-ordered backend (NCCL) stages it through device memory and waits for
+  // it, and so for the communication issued before it.
+  virtual int32_t allreduce_max_host(int32_t value);
 };
 
 struct GlooOptions {

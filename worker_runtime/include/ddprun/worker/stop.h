@@ -50,8 +50,9 @@ DDPRUN_WORKER_API void request_stop() noexcept;
 
 // Collective (call it at the same point on every rank, like any collective of `comm`): true on
 // every rank when any rank's flag was set before that rank called it, false on every rank
-// otherwise. So all ranks stop after the same step. Host communicators only (Gloo, shared
-// memory, a world of one); a stream-ordered one (NCCL, device memory) throws WorkerError. A
+// otherwise. So all ranks stop after the same step. Any communicator (Communicator::
+// allreduce_max_host): on NCCL it is a 4-byte device all-reduce that the host waits for, so
+// call it every few steps there rather than every step if the loop runs ahead of the GPU. A
 // failure of the collective throws CommError, as any collective does.
 DDPRUN_WORKER_API bool agree_stop(Communicator& comm);
 
