@@ -67,6 +67,18 @@ void maybe_wait_for_signal(const Options& o, const dw::WorkerEnv& env, int64_t s
   ::sigprocmask(SIG_SETMASK, &old, nullptr);
 }
 
+int finish_preempted(const Options& o, int rank, int64_t step) {
+  if (rank == 0) {
+    if (!o.checkpoint_dir.empty())
+      std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
+                  dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
+    else
+      std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
+  }
+  std::fflush(stdout);
+  return dw::kExitPreempted;
+}
+
 namespace {
 
 std::string config_fingerprint(const Options& o) {
@@ -270,17 +282,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   }
   if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
-  if (stopped_for_preemption) {
-    if (rank == 0) {
-      if (!o.checkpoint_dir.empty())
-        std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
-                    dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
-      else
-        std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
-    }
-    std::fflush(stdout);
-    return dw::kExitPreempted;
-  }
+  if (stopped_for_preemption) return finish_preempted(o, rank, step);
   if (rank == 0) {
     if (timed_steps > 0)
       std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",

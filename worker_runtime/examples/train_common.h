@@ -62,6 +62,9 @@ inline void make_sample(uint64_t seed, int64_t i, int in, float* x, float* y) {
 void maybe_inject_fault(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
 // Applies --wait-for-signal-at-step: blocks until stop_requested() (stop.h).
 void maybe_wait_for_signal(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
+// After the ranks agreed to stop after `step` (stop.h) and rank 0's checkpoint is on disk: says
+// so (rank 0) and returns the exit code that tells ddprun "preempted".
+int finish_preempted(const Options& o, int rank, int64_t step);
 
 #ifdef DDPRUN_TRAIN_HAVE_CUDA
 int run_gpu(const Options& o, ddprun::worker::Runtime& rt);

@@ -594,17 +594,7 @@ int run_typed(const Options& o, dw::Runtime& rt) {
   DDPRUN_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
-  if (stopped_for_preemption) {
-    if (rank == 0) {
-      if (!o.checkpoint_dir.empty())
-        std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
-                    dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
-      else
-        std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
-    }
-    std::fflush(stdout);
-    return dw::kExitPreempted;
-  }
+  if (stopped_for_preemption) return finish_preempted(o, rank, step);
   float total_ms = 0;
   if (timed_steps > 0) DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&total_ms, t_start, t_end));
   DDPRUN_CUDA_CHECK(cudaMemcpy(host_params.data(), master.p, n * sizeof(float), cudaMemcpyDeviceToHost));
