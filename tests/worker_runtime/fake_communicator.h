@@ -18,13 +18,18 @@ class FakeGroup {
   explicit FakeGroup(int size) : size_(size), slots_(static_cast<size_t>(size)) {}
   int size() const { return size_; }
 
-  // Every rank deposits its buffer; the last one combines; all copy the result out.
+  // Every rank deposits its buffer; the last one combines; all copy the result out. Ranks that
+  // pass different sizes (a test whose fake peer does not match the real call) all get a
+  // CommError instead of reading past the shorter buffer.
   void exchange(int rank, void* buf, size_t bytes, const std::function<void(std::vector<void*>&)>& combine) {
     std::unique_lock<std::mutex> lk(mu_);
     const uint64_t gen = gen_;
     slots_[static_cast<size_t>(rank)] = buf;
+    sizes_[static_cast<size_t>(rank)] = bytes;
     if (++arrived_ == size_) {
-      combine(slots_);
+      mismatch_ = false;
+      for (size_t r = 1; r < sizes_.size(); ++r) mismatch_ = mismatch_ || sizes_[r] != sizes_[0];
+      if (!mismatch_) combine(slots_);
       arrived_ = 0;
       ++gen_;
       cv_.notify_all();
@@ -32,7 +37,8 @@ class FakeGroup {
       cv_.wait(lk, [&] { return gen_ != gen || aborted_; });
       if (aborted_) throw CommError("fake group aborted");
     }
-    (void)bytes;
+    // Still this generation's flag: the next one cannot complete before this rank joins it.
+    if (mismatch_) throw CommError("fake group: the ranks passed different sizes to one collective");
   }
   void abort() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -43,6 +49,8 @@ class FakeGroup {
  private:
   int size_;
   std::vector<void*> slots_;
+  std::vector<size_t> sizes_ = std::vector<size_t>(static_cast<size_t>(size_));
+  bool mismatch_ = false;
   int arrived_ = 0;
   uint64_t gen_ = 0;
   bool aborted_ = false;

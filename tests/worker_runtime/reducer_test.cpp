@@ -436,7 +436,9 @@ TEST_CASE("Reducer misuse: finalize_and_step without prepare, prepare twice, a g
   // set_step_arrays is collective: give it a fake peer so the vote completes.
   std::thread peer([&] {
     FakeCommunicator c0(f.g, 0);
-    std::vector<float> votes(2, 0.f);
+    // The same vote as set_step_arrays' (reducer.cpp): two per bucket (one bucket here) and
+    // the split-step vote. A shorter one made the fake read past it (ASan).
+    std::vector<float> votes(2 * 1 + 1, 0.f);
     c0.allreduce(votes.data(), votes.size(), DType::F32, ReduceOp::Sum);
   });
   red.set_step_arrays(f.flat.data(), {params.data()});
