@@ -502,14 +502,19 @@ class Preemption(unittest.TestCase):
 
     def test_a_worker_exiting_99_stops_the_job_the_others_unsignalled(self):
         # Rank 1 stops for a preemption by itself (its ranks agreed); rank 0 follows once rank 1
-        # is gone (its FIFO's writer closes), and is sent nothing meanwhile.
-        code = ("import os, sys\n"
+        # is gone, and is sent nothing meanwhile. "Gone" = reaped by the agent (no /proc entry,
+        # not even a zombie): the agent has then acted on rank 1's exit, so rank 0's is the
+        # second one it sees (its FIFO's EOF alone came before that under load).
+        code = ("import os, sys, time\n"
                 "fifo = os.environ['HANDSHAKE']\n"
                 "if os.environ['RANK'] == '1':\n"
-                "    f = open(fifo, 'w'); sys.exit(99)\n"
+                "    f = open(fifo, 'w'); f.write(str(os.getpid())); f.flush(); sys.exit(99)\n"
                 "import signal\n"
                 "signal.signal(signal.SIGTERM, lambda s, f: (print('got SIGTERM', flush=True), sys.exit(1)))\n"
-                "open(fifo).read(); print('peer gone', flush=True); sys.exit(99)\n")
+                "peer = int(open(fifo).read())\n"
+                "deadline = time.monotonic() + 60\n"
+                "while os.path.exists(f'/proc/{peer}') and time.monotonic() < deadline: time.sleep(0.01)\n"
+                "print('peer gone', flush=True); sys.exit(99)\n")
         with tempfile.TemporaryDirectory() as tmp:
             fifo = os.path.join(tmp, "fifo")
             os.mkfifo(fifo)
