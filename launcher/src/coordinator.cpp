@@ -3,9 +3,11 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <deque>
 #include <system_error>
 
@@ -37,7 +39,8 @@ std::optional<Notice> notice_of(const rdzv::Message& m, const rdzv::Join& settin
       n.layout.local_world_size = static_cast<int>(settings.local_world_size);
       n.layout.world_size = static_cast<int>(r.world_size);
       n.layout.global_rank_base = static_cast<int>(r.base_rank);
-      n.layout.store_host = store_host;
+      // Node rank 0's agent hosts the workers' store when the server says so.
+      n.layout.store_host = r.store_host.empty() ? store_host : r.store_host;
       n.layout.store_port = static_cast<uint16_t>(r.store_port);
       n.layout.run_id = settings.run_id;
       n.layout.restart_count = static_cast<int>(r.restart_count);
@@ -181,42 +184,65 @@ class RemoteCoordinator final : public Coordinator {
     settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+    progress_timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (progress_timer_ < 0) throw std::system_error(errno, std::generic_category(), "timerfd_create");
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = progress_timer_;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, progress_timer_, &ev) != 0)
+      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
     watch();
   }
   ~RemoteCoordinator() override {
     client_.reset();
+    store_.reset();
+    ::close(progress_timer_);
     ::close(epfd_);
   }
 
   void join() override {
     running_ = false;
     join_pending_ = true;
+    pending_failure_.reset();
+    stop_hosting();
+    store_.reset();  // the last round's store goes with it; a new one per round, on a new port
+    settings_.store_offer_port = 0;
+    if (client_ && client_->server_standing() && !settings_.fixed_store_port) offer_store();
     guard([&] { client_->send_join(settings_); });
   }
   void report_failure(rdzv::Failure f) override {
     f.round = round_;
-    guard([&] { client_->report_failure(f); });
+    check_progress();  // the server weighs the failure by it: it goes first
+    pending_failure_ = f;
+    send_or_queue("the failure report", [&] { client_->report_failure(f); });
   }
   void report_success() override {
     succeeded_ = true;
-    guard([&] { client_->report_success(round_); });
+    send_or_queue("the success report", [&] { client_->report_success(round_); });
   }
   int fd() const override { return epfd_; }
   bool has_notices() const override { return false; }
   std::vector<Notice> take_notices() override {
     std::vector<Notice> out;
     if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
+    uint64_t expirations = 0;
+    while (::read(progress_timer_, &expirations, sizeof expirations) > 0) {
+    }
+    check_progress();
     try {
       while (auto m = client_->poll()) {
         if (auto n = notice_of(*m, settings_, store_host_)) {
           join_pending_ = false;
+          pending_failure_.reset();
           if (n->kind == Notice::Kind::Round) {
             round_ = n->round;
             last_round_ = rdzv::from_message<rdzv::Round>(*m);
             running_ = true;
             succeeded_ = false;
+            on_round();
           } else {
             running_ = false;  // RESTART, JOB_DONE, JOB_FAILED: nothing to resume
+            stop_hosting();
           }
           out.push_back(std::move(*n));
         }
@@ -255,6 +281,113 @@ class RemoteCoordinator final : public Coordinator {
     } catch (const rdzv::RendezvousError& e) {
       throw CoordinatorError(e.what());
     }
+  }
+
+  // A standing server may restart while the round runs; the workers' store must not go with
+  // it (PyTorch's TCPStore clients do not reconnect). So every JOIN offers a store of this
+  // agent's own, bound but not yet accepting: if the round makes this node rank 0, it hosts the
+  // round's workers' store (round_state.h "Agent-hosted stores"). Any failure to open one just
+  // leaves the store to the server.
+  void offer_store() {
+    try {
+      server::raise_fd_limit();
+      server::StoreServerOptions so;
+      so.host = "";  // every address: the workers of every node reach it at this node's
+      so.port = 0;
+      so.io_threads = 0;  // the whole job's workers may connect to it
+      so.enable_rendezvous = false;
+      so.restrict_main_store = true;
+      so.accept_later = true;  // a worker that comes before the round's peers are known retries
+      so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
+        if (!shown->exchange(true)) spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
+        else spdlog::debug("{}", line);
+      };
+      auto st = std::make_unique<server::StoreServer>(so);
+      st->start();
+      settings_.store_offer_port = st->port();
+      store_ = std::move(st);
+    } catch (const std::exception& e) {
+      spdlog::warn("cannot open a workers' store on this node ({}); the rendezvous server keeps it", e.what());
+      settings_.store_offer_port = 0;
+    }
+  }
+
+  // A ROUND came: host its workers' store when it names this node's, else drop the offer.
+  void on_round() {
+    const rdzv::Round& r = last_round_;
+    const bool ours = !r.store_host.empty() && r.node_rank == 0;
+    if (!ours || !store_) {
+      store_.reset();
+      if (ours) throw CoordinatorError("the rendezvous server made this node host the workers' store of round " +
+                                       std::to_string(r.round) + ", but it offered none");
+      return;
+    }
+    if (r.store_port != store_->port())
+      throw CoordinatorError("the rendezvous server named port " + std::to_string(r.store_port) +
+                             " for this node's workers' store, which is on port " + std::to_string(store_->port()));
+    std::vector<std::string> peers;
+    for (size_t i = 0; i <= r.store_peers.size();) {
+      const size_t j = std::min(r.store_peers.find(',', i), r.store_peers.size());
+      if (j > i) peers.push_back(r.store_peers.substr(i, j - i));
+      i = j + 1;
+    }
+    for (const auto& name : store_->set_store_peers(peers))
+      spdlog::debug("workers' store: {} is no IP address; its clients come through another address", name);
+    try {
+      store_->accept_clients();
+    } catch (const std::exception& e) {
+      throw CoordinatorError(std::string("cannot serve the workers' store of round ") + std::to_string(r.round) + ": " +
+                             e.what());
+    }
+    hosting_ = true;
+    progress_sent_ = false;
+    itimerspec its{};
+    its.it_interval.tv_nsec = its.it_value.tv_nsec = kProgressPoll.count() * 1000000;
+    ::timerfd_settime(progress_timer_, 0, &its, nullptr);
+    spdlog::info("this node hosts the workers' store of round {} on port {} ({} workers)", r.round, r.store_port,
+                 r.world_size);
+  }
+
+  void stop_hosting() {
+    if (!hosting_) return;
+    hosting_ = false;
+    itimerspec off{};
+    ::timerfd_settime(progress_timer_, 0, &off, nullptr);
+  }
+
+  // Hosting the store: once every worker joined it (the progress rule of
+  // fixed_port_stores.h), tell the server, which weighs failures by it.
+  void check_progress() {
+    if (!hosting_ || progress_sent_ || !store_) return;
+    const int64_t joined = store_->counter(rdzv::kWorkerJoinKey);
+    if (!rdzv::all_workers_joined(joined < 0 ? std::nullopt : std::optional<int64_t>(joined), last_round_.world_size))
+      return;
+    progress_sent_ = true;
+    itimerspec off{};
+    ::timerfd_settime(progress_timer_, 0, &off, nullptr);
+    if (!client_) return;  // the re-join carries it
+    try {
+      client_->report_progress(last_round_.round);
+    } catch (const rdzv::RendezvousError&) {
+      // The server went: the re-join after the reconnect says it (Join::resume_progressed).
+    }
+  }
+
+  // A report to a standing server that went away meanwhile is not lost: the connection's end
+  // shows next (take_notices), and the re-join carries it (SUCCEEDED as resume_succeeded, a
+  // FAILURE sent again after the JOIN).
+  template <class F>
+  void send_or_queue(const char* what, F&& f) {
+    if (client_ && client_->server_standing()) {
+      try {
+        f();
+      } catch (const rdzv::RendezvousError& e) {
+        spdlog::warn("{} did not reach the standing rendezvous server ({}); it is sent again after the reconnect", what,
+                     e.what());
+      }
+      return;
+    }
+    guard(std::forward<F>(f));
   }
 
   void watch() {
@@ -322,7 +455,13 @@ class RemoteCoordinator final : public Coordinator {
     resume.resume_nnodes = last_round_.nnodes;
     resume.resume_store_port = last_round_.store_port;
     resume.resume_succeeded = succeeded_;
+    resume.resume_store_host = last_round_.store_host;
+    resume.resume_progressed = hosting_ && progress_sent_;
     guard([&] { client_->send_join(resume); });
+    if (pending_failure_) {
+      guard([&] { client_->report_failure(*pending_failure_); });
+      spdlog::info("sent the failure report of round {} again to the restarted rendezvous server", round_);
+    }
     spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; re-joined round {} (node rank {} of {})",
                  where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), round_,
                  last_round_.node_rank, last_round_.nnodes);
@@ -352,6 +491,13 @@ class RemoteCoordinator final : public Coordinator {
   bool running_ = false;    // a ROUND came and no RESTART/JOB_* since: a round to resume
   bool join_pending_ = false;  // a JOIN went out and no answer came yet
   bool succeeded_ = false;  // SUCCEEDED was sent for it
+  // This node's offered store (Join::store_offer_port): kept for the round when it hosts it.
+  std::unique_ptr<server::StoreServer> store_;
+  bool hosting_ = false;        // store_ is the current round's workers' store
+  bool progress_sent_ = false;  // every worker joined it (PROGRESS sent or owed to a re-join)
+  int progress_timer_ = -1;     // in epfd_: polls the store's join counter while hosting
+  static constexpr std::chrono::milliseconds kProgressPoll{50};
+  std::optional<rdzv::Failure> pending_failure_;  // this round's FAILURE, sent again after a re-join
 };
 
 }  // namespace

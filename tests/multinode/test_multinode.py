@@ -272,7 +272,11 @@ def scenario_standing_ddprund(args):
             assert codes == [0, 0], (job, codes)
         recs = run.records()
         assert {x["TORCHELASTIC_RUN_ID"] for x in recs} == {"jobA", "jobB"}
-        assert all(x["MASTER_ADDR"] == run.cluster.addr(0) for x in recs), "workers' store beside ddprund"
+        # Every round's workers' store is on its node rank 0's agent, not beside ddprund.
+        for x in recs:
+            host = [y for y in recs if y["TORCHELASTIC_RUN_ID"] == x["TORCHELASTIC_RUN_ID"] and
+                    y["TORCHELASTIC_RESTART_COUNT"] == x["TORCHELASTIC_RESTART_COUNT"] and y["GROUP_RANK"] == "0"]
+            assert x["MASTER_ADDR"] == run.cluster.addr(int(host[0]["DDPT_NODE"])), (x, host)
         check_round([x for x in recs if x["TORCHELASTIC_RUN_ID"] == "jobB"], 1, 2, 2)
         assert d.poll() is None, "ddprund outlives its jobs"
     finally:
@@ -287,10 +291,21 @@ def start_ddprund(run, args, extra=()):
     return d
 
 
+STORE_WORKER = os.path.join(HERE, "store_worker.py")
+VENV_TORCH2 = os.path.join(HERE, "..", "..", ".venv-torch2", "bin", "python")
+
+
+def torch_python():
+    """PyTorch 2.11 (the project's venv) when it is there, else Debian's 1.13."""
+    return os.path.abspath(VENV_TORCH2) if os.path.exists(VENV_TORCH2) else "/usr/bin/python3"
+
+
 def scenario_ddprund_restart(args):
     """A standing ddprund is SIGKILLed mid-run and started again on the same address: the agents
     reconnect, the daemon rebuilds the round from their re-joins, the workers keep running
-    (one attempt, nothing restarted, max_restarts=0 so any budget spent would fail the job)."""
+    (one attempt, nothing restarted, max_restarts=0 so any budget spent would fail the job).
+    The workers are PyTorch gloo workers that use their store (get/set, barrier, a new group)
+    only after the restart: the store lives with node rank 0's agent, so it is still there."""
     run = Run(args, 3)
     try:
         # With a token (a 0600 file on every side): the reconnect proves it again.
@@ -298,11 +313,13 @@ def scenario_ddprund_restart(args):
         with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(TOKEN + "\n")
         d = start_ddprund(run, args, ["--rdzv_token_file", token_file])
-        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "200",
+               "PYTHON_EXEC": torch_python()}
         for n in (1, 2):
             run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0", "--rdzv_token_file", token_file]),
-                      extra_env=env)
-        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+                      entry=STORE_WORKER, extra_env=env)
+        # Their process group is up (importing torch takes a while on a busy machine).
+        wait_for(lambda: len(run.records()) >= 2, 150, "both workers")
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
         d2 = start_ddprund(run, args, ["--rdzv_token_file", token_file])
@@ -313,13 +330,24 @@ def scenario_ddprund_restart(args):
             wait_for(lambda: any("rebuilt" in ln for ln in lines), 40, "ddprund to rebuild the round")
         finally:
             print("ddprund (restarted):\n" + "".join(lines))
+        assert any("untouched" in ln for ln in lines), "the workers' store stayed with node rank 0"
+        # The store on node rank 0's agent serves the job's nodes only: a TCPStore client from
+        # ddprund's own host (no node of the job) is closed.
+        rec = run.records()[0]
+        argv = ["/usr/bin/python3", INTRUDER, "--host", rec["MASTER_ADDR"], "--my_addr", run.cluster.addr(0),
+                "--store_port", rec["MASTER_PORT"], "store"]
+        store = finish_intruder(run.cluster.spawn(0, argv, env=run.env(0)))
+        assert "store: refused" in store, store
         run.release()
-        (c1, out1), (c2, out2) = run.wait(1, 60), run.wait(2, 60)
+        (c1, out1), (c2, out2) = run.wait(1, 120), run.wait(2, 120)
         assert (c1, c2) == (0, 0), (c1, c2)
         recs = run.records()
         assert len(recs) == 2, f"the workers were not restarted: {recs}"
         check_round(recs, 0, 2, 2)
+        host = [x for x in recs if x["GROUP_RANK"] == "0"][0]
+        assert all(x["MASTER_ADDR"] == run.cluster.addr(int(host["DDPT_NODE"])) for x in recs), recs
         assert "reconnected to the rendezvous server" in out1 + out2
+        assert (out1 + out2).count("used the workers' store after the release") == 2, out1 + out2
         assert d2.poll() is None
     finally:
         run.close()

@@ -529,3 +529,181 @@ TEST_CASE("ResumeRefusesAgentsThatDisagreeOnTheRound", "[round][resume]") {
   REQUIRE(out.size() == 1);
   CHECK_THAT(out[0].msg.get("message"), Catch::Contains("resumed it already"));
 }
+
+// ---- FAILURE and SUCCEEDED that arrive while the round is being rebuilt ----
+TEST_CASE("ResumeAppliesAFailureReportedBeforeTheRoundIsWholeAgain", "[round][resume]") {
+  ReopenStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  // Node 1's worker failed while the server was down: its agent re-joins and sends the queued
+  // report at once, before node 0 is back. Dropping it (the old rule) left the job waiting.
+  state.on_message(2, resume_msg("h2", 1, 2, 3, 1), now, out);
+  state.on_message(2, to_message(Failure{.round = 3, .global_rank = 2, .exit_code = 1}), now, out);
+  CHECK(out.empty());  // not whole yet: nothing decided
+  state.on_message(1, resume_msg("h1", 0, 2, 3, 1), now, out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].msg.type == MsgType::Restart);
+  const auto r = from_message<Restart>(out[0].msg);
+  CHECK(r.restart_count == 2);  // spent, as for any failure
+  CHECK_THAT(r.reason, Catch::Contains("rank 2 on h2_1 (host h2) failed"));
+  // A stale round's report (an older round) is not held.
+  ReopenStores s2;
+  RoundState st2{s2};
+  out.clear();
+  st2.on_message(2, resume_msg("h2", 1, 2, 3, 1), now, out);
+  st2.on_message(2, to_message(Failure{.round = 2, .global_rank = 2, .exit_code = 1}), now, out);
+  st2.on_message(1, resume_msg("h1", 0, 2, 3, 1), now, out);
+  CHECK(out.empty());
+}
+
+TEST_CASE("ResumeCountsASuccessReportedBeforeTheRoundIsWholeAgain", "[round][resume]") {
+  ReopenStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, resume_msg("h1", 0, 2, 5, 1), now, out);
+  state.on_message(1, to_message(Succeeded{.round = 5}), now, out);
+  CHECK(out.empty());
+  state.on_message(2, resume_msg("h2", 1, 2, 5, 1, /*succeeded=*/true), now, out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].msg.type == MsgType::JobDone);
+}
+
+// ---- node rank 0's agent hosts the workers' store ----
+namespace {
+Message offer_msg(const std::string& host, int64_t port, const std::string& seen_from = "") {
+  Join j;
+  j.run_id = "job";
+  j.node_id = host + "_1";
+  j.host = host;
+  j.local_world_size = 2;
+  j.min_nodes = 2;
+  j.max_nodes = 2;
+  j.max_restarts = 3;
+  j.last_call_ms = 3000;
+  j.join_timeout_ms = 60000;
+  j.store_offer_port = port;
+  j.seen_from = seen_from;
+  return to_message(j);
+}
+}  // namespace
+
+TEST_CASE("EveryNodeOfferingAStoreMakesNodeRank0HostIt", "[round][agent_store]") {
+  FakeStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, offer_msg("10.0.0.1", 45001, "10.0.0.1"), now, out);
+  state.on_message(2, offer_msg("10.0.0.2", 45002, "192.168.0.2"), now, out);
+  REQUIRE(out.size() == 2);
+  CHECK(stores.open_stores.empty());  // the server opened none
+  const auto r0 = from_message<Round>(out[0].msg), r1 = from_message<Round>(out[1].msg);
+  REQUIRE(r0.node_rank == 0);
+  for (const auto& r : {r0, r1}) {
+    CHECK(r.store_host == "10.0.0.1");
+    CHECK(r.store_port == 45001);
+  }
+  // Node rank 0 learns whom to admit: every node as the server saw it and as it says it is.
+  CHECK(r0.store_peers == "10.0.0.1,192.168.0.2,10.0.0.2");
+  CHECK(r1.store_peers.empty());
+}
+
+TEST_CASE("ANodeWithoutAnOfferKeepsTheStoreOnTheServer", "[round][agent_store]") {
+  FakeStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, offer_msg("10.0.0.1", 45001), now, out);
+  state.on_message(2, offer_msg("10.0.0.2", 0), now, out);  // an older agent
+  REQUIRE(out.size() == 2);
+  CHECK(stores.open_stores.size() == 1);
+  const auto r0 = from_message<Round>(out[0].msg);
+  CHECK(r0.store_host.empty());
+  CHECK(r0.store_port == 40000);
+  CHECK(r0.store_peers.empty());
+}
+
+TEST_CASE("AnAgentHostedRoundWeighsFailuresByNodeRank0sProgressReport", "[round][agent_store]") {
+  FakeStores stores;
+  stores.progress = true;  // the server's stores are not asked: it opened none
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  auto now = Clock::time_point{} + 1000s;
+  state.on_message(1, offer_msg("10.0.0.1", 45001), now, out);
+  state.on_message(2, offer_msg("10.0.0.2", 45002), now, out);
+  REQUIRE(out.size() == 2);
+  // Round 0 fails before every worker joined: a restart; round 1 too: deterministic.
+  for (int64_t round : {0, 1}) {
+    out.clear();
+    state.on_message(2, to_message(Failure{.round = round, .global_rank = 2, .exit_code = 1}), now, out);
+    REQUIRE_FALSE(out.empty());
+    if (round == 0) {
+      REQUIRE(out[0].msg.type == MsgType::Restart);
+      out.clear();
+      state.on_message(1, offer_msg("10.0.0.1", 45003), now, out);
+      state.on_message(2, offer_msg("10.0.0.2", 45004), now, out);
+      REQUIRE(out.size() == 2);
+      CHECK(from_message<Round>(out[0].msg).store_port == 45003);  // a new store per round
+    } else {
+      CHECK(out[0].msg.type == MsgType::JobFailed);
+      CHECK(from_message<JobFailed>(out[0].msg).fail_cause() == FailCause::Deterministic);
+    }
+  }
+  // Again, with node rank 0 reporting progress in between (node 1's claim does not count).
+  FakeStores s2;
+  s2.progress = false;
+  RoundState st{s2};
+  out.clear();
+  st.on_message(1, offer_msg("10.0.0.1", 45001), now, out);
+  st.on_message(2, offer_msg("10.0.0.2", 45002), now, out);
+  st.on_message(2, to_message(Progress{.round = 0}), now, out);  // not the store's host
+  st.on_message(2, to_message(Failure{.round = 0, .global_rank = 2, .exit_code = 1}), now, out);
+  out.clear();
+  st.on_message(1, offer_msg("10.0.0.1", 45003), now, out);
+  st.on_message(2, offer_msg("10.0.0.2", 45004), now, out);
+  REQUIRE(out.size() == 2);
+  st.on_message(1, to_message(Progress{.round = 1}), now, out);
+  out.clear();
+  st.on_message(2, to_message(Failure{.round = 1, .global_rank = 2, .exit_code = 1}), now, out);
+  REQUIRE_FALSE(out.empty());
+  CHECK(out[0].msg.type == MsgType::Restart);  // progress in between: not deterministic
+}
+
+TEST_CASE("ResumingAnAgentHostedRoundReopensNoStore", "[round][agent_store][resume]") {
+  for (const bool progressed : {false, true}) {
+    ReopenStores stores;
+    stores.progress = false;
+    RoundState state{stores};
+    std::vector<Outbound> out;
+    const auto now = Clock::time_point{} + 1000s;
+    auto resume = [&](const std::string& host, int64_t rank, const std::string& store_host) {
+      Join j = from_message<Join>(resume_msg(host, rank, 2, 5, 1));
+      j.resume_store_host = store_host;
+      j.resume_store_port = 45001;
+      j.resume_progressed = progressed;
+      return to_message(j);
+    };
+    state.on_message(1, resume("10.0.0.1", 0, "10.0.0.1"), now, out);
+    state.on_message(3, resume("10.0.0.3", 1, ""), now, out);  // disagrees on the store
+    REQUIRE(out.size() == 1);
+    CHECK_THAT(out[0].msg.get("message"), Catch::Contains("cannot resume round 5"));
+    out.clear();
+    state.on_message(2, resume("10.0.0.2", 1, "10.0.0.1"), now, out);
+    CHECK(out.empty());
+    CHECK(stores.reopened.empty());  // node rank 0 still has it
+    state.on_message(2, to_message(Failure{.round = 5, .global_rank = 2, .exit_code = 1}), now, out);
+    REQUIRE_FALSE(out.empty());
+    REQUIRE(out[0].msg.type == MsgType::Restart);
+    out.clear();
+    state.on_message(1, offer_msg("10.0.0.1", 45003), now, out);
+    state.on_message(2, offer_msg("10.0.0.2", 45004), now, out);
+    REQUIRE(out.size() == 2);
+    out.clear();
+    state.on_message(2, to_message(Failure{.round = 6, .global_rank = 2, .exit_code = 1}), now, out);
+    REQUIRE_FALSE(out.empty());
+    // The progress node rank 0 carried in its re-join decides whether two failures in a row
+    // came before any progress.
+    CHECK(out[0].msg.type == (progressed ? MsgType::Restart : MsgType::JobFailed));
+  }
+}

@@ -13,6 +13,7 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Leave: return "LEAVE";
     case MsgType::Hello: return "HELLO";
     case MsgType::Auth: return "AUTH";
+    case MsgType::Progress: return "PROGRESS";
     case MsgType::Challenge: return "CHALLENGE";
     case MsgType::Welcome: return "WELCOME";
     case MsgType::Round: return "ROUND";
@@ -98,6 +99,7 @@ DDPRUN_RDZV_MESSAGE(Heartbeat)
 DDPRUN_RDZV_MESSAGE(Failure)
 DDPRUN_RDZV_MESSAGE(Succeeded)
 DDPRUN_RDZV_MESSAGE(Leave)
+DDPRUN_RDZV_MESSAGE(Progress)
 DDPRUN_RDZV_MESSAGE(Round)
 DDPRUN_RDZV_MESSAGE(Restart)
 DDPRUN_RDZV_MESSAGE(JobDone)
@@ -142,7 +144,7 @@ wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out) {
     return r;
   };
   const uint8_t type = *p++;
-  const bool known = (type >= 1 && type <= 7) || (type >= 20 && type <= 26);
+  const bool known = (type >= 1 && type <= 8) || (type >= 20 && type <= 26);
   if (!known) return bad("unknown agent message type " + std::to_string(type));
   uint64_t n = wire::load_u64(p);
   p += 8;

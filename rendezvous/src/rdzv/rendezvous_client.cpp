@@ -232,6 +232,8 @@ void RendezvousClient::report_failure(const Failure& failure) { send(failure); }
 
 void RendezvousClient::report_success(int64_t round) { send(Succeeded{.round = round}); }
 
+void RendezvousClient::report_progress(int64_t round) { send(Progress{.round = round}); }
+
 void RendezvousClient::leave() {
   try {
     send(Leave{});

@@ -35,6 +35,7 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
     case MsgType::Heartbeat: break;
     case MsgType::Failure: on_failure(job, conn, sanitized(from_message<Failure>(m)), out); break;
     case MsgType::Succeeded: on_succeeded(job, conn, from_message<Succeeded>(m), out); break;
+    case MsgType::Progress: on_progress(job, conn, from_message<Progress>(m)); break;
     case MsgType::Leave: on_disconnect(conn, now, out); break;
     default:
       out.push_back({conn, error_msg(std::string("unexpected message ") + msg_type_name(m.type)), true});
@@ -128,6 +129,8 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   node.local_world_size = m.local_world_size;
   node.fixed_rank = fixed;
   node.prefer_rank0 = m.prefer_rank0;
+  node.store_offer = m.store_offer_port;
+  node.seen_from = m.seen_from;
   node.last_seen = now;
   if (new_member) node.seq = job.seq++;
   conn_job_[conn] = run_id;
@@ -153,9 +156,13 @@ void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, C
     job.restart_count = m.resume_restart_count;
     job.resume_nnodes = m.resume_nnodes;
     job.resume_store_port = m.resume_store_port;
+    job.resume_store_host = m.resume_store_host;
+    job.agent_store = !m.resume_store_host.empty();
+    job.agent_progress = false;
     job.join_deadline = now + job.join_timeout;
   } else if (m.resume_round != job.round || m.resume_nnodes != job.resume_nnodes ||
-             m.resume_restart_count != job.restart_count) {
+             m.resume_restart_count != job.restart_count || m.resume_store_host != job.resume_store_host ||
+             (job.agent_store && m.resume_store_port != job.resume_store_port)) {
     out.push_back({conn, error_msg("cannot resume round " + std::to_string(m.resume_round) + " (" +
                                        std::to_string(m.resume_nnodes) + " nodes) of job " + job.run_id +
                                        ": the nodes back so far resume round " + std::to_string(job.round) + " (" +
@@ -178,12 +185,15 @@ void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, C
   node.local_world_size = m.local_world_size;
   node.fixed_rank = m.node_rank;
   node.prefer_rank0 = m.prefer_rank0;
+  node.store_offer = m.store_offer_port;
+  node.seen_from = m.seen_from;
   node.last_rank = m.resume_node_rank;
   node.last_seen = now;
   node.seq = job.seq++;
   conn_job_[conn] = job.run_id;
   job.participants.push_back(conn);
   if (m.resume_succeeded) job.succeeded.insert(conn);
+  if (job.agent_store && m.resume_node_rank == 0 && m.resume_progressed) job.agent_progress = true;
   if (static_cast<int64_t>(job.participants.size()) < job.resume_nnodes) return;
 
   // Every node of the round is back: it runs again as it did, with no ROUND and no restart.
@@ -191,10 +201,20 @@ void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, C
             [&](ConnId a, ConnId b) { return job.members.at(a).last_rank < job.members.at(b).last_rank; });
   job.world_size = 0;
   for (ConnId c : job.participants) job.world_size += job.members.at(c).local_world_size;
-  stores_.reopen(job.run_id, job.round, job.fixed_store_port, static_cast<uint16_t>(job.resume_store_port));
+  // An agent-hosted store never left node rank 0: nothing to reopen.
+  if (!job.agent_store)
+    stores_.reopen(job.run_id, job.round, job.fixed_store_port, static_cast<uint16_t>(job.resume_store_port));
+  stores_.resumed(job.run_id, job.round, job.agent_store);
   job.phase = Phase::Running;
   job.join_deadline.reset();
   maybe_done(job, out);
+  if (job.phase == Phase::Running && job.deferred_failure) {
+    // Reported while the round was being rebuilt (the agent queued it while this server was
+    // down): it counts now, as it would have then.
+    auto [fconn, f] = *job.deferred_failure;
+    job.deferred_failure.reset();
+    if (job.members.count(fconn)) on_failure(job, fconn, f, out);
+  }
   if (job.phase == Phase::Running && !job.waiting.empty() &&
       static_cast<int64_t>(job.participants.size()) < job.max_nodes)
     restart(job, "a node joined while the round was rebuilt: scale-up to a new round", /*spends_budget=*/false, now,
@@ -243,7 +263,7 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
   });
   if (static_cast<int64_t>(nodes.size()) > job.max_nodes) nodes.resize(job.max_nodes);
 
-  if (job.round >= 0) stores_.close(job.run_id, job.round);
+  if (job.round >= 0) close_store(job);
   ++job.round;
   job.participants.clear();
   job.world_size = 0;
@@ -252,7 +272,27 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
     job.waiting.erase(n->conn);
     job.world_size += n->local_world_size;
   }
-  const uint16_t port = stores_.open(job.run_id, job.round, job.fixed_store_port);
+  // Node rank 0's own store when every node offered one (then every node reads store_host):
+  // the workers' store outlives a restart of this server.
+  job.agent_store = !job.fixed_store_port && static_cast<int64_t>(nodes.size()) <= kMaxAgentStoreNodes &&
+                    std::all_of(nodes.begin(), nodes.end(), [](const Node* n) { return n->store_offer > 0; });
+  job.agent_progress = false;
+  job.deferred_failure.reset();
+  uint16_t port = 0;
+  std::string store_host, store_peers;
+  if (job.agent_store) {
+    port = static_cast<uint16_t>(nodes.front()->store_offer);
+    store_host = nodes.front()->host;
+    std::set<std::string> seen;
+    auto add = [&](const std::string& a) {
+      // A comma would split one claimed address into several.
+      if (a.empty() || a.find(',') != std::string::npos || !seen.insert(a).second) return;
+      store_peers += (store_peers.empty() ? "" : ",") + a;
+    };
+    for (const Node* n : nodes) add(n->seen_from), add(n->host);
+  } else {
+    port = stores_.open(job.run_id, job.round, job.fixed_store_port);
+  }
   int64_t base = 0;
   for (size_t r = 0; r < nodes.size(); ++r) {
     Node* n = nodes[r];
@@ -265,7 +305,9 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
                   .nnodes = static_cast<int64_t>(nodes.size()),
                   .world_size = job.world_size,
                   .base_rank = base,
-                  .store_port = port};
+                  .store_port = port,
+                  .store_host = store_host,
+                  .store_peers = r == 0 ? store_peers : std::string()};
     base += n->local_world_size;
     out.push_back({n->conn, to_message(m)});
   }
@@ -295,12 +337,35 @@ void RoundState::fail_job(Job& job, const std::string& reason, FailCause cause, 
                                          .first_failure = job.first_failure});
   for (const auto& [c, _] : job.members) out.push_back({c, m});
   job.phase = Phase::Finished;
-  if (job.round >= 0) stores_.close(job.run_id, job.round);
+  if (job.round >= 0) close_store(job);
+}
+
+void RoundState::close_store(const Job& job) {
+  if (!job.agent_store) stores_.close(job.run_id, job.round);
+}
+
+bool RoundState::progressed(const Job& job) {
+  return job.agent_store ? job.agent_progress : stores_.progressed(job.run_id, job.round, job.world_size);
+}
+
+bool RoundState::is_participant(const Job& job, ConnId conn) const {
+  return std::find(job.participants.begin(), job.participants.end(), conn) != job.participants.end();
+}
+
+void RoundState::on_progress(Job& job, ConnId conn, const Progress& m) {
+  // Only the store's host knows; anyone else saying so is ignored.
+  if (!job.agent_store || m.round != job.round || job.members.at(conn).last_rank != 0 || !is_participant(job, conn))
+    return;
+  if (job.phase == Phase::Running || job.phase == Phase::Resuming) job.agent_progress = true;
 }
 
 void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out) {
-  if (job.phase != Phase::Running || m.round != job.round) return;  // stale
-  if (std::find(job.participants.begin(), job.participants.end(), conn) == job.participants.end()) return;
+  if (m.round != job.round || !is_participant(job, conn)) return;  // stale
+  if (job.phase == Phase::Resuming) {
+    if (!job.deferred_failure) job.deferred_failure.emplace(conn, m);
+    return;
+  }
+  if (job.phase != Phase::Running) return;
   const Node& node = job.members.at(conn);
   if (!job.first_failure) {
     job.first_failure = m;
@@ -311,7 +376,7 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   std::string what = "rank " + std::to_string(m.global_rank) + " on " + describe(node) + " failed";
   if (!m.signal.empty()) what += " (signal " + m.signal + ")";
   else what += " (exit code " + std::to_string(m.exit_code) + ")";
-  const bool progressed = stores_.progressed(job.run_id, job.round, job.world_size);
+  const bool progressed = this->progressed(job);
   if (!progressed && job.previous_failed_without_progress) {
     // Say why the budget is not used up: a reader sees restarts left and no restart.
     const int64_t left = job.max_restarts - job.restart_count;
@@ -333,7 +398,12 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
 }
 
 void RoundState::on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out) {
-  if (job.phase != Phase::Running || m.round != job.round) return;
+  if (m.round != job.round || !is_participant(job, conn)) return;
+  if (job.phase == Phase::Resuming) {
+    job.succeeded.insert(conn);  // counted once the round is whole again
+    return;
+  }
+  if (job.phase != Phase::Running) return;
   job.succeeded.insert(conn);
   maybe_done(job, out);
 }
@@ -344,7 +414,7 @@ void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
   const Message done = to_message(JobDone{.round = job.round, .restart_count = job.restart_count});
   for (const auto& [c, _] : job.members) out.push_back({c, done});
   job.phase = Phase::Finished;
-  stores_.close(job.run_id, job.round);
+  close_store(job);
 }
 
 void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now,
@@ -397,7 +467,7 @@ void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<O
   Job& job = jit->second;
   if (job.members.count(conn)) node_lost(job, conn, "connection closed", now, out);
   if (job.members.empty()) {
-    if (job.phase != Phase::Finished && job.round >= 0) stores_.close(job.run_id, job.round);
+    if (job.phase != Phase::Finished && job.round >= 0) close_store(job);
     jobs_.erase(jit);
   }
 }

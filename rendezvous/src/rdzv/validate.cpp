@@ -150,6 +150,11 @@ std::optional<std::string> check_join(const Join& j) {
     return "JOIN refused: the round to resume is out of range (round " + to_string(j.resume_round) + ", node rank " +
            to_string(j.resume_node_rank) + " of " + to_string(j.resume_nnodes) + ", restart count " +
            to_string(j.resume_restart_count) + ")";
+  if (!in_range(j.store_offer_port, 0, 65535))
+    return "JOIN refused: store_offer_port " + to_string(j.store_offer_port) + " is outside 0..65535";
+  if (!j.resume_store_host.empty() && !is_clean_name(j.resume_store_host, kMaxNameLen))
+    return "JOIN refused: resume_store_host must be 1.." + to_string(kMaxNameLen) +
+           " printable ASCII characters without spaces";
   return std::nullopt;
 }
 
@@ -180,11 +185,13 @@ std::optional<std::string> check_round(const Round& r, int64_t local_world_size)
                   in_range(r.node_rank, 0, r.nnodes - 1) && in_range(r.base_rank, 0, r.world_size - 1) &&
                   r.base_rank + local_world_size <= r.world_size && in_range(r.store_port, 1, 65535) &&
                   in_range(r.restart_count, 0, kMaxRestarts) && in_range(r.max_restarts, 0, kMaxRestarts) &&
-                  r.round >= 0;
+                  r.round >= 0 && (r.store_host.empty() || is_clean_name(r.store_host, kMaxNameLen)) &&
+                  (r.store_peers.empty() || is_clean_name(r.store_peers, kMaxStorePeersLen));
   if (ok) return std::nullopt;
   return "the rendezvous server sent an impossible round (world size " + to_string(r.world_size) + ", node rank " +
          to_string(r.node_rank) + " of " + to_string(r.nnodes) + ", base rank " + to_string(r.base_rank) +
-         " for " + to_string(local_world_size) + " local workers, store port " + to_string(r.store_port) +
+         " for " + to_string(local_world_size) + " local workers, store " +
+         printable(r.store_host, kMaxNameLen) + ":" + to_string(r.store_port) +
          "): not starting workers with it";
 }
 

@@ -279,7 +279,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   std::atomic<uint64_t> buffered{0};  // bytes of every connection's input buffer
   uint64_t max_conns = 0;             // options.max_connections within the descriptor limit (start())
   WarnLimiter warns;
-  std::atomic<bool> started{false}, stopped{false};
+  std::atomic<bool> started{false}, stopped{false}, accepting{false};
+  // Under mu: set_store_peers()'s addresses, admitted to the main keyspace besides the others.
+  std::vector<asio::ip::address> store_peers;
   tcp::endpoint bound_endpoint;
 
   asio::io_context& control() { return threads.front()->io; }
@@ -321,8 +323,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       try {
         auto probe = std::make_unique<tcp::acceptor>(control());
         open_and_bind(*probe, ep, false);
+        // StoreServerOptions::accept_later: the main port is bound now, listened on later.
+        const bool now = &ks != main_ks.get() || !options.accept_later;
         if (threads.size() == 1) {
-          probe->listen(backlog);
+          if (now) probe->listen(backlog);
           ks.acceptors.push_back(std::move(probe));
           return;
         }
@@ -331,7 +335,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         for (auto& t : threads) {
           auto a = std::make_unique<tcp::acceptor>(t->io);
           open_and_bind(*a, ep, true);
-          a->listen(backlog);
+          if (now) a->listen(backlog);
           ks.acceptors.push_back(std::move(a));
         }
         return;
@@ -464,6 +468,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       auto it = conns.find(id);
       return it != conns.end() && it->second->admitted && it->second->peer == peer;
     };
+    if (ks.run_id.empty() && std::find(store_peers.begin(), store_peers.end(), peer) != store_peers.end()) return true;
     if (!ks.run_id.empty()) {
       for (rdzv::ConnId id : rounds.participants(ks.run_id))
         if (agent_at(id)) return true;
@@ -637,6 +642,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           t.rdzv_out.clear();
           std::string refusal;
           try {
+            // Who the agent is, as this server sees it (not as it says): what the store of a
+            // round that its node rank 0 hosts admits (round_state.h).
+            if (t.msg.type == rdzv::MsgType::Join) t.msg.set("seen_from", c->peer.to_string());
             const size_t jobs_before = rounds.num_jobs();
             rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
             // A job still gathering its nodes opens no store (open() checks the others).
@@ -913,9 +921,13 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     return open_on(run_id, round, fixed_port, 0);
   }
   uint16_t reopen(const std::string& run_id, int64_t round, bool fixed_port, uint16_t port) override {
-    spdlog::info("[ddprund] job {}: round {} rebuilt from its agents' re-joins after a restart of this server", run_id,
-                 round);
     return open_on(run_id, round, fixed_port, port);
+  }
+  void resumed(const std::string& run_id, int64_t round, bool agent_hosted) override {
+    spdlog::info("[ddprund] job {}: round {} rebuilt from its agents' re-joins after a restart of this server{}", run_id,
+                 round,
+                 agent_hosted ? " (its workers' store is on its node rank 0, untouched)"
+                              : " (its workers' store reopened here, empty)");
   }
   // `port` 0: any free one; else that one when free (a rebuilt round's workers know it).
   uint16_t open_on(const std::string& run_id, int64_t round, bool fixed_port, uint16_t want) {
@@ -1001,7 +1013,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     }
     if (threads.size() > 1) presize_descriptor_table();
     listen();
-    start_accepting(main_ks.get());
+    if (!options.accept_later) start_accepting(main_ks.get());
     started = true;
     for (auto& t : threads) {
       t->thread = std::thread([io = &t->io] {
@@ -1009,6 +1021,13 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         io->run();
       });
     }
+  }
+
+  void accept_clients() {
+    if (!started || stopped || !options.accept_later || accepting.exchange(true)) return;
+    const int backlog = options.backlog > 0 ? options.backlog : 65535;
+    for (auto& a : main_ks->acceptors) a->listen(backlog);  // no operation of theirs is pending yet
+    start_accepting(main_ks.get());
   }
 
   void stop() {
@@ -1062,6 +1081,22 @@ void StoreServer::stop() { impl_->stop(); }
 int StoreServer::io_threads() const { return static_cast<int>(impl_->threads.size()); }
 
 uint16_t StoreServer::port() const { return impl_->bound_port; }
+
+void StoreServer::accept_clients() { impl_->accept_clients(); }
+
+std::vector<std::string> StoreServer::set_store_peers(const std::vector<std::string>& addresses) {
+  std::vector<asio::ip::address> parsed;
+  std::vector<std::string> skipped;
+  for (const auto& a : addresses) {
+    boost::system::error_code ec;
+    const auto addr = asio::ip::make_address(a, ec);
+    if (ec) skipped.push_back(a);
+    else parsed.push_back(plain_address(addr));
+  }
+  std::lock_guard lock(impl_->mu);
+  impl_->store_peers = std::move(parsed);
+  return skipped;
+}
 
 void StoreServer::reset_keyspace() {
   std::lock_guard lock(impl_->mu);

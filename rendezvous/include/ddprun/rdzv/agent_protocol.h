@@ -38,6 +38,7 @@ enum class MsgType : uint8_t {
   Leave = 5,
   Hello = 6,  // the first message: the agent's nonce (agent_auth.h)
   Auth = 7,   // the agent's proof that it holds the token
+  Progress = 8,  // the agent hosting the round's workers' store: all of them joined it
   // server -> agent
   Round = 20,
   Restart = 21,
@@ -91,6 +92,17 @@ struct Join {
   int64_t resume_node_rank = -1, resume_nnodes = 0;
   int64_t resume_store_port = 0;
   bool resume_succeeded = false;  // its workers had all exited 0 (SUCCEEDED was sent)
+  // The round's workers' store as the agent was told it (Round::store_host; "" = on the server).
+  std::string resume_store_host;
+  bool resume_progressed = false;  // node rank 0 hosting the store: all workers had joined it
+  // This agent's own store server, bound for the round it joins and not yet accepting (0 =
+  // none: an older agent, or not offered). When every node of a round offered one, node rank
+  // 0's hosts the round's workers' store (Round::store_host), so the workers' store outlives
+  // a restart of a standing server.
+  int64_t store_offer_port = 0;
+  // Filled by the server (whatever the agent sent): the agent's address as the server sees it,
+  // which the hosting agent's store admits (as the server's own stores admit its agents).
+  std::string seen_from;
 
   template <class S, class V>
   static void visit(S& s, V&& v) {
@@ -102,6 +114,8 @@ struct Join {
     v("resume_round", s.resume_round), v("resume_restart_count", s.resume_restart_count);
     v("resume_node_rank", s.resume_node_rank), v("resume_nnodes", s.resume_nnodes);
     v("resume_store_port", s.resume_store_port), v("resume_succeeded", s.resume_succeeded);
+    v("resume_store_host", s.resume_store_host), v("resume_progressed", s.resume_progressed);
+    v("store_offer_port", s.store_offer_port), v("seen_from", s.seen_from);
   }
 };
 
@@ -142,25 +156,44 @@ struct Succeeded {
   }
 };
 
+// From node rank 0's agent when it hosts the round's workers' store (Round::store_host) and
+// every worker joined that store (fixed_port_stores.h's progress rule, read where the store is).
+struct Progress {
+  static constexpr MsgType kType = MsgType::Progress;
+  int64_t round = -1;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("round", s.round);
+  }
+};
+
 struct Leave {
   static constexpr MsgType kType = MsgType::Leave;
   template <class S, class V>
   static void visit(S&, V&&) {}
 };
 
-// O(1) per agent: no per-node lists, so a round of 8192 agents stays small.
+// O(1) per agent: no per-node lists, so a round of 8192 agents stays small; the one exception
+// is store_peers, to node rank 0 alone when it hosts the workers' store.
 struct Round {
   static constexpr MsgType kType = MsgType::Round;
   std::string run_id;
   int64_t round = 0, restart_count = 0, max_restarts = 0;
   int64_t node_rank = 0, nnodes = 1, world_size = 1, base_rank = 0;
   int64_t store_port = 0;  // the round's workers' store, on the rendezvous server's address
+  // Set when node rank 0's agent hosts the workers' store (Join::store_offer_port): its address
+  // (store_port is then the port it offered). "" = on the rendezvous server's address.
+  std::string store_host;
+  // To node rank 0 hosting the store: the addresses its store admits besides loopback (the
+  // round's agents, as the server saw them and as they advertise themselves), comma-separated.
+  std::string store_peers;
 
   template <class S, class V>
   static void visit(S& s, V&& v) {
     v("run_id", s.run_id), v("round", s.round), v("restart_count", s.restart_count);
     v("max_restarts", s.max_restarts), v("node_rank", s.node_rank), v("nnodes", s.nnodes);
     v("world_size", s.world_size), v("base_rank", s.base_rank), v("store_port", s.store_port);
+    v("store_host", s.store_host), v("store_peers", s.store_peers);
   }
 };
 

@@ -78,6 +78,8 @@ class RendezvousClient {
 
   void report_failure(const Failure& failure);
   void report_success(int64_t round);
+  // This agent hosts round `round`'s workers' store and every worker joined it (PROGRESS).
+  void report_progress(int64_t round);
   void leave();  // never throws
 
   // The server is a standing daemon (ddprund), as its handshake said.

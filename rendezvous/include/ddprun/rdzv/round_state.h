@@ -18,8 +18,15 @@
 //    job in that round with its restart count, and once every node of the round is back (its
 //    node ranks 0..nnodes-1) the round runs again: no ROUND is sent, the workers keep
 //    running, no restart is spent, the workers' store is reopened on its old port when free.
-//    Nodes that had succeeded count as succeeded. If the round is not whole by join_timeout,
-//    the nodes that came back restart without spending budget (at least MIN), or the job fails.
+//    Nodes that had succeeded count as succeeded; a FAILURE or SUCCEEDED of the round that
+//    arrives before the round is whole again is applied once it is. If the round is not whole
+//    by join_timeout, the nodes that came back restart without spending budget (at least
+//    MIN), or the job fails.
+//  - Agent-hosted stores: when every node of a round offered a store of its own
+//    (Join::store_offer_port; not with fixed_store_port, at most kMaxAgentStoreNodes nodes),
+//    node rank 0's hosts the round's workers' store: ROUND names its address and port, and
+//    tells node rank 0 whom to admit. The server opens no store for that round; its progress
+//    is what node rank 0 reports (PROGRESS), and a restart of the server leaves it untouched.
 //
 // These rules live here only: the launcher runs this same class in-process for a single node
 // (launcher/coordinator.h, LocalCoordinator), so one node and many follow one policy.
@@ -66,6 +73,11 @@ class WorkerStores {
     (void)port;
     return open(run_id, round, fixed_port);
   }
+  // A round was rebuilt from its agents' re-joins (Resume) and runs on; `agent_hosted`: its
+  // workers' store is node rank 0's, so nothing was reopened. For the server's log.
+  virtual void resumed(const std::string& run_id, int64_t round, bool agent_hosted) {
+    (void)run_id, (void)round, (void)agent_hosted;
+  }
 };
 
 class RoundState {
@@ -94,6 +106,8 @@ class RoundState {
     int64_t local_world_size = 1;
     int64_t fixed_rank = -1;
     bool prefer_rank0 = false;
+    int64_t store_offer = 0;  // Join::store_offer_port
+    std::string seen_from;    // Join::seen_from
     int64_t last_rank = -1;
     uint64_t seq = 0;
     Clock::time_point last_seen;
@@ -119,6 +133,13 @@ class RoundState {
     // Resuming: the round's size and store port as the agents know them.
     int64_t resume_nnodes = 0;
     int64_t resume_store_port = 0;
+    std::string resume_store_host;
+    // A FAILURE of the round being rebuilt, applied once it is whole (the first one only).
+    std::optional<std::pair<ConnId, Failure>> deferred_failure;
+    // The current round's workers' store is node rank 0's (agent-hosted), and whether node
+    // rank 0 reported that every worker joined it.
+    bool agent_store = false;
+    bool agent_progress = false;
   };
 
   void on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out);
@@ -127,6 +148,10 @@ class RoundState {
   void maybe_done(Job& job, std::vector<Outbound>& out);
   void on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out);
   void on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out);
+  void on_progress(Job& job, ConnId conn, const Progress& m);
+  bool progressed(const Job& job);
+  void close_store(const Job& job);
+  bool is_participant(const Job& job, ConnId conn) const;
   void node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now, std::vector<Outbound>& out);
   void maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out);
   void complete_round(Job& job, std::vector<Outbound>& out);

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ddprun/store/store_state.h"
 #include "ddprun/wire/codec.h"
@@ -73,6 +74,10 @@ struct StoreServerOptions {
   // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
   // and re-join their running round (round_state.h "Resume"); told in the handshake.
   bool standing = false;
+  // start() binds the port (port() tells it) but takes no connection until accept_clients():
+  // a client connecting before then is refused (ECONNREFUSED), which TCPStore clients retry.
+  // For an agent that offers its store to a round before it knows whom the store must admit.
+  bool accept_later = false;
   // I/O threads; 0 = one per core, at most kMaxAutoIoThreads. The launcher's in-process store
   // (a handful of local workers) uses 1; ddprund defaults to 0.
   int io_threads = 1;
@@ -118,6 +123,15 @@ class StoreServer {
   void stop();
   int io_threads() const;
   uint16_t port() const;
+
+  // With accept_later: starts taking connections (once; otherwise nothing). Throws
+  // std::system_error when the bound port cannot be listened on.
+  void accept_clients();
+
+  // Addresses whose TCPStore clients the main keyspace admits besides loopback and the agents
+  // of the rounds (with restrict_main_store), replacing the previous ones; it decides at a
+  // connection's first request. Returns the entries that are no IP address (not admitted).
+  std::vector<std::string> set_store_peers(const std::vector<std::string>& addresses);
 
   // Empties the main key/value space and queues and closes its TCPStore connections: used by the
   // launcher so that each restart attempt starts from a fresh worker keyspace. When it
