@@ -458,13 +458,15 @@ class RemoteCoordinator final : public Coordinator {
     resume.resume_store_host = last_round_.store_host;
     resume.resume_progressed = hosting_ && progress_sent_;
     guard([&] { client_->send_join(resume); });
-    if (pending_failure_) {
-      guard([&] { client_->report_failure(*pending_failure_); });
-      spdlog::info("sent the failure report of round {} again to the restarted rendezvous server", round_);
-    }
     spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; re-joined round {} (node rank {} of {})",
                  where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), round_,
                  last_round_.node_rank, last_round_.nnodes);
+    if (pending_failure_) {
+      // It may never have reached the server that went: the new one holds it until the round
+      // is whole again (round_state.h "Resume").
+      guard([&] { client_->report_failure(*pending_failure_); });
+      spdlog::info("sent the failure report of round {} again", round_);
+    }
   }
 
   template <class F>

@@ -52,6 +52,33 @@ struct Remote {
   uint16_t main_port() const { return server->port(); }
 };
 
+// A standing ddprund: the round's workers' store is this (node rank 0's) agent's own, and the
+// server can be restarted on its port.
+struct Standing {
+  server::StoreServerOptions options = [] {
+    server::StoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.standing = true;
+    return o;
+  }();
+  std::unique_ptr<server::StoreServer> server = start();
+  std::unique_ptr<server::StoreServer> start() {
+    auto s = std::make_unique<server::StoreServer>(options);
+    s->start();
+    options.port = s->port();  // a restart comes back on it
+    return s;
+  }
+  void restart_server() {
+    server.reset();
+    server = start();
+  }
+  std::unique_ptr<Coordinator> make(rdzv::Join j) {
+    return make_remote_coordinator("127.0.0.1", server->port(), std::move(j), "", 10s, 200ms, {});
+  }
+  uint16_t main_port() const { return server->port(); }
+};
+
 // The next notices, waiting on fd() as the agent's loop does (bounded).
 std::vector<Notice> next(Coordinator& c) {
   const auto deadline = std::chrono::steady_clock::now() + 20s;
@@ -90,7 +117,7 @@ rdzv::Failure failure(int rank, int code) { return rdzv::Failure{.global_rank = 
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", "[coordinator]", Local, Remote) {
+TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", "[coordinator]", Local, Remote, Standing) {
   TestType f;
   auto c = f.make(settings(3, 0));
   c->join();
@@ -110,7 +137,7 @@ TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", 
 }
 
 TEMPLATE_TEST_CASE("a failure after progress restarts within the budget, on a fresh store", "[coordinator]", Local,
-                   Remote) {
+                   Remote, Standing) {
   TestType f;
   auto c = f.make(settings(2, 1));
   c->join();
@@ -131,7 +158,7 @@ TEMPLATE_TEST_CASE("a failure after progress restarts within the budget, on a fr
   one(*c, Notice::Kind::JobDone);
 }
 
-TEMPLATE_TEST_CASE("the budget spent ends the job with the first failure", "[coordinator]", Local, Remote) {
+TEMPLATE_TEST_CASE("the budget spent ends the job with the first failure", "[coordinator]", Local, Remote, Standing) {
   TestType f;
   auto c = f.make(settings(1, 0));
   c->join();
@@ -145,7 +172,7 @@ TEMPLATE_TEST_CASE("the budget spent ends the job with the first failure", "[coo
 }
 
 TEMPLATE_TEST_CASE("two failures before progress are not retried, and the reason says restarts were left",
-                   "[coordinator]", Local, Remote) {
+                   "[coordinator]", Local, Remote, Standing) {
   TestType f;
   auto c = f.make(settings(2, 3));
   c->join();
@@ -160,7 +187,7 @@ TEMPLATE_TEST_CASE("two failures before progress are not retried, and the reason
   CHECK_THAT(end.failed.reason, Catch::Contains("not retried") && Catch::Contains("2 of 3 restarts are left"));
 }
 
-TEMPLATE_TEST_CASE("a fixed store port: every round's store is the server's own port", "[coordinator]", Local, Remote) {
+TEMPLATE_TEST_CASE("a fixed store port: every round's store is the server's own port", "[coordinator]", Local, Remote, Standing) {
   TestType f;
   auto j = settings(1, 2);
   j.fixed_store_port = true;
@@ -242,4 +269,48 @@ TEST_CASE("remote: nothing listening past the connect timeout is an error that s
     CHECK_THAT(e.what(), Catch::Contains("cannot reach the rendezvous endpoint 127.0.0.1:") &&
                              Catch::Contains("--rdzv_endpoint"));
   }
+}
+
+TEST_CASE("standing: the workers' store is the agent's own and outlives a restart of the server", "[coordinator]") {
+  Standing f;
+  auto c = f.make(settings(2, 0));
+  c->join();
+  const auto r = one(*c, Notice::Kind::Round);
+  CHECK(r.layout.store_host == "127.0.0.1");
+  CHECK(r.layout.store_port != f.main_port());
+  client::StoreClient s(store_at(r.layout));
+  s.set("k", "before");
+  f.restart_server();
+  // The agent reconnects and re-joins (no notice: the round runs on); the store never moved.
+  CHECK(c->take_notices().empty());
+  CHECK(s.get("k") == "before");
+  s.set("k", "after");
+  client::StoreClient s2(store_at(r.layout));
+  CHECK(s2.get("k") == "after");
+  c->report_success();
+  one(*c, Notice::Kind::JobDone);
+}
+
+TEST_CASE("standing: a failure reported while the server is down reaches the restarted one", "[coordinator]") {
+  Standing f;
+  auto c = f.make(settings(1, 1));
+  c->join();
+  make_progress(one(*c, Notice::Kind::Round).layout);
+  f.server.reset();              // the daemon dies ...
+  c->report_failure(failure(0, 5));  // ... the report goes nowhere (or fails to send) ...
+  f.server = f.start();          // ... and it comes back: the re-join carries the failure again
+  const auto restart = one(*c, Notice::Kind::Restart);
+  CHECK(restart.restart.restart_count == 1);
+  CHECK_THAT(restart.restart.reason, Catch::Contains("exit code 5"));
+}
+
+TEST_CASE("standing: a success reported while the server is down ends the job after the re-join", "[coordinator]") {
+  Standing f;
+  auto c = f.make(settings(1, 0));
+  c->join();
+  one(*c, Notice::Kind::Round);
+  f.server.reset();
+  c->report_success();
+  f.server = f.start();
+  one(*c, Notice::Kind::JobDone);
 }
