@@ -123,6 +123,10 @@ void Agent::loop() {
         group_->on_pipe(fd);
       }
     }
+    if (child_signal_taken_ && !done_) {
+      child_signal_taken_ = false;
+      reap_children();
+    }
   }
 }
 

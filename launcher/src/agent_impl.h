@@ -98,6 +98,9 @@ class Agent {
   int timer_fd_ = -1;
   sigset_t handled_{};
   std::optional<int> stop_signal_seen_;  // read from the signalfd outside the loop
+  // A SIGCHLD that stop_requested() took off the signalfd while the loop runs (a reconnect
+  // attempt asks it): the loop reaps for it.
+  bool child_signal_taken_ = false;
 
   bool done_ = false;
   int exit_code_ = 1;

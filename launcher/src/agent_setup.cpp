@@ -68,12 +68,15 @@ bool Agent::is_preempt_signal(int signo) const {
   return std::find(opts_.preempt_signals.begin(), opts_.preempt_signals.end(), signo) != opts_.preempt_signals.end();
 }
 
-// A stop signal arrived (asked while a blocking step runs outside the loop). SIGCHLD is
-// dropped: the only child then is the guardian, and every child is reaped at the end.
+// A stop signal arrived (asked while a blocking step runs: the first connect, a send, a
+// reconnect attempt). A SIGCHLD read meanwhile is remembered: workers may be running (a
+// reconnect while a round runs), and the loop reaps for it.
 bool Agent::stop_requested() {
   signalfd_siginfo si{};
-  while (::read(signal_fd_, &si, sizeof si) == sizeof si)
-    if (si.ssi_signo != SIGCHLD && !stop_signal_seen_) stop_signal_seen_ = static_cast<int>(si.ssi_signo);
+  while (::read(signal_fd_, &si, sizeof si) == sizeof si) {
+    if (si.ssi_signo == SIGCHLD) child_signal_taken_ = true;
+    else if (!stop_signal_seen_) stop_signal_seen_ = static_cast<int>(si.ssi_signo);
+  }
   return stop_signal_seen_.has_value();
 }
 

@@ -184,19 +184,23 @@ class RemoteCoordinator final : public Coordinator {
     settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
-    progress_timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (progress_timer_ < 0) throw std::system_error(errno, std::generic_category(), "timerfd_create");
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = progress_timer_;
-    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, progress_timer_, &ev) != 0)
-      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+    for (int* t : {&progress_timer_, &retry_timer_}) {
+      *t = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+      if (*t < 0) throw std::system_error(errno, std::generic_category(), "timerfd_create");
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = *t;
+      if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, *t, &ev) != 0)
+        throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+    }
+    standing_ = client_->server_standing();
     watch();
   }
   ~RemoteCoordinator() override {
     client_.reset();
     store_.reset();
     ::close(progress_timer_);
+    ::close(retry_timer_);
     ::close(epfd_);
   }
 
@@ -207,7 +211,8 @@ class RemoteCoordinator final : public Coordinator {
     stop_hosting();
     store_.reset();  // the last round's store goes with it; a new one per round, on a new port
     settings_.store_offer_port = 0;
-    if (client_ && client_->server_standing() && !settings_.fixed_store_port) offer_store();
+    if (standing_ && !settings_.fixed_store_port) offer_store();
+    if (reconnecting_) return;  // sent once connected again (finish_reconnect)
     guard([&] { client_->send_join(settings_); });
   }
   void report_failure(rdzv::Failure f) override {
@@ -224,11 +229,15 @@ class RemoteCoordinator final : public Coordinator {
   bool has_notices() const override { return false; }
   std::vector<Notice> take_notices() override {
     std::vector<Notice> out;
-    if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
     uint64_t expirations = 0;
     while (::read(progress_timer_, &expirations, sizeof expirations) > 0) {
     }
     check_progress();
+    if (reconnecting_) {
+      const bool due = ::read(retry_timer_, &expirations, sizeof expirations) > 0;
+      if (!due || !try_reconnect()) return out;
+    }
+    if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
     try {
       while (auto m = client_->poll()) {
         if (auto n = notice_of(*m, settings_, store_host_)) {
@@ -252,7 +261,7 @@ class RemoteCoordinator final : public Coordinator {
       // closed connection stays readable and is reported on the next call.
       if (!out.empty()) return out;
       if (client_->server_standing() && (running_ || join_pending_)) {
-        reconnect(e.what());
+        start_reconnect(e.what());
         return out;
       }
       throw CoordinatorError(std::string(e.what()) +
@@ -378,6 +387,7 @@ class RemoteCoordinator final : public Coordinator {
   // FAILURE sent again after the JOIN).
   template <class F>
   void send_or_queue(const char* what, F&& f) {
+    if (reconnecting_) return;  // the re-join carries it
     if (client_ && client_->server_standing()) {
       try {
         f();
@@ -398,12 +408,15 @@ class RemoteCoordinator final : public Coordinator {
       throw std::system_error(errno, std::generic_category(), "epoll_ctl");
   }
 
-  // The standing server went away while this node's workers run: reconnect (retrying with
-  // backoff, bounded by the join timeout, given up on a stop signal) and re-join the running
-  // round, which the server rebuilds from the agents' re-joins. The workers keep running.
-  void reconnect(const std::string& why) {
-    const std::string where = host_ + ":" + std::to_string(port_);
+  // The standing server went away while this node's workers run (or while it joins):
+  // reconnect, with backoff (50 ms doubling to 500 ms), for at most the join timeout, then
+  // re-join the running round, which the server rebuilds from the agents' re-joins. Between
+  // attempts the agent's loop runs on (retry_timer_ in epfd_ wakes it for the next one), so
+  // worker output and exits, signals and reports are handled meanwhile; a failure or success
+  // reported in between is carried by the re-join.
+  void start_reconnect(const std::string& why) {
     const auto timeout = std::chrono::milliseconds(settings_.join_timeout_ms);
+    const std::string where = host_ + ":" + std::to_string(port_);
     if (running_)
       spdlog::warn("lost the standing rendezvous server at {} ({}) while round {} runs: reconnecting for up to {} s; "
                    "the workers keep running",
@@ -411,41 +424,60 @@ class RemoteCoordinator final : public Coordinator {
     else
       spdlog::warn("lost the standing rendezvous server at {} ({}) while joining: reconnecting for up to {} s", where,
                    why, timeout.count() / 1000);
-    using Clock = std::chrono::steady_clock;
-    const auto t0 = Clock::now();
-    const auto deadline = t0 + timeout;
     client_.reset();  // its socket leaves the epoll set as it closes
-    auto backoff = std::chrono::milliseconds(50);
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      try {
-        if (left.count() <= 0) throw rdzv::RendezvousError("no time left");
-        client_ = std::make_unique<rdzv::RendezvousClient>(host_, port_, left, heartbeat_, interrupted_, token_);
-        break;
-      } catch (const rdzv::RendezvousInterrupted& e) {
-        throw CoordinatorInterrupted(e.what());
-      } catch (const rdzv::RendezvousRefused& e) {
-        throw CoordinatorError(e.what());  // the server that came back has another token: no retry helps
-      } catch (const rdzv::RendezvousError& e) {
-        // A daemon still dying (its backlog accepts, then resets) or not listening yet: again.
-        if (Clock::now() + backoff >= deadline)
-          throw CoordinatorError("lost the standing rendezvous server at " + where + " (" + why +
-                                 ") and it did not come back within " + std::to_string(timeout.count() / 1000) +
-                                 " s (last attempt: " + e.what() + "); the job's rounds lived there");
-        for (auto until = Clock::now() + backoff; Clock::now() < until;) {
-          if (interrupted_ && interrupted_())
-            throw CoordinatorInterrupted("stopped while reconnecting to the rendezvous server " + where);
-          ::usleep(20000);
-        }
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-      }
+    reconnecting_ = true;
+    lost_why_ = why;
+    reconnect_t0_ = std::chrono::steady_clock::now();
+    reconnect_deadline_ = reconnect_t0_ + timeout;
+    backoff_ = std::chrono::milliseconds(50);
+    arm_retry(std::chrono::milliseconds(0));
+  }
+
+  void arm_retry(std::chrono::milliseconds after) {
+    itimerspec its{};
+    const auto ns = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(after).count());
+    its.it_value.tv_sec = ns / 1000000000;
+    its.it_value.tv_nsec = ns % 1000000000;
+    ::timerfd_settime(retry_timer_, 0, &its, nullptr);
+  }
+
+  // One connect attempt, bounded by kReconnectAttempt (plus the handshake when something
+  // answers). True once connected and re-joined; false: the next attempt is armed.
+  bool try_reconnect() {
+    using Clock = std::chrono::steady_clock;
+    const std::string where = host_ + ":" + std::to_string(port_);
+    const auto timeout = std::chrono::milliseconds(settings_.join_timeout_ms);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(reconnect_deadline_ - Clock::now());
+    try {
+      if (left.count() <= 0) throw rdzv::RendezvousError("no time left");
+      client_ = std::make_unique<rdzv::RendezvousClient>(host_, port_, std::min(left, kReconnectAttempt), heartbeat_,
+                                                         interrupted_, token_);
+    } catch (const rdzv::RendezvousInterrupted& e) {
+      throw CoordinatorInterrupted(e.what());
+    } catch (const rdzv::RendezvousRefused& e) {
+      throw CoordinatorError(e.what());  // the server that came back has another token: no retry helps
+    } catch (const rdzv::RendezvousError& e) {
+      // A daemon still dying (its backlog accepts, then resets) or not listening yet: again.
+      if (Clock::now() + backoff_ >= reconnect_deadline_)
+        throw CoordinatorError("lost the standing rendezvous server at " + where + " (" + lost_why_ +
+                               ") and it did not come back within " + std::to_string(timeout.count() / 1000) +
+                               " s (last attempt: " + e.what() + "); the job's rounds lived there");
+      arm_retry(backoff_);
+      backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(500));
+      return false;
     }
+    reconnecting_ = false;
+    standing_ = client_->server_standing();
     watch();
+    finish_reconnect(where, std::chrono::duration<double>(Clock::now() - reconnect_t0_).count());
+    return true;
+  }
+
+  void finish_reconnect(const std::string& where, double took_s) {
     if (!running_) {
       // It was gathering a round: join again from scratch (the new server knows nothing).
       guard([&] { client_->send_join(settings_); });
-      spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; joining again", where,
-                   std::chrono::duration<double>(Clock::now() - t0).count());
+      spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; joining again", where, took_s);
       return;
     }
     rdzv::Join resume = settings_;
@@ -459,8 +491,7 @@ class RemoteCoordinator final : public Coordinator {
     resume.resume_progressed = hosting_ && progress_sent_;
     guard([&] { client_->send_join(resume); });
     spdlog::info("reconnected to the rendezvous server at {} after {:.1f} s; re-joined round {} (node rank {} of {})",
-                 where, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), round_,
-                 last_round_.node_rank, last_round_.nnodes);
+                 where, took_s, round_, last_round_.node_rank, last_round_.nnodes);
     if (pending_failure_) {
       // It may never have reached the server that went: the new one holds it until the round
       // is whole again (round_state.h "Resume").
@@ -498,6 +529,13 @@ class RemoteCoordinator final : public Coordinator {
   bool hosting_ = false;        // store_ is the current round's workers' store
   bool progress_sent_ = false;  // every worker joined it (PROGRESS sent or owed to a re-join)
   int progress_timer_ = -1;     // in epfd_: polls the store's join counter while hosting
+  int retry_timer_ = -1;        // in epfd_: the next reconnect attempt is due
+  bool standing_ = false;       // the server said it is a standing one (worth reconnecting to)
+  bool reconnecting_ = false;   // client_ is gone; attempts run from take_notices
+  std::string lost_why_;
+  std::chrono::steady_clock::time_point reconnect_t0_, reconnect_deadline_;
+  std::chrono::milliseconds backoff_{50};
+  static constexpr std::chrono::milliseconds kReconnectAttempt{250};
   static constexpr std::chrono::milliseconds kProgressPoll{50};
   std::optional<rdzv::Failure> pending_failure_;  // this round's FAILURE, sent again after a re-join
 };

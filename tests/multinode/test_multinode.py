@@ -353,6 +353,37 @@ def scenario_ddprund_restart(args):
         run.close()
 
 
+def scenario_ddprund_down_workers_exit(args):
+    """The workers finish while the standing ddprund is down: the agents, reconnecting, still
+    reap them (their loop runs between attempts) and queue their success; the restarted daemon
+    rebuilds the round from the re-joins, which carry it, and ends the job at attempt 0."""
+    run = Run(args, 3)
+    try:
+        d = start_ddprund(run, args)
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        for n in (1, 2):
+            run.agent(n, dyn_flags(run, "2", 1, extra=["--max_restarts=0"]), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        run.release()
+
+        def reaped(pid):  # a zombie keeps its /proc entry until its parent reaps it
+            return not os.path.exists(f"/proc/{pid}")
+        # Reaped (not left as zombies) while no daemon runs: the agents are not stuck in the reconnect.
+        wait_for(lambda: all(reaped(x["pid"]) for x in run.records()), 15, "the agents to reap their workers")
+        d2 = start_ddprund(run, args)
+        (c1, out1), (c2, out2) = run.wait(1, 60), run.wait(2, 60)
+        assert (c1, c2) == (0, 0), (c1, c2)
+        check_round(run.records(), 0, 2, 2)
+        assert len(run.records()) == 2, run.records()
+        for out in (out1, out2):
+            assert out.index("all 1 local workers succeeded") < out.index("reconnected to the rendezvous server"), out
+        assert d2.poll() is None
+    finally:
+        run.close()
+
+
 def scenario_ddprund_gone(args):
     """The standing ddprund dies for good: an agent reconnects for the join timeout, then fails
     saying what happened; another, sent SIGTERM meanwhile, stops as signalled."""
