@@ -1,7 +1,8 @@
 // The one home of two round-store rules shared by the store server (ddprund and a hosting
 // agent) and the launcher's in-process coordinator:
 //  - progress: a round's workers made progress once all of them joined its store, which every
-//    worker store client shows by adding 1 to kWorkerJoinKey when it connects;
+//    worker store client shows by adding 1 to kWorkerJoinKey when it connects (read by whoever
+//    hosts the store: the server, or node rank 0's agent, which reports it: rdzv::Progress);
 //  - fixed port (Join::fixed_store_port): a round's store is the server's main keyspace,
 //    emptied (its TCPStore connections closed) when the round opens and when it closes, so
 //    every round has the server's own port and no retiring worker reaches the next round's keys.
