@@ -60,16 +60,18 @@ struct StoreServerOptions {
   // Meaning of the legacy codes 7 and 8 (TCPSTORE §6.2): D0 (1.13/2.0) or D1 (2.1).
   wire::Dialect legacy_dialect = wire::Dialect::D0;
   // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
-  // gets a fresh workers' store on its own ephemeral port of the same address.
+  // gets a fresh workers' store on its own ephemeral port of the same address, unless its node
+  // rank 0's agent hosts it (rdzv/round_state.h "Agent-hosted stores").
   bool enable_rendezvous = true;
   // The rendezvous token (rdzv/agent_auth.h): "" = the rendezvous is open to anyone who can
   // connect. With one, an agent must prove it holds the same token before its messages reach
   // the rounds; one that cannot is refused and changes nothing.
   std::string rdzv_token;
-  // TCPStore clients of the main keyspace (not agents) must come from loopback or from the
-  // address of an agent in a job's current round, as for the rounds' own stores (always so
-  // restricted when enable_rendezvous). For the launcher hosting a multi-node job, whose main
-  // keyspace is the workers' store; a standing ddprund's main keyspace stays a general store.
+  // TCPStore clients of the main keyspace (not agents) must come from loopback, from the
+  // address of an agent in a job's current round, or from set_store_peers(), as for the
+  // rounds' own stores (always so restricted when enable_rendezvous). For the launcher hosting
+  // a multi-node job or a round's workers' store, whose main keyspace is the workers' store; a
+  // standing ddprund's main keyspace stays a general store.
   bool restrict_main_store = false;
   // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
   // and re-join their running round (round_state.h "Resume"); told in the handshake.
