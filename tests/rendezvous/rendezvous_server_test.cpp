@@ -357,3 +357,56 @@ TEST_CASE("AnOpenServerRefusesOutOfBoundsJoinsBeforeTheJobExists", "[rdzv][serve
   CHECK(fa.get().world_size == 4);
   CHECK(rb.world_size == 4);
 }
+
+TEST_CASE("AStoreThatAcceptsLaterRefusesConnectionsUntilToldWhomToAdmit", "[rdzv][server][agent_store]") {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.enable_rendezvous = false;
+  o.restrict_main_store = true;
+  o.accept_later = true;
+  server::StoreServer s(o);
+  s.start();
+  REQUIRE(s.port() != 0);  // bound: its port can be offered
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(s.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    const int err = errno;
+    ::close(fd);
+    CHECK(rc != 0);
+    CHECK(err == ECONNREFUSED);  // what TCPStore clients retry
+  }
+  CHECK(s.set_store_peers({"10.1.2.3", "node-name", "::1"}) == std::vector<std::string>{"node-name"});
+  s.accept_clients();
+  client::StoreClientOptions co;
+  co.host = "127.0.0.1";
+  co.port = s.port();
+  co.connect_timeout = 10s;
+  client::StoreClient c(co);
+  c.set("k", "v");
+  CHECK(c.get("k") == "v");
+}
+
+TEST_CASE("RoundsOfAgentsThatOfferStoresNameNodeRank0sAndWhomItAdmits", "[rdzv][server][agent_store]") {
+  auto srv = start_server();
+  auto a = agent(srv->port()), b = agent(srv->port());
+  auto ja = info("a", 1, 2, 2), jb = info("b", 1, 2, 2);
+  ja.store_offer_port = 45001;
+  jb.store_offer_port = 45002;
+  ja.seen_from = jb.seen_from = "6.6.6.6";  // the server says where it saw them, not the agent
+  auto fa = std::async(std::launch::async, [&] { return a->join(ja, 10s); });
+  auto rb = b->join(jb, 10s);
+  auto ra = fa.get();
+  const auto& r0 = ra.node_rank == 0 ? ra : rb;
+  const auto& r1 = ra.node_rank == 0 ? rb : ra;
+  CHECK(r0.store_port == (ra.node_rank == 0 ? 45001 : 45002));
+  CHECK(r1.store_port == r0.store_port);
+  CHECK(r0.store_host == "127.0.0.1");
+  CHECK(r1.store_host == "127.0.0.1");
+  CHECK(r0.store_peers == "127.0.0.1");
+  CHECK(r1.store_peers.empty());
+}
