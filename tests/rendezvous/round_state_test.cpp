@@ -2,6 +2,7 @@
 
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
+#include "ddprun/rdzv/validate.h"
 
 using namespace ddprun::rdzv;
 using namespace std::chrono_literals;
@@ -706,4 +707,27 @@ TEST_CASE("ResumingAnAgentHostedRoundReopensNoStore", "[round][agent_store][resu
     // came before any progress.
     CHECK(out[0].msg.type == (progressed ? MsgType::Restart : MsgType::JobFailed));
   }
+}
+
+TEST_CASE("APastTheLimitRoundKeepsItsStoreOnTheServer", "[round][agent_store]") {
+  // ROUND to node rank 0 would carry every node's addresses: past kMaxAgentStoreNodes it
+  // would outgrow a frame, so the server keeps the store.
+  FakeStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  const int64_t n = kMaxAgentStoreNodes + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    Join j = from_message<Join>(offer_msg("10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256), 40000));
+    j.node_id = "n" + std::to_string(i);
+    j.local_world_size = 1;
+    j.min_nodes = j.max_nodes = n;
+    out.clear();
+    state.on_message(static_cast<ConnId>(i + 1), to_message(j), now, out);
+  }
+  REQUIRE(out.size() == static_cast<size_t>(n));
+  const auto r = from_message<Round>(out[0].msg);
+  CHECK(r.store_host.empty());
+  CHECK(r.store_peers.empty());
+  CHECK(stores.open_stores.size() == 1);
 }
