@@ -8,7 +8,12 @@
 //   - local:  one node. An in-process rdzv::RoundState over the agent's own store server: the
 //             workers' store is its main keyspace on its fixed port, emptied for every attempt.
 //   - remote: many nodes. The rendezvous client (rdzv::RendezvousClient) of a server hosted by
-//             one of the agents or a standing ddprund.
+//             one of the agents or a standing ddprund. Against a standing one it offers a
+//             store server of its own with every JOIN and, as node rank 0, hosts the round's
+//             workers' store there (so it outlives a restart of the daemon), reporting its
+//             progress; it reconnects to a daemon that went away without blocking the agent's
+//             loop (take_notices() makes one bounded attempt when fd() says one is due), and
+//             a failure or success reported meanwhile is carried by the re-join.
 //
 // Thread-safety: one owner (the agent's loop thread).
 #pragma once
