@@ -82,7 +82,7 @@ print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 
 pair = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
 print(f"median of the runs' own 1-rank/2-rank ratios: ddprun {pair(runs[0], runs[1]):.1%}, torch {pair(runs[2], runs[3]):.1%}")
 # The host's speed drifts between runs (on the H200 VM the model's own forward+backward CPU
-# time, no communication in it, moved 27-42 ms within a minute): each run's step divided by
+# time, no communication in it, moved 25-42 ms within one command): each run's step divided by
 # its model CPU time (model_cpu: forward + backward outside the reducer, mean over ranks)
 # leaves what DDP adds per unit of compute. Also removes a real cost (2 busy cores computing
 # slower than 1, e.g. a shared L3): a diagnostic beside the wall figures, not a replacement.

@@ -56,6 +56,9 @@
 // (only rank r reads slice r, so no second barrier); after backward one finish_step steps
 // every fused bucket's slice and writes the updated parameters into every rank's copy (one
 // barrier pair for all buckets). Parameters are written only there, after backward.
+// reduce_for_step also comes in two non-blocking halves (start_reduce_for_step publishes the
+// op and arrives at the barrier; test_reduce_for_step finishes it once everyone arrived), so
+// the training thread can drive it between layers without a communication thread.
 //
 // Not thread-safe: one collective at a time (like the communicator that owns it).
 #pragma once

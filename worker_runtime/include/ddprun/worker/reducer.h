@@ -6,7 +6,8 @@
 // backward the program calls mark_ready(i) when gradient i is final; when the last gradient
 // of a bucket arrives, the bucket's all-reduce (average over ranks) is launched at once and
 // overlaps the rest of backward:
-//   * host communicators (Gloo): on the reducer's communication thread;
+//   * host communicators (Gloo): on the reducer's communication thread, or inline on the
+//     training thread at each mark_ready (ReducerOptions::progress);
 //   * stream-ordered communicators (NCCL): on the communication stream, after an event on
 //     the compute stream (comm_waits_for_compute), with the compute stream made to wait in
 //     finalize().
