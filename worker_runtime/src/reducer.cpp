@@ -256,7 +256,7 @@ void Reducer::launch(size_t b) {
     return;
   }
   if (inline_) {  // progress_inline() runs it, on this thread
-    queue_.push_back(b);
+    inline_queue_.push_back(b);
     return;
   }
   if (!thread_.joinable()) thread_ = std::thread([this] { comm_thread_main(); });
@@ -288,8 +288,8 @@ void Reducer::run_timed(size_t b, F&& f) {
 }
 
 void Reducer::progress_inline(bool block) {
-  while (!queue_.empty()) {
-    const size_t b = queue_.front();
+  while (!inline_queue_.empty()) {
+    const size_t b = inline_queue_.front();
     Bucket& bk = buckets_[b];
     bool done = true;
     if (!error_) {  // after a failure, drain without communicating (finalize rethrows it)
@@ -306,7 +306,7 @@ void Reducer::progress_inline(bool block) {
       if (error_) done = true;
     }
     if (!done) return;
-    queue_.pop_front();
+    inline_queue_.pop_front();
     bk.done_early = in_backward_;
     std::lock_guard<std::mutex> lk(mu_);
     ++completed_;

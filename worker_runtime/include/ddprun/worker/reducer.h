@@ -252,6 +252,9 @@ class DDPRUN_WORKER_API Reducer {
   double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
   double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
   bool inline_ = false;  // Progress::Inline in effect this pass (resolved from Auto)
+  // Inline progress: buckets launched, in order, not finished yet (training thread only; apart
+  // from queue_, which a communication thread started in an earlier pass may still watch).
+  std::deque<size_t> inline_queue_;
   bool want_inline_ = false;  // Inline asked for, or Auto with few CPUs on a splitting communicator
   bool finalize_started_ = false;  // under mu_: the training thread is in finalize()
   uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
