@@ -21,6 +21,7 @@ STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DE
 tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PY="${PY:-$here/.venv-torch2/bin/python}"
+PY="$(command -v "$PY" || echo "$PY")"  # PY=python3 (a name on PATH) works too, as the docs' commands use it
 [[ -x "$PY" ]] || { echo "no $PY: run scripts/setup_deps.sh (or set PY=a python with torch 2.x)"; exit 1; }
 # The anchor, named in the output: which torch, from where, with which BLAS.
 anchor="$("$PY" - <<'PY' 2>/dev/null || echo "torch ? ($PY)"
