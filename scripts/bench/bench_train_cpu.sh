@@ -5,7 +5,9 @@
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
 #   usage: scripts/bench/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
-# TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step.
+# TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step,
+# TRAIN_ARGS="--progress thread" for the communication thread instead of auto's pick. The report ends
+# with train's per-phase lines of every run (phase_ms: wall/CPU time per phase and rank).
 # PY=python (default .venv-torch2/bin/python: torch 2.11 with its own optimised BLAS, the speed
 # anchor; Debian's /usr/bin/python3 has torch 1.13 on netlib BLAS, for wire compatibility only
 # and never an anchor) runs the PyTorch side; CPUS=0,1
@@ -19,6 +21,7 @@ STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DE
 tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PY="${PY:-$here/.venv-torch2/bin/python}"
+PY="$(command -v "$PY" || echo "$PY")"  # PY=python3 (a name on PATH) works too, as the docs' commands use it
 [[ -x "$PY" ]] || { echo "no $PY: run scripts/setup_deps.sh (or set PY=a python with torch 2.x)"; exit 1; }
 # The anchor, named in the output: which torch, from where, with which BLAS.
 anchor="$("$PY" - <<'PY' 2>/dev/null || echo "torch ? ($PY)"
@@ -44,6 +47,10 @@ ours() {  # nproc -> avg ms/step
     done
     wait "${pids[@]}"
   fi
+  # train's per-phase lines (wall/CPU per rank) and overlap line, kept for the end of the report
+  { echo "$n rank(s):"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//'; } >>"$tmp/phases.txt"
+  # the model's own CPU time per step (forward + backward outside the reducer), mean over ranks
+  grep -o 'model_cpu=[0-9.]*' "$log" | cut -d= -f2 | awk '{s += $1} END {if (NR) printf "%.3f\n", s / NR; else print "nan"}' >>"$tmp/model_cpu$n"
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 theirs() {
@@ -60,10 +67,12 @@ o1=(); o2=(); t1=(); t2=()
 for ((i = 0; i < REPEAT; i++)); do
   o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")
   echo "run $((i + 1)): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
+  echo "-- run $((i + 1)) --" >>"$tmp/phases.txt"
 done
-"$PY" - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" <<'PY'
-import statistics, sys
-runs = [list(map(float, a.split())) for a in sys.argv[1:]]
+"$PY" - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" "$(cat "$tmp/model_cpu1")" "$(cat "$tmp/model_cpu2")" <<'PY'
+import math, statistics, sys
+runs = [list(map(float, a.split())) for a in sys.argv[1:5]]
+mc1, mc2 = (list(map(float, a.split())) for a in sys.argv[5:7])
 o1, o2, t1, t2 = (min(r) for r in runs)
 print(f"{'best of runs':15}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")
 print(f"{'ddprun train':15}{o1:11.2f}{o2:12.2f}{o1 / o2:17.1%}")
@@ -73,4 +82,18 @@ print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 
 # sensitive to the host drifting between runs than two separate minima.
 pair = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
 print(f"median of the runs' own 1-rank/2-rank ratios: ddprun {pair(runs[0], runs[1]):.1%}, torch {pair(runs[2], runs[3]):.1%}")
+# The host's speed drifts between runs (on the H200 VM the model's own forward+backward CPU
+# time, no communication in it, moved 25-42 ms within one command): each run's step divided by
+# its model CPU time (model_cpu: forward + backward outside the reducer, mean over ranks)
+# leaves what DDP adds per unit of compute. Also removes a real cost (2 busy cores computing
+# slower than 1, e.g. a shared L3): a diagnostic beside the wall figures, not a replacement.
+norm = [(a / c) / (b / d) for a, b, c, d in zip(runs[0], runs[1], mc1, mc2) if c > 0 and d > 0]
+if norm and not any(math.isnan(x) for x in norm):
+    print(f"ddprun, step per model-CPU ms, 1 rank / 2 ranks (compute-normalised efficiency): median {statistics.median(norm):.1%}, "
+          f"runs {' '.join(f'{x:.1%}' for x in norm)}")
 PY
+# Where each run's time went, per rank: forward/backward/after_backward as wall/CPU of the
+# training thread (CPU < wall: the thread waited or was preempted), comm = the collectives'
+# wall/CPU, the share of the reduction done during backward, context switches per step.
+echo "per-phase breakdown of ddprun train (ms/step; a/b = wall/CPU time of the training thread):"
+cat "$tmp/phases.txt"

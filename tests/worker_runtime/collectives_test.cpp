@@ -234,3 +234,52 @@ TEST_CASE("Collectives: the test fake's allgather and reduce_scatter keep the in
   for (auto& t : ts) t.join();
   for (const auto& e : errors) CHECK(e == "");
 }
+
+// The non-blocking phase 1 of the split fused step (the Reducer's inline progress): a rank
+// that started it is never held up by a peer that has not (test(false) answers false at once,
+// as often as asked), and once every rank started it the result is reduce_for_step()'s, bit
+// for bit: each rank's slice holds the average in rank order, with one division. The peer
+// starts only after rank 0 saw `false` (an atomic handshake, no sleeps). Odd sizes put a
+// scalar tail after the four-lane SSE loop.
+TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then equals reduce_for_step", "[collectives]") {
+  const int world = 2;
+  for (size_t n : {size_t{4099}, size_t{70001}}) {
+    INFO("count " << n);
+    std::atomic<int> phase{0};
+    std::vector<std::string> errors(world);
+    std::vector<std::vector<float>> split(world), blocking(world);
+    auto value = [](int r, size_t i) { return std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) * 3.f; };
+    const auto err = testing::on_gloo_ranks(world, true, std::chrono::seconds(60), [&](int r, Communicator& c) {
+      auto* g = static_cast<float*>(c.alloc_shared(n * sizeof(float)));
+      if (!g) throw std::runtime_error("no shared memory");
+      std::string& e = errors[static_cast<size_t>(r)];
+      for (size_t i = 0; i < n; ++i) g[i] = value(r, i);
+      if (r == 0) {
+        c.start_reduce_for_step(g, n);
+        for (int k = 0; k < 3; ++k)
+          if (c.test_reduce_for_step(false)) e += "finished before the peer started; ";
+        phase.store(1);
+        while (!c.test_reduce_for_step(false)) std::this_thread::yield();
+      } else {
+        while (phase.load() == 0) std::this_thread::yield();
+        c.start_reduce_for_step(g, n);
+        if (!c.test_reduce_for_step(true)) e += "blocking test returned false; ";
+      }
+      split[static_cast<size_t>(r)].assign(g, g + n);
+      for (size_t i = 0; i < n; ++i) g[i] = value(r, i);
+      c.reduce_for_step(g, n);
+      blocking[static_cast<size_t>(r)].assign(g, g + n);
+    });
+    for (const auto& e : err) REQUIRE(e == "");
+    for (const auto& e : errors) CHECK(e == "");
+    for (int r = 0; r < world; ++r) {
+      const size_t lo = n * static_cast<size_t>(r) / world, hi = n * static_cast<size_t>(r + 1) / world;
+      size_t bad = 0;
+      for (size_t i = lo; i < hi; ++i) {
+        const float want = (value(0, i) + value(1, i)) / 2.f;
+        if (split[static_cast<size_t>(r)][i] != want || blocking[static_cast<size_t>(r)][i] != want) ++bad;
+      }
+      CHECK(bad == 0);
+    }
+  }
+}

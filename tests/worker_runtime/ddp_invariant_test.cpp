@@ -31,6 +31,7 @@ void sample(int64_t i, float* x, float* y) {
 struct Trace {
   std::vector<std::vector<float>> grads, params, momentum;
   bool params_moved_in_backward = false;  // seen by the dawdling rank (slow_last_rank)
+  bool progressed_inline = false;         // the Reducer's resolved progress mode
 };
 
 enum class Step {
@@ -47,6 +48,7 @@ struct RunOptions {
   // One rank dawdles in backward after each mark_ready, before dX = dz.W reads W: a step
   // that touched its parameters before it finished backward would change its gradients.
   bool slow_last_rank = false;
+  ReducerOptions::Progress progress = ReducerOptions::Progress::Auto;
 };
 
 // Memory for one flat array: alloc_shared when asked (and then it must be there), else owned.
@@ -78,6 +80,7 @@ Trace run(Communicator* comm, int rank, int world, int global_world, const RunOp
     ro.first_bucket_cap_bytes = 2048;
     ro.bucket_cap_bytes = 8192;
   }
+  ro.progress = o.progress;
   std::unique_ptr<Reducer> red;
   if (comm) red = std::make_unique<Reducer>(*comm, views, DType::F32, ro);
   const bool fused = red && o.step == Step::Fused;
@@ -127,6 +130,7 @@ Trace run(Communicator* comm, int rank, int world, int global_world, const RunOp
     }
     tr.params.emplace_back(p, p + n);
     if (buf) tr.momentum.emplace_back(buf, buf + n);
+    if (red) tr.progressed_inline = red->progress() == ReducerOptions::Progress::Inline;
   }
   return tr;
 }
@@ -207,7 +211,15 @@ void check_fused(int world, bool small_buckets, float momentum, bool shared_memo
   o.step = Step::Fused;
   o.shared_state = shared_memory;
   o.slow_last_rank = true;
+  // Both ways of running the collectives during backward: a communication thread, and the
+  // training thread itself (inline; the fast ranks find the dawdler's buckets not started
+  // and defer them to later mark_ready calls or finalize): the same collectives, the same bits.
+  for (const auto progress : {ReducerOptions::Progress::Thread, ReducerOptions::Progress::Inline}) {
+  const bool want_inline = progress == ReducerOptions::Progress::Inline;
+  INFO((want_inline ? "inline progress" : "communication thread"));
+  o.progress = progress;
   const std::vector<Trace> fused = run_ranks(world, shared_memory, o);
+  for (const Trace& t : fused) REQUIRE(t.progressed_inline == want_inline);
   // The last rank sleeps in backward after each mark_ready: the others are done and waiting,
   // and a step that started before every rank left backward would show here.
   REQUIRE_FALSE(fused[static_cast<size_t>(world - 1)].params_moved_in_backward);
@@ -226,6 +238,7 @@ void check_fused(int world, bool small_buckets, float momentum, bool shared_memo
     // (checked above); this bound only catches a buffer that is wrong, not rounded.
     if (momentum != 0.f)
       require_close(fused[0].momentum[si], single.momentum[si], "fused momentum vs one process", s, 1e-5);
+  }
   }
 }
 

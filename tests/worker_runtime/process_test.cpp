@@ -259,6 +259,14 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   REQUIRE(fused.find("step=fused(shm)") != std::string::npos);  // the shm path, not the default
   REQUIRE(!checksum_of(separate).empty());
   REQUIRE(checksum_of(fused) == checksum_of(separate));
+  // Both ways of running the collectives during backward, whatever --progress auto picks on
+  // this host: the same bits.
+  for (const char* progress : {"thread", "inline"}) {
+    const std::string log = run_elastic(with({"--fused-step", "1", "--progress", progress}), 2, 0, &attempts);
+    INFO("--progress " << progress << " log: " << log);
+    REQUIRE(log.find(std::string("progress=") + progress) != std::string::npos);
+    REQUIRE(checksum_of(log) == checksum_of(separate));
+  }
 
   // Checkpoint (params + momentum) written by the fused path, resumed by the separate one.
   const std::string ck = temp_dir() + "/ck";

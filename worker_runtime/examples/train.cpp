@@ -7,6 +7,8 @@
 // after the same step (stop.h's agreement, once per step), with a checkpoint of that step when
 // --checkpoint-dir is given, and exit code kExitPreempted (99); rerun to resume.
 #include <signal.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <spdlog/spdlog.h>
+#include <utility>
 
 #include "ddprun/worker/checkpoint.h"
 #include "ddprun/worker/checks.h"
@@ -80,6 +83,29 @@ int finish_preempted(const Options& o, int rank, int64_t step) {
 }
 
 namespace {
+
+double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+// Context switches of the calling thread so far: {involuntary (preempted), voluntary (blocked)}.
+std::pair<long, long> thread_switches() {
+  rusage ru{};
+  ::getrusage(RUSAGE_THREAD, &ru);
+  return {ru.ru_nivcsw, ru.ru_nvcsw};
+}
+
+// Per-phase time of the training thread, summed over the timed steps: wall and this thread's
+// CPU time (far less sensitive to a busy host than wall time: CPU time lost to other threads
+// shows as wall minus CPU).
+struct PhaseSums {
+  double fwd = 0, fwd_cpu = 0, bwd = 0, bwd_cpu = 0, after = 0, after_cpu = 0;
+  double comm = 0, comm_cpu = 0, finish = 0, done_early = 0;
+  double model_cpu = 0;  // forward + backward CPU time minus the time inside mark_ready
+  long invol = 0, vol = 0;
+};
 
 std::string config_fingerprint(const Options& o) {
   return "in=" + std::to_string(o.in) + " width=" + std::to_string(o.width) + " depth=" + std::to_string(o.depth) +
@@ -167,6 +193,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   dw::ReducerOptions ro;
   ro.overlap = !o.no_overlap;
   ro.force_collective = o.force_collective;
+  ro.progress = o.progress == "inline"   ? dw::ReducerOptions::Progress::Inline
+                : o.progress == "thread" ? dw::ReducerOptions::Progress::Thread
+                                         : dw::ReducerOptions::Progress::Auto;
   dw::Reducer reducer(comm, views, dw::DType::F32, ro);
   if (o.fused_step) {
     std::vector<float*> arrays{params};
@@ -187,6 +216,13 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   double timed_ms = 0, comm_wait_ms = 0;  // comm_wait: time finalize() blocks after backward
   double after_backward_ms = 0;
   double ov_sum[5] = {0, 0, 0, 0, 0};  // buckets early, bytes early, comm ms, hidden ms, finish ms
+  PhaseSums ph;
+  Clock::time_point t_fwd_end;
+  double c_fwd_end = 0;
+  model.set_on_backward_start([&] {
+    t_fwd_end = Clock::now();
+    c_fwd_end = thread_cpu_ms();
+  });
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false, stopped_for_preemption = false;
@@ -214,15 +250,22 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       if (o.max_steps > 0 && step >= o.max_steps) { stop = true; break; }
       maybe_inject_fault(o, env, step);
       const auto t0 = Clock::now();
+      const double c0 = thread_cpu_ms();
+      const auto sw0 = thread_switches();
       const auto idx = sampler.batch(static_cast<size_t>(s), static_cast<size_t>(o.batch));
       const int b = static_cast<int>(idx.size());
       x.resize(static_cast<size_t>(b) * o.in);
       y.resize(static_cast<size_t>(b));
       for (int i = 0; i < b; ++i) make_sample(o.seed, static_cast<int64_t>(idx[i]), o.in, &x[static_cast<size_t>(i) * o.in], &y[i]);
       reducer.prepare_for_backward();
-      const float loss = model.forward_backward(params, x.data(), y.data(), b, grads, false,
-                                                [&](size_t t) { reducer.mark_ready(t); });
+      double ready_cpu = 0;  // in mark_ready (inline progress reduces there): not the model's compute
+      const float loss = model.forward_backward(params, x.data(), y.data(), b, grads, false, [&](size_t t) {
+        const double c = thread_cpu_ms();
+        reducer.mark_ready(t);
+        ready_cpu += thread_cpu_ms() - c;
+      });
       const auto t_fin = Clock::now();
+      const double c_fin = thread_cpu_ms();
       double wait_ms = 0;
       if (o.fused_step) {
         // wait_ms includes the step here: it is part of the fused collective.
@@ -238,13 +281,33 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       momentum_init = true;
       ++step;
       ++run_steps;
-      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      const auto t_end = Clock::now();
+      const double c_end = thread_cpu_ms();
+      const double ms = std::chrono::duration<double, std::milli>(t_end - t0).count();
       if (run_steps > o.warmup_steps) {
-        const auto& ov = reducer.overlap();  // overlap evidence, averaged over the timed steps
+        using Ms = std::chrono::duration<double, std::milli>;
+        const auto sw1 = thread_switches();
+        const auto& ov = reducer.overlap();
+        ph.fwd += Ms(t_fwd_end - t0).count();
+        ph.fwd_cpu += c_fwd_end - c0;
+        ph.bwd += Ms(t_fin - t_fwd_end).count();
+        ph.bwd_cpu += c_fin - c_fwd_end;
+        ph.model_cpu += c_fin - c0 - ready_cpu;
+        ph.after += Ms(t_end - t_fin).count();
+        ph.after_cpu += c_end - c_fin;
+        ph.comm += ov.comm_ms;
+        ph.comm_cpu += ov.comm_cpu_ms;
+        ph.finish += ov.finish_ms;
+        ph.done_early += ov.bytes ? static_cast<double>(ov.bytes_done_early) / static_cast<double>(ov.bytes) : 0;
+        ph.invol += sw1.first - sw0.first;
+        ph.vol += sw1.second - sw0.second;
+        // overlap evidence (ov above), averaged over the timed steps
         ov_sum[0] += ov.buckets ? static_cast<double>(ov.buckets_early) / static_cast<double>(ov.buckets) : 0;
         ov_sum[1] += ov.bytes ? static_cast<double>(ov.bytes_early) / static_cast<double>(ov.bytes) : 0;
         ov_sum[2] += ov.comm_ms;
-        ov_sum[3] += std::max(0.0, ov.comm_ms - ov.exposed_ms);
+        // Hidden = run concurrently with backward, by the communication thread. Inline, the
+        // training thread itself runs them between layers: nothing is hidden, only moved.
+        ov_sum[3] += ov.inline_progress ? 0.0 : std::max(0.0, ov.comm_ms - ov.exposed_ms);
         ov_sum[4] += ov.finish_ms;
         timed_ms += ms;
         comm_wait_ms += wait_ms;
@@ -283,6 +346,19 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   if (writer) writer->close();  // the last checkpoint is on disk before the exit (throws its error)
   comm.barrier();
   if (stopped_for_preemption) return finish_preempted(o, rank, step);
+  if (timed_steps > 0) {  // every rank: imbalance between ranks shows here
+    const double k = static_cast<double>(timed_steps);
+    std::printf("phase_ms rank=%d progress=%s forward=%.3f/%.3f backward=%.3f/%.3f after_backward=%.3f/%.3f "
+                "model_cpu=%.3f comm=%.3f/%.3f finish=%.3f reduced_in_backward_frac=%.3f preempted_per_step=%.2f blocked_per_step=%.2f "
+                "(wall/cpu of the training thread; model_cpu: forward+backward CPU outside the reducer; comm: the "
+                "collectives' wall/cpu)\n",
+                rank, world == 1 && !o.force_collective ? "none" : reducer.progress() == dw::ReducerOptions::Progress::Inline ? "inline" : "thread",
+                ph.fwd / k, ph.fwd_cpu / k, ph.bwd / k, ph.bwd_cpu / k, ph.after / k, ph.after_cpu / k, ph.model_cpu / k, ph.comm / k,
+                ph.comm_cpu / k, ph.finish / k, ph.done_early / k, static_cast<double>(ph.invol) / k,
+                static_cast<double>(ph.vol) / k);
+    std::fflush(stdout);
+  }
+  comm.barrier();  // rank 0's summary after every rank's line
   if (rank == 0) {
     if (timed_steps > 0)
       std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
@@ -290,8 +366,10 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
                   after_backward_ms / static_cast<double>(timed_steps));
     if (timed_steps > 0 && world > 1) {
       const double k = static_cast<double>(timed_steps);
-      std::printf("overlap_buckets_early=%.3f overlap_bytes_early=%.3f comm_ms=%.3f comm_hidden_ms=%.3f "
+      std::printf("overlap progress=%s reduced_in_backward_frac=%.3f overlap_buckets_early=%.3f overlap_bytes_early=%.3f "
+                  "comm_ms=%.3f comm_hidden_ms=%.3f "
                   "comm_hidden_frac=%.3f fused_finish_ms=%.3f\n",
+                  reducer.progress() == dw::ReducerOptions::Progress::Inline ? "inline" : "thread", ph.done_early / k,
                   ov_sum[0] / k, ov_sum[1] / k, ov_sum[2] / k, ov_sum[3] / k, ov_sum[2] > 0 ? ov_sum[3] / ov_sum[2] : 0.0,
                   ov_sum[4] / k);
     }
@@ -356,6 +434,11 @@ int main(int argc, char** argv) {
                  "1: all-reduce and SGD in one pass on the CPU shared-memory path (each rank steps its slice); "
                  "0: all-reduce, then SGD over all parameters on every rank. Same results")
       ->default_val(true);
+  app.add_option("--progress", o.progress,
+                 "CPU: who runs the collectives during backward: thread (a communication thread), inline (the "
+                 "training thread at each layer boundary, never waiting for a peer before backward ends), auto "
+                 "(inline on the shared-memory path when ranks have fewer than 2 CPUs each). Same results")
+      ->check(CLI::IsMember({"auto", "thread", "inline"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

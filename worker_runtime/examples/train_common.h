@@ -38,6 +38,7 @@ struct Options {
   bool no_overlap = false;
   bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
   bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
+  std::string progress = "auto";   // CPU: who runs collectives during backward: auto | thread | inline
   bool sync_data = false;          // rank 0 generates data (debug)
   int64_t stop_check_every = 1;         // steps between stop agreements (stop.h); 0: none
   int64_t wait_for_signal_at_step = -1;  // tests: block after this step until a stop signal (-1: never)

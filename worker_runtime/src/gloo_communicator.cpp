@@ -233,6 +233,16 @@ class GlooCommunicator final : public Communicator {
     check_alive("reduce_for_step");
     guarded("reduce_for_step", [&] { shm_->reduce_for_step(grad, count); });
   }
+  void start_reduce_for_step(float* grad, size_t count) override {
+    check_alive("reduce_for_step");
+    guarded("reduce_for_step", [&] { shm_->start_reduce_for_step(grad, count); });
+  }
+  bool test_reduce_for_step(bool block) override {
+    check_alive("reduce_for_step");
+    bool done = false;
+    guarded("reduce_for_step", [&] { done = shm_->test_reduce_for_step(block); });
+    return done;
+  }
   void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
                    float* const* arrays) override {
     check_alive("finish_step");

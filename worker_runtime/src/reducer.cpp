@@ -4,11 +4,31 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <string>
+
+#include <sched.h>
 
 #include "ddprun/worker/checks.h"
 
 namespace ddprun::worker {
+namespace {
+
+double thread_cpu_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+// CPUs this process may run on (its affinity mask, e.g. taskset); a large number if unknown.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1 << 20;
+  return CPU_COUNT(&set);
+}
+
+}  // namespace
 
 const char* dtype_name(DType d) {
   switch (d) {
@@ -82,7 +102,11 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
   }
   ready_.assign(grads_.size(), 0);
   contributed_.assign(grads_.size(), 0);
-  if (!solo() && !comm_.stream_ordered()) thread_ = std::thread([this] { comm_thread_main(); });
+  // The thread starts at the first launch that needs it (Auto may settle on Inline).
+  const bool few_cpus = usable_cpus() < 2 * comm_.size();
+  want_inline_ = options_.progress == ReducerOptions::Progress::Inline ||
+                 (options_.progress == ReducerOptions::Progress::Auto && comm_.splits_step() && few_cpus);
+  inline_ = want_inline_ && !comm_.stream_ordered();
 }
 
 void Reducer::misuse(const std::string& op, const std::string& what) const {
@@ -142,9 +166,16 @@ void Reducer::prepare_for_backward() {
   launched_early_ = 0;
   launched_ = 0;
   in_backward_ = true;
+  // Auto keeps Inline only where every bucket's collective can progress without blocking
+  // (all fused on a splitting communicator); otherwise a thread overlaps them.
+  inline_ = want_inline_ && !comm_.stream_ordered() &&
+            (options_.progress == ReducerOptions::Progress::Inline ||
+             std::all_of(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return b.fused && split_; }));
+  for (auto& bk : buckets_) bk.started = false;
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
   comm_ms_ = 0;
+  comm_cpu_ms_ = 0;
 }
 
 void Reducer::mark_ready(size_t index) {
@@ -169,6 +200,8 @@ void Reducer::mark_ready(size_t index) {
       buckets_[b].early = true;
     }
   }
+  // A layer boundary: move the queued collectives on as far as they go without waiting.
+  if (inline_ && !finalizing_) progress_inline(false);
 }
 
 void Reducer::mark_unused(size_t index) {
@@ -222,11 +255,62 @@ void Reducer::launch(size_t b) {
     comm_.allreduce(bk.base, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
     return;
   }
+  if (inline_) {  // progress_inline() runs it, on this thread
+    inline_queue_.push_back(b);
+    return;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { comm_thread_main(); });
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(b);
   }
   cv_.notify_all();
+}
+
+template <class F>
+void Reducer::run_timed(size_t b, F&& f) {
+  std::exception_ptr err;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_ms();
+  try {
+    f();
+  } catch (const CommError&) {
+    err = std::current_exception();
+  } catch (const std::exception& e) {
+    err = std::make_exception_ptr(CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
+  }
+  const double cpu = thread_cpu_ms() - c0;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (err && !error_) error_ = err;
+  comm_ms_ += ms;
+  comm_cpu_ms_ += cpu;
+}
+
+void Reducer::progress_inline(bool block) {
+  while (!inline_queue_.empty()) {
+    const size_t b = inline_queue_.front();
+    Bucket& bk = buckets_[b];
+    bool done = true;
+    if (!error_) {  // after a failure, drain without communicating (finalize rethrows it)
+      const bool startable = bk.fused && split_;
+      if (!startable && !block) return;  // a blocking collective waits for finalize()
+      run_timed(b, [&] {
+        if (!startable) return reduce_bucket(bk);
+        if (!bk.started) {
+          bk.started = true;
+          comm_.start_reduce_for_step(static_cast<float*>(bk.base), bk.count);
+        }
+        done = comm_.test_reduce_for_step(block);
+      });
+      if (error_) done = true;
+    }
+    if (!done) return;
+    inline_queue_.pop_front();
+    bk.done_early = in_backward_;
+    std::lock_guard<std::mutex> lk(mu_);
+    ++completed_;
+  }
 }
 
 void Reducer::reduce_bucket(Bucket& bk) {
@@ -267,20 +351,11 @@ void Reducer::comm_thread_main() {
         continue;
       }
     }
-    std::exception_ptr err;
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      reduce_bucket(buckets_[b]);
-    } catch (const CommError&) {
-      err = std::current_exception();
-    } catch (const std::exception& e) {
-      err = std::make_exception_ptr(CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    run_timed(b, [&] { reduce_bucket(buckets_[b]); });
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (err && !error_) error_ = err;
-      comm_ms_ += ms;
+      // Done before the training thread reached finalize(): reduced during backward.
+      buckets_[b].done_early = !finalize_started_;
       ++completed_;
     }
     cv_.notify_all();
@@ -292,6 +367,11 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
   const auto t0 = std::chrono::steady_clock::now();  // from here on, communication is exposed
   const size_t es = dtype_size(dtype_);
   stats_ = OverlapStats{};
+  stats_.inline_progress = inline_;
+  if (!comm_.stream_ordered()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    finalize_started_ = true;  // collectives the thread finishes from now on were exposed
+  }
   for (const auto& bk : buckets_) {
     stats_.buckets += 1;
     stats_.bytes += bk.count * es;
@@ -307,10 +387,20 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
     comm_.compute_waits_for_comm();
     return;
   }
+  if (inline_) progress_inline(true);
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return completed_ == launched_; });
   stats_.exposed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   stats_.comm_ms = comm_ms_;
+  stats_.comm_cpu_ms = comm_cpu_ms_;
+  for (auto& bk : buckets_) {
+    if (bk.launched && bk.done_early) {
+      stats_.buckets_done_early += 1;
+      stats_.bytes_done_early += bk.count * es;
+    }
+    bk.done_early = false;
+  }
+  finalize_started_ = false;
   if (error_) {
     auto e = error_;
     error_ = nullptr;

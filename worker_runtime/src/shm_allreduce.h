@@ -56,6 +56,9 @@
 // (only rank r reads slice r, so no second barrier); after backward one finish_step steps
 // every fused bucket's slice and writes the updated parameters into every rank's copy (one
 // barrier pair for all buckets). Parameters are written only there, after backward.
+// reduce_for_step also comes in two non-blocking halves (start_reduce_for_step publishes the
+// op and arrives at the barrier; test_reduce_for_step finishes it once everyone arrived), so
+// the training thread can drive it between layers without a communication thread.
 //
 // Not thread-safe: one collective at a time (like the communicator that owns it).
 #pragma once
@@ -104,6 +107,13 @@ class ShmGroup {
   // finish_step() after backward steps each segment's slice and writes it everywhere, as
   // allreduce_step() does, with the same bits.
   void reduce_for_step(float* grad, size_t count);
+  // reduce_for_step() without blocking (the Reducer's inline progress): start publishes the op
+  // and arrives at its barrier at once; test finishes it (the op check, then this rank's
+  // slice) when every rank has arrived, returning false while one has not (block = false) or
+  // waiting like any barrier (block = true). One started at a time, finished before any other
+  // collective; same bits as reduce_for_step().
+  void start_reduce_for_step(float* grad, size_t count);
+  bool test_reduce_for_step(bool block);
   void finish_step(size_t n_segments, float* const* grads, const size_t* counts, const ElementwiseStep& step,
                    float* const* arrays);
 
@@ -129,11 +139,21 @@ class ShmGroup {
   static void warn_fallback(int rank, const std::string& what, const std::string& handle);
   void map_control(void* base);
   void register_self_and_watch_peers(const std::function<void()>& barrier);
+  // The group barrier in two halves: arrive() counts this rank in and returns the generation
+  // to wait on; all_arrived() tells without blocking whether everyone has; wait_all() blocks
+  // (short spin, then futex; peers checked and the timeout applied).
+  uint32_t arrive();
+  bool all_arrived(uint32_t gen) const;
+  void wait_all(uint32_t gen);
   void barrier();
   void check_peers();
   // Publishes this rank's op, waits for everyone (the collective's first barrier) and checks
   // that every rank issued the same one.
   void enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra);
+  // enter()'s halves: write this rank's signature (before arriving); compare every rank's
+  // with it (after everyone arrived).
+  OpSig publish(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra);
+  void check_sigs(const OpSig& mine);
   std::string describe(const OpSig& s) const;
   template <class T>
   void allreduce_as(void* buf, size_t count, ReduceOp op);
@@ -160,6 +180,14 @@ class ShmGroup {
   std::vector<Region> regions_;
   uint64_t seq_ = 0;
   bool broken_ = false;
+  struct Pending {  // a started, unfinished reduce_for_step
+    OpSig mine{};
+    uint32_t gen = 0;
+    const Region* reg = nullptr;
+    float* grad = nullptr;
+    size_t count = 0;
+    bool active = false;
+  } pending_;
 };
 
 void shm_close_fd(int fd);

@@ -82,6 +82,7 @@ float CpuMlp::loss(const float* params, const float* x, const float* y, int batc
 float CpuMlp::forward_backward(const float* params, const float* x, const float* y, int batch, float* grads,
                                bool accumulate, const std::function<void(size_t)>& on_ready, float grad_scale) {
   const float loss_value = forward(params, x, y, batch);
+  if (on_backward_start_) on_backward_start_();
   const size_t L = dims_.size() - 1;
   // dLoss/dout = 2 (o - y) / (batch * out)
   const auto& o = acts_[L];

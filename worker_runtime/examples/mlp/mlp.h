@@ -49,6 +49,9 @@ class CpuMlp {
   // mean; use 1/k when accumulating k micro-batches). Returns the loss.
   float forward_backward(const float* params, const float* x, const float* y, int batch, float* grads,
                          bool accumulate, const std::function<void(size_t)>& on_ready, float grad_scale = 1.f);
+  // Called between forward and backward in every forward_backward() (timing: a training
+  // loop's per-phase breakdown). Empty: nothing.
+  void set_on_backward_start(std::function<void()> f) { on_backward_start_ = std::move(f); }
 
  private:
   float forward(const float* params, const float* x, const float* y, int batch);
@@ -57,6 +60,7 @@ class CpuMlp {
   std::vector<int> dims_;                 // in, width, ..., out
   std::vector<std::vector<float>> acts_;  // acts_[l] = input of layer l (post-ReLU); acts_.back() = output
   std::vector<float> dz_, dz_prev_;
+  std::function<void()> on_backward_start_;
 };
 
 // SGD (PyTorch semantics): with momentum, buf = momentum * buf + g (buf = g on the first

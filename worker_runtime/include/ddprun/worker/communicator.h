@@ -124,6 +124,14 @@ class DDPRUN_WORKER_API Communicator {
   virtual void reduce_for_step(float* /*grad*/, size_t /*count*/) {}
   virtual void finish_step(size_t /*n_segments*/, float* const* /*grads*/, const size_t* /*counts*/,
                            const ElementwiseStep& /*step*/, float* const* /*arrays*/) {}
+  // Phase 1 without blocking, for a caller that makes progress itself between pieces of
+  // backward (the Reducer's inline progress): start_reduce_for_step() issues it and returns at
+  // once; test_reduce_for_step() finishes the started one and returns true once every rank has
+  // started it, or returns false at once while one has not (block = false) or waits (block =
+  // true). One started at a time, finished before this rank issues anything else. Default:
+  // start runs reduce_for_step() to the end (blocking); test returns true.
+  virtual void start_reduce_for_step(float* grad, size_t count) { reduce_for_step(grad, count); }
+  virtual bool test_reduce_for_step(bool /*block*/) { return true; }
 
   // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
   virtual bool stream_ordered() const { return false; }

@@ -6,7 +6,8 @@
 // backward the program calls mark_ready(i) when gradient i is final; when the last gradient
 // of a bucket arrives, the bucket's all-reduce (average over ranks) is launched at once and
 // overlaps the rest of backward:
-//   * host communicators (Gloo): on the reducer's communication thread;
+//   * host communicators (Gloo): on the reducer's communication thread, or inline on the
+//     training thread at each mark_ready (ReducerOptions::progress);
 //   * stream-ordered communicators (NCCL): on the communication stream, after an event on
 //     the compute stream (comm_waits_for_compute), with the compute stream made to wait in
 //     finalize().
@@ -82,6 +83,23 @@ struct ReducerOptions {
   // scaling kernel over every byte, its in-place sum nothing; PyTorch's DDP divides in a separate
   // kernel before its sum). Not with set_step_arrays() (the fused CPU step always averages).
   bool average = true;
+  // Who runs a host communicator's collectives while backward runs (stream-ordered ones queue
+  // on their stream either way):
+  //  * Thread: a communication thread of the Reducer. Truly concurrent with backward, so it
+  //    hides communication when the rank has a core to spare for it; when ranks occupy every
+  //    core it only time-slices with backward (and wakes, preempts and migrates threads).
+  //  * Inline: no thread. The training thread itself, at each mark_ready(), starts the next
+  //    ready bucket's collective without waiting and finishes it once every rank started it
+  //    (a non-blocking check; if a peer is behind, the next mark_ready() checks again), so
+  //    it never waits for a peer before finalize(). Only collectives that can be started
+  //    without blocking (Communicator::start_reduce_for_step: the fused step's reduction on
+  //    the shared-memory path) progress during backward; any other bucket is reduced in
+  //    finalize(). Same collectives in the same order, hence the same bits, as Thread.
+  //  * Auto: Inline when the communicator splits the fused step (all ranks on this host,
+  //    shared memory) and this process may run on fewer than 2 CPUs per rank
+  //    (sched_getaffinity), i.e. no core to spare for a communication thread; else Thread.
+  enum class Progress { Auto, Thread, Inline };
+  Progress progress = Progress::Auto;
   // Optional: the name of parameter i (registration order), used in error messages.
   std::function<std::string(size_t)> param_name;
 };
@@ -157,8 +175,15 @@ class DDPRUN_WORKER_API Reducer {
     double comm_ms = 0;     // communication thread's time in this pass's collectives
     double exposed_ms = 0;  // of which finalize waited after backward (the rest was hidden)
     double finish_ms = 0;   // fused step after backward (finish_step / allreduce_step)
+    // Collectives that had finished when backward ended (finalize() was called): reduced
+    // during backward; the rest was reduced after it.
+    size_t buckets_done_early = 0, bytes_done_early = 0;
+    double comm_cpu_ms = 0;  // CPU time of the thread(s) running this pass's collectives in them
+    bool inline_progress = false;  // Progress::Inline: comm_ms ran on the training thread
   };
   const OverlapStats& overlap() const { return stats_; }
+  // Progress::Auto resolved (Thread or Inline).
+  ReducerOptions::Progress progress() const { return inline_ ? ReducerOptions::Progress::Inline : ReducerOptions::Progress::Thread; }
   // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
   // and the number of fused collectives they took (adjacent fused buckets go as one).
   size_t buckets_fused() const { return fused_last_; }
@@ -175,10 +200,19 @@ class DDPRUN_WORKER_API Reducer {
     std::vector<unsigned char> staging;
     bool fused = false;  // averaged and stepped by allreduce_step in finalize_and_step()
     bool joins_previous = false;  // fused, and in the same allreduce_step as the bucket before
+    bool started = false;  // inline progress: its start_reduce_for_step() was issued
+    bool done_early = false;  // its collective finished before finalize() (under mu_)
   };
   void launch(size_t b);
   void reduce_bucket(Bucket& bk);  // host path, on the communication thread
   void comm_thread_main();
+  // Inline progress: runs the queued collectives in order on this thread; without `block`
+  // only as far as they complete without waiting for a peer.
+  void progress_inline(bool block);
+  // Times one collective (wall and thread CPU) into comm_ms_ / comm_cpu_ms_; CommError
+  // and other failures go to error_ (rethrown by finalize); under mu_ for the thread.
+  template <class F>
+  void run_timed(size_t b, F&& f);
   // finalize()'s work, once per pass: launches every bucket not launched yet (but not the
   // fused ones when skip_fused) and waits for them.
   void launch_rest_and_wait(bool skip_fused);
@@ -216,6 +250,13 @@ class DDPRUN_WORKER_API Reducer {
   bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
   OverlapStats stats_;
   double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
+  double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
+  bool inline_ = false;  // Progress::Inline in effect this pass (resolved from Auto)
+  // Inline progress: buckets launched, in order, not finished yet (training thread only; apart
+  // from queue_, which a communication thread started in an earlier pass may still watch).
+  std::deque<size_t> inline_queue_;
+  bool want_inline_ = false;  // Inline asked for, or Auto with few CPUs on a splitting communicator
+  bool finalize_started_ = false;  // under mu_: the training thread is in finalize()
   uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
   std::vector<unsigned char> ready_;        // per gradient, this pass
   std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
