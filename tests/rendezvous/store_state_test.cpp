@@ -375,11 +375,18 @@ TEST_CASE("OutboxSendsWhatWasQueuedInOrderAcrossPartialSends", "[state]") {
   store::Reply b;
   b.i64(-1).blob(big);
   box.append(b);
-  const std::string expected = a.flatten() + "raw" + b.flatten();
+  std::string expected = a.flatten() + "raw" + b.flatten();
   REQUIRE(box.wire_bytes() == expected.size());
   std::string sent;
-  // Sends of odd sizes, each taking from at most 3 pieces (a short writev).
+  // Sends of odd sizes, each taking from at most 3 pieces (a short writev); more is queued
+  // while the first is partly sent (as a wake-up sent from another thread leaves it).
+  int round = 0;
   for (size_t step = 1; !box.empty(); step = step * 7 % 1301 + 1) {
+    if (++round == 4) {
+      box.append(std::string_view("more"));
+      box.append(a);
+      expected += "more" + a.flatten();
+    }
     std::string window;
     box.front_pieces(3, [&](const char* p, size_t n) { window.append(p, n); });
     REQUIRE_FALSE(window.empty());

@@ -686,6 +686,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         }
         if (!t.reply.empty()) append_locked(t, c, t.reply);
         route_locked(t, t.others);
+        t.others.clear();
         // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
         if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
         else t.reply.clear();
@@ -884,10 +885,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         std::lock_guard out_lock(c->out_mu);
         c->writer_busy = false;
       }
-      c->writing.clear();
-      if (c->closed) return;
-      if (ec) {
-        close(c, "", false);
+      if (c->closed || ec) {
+        c->writing.clear();  // what was not sent goes, with the values it held
+        if (!c->closed) close(c, "", false);
         return;
       }
       guarded(c, [&] { flush(c); });

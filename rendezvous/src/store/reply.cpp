@@ -7,6 +7,10 @@
 
 namespace ddprun::store {
 
+namespace {
+constexpr size_t kKeptOutboxBytes = 256 * 1024;
+}  // namespace
+
 Reply& Reply::u8(uint8_t v) {
   wire::Writer(own_).u8(v);
   return *this;
@@ -57,7 +61,7 @@ std::string Reply::flatten() const {
 
 void Outbox::append_own(std::string_view b) {
   if (b.empty()) return;
-  if (!segs_.empty() && !segs_.back().value && segs_.back().begin + segs_.back().len == own_.size()) {
+  if (segs_.size() > head_ && !segs_.back().value && segs_.back().begin + segs_.back().len == own_.size()) {
     segs_.back().len += b.size();
   } else {
     segs_.push_back({nullptr, own_.size(), b.size()});
@@ -81,28 +85,40 @@ void Outbox::append(const Reply& r) {
 
 void Outbox::consume(size_t n) {
   wire_bytes_ -= std::min<uint64_t>(n, wire_bytes_);
-  while (n > 0 && !segs_.empty()) {
-    Seg& s = segs_.front();
+  while (n > 0 && head_ < segs_.size()) {
+    Seg& s = segs_[head_];
     const size_t take = std::min(n, s.len);
     s.begin += take;
     s.len -= take;
     n -= take;
-    if (s.len == 0) segs_.pop_front();
+    if (s.len == 0) {
+      s.value.reset();  // a value sent is no longer held
+      ++head_;
+    }
   }
   // Copied bytes are only ever appended: start over once all were sent, so a connection that
-  // drains its outbox now and then holds no more than one batch of them.
-  if (segs_.empty()) own_.clear();
+  // drains its outbox now and then holds no more than one batch of them (and keeps the memory
+  // of a small one for the next).
+  if (head_ == segs_.size()) {
+    head_ = 0;
+    if (segs_.capacity() * sizeof(Seg) > kKeptOutboxBytes) std::vector<Seg>().swap(segs_);
+    else segs_.clear();
+    if (own_.capacity() > kKeptOutboxBytes) std::string().swap(own_);
+    else own_.clear();
+  }
 }
 
 void Outbox::clear() {
   std::string().swap(own_);
-  std::deque<Seg>().swap(segs_);
+  std::vector<Seg>().swap(segs_);
+  head_ = 0;
   wire_bytes_ = 0;
 }
 
 void Outbox::swap(Outbox& o) noexcept {
   own_.swap(o.own_);
   segs_.swap(o.segs_);
+  std::swap(head_, o.head_);
   std::swap(wire_bytes_, o.wire_bytes_);
 }
 

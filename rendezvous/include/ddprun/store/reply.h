@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -89,8 +88,8 @@ class Outbox {
   template <class F>
   size_t front_pieces(size_t max_pieces, F&& f) const {
     size_t n = 0;
-    for (auto it = segs_.begin(); it != segs_.end() && n < max_pieces; ++it, ++n)
-      f((it->value ? it->value->data() : own_.data()) + it->begin, it->len);
+    for (size_t i = head_; i < segs_.size() && n < max_pieces; ++i, ++n)
+      f((segs_[i].value ? segs_[i].value->data() : own_.data()) + segs_[i].begin, segs_[i].len);
     return n;
   }
   // The first n bytes were sent (n <= wire_bytes()).
@@ -106,8 +105,12 @@ class Outbox {
     size_t len = 0;
   };
   void append_own(std::string_view b);
-  std::string own_;  // copied bytes; reset when everything queued was sent
-  std::deque<Seg> segs_;
+  // Both only grow until everything queued was sent, then start over: a connection's outbox is
+  // drained whole by each write (the server swaps a fresh one in), so neither grows without end.
+  // An empty one allocates nothing (thousands of idle connections).
+  std::string own_;        // copied bytes
+  std::vector<Seg> segs_;  // [head_, end) still to send
+  size_t head_ = 0;
   uint64_t wire_bytes_ = 0;
 };
 
