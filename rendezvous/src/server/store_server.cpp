@@ -857,7 +857,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (c->out.empty()) {
         close_now = c->close_when_flushed;
       } else {
-        c->writing.swap(c->out);  // `out` was emptied by the last write: now it is empty again
+        c->writing.swap(c->out);  // `writing` was drained by the last write: `out` gets its buffers
         c->writer_busy = true;
       }
     }
@@ -868,12 +868,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     write_some(c);
   }
 
-  // Writes the next pieces of c->writing (a gather write straight from the stored values),
-  // then the next, until it is empty; then looks at `out` again.
-  void write_some(const ConnPtr& c) {
-    c->iov.clear();
-    c->writing.front_pieces(kWritePieces, [&](const char* p, size_t n) { c->iov.emplace_back(p, n); });
-    asio::async_write(c->socket, c->iov, [this, c](boost::system::error_code ec, size_t n) {
+  // The completion of a write of c->writing: on to the next pieces, or to `out` again.
+  auto on_written(const ConnPtr& c) {
+    return [this, c](boost::system::error_code ec, size_t n) {
       if (!ec && !c->closed) {
         c->writing.consume(n);
         if (!c->writing.empty()) {
@@ -891,8 +888,20 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         return;
       }
       guarded(c, [&] { flush(c); });
-    });
+    };
   }
+
+  // Writes the next pieces of c->writing (a gather write straight from the stored values),
+  // then the next, until it is empty; then looks at `out` again.
+  void write_some(const ConnPtr& c) {
+    c->iov.clear();
+    c->writing.front_pieces(kWritePieces, [&](const char* p, size_t n) { c->iov.emplace_back(p, n); });
+    // One piece (small replies, the common case) is written as one buffer: a buffer sequence
+    // is copied into the write operation, an allocation per write.
+    if (c->iov.size() == 1) asio::async_write(c->socket, c->iov.front(), on_written(c));
+    else asio::async_write(c->socket, c->iov, on_written(c));
+  }
+
 
   void close(const ConnPtr& c, const std::string& why, bool bad_input) {
     if (c->closed) return;
