@@ -7,6 +7,8 @@ using wire::Op;
 
 namespace {
 struct Harness {
+  Harness() = default;
+  explicit Harness(store::StoreState s) : state(std::move(s)) {}
   store::StoreState state;
   std::vector<store::Outgoing> others;
   store::Reply reply;
