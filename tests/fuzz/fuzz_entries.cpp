@@ -292,9 +292,10 @@ class FakeServer : public rdzv::WorkerStores {
         if (!slots_[slot]) return;  // the reply was an ERROR that closes this connection
         continue;
       }
-      std::string reply;
+      store::Reply reply;
       std::vector<store::Outgoing> others;
       auto applied = c.ks->state.apply(c.id, c.dialect, req, reply, others);
+      FUZZ_CHECK(reply.flatten().size() == reply.wire_size(), "a reply's pieces add up to its wire size");
       if (applied.close) {
         FUZZ_CHECK(!applied.error.empty(), "a refused request says why");
         return drop(slot);

@@ -8,6 +8,9 @@ findings 1, 2 and the warning flood of 7). Each section failed on the code befor
   warning_flood         2000 bad connections: one console line each.
   job_limit             --max-jobs: a JOIN for one job too many gets an ERROR naming the flag.
   amplifying_multi_get  one 1 KiB MULTI_GET naming an 8 MiB value 100 times: +1.6 GB RSS.
+  shared_multi_get      the same MULTI_GET allowed (--max-reply-bytes 1 GiB) and answered: the
+                        reply copied the value per occurrence (+800 MB RSS); now it references
+                        it (streamed, a slow reader too, a SET meanwhile does not tear it).
   linear_parsing        one 60 MiB MULTI_SET of 128 Ki small pairs: ~18 s of server CPU.
 
 After each, a plain TCPStore client and a fresh JOIN must still be served. Needs no torch.
@@ -297,6 +300,126 @@ def amplifying_multi_get(binary):
     check_eq(d.stop(), 0, "ddprund exit code after SIGTERM")
 
 
+def recv_into_exact(sock, view):
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise EOFError(f"connection closed after {got} of {len(view)} bytes")
+        got += n
+
+
+class PeakRss:
+    """ddprund's peak RSS from now on: /proc/PID/clear_refs "5" resets VmHWM (Linux 4.0+);
+    where it cannot, samples of VmRSS taken at each mark()."""
+
+    def __init__(self, d):
+        self.d = d
+        self.base = d.rss_kb()
+        try:
+            with open(f"/proc/{d.proc.pid}/clear_refs", "w") as f:
+                f.write("5")
+            self.hwm = True
+        except OSError:
+            self.hwm = False
+        self.sampled = self.base
+
+    def mark(self):
+        self.sampled = max(self.sampled, self.d.rss_kb())
+
+    def growth_kb(self):
+        self.mark()
+        peak = self.sampled
+        if self.hwm:
+            with open(f"/proc/{self.d.proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]))
+        return peak - self.base
+
+
+def read_values(sock, count, value, what, peak, first_bytes=None):
+    """Reads `count` blobs of a MULTI_GET reply (8 MiB each, into one buffer: streamed) and
+    checks each is `value`. first_bytes: bytes of the first blob read already."""
+    buf = bytearray(len(value))
+    view = memoryview(buf)
+    for i in range(count):
+        if i == 0 and first_bytes is not None:
+            head, body = first_bytes[:8], first_bytes[8:]
+            recv_into_exact(sock, view[len(body):])
+            view[:len(body)] = body
+        else:
+            head = bytearray(8)
+            recv_into_exact(sock, memoryview(head))
+            recv_into_exact(sock, view)
+        if int.from_bytes(head, "little") != len(value):
+            raise ic.TestFailure(f"{what}: value {i + 1} of {count} has length {int.from_bytes(head, 'little')}")
+        if buf != value:
+            raise ic.TestFailure(f"{what}: value {i + 1} of {count} differs from the value stored")
+        if i % 10 == 0:
+            peak.mark()
+    log(f"  ok: {what}: {count} values of {len(value)} bytes intact")
+
+
+def shared_multi_get(binary):
+    d = start_daemon(binary, ["--max-reply-bytes", str(1 << 30)])
+    value = os.urandom(8 * 1024 * 1024)
+    w = RawConn(d.host, d.port, timeout=120.0)
+    w.op("SET", blob("/big"), blob(value))
+    check(w.get("/big") == value, "the 8 MiB value is stored")
+    req = bytes([ic.D2["MULTI_GET"]]) + u64(100) + blob("/big") * 100
+
+    # A reader that keeps up: 800 MiB answered, every occurrence intact, RSS flat.
+    peak = PeakRss(d)
+    a = RawConn(d.host, d.port, timeout=120.0)
+    a.send(req)
+    read_values(a.sock, 100, value, "MULTI_GET of one value 100 times", peak)
+    grew = peak.growth_kb()
+    log(f"  streamed 800 MiB; ddprund peak RSS growth {grew // 1024} MB")
+    check(grew < 64 * 1024, f"RSS growth while answering 100 x 8 MiB: {grew // 1024} MB < 64 MB")
+    a.close()
+
+    # A reader that stops after the first bytes holds the whole reply queued in the server (it is
+    # queued in full before its first byte is written); a SET of the key meanwhile must neither
+    # copy the reply nor reach it.
+    peak = PeakRss(d)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    s.connect((d.host, d.port))
+    s.sendall(b"\x00" + ic.MAGIC + req)
+    s.settimeout(120.0)
+    first = bytearray(8 + 4096)
+    recv_into_exact(s, memoryview(first))
+    held = peak.growth_kb()
+    log(f"  slow reader holding the reply: ddprund RSS growth {held // 1024} MB")
+    check(held < 64 * 1024, f"RSS growth with a 800 MiB reply held by a slow reader: {held // 1024} MB < 64 MB")
+    newer = os.urandom(8 * 1024 * 1024)
+    w.op("SET", blob("/big"), blob(newer))
+    check(w.get("/big") == newer, "a SET while the reply is in flight is stored")
+    # From here: the SET's new value and its request buffer are the store's, not the reply's
+    # (and under TSan, writing them costs shadow memory too).
+    peak = PeakRss(d)
+    read_values(s, 100, value, "the held reply after a SET of its key", peak, first_bytes=bytes(first))
+    grew = peak.growth_kb()
+    check(grew < 64 * 1024, f"RSS growth while the held reply is read: {grew // 1024} MB < 64 MB")
+    s.close()
+    w.close()
+
+    # A reader that pipelines replies and reads none: closed once its queued wire bytes pass
+    # --max-connection-buffered-bytes (here 1 GiB, following the reply limit), memory flat.
+    peak = PeakRss(d)
+    p = RawConn(d.host, d.port, timeout=120.0)
+    p.send(req * 4)
+    check(p.is_closed_by_peer(300.0), "a peer that queues 3.2 GB of replies and reads none is closed")
+    p.close()
+    grew = peak.growth_kb()
+    check(grew < 64 * 1024, f"RSS growth for 4 pipelined 800 MiB replies: {grew // 1024} MB < 64 MB")
+    check(any("--max-connection-buffered-bytes" in ln for ln in warning_lines(d)),
+          "the close names --max-connection-buffered-bytes")
+    still_serves(d, "MULTI_GETs of 800 MiB")
+    check_eq(d.stop(), 0, "ddprund exit code after SIGTERM")
+
+
 def linear_parsing(binary):
     d = start_daemon(binary)
     n = 128 * 1024
@@ -321,7 +444,7 @@ def linear_parsing(binary):
 
 
 SECTIONS = {f.__name__: f for f in (joins_past_fd_limit, conns_past_fd_limit, warning_flood, job_limit,
-                                     amplifying_multi_get, linear_parsing)}
+                                     amplifying_multi_get, shared_multi_get, linear_parsing)}
 
 
 def main():

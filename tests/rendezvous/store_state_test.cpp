@@ -7,9 +7,11 @@ using wire::Op;
 
 namespace {
 struct Harness {
+  Harness() = default;
+  explicit Harness(store::StoreState s) : state(std::move(s)) {}
   store::StoreState state;
   std::vector<store::Outgoing> others;
-  std::string reply;
+  store::Reply reply;
   store::ApplyResult last;
 
   std::string call(store::ConnId c, Op op, std::vector<std::string> keys = {}, std::vector<std::string> values = {},
@@ -22,7 +24,7 @@ struct Harness {
     reply.clear();
     others.clear();
     last = state.apply(c, wire::Dialect::D2, r, reply, others);
-    return reply;
+    return reply.flatten();
   }
 };
 std::string blob(const std::string& s) {
@@ -88,7 +90,7 @@ TEST_CASE("WaitIsDeferredUntilEveryKeyExists", "[state]") {
   h.call(3, Op::Add, {"c"}, {}, 1);
   REQUIRE(h.others.size() == 1);
   CHECK(h.others[0].conn == 2);
-  CHECK(h.others[0].bytes == std::string(1, '\0'));
+  CHECK(h.others[0].reply.flatten() == std::string(1, '\0'));
   CHECK(h.state.num_waiting_connections() == 0);
   // Present keys answer at once; an empty list too.
   CHECK(h.call(2, Op::Wait, {"a"}) == std::string(1, '\0'));
@@ -189,10 +191,10 @@ TEST_CASE("WatchKeySendsEventsOnChange", "[state]") {
   REQUIRE(h.others.size() == 1);
   std::string created;
   wire::Writer(created).u8(wire::kWatchKeyCreated).blob("w").blob("").blob("v1");
-  CHECK(h.others[0].bytes == created);
+  CHECK(h.others[0].reply.flatten() == created);
   h.call(1, Op::DeleteKey, {"w"});
   REQUIRE(h.others.size() == 1);
-  CHECK(h.others[0].bytes[0] == wire::kWatchKeyDeleted);
+  CHECK(h.others[0].reply.flatten()[0] == wire::kWatchKeyDeleted);
 }
 
 TEST_CASE("SecondValidateCloses", "[state]") {
@@ -266,4 +268,144 @@ TEST_CASE("StoreLimitsRefuseWithoutChangingAnything", "[state][limits]") {
   CHECK_FALSE(h.last.close);
   h.state.clear();
   CHECK(h.state.bytes() == 0);
+}
+
+namespace {
+// A value whose bytes say where they are, so a misplaced or torn piece shows.
+std::string patterned(size_t n, uint8_t seed) {
+  std::string v(n, '\0');
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed) & 0xff);
+  return v;
+}
+// Whether `r`'s pieces, in order, are exactly `expected` (built piece by piece, never flattened).
+bool pieces_match(const store::Reply& r, const std::vector<std::string_view>& expected) {
+  size_t part = 0, at = 0;
+  bool ok = true;
+  r.for_each_piece([&](std::string_view p) {
+    while (ok && !p.empty()) {
+      if (part == expected.size()) { ok = false; return; }
+      const size_t n = std::min(p.size(), expected[part].size() - at);
+      if (p.substr(0, n) != expected[part].substr(at, n)) ok = false;
+      p.remove_prefix(n);
+      at += n;
+      if (at == expected[part].size()) { ++part; at = 0; }
+    }
+  });
+  return ok && part == expected.size() && at == 0;
+}
+}  // namespace
+
+TEST_CASE("MultiGetReferencesAValueNamedManyTimesInsteadOfCopyingIt", "[state][limits]") {
+  store::StoreLimits lim;
+  lim.max_reply_bytes = 1ull << 30;
+  Harness h{store::StoreState(lim)};
+  const std::string value = patterned(8 << 20, 7);
+  h.call(1, Op::Set, {"/big"}, {value});
+  REQUIRE_FALSE(h.last.close);
+  wire::Request r;
+  r.op = Op::MultiGet;
+  r.keys.assign(100, "/big");
+  store::Reply reply;
+  std::vector<store::Outgoing> others;
+  REQUIRE_FALSE(h.state.apply(2, wire::Dialect::D2, r, reply, others).close);
+  CHECK(reply.wire_size() == 100 * (8 + value.size()));
+  // Memory O(keys): its own bytes are the length prefixes and one reference per occurrence.
+  CHECK(reply.owned_bytes() < 64 * 1024);
+  CHECK(reply.shared_bytes() == value.size());
+  CHECK(reply.num_refs() == 100);
+  const std::string prefix = i64(static_cast<int64_t>(value.size()));
+  std::vector<std::string_view> expected;
+  for (int i = 0; i < 100; ++i) {
+    expected.push_back(prefix);
+    expected.push_back(value);
+  }
+  CHECK(pieces_match(reply, expected));
+  // Writing the key while the reply waits to be sent changes the store, not the reply.
+  h.call(1, Op::Set, {"/big"}, {patterned((8 << 20) - 4, 99)});
+  h.call(1, Op::Append, {"/big"}, {"tail"});
+  REQUIRE_FALSE(h.last.close);
+  CHECK(pieces_match(reply, expected));
+  CHECK(h.state.bytes() == 4 + (8 << 20));
+  // Past the reply limit (wire bytes) it is still refused before anything is built.
+  r.keys.assign(129, "/big");
+  reply.clear();
+  auto refused = h.state.apply(2, wire::Dialect::D2, r, reply, others);
+  CHECK(refused.close);
+  CHECK(refused.error.find("--max-reply-bytes") != std::string::npos);
+  CHECK(reply.empty());
+}
+
+TEST_CASE("RepliesCarryingValuesAreByteForByteTheWireFormat", "[state]") {
+  // Sizes around the copy-or-reference threshold: the wire bytes must not depend on it.
+  for (size_t n : {size_t{0}, size_t{1}, store::kInlineValueBytes, store::kInlineValueBytes + 1, size_t{5000}}) {
+    INFO("value size " << n);
+    Harness h;
+    const std::string v = patterned(n, 3), w = patterned(n + 1, 5);
+    CHECK(h.call(5, Op::WatchKey, {"k"}) == std::string(1, '\3'));
+    h.call(1, Op::Set, {"k"}, {v});
+    std::string created;
+    wire::Writer(created).u8(wire::kWatchKeyCreated).blob("k").blob("").blob(v);
+    REQUIRE(h.others.size() == 1);
+    CHECK(h.others[0].reply.flatten() == created);
+    CHECK(h.call(1, Op::Get, {"k"}) == blob(v));
+    CHECK(h.call(1, Op::MultiGet, {"k", "none", "k"}) == blob(v) + blob("") + blob(v));
+    // COMPARE_SET: mismatch answers the current value; match stores and answers the desired.
+    CHECK(h.call(1, Op::CompareSet, {"k"}, {v + "x", w}) == blob(v));
+    CHECK(h.call(1, Op::CompareSet, {"k"}, {v, w}) == blob(w));
+    std::string updated;
+    wire::Writer(updated).u8(wire::kWatchKeyUpdated).blob("k").blob(v).blob(w);
+    REQUIRE(h.others.size() == 1);
+    CHECK(h.others[0].reply.flatten() == updated);
+    CHECK(h.call(1, Op::CompareSet, {"missing"}, {w, v}) == blob(w));  // echoed, nothing stored
+    h.call(1, Op::QueuePush, {"q"}, {v});
+    CHECK(h.call(1, Op::QueuePop, {"q"}) == i64(1) + blob(v));
+    std::string deleted;
+    wire::Writer(deleted).u8(wire::kWatchKeyDeleted).blob("k").blob(w).blob("");
+    CHECK(h.call(1, Op::DeleteKey, {"k"}) == i64(1));
+    REQUIRE(h.others.size() == 1);
+    CHECK(h.others[0].reply.flatten() == deleted);
+  }
+}
+
+TEST_CASE("OutboxSendsWhatWasQueuedInOrderAcrossPartialSends", "[state]") {
+  store::Outbox box;
+  const auto big = store::make_value(patterned(1000, 1));
+  store::Reply a;
+  a.u8(9).blob(big).blob("short").blob(big);
+  box.append(a);
+  box.append(std::string_view("raw"));
+  store::Reply b;
+  b.i64(-1).blob(big);
+  box.append(b);
+  std::string expected = a.flatten() + "raw" + b.flatten();
+  REQUIRE(box.wire_bytes() == expected.size());
+  std::string sent;
+  // Sends of odd sizes, each taking from at most 3 pieces (a short writev); more is queued
+  // while the first is partly sent (as a wake-up sent from another thread leaves it).
+  int round = 0;
+  for (size_t step = 1; !box.empty(); step = step * 7 % 1301 + 1) {
+    if (++round == 4) {
+      box.append(std::string_view("more"));
+      box.append(a);
+      expected += "more" + a.flatten();
+    }
+    std::string window;
+    box.front_pieces(3, [&](const char* p, size_t n) { window.append(p, n); });
+    REQUIRE_FALSE(window.empty());
+    const size_t n = std::min(step, window.size());
+    sent.append(window, 0, n);
+    box.consume(n);
+    CHECK(box.wire_bytes() == expected.size() - sent.size());
+  }
+  CHECK(sent == expected);
+  // The value stays alive while queued even when nothing else holds it.
+  store::Outbox held;
+  {
+    store::Reply c;
+    c.blob(store::make_value(patterned(500, 2)));
+    held.append(c);
+  }
+  std::string got;
+  held.front_pieces(8, [&](const char* p, size_t n) { got.append(p, n); });
+  CHECK(got == blob(patterned(500, 2)));
 }

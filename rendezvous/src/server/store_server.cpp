@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
@@ -19,6 +20,7 @@
 #include <set>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 
 #include "ddprun/common/knobs.h"
@@ -42,6 +44,12 @@ constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
 // Bytes for at most this many other threads' connections, produced by one batch of requests,
 // are sent by the producing thread itself; more are handed to the connections' threads.
 constexpr size_t kMaxDirectSends = 16;
+// Pieces of an outbox handed to one async_write (a MULTI_GET of many keys is written in several
+// rounds rather than with one buffer table of its whole length), and to one sendmsg.
+constexpr size_t kWritePieces = 1024;
+constexpr size_t kSendPieces = 64;
+// A thread's scratch reply keeps at most this much memory between requests.
+constexpr size_t kKeptReplyBytes = 1 << 20;
 
 // Grows this process's descriptor table once, now, to what `RLIMIT_NOFILE` allows (at most
 // kPresizedDescriptors): in a process with several threads every doubling of the table waits
@@ -165,7 +173,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // Scratch of the requests handled on this thread.
     wire::Request req;
     rdzv::Message msg;
-    std::string reply;
+    store::Reply reply;
     std::vector<store::Outgoing> others;
     std::vector<rdzv::Outbound> rdzv_out;
     std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under `mu`
@@ -208,13 +216,17 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     size_t in_size = 0;
     size_t need_total = 0;
     size_t chunk = kSmallReadChunk;
-    std::string writing;
+    // What the async write in flight sends (taken from `out`), and its buffer table.
+    store::Outbox writing;
+    std::vector<asio::const_buffer> iov;
     bool closed = false;
     // under mu: its keyspace was reset or dropped; it must not touch any state again
     bool revoked = false;
     // under out_mu:
     std::mutex out_mu;
-    std::string out;
+    // References stored values, not copies: its wire bytes count towards
+    // --max-connection-buffered-bytes, its memory is O(pieces) plus the distinct values.
+    store::Outbox out;
     bool close_when_flushed = false;
     bool writer_busy = false;  // its thread has an async write in flight (which flushes again)
     bool fd_closed = false;    // its thread closed (or is closing) the socket
@@ -673,8 +685,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           applied = c->ks->state.apply(c->id, c->dialect, t.req, t.reply, t.others);
         } catch (const std::bad_alloc&) {
           applied = {true, "out of memory while serving it"};
-          t.reply.clear();
-          t.reply.shrink_to_fit();
+          t.reply = store::Reply();
           t.others.clear();
         }
         if (applied.close) {
@@ -683,6 +694,10 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         }
         if (!t.reply.empty()) append_locked(t, c, t.reply);
         route_locked(t, t.others);
+        t.others.clear();
+        // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
+        if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
+        else t.reply.clear();
       }
     }
     flush_pending(t);
@@ -711,14 +726,20 @@ struct StoreServer::Impl : rdzv::WorkerStores {
   // (flush_pending): by `self` if `target` lives there, else sent from `self` right away when
   // nobody is writing it (a wake-up must not wait for another thread to wake), or handed to
   // its thread.
-  void append_locked(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false) {
+  // `bytes`: a std::string_view (copied) or a store::Reply (its values referenced).
+  template <class Bytes>
+  void append_locked(IoThread& self, const ConnPtr& target, const Bytes& bytes, bool close_after = false) {
+    uint64_t size = 0;
+    if constexpr (std::is_same_v<Bytes, store::Reply>) size = bytes.wire_size();
+    else size = std::string_view(bytes).size();
     {
       std::lock_guard out_lock(target->out_mu);
       if (target->overflowed || target->fd_closed) return;
-      if (target->out.size() + bytes.size() > options.max_connection_buffered_bytes) {
+      // Wire bytes, not memory: the limit is back-pressure on a peer that does not read.
+      if (target->out.wire_bytes() + size > options.max_connection_buffered_bytes) {
         // Its peer does not read what it asks for: drop it rather than buffer without end.
         target->overflowed = true;
-        std::string().swap(target->out);
+        target->out.clear();
         asio::post(target->thread->io, [this, target] {
           guarded(target, [&] {
             closed_for_limit(target, Warn::BufferLimit,
@@ -729,7 +750,8 @@ struct StoreServer::Impl : rdzv::WorkerStores {
         });
         return;
       }
-      target->out.append(bytes);
+      if constexpr (std::is_same_v<Bytes, store::Reply>) target->out.append(bytes);
+      else target->out.append(std::string_view(bytes));
       if (close_after) target->close_when_flushed = true;
     }
     wake(self, target);
@@ -744,7 +766,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     for (auto& o : others) {
       auto it = conns.find(o.conn);
       if (it == conns.end() || it->second->revoked) continue;
-      append_locked(self, it->second, o.bytes);
+      append_locked(self, it->second, o.reply);
     }
   }
 
@@ -755,7 +777,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (it == conns.end() || it->second->revoked) continue;
       bytes.clear();
       rdzv::encode_message(o.msg, bytes);
-      append_locked(self, it->second, bytes, o.close_after);
+      append_locked(self, it->second, std::string_view(bytes), o.close_after);
     }
     schedule_tick_locked();
   }
@@ -793,8 +815,14 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       std::lock_guard out_lock(c->out_mu);
       if (c->fd_closed || c->out.empty() || c->writer_busy) return;  // a busy writer flushes again
       if (!c->close_when_flushed) {
-        const ssize_t n = ::send(c->fd, c->out.data(), c->out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) c->out.erase(0, static_cast<size_t>(n));
+        iovec iov[kSendPieces];
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = c->out.front_pieces(kSendPieces, [&, i = size_t{0}](const char* p, size_t n) mutable {
+          iov[i++] = {const_cast<char*>(p), n};
+        });
+        const ssize_t n = ::sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) c->out.consume(static_cast<size_t>(n));
         if (c->out.empty()) return;
       }
     }
@@ -837,8 +865,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (c->out.empty()) {
         close_now = c->close_when_flushed;
       } else {
-        c->writing.swap(c->out);
-        c->out.clear();
+        c->writing.swap(c->out);  // `writing` was drained by the last write: `out` gets its buffers
         c->writer_busy = true;
       }
     }
@@ -846,20 +873,43 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       if (close_now) close(c, "", false);
       return;
     }
-    asio::async_write(c->socket, asio::buffer(c->writing), [this, c](boost::system::error_code ec, size_t) {
+    write_some(c);
+  }
+
+  // The completion of a write of c->writing: on to the next pieces, or to `out` again.
+  auto on_written(const ConnPtr& c) {
+    return [this, c](boost::system::error_code ec, size_t n) {
+      if (!ec && !c->closed) {
+        c->writing.consume(n);
+        if (!c->writing.empty()) {
+          guarded(c, [&] { write_some(c); });
+          return;
+        }
+      }
       {
         std::lock_guard out_lock(c->out_mu);
         c->writer_busy = false;
       }
-      c->writing.clear();
-      if (c->closed) return;
-      if (ec) {
-        close(c, "", false);
+      if (c->closed || ec) {
+        c->writing.clear();  // what was not sent goes, with the values it held
+        if (!c->closed) close(c, "", false);
         return;
       }
       guarded(c, [&] { flush(c); });
-    });
+    };
   }
+
+  // Writes the next pieces of c->writing (a gather write straight from the stored values),
+  // then the next, until it is empty; then looks at `out` again.
+  void write_some(const ConnPtr& c) {
+    c->iov.clear();
+    c->writing.front_pieces(kWritePieces, [&](const char* p, size_t n) { c->iov.emplace_back(p, n); });
+    // One piece (small replies, the common case) is written as one buffer: a buffer sequence
+    // is copied into the write operation, an allocation per write.
+    if (c->iov.size() == 1) asio::async_write(c->socket, c->iov.front(), on_written(c));
+    else asio::async_write(c->socket, c->iov, on_written(c));
+  }
+
 
   void close(const ConnPtr& c, const std::string& why, bool bad_input) {
     if (c->closed) return;
@@ -876,6 +926,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     {
       std::lock_guard out_lock(c->out_mu);  // no other thread is sending on it past this point
       c->fd_closed = true;
+      c->out.clear();  // nothing more goes out: let go of the values it references
     }
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);

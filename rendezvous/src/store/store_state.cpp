@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <utility>
 
 namespace ddprun::store {
 
 using wire::Op;
-using wire::Writer;
 
 namespace {
 
@@ -25,12 +25,18 @@ bool parse_integer(const std::string& text, int64_t& out) {
 
 void erase_conn(std::vector<ConnId>& v, ConnId c) { v.erase(std::remove(v.begin(), v.end(), c), v.end()); }
 
+Reply status(uint8_t byte) {
+  Reply r;
+  r.u8(byte);
+  return r;
+}
+
 }  // namespace
 
 std::optional<int64_t> StoreState::integer(const std::string& key) const {
   auto it = kv_.find(key);
   int64_t v = 0;
-  if (it == kv_.end() || !parse_integer(it->second, v)) return std::nullopt;
+  if (it == kv_.end() || !parse_integer(*it->second, v)) return std::nullopt;
   return v;
 }
 
@@ -51,25 +57,21 @@ std::optional<std::string> StoreState::over_limit(uint64_t new_keys, uint64_t mo
   return std::nullopt;
 }
 
-void StoreState::set_value(const std::string& key, std::string value, std::vector<Outgoing>& others) {
+void StoreState::set_value(const std::string& key, Value value, std::vector<Outgoing>& others) {
   auto it = kv_.find(key);
   if (it == kv_.end()) {
-    bytes_ += key.size() + value.size();
+    bytes_ += key.size() + value->size();
     auto [ins, _] = kv_.emplace(key, std::move(value));
     on_stored(key, nullptr, ins->second, others);
-  } else if (watchers_.empty()) {
-    bytes_ = bytes_ - it->second.size() + value.size();
-    it->second = std::move(value);
-    on_stored(key, nullptr, it->second, others);
   } else {
-    bytes_ = bytes_ - it->second.size() + value.size();
-    std::string old = std::move(it->second);
-    it->second = std::move(value);
+    // The old value is replaced, never written over: replies in flight still hold it.
+    bytes_ = bytes_ - it->second->size() + value->size();
+    Value old = std::exchange(it->second, std::move(value));
     on_stored(key, &old, it->second, others);
   }
 }
 
-void StoreState::on_stored(const std::string& key, const std::string* old_value, const std::string& new_value,
+void StoreState::on_stored(const std::string& key, const Value* old_value, const Value& new_value,
                            std::vector<Outgoing>& others) {
   if (auto w = waiting_on_.find(key); w != waiting_on_.end()) {
     std::vector<ConnId> conns = std::move(w->second);
@@ -79,17 +81,16 @@ void StoreState::on_stored(const std::string& key, const std::string* old_value,
       if (wt == waiters_.end()) continue;
       if (--wt->second.remaining == 0) {
         waiters_.erase(wt);
-        others.push_back({c, std::string(1, static_cast<char>(wire::kWaitStop))});
+        others.push_back({c, status(wire::kWaitStop)});
       }
     }
   }
   if (auto ws = watchers_.find(key); ws != watchers_.end()) {
     for (ConnId c : ws->second) {
-      std::string ev;
-      Writer(ev)
-          .u8(old_value ? wire::kWatchKeyUpdated : wire::kWatchKeyCreated)
+      Reply ev;
+      ev.u8(old_value ? wire::kWatchKeyUpdated : wire::kWatchKeyCreated)
           .blob(key)
-          .blob(old_value ? *old_value : std::string())
+          .blob(old_value ? *old_value : Value())
           .blob(new_value);
       others.push_back({c, std::move(ev)});
     }
@@ -107,7 +108,7 @@ void StoreState::on_queue_push(const std::string& key, std::vector<Outgoing>& ot
     if (wt == waiters_.end()) continue;
     if (--wt->second.remaining == 0) {
       waiters_.erase(wt);
-      others.push_back({c, std::string(1, static_cast<char>(wire::kWaitStop))});
+      others.push_back({c, status(wire::kWaitStop)});
     }
     break;
   }
@@ -160,15 +161,15 @@ void StoreState::clear() {
   bytes_ = 0;
 }
 
-ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request& req, std::string& reply,
+ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply,
                               std::vector<Outgoing>& others) {
   (void)d;
-  Writer w(reply);
+  Reply& w = reply;
   // Room for storing `value` under `key` (replacing what is there).
   auto room_for = [&](const std::string& key, size_t value_size) -> std::optional<std::string> {
     auto it = kv_.find(key);
     if (it == kv_.end()) return over_limit(1, key.size() + value_size);
-    return over_limit(0, value_size > it->second.size() ? value_size - it->second.size() : 0);
+    return over_limit(0, value_size > it->second->size() ? value_size - it->second->size() : 0);
   };
   auto refuse = [](const std::string& why) { return ApplyResult{true, why}; };
   switch (req.op) {
@@ -179,24 +180,23 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       return {};
     case Op::Set:
       if (auto why = room_for(req.keys[0], req.values[0].size())) return refuse(*why);
-      set_value(req.keys[0], req.values[0], others);
+      set_value(req.keys[0], make_value(std::move(req.values[0])), others);
       return {};
     case Op::CompareSet: {
       const std::string& key = req.keys[0];
-      const std::string& expected = req.values[0];
-      const std::string& desired = req.values[1];
-      if (auto why = room_for(key, desired.size())) return refuse(*why);
-      auto it = kv_.find(key);
-      if (it == kv_.end()) {
-        if (expected.empty()) {
-          set_value(key, desired, others);
-          w.blob(desired);
-        } else {
-          w.blob(expected);  // PyTorch's servers "pretend": nothing stored, expected echoed
-        }
-      } else if (it->second == expected) {
+      std::string& expected = req.values[0];
+      if (auto why = room_for(key, req.values[1].size())) return refuse(*why);
+      auto store_desired = [&] {
+        Value desired = make_value(std::move(req.values[1]));
         set_value(key, desired, others);
         w.blob(desired);
+      };
+      auto it = kv_.find(key);
+      if (it == kv_.end()) {
+        if (expected.empty()) store_desired();
+        else w.blob(make_value(std::move(expected)));  // PyTorch's servers "pretend": nothing stored, expected echoed
+      } else if (*it->second == expected) {
+        store_desired();
       } else {
         w.blob(it->second);
       }
@@ -204,18 +204,18 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
     }
     case Op::Get: {
       auto it = kv_.find(req.keys[0]);
-      w.blob(it == kv_.end() ? std::string_view() : std::string_view(it->second));
+      w.blob(it == kv_.end() ? Value() : it->second);
       return {};
     }
     case Op::Add: {
       int64_t current = 0;
       auto it = kv_.find(req.keys[0]);
-      if (it != kv_.end() && !parse_integer(it->second, current))
+      if (it != kv_.end() && !parse_integer(*it->second, current))
         return {true, "ADD on key whose value is not an integer"};
       if (auto why = room_for(req.keys[0], 20)) return refuse(*why);
       // Two's-complement wrap, as the int64 arithmetic of PyTorch's servers.
       int64_t next = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.number));
-      set_value(req.keys[0], std::to_string(next), others);
+      set_value(req.keys[0], make_value(std::to_string(next)), others);
       w.i64(next);
       return {};
     }
@@ -250,12 +250,12 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       if (removed) {
         if (auto ws = watchers_.find(req.keys[0]); ws != watchers_.end()) {
           for (ConnId c : ws->second) {
-            std::string ev;
-            Writer(ev).u8(wire::kWatchKeyDeleted).blob(req.keys[0]).blob(it->second).blob("");
+            Reply ev;
+            ev.u8(wire::kWatchKeyDeleted).blob(req.keys[0]).blob(it->second).blob(std::string_view());
             others.push_back({c, std::move(ev)});
           }
         }
-        bytes_ -= it->first.size() + it->second.size();
+        bytes_ -= it->first.size() + it->second->size();
         kv_.erase(it);
       }
       w.i64(removed ? 1 : 0);
@@ -263,30 +263,36 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
     }
     case Op::Append: {
       auto it = kv_.find(req.keys[0]);
-      const uint64_t len = (it == kv_.end() ? 0 : it->second.size()) + req.values[0].size();
+      const uint64_t len = (it == kv_.end() ? 0 : it->second->size()) + req.values[0].size();
       if (len > limits_.max_value_len)
         return refuse("the value would grow to " + std::to_string(len) + " bytes, past the limit of " +
                       std::to_string(limits_.max_value_len) + " (ddprund --max-value-len)");
       if (auto why = room_for(req.keys[0], len)) return refuse(*why);
-      std::string v = it == kv_.end() ? req.values[0] : it->second + req.values[0];
-      set_value(req.keys[0], std::move(v), others);
+      // A new value, never the old one grown in place: replies in flight still hold the old.
+      std::string v;
+      if (it == kv_.end()) {
+        v = std::move(req.values[0]);
+      } else {
+        v.reserve(len);
+        v.append(*it->second).append(req.values[0]);
+      }
+      set_value(req.keys[0], make_value(std::move(v)), others);
       return {};
     }
     case Op::MultiGet: {
-      // The reply's size is known before it is built: refuse one that would pass the limit
-      // (a small request naming one large value many times must not cost gigabytes).
+      // The reply references each value (memory O(keys)); its wire size is still bounded, so a
+      // small request cannot make the server send a terabyte.
       uint64_t size = 0;
       for (const auto& k : req.keys) {
         auto it = kv_.find(k);
-        size += 8 + (it == kv_.end() ? 0 : it->second.size());
+        size += 8 + (it == kv_.end() ? 0 : it->second->size());
       }
       if (size > limits_.max_reply_bytes)
         return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
                       std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
-      reply.reserve(reply.size() + size);
       for (const auto& k : req.keys) {
         auto it = kv_.find(k);
-        w.blob(it == kv_.end() ? std::string_view() : std::string_view(it->second));
+        w.blob(it == kv_.end() ? Value() : it->second);
       }
       return {};
     }
@@ -297,7 +303,7 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
         more += req.keys[i].size() + req.values[i].size();  // an upper bound: replaced values not subtracted
       }
       if (auto why = over_limit(new_keys, more)) return refuse(*why);
-      for (size_t i = 0; i < req.keys.size(); ++i) set_value(req.keys[i], req.values[i], others);
+      for (size_t i = 0; i < req.keys.size(); ++i) set_value(req.keys[i], make_value(std::move(req.values[i])), others);
       return {};
     }
     case Op::CancelWait:
@@ -309,7 +315,7 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       const uint64_t more = req.values[0].size() + (fresh ? req.keys[0].size() : 0);
       if (auto why = over_limit(fresh ? 1 : 0, more)) return refuse(*why);
       bytes_ += more;
-      queues_[req.keys[0]].push_back(req.values[0]);
+      queues_[req.keys[0]].push_back(std::move(req.values[0]));
       on_queue_push(req.keys[0], others);
       return {};
     }
@@ -318,8 +324,10 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       int64_t len = q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
       w.i64(len);
       if (len > 0) {
-        w.blob(q->second.front());
-        bytes_ -= q->second.front().size();
+        std::string& item = q->second.front();
+        bytes_ -= item.size();
+        if (item.size() <= kInlineValueBytes) w.blob(item);
+        else w.blob(make_value(std::move(item)));
         q->second.pop_front();
         if (q->second.empty()) {
           bytes_ -= q->first.size();
@@ -347,16 +355,16 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, const wire::Request&
       const std::string& key = req.keys[0];
       int64_t count = 0;
       auto it = kv_.find(key);
-      if (it != kv_.end() && !parse_integer(it->second, count))
+      if (it != kv_.end() && !parse_integer(*it->second, count))
         return {true, "BARRIER on key whose value is not an integer"};
       ++count;
       if (auto why = room_for(key, 20)) return refuse(*why);
-      set_value(key, std::to_string(count), others);
+      set_value(key, make_value(std::to_string(count)), others);
       if (count >= req.number) {
         w.u8(wire::kWaitStop);
         if (auto bw = barrier_waiting_.find(key); bw != barrier_waiting_.end()) {
           for (ConnId c : bw->second) {
-            others.push_back({c, std::string(1, static_cast<char>(wire::kWaitStop))});
+            others.push_back({c, status(wire::kWaitStop)});
             barrier_of_.erase(c);
           }
           barrier_waiting_.erase(bw);

@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ddprun/store/reply.h"
 #include "ddprun/wire/codec.h"
 
 namespace ddprun::store {
@@ -23,7 +24,7 @@ using ConnId = uint64_t;
 // reply, a barrier release, a watch event).
 struct Outgoing {
   ConnId conn;
-  std::string bytes;
+  Reply reply;
 };
 
 // What one keyspace (a job's round store, or ddprund's main store) may hold and answer. A
@@ -31,7 +32,10 @@ struct Outgoing {
 // PyTorch's rendezvous and collectives stay far below every default.
 inline constexpr uint64_t kDefaultMaxKeysPerStore = 1 << 20;              // keys + queues
 inline constexpr uint64_t kDefaultMaxBytesPerStore = 1ull << 30;          // keys + values + queued items
-inline constexpr uint64_t kDefaultMaxReplyBytes = 64ull * 1024 * 1024;    // one reply (MULTI_GET, LIST_KEYS)
+// Wire bytes of one reply (MULTI_GET, LIST_KEYS). A reply references stored values instead of
+// copying them, so its memory is O(keys) whatever this allows; the limit stops a small request
+// from asking the server to send (and a per-connection outbox to account) a terabyte.
+inline constexpr uint64_t kDefaultMaxReplyBytes = 64ull * 1024 * 1024;
 struct StoreLimits {
   uint64_t max_keys = kDefaultMaxKeysPerStore;
   uint64_t max_bytes = kDefaultMaxBytesPerStore;
@@ -51,9 +55,10 @@ class StoreState {
 
   // Applies `req` from `conn` (whose dialect is `d`, for reply and event formats). Appends the
   // reply for `conn` to `reply` (nothing when deferred, e.g. a WAIT on missing keys) and
-  // anything owed to other connections to `others`.
-  ApplyResult apply(ConnId conn, wire::Dialect d, const wire::Request& req, std::string& reply,
-                    std::vector<Outgoing>& others);
+  // anything owed to other connections to `others`. Values may be moved out of `req`.
+  // Replies and events reference stored values (see reply.h): they stay valid, with the bytes
+  // of the moment they were built, however the store changes afterwards.
+  ApplyResult apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply, std::vector<Outgoing>& others);
 
   // The connection went away: forget its waiter, barrier wait and watches.
   void disconnect(ConnId conn);
@@ -77,18 +82,18 @@ class StoreState {
   };
   bool exists(const std::string& key) const;
   // A value for `key` was stored (SET/ADD/APPEND/...): wake waiters and notify watchers.
-  void on_stored(const std::string& key, const std::string* old_value, const std::string& new_value,
+  void on_stored(const std::string& key, const Value* old_value, const Value& new_value,
                  std::vector<Outgoing>& others);
   void on_queue_push(const std::string& key, std::vector<Outgoing>& others);
   void remove_waiter(ConnId conn);
-  void set_value(const std::string& key, std::string value, std::vector<Outgoing>& others);
+  void set_value(const std::string& key, Value value, std::vector<Outgoing>& others);
   // Whether `new_keys` more keys and `more_bytes` more bytes fit; else why not.
   std::optional<std::string> over_limit(uint64_t new_keys, uint64_t more_bytes) const;
 
   StoreLimits limits_{};
   uint64_t bytes_ = 0;
 
-  std::unordered_map<std::string, std::string> kv_;
+  std::unordered_map<std::string, Value> kv_;  // never null
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<ConnId, Waiter> waiters_;                        // one WAIT per connection
   std::unordered_map<std::string, std::vector<ConnId>> waiting_on_;   // key -> connections
