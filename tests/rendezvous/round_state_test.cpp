@@ -417,18 +417,23 @@ struct ReopenStores : FakeStores {
     return port;
   }
 };
-Message resume_msg(const std::string& host, int64_t rank, int64_t nnodes, int64_t round, int64_t restarts_done,
-                   bool succeeded = false, int64_t min = 2) {
+// A JOIN of job "job" from `host` (2 workers, 3 restarts, 3 s last call, 60 s join timeout).
+Join job_join(const std::string& host, int64_t min_nodes, int64_t max_nodes) {
   Join j;
   j.run_id = "job";
   j.node_id = host + "_1";
   j.host = host;
   j.local_world_size = 2;
-  j.min_nodes = min;
-  j.max_nodes = nnodes;
+  j.min_nodes = min_nodes;
+  j.max_nodes = max_nodes;
   j.max_restarts = 3;
   j.last_call_ms = 3000;
   j.join_timeout_ms = 60000;
+  return j;
+}
+Message resume_msg(const std::string& host, int64_t rank, int64_t nnodes, int64_t round, int64_t restarts_done,
+                   bool succeeded = false, int64_t min = 2) {
+  Join j = job_join(host, min, nnodes);
   j.resume_round = round;
   j.resume_restart_count = restarts_done;
   j.resume_node_rank = rank;
@@ -574,16 +579,7 @@ TEST_CASE("ResumeCountsASuccessReportedBeforeTheRoundIsWholeAgain", "[round][res
 // ---- node rank 0's agent hosts the workers' store ----
 namespace {
 Message offer_msg(const std::string& host, int64_t port, const std::string& seen_from = "") {
-  Join j;
-  j.run_id = "job";
-  j.node_id = host + "_1";
-  j.host = host;
-  j.local_world_size = 2;
-  j.min_nodes = 2;
-  j.max_nodes = 2;
-  j.max_restarts = 3;
-  j.last_call_ms = 3000;
-  j.join_timeout_ms = 60000;
+  Join j = job_join(host, 2, 2);
   j.store_offer_port = port;
   j.seen_from = seen_from;
   return to_message(j);
