@@ -12,6 +12,13 @@
 # anchor; Debian's /usr/bin/python3 has torch 1.13 on netlib BLAS, for wire compatibility only
 # and never an anchor) runs the PyTorch side; CPUS=0,1
 # pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
+# SAMETIME=1 with CPUS=a,b,c (three cores): the 1-rank and the 2-rank run of each implementation
+# run AT THE SAME MOMENT, the 1-rank one on one core, the 2-rank one on the other two (roles
+# rotate over the three cores from run to run), so both see the same host speed: on a shared VM
+# whose speed drifts by more than the goal's margin between runs a few seconds apart, this is the
+# weak-scaling figure that drift does not decide. The 1-rank run gets more steps, scaled by the
+# previous run's step-time ratio, so that the two runs cover about the same wall-clock window.
+# ours first (both runs), then PyTorch's (both runs), each round.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$here/build}"
@@ -31,10 +38,18 @@ print("torch %s (%s, BLAS %s)" % (torch.__version__, sys.executable, blas[0] if 
 PY
 )"
 pin=(); if [[ -n "${CPUS:-}" ]]; then pin=(taskset -c "$CPUS"); fi
+if [[ "${SAMETIME:-0}" == 1 ]]; then
+  IFS=, read -ra cores <<<"${CPUS:-}"
+  if (( ${#cores[@]} != 3 )); then
+    echo "SAMETIME=1 needs CPUS with exactly three cores (one for the 1-rank run, two for the 2-rank run), e.g. CPUS=2,3,4; got '${CPUS:-}'" >&2
+    exit 2
+  fi
+fi
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-ours() {  # nproc -> avg ms/step
-  local n="$1"; local samples=$(( BATCH * n * (STEPS + WARMUP) )); local log="$tmp/ours$1.log"
+ours() {  # nproc [steps [cores]] -> avg ms/step
+  local n="$1" steps="${2:-$STEPS}"; local samples=$(( BATCH * n * (steps + WARMUP) )); local log="$tmp/ours$1.log"
+  local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
   local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
               --warmup-steps "$WARMUP" --threads 1 ${TRAIN_ARGS:-})
   if [[ -x "$ddprun" ]]; then
@@ -48,27 +63,46 @@ ours() {  # nproc -> avg ms/step
     wait "${pids[@]}"
   fi
   # train's per-phase lines (wall/CPU per rank) and overlap line, kept for the end of the report
-  { echo "$n rank(s):"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//'; } >>"$tmp/phases.txt"
+  { echo "$n rank(s)${3:+ on cores $3}:"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//'; } >>"$tmp/phases$n.txt"
   # the model's own CPU time per step (forward + backward outside the reducer), mean over ranks
   grep -o 'model_cpu=[0-9.]*' "$log" | cut -d= -f2 | awk '{s += $1} END {if (NR) printf "%.3f\n", s / NR; else print "nan"}' >>"$tmp/model_cpu$n"
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
-theirs() {
-  local n="$1"; local log="$tmp/torch$1.log"
+theirs() {  # nproc [steps [cores]] -> avg ms/step
+  local n="$1" steps="${2:-$STEPS}"; local log="$tmp/torch$1.log"
+  local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
   "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
     --master_port="$(free_port)" "$here/scripts/bench/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
-    --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
+    --batch "$BATCH" --steps "$steps" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 
-echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}"
+echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}${SAMETIME:+ (1 and 2 ranks at the same moment)}"
 echo "anchor: PyTorch DDP (gloo) on $anchor"
 o1=(); o2=(); t1=(); t2=()
-for ((i = 0; i < REPEAT; i++)); do
-  o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")
-  echo "run $((i + 1)): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
-  echo "-- run $((i + 1)) --" >>"$tmp/phases.txt"
-done
+flush_phases() { for n in 1 2; do [[ -f "$tmp/phases$n.txt" ]] && cat "$tmp/phases$n.txt" >>"$tmp/phases.txt"; rm -f "$tmp/phases$n.txt"; done; }
+if [[ "${SAMETIME:-0}" == 1 ]]; then
+  # Steps of the 1-rank run per step of the 2-rank run, from the previous round (start: typical).
+  so=1.3; st=2.2
+  scale() { awk -v s="$STEPS" -v r="$1" 'BEGIN { r = (r < 1) ? 1 : (r > 4 ? 4 : r); printf "%d", s * r + 0.5 }'; }
+  for ((i = 0; i < REPEAT; i++)); do
+    a="${cores[i % 3]}"; b="${cores[(i + 1) % 3]},${cores[(i + 2) % 3]}"
+    ours 1 "$(scale "$so")" "$a" >"$tmp/r1" & p1=$!; ours 2 "$STEPS" "$b" >"$tmp/r2" & p2=$!
+    wait "$p1" "$p2"; o1+=("$(cat "$tmp/r1")"); o2+=("$(cat "$tmp/r2")")
+    theirs 1 "$(scale "$st")" "$a" >"$tmp/r1" & p1=$!; theirs 2 "$STEPS" "$b" >"$tmp/r2" & p2=$!
+    wait "$p1" "$p2"; t1+=("$(cat "$tmp/r1")"); t2+=("$(cat "$tmp/r2")")
+    so="$(awk -v a="${o1[-1]}" -v b="${o2[-1]}" 'BEGIN { print (a > 0) ? b / a : 1.3 }')"
+    st="$(awk -v a="${t1[-1]}" -v b="${t2[-1]}" 'BEGIN { print (a > 0) ? b / a : 2.2 }')"
+    echo "run $((i + 1)) (1 rank on core $a, 2 ranks on cores $b, at the same moment): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
+    echo "-- run $((i + 1)) --" >>"$tmp/phases.txt"; flush_phases
+  done
+else
+  for ((i = 0; i < REPEAT; i++)); do
+    o1+=("$(ours 1)"); o2+=("$(ours 2)"); t1+=("$(theirs 1)"); t2+=("$(theirs 2)")
+    echo "run $((i + 1)): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
+    echo "-- run $((i + 1)) --" >>"$tmp/phases.txt"; flush_phases
+  done
+fi
 "$PY" - "${o1[*]}" "${o2[*]}" "${t1[*]}" "${t2[*]}" "$(cat "$tmp/model_cpu1")" "$(cat "$tmp/model_cpu2")" <<'PY'
 import math, statistics, sys
 runs = [list(map(float, a.split())) for a in sys.argv[1:5]]
@@ -82,6 +116,8 @@ print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 
 # sensitive to the host drifting between runs than two separate minima.
 pair = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
 print(f"median of the runs' own 1-rank/2-rank ratios: ddprun {pair(runs[0], runs[1]):.1%}, torch {pair(runs[2], runs[3]):.1%}")
+rng = lambda a, b: f"{min(x / y for x, y in zip(a, b)):.1%}-{max(x / y for x, y in zip(a, b)):.1%}"
+print(f"  range of the runs' own ratios: ddprun {rng(runs[0], runs[1])}, torch {rng(runs[2], runs[3])}")
 # The host's speed drifts between runs (on the H200 VM the model's own forward+backward CPU
 # time, no communication in it, moved 25-42 ms within one command): each run's step divided by
 # its model CPU time (model_cpu: forward + backward outside the reducer, mean over ranks)
