@@ -282,18 +282,19 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
     case Op::MultiGet: {
       // The reply references each value (memory O(keys)); its wire size is still bounded, so a
       // small request cannot make the server send a terabyte.
+      // One lookup per key: the values found (shared references) size the reply, then fill it.
+      std::vector<Value> found;
+      found.reserve(req.keys.size());
       uint64_t size = 0;
       for (const auto& k : req.keys) {
         auto it = kv_.find(k);
-        size += 8 + (it == kv_.end() ? 0 : it->second->size());
+        found.push_back(it == kv_.end() ? Value() : it->second);
+        size += 8 + (found.back() ? found.back()->size() : 0);
       }
       if (size > limits_.max_reply_bytes)
         return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
                       std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
-      for (const auto& k : req.keys) {
-        auto it = kv_.find(k);
-        w.blob(it == kv_.end() ? Value() : it->second);
-      }
+      for (const auto& v : found) w.blob(v);
       return {};
     }
     case Op::MultiSet: {
