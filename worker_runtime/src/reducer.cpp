@@ -460,6 +460,22 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
   for (size_t b = 0; b < nb; ++b)
     buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
+  // An unfused bucket is stepped by every rank over all of it (step_locally): in one-copy
+  // memory that is every rank writing the same bytes. The memory and the vote are the same on
+  // every rank, so every rank throws alike.
+  for (size_t b = 0; b < nb; ++b) {
+    if (buckets_[b].fused) continue;
+    for (size_t i : buckets_[b].members) {
+      arrays_at(grads_[i].ptr, at);
+      for (size_t j = 0; j < step_arrays_.size(); ++j)
+        if (comm_.is_single_copy(at[j], grads_[i].count * sizeof(float)))
+          throw WorkerError("set_step_arrays: step array " + std::to_string(j) + " of " + param_label(i) +
+                            " lies in alloc_shared_single() memory, but its bucket cannot be fused (its gradient is "
+                            "not in alloc_shared() memory, or not contiguous with its bucket), so every rank would "
+                            "step it in place at once. Expected the gradients in one alloc_shared() buffer, or the "
+                            "arrays in alloc_shared() / private memory");
+    }
+  }
 }
 
 void Reducer::arrays_at(const void* g, float** out) const {
