@@ -18,10 +18,11 @@
 // momentum, ...) all lie in alloc_shared() parts with the same flat layout, rank r, block by
 // block of its slice, computes the averaged gradient exactly as the zero-copy path does,
 // applies the elementwise step to its own part's arrays, and copies the updated blocks into
-// every other rank's part (streaming stores: this core does not read them again); the
+// every other rank's part (streaming stores: this core does not read them again; an array in
+// a one-copy region, below, is written in place only); the
 // averaged gradient is never written. One pass instead of an
 // all-reduce plus a full optimizer pass on every rank (~2.5N instead of ~5N for plain SGD).
-// The step writes other ranks' parameters, so it must run only once every rank is past
+// The step writes parameters other ranks read, so it must run only once every rank is past
 // backward (the Reducer issues it from finalize_and_step(), after backward, so the first
 // barrier means every rank is past it); the last barrier keeps every rank from reading its
 // parameters before all slices are written.
