@@ -114,8 +114,9 @@ class DDPRUN_WORKER_API Communicator {
   //    it before what any rank does after it;
   //  * broadcast() of a buffer wholly inside such memory moves no bytes (there is one copy):
   //    it is that ordering point, checked like a collective on every rank;
-  //  * allreduce() of such a buffer reduces the size() identical contributions (Sum = size() x,
-  //    Avg and Max = x, in the reduction's float order), each rank writing only its slice;
+  //  * allreduce() of such a buffer reduces the size() equal contributions like any others
+  //    (Sum adds x size() times in rank order, Avg divides that by size(), Max is x), each
+  //    rank writing only its slice;
   //  * the fused step (allreduce_step / finish_step) writes its arrays that lie here only
   //    between its first barrier (every rank past backward) and its last (before anyone's
   //    next forward), each rank its own slice;
