@@ -234,7 +234,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false, stopped_for_preemption = false;
-  // The state after global step `step`: `epoch`, `next_in_epoch` batches of it done.
+  // The state after global step `step`: `epoch`, `next_in_epoch` batches of it done. Called by
+  // rank 0 after finalize_and_step: one-copy parameters are read while nobody writes them (the
+  // next write is in the next finish_step, after a barrier that rank 0 has not reached yet).
   auto save = [&](int64_t epoch, int64_t next_in_epoch) {
     dw::Checkpoint ck;
     ck.step = static_cast<uint64_t>(step);
