@@ -615,6 +615,7 @@ void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t*
     mask |= single_mask(arrays + s * na, na, counts[s]);
   }
   if (n_segments == 0) return;
+  DDPRUN_ENFORCE(n_segments < (1u << kMaskShift), "shm finish_step: too many segments for the op signature");
   // Every rank is past backward (nobody reads parameters any more) and every reduce_for_step
   // of this pass finished on every rank.
   enter(kFinishStep, DType::F32, total, ReduceOp::Avg, where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]),
