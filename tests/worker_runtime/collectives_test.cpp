@@ -283,3 +283,63 @@ TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then 
     }
   }
 }
+
+// alloc_shared_single(): one copy that every rank maps (issue 10's one copy of parameters and
+// optimizer state). A store by rank 0 is what every rank reads after a barrier over Gloo TCP,
+// with no shared-memory collective in between (in alloc_shared() memory each rank reads its own
+// part: still zero); broadcast over it gives root's bytes everywhere without a rank writing
+// them; all-reduce sums the size() equal contributions; outputs of allgather / reduce_scatter
+// there are refused on every rank. At 2 and 3 ranks (3: slices of unequal length).
+TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadcast and all-reduce over it", "[collectives]") {
+  for (const int world : {2, 3}) {
+    INFO("world " << world);
+    const size_t n = 1001;
+    std::vector<std::string> errors(static_cast<size_t>(world));
+    const auto err = testing::on_gloo_ranks(world, true, std::chrono::seconds(60), [&](int r, Communicator& c) {
+      std::string& e = errors[static_cast<size_t>(r)];
+      auto* one = static_cast<float*>(c.alloc_shared_single(n * sizeof(float)));
+      auto* per = static_cast<float*>(c.alloc_shared(n * sizeof(float)));
+      if (!one || !per) throw std::runtime_error("no shared memory");
+      if (!c.is_single_copy(one, n * sizeof(float))) e += "is_single_copy(one copy) is false; ";
+      if (c.is_single_copy(per, n * sizeof(float))) e += "is_single_copy(per-rank memory) is true; ";
+      if (c.is_single_copy(one + 1, n * sizeof(float))) e += "is_single_copy past the end is true; ";
+      if (r == 0)
+        for (size_t i = 0; i < n; ++i) one[i] = per[i] = static_cast<float>(i) + 0.5f;
+      c.barrier();  // Gloo over TCP: orders rank 0's stores before the reads below
+      size_t unseen = 0, leaked = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (one[i] != static_cast<float>(i) + 0.5f) ++unseen;
+        if (r != 0 && per[i] != 0.f) ++leaked;
+      }
+      if (unseen) e += std::to_string(unseen) + " of rank 0's stores unseen; ";
+      if (leaked) e += "rank 0's stores reached this rank's alloc_shared part; ";
+      c.barrier();  // everyone read before the root writes again
+      const int root = world - 1;
+      if (r == root)
+        for (size_t i = 0; i < n; ++i) one[i] = static_cast<float>(7 * i);
+      c.broadcast(one, n * sizeof(float), root);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (one[i] != static_cast<float>(7 * i)) ++bad;
+      if (bad) e += "broadcast: " + std::to_string(bad) + " elements differ from root's; ";
+      c.allreduce(one, n, DType::F32, ReduceOp::Sum);  // world equal contributions
+      bad = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (one[i] != static_cast<float>(7 * i * static_cast<size_t>(world))) ++bad;
+      if (bad) e += "allreduce: " + std::to_string(bad) + " elements are not world x the value; ";
+      std::vector<float> in(4, 1.f), big(4 * static_cast<size_t>(world), 1.f);
+      for (const char* op : {"allgather", "reduce_scatter"}) {
+        try {
+          if (op[0] == 'a') c.allgather(in.data(), one, 4, DType::F32);
+          else c.reduce_scatter(big.data(), one, 4, DType::F32, ReduceOp::Sum);
+          e += std::string(op) + " into one-copy memory did not throw; ";
+        } catch (const WorkerError& x) {
+          if (std::string(x.what()).find("alloc_shared_single") == std::string::npos) e += std::string("unclear: ") + x.what();
+        }
+      }
+      c.barrier();  // the communicator still works after the refusals
+    });
+    for (const auto& e : err) REQUIRE(e == "");
+    for (const auto& e : errors) CHECK(e == "");
+  }
+}

@@ -43,6 +43,9 @@ struct RunOptions {
   bool small_buckets = false;
   bool shared_grads = false;  // gradients in alloc_shared memory (zero-copy shm path)
   bool shared_state = false;  // parameters and momentum there too (the fused shm path)
+  // ... or parameters and momentum in alloc_shared_single memory: one copy, every rank steps
+  // its slice in place; rank 0 alone initialises it
+  bool single_state = false;
   float momentum = 0.f;
   Step step = Step::Separate;
   // One rank dawdles in backward after each mark_ready, before dX = dz.W reads W: a step
@@ -62,17 +65,32 @@ float* flat_array(Communicator* comm, bool shared, size_t n, std::vector<float>&
   return storage.data();
 }
 
+// Memory for one flat array every rank maps as one copy (then it must be that), else owned.
+float* one_copy_array(Communicator* comm, size_t n, std::vector<float>& storage) {
+  if (!comm) {
+    storage.assign(n, 0.f);
+    return storage.data();
+  }
+  auto* p = static_cast<float*>(comm->alloc_shared_single(n * sizeof(float)));
+  if (!p || !comm->is_single_copy(p, n * sizeof(float))) throw std::runtime_error("no one-copy shared memory");
+  return p;
+}
+
 // One rank's run (world = 1 means: the single process over the global batch of N * kBatch).
 Trace run(Communicator* comm, int rank, int world, int global_world, const RunOptions& o) {
   CpuMlp m(kShape);
   const size_t n = mlp_num_params(kShape);
   std::vector<float> g_storage, p_storage, b_storage;
   float* g = flat_array(comm, o.shared_grads || o.shared_state, n, g_storage);
-  float* p = flat_array(comm, o.shared_state, n, p_storage);
-  float* buf = o.momentum != 0.f ? flat_array(comm, o.shared_state, n, b_storage) : nullptr;
-  mlp_init(kShape, 99, p);
-  if (comm && rank != 0) std::fill(p, p + n, 0.f);  // must be fixed by the broadcast
-  if (comm) comm->broadcast(p, n * sizeof(float), 0);
+  auto state = [&](std::vector<float>& storage) {
+    return o.single_state ? one_copy_array(comm, n, storage) : flat_array(comm, o.shared_state, n, storage);
+  };
+  float* p = state(p_storage);
+  float* buf = o.momentum != 0.f ? state(b_storage) : nullptr;
+  const bool one_copy = comm && o.single_state;
+  if (!one_copy || rank == 0) mlp_init(kShape, 99, p);  // one copy: rank 0 alone writes it
+  if (comm && rank != 0 && !one_copy) std::fill(p, p + n, 0.f);  // must be fixed by the broadcast
+  if (comm) comm->broadcast(p, n * sizeof(float), 0);  // one copy: orders rank 0's init before all reads
   std::vector<GradView> views;
   for (const auto& t : m.tensors()) views.push_back({g + t.offset, t.count});
   ReducerOptions ro;
@@ -202,6 +220,8 @@ void check_invariant(int world, bool small_buckets, bool shared_memory, bool sha
 void check_fused(int world, bool small_buckets, float momentum, bool shared_memory) {
   INFO("world " << world << (small_buckets ? " small" : " default") << " buckets, momentum " << momentum
                 << (shared_memory ? ", shared memory" : ", Gloo TCP"));
+  std::vector<bool> single_kinds{false};
+  if (shared_memory) single_kinds.push_back(true);
   RunOptions o;
   o.small_buckets = small_buckets;
   o.momentum = momentum;
@@ -211,6 +231,11 @@ void check_fused(int world, bool small_buckets, float momentum, bool shared_memo
   o.step = Step::Fused;
   o.shared_state = shared_memory;
   o.slow_last_rank = true;
+  // Parameters and momentum with a copy per rank (each rank's slice copied into its peers'),
+  // then as one copy (each rank's slice written in place, nothing copied): the same bits.
+  for (const bool one_copy : single_kinds) {
+  o.single_state = one_copy;
+  INFO((one_copy ? "one copy of params and momentum" : "a copy per rank"));
   // Both ways of running the collectives during backward: a communication thread, and the
   // training thread itself (inline; the fast ranks find the dawdler's buckets not started
   // and defer them to later mark_ready calls or finalize): the same collectives, the same bits.
@@ -238,6 +263,7 @@ void check_fused(int world, bool small_buckets, float momentum, bool shared_memo
     // (checked above); this bound only catches a buffer that is wrong, not rounded.
     if (momentum != 0.f)
       require_close(fused[0].momentum[si], single.momentum[si], "fused momentum vs one process", s, 1e-5);
+  }
   }
   }
 }
@@ -289,6 +315,24 @@ TEST_CASE("Fused step over shared memory equals one process and the unfused path
   const bool small = GENERATE(true, false);
   const float momentum = GENERATE(0.f, 0.9f);
   check_fused(3, small, momentum, true);
+}
+
+// One-copy arrays need every bucket fused: an unfused bucket is stepped whole by every rank,
+// which in one copy is every rank writing the same bytes at once. With the gradients outside
+// alloc_shared memory nothing fuses, so set_step_arrays refuses, on every rank alike.
+TEST_CASE("Fused step: one-copy arrays whose gradients cannot fuse are refused on every rank", "[ddp]") {
+  RunOptions o;
+  o.step = Step::Fused;
+  o.single_state = true;
+  o.momentum = 0.9f;
+  const auto errors = testing::on_gloo_ranks(2, true, std::chrono::seconds(20), [&](int r, Communicator& c) {
+    run(&c, r, 2, 2, o);
+  });
+  for (const auto& e : errors) {
+    INFO(e);
+    REQUIRE(e.find("set_step_arrays: step array 0 of parameter") != std::string::npos);
+    REQUIRE(e.find("lies in alloc_shared_single() memory, but its bucket cannot be fused") != std::string::npos);
+  }
 }
 
 TEST_CASE("finalize_and_step over Gloo TCP (no fused path) is finalize + SGD, bit for bit", "[ddp]") {

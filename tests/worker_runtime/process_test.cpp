@@ -257,6 +257,8 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   const std::string fused = run_elastic(with({"--fused-step", "1"}), 2, 0, &attempts);
   INFO("fused log: " << fused);
   REQUIRE(fused.find("step=fused(shm)") != std::string::npos);  // the shm path, not the default
+  // Parameters and momentum as one copy that every rank maps (rank 0 initialises it alone).
+  REQUIRE(fused.find("state=one-copy") != std::string::npos);
   REQUIRE(!checksum_of(separate).empty());
   REQUIRE(checksum_of(fused) == checksum_of(separate));
   // Both ways of running the collectives during backward, whatever --progress auto picks on
@@ -277,6 +279,16 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   INFO("resumed log: " << resumed);
   REQUIRE(resumed.find("resumed from step 12") != std::string::npos);
   REQUIRE(checksum_of(resumed) == checksum_of(separate));
+  // And the other way: the separate path's checkpoint loaded into the one copy (by rank 0
+  // alone; the others wait at the broadcast), resumed by the fused path.
+  const std::string ck2 = temp_dir() + "/ck2";
+  run_elastic(with({"--fused-step", "0", "--checkpoint-dir", ck2, "--checkpoint-every", "4", "--max-steps", "14"}), 2, 0,
+              &attempts);
+  const std::string resumed_fused = run_elastic(with({"--fused-step", "1", "--checkpoint-dir", ck2}), 2, 0, &attempts);
+  INFO("resumed fused log: " << resumed_fused);
+  REQUIRE(resumed_fused.find("resumed from step 12") != std::string::npos);
+  REQUIRE(resumed_fused.find("state=one-copy") != std::string::npos);
+  REQUIRE(checksum_of(resumed_fused) == checksum_of(separate));
 }
 
 TEST_CASE("Force collective: one rank with --force-collective all-reduces through Gloo and ends bit-identical", "[process]") {

@@ -415,3 +415,19 @@ TEST_CASE("0/1 knobs: unset is the default, 0 and 1 are off and on, anything els
   REQUIRE_THROWS_WITH(parse_knob_flag(knobs::kDebugCollectives, std::string("true")),
                       Catch::Contains("DDPRUN_DEBUG_COLLECTIVES='true': expected 0 or 1"));
 }
+
+// broadcast over one-copy memory moves no bytes, but it is still a collective: ranks naming
+// different places (or roots) get the mismatch error, not a silent barrier.
+TEST_CASE("shm: broadcast over one-copy memory at different places on different ranks is an error", "[shm_safety]") {
+  const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
+    auto* p = static_cast<float*>(comm.alloc_shared_single(1024 * sizeof(float)));
+    if (!p) throw std::runtime_error("no one-copy memory");
+    comm.broadcast(p + (r == 0 ? 0 : 16), 100 * sizeof(float), 0);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[static_cast<size_t>(r)]);
+    REQUIRE(has(errors[static_cast<size_t>(r)], "shm collective mismatch"));
+    REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 64)"));
+    REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 0)"));
+  }
+}

@@ -2,7 +2,9 @@
 # A /dev/shm too small for the shared-memory all-reduce (a 1 MiB tmpfs in a private mount
 # namespace, like a container's default) must not crash the job (SIGBUS) but fall back to Gloo
 # over TCP with exactly one warning line, and train to the same parameters (bit for bit) as a
-# normal run on the shared-memory path.
+# normal run on the shared-memory path. Then a /dev/shm with room for the all-reduce segment and
+# the gradients but not for the parameters: the one-copy region, then the per-rank one, fall
+# back (one warning each), the parameters live in private memory, same bits again.
 #   usage: shm_small_devshm.sh <ddprun> <train>      (needs root for unshare -m; else exit 77)
 set -euo pipefail
 ddprun="$1"; train="$2"
@@ -34,3 +36,20 @@ echo "normal (shm): $want; 1 MiB /dev/shm (Gloo): $got"
 # summation order would differ and this would have to be a tolerance.
 [[ "$got" == "$want" ]] || { echo "FAIL: the Gloo fallback trained to different parameters"; exit 1; }
 echo "OK: fell back to Gloo with one warning, same parameters bit for bit"
+
+# Room for the control segment (16 KiB + 3 x 8 MiB at 2 ranks) and the gradients (2 parts of
+# 531457 floats, 520 pages each), plus 1 MiB: not for one copy of the parameters (520 pages).
+pages=$(( (16384 + 3 * 8388608) / 4096 + 2 * 520 + 256 ))
+unshare -m bash -c 'mount --make-rprivate / && mount -t tmpfs -o size='"$((pages * 4096))"' tmpfs /dev/shm && exec "$@"' _ \
+  "$ddprun" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" >"$tmp/state.log" 2>&1 || {
+  echo "run with room for the gradients only failed:"; cat "$tmp/state.log"; exit 1; }
+grep 'shared-memory all-reduce' "$tmp/state.log" || true
+grep -q 'params=531457 ' "$tmp/state.log" || { echo "the model size changed: fix the page counts above"; cat "$tmp/state.log"; exit 1; }
+grep -q 'no room for a one-copy shared region.*falls back to a copy per rank' "$tmp/state.log" || {
+  echo "expected the one-copy region's fallback warning"; cat "$tmp/state.log"; exit 1; }
+grep -q 'no room for a shared region.*falls back to private memory' "$tmp/state.log" || {
+  echo "expected the per-rank region's fallback warning"; cat "$tmp/state.log"; exit 1; }
+grep -q 'step=fused(shm) state=private' "$tmp/state.log" || { echo "expected shm gradients, private state"; cat "$tmp/state.log"; exit 1; }
+got_state="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/state.log" | tail -1)"
+[[ "$got_state" == "$want" ]] || { echo "FAIL: private parameters trained to $got_state, not $want"; exit 1; }
+echo "OK: no room for the parameters: one warning per fallback, private parameters, same bits"

@@ -137,13 +137,16 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
     grad_storage.assign(n, 0.f);
     grads = grad_storage.data();
   }
-  // With the fused step, parameters and momentum go there too (same flat layout), so each
-  // rank can step its slice and write it into every rank's copy. alloc_shared is collective
-  // and answers alike on every rank, so all ranks take the same branch.
+  // With the fused step, parameters and momentum go into shared memory too (same flat layout),
+  // so each rank steps its slice of them: into the ONE copy every rank maps
+  // (alloc_shared_single: nothing copied to peers, one copy in the caches), else into every
+  // rank's copy (alloc_shared). Both are collective and answer alike on every rank, so all
+  // ranks take the same branch.
   const bool shared_state = o.fused_step && grad_storage.empty();
   std::vector<float> param_storage, momentum_storage;
   auto state_array = [&](std::vector<float>& storage) {
-    float* p = shared_state ? static_cast<float*>(comm.alloc_shared(n * sizeof(float))) : nullptr;
+    float* p = shared_state ? static_cast<float*>(comm.alloc_shared_single(n * sizeof(float))) : nullptr;
+    if (!p && shared_state) p = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
     if (!p) {
       storage.assign(n, 0.f);
       p = storage.data();
@@ -152,7 +155,12 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   };
   float* params = state_array(param_storage);
   float* momentum = o.momentum != 0.f ? state_array(momentum_storage) : nullptr;
-  ex::mlp_init(shape, o.seed, params);
+  // One copy is written by rank 0 alone (initialisation, checkpoint load); the broadcasts
+  // below then only order its writes before everyone's reads (communicator.h). Several
+  // ranks writing it, even the same values, would race.
+  const bool single_state = comm.is_single_copy(params, n * sizeof(float));
+  auto mine_to_write = [&](const float* a) { return rank == 0 || !comm.is_single_copy(a, n * sizeof(float)); };
+  if (mine_to_write(params)) ex::mlp_init(shape, o.seed, params);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});
   const int64_t steps_per_epoch = static_cast<int64_t>(sampler.num_batches(static_cast<size_t>(o.batch)));
@@ -163,8 +171,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       if (ck->section("config") != config_fingerprint(o))
         throw dw::WorkerError("checkpoint in " + o.checkpoint_dir + " is for '" + ck->section("config") +
                               "', not '" + config_fingerprint(o) + "'");
-      ck->get_into("params", params, n * sizeof(float));
-      if (momentum && ck->has("momentum")) ck->get_into("momentum", momentum, n * sizeof(float));
+      if (mine_to_write(params)) ck->get_into("params", params, n * sizeof(float));
+      if (momentum && ck->has("momentum") && mine_to_write(momentum)) ck->get_into("momentum", momentum, n * sizeof(float));
       meta[0] = static_cast<int64_t>(ck->step);
       meta[1] = static_cast<int64_t>(ck->get_u64("epoch"));
       meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
@@ -176,7 +184,7 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
       if (rank == 0) std::printf("[train] resumed from step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ")\n", meta[0], meta[1], meta[2]);
     }
   }
-  // Rank 0's state wins everywhere (DDP's initial broadcast).
+  // Rank 0's state wins everywhere (DDP's initial broadcast; over one-copy memory a barrier).
   comm.broadcast(params, n * sizeof(float), 0);
   if (momentum) comm.broadcast(momentum, n * sizeof(float), 0);
   comm.broadcast(meta, sizeof meta, 0);
@@ -205,10 +213,10 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
   if (rank == 0)
     std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
-                " buckets=%zu step=%s gemm=%s\n",
+                " buckets=%zu step=%s state=%s gemm=%s\n",
                 world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size(),
                 !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)",
-                ex::gemm_impl_name());
+                single_state ? "one-copy" : param_storage.empty() ? "per-rank-shm" : "private", ex::gemm_impl_name());
   std::fflush(stdout);
 
   std::vector<float> x, y;
@@ -226,7 +234,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   int64_t timed_steps = 0, run_steps = 0;
   auto epoch_t0 = Clock::now();
   bool stop = false, stopped_for_preemption = false;
-  // The state after global step `step`: `epoch`, `next_in_epoch` batches of it done.
+  // The state after global step `step`: `epoch`, `next_in_epoch` batches of it done. Called by
+  // rank 0 after finalize_and_step: one-copy parameters are read while nobody writes them (the
+  // next write is in the next finish_step, after a barrier that rank 0 has not reached yet).
   auto save = [&](int64_t epoch, int64_t next_in_epoch) {
     dw::Checkpoint ck;
     ck.step = static_cast<uint64_t>(step);

@@ -155,6 +155,21 @@ class GlooCommunicator final : public Communicator {
     return p;
   }
 
+  void* alloc_shared_single(size_t bytes) override {
+    if (!shm_ || bytes == 0) return nullptr;
+    check_alive("alloc_shared_single");
+    const std::string key = key_prefix_ + "shm/region/" + std::to_string(regions_++);
+    void* p = nullptr;
+    guarded("alloc_shared_single", [&] {
+      p = shm_->alloc_shared_single(
+          bytes, [&](const std::string& name) { store_.set(key, name); }, [&] { return store_.get(key, timeout_); },
+          [&] { barrier(); });
+    });
+    return p;
+  }
+
+  bool is_single_copy(const void* p, size_t bytes) const override { return shm_ && shm_->is_single(p, bytes); }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
@@ -162,6 +177,8 @@ class GlooCommunicator final : public Communicator {
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
+    if (shm_ && !shm_->is_single(buf, count * dtype_size(dtype)))
+      refuse_single_output("allreduce (a buffer partly in it)", buf, count * dtype_size(dtype));
     if (shm_ && shm_handles(dtype)) {
       guarded("allreduce", [&] { shm_->allreduce(buf, count, dtype, op); });
       return;
@@ -189,6 +206,7 @@ class GlooCommunicator final : public Communicator {
   void allgather(const void* in, void* out, size_t count, DType dtype) override {
     check_alive("allgather");
     if (count == 0) return;
+    refuse_single_output("allgather", out, count * dtype_size(dtype) * static_cast<size_t>(size_));
     const size_t bytes = count * dtype_size(dtype);
     auto* mine = static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes;
     if (in != mine) std::memcpy(mine, in, bytes);
@@ -207,6 +225,7 @@ class GlooCommunicator final : public Communicator {
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     check_alive("reduce_scatter");
     if (count == 0) return;
+    refuse_single_output("reduce_scatter", out, count * dtype_size(dtype));
     debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     switch (dtype) {
       case DType::F32: return reduce_scatter_typed<float, float>(in, out, count, op, dtype);
@@ -223,7 +242,12 @@ class GlooCommunicator final : public Communicator {
   }
 
   void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) override {
-    if (!fuses_step(grad, count, arrays, step.num_arrays())) return Communicator::allreduce_step(grad, count, step, arrays);
+    if (!fuses_step(grad, count, arrays, step.num_arrays())) {
+      for (size_t j = 0; j < step.num_arrays(); ++j)
+        refuse_single_output("allreduce_step (not fused: the gradient is not in alloc_shared memory)", arrays[j],
+                             count * sizeof(float));
+      return Communicator::allreduce_step(grad, count, step, arrays);
+    }
     check_alive("allreduce_step");
     guarded("allreduce_step", [&] { shm_->allreduce_step(grad, count, step, arrays); });
   }
@@ -252,6 +276,11 @@ class GlooCommunicator final : public Communicator {
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
     if (bytes == 0) return;
+    if (shm_ && shm_->is_single(buf, bytes)) {  // one copy: already root's everywhere
+      guarded("broadcast", [&] { shm_->broadcast_single(buf, bytes, root); });
+      return;
+    }
+    refuse_single_output("broadcast (a buffer partly in it)", buf, bytes);
     debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
     guarded("broadcast", [&] {
       gloo::BroadcastOptions o(ctx_);
@@ -362,6 +391,14 @@ class GlooCommunicator final : public Communicator {
         gloo::allgather(o);
       });
     });
+  }
+  // Every rank would write all of `out`, the same bytes of the one copy: a data race. Thrown on
+  // every rank alike (the memory was allocated collectively).
+  void refuse_single_output(const char* what, const void* out, size_t bytes) const {
+    if (shm_ && shm_->overlaps_single(out, bytes))
+      throw WorkerError(std::string("gloo ") + what + ": the output lies in alloc_shared_single() memory, which every "
+                        "rank maps as one copy, so every rank would write the same bytes. Expected an output in "
+                        "alloc_shared() or private memory");
   }
   void check_alive(const char* what) {
     if (aborted_.load()) throw CommError(std::string("gloo ") + what + ": communicator aborted");

@@ -106,7 +106,16 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
   const bool few_cpus = usable_cpus() < 2 * comm_.size();
   want_inline_ = options_.progress == ReducerOptions::Progress::Inline ||
                  (options_.progress == ReducerOptions::Progress::Auto && comm_.splits_step() && few_cpus);
-  inline_ = want_inline_ && !comm_.stream_ordered();
+  resolve_progress();
+}
+
+void Reducer::resolve_progress() {
+  // Auto keeps Inline only where every bucket's collective can progress without blocking
+  // (all fused on a splitting communicator); otherwise a thread overlaps them. What that
+  // depends on changes only in set_step_arrays(), which calls this again.
+  inline_ = want_inline_ && !comm_.stream_ordered() &&
+            (options_.progress == ReducerOptions::Progress::Inline ||
+             std::all_of(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return b.fused && split_; }));
 }
 
 void Reducer::misuse(const std::string& op, const std::string& what) const {
@@ -166,11 +175,6 @@ void Reducer::prepare_for_backward() {
   launched_early_ = 0;
   launched_ = 0;
   in_backward_ = true;
-  // Auto keeps Inline only where every bucket's collective can progress without blocking
-  // (all fused on a splitting communicator); otherwise a thread overlaps them.
-  inline_ = want_inline_ && !comm_.stream_ordered() &&
-            (options_.progress == ReducerOptions::Progress::Inline ||
-             std::all_of(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return b.fused && split_; }));
   for (auto& bk : buckets_) bk.started = false;
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
@@ -432,7 +436,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   }
   step_grad_base_ = grad_base;
   step_arrays_ = std::move(arrays);
-  if (solo()) return;  // nothing to communicate: finalize_and_step steps locally
+  if (solo()) return resolve_progress();  // nothing to communicate: finalize_and_step steps locally
   // Fuse only where every rank can: a bucket fused on one rank and all-reduced on another
   // would pair different collectives. Likewise for joining a fused bucket with the previous
   // one into one collective (they are adjacent in memory): fused buckets all run after
@@ -460,6 +464,23 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   for (size_t b = 0; b < nb; ++b) buckets_[b].fused = votes[b] == all;
   for (size_t b = 0; b < nb; ++b)
     buckets_[b].joins_previous = b > 0 && buckets_[b].fused && buckets_[b - 1].fused && votes[nb + b] == all;
+  resolve_progress();
+  // An unfused bucket is stepped by every rank over all of it (step_locally): in one-copy
+  // memory that is every rank writing the same bytes. The memory and the vote are the same on
+  // every rank, so every rank throws alike.
+  for (size_t b = 0; b < nb; ++b) {
+    if (buckets_[b].fused) continue;
+    for (size_t i : buckets_[b].members) {
+      arrays_at(grads_[i].ptr, at);
+      for (size_t j = 0; j < step_arrays_.size(); ++j)
+        if (comm_.is_single_copy(at[j], grads_[i].count * sizeof(float)))
+          throw WorkerError("set_step_arrays: step array " + std::to_string(j) + " of " + param_label(i) +
+                            " lies in alloc_shared_single() memory, but its bucket cannot be fused (its gradient is "
+                            "not in alloc_shared() memory, or not contiguous with its bucket), so every rank would "
+                            "step it in place at once. Expected the gradients in one alloc_shared() buffer, or the "
+                            "arrays in alloc_shared() / private memory");
+    }
+  }
 }
 
 void Reducer::arrays_at(const void* g, float** out) const {

@@ -39,7 +39,17 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex needs lock-free
 namespace {
 
 constexpr size_t kHeaderBytes = 16384;
-enum OpKind : uint32_t { kStaged = 1, kZeroCopy = 2, kFusedStep = 3, kReduceForStep = 4, kFinishStep = 5 };
+enum OpKind : uint32_t {
+  kStaged = 1,
+  kZeroCopy = 2,
+  kFusedStep = 3,
+  kReduceForStep = 4,
+  kFinishStep = 5,
+  kBroadcastSingle = 6,
+};
+// The fused ops' `extra`: n_arrays / n_segments in the low 24 bits, the one-copy arrays' mask
+// above (ranks that disagree on where an array lives would each write a different copy).
+constexpr uint32_t kMaskShift = 24;
 
 // Reduction arithmetic per element type: f16 and bf16 accumulate in float and round once.
 struct bf16_t {
@@ -245,7 +255,10 @@ void ShmGroup::warn_fallback(int rank, const std::string& what, const std::strin
   if (rank != 0) return;  // one line for the group; every rank takes the same fallback
   spdlog::warn("shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
                "a larger /dev/shm (e.g. docker --shm-size=1g) for the fast path",
-               what, handle.substr(5), what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP" : "private memory");
+               what, handle.substr(5),
+               what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP"
+               : what.rfind("a one-copy", 0) == 0  ? "a copy per rank"
+                                                   : "private memory");
 }
 
 void ShmGroup::map_control(void* base) {
@@ -269,7 +282,7 @@ void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_
 
 ShmGroup::~ShmGroup() {
   for (int fd : pidfds_) ::close(fd);
-  for (const auto& r : regions_) ::munmap(r.base, r.stride * static_cast<size_t>(size_));
+  for (const auto& r : regions_) ::munmap(r.base, r.mapped);
   if (base_) ::munmap(base_, bytes_);
 }
 
@@ -370,21 +383,25 @@ std::string ShmGroup::describe(const OpSig& s) const {
     case kZeroCopy:
       return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ", shared buffer at " + place + ")";
     case kFusedStep:
-      return "allreduce_step(fp32, " + std::to_string(s.count) + " elements, " + std::to_string(s.extra) +
-             " arrays, gradient at " + place + ")";
+      return "allreduce_step(fp32, " + std::to_string(s.count) + " elements, " +
+             std::to_string(s.extra & ((1u << kMaskShift) - 1)) + " arrays (one-copy mask " +
+             std::to_string(s.extra >> kMaskShift) + "), gradient at " + place + ")";
     case kReduceForStep:
       return "reduce_for_step(fp32, " + std::to_string(s.count) + " elements, gradient at " + place + ")";
     case kFinishStep:
-      return "finish_step(fp32, " + std::to_string(s.count) + " elements in " + std::to_string(s.extra) +
-             " segments, first at " + place + ")";
+      return "finish_step(fp32, " + std::to_string(s.count) + " elements in " +
+             std::to_string(s.extra & ((1u << kMaskShift) - 1)) + " segments (one-copy mask " +
+             std::to_string(s.extra >> kMaskShift) + "), first at " + place + ")";
+    case kBroadcastSingle:
+      return "broadcast(" + std::to_string(s.count) + " bytes from rank " + std::to_string(s.extra) +
+             ", one-copy buffer at " + place + ")";
   }
   return "an unknown collective";
 }
 
 uint64_t ShmGroup::where_of(const Region* reg, const void* p) const {
   const auto idx = static_cast<uint64_t>(reg - regions_.data());
-  const auto off = static_cast<uint64_t>(static_cast<const unsigned char*>(p) -
-                                         (reg->base + static_cast<size_t>(rank_) * reg->stride));
+  const auto off = static_cast<uint64_t>(static_cast<const unsigned char*>(p) - reg->at(rank_));
   return (idx << 48) | off;
 }
 
@@ -432,9 +449,10 @@ void ShmGroup::allreduce_typed(T* buf, size_t count, ReduceOp op) {
 template <class T>
 void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, ReduceOp op) {
   using Acc = typename Arith<T>::Acc;
-  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(buf) -
-                                         (reg.base + static_cast<size_t>(rank_) * reg.stride));
-  auto part = [&](int r) { return reinterpret_cast<T*>(reg.base + static_cast<size_t>(r) * reg.stride + off); };
+  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(buf) - reg.at(rank_));
+  // In a one-copy region every rank's part is the same memory: the size() contributions are
+  // equal, and each rank writes only its slice of it.
+  auto part = [&](int r) { return reinterpret_cast<T*>(reg.at(r) + off); };
   constexpr size_t kBlock = 2048;
   enter(kZeroCopy, dtype_of<T>(), count, op, where_of(&reg, buf), 0);  // every rank's values are final
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
@@ -445,7 +463,7 @@ void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, Redu
     T tmp[kBlock];
     reduce_block<T>(acc, b0, b1, size_, op, [&](int r) { return static_cast<const T*>(part(r)); });
     const T* out = to_elements<T>(acc, b1 - b0, tmp);
-    for (int r = 0; r < size_; ++r) std::memcpy(part(r) + b0, out, (b1 - b0) * sizeof(T));
+    for (int r = 0; r < (reg.single() ? 1 : size_); ++r) std::memcpy(part(r) + b0, out, (b1 - b0) * sizeof(T));
   }
   barrier();  // every slice written everywhere
 }
@@ -453,15 +471,48 @@ void ShmGroup::allreduce_zero_copy(const Region& reg, T* buf, size_t count, Redu
 const ShmGroup::Region* ShmGroup::region_of(const void* p, size_t bytes) const {
   const auto* q = static_cast<const unsigned char*>(p);
   for (const auto& reg : regions_) {
-    const auto* mine = reg.base + static_cast<size_t>(rank_) * reg.stride;
-    if (q >= mine && q + bytes <= mine + reg.stride) return &reg;
+    const auto* mine = reg.at(rank_);
+    if (q >= mine && bytes <= reg.part && q - mine <= static_cast<ptrdiff_t>(reg.part - bytes)) return &reg;
   }
   return nullptr;
 }
 
+bool ShmGroup::is_single(const void* p, size_t bytes) const {
+  const Region* reg = region_of(p, bytes);
+  return reg && reg->single();
+}
+
+bool ShmGroup::overlaps_single(const void* p, size_t bytes) const {
+  const auto q = reinterpret_cast<uintptr_t>(p);
+  for (const auto& reg : regions_) {
+    if (!reg.single()) continue;
+    const auto b = reinterpret_cast<uintptr_t>(reg.base);
+    if (q < b + reg.part && b < q + bytes) return true;
+  }
+  return false;
+}
+
+uint32_t ShmGroup::single_mask(float* const* arrays, size_t n_arrays, size_t count) const {
+  uint32_t mask = 0;
+  for (size_t j = 0; j < n_arrays; ++j)
+    if (is_single(arrays[j], count * sizeof(float))) mask |= 1u << j;
+  return mask << kMaskShift;
+}
+
+void ShmGroup::broadcast_single(void* buf, size_t bytes, int root) {
+  if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
+  const Region* reg = region_of(buf, bytes);
+  DDPRUN_ENFORCE(reg && reg->single(), "shm broadcast_single: the buffer is not in one-copy memory");
+  // One barrier: root's writes before it happen before every rank's reads after it; nobody
+  // writes a byte (each would be a store racing the others' reads).
+  enter(kBroadcastSingle, DType::F32, bytes, ReduceOp::Sum, where_of(reg, buf), static_cast<uint32_t>(root));
+}
+
 bool ShmGroup::fuses_step(const float* grad, size_t count, float* const* arrays, size_t n_arrays) const {
   if (n_arrays == 0 || n_arrays > ElementwiseStep::kMaxArrays) return false;
-  if (!region_of(grad, count * sizeof(float))) return false;
+  // The gradient is each rank's own: it must have a part per rank.
+  const Region* g = region_of(grad, count * sizeof(float));
+  if (!g || g->single()) return false;
   for (size_t j = 0; j < n_arrays; ++j)
     if (!region_of(arrays[j], count * sizeof(float))) return false;
   return true;
@@ -478,19 +529,17 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
   };
   auto where = [&](const void* p) {
     const Region* reg = region_of(p, count * sizeof(float));
-    const auto* mine = reg->base + static_cast<size_t>(rank_) * reg->stride;
-    return Where{reg, static_cast<size_t>(static_cast<const unsigned char*>(p) - mine)};
+    return Where{reg, static_cast<size_t>(static_cast<const unsigned char*>(p) - reg->at(rank_))};
   };
-  auto at = [&](const Where& w, int q) {
-    return reinterpret_cast<float*>(w.reg->base + static_cast<size_t>(q) * w.reg->stride + w.off);
-  };
+  auto at = [&](const Where& w, int q) { return reinterpret_cast<float*>(w.reg->at(q) + w.off); };
   const Where g = where(grad);
   Where arr[ElementwiseStep::kMaxArrays];
   for (size_t j = 0; j < na; ++j) arr[j] = where(arrays[j]);
 
   constexpr size_t kBlock = 2048;  // the averaged block stays in L1 between reduce, step and copies
   // Every rank's gradient is final and every rank is past backward; all issued this step.
-  enter(kFusedStep, DType::F32, count, ReduceOp::Avg, where_of(g.reg, grad), static_cast<uint32_t>(na));
+  enter(kFusedStep, DType::F32, count, ReduceOp::Avg, where_of(g.reg, grad),
+        static_cast<uint32_t>(na) | single_mask(arrays, na, count));
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
   const size_t hi = count * static_cast<size_t>(rank_ + 1) / static_cast<size_t>(size_);
   float* mine[ElementwiseStep::kMaxArrays];
@@ -501,10 +550,11 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
     // and hence the step's result are bit-identical to the unfused path.
     reduce_block<float>(acc, b0, b1, size_, ReduceOp::Avg, [&](int q) { return static_cast<const float*>(at(g, q)); });
     for (size_t j = 0; j < na; ++j) mine[j] = arrays[j] + b0;
-    step.apply(mine, acc, b1 - b0);
+    step.apply(mine, acc, b1 - b0);  // a one-copy array: written in place, for everyone
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      for (size_t j = 0; j < na; ++j) copy_nontemporal(at(arr[j], q) + b0, mine[j], b1 - b0);
+      for (size_t j = 0; j < na; ++j)
+        if (!arr[j].reg->single()) copy_nontemporal(at(arr[j], q) + b0, mine[j], b1 - b0);
     }
   }
   _mm_sfence();  // the streaming stores are weakly ordered: visible before the barrier says so
@@ -513,7 +563,8 @@ void ShmGroup::allreduce_step(float* grad, size_t count, const ElementwiseStep& 
 
 void ShmGroup::start_reduce_for_step(float* grad, size_t count) {
   const Region* reg = region_of(grad, count * sizeof(float));
-  DDPRUN_ENFORCE(reg != nullptr, "shm reduce_for_step: the gradient is not in alloc_shared memory");
+  DDPRUN_ENFORCE(reg != nullptr && !reg->single(),
+                 "shm reduce_for_step: the gradient is not in alloc_shared memory (one part per rank)");
   // Every rank's gradient of this range is final once every rank arrived.
   const OpSig mine = publish(kReduceForStep, DType::F32, count, ReduceOp::Avg, where_of(reg, grad), 0);
   pending_ = Pending{mine, arrive(), reg, grad, count, true};
@@ -530,9 +581,8 @@ bool ShmGroup::test_reduce_for_step(bool block) {
   const Region* reg = pending_.reg;
   float* const grad = pending_.grad;
   const size_t count = pending_.count;
-  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(grad) -
-                                         (reg->base + static_cast<size_t>(rank_) * reg->stride));
-  auto part = [&](int q) { return reinterpret_cast<const float*>(reg->base + static_cast<size_t>(q) * reg->stride + off); };
+  const size_t off = static_cast<size_t>(reinterpret_cast<unsigned char*>(grad) - reg->at(rank_));
+  auto part = [&](int q) { return reinterpret_cast<const float*>(reg->at(q) + off); };
   // Slice r of every part is read by rank r only, so rank r may overwrite its own part's slice
   // with the average: no second barrier (finish_step's first one orders it before any reader).
   const size_t lo = count * static_cast<size_t>(rank_) / static_cast<size_t>(size_);
@@ -557,16 +607,19 @@ void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t*
                            float* const* arrays) {
   const size_t na = step.num_arrays();
   size_t total = 0;
+  uint32_t mask = 0;
   for (size_t s = 0; s < n_segments; ++s) {
     DDPRUN_ENFORCE(fuses_step(grads[s], counts[s], arrays + s * na, na),
-                   "shm finish_step: buffers are not all in alloc_shared memory");
+                   "shm finish_step: buffers are not all in alloc_shared / alloc_shared_single memory");
     total += counts[s];
+    mask |= single_mask(arrays + s * na, na, counts[s]);
   }
   if (n_segments == 0) return;
+  DDPRUN_ENFORCE(n_segments < (1u << kMaskShift), "shm finish_step: too many segments for the op signature");
   // Every rank is past backward (nobody reads parameters any more) and every reduce_for_step
   // of this pass finished on every rank.
   enter(kFinishStep, DType::F32, total, ReduceOp::Avg, where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]),
-        static_cast<uint32_t>(n_segments));
+        static_cast<uint32_t>(n_segments) | mask);
   constexpr size_t kBlock = 2048;
   for (size_t s = 0; s < n_segments; ++s) {
     const size_t count = counts[s];
@@ -579,20 +632,20 @@ void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t*
     } where[ElementwiseStep::kMaxArrays];
     for (size_t j = 0; j < na; ++j) {
       const Region* reg = region_of(arr[j], count * sizeof(float));
-      where[j] = {reg, static_cast<size_t>(reinterpret_cast<unsigned char*>(arr[j]) -
-                                           (reg->base + static_cast<size_t>(rank_) * reg->stride))};
+      where[j] = {reg, static_cast<size_t>(reinterpret_cast<unsigned char*>(arr[j]) - reg->at(rank_))};
     }
     float* mine[ElementwiseStep::kMaxArrays];
     for (size_t b0 = lo; b0 < hi; b0 += kBlock) {
       const size_t b1 = std::min(hi, b0 + kBlock);
       for (size_t j = 0; j < na; ++j) mine[j] = arr[j] + b0;
+      // A one-copy array is written in place (this rank's slice of the one copy) and copied
+      // nowhere: no peer part to keep in step.
       step.apply(mine, grads[s] + b0, b1 - b0);
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
         for (size_t j = 0; j < na; ++j)
-          copy_nontemporal(
-              reinterpret_cast<float*>(where[j].reg->base + static_cast<size_t>(q) * where[j].reg->stride + where[j].off) + b0,
-              mine[j], b1 - b0);
+          if (!where[j].reg->single())
+            copy_nontemporal(reinterpret_cast<float*>(where[j].reg->at(q) + where[j].off) + b0, mine[j], b1 - b0);
       }
     }
   }

@@ -18,10 +18,11 @@
 // momentum, ...) all lie in alloc_shared() parts with the same flat layout, rank r, block by
 // block of its slice, computes the averaged gradient exactly as the zero-copy path does,
 // applies the elementwise step to its own part's arrays, and copies the updated blocks into
-// every other rank's part (streaming stores: this core does not read them again); the
+// every other rank's part (streaming stores: this core does not read them again; an array in
+// a one-copy region, below, is written in place only); the
 // averaged gradient is never written. One pass instead of an
 // all-reduce plus a full optimizer pass on every rank (~2.5N instead of ~5N for plain SGD).
-// The step writes other ranks' parameters, so it must run only once every rank is past
+// The step writes parameters other ranks read, so it must run only once every rank is past
 // backward (the Reducer issues it from finalize_and_step(), after backward, so the first
 // barrier means every rank is past it); the last barrier keeps every rank from reading its
 // parameters before all slices are written.
@@ -49,6 +50,16 @@
 //
 // Dtypes: f32, f64, i32, i64 reduced in their own type; f16 and bf16 accumulated in float
 // (rank order, Avg divides in float) and rounded once to nearest even.
+//
+// One-copy regions (alloc_shared_single): a segment of one part that every rank maps, for
+// state that is equal on every rank (parameters, optimizer state). The fused step writes an
+// array that lies there in place, each rank its slice, and copies nothing to peers: per rank
+// and step that saves (N-1)/N of the array's stores and the peers' copies of it in every
+// rank's cache and in RAM. Every collective that meets such a buffer treats the size() parts
+// as the same memory: the zero-copy all-reduce reduces size() identical contributions (each
+// rank writes only its slice), broadcast is only its op check and barrier (the bytes are
+// already root's), and allgather/reduce_scatter refuse it as output (every rank would write
+// all of it). Arrays of one fused step may mix both kinds of region.
 //
 // Split fused step (reduce_for_step, then finish_step): the reduction of the fused step
 // moved into backward, where it overlaps the rest of it: rank r averages slice r of a bucket
@@ -95,8 +106,9 @@ class ShmGroup {
   // the result into every part.
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op);
 
-  // True when grad[0, count) and every arrays[j][0, count) lie in this rank's parts of
-  // alloc_shared() regions, so allreduce_step() can fuse.
+  // True when grad[0, count) lies in this rank's part of an alloc_shared() region and every
+  // arrays[j][0, count) in one of alloc_shared() or alloc_shared_single(), so allreduce_step()
+  // can fuse.
   bool fuses_step(const float* grad, size_t count, float* const* arrays, size_t n_arrays) const;
   // The fused average + step of the header comment; requires fuses_step(). Afterwards every
   // rank's part of every array holds the same updated values; grad keeps its local values.
@@ -121,7 +133,21 @@ class ShmGroup {
   // returns this rank's part (zeroed), valid for the group's lifetime, or nullptr on every
   // rank when /dev/shm has no room for it.
   template <class Publish, class Fetch, class Barrier>
-  void* alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier);
+  void* alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier) {
+    return alloc_region(bytes, false, publish, fetch, barrier);
+  }
+  // The same with one part that every rank maps (the header comment's one-copy regions).
+  template <class Publish, class Fetch, class Barrier>
+  void* alloc_shared_single(size_t bytes, Publish publish, Fetch fetch, Barrier barrier) {
+    return alloc_region(bytes, true, publish, fetch, barrier);
+  }
+  // [p, p + bytes) lies wholly in a one-copy region / overlaps one at all.
+  bool is_single(const void* p, size_t bytes) const;
+  bool overlaps_single(const void* p, size_t bytes) const;
+  // Broadcast of a buffer wholly in a one-copy region: the bytes are root's already, so only
+  // the op check (every rank names the same place and root) and one barrier, which orders
+  // root's writes before everyone's reads.
+  void broadcast_single(void* buf, size_t bytes, int root);
 
  private:
   struct Control;
@@ -161,8 +187,16 @@ class ShmGroup {
   void allreduce_typed(T* buf, size_t count, ReduceOp op);
   struct Region {
     unsigned char* base = nullptr;
-    size_t stride = 0;
+    size_t part = 0;    // bytes of one rank's part, as asked for (the stride rounds it to pages)
+    size_t stride = 0;  // from one rank's part to the next: 0 in a one-copy region
+    size_t mapped = 0;
+    unsigned char* at(int q) const { return base + static_cast<size_t>(q) * stride; }
+    bool single() const { return stride == 0; }
   };
+  template <class Publish, class Fetch, class Barrier>
+  void* alloc_region(size_t bytes, bool single, Publish publish, Fetch fetch, Barrier barrier);
+  // Bit j set when arrays[j] lies in a one-copy region (part of the fused ops' signature).
+  uint32_t single_mask(float* const* arrays, size_t n_arrays, size_t count) const;
   template <class T>
   void allreduce_zero_copy(const Region& r, T* buf, size_t count, ReduceOp op);
   // The region whose part of this rank holds [p, p + bytes), or nullptr.
@@ -198,9 +232,9 @@ struct ShmFdGuard {
 };
 
 template <class Publish, class Fetch, class Barrier>
-void* ShmGroup::alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier barrier) {
-  const size_t stride = (bytes + 4095) / 4096 * 4096;
-  const size_t total = stride * static_cast<size_t>(size_);
+void* ShmGroup::alloc_region(size_t bytes, bool single, Publish publish, Fetch fetch, Barrier barrier) {
+  const size_t part = (bytes + 4095) / 4096 * 4096;
+  const size_t total = single ? part : part * static_cast<size_t>(size_);
   std::string handle, why;
   void* base = nullptr;
   ShmFdGuard fd;
@@ -212,13 +246,15 @@ void* ShmGroup::alloc_shared(size_t bytes, Publish publish, Fetch fetch, Barrier
     handle = fetch();
   }
   if (is_fallback(handle)) {  // the same answer on every rank: no barrier, all return nullptr
-    warn_fallback(rank_, "a shared region of " + std::to_string(total) + " bytes", handle);
+    warn_fallback(rank_, std::string(single ? "a one-copy shared region" : "a shared region") + " of " +
+                             std::to_string(total) + " bytes", handle);
     return nullptr;
   }
   if (rank_ != 0) base = open_handle(handle, total);
-  regions_.push_back({static_cast<unsigned char*>(base), stride});
+  const Region reg{static_cast<unsigned char*>(base), bytes, single ? 0 : part, total};
+  regions_.push_back(reg);
   barrier();  // everyone opened it: the creator's descriptor can go (fd's guard)
-  return static_cast<unsigned char*>(base) + static_cast<size_t>(rank_) * stride;
+  return reg.at(rank_);
 }
 
 template <class Publish, class Fetch, class Barrier>

@@ -99,6 +99,33 @@ class DDPRUN_WORKER_API Communicator {
   // own. Valid for the communicator's lifetime.
   virtual void* alloc_shared(size_t /*bytes*/) { return nullptr; }
 
+  // Collective (same bytes, same order on every rank, like alloc_shared). Zeroed host memory
+  // that every rank maps as ONE copy (the CPU shared-memory path): a store by any rank is the
+  // store every rank reads (the address may differ per rank). For state that is the same on
+  // every rank and written only by the fused step (parameters, optimizer state): each rank
+  // steps its slice in place, nothing is copied to peers, and the host holds one copy instead
+  // of one per rank. nullptr when the backend has none (no shared-memory path, a world of one,
+  // or /dev/shm without room: one warning): use alloc_shared() or your own. Valid for the
+  // communicator's lifetime.
+  // Writes are the caller's to order: two ranks must never access the same bytes at once when
+  // one of them writes (a data race, even when they write equal values). So:
+  //  * initialise or load such memory on ONE rank, then call barrier() or broadcast() from that
+  //    rank over it before anyone reads it; every collective orders what each rank did before
+  //    it before what any rank does after it;
+  //  * broadcast() of a buffer wholly inside such memory moves no bytes (there is one copy):
+  //    it is that ordering point, checked like a collective on every rank;
+  //  * allreduce() of such a buffer reduces the size() equal contributions like any others
+  //    (Sum adds x size() times in rank order, Avg divides that by size(), Max is x), each
+  //    rank writing only its slice;
+  //  * the fused step (allreduce_step / finish_step) writes its arrays that lie here only
+  //    between its first barrier (every rank past backward) and its last (before anyone's
+  //    next forward), each rank its own slice;
+  //  * allgather / reduce_scatter outputs must not lie here, and neither must an array of a
+  //    step that is not fused (WorkerError: every rank would write all of it).
+  virtual void* alloc_shared_single(size_t /*bytes*/) { return nullptr; }
+  // True when [p, p + bytes) lies in alloc_shared_single() memory of this communicator.
+  virtual bool is_single_copy(const void* /*p*/, size_t /*bytes*/) const { return false; }
+
   // All-reduce (average) of an fp32 gradient fused with an elementwise optimizer step: after
   // it, arrays[j][0, count) on every rank hold the step applied to the average of grad[0,
   // count) over ranks (identical bits on every rank); grad[0, count) is left unspecified
@@ -107,8 +134,10 @@ class DDPRUN_WORKER_API Communicator {
   // allreduce(Avg) in place, then step.apply over the whole range — the fused override must
   // give the same bits (it reduces in the same order and applies the same float operations).
   virtual void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
-  // True when allreduce_step() over these buffers is a fused single pass (gradient, params
-  // and state in alloc_shared() memory), not the default's all-reduce plus separate step.
+  // True when allreduce_step() over these buffers is a fused single pass (gradient in
+  // alloc_shared() memory; params and state there or in alloc_shared_single() memory, which
+  // the step writes in place, each rank its slice, with no copies to peers), not the
+  // default's all-reduce plus separate step.
   virtual bool fuses_step(const float* /*grad*/, size_t /*count*/, float* const* /*arrays*/, size_t /*n_arrays*/) const {
     return false;
   }
@@ -119,7 +148,8 @@ class DDPRUN_WORKER_API Communicator {
   // the average of the slice of grad[0, count) that this rank steps. Phase 2, finish_step(),
   // after backward on every rank: for each segment s (one earlier reduce_for_step(grads[s],
   // counts[s]) each), the step over that segment with arrays[s * n_arrays + j], written into
-  // every rank's arrays. Same bits as allreduce_step() over each segment.
+  // every rank's arrays (the one copy, for arrays in alloc_shared_single() memory). Same bits
+  // as allreduce_step() over each segment.
   virtual bool splits_step() const { return false; }
   virtual void reduce_for_step(float* /*grad*/, size_t /*count*/) {}
   virtual void finish_step(size_t /*n_segments*/, float* const* /*grads*/, const size_t* /*counts*/,

@@ -227,6 +227,8 @@ class DDPRUN_WORKER_API Reducer {
   // finalize()'s entry check: a pass is open; every gradient marked (or, with
   // find_unused_parameters, the rest marked unused).
   void begin_finalize(const char* op);
+  // Sets inline_ (Progress::Auto resolved) from the options and which buckets are fused.
+  void resolve_progress();
   // Nothing to communicate: one rank and no forced collective.
   bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
 
@@ -251,7 +253,7 @@ class DDPRUN_WORKER_API Reducer {
   OverlapStats stats_;
   double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
   double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
-  bool inline_ = false;  // Progress::Inline in effect this pass (resolved from Auto)
+  bool inline_ = false;  // Progress::Inline in effect (resolved from Auto; resolve_progress())
   // Inline progress: buckets launched, in order, not finished yet (training thread only; apart
   // from queue_, which a communication thread started in an earlier pass may still watch).
   std::deque<size_t> inline_queue_;
