@@ -66,6 +66,7 @@ ours() {  # nproc [steps [cores]] -> avg ms/step
   { echo "$n rank(s)${3:+ on cores $3}:"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//'; } >>"$tmp/phases$n.txt"
   # the model's own CPU time per step (forward + backward outside the reducer), mean over ranks
   grep -o 'model_cpu=[0-9.]*' "$log" | cut -d= -f2 | awk '{s += $1} END {if (NR) printf "%.3f\n", s / NR; else print "nan"}' >>"$tmp/model_cpu$n"
+  grep -o 'gemm=[a-z]* blas_core=[A-Za-z0-9]*' "$log" | head -1 >>"$tmp/gemm$n"  # which GEMM `auto` took
   grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
 }
 theirs() {  # nproc [steps [cores]] -> avg ms/step
@@ -131,5 +132,6 @@ PY
 # Where each run's time went, per rank: forward/backward/after_backward as wall/CPU of the
 # training thread (CPU < wall: the thread waited or was preempted), comm = the collectives'
 # wall/CPU, the share of the reduction done during backward, context switches per step.
+echo "ddprun train's GEMM: $(cat "$tmp"/gemm1 "$tmp"/gemm2 2>/dev/null | sort | uniq -c | tr -s ' ' | paste -sd, -)"
 echo "per-phase breakdown of ddprun train (ms/step; a/b = wall/CPU time of the training thread):"
 cat "$tmp/phases.txt"

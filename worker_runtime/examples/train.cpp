@@ -213,10 +213,11 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
   if (rank == 0)
     std::printf("[train] world=%d backend=%s params=%zu shape=%dx%d(depth %d) batch/rank=%d steps/epoch=%" PRId64
-                " buckets=%zu step=%s state=%s gemm=%s\n",
+                " buckets=%zu step=%s state=%s gemm=%s blas_core=%s\n",
                 world, comm.backend(), n, o.width, o.width, o.depth, o.batch, steps_per_epoch, reducer.buckets().size(),
                 !o.fused_step ? "separate" : shared_state ? "fused(shm)" : "fused(default: all-reduce, then step)",
-                single_state ? "one-copy" : param_storage.empty() ? "per-rank-shm" : "private", ex::gemm_impl_name());
+                single_state ? "one-copy" : param_storage.empty() ? "per-rank-shm" : "private", ex::gemm_impl_name(),
+                ex::gemm_blas_core().c_str());
   std::fflush(stdout);
 
   std::vector<float> x, y;

@@ -255,6 +255,13 @@ int g_threads = 1;
 }  // namespace
 
 bool gemm_blas_available() { return kHaveBlas; }
+std::string gemm_blas_core() {
+#ifdef DDPRUN_EXAMPLE_OPENBLAS
+  return openblas_get_corename();
+#else
+  return "none";
+#endif
+}
 void set_gemm_impl(GemmImpl impl) {
   if (impl == GemmImpl::Blas && !kHaveBlas)
     throw std::invalid_argument("this build of the example has no BLAS (install libopenblas64-pthread-dev and reconfigure)");

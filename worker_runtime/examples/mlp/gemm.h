@@ -8,6 +8,8 @@
 // same implementation (the two differ from each other in the last bits).
 #pragma once
 
+#include <string>
+
 namespace ddprun::example {
 
 enum class GemmImpl { Builtin, Blas };
@@ -17,6 +19,11 @@ bool gemm_blas_available();
 void set_gemm_impl(GemmImpl impl);
 GemmImpl gemm_impl();
 const char* gemm_impl_name();  // "openblas" or "builtin"
+// The kernel set OpenBLAS picked for this CPU at load (its runtime detection, or
+// OPENBLAS_CORETYPE), e.g. "SkylakeX"; "none" when built without OpenBLAS. `auto` keeps the
+// builtin GEMM when this is an old generic core on a CPU with AVX2: printed so a benchmark
+// says which GEMM ran and why.
+std::string gemm_blas_core();
 
 // Row-major: C[M,N] = op(A)[M,K] * op(B)[K,N] (+ C when accumulate).
 // op(A) = A (lda >= K) or A^T when trans_a (A is [K,M], lda >= M); likewise B.
