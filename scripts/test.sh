@@ -8,7 +8,7 @@
 #   suite  the main build (build/) and every ctest test
 #   fuzz   DDPRUN_TEST_FUZZ_SECONDS=N seconds per fuzz target (default 60; 0 skips it)
 #   asan   the suite again, built with ASan+UBSan (build-asan; what is left out and why: below)
-#   tsan   the server, client and agent tests built with TSan (build-tsan)
+#   tsan   the server, client, agent and worker-runtime tests built with TSan (build-tsan)
 # Both sanitizer stages run by default. DDPRUN_TEST_SANITIZERS=0 skips them (a quick local
 # run); =asan or =tsan runs one of them; =1 or =asan,tsan both (the default).
 # DDPRUN_TEST_MAIN=0 skips the main suite (to run only the other stages).
@@ -71,13 +71,20 @@ asan_suite() {
 }
 
 # TSan over what has threads: the Asio server, the blocking client, the launcher's agent
-# (unit, end-to-end, process tests). The worker runtime is not built here.
+# (unit, end-to-end, process tests) and the worker runtime (its communication thread, the
+# reducer's inline and threaded progress, the shared-memory collectives with ranks as threads,
+# the background checkpoint writer; CPU only: the GPU and LibTorch parts are left out as in
+# the ASan stage). tests/worker_runtime/tsan_catch.supp suppresses races inside Catch2's own
+# assertion counters (tests that assert in rank threads), nothing of ours. What TSan cannot
+# see: two processes writing one shared-memory segment (the barriers and disjoint slices keep
+# that apart; tests compare bits). worker.install: as in the ASan stage.
 tsan_suite() {
   local dir="${DDPRUN_TSAN_BUILD_DIR:-$here/build-tsan}"
-  DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=thread -DDDPRUN_BUILD_WORKER_RUNTIME=OFF \
-    "${san_flags[@]}" &&
-  (cd "$dir" && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
-     ctest --output-on-failure --timeout 1800 -j "$jobs" -R '^(rendezvous\.|launcher\.(unit|e2e|process))')
+  DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=thread -DDDPRUN_BUILD_WORKER_RUNTIME=ON \
+    -DDDPRUN_WITH_CUDA=OFF -DDDPRUN_WITH_LIBTORCH=OFF "${san_flags[@]}" &&
+  (cd "$dir" && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/worker_runtime/tsan_catch.supp" \
+     ctest --output-on-failure --timeout 1800 -j "$jobs" -R '^(rendezvous\.|launcher\.(unit|e2e|process)|worker\.)' \
+       -E '^worker\.install$')
 }
 
 "$here/scripts/setup_deps.sh"
