@@ -142,31 +142,8 @@ class GlooCommunicator final : public Communicator {
 
   bool uses_shared_memory() const { return shm_ != nullptr; }
 
-  void* alloc_shared(size_t bytes) override {
-    if (!shm_ || bytes == 0) return nullptr;
-    check_alive("alloc_shared");
-    const std::string key = key_prefix_ + "shm/region/" + std::to_string(regions_++);
-    void* p = nullptr;
-    guarded("alloc_shared", [&] {
-      p = shm_->alloc_shared(
-          bytes, [&](const std::string& name) { store_.set(key, name); }, [&] { return store_.get(key, timeout_); },
-          [&] { barrier(); });
-    });
-    return p;
-  }
-
-  void* alloc_shared_single(size_t bytes) override {
-    if (!shm_ || bytes == 0) return nullptr;
-    check_alive("alloc_shared_single");
-    const std::string key = key_prefix_ + "shm/region/" + std::to_string(regions_++);
-    void* p = nullptr;
-    guarded("alloc_shared_single", [&] {
-      p = shm_->alloc_shared_single(
-          bytes, [&](const std::string& name) { store_.set(key, name); }, [&] { return store_.get(key, timeout_); },
-          [&] { barrier(); });
-    });
-    return p;
-  }
+  void* alloc_shared(size_t bytes) override { return alloc_shm(bytes, false); }
+  void* alloc_shared_single(size_t bytes) override { return alloc_shm(bytes, true); }
 
   bool is_single_copy(const void* p, size_t bytes) const override { return shm_ && shm_->is_single(p, bytes); }
 
@@ -306,6 +283,23 @@ class GlooCommunicator final : public Communicator {
   void abort() noexcept override { aborted_.store(true); }
 
  private:
+  // alloc_shared / alloc_shared_single: the segment's name travels through the store under a
+  // key numbered in call order (the same on every rank: both are collective).
+  void* alloc_shm(size_t bytes, bool single) {
+    const char* what = single ? "alloc_shared_single" : "alloc_shared";
+    if (!shm_ || bytes == 0) return nullptr;
+    check_alive(what);
+    const std::string key = key_prefix_ + "shm/region/" + std::to_string(regions_++);
+    auto publish = [&](const std::string& name) { store_.set(key, name); };
+    auto fetch = [&] { return store_.get(key, timeout_); };
+    auto bar = [&] { barrier(); };
+    void* p = nullptr;
+    guarded(what, [&] {
+      p = single ? shm_->alloc_shared_single(bytes, publish, fetch, bar) : shm_->alloc_shared(bytes, publish, fetch, bar);
+    });
+    return p;
+  }
+
   uint32_t next_tag() { return tag_++; }
 
   template <class T>
