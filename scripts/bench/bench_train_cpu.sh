@@ -25,7 +25,7 @@ build="${1:-$here/build}"
 train="$build/worker_runtime/train"; ddprun="$build/launcher/ddprun"
 STEPS="${STEPS:-40}"; REPEAT="${REPEAT:-3}"; WIDTH="${WIDTH:-1024}"; DEPTH="${DEPTH:-4}"; BATCH="${BATCH:-64}"; WARMUP=5
 [[ -x "$train" ]] || { echo "build train first: cmake --build $build --target train"; exit 1; }
-tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'rm -rf "$tmp"' EXIT
+tmp="$(mktemp -d /tmp/ddprun-bench-XXXXXX)"; trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT  # a failed run's same-moment partner too
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PY="${PY:-$here/.venv-torch2/bin/python}"
 PY="$(command -v "$PY" || echo "$PY")"  # PY=python3 (a name on PATH) works too, as the docs' commands use it
@@ -47,35 +47,42 @@ if [[ "${SAMETIME:-0}" == 1 ]]; then
 fi
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# The run's avg_step_ms, or a failure that shows the end of the run's log (a run that failed
+# must not turn into an empty figure).
+step_of() {  # log what
+  local v; v="$(grep -o 'avg_step_ms=[0-9.]*' "$1" | tail -1 | cut -d= -f2 || true)"
+  if [[ -z "$v" ]]; then echo "bench_train_cpu: $2 printed no avg_step_ms; the end of its log:" >&2; tail -20 "$1" >&2; return 1; fi
+  echo "$v"
+}
 ours() {  # nproc [steps [cores]] -> avg ms/step
   local n="$1" steps="${2:-$STEPS}"; local samples=$(( BATCH * n * (steps + WARMUP) )); local log="$tmp/ours$1.log"
   local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
   local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
               --warmup-steps "$WARMUP" --threads 1 ${TRAIN_ARGS:-})
   if [[ -x "$ddprun" ]]; then
-    "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1
+    "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1 || true
   else  # no launcher built: set the worker environment by hand
     local port; port="$(free_port)"; local pids=()
     for ((r = 0; r < n; r++)); do
       RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         "${pin[@]}" "$train" "${args[@]}" >>"$log" 2>&1 & pids+=($!)
     done
-    wait "${pids[@]}"
+    wait "${pids[@]}" || true
   fi
   # train's per-phase lines (wall/CPU per rank) and overlap line, kept for the end of the report
-  { echo "$n rank(s)${3:+ on cores $3}:"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//'; } >>"$tmp/phases$n.txt"
+  { echo "$n rank(s)${3:+ on cores $3}:"; grep -E 'phase_ms|overlap_' "$log" | sed 's/^\[r[0-9]*\]: //; s/ (wall\/cpu.*//' || true; } >>"$tmp/phases$n.txt"
   # the model's own CPU time per step (forward + backward outside the reducer), mean over ranks
-  grep -o 'model_cpu=[0-9.]*' "$log" | cut -d= -f2 | awk '{s += $1} END {if (NR) printf "%.3f\n", s / NR; else print "nan"}' >>"$tmp/model_cpu$n"
-  grep -o 'gemm=[a-z]* blas_core=[A-Za-z0-9]*' "$log" | head -1 >>"$tmp/gemm$n"  # which GEMM `auto` took
-  grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+  { grep -o 'model_cpu=[0-9.]*' "$log" | cut -d= -f2 | awk '{s += $1} END {if (NR) printf "%.3f\n", s / NR; else print "nan"}' || true; } >>"$tmp/model_cpu$n"
+  { grep -o 'gemm=[a-z]* blas_core=[A-Za-z0-9]*' "$log" | head -1 || true; } >>"$tmp/gemm$n"  # which GEMM `auto` took
+  step_of "$log" "ddprun train, $n rank(s)"
 }
 theirs() {  # nproc [steps [cores]] -> avg ms/step
   local n="$1" steps="${2:-$STEPS}"; local log="$tmp/torch$1.log"
   local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
   "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
     --master_port="$(free_port)" "$here/scripts/bench/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
-    --batch "$BATCH" --steps "$steps" --warmup "$WARMUP" --threads 1 >"$log" 2>&1
-  grep -o 'avg_step_ms=[0-9.]*' "$log" | tail -1 | cut -d= -f2
+    --batch "$BATCH" --steps "$steps" --warmup "$WARMUP" --threads 1 >"$log" 2>&1 || true
+  step_of "$log" "PyTorch DDP, $n rank(s)"
 }
 
 echo "model: ${WIDTH}x${DEPTH} hidden${TRAIN_ARGS:+, train $TRAIN_ARGS}, batch $BATCH/rank, fp32, 1 thread/rank, $STEPS timed steps; $(getconf _NPROCESSORS_ONLN) cores${CPUS:+, pinned to cores $CPUS}${SAMETIME:+ (1 and 2 ranks at the same moment)}"
@@ -89,9 +96,9 @@ if [[ "${SAMETIME:-0}" == 1 ]]; then
   for ((i = 0; i < REPEAT; i++)); do
     a="${cores[i % 3]}"; b="${cores[(i + 1) % 3]},${cores[(i + 2) % 3]}"
     ours 1 "$(scale "$so")" "$a" >"$tmp/r1" & p1=$!; ours 2 "$STEPS" "$b" >"$tmp/r2" & p2=$!
-    wait "$p1" "$p2"; o1+=("$(cat "$tmp/r1")"); o2+=("$(cat "$tmp/r2")")
+    wait "$p1" || exit 1; wait "$p2" || exit 1; o1+=("$(cat "$tmp/r1")"); o2+=("$(cat "$tmp/r2")")
     theirs 1 "$(scale "$st")" "$a" >"$tmp/r1" & p1=$!; theirs 2 "$STEPS" "$b" >"$tmp/r2" & p2=$!
-    wait "$p1" "$p2"; t1+=("$(cat "$tmp/r1")"); t2+=("$(cat "$tmp/r2")")
+    wait "$p1" || exit 1; wait "$p2" || exit 1; t1+=("$(cat "$tmp/r1")"); t2+=("$(cat "$tmp/r2")")
     so="$(awk -v a="${o1[-1]}" -v b="${o2[-1]}" 'BEGIN { print (a > 0) ? b / a : 1.3 }')"
     st="$(awk -v a="${t1[-1]}" -v b="${t2[-1]}" 'BEGIN { print (a > 0) ? b / a : 2.2 }')"
     echo "run $((i + 1)) (1 rank on core $a, 2 ranks on cores $b, at the same moment): ours ${o1[-1]} / ${o2[-1]} ms, torch ${t1[-1]} / ${t2[-1]} ms (1 / 2 ranks)"
