@@ -5,6 +5,8 @@
 # Each configuration runs REPEAT times, interleaved, and the fastest run counts (the host is
 # shared; the minimum is the least disturbed measurement).
 #   usage: scripts/bench/bench_train_cpu.sh [build-dir]   (env STEPS=40 REPEAT=3 WIDTH=1024 DEPTH=4 BATCH=64)
+# TORCH_ARGS adds flags to every PyTorch run, e.g. TORCH_ARGS=--tuned (gradient_as_bucket_view,
+# static_graph, gradients zeroed in place) instead of DDP's defaults.
 # TRAIN_ARGS adds flags to every `train` run, e.g. TRAIN_ARGS=--fused-step=0 for the unfused step,
 # TRAIN_ARGS="--progress thread" for the communication thread instead of auto's pick. The report ends
 # with train's per-phase lines of every run (phase_ms: wall/CPU time per phase and rank).
@@ -81,7 +83,7 @@ theirs() {  # nproc [steps [cores]] -> avg ms/step
   local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
   "${pin[@]}" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$tmp/tlogs$n" --nproc_per_node="$n" \
     --master_port="$(free_port)" "$here/scripts/bench/bench_worker_ddp.py" --width "$WIDTH" --depth "$DEPTH" \
-    --batch "$BATCH" --steps "$steps" --warmup "$WARMUP" --threads 1 >"$log" 2>&1 || true
+    --batch "$BATCH" --steps "$steps" --warmup "$WARMUP" --threads 1 ${TORCH_ARGS:-} >"$log" 2>&1 || true
   step_of "$log" "PyTorch DDP, $n rank(s)"
 }
 

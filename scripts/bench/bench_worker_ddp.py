@@ -16,6 +16,8 @@ p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--device", default="cpu")
 p.add_argument("--precision", default="fp32")
+p.add_argument("--tuned", action="store_true",
+               help="DDP tuned: gradient_as_bucket_view=True, static_graph=True, gradients zeroed in place")
 a = p.parse_args()
 
 torch.set_num_threads(a.threads)
@@ -29,7 +31,8 @@ layers = [nn.Linear(10, a.width), nn.ReLU()]
 for _ in range(a.depth):
     layers += [nn.Linear(a.width, a.width), nn.ReLU()]
 layers += [nn.Linear(a.width, 1)]
-model = DDP(nn.Sequential(*layers).to(dev), device_ids=[dev.index] if cuda else None)
+tuned = dict(gradient_as_bucket_view=True, static_graph=True) if a.tuned else {}
+model = DDP(nn.Sequential(*layers).to(dev), device_ids=[dev.index] if cuda else None, **tuned)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loss_fn = nn.MSELoss()
 x = torch.randn(a.batch, 10, device=dev)
@@ -39,7 +42,7 @@ scaler = torch.cuda.amp.GradScaler() if (cuda and a.precision == "fp16") else No
 
 
 def step():
-    opt.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=not a.tuned)  # tuned: the gradients stay views of the buckets
     if amp is not None:
         with torch.autocast(device_type="cuda", dtype=amp):
             loss = loss_fn(model(x), y)
