@@ -132,7 +132,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   const size_t n = ex::mlp_num_params(shape);
   // Gradients in memory the communicator reduces without copies when it has such memory.
   std::vector<float> grad_storage;
-  float* grads = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
+  dw::FusedStep* fs = comm.fused_step();
+  float* grads = fs ? static_cast<float*>(fs->alloc_shared(n * sizeof(float))) : nullptr;
   if (!grads) {
     grad_storage.assign(n, 0.f);
     grads = grad_storage.data();
@@ -145,8 +146,8 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   const bool shared_state = o.fused_step && grad_storage.empty();
   std::vector<float> param_storage, momentum_storage;
   auto state_array = [&](std::vector<float>& storage) {
-    float* p = shared_state ? static_cast<float*>(comm.alloc_shared_single(n * sizeof(float))) : nullptr;
-    if (!p && shared_state) p = static_cast<float*>(comm.alloc_shared(n * sizeof(float)));
+    float* p = shared_state ? static_cast<float*>(fs->alloc_shared_single(n * sizeof(float))) : nullptr;
+    if (!p && shared_state) p = static_cast<float*>(fs->alloc_shared(n * sizeof(float)));
     if (!p) {
       storage.assign(n, 0.f);
       p = storage.data();
@@ -158,8 +159,9 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
   // One copy is written by rank 0 alone (initialisation, checkpoint load); the broadcasts
   // below then only order its writes before everyone's reads (communicator.h). Several
   // ranks writing it, even the same values, would race.
-  const bool single_state = comm.is_single_copy(params, n * sizeof(float));
-  auto mine_to_write = [&](const float* a) { return rank == 0 || !comm.is_single_copy(a, n * sizeof(float)); };
+  auto single_copy = [&](const float* a) { return fs && fs->is_single_copy(a, n * sizeof(float)); };
+  const bool single_state = single_copy(params);
+  auto mine_to_write = [&](const float* a) { return rank == 0 || !single_copy(a); };
   if (mine_to_write(params)) ex::mlp_init(shape, o.seed, params);
 
   dw::DistributedSampler sampler({static_cast<size_t>(o.samples), world, rank, true, o.seed, false});

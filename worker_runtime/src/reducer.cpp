@@ -42,8 +42,9 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
-void Communicator::allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) {
-  allreduce(grad, count, DType::F32, ReduceOp::Avg);
+void allreduce_then_step(Communicator& comm, float* grad, size_t count, const ElementwiseStep& step,
+                         float* const* arrays) {
+  comm.allreduce(grad, count, DType::F32, ReduceOp::Avg);
   step.apply(arrays, grad, count);
 }
 
@@ -67,7 +68,7 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_b
 }
 
 Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
-    : comm_(comm), grads_(std::move(grads)), dtype_(dtype), options_(options) {
+    : comm_(comm), fused_(comm.fused_step()), grads_(std::move(grads)), dtype_(dtype), options_(options) {
   const size_t es = dtype_size(dtype_);
   std::vector<size_t> bytes;
   bytes.reserve(grads_.size());
@@ -105,7 +106,7 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
   // The thread starts at the first launch that needs it (Auto may settle on Inline).
   const bool few_cpus = usable_cpus() < 2 * comm_.size();
   want_inline_ = options_.progress == ReducerOptions::Progress::Inline ||
-                 (options_.progress == ReducerOptions::Progress::Auto && comm_.splits_step() && few_cpus);
+                 (options_.progress == ReducerOptions::Progress::Auto && fused_ && fused_->splits_step() && few_cpus);
   resolve_progress();
 }
 
@@ -303,9 +304,9 @@ void Reducer::progress_inline(bool block) {
         if (!startable) return reduce_bucket(bk);
         if (!bk.started) {
           bk.started = true;
-          comm_.start_reduce_for_step(static_cast<float*>(bk.base), bk.count);
+          fused_->start_reduce_for_step(static_cast<float*>(bk.base), bk.count);
         }
-        done = comm_.test_reduce_for_step(block);
+        done = fused_->test_reduce_for_step(block);
       });
       if (error_) done = true;
     }
@@ -320,7 +321,7 @@ void Reducer::progress_inline(bool block) {
 void Reducer::reduce_bucket(Bucket& bk) {
   const size_t es = dtype_size(dtype_);
   if (bk.fused && split_) {
-    comm_.reduce_for_step(static_cast<float*>(bk.base), bk.count);
+    fused_->reduce_for_step(static_cast<float*>(bk.base), bk.count);
     return;
   }
   if (bk.base) {
@@ -444,7 +445,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
   const size_t nb = buckets_.size();
   std::vector<float> votes(2 * nb + 1, 0.f);
-  votes[2 * nb] = comm_.splits_step() ? 1.f : 0.f;
+  votes[2 * nb] = fused_ && fused_->splits_step() ? 1.f : 0.f;
   float* at[ElementwiseStep::kMaxArrays];
   auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
   auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
@@ -452,7 +453,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
     const Bucket& bk = buckets_[b];
     if (!bk.base) continue;  // staged: the communicator never sees the real gradient
     arrays_at(bk.base, at);
-    votes[b] = comm_.fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    votes[b] = fused_ && fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
     // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
     // one extends the range at the end where its predecessor lies).
     if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))
@@ -473,7 +474,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
     for (size_t i : buckets_[b].members) {
       arrays_at(grads_[i].ptr, at);
       for (size_t j = 0; j < step_arrays_.size(); ++j)
-        if (comm_.is_single_copy(at[j], grads_[i].count * sizeof(float)))
+        if (fused_ && fused_->is_single_copy(at[j], grads_[i].count * sizeof(float)))
           throw WorkerError("set_step_arrays: step array " + std::to_string(j) + " of " + param_label(i) +
                             " lies in alloc_shared_single() memory, but its bucket cannot be fused (its gradient is "
                             "not in alloc_shared() memory, or not contiguous with its bucket), so every rank would "
@@ -538,11 +539,11 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
       ++fused_last_;
     }
     arrays_at(lo, at);
-    comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
+    fused_->allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
     ++fused_calls_last_;
   }
   if (!seg_grads.empty()) {
-    comm_.finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
+    fused_->finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
     ++fused_calls_last_;
   }
   stats_.finish_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_finish).count();

@@ -66,7 +66,7 @@ struct DdpEngine::State {
   // (so every bucket is one contiguous range, reduced in place).
   std::vector<size_t> layout;
   at::Tensor flat;
-  bool flat_is_comm_memory = false;  // from Communicator::alloc_shared (the communicator owns it)
+  bool flat_is_comm_memory = false;  // from FusedStep::alloc_shared (the communicator owns it)
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
 
@@ -144,7 +144,8 @@ struct DdpEngine::State {
     if (flat.defined()) {
       fresh = flat;  // a rebuild: same size, new order, same memory (no second allocation)
     } else {
-      void* mem = on_cuda ? nullptr : comm.alloc_shared(static_cast<size_t>(total) * esize);
+      FusedStep* fs = on_cuda ? nullptr : comm.fused_step();
+      void* mem = fs ? fs->alloc_shared(static_cast<size_t>(total) * esize) : nullptr;
       shared = mem != nullptr;
       if (mem)  // the communicator's zero-copy memory; lives as long as the communicator
         fresh = at::from_blob(mem, {total}, grad_options);

@@ -22,19 +22,19 @@
 // Fused optimizer step (host communicators, fp32): register the optimizer's arrays once with
 // set_step_arrays() and end each pass with finalize_and_step(step) instead of finalize() plus
 // an optimizer pass. Buckets whose gradients and arrays the communicator can average and step
-// in one pass (Communicator::fuses_step: the CPU shared-memory path, everything in
-// alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
+// in one pass (Communicator::fused_step(), FusedStep::fuses_step: the CPU shared-memory path,
+// everything in alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
 // result into every rank's copy (ZeRO-1 style, but the state stays replicated). Writing
 // parameters must wait until every rank is past backward (a slower peer may still read them:
 // dX = dz.W runs after mark_ready of W), but the reduction need not: where the communicator
-// splits the step (Communicator::splits_step, the shm path), a fused bucket's reduction
+// splits the step (FusedStep::splits_step, the shm path), a fused bucket's reduction
 // (reduce_for_step: each rank averages its slice) starts as soon as the bucket is ready, during
 // backward like any bucket, and finalize_and_step() only steps the slices and writes them
 // everywhere (one finish_step for all fused buckets). A communicator that fuses without
 // splitting gets the fused buckets launched in finalize_and_step(), adjacent ones as one
 // collective. Every other bucket is all-reduced as usual (overlapped) and stepped locally
 // after it. All give the same bits: same reduction order, same per-element float operations
-// (see Communicator::allreduce_step). After set_step_arrays() end synchronised passes with
+// (see FusedStep::allreduce_step). After set_step_arrays() end synchronised passes with
 // finalize_and_step(), not finalize().
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
@@ -92,7 +92,7 @@ struct ReducerOptions {
   //    ready bucket's collective without waiting and finishes it once every rank started it
   //    (a non-blocking check; if a peer is behind, the next mark_ready() checks again), so
   //    it never waits for a peer before finalize(). Only collectives that can be started
-  //    without blocking (Communicator::start_reduce_for_step: the fused step's reduction on
+  //    without blocking (FusedStep::start_reduce_for_step: the fused step's reduction on
   //    the shared-memory path) progress during backward; any other bucket is reduced in
   //    finalize(). Same collectives in the same order, hence the same bits, as Thread.
   //  * Auto: Inline when the communicator splits the fused step (all ranks on this host,
@@ -233,6 +233,7 @@ class DDPRUN_WORKER_API Reducer {
   bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
 
   Communicator& comm_;
+  FusedStep* fused_;  // comm_.fused_step()
   std::vector<GradView> grads_;
   DType dtype_;
   ReducerOptions options_;
@@ -249,7 +250,7 @@ class DDPRUN_WORKER_API Reducer {
   bool sync_ = true;
   bool in_backward_ = false;
   bool finalizing_ = false;  // finalize() marking unused gradients (find_unused_parameters)
-  bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
+  bool split_ = false;  // fused buckets reduce during backward (FusedStep::splits_step)
   OverlapStats stats_;
   double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
   double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
