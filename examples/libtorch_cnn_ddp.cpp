@@ -8,7 +8,7 @@
 //   ddprun --standalone --nproc_per_node=2 build/examples/libtorch_cnn_ddp /tmp/cnn_ckpt 40
 // Run the same command again with a larger step count and it continues where the last
 // checkpoint left off; so does a worker group that ddprun restarts after a failure
-// (--max_restarts=N). Rank 0 prints the loss at each checkpoint and, at the end, a checksum of
+// (--max_restarts=N). Rank 0 prints its loss at each checkpoint and, at the end, a checksum of
 // the model's state: a run in one go and a resumed run print the same.
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);  // the same data everywhere; DDP starts every rank from rank 0's model
     Net net;
     const auto images = torch::randn({kSamples, 3, 16, 16});
-    const auto labels = torch::randint(0, 10, {kSamples});
+    const auto labels = images.mean({2, 3}).matmul(torch::randn({3, 10})).argmax(1);  // learnable classes
     lt::DistributedDataParallel<Net> ddp(net, rt->comm());  // collective: broadcasts the model
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     dw::DistributedSampler sampler({kSamples, world, rank, /*shuffle=*/true, /*seed=*/1, /*drop_last=*/false});
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
       if (rank == 0) std::printf("resumed from step %d\n", start);
     }
     net->train();
+    double loss_sum = 0;  // since the last checkpoint
     for (int step = start; step < steps; ++step) {
       sampler.set_epoch(static_cast<uint64_t>(step / per_epoch));  // a new shuffle each epoch
       const auto idx = sampler.batch(static_cast<size_t>(step % per_epoch), kBatch);  // mid-epoch resume
@@ -84,14 +85,16 @@ int main(int argc, char** argv) {
       auto loss = nn::functional::cross_entropy(ddp(images.index_select(0, ids)), labels.index_select(0, ids));
       loss.backward();  // the gradients are averaged over ranks when it returns
       opt.step();
+      loss_sum += loss.item<double>();
       if (rank == 0 && (step + 1) % kEvery == 0) {
         dw::Checkpoint ck;
         ck.step = static_cast<uint64_t>(step + 1);
         lt::save_module(*net, ck);
         lt::save_optimizer(opt, *net, ck);
         dw::save_checkpoint(ckpt_dir, ck);  // atomic: a kill never leaves a torn checkpoint
-        std::printf("step %d loss %.4f (checkpoint saved)\n", step + 1, loss.item<float>());
+        std::printf("step %d: mean loss %.4f on rank 0's batches (checkpoint saved)\n", step + 1, loss_sum / kEvery);
       }
+      if ((step + 1) % kEvery == 0) loss_sum = 0;
     }
     if (rank == 0)
       std::printf("finished step %d: state checksum %016llx\n", steps,
