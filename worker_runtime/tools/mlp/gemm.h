@@ -1,6 +1,6 @@
-// Example code of the `train` program, not part of libddprun_worker (a user brings the model).
+// The model code of the `train` harness, not part of libddprun_worker (a user brings the model).
 // fp32 GEMM for the CPU training path, two implementations behind sgemm():
-//  * Blas: OpenBLAS's cblas_sgemm, when the example was built with it (gemm_blas_available();
+//  * Blas: OpenBLAS's cblas_sgemm, when train was built with it (gemm_blas_available();
 //    CMake finds Debian's libopenblas64-pthread-dev). The default when available.
 //  * Builtin: our own (BLIS-style: packed panels, a 6x16 AVX2/FMA micro-kernel chosen at
 //    run time, a portable kernel otherwise).
@@ -15,7 +15,7 @@ namespace ddprun::example {
 enum class GemmImpl { Builtin, Blas };
 bool gemm_blas_available();
 // Not thread-safe: choose before training. Throws std::invalid_argument for Blas when the
-// example was built without a BLAS.
+// harness was built without a BLAS.
 void set_gemm_impl(GemmImpl impl);
 GemmImpl gemm_impl();
 const char* gemm_impl_name();  // "openblas" or "builtin"

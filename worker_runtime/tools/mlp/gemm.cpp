@@ -236,7 +236,7 @@ constexpr bool kHaveBlas = true;
 constexpr bool kHaveBlas = false;
 #endif
 // `auto`: OpenBLAS, unless its runtime CPU detection fell back to an old generic kernel on a
-// CPU that has AVX2/FMA (seen in a VM whose CPUID hides the model: "Core: Prescott", 75-115 ms
+// CPU that has AVX2/FMA (seen in a virtual machine whose CPUID hides the model: "Core: Prescott", 75-115 ms
 // per step against 47 ms for ours). Then our AVX2 kernels are the better choice.
 GemmImpl default_impl() {
 #ifdef DDPRUN_EXAMPLE_OPENBLAS
@@ -264,7 +264,7 @@ std::string gemm_blas_core() {
 }
 void set_gemm_impl(GemmImpl impl) {
   if (impl == GemmImpl::Blas && !kHaveBlas)
-    throw std::invalid_argument("this build of the example has no BLAS (install libopenblas64-pthread-dev and reconfigure)");
+    throw std::invalid_argument("this build of train has no BLAS (install libopenblas64-pthread-dev and reconfigure)");
   g_impl = impl;
 }
 GemmImpl gemm_impl() { return g_impl; }
