@@ -18,16 +18,16 @@ set(_gen ${PROJECT_BINARY_DIR}/packaging)
 # ---- man pages, from --help at build time --------------------------------------------------
 find_program(DDPRUN_HELP2MAN help2man)
 if(DDPRUN_HELP2MAN)
-  # prog, section, one-line description
+  # The program's --help, with the sections of packaging/man/<program>.h2m (FILES, SEE ALSO).
   function(ddprun_man_page target section what)
     set(page ${_gen}/man/${target}.${section})
     set(out ${page}.gz)
     add_custom_command(OUTPUT ${out}
       COMMAND ${CMAKE_COMMAND} -E make_directory ${_gen}/man
       COMMAND ${DDPRUN_HELP2MAN} --no-info --section=${section} --name=${what} --source=ddprun
-              --output=${page} $<TARGET_FILE:${target}>
+              --include=${_pkg}/man/${target}.h2m --output=${page} $<TARGET_FILE:${target}>
       COMMAND gzip -9nf ${page}
-      DEPENDS ${target}
+      DEPENDS ${target} ${_pkg}/man/${target}.h2m
       COMMENT "help2man: ${target}(${section})"
       VERBATIM)
     add_custom_target(${target}_man ALL DEPENDS ${out})

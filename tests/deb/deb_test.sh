@@ -4,9 +4,9 @@
 # of a C++ program built against the installed library, the ddprund service's unit and start-up
 # settings), then dpkg -r and dpkg --purge, and check that nothing is left behind. Whatever
 # happens, the package, its user and its files are removed at the end.
-#   deb_test.sh BUILD_DIR SOURCE_DIR VERSION
+#   deb_test.sh BUILD_DIR SOURCE_DIR VERSION [SANITIZERS]
 set -uo pipefail
-build=$1 src=$2 version=$3
+build=$1 src=$2 version=$3 sanitize=${4:-}
 t0=$SECONDS
 step() { echo "== [$((SECONDS - t0)) s] $*"; }
 die() {
@@ -19,6 +19,11 @@ fail() {
   fails=$((fails + 1))
 }
 
+if [[ -n $sanitize ]]; then
+  echo "SKIP: a build with sanitizers ($sanitize): a package is made from a plain build, and a program built"
+  echo "against its library would lack the sanitizer runtime"
+  exit 77
+fi
 if [[ $EUID != 0 ]]; then
   echo "SKIP: installing a .deb needs root (this test installs, uses and purges one)"
   exit 77
