@@ -36,11 +36,12 @@ for prog in "$ddprun" "$ddprund"; do
   echo "$name: ${#flags[@]} flag spellings in --help"
   ((${#flags[@]} >= 10)) || fail "$name: only ${#flags[@]} flags found in --help"
   for f in "${flags[@]}"; do
-    candidates "$prog $f" | grep -qxF -- "$f" || fail "$name: '$f' does not complete"
+    # (grep reads all its input: with pipefail, grep -q could fail the pipe with SIGPIPE.)
+    candidates "$prog $f" | grep -xF -- "$f" >/dev/null || fail "$name: '$f' does not complete"
   done
   # Everything offered for a bare dash is a flag of --help.
   while read -r c; do
-    printf '%s\n' "${flags[@]}" | grep -qxF -- "$c" || fail "$name: '$c' completes but is not in --help"
+    printf '%s\n' "${flags[@]}" | grep -xF -- "$c" >/dev/null || fail "$name: '$c' completes but is not in --help"
   done < <(candidates "$prog -")
 done
 

@@ -108,8 +108,9 @@ echo "$out"
 out=$(clean ddprund --version) || fail "ddprund --version failed"
 [[ $out == "ddprund $version" ]] || fail "ddprund --version printed '$out'"
 for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so; do
-  ldd "$f" | grep -q "not found" && fail "$f: $(ldd "$f" | grep "not found")"
-  readelf -d "$f" | grep -E 'RPATH|RUNPATH' | grep -qF "$build" && fail "$f has a run path into the build tree"
+  # (no grep -q after a pipe: with pipefail, the writer's SIGPIPE would hide the match)
+  ldd "$f" | grep "not found" >/dev/null && fail "$f: $(ldd "$f" | grep "not found")"
+  readelf -d "$f" | grep -E 'RPATH|RUNPATH' | grep -F "$build" >/dev/null && fail "$f has a run path into the build tree"
 done
 
 step "man pages"
