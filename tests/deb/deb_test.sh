@@ -85,6 +85,8 @@ for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so /usr/incl
   /usr/lib/ddprun/ddprund-service /etc/default/ddprund /usr/share/doc/ddprun/ADMIN.md; do
   grep -qxF "$f" "$work/contents" || fail "the package lacks $f"
 done
+grep -q '^/usr/share/man/' "$work/contents" ||
+  fail "no man pages: help2man was not found when the build was configured (scripts/setup_deps.sh installs it; then reconfigure)"
 
 # ---- install --------------------------------------------------------------------------------
 step "snapshot of /etc and /usr"
