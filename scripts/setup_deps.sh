@@ -13,6 +13,9 @@ debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev l
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
       slurm-wlm munge iproute2 procps psmisc time clang libclang-rt-14-dev
       libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
+# The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
+# test: man -w, systemd-analyze verify of the unit.
+debs+=(help2man man-db file systemd)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,6 +19,10 @@
 
 extern char** environ;
 
+#ifndef DDPRUN_VERSION  // set by the build (cmake/Packaging.cmake) from the project's version
+#define DDPRUN_VERSION "unknown"
+#endif
+
 namespace ddprun::launcher {
 namespace {
 
@@ -398,6 +402,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
   }
   app.add_flag_callback("-v,--verbose", [&raw]() { raw.given["verbose"] = "1"; },
                         "debug logs from the agent");
+  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION, "print ddprun's version and exit");
 }
 
 LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const SystemInfo& sys) {
@@ -626,6 +631,9 @@ ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvM
     out.options = finalize_options(raw, env, sys);
   } catch (const CLI::CallForHelp&) {
     out.message = app.help();
+    out.exit_code = 0;
+  } catch (const CLI::CallForVersion& e) {
+    out.message = std::string(e.what()) + "\n";
     out.exit_code = 0;
   } catch (const CLI::ParseError& e) {
     out.message = e.what();

@@ -14,6 +14,10 @@
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/server/store_server.h"
 
+#ifndef DDPRUN_VERSION  // set by the build (cmake/Packaging.cmake) from the project's version
+#define DDPRUN_VERSION "unknown"
+#endif
+
 namespace {
 
 struct DaemonOptions {
@@ -22,6 +26,7 @@ struct DaemonOptions {
   std::string legacy_dialect = "1.13";
   std::string log_level = "info";
   std::string rdzv_token_file;
+  std::string allow_open_rendezvous = "yes";
   int threads = 0;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
@@ -40,6 +45,7 @@ struct DaemonOptions {
 
 void setup_options(CLI::App& app, DaemonOptions& o) {
   app.description("ddprund: a TCP store that speaks PyTorch's TCPStore protocol (1.13 to 2.11).");
+  app.set_version_flag("--version", std::string("ddprund ") + DDPRUN_VERSION);
   app.add_option("--host", o.host, "address to listen on (default: every address, IPv6 and IPv4)");
   app.add_option("-p,--port", o.port, "TCP port; 0 picks a free one (printed on start)")->capture_default_str();
   app.add_option("--legacy-dialect", o.legacy_dialect,
@@ -84,6 +90,12 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "a file (mode 0600, yours) holding the rendezvous token (16+ bytes): agents must prove they hold "
                  "it (HMAC challenge-response, both ways) before they join; without it, DDPRUN_RDZV_TOKEN; without "
                  "either the rendezvous is open to anyone who can connect");
+  app.add_option("--allow-open-rendezvous", o.allow_open_rendezvous,
+                 "no: refuse to start without a rendezvous token (neither --rdzv-token-file nor "
+                 "DDPRUN_RDZV_TOKEN), as the ddprund service does by default; yes: start anyway, open to anyone "
+                 "who can connect")
+      ->check(CLI::IsMember({"yes", "no"}))
+      ->capture_default_str();
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
@@ -123,6 +135,13 @@ int run(const DaemonOptions& o) {
     so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "ddprund: %s\n", e.what());
+    return 2;
+  }
+  if (so.rdzv_token.empty() && o.allow_open_rendezvous == "no") {
+    std::fprintf(stderr,
+                 "ddprund: no rendezvous token, and --allow-open-rendezvous=no: give --rdzv-token-file=FILE (a "
+                 "file of 16+ bytes, mode 0600, owned by the user ddprund runs as) or DDPRUN_RDZV_TOKEN, or pass "
+                 "--allow-open-rendezvous=yes to let anyone who can connect join\n");
     return 2;
   }
 
