@@ -4,7 +4,7 @@
 # tree (PATH, LD_LIBRARY_PATH, PYTHONPATH, the working directory).
 #   wheel_test.sh STEP SOURCE_DIR BUILD_DIR WORK_DIR
 # STEPs, in the order the ctest fixtures run them: build install torch_ddp python_choice train
-# cmake_consumer libs uninstall.
+# ddprund cmake_consumer libs uninstall.
 set -euo pipefail
 step="$1" src="$2" build="$3" work="$4"
 venv="$work/venv"
@@ -18,7 +18,7 @@ user_shell() {
   if [[ "$1" == activated ]]; then path="$venv/bin:$path"; fi
   shift
   mkdir -p "$work/home" "$work/cwd"
-  (cd "$work/cwd" && env -i HOME="$work/home" PATH="$path" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" "$@")
+  (cd "$work/cwd" && exec env -i HOME="$work/home" PATH="$path" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" "$@")
 }
 site_packages() { "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 # Files and folders of the venv, except the bytecode that running Python leaves in pip itself.
@@ -84,6 +84,29 @@ PY
   train)
     user_shell activated ddprun --nproc_per_node=2 ddprun-train --epochs 2 --device cpu 2>&1 | tee "$work/train.log"
     grep -q '^\[r0\]: \[train\] epoch 1 done' "$work/train.log" || fail "train did not finish its epochs"
+    ;;
+  ddprund)
+    # The standing store daemon from the wheel, used by PyTorch's own TCPStore client.
+    mkdir -p "$work/home" "$work/cwd"
+    (cd "$work/cwd" && exec env -i HOME="$work/home" PATH="$venv/bin:/usr/bin:/bin" LANG=C.UTF-8 \
+       ddprund --port 0 --host 127.0.0.1) >"$work/ddprund.log" 2>&1 &
+    pid=$!  # ddprund itself: the subshell, env and the console command each exec the next
+    trap 'kill "$pid" 2>/dev/null || true' EXIT
+    port=""
+    for _ in $(seq 100); do
+      port="$(sed -n 's/^ddprund listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$work/ddprund.log")"
+      [[ -n "$port" ]] && break
+      sleep 0.1
+    done
+    [[ -n "$port" ]] || fail "ddprund did not start: $(cat "$work/ddprund.log")"
+    user_shell activated python -c "
+import datetime, torch.distributed as d
+s = d.TCPStore('127.0.0.1', $port, is_master=False, timeout=datetime.timedelta(seconds=30))
+s.set('k', 'v'); assert s.get('k') == b'v'; assert s.add('n', 2) == 2
+print('TCPStore set/get/add against the wheel ddprund on port $port: ok')"
+    kill "$pid"
+    wait "$pid" || true
+    grep -q 'stopping' "$work/ddprund.log" || fail "ddprund did not stop on SIGTERM: $(cat "$work/ddprund.log")"
     ;;
   cmake_consumer)
     # An out-of-tree C++ project, found through the wheel's CMake files only.
