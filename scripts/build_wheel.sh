@@ -53,6 +53,7 @@ auditwheel repair -w "$work/repaired" "${excludes[@]}" "$work"/raw/*.whl
 
 # 3. RUNPATH to the nvidia-* wheels' folders for what links CUDA or NCCL (auditwheel drops
 #    entries that point outside the wheel).
+# shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
 nvidia_rpath='$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/cu13/lib:$ORIGIN/../../nvidia/cuda_runtime/lib:$ORIGIN/../../nvidia/cublas/lib'
 whl="$(ls "$work"/repaired/*.whl)"
 wheel unpack -d "$work/unpacked" "$whl" >/dev/null
