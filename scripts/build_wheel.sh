@@ -51,8 +51,8 @@ for l in "${cuda_libs[@]}"; do excludes+=(--exclude "$l"); done
 echo "[wheel] auditwheel repair"
 auditwheel repair -w "$work/repaired" "${excludes[@]}" "$work"/raw/*.whl
 
-# 3. RUNPATH to the nvidia-* wheels' folders for what links CUDA or NCCL (auditwheel drops
-#    entries that point outside the wheel).
+# 3. RUNPATH to the nvidia-* wheels' folders for what links CUDA or NCCL, where it lacks them
+#    (auditwheel may drop entries that point outside the wheel; a --from-build tree has none).
 # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
 nvidia_rpath='$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/cu13/lib:$ORIGIN/../../nvidia/cuda_runtime/lib:$ORIGIN/../../nvidia/cublas/lib'
 whl="$(ls "$work"/repaired/*.whl)"
@@ -61,12 +61,20 @@ tree="$(ls -d "$work"/unpacked/*/)"
 patched=0
 while IFS= read -r -d '' f; do
   if patchelf --print-needed "$f" 2>/dev/null | grep -qE '^lib(cudart|nccl|cublas|cublasLt)\.so'; then
-    patchelf --add-rpath "$nvidia_rpath" "$f"
-    patched=$((patched + 1))
+    rpath="$(patchelf --print-rpath "$f")"
+    missing=""
+    IFS=: read -ra want <<<"$nvidia_rpath"
+    for d in "${want[@]}"; do
+      [[ ":$rpath:" == *":$d:"* ]] || missing+="${missing:+:}$d"
+    done
+    if [[ -n "$missing" ]]; then
+      patchelf --add-rpath "$missing" "$f"
+      patched=$((patched + 1))
+    fi
   fi
 done < <(find "$tree/ddprun/bin" "$tree/ddprun/lib" -maxdepth 1 -type f -print0)
 if ((patched)); then
-  echo "[wheel] $patched file(s) link CUDA/NCCL: RUNPATH to the nvidia-* wheels added"
+  echo "[wheel] $patched file(s) link CUDA/NCCL: RUNPATH to the nvidia-* wheels put back"
   rm "$whl"
   wheel pack -d "$work/repaired" "$tree" >/dev/null
   whl="$(ls "$work"/repaired/*.whl)"
