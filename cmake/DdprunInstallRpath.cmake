@@ -7,7 +7,7 @@
 #     that PyTorch's CUDA wheels install next to it (site-packages/nvidia/...), so CUDA and
 #     NCCL come from the environment's PyTorch, else from the system. The package lives in
 #     site-packages/ddprun/{bin,lib}, two levels below site-packages. scripts/build_wheel.sh
-#     puts the same folders back after auditwheel, which drops entries outside the wheel.
+#     puts the same folders back after auditwheel where they are missing.
 include(GNUInstallDirs)
 set(DDPRUN_WHEEL_NVIDIA_RPATH
     "$ORIGIN/../../nvidia/nccl/lib" "$ORIGIN/../../nvidia/cu13/lib" "$ORIGIN/../../nvidia/cuda_runtime/lib"
