@@ -384,6 +384,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "  ddprun [options] script.py|program [args...]\n"
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
+      "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "
       "python3 from PATH).");
   app.footer(std::string(kExitCodeHelp) + "\n\nEnvironment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : kFlags) {

@@ -23,6 +23,10 @@ inline constexpr Knob kPythonExec{
     "PYTHON_EXEC", "python3 from PATH", "ddprun",
     "the interpreter that runs Python entry points (torchrun's variable; its default is the "
     "interpreter torchrun runs in)"};
+inline constexpr Knob kDefaultPython{
+    "DDPRUN_DEFAULT_PYTHON", "none", "ddprun",
+    "the interpreter that runs Python entry points when PYTHON_EXEC is unset; the ddprun command "
+    "installed by pip sets it to the Python it was installed with, as torchrun uses its own"};
 inline constexpr Knob kDefaultStorePort{
     "DDPRUN_DEFAULT_STORE_PORT", "29500", "ddprun",
     "the store port tried first when --master_port is not given (a free port when it is taken)"};
@@ -55,8 +59,9 @@ inline constexpr Knob kRdzvToken{
     "the rendezvous token (16+ bytes), when --rdzv_token_file is not given: agents must prove they hold "
     "it to join; the same on every node and on a standing ddprund"};
 
-inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,        kCollectiveTimeout,
-                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives, kRdzvToken};
+inline constexpr Knob kAll[] = {kPythonExec,        kDefaultPython, kDefaultStorePort, kSysfsRoot,
+                                kStoreLock,         kCollectiveTimeout, kStoreTimeout, kDevice,
+                                kShm,               kDebugCollectives, kRdzvToken};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {
