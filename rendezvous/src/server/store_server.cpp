@@ -99,7 +99,7 @@ bool adaptive_state_lock() {
 // Warnings about peers (bad bytes, limits, accept errors) are what a stranger controls: at most
 // one line per second per kind, the next one saying how many were left out, so a fuzzer or a
 // connection flood cannot fill the console of the job the server runs in.
-enum class Warn { BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, AgentRefused, StoreStranger, kCount };
+enum class Warn { BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, AgentRefused, StoreStranger, Stall, kCount };
 class WarnLimiter {
  public:
   // `line` is called only when the line is printed.
@@ -209,6 +209,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
     // agents: the token handshake; `admitted` (under mu) once it let the agent in
     std::optional<rdzv::ServerHandshake> handshake;
     bool admitted = false;
+    std::optional<rdzv::SessionMac> session;  // under mu: admitted with a token (session_mac.h)
     wire::Dialect dialect = wire::Dialect::Unknown;
     std::vector<uint8_t> in;  // its size counts in Impl::buffered
     wire::RequestFramer framer;  // how far the request at the start of `in` has been framed
@@ -563,7 +564,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           c->ks == main_ks.get() && options.enable_rendezvous) {
         c->agent = true;
         ++agents;
-        c->handshake.emplace(options.rdzv_token, rdzv::random_nonce(), options.standing);
+        c->handshake.emplace(options.rdzv_token, rdzv::random_nonce(), options.standing, options.rdzv_munge);
         pos = 5;
       } else {
         auto det = wire::detect_dialect({c->in.data(), c->in_size}, options.legacy_dialect, options.limits);
@@ -648,7 +649,17 @@ struct StoreServer::Impl : rdzv::WorkerStores {
             break;
           }
           c->admitted = step.admitted;
+          c->session = std::move(step.session);
           if (!step.forward) continue;
+        } else if (c->agent && c->session) {
+          if (auto v = c->session->open(t.msg); v != rdzv::SessionMac::Verdict::Ok) {
+            ++agents_refused;
+            warns.warn(Warn::AgentRefused, [&] {
+              return fmt::format("[ddprund] dropped {} from agent connection {} ({}): {}", rdzv::msg_type_name(t.msg.type),
+                                 c->id, c->peer.to_string(), rdzv::SessionMac::describe(v));
+            });
+            continue;
+          }
         }
         if (c->agent) {
           t.rdzv_out.clear();
@@ -669,7 +680,9 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           if (!refusal.empty()) {
             t.rdzv_out.clear();
             std::string bytes;
-            rdzv::encode(rdzv::Error{.message = refusal}, bytes);
+            auto error = rdzv::to_message(rdzv::Error{.message = refusal});
+            if (c->session) c->session->seal(error);
+            rdzv::encode_message(error, bytes);
             append_locked(t, c, bytes, true);
             c->draining = true;
             warns.warn(Warn::JobLimit, [&] { return fmt::format("[ddprund] refused agent connection {}: {}", c->id, refusal); });
@@ -776,6 +789,7 @@ struct StoreServer::Impl : rdzv::WorkerStores {
       auto it = conns.find(o.conn);
       if (it == conns.end() || it->second->revoked) continue;
       bytes.clear();
+      if (it->second->session) it->second->session->seal(o.msg);
       rdzv::encode_message(o.msg, bytes);
       append_locked(self, it->second, std::string_view(bytes), o.close_after);
     }
@@ -846,6 +860,12 @@ struct StoreServer::Impl : rdzv::WorkerStores {
           std::lock_guard lock(mu);
           t.rdzv_out.clear();
           rounds.on_tick(std::chrono::steady_clock::now(), t.rdzv_out);
+          if (const auto stall = rounds.last_stall(); stall.count() > 0)
+            warns.warn(Warn::Stall, [&] {
+              return fmt::format("[ddprund] the server made no progress for {:.1f} s (a request or the host held it); "
+                                 "its agents' heartbeats waited unread meanwhile, so none is dropped for them",
+                                 std::chrono::duration<double>(stall).count());
+            });
           route_locked(t, t.rdzv_out);
         }
         flush_pending(t);

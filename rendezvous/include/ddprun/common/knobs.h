@@ -55,8 +55,14 @@ inline constexpr Knob kRdzvToken{
     "the rendezvous token (16+ bytes), when --rdzv_token_file is not given: agents must prove they hold "
     "it to join; the same on every node and on a standing ddprund"};
 
+inline constexpr Knob kMungeSocket{
+    "DDPRUN_MUNGE_SOCKET", "munge's default (/run/munge/munge.socket.2)", "ddprun",
+    "the socket of munged, for the rendezvous's munge authentication inside a Slurm step without a token "
+    "(set it when munged listens elsewhere, as Slurm's AuthInfo=socket= says)"};
+
 inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,        kCollectiveTimeout,
-                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives, kRdzvToken};
+                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives, kRdzvToken,
+                                kMungeSocket};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {

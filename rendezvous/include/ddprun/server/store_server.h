@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rdzv/munge_auth.h"
 #include "ddprun/store/store_state.h"
 #include "ddprun/wire/codec.h"
 
@@ -67,6 +68,9 @@ struct StoreServerOptions {
   // connect. With one, an agent must prove it holds the same token before its messages reach
   // the rounds; one that cannot is refused and changes nothing.
   std::string rdzv_token;
+  // Without a token: when set, only agents whose munge credential it accepts are admitted
+  // (rdzv/munge_auth.h; the launcher inside a Slurm step).
+  rdzv::MungeCredentialCheck rdzv_munge;
   // TCPStore clients of the main keyspace (not agents) must come from loopback, from the
   // address of an agent in a job's current round, or from set_store_peers(), as for the
   // rounds' own stores (always so restricted when enable_rendezvous). For the launcher hosting
