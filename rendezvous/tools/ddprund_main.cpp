@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <thread>
 
@@ -119,6 +121,8 @@ int run(const DaemonOptions& o) {
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
   so.standing = true;
+  so.log_prefix = "[ddprund] ";
+  so.adaptive_lock = ddprun::knobs::get(ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
   try {
     so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
   } catch (const std::invalid_argument& e) {

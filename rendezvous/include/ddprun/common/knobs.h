@@ -31,7 +31,7 @@ inline constexpr Knob kSysfsRoot{
     "the directory under which --numa-binding reads proc/driver/nvidia and sys/ (tests point it "
     "at a fake topology)"};
 inline constexpr Knob kStoreLock{
-    "DDPRUN_STORE_LOCK", "adaptive", "ddprun, ddprund",
+    "DDPRUN_STORE_LOCK", "adaptive", "ddprund",
     "the store state's lock: adaptive (spins briefly before sleeping) or plain (a plain mutex, "
     "for comparison in benchmarks)"};
 inline constexpr Knob kCollectiveTimeout{

@@ -16,6 +16,11 @@
 // No exception leaves a handler: one thrown while serving a connection closes that connection.
 // Running out of descriptors (EMFILE/ENFILE) pauses accepting briefly; the server keeps serving.
 //
+// Parts (private, rendezvous/src/server/): a listener per keyspace, the connections (framing,
+// outbox, back-pressure), admission (token handshake, stranger filter, connection limit),
+// the keyspaces (the main one and each round's workers' store) and the dispatch of requests
+// to the store states and the rounds.
+//
 // Resource limits (each a ddprund flag, docs/PROTOCOL.md "Limits"): total connections, jobs,
 // per-request lengths (wire::Limits), what one keyspace holds and one reply carries
 // (store::StoreLimits), bytes buffered per connection and in all. Past one, the offending
@@ -91,6 +96,11 @@ struct StoreServerOptions {
   // to one line per second per kind. Empty: spdlog's warning level (ddprund's own console). The
   // launcher hosting a job passes its own, so that strangers cannot fill the job's console.
   std::function<void(const std::string&)> peer_warning;
+  // Put before every line the server logs (warnings and its spdlog lines), e.g. "[ddprund] ".
+  std::string log_prefix;
+  // The state lock spins briefly before sleeping (an adaptive mutex); false: a plain mutex,
+  // to compare in benchmarks (ddprund reads DDPRUN_STORE_LOCK for it).
+  bool adaptive_lock = true;
 };
 
 inline constexpr int kMaxAutoIoThreads = 8;
@@ -113,6 +123,8 @@ uint64_t min_request_bytes(const wire::Limits& l);
 // Raises this process's soft descriptor limit to its hard limit (thousands of clients need
 // thousands of descriptors); returns the soft limit now in force.
 uint64_t raise_fd_limit();
+
+class ServerCore;
 
 class StoreServer {
  public:
@@ -152,8 +164,7 @@ class StoreServer {
   StoreServerStats stats() const;
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ServerCore> impl_;
 };
 
 }  // namespace ddprun::server
