@@ -256,6 +256,7 @@ class RemoteCoordinator final : public Coordinator {
           out.push_back(std::move(*n));
         }
       }
+      report_rejected();
     } catch (const rdzv::RendezvousError& e) {
       // The server's last word (an ERROR, JOB_FAILED) comes before its close: deliver it; the
       // closed connection stays readable and is reported on the next call.
@@ -501,6 +502,17 @@ class RemoteCoordinator final : public Coordinator {
     }
   }
 
+  // Messages the server did not send (a relay's: rdzv/session_mac.h) were dropped: say so, at
+  // the 1st, 10th, 100th, ... so a flood of them cannot flood the console.
+  void report_rejected() {
+    const uint64_t n = client_->rejected();
+    if (n == 0 || n < next_rejected_report_) return;
+    next_rejected_report_ = n * 10;
+    spdlog::warn("dropped {} message(s) on the connection to the rendezvous server at {}:{} that the server did not "
+                 "send (last: {}); something on the path is tampering with it, the job goes on",
+                 n, host_, port_, client_->last_rejected());
+  }
+
   template <class F>
   void guard(F&& f) {
     if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
@@ -516,6 +528,7 @@ class RemoteCoordinator final : public Coordinator {
   std::chrono::milliseconds heartbeat_;
   std::function<bool()> interrupted_;
   rdzv::AgentCredentials token_;
+  uint64_t next_rejected_report_ = 1;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::Join settings_;
   std::string store_host_;

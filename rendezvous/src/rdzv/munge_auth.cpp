@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "ddprun/rdzv/agent_auth.h"
