@@ -14,7 +14,7 @@ left once they ended):
   tasks     one_task_per_gpu.sbatch -N2: srun starts four `train` tasks, no ddprun; their
             final parameters equal multi_node.sbatch's (the same world under ddprun)
   scancel   multi_node.sbatch with a long training, scancel while the workers run
-  munge     multi_node.sbatch -N2 without a token: munge authenticates the agents; a credential
+  munge     (3 nodes) multi_node.sbatch -N2 without a token: munge authenticates the agents; a credential
             from another job's srun step and one of another uid (nobody) are refused, and the job
             goes on (the multi scenario also checks that its agents use munge)
   elastic   elastic.sbatch -N2: the agent on the second node is killed (SIGKILL) after the
@@ -317,7 +317,7 @@ def scenario_requeue(c, a):
 
 SCENARIOS = {"single": (1, scenario_single), "multi": (2, scenario_multi), "pytorch": (2, scenario_pytorch),
              "tasks": (2, scenario_tasks), "scancel": (2, scenario_scancel), "elastic": (2, scenario_elastic),
-             "requeue": (2, scenario_requeue), "munge": (2, scenario_munge)}
+             "requeue": (2, scenario_requeue), "munge": (3, scenario_munge)}
 
 
 def main():
