@@ -25,6 +25,7 @@ struct DaemonOptions {
   std::string log_level = "info";
   std::string rdzv_token_file;
   int threads = 0;
+  bool store_from_any_address = false;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
   uint64_t max_keys = ddprun::wire::Limits{}.max_keys;
@@ -86,6 +87,9 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "a file (mode 0600, yours) holding the rendezvous token (16+ bytes): agents must prove they hold "
                  "it (HMAC challenge-response, both ways) before they join; without it, DDPRUN_RDZV_TOKEN; without "
                  "either the rendezvous is open to anyone who can connect");
+  app.add_flag("--store-from-any-address", o.store_from_any_address,
+               "with a rendezvous token, still serve TCPStore clients of the main store from any address (by "
+               "default only loopback and the hosts of admitted agents in a job's current round may use it)");
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
@@ -129,6 +133,8 @@ int run(const DaemonOptions& o) {
     std::fprintf(stderr, "ddprund: %s\n", e.what());
     return 2;
   }
+  // With a token the rendezvous is closed to strangers; so is the plain store, unless asked.
+  so.restrict_main_store = !so.rdzv_token.empty() && !o.store_from_any_address;
 
   sigset_t set;
   sigemptyset(&set);
@@ -154,7 +160,10 @@ int run(const DaemonOptions& o) {
     spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
                  "DDPRUN_RDZV_TOKEN (the same on every agent) to require a token");
   else
-    spdlog::info("[ddprund] agents must prove the rendezvous token before they join");
+    spdlog::info("[ddprund] agents must prove the rendezvous token before they join; the main store serves "
+                 "TCPStore clients {}",
+                 so.restrict_main_store ? "from loopback and the hosts of admitted agents only"
+                                        : "from any address (--store-from-any-address)");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);

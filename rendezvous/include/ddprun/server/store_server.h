@@ -76,7 +76,7 @@ struct StoreServerOptions {
   // address of an agent in a job's current round, or from set_store_peers(), as for the
   // rounds' own stores (always so restricted when enable_rendezvous). For the launcher hosting
   // a multi-node job or a round's workers' store, whose main keyspace is the workers' store; a
-  // standing ddprund's main keyspace stays a general store.
+  // standing ddprund sets it when it has a rendezvous token (unless --store-from-any-address).
   bool restrict_main_store = false;
   // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
   // and re-join their running round (round_state.h "Resume"); told in the handshake.
