@@ -35,6 +35,9 @@ struct DaemonOptions {
   uint64_t max_store_bytes = ddprun::store::kDefaultMaxBytesPerStore;
   uint64_t max_connections = ddprun::server::kDefaultMaxConnections;
   uint64_t max_jobs = ddprun::server::kDefaultMaxJobs;
+  uint64_t max_stranger_connections = 0;
+  int64_t first_bytes_timeout_ms = ddprun::server::kDefaultFirstBytesTimeout.count();
+  int64_t handshake_timeout_ms = ddprun::server::kDefaultHandshakeTimeout.count();
   uint64_t max_connection_buffered_bytes = ddprun::server::kDefaultMaxConnectionBufferedBytes;
   uint64_t max_buffered_bytes = ddprun::server::kDefaultMaxBufferedBytes;
   // Limits given on the command line; the others follow --max-value-len up when it needs it.
@@ -71,6 +74,20 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
   app.add_option("--max-connections", o.max_connections,
                  "open connections in all (also kept below the descriptor limit); past it new ones are closed")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-stranger-connections", o.max_stranger_connections,
+                 "connections open at once from hosts that are neither loopback nor an admitted agent's; past it "
+                 "a stranger's new one is closed, so members always find slots (0 = half of --max-connections)")
+      ->capture_default_str();
+  app.add_option("--first-bytes-timeout-ms", o.first_bytes_timeout_ms,
+                 "a connection that has not sent enough to tell its protocol this long after connecting is closed "
+                 "(0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--handshake-timeout-ms", o.handshake_timeout_ms,
+                 "an agent that has not finished the rendezvous handshake this long after announcing itself is "
+                 "closed (0 = never)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-jobs", o.max_jobs, "rendezvous jobs at once; a JOIN for one more gets an error")
       ->check(CLI::PositiveNumber)
@@ -120,6 +137,9 @@ int run(const DaemonOptions& o) {
   so.store.max_value_len = o.max_value_len;
   so.max_connections = o.max_connections;
   so.max_jobs = o.max_jobs;
+  so.max_stranger_connections = o.max_stranger_connections;
+  so.first_bytes_timeout = std::chrono::milliseconds(o.first_bytes_timeout_ms);
+  so.handshake_timeout = std::chrono::milliseconds(o.handshake_timeout_ms);
   so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
