@@ -30,17 +30,47 @@ void Admission::size_to_descriptors() {
   if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     fds = rl.rlim_cur > 2 * kReservedDescriptors ? rl.rlim_cur - kReservedDescriptors : rl.rlim_cur / 2;
   max_conns_ = std::min<uint64_t>(options_.max_connections, fds);
+  max_strangers_ = options_.max_stranger_connections > 0 ? std::min(options_.max_stranger_connections, max_conns_)
+                                                         : std::max<uint64_t>(1, max_conns_ / 2);
 }
 
-bool Admission::may_connect(uint64_t open, const asio::ip::address& peer) {
-  if (open < max_conns_) return true;
-  ++refused_over_limit_;
-  warns_.warn(Warn::ConnectionLimit, [&] {
-    return fmt::format("{} connections open, the limit (--max-connections {} within the descriptor limit): "
-                       "closed a new one from {}",
-                       open, max_conns_, peer.is_unspecified() ? std::string("?") : peer.to_string());
-  });
-  return false;
+bool Admission::may_connect_locked(uint64_t in_use, Connection& c) {
+  const auto& peer = c.session.peer;
+  const std::string from = peer.is_unspecified() ? std::string("?") : peer.to_string();
+  if (in_use >= max_conns_) {
+    ++refused_over_limit_;
+    warns_.warn(Warn::ConnectionLimit, [&] {
+      return fmt::format("{} descriptors in use by connections and listeners, the limit (--max-connections {} within "
+                         "the descriptor limit): closed a new connection from {}",
+                         in_use, max_conns_, from);
+    });
+    return false;
+  }
+  if (is_loopback(peer) || member_hosts_.count(peer)) return true;
+  if (strangers_open_ >= max_strangers_) {
+    ++strangers_refused_;
+    warns_.warn(Warn::ConnectionLimit, [&] {
+      return fmt::format("{} connections open from hosts with no admitted agent, the limit "
+                         "(--max-stranger-connections {}): closed a new one from {}",
+                         strangers_open_, max_strangers_, from);
+    });
+    return false;
+  }
+  ++strangers_open_;
+  c.session.counted_stranger = true;
+  return true;
+}
+
+void Admission::closed_locked(const Connection& c) {
+  if (c.session.counted_stranger) --strangers_open_;
+}
+
+void Admission::forget_locked(const Connection& c) {
+  auto it = admitted_.find(c.id);
+  if (it == admitted_.end()) return;
+  auto h = member_hosts_.find(it->second);
+  if (h != member_hosts_.end() && --h->second == 0) member_hosts_.erase(h);
+  admitted_.erase(it);
 }
 
 bool Admission::admitted_agent_at(rdzv::ConnId id, const asio::ip::address& peer) const {
@@ -91,7 +121,7 @@ rdzv::ServerHandshake::Step Admission::on_handshake_locked(Connection& c, const 
   }
   c.session.admitted = step.admitted;
   c.session.mac = std::move(step.session);
-  if (step.admitted) admitted_[c.id] = c.session.peer;
+  if (step.admitted && admitted_.emplace(c.id, c.session.peer).second) ++member_hosts_[c.session.peer];
   return step;
 }
 

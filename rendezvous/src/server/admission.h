@@ -3,7 +3,7 @@
 // keyspaces, the agents' token handshake and the register of admitted agents that the filter
 // trusts.
 //
-// Locking: the *_locked methods and the register are under the server's state lock; the
+// Locking: the *_locked methods and the register are under the server's rounds lock; the
 // counters are atomic; may_connect() may be called from any thread.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,8 +36,12 @@ class Admission {
   // At start(): --max-connections within this process's descriptor limit, less a reserve.
   void size_to_descriptors();
   uint64_t max_connections() const { return max_conns_; }
-  // A new connection from `peer` while `open` are open: false = close it now (counted, logged).
-  bool may_connect(uint64_t open, const boost::asio::ip::address& peer);
+  // Under the lock: a new connection c while `in_use` descriptors (connections and listeners)
+  // are open: false = close it now (counted, logged). A stranger (neither loopback nor the
+  // host of an admitted agent) is counted as one until it closes (closed_locked()).
+  bool may_connect_locked(uint64_t in_use, Connection& c);
+  // Under the lock: c is gone.
+  void closed_locked(const Connection& c);
 
   // Under the lock: whether a TCPStore client from `peer` may use `ks`. A round's store:
   // loopback or an agent of the job's current round. The main keyspace (when restricted):
@@ -53,8 +58,8 @@ class Admission {
   // Under the lock: whether a message of an admitted agent is its own (its MAC and sequence
   // number check, when its session has them); one that is not is counted, logged, dropped.
   bool authentic_locked(Connection& c, rdzv::Message& m);
-  // Under the lock: c is gone.
-  void forget_locked(const Connection& c) { admitted_.erase(c.id); }
+  // Under the lock: the agent c is gone.
+  void forget_locked(const Connection& c);
 
   // Replaces the extra addresses of the main keyspace; returns those that are no IP address.
   std::vector<std::string> set_store_peers_locked(const std::vector<std::string>& addresses);
@@ -62,16 +67,19 @@ class Admission {
   uint64_t refused_over_limit() const { return refused_over_limit_; }
   uint64_t agents_refused() const { return agents_refused_; }
   uint64_t store_strangers() const { return store_strangers_; }
+  uint64_t strangers_refused() const { return strangers_refused_; }
+  uint64_t max_strangers() const { return max_strangers_; }
 
  private:
   bool admitted_agent_at(rdzv::ConnId id, const boost::asio::ip::address& peer) const;
 
   const StoreServerOptions& options_;
   WarnLimiter& warns_;
-  uint64_t max_conns_ = 0;
+  uint64_t max_conns_ = 0, max_strangers_ = 0, strangers_open_ = 0;
+  std::map<boost::asio::ip::address, uint64_t> member_hosts_;  // admitted agents per address
   std::unordered_map<rdzv::ConnId, boost::asio::ip::address> admitted_;  // admitted agents' peers
   std::vector<boost::asio::ip::address> store_peers_;
-  std::atomic<uint64_t> refused_over_limit_{0}, agents_refused_{0}, store_strangers_{0};
+  std::atomic<uint64_t> refused_over_limit_{0}, agents_refused_{0}, store_strangers_{0}, strangers_refused_{0};
 };
 
 }  // namespace ddprun::server

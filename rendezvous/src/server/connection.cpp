@@ -89,7 +89,7 @@ void ConnectionIo::consumed(const ConnPtr& c, size_t pos) {
   }
 }
 
-// ---- the outbox (under the state lock) ----
+// ---- the outbox (under a keyspace lock or the rounds lock) ----
 // Whether `size` more wire bytes fit target's outbox (out_mu held); else drops it and posts
 // its close: its peer does not read what it asks for.
 bool ConnectionIo::admit_bytes(const ConnPtr& target, uint64_t size) {
@@ -252,6 +252,7 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
     c->fd_closed = true;
     c->out.clear();  // nothing more goes out: let go of the values it references
   }
+  if (c->deadline) c->deadline->cancel();
   boost::system::error_code ignored;
   c->socket.shutdown(tcp::socket::shutdown_both, ignored);
   c->socket.close(ignored);

@@ -4,8 +4,8 @@
 //
 // Locking: everything of a connection belongs to its I/O thread, except `out_mu` and what it
 // guards (its outbox may be appended to by any thread that produced bytes for it, e.g. a WAIT
-// released by another client) and the fields marked "under the state lock". out_mu is taken
-// inside the state lock or alone, never the other way round.
+// released by another client) and the fields marked "under ks->mu" or "under the rounds lock". out_mu is taken
+// inside those locks or alone, never the other way round.
 #pragma once
 
 #include <atomic>
@@ -55,12 +55,13 @@ struct Session {
   boost::asio::ip::address peer;  // plain_address of the remote end, set at accept
   wire::Protocol protocol = wire::Protocol::Unknown;
   wire::Dialect dialect = wire::Dialect::Unknown;  // TCPStore clients
-  // Read under the state lock by revoke(): set once by the connection's thread.
+  // Read under its keyspace lock by revoke(): set once by the connection's thread.
   std::atomic<bool> agent{false};
   std::optional<rdzv::ServerHandshake> handshake;  // agents
-  bool admitted = false;                           // under the state lock
+  bool admitted = false;                           // under the rounds lock
+  bool counted_stranger = false;                   // under the rounds lock (Admission)
   // Admitted with a token (or munge): every later message is opened and sealed with it
-  // (rdzv/session_mac.h). Under the state lock.
+  // (rdzv/session_mac.h). Under the rounds lock.
   std::optional<rdzv::SessionMac> mac;
   bool decided() const { return protocol != wire::Protocol::Unknown; }
 };
@@ -71,7 +72,7 @@ struct Connection {
   boost::asio::ip::tcp::socket socket;
   const int fd;         // for sends from other threads (under out_mu, while !fd_closed)
   store::ConnId id = 0;
-  Keyspace* ks;         // dereferenced under the state lock, and only while !revoked
+  Keyspace* ks;         // its state is used under ks->mu, and only while !revoked
   IoThread* thread;     // the one thread that reads and writes the socket
   Session session;
   // I/O thread only:
@@ -84,7 +85,9 @@ struct Connection {
   store::Outbox writing;          // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;
-  bool revoked = false;  // under the state lock: its keyspace was reset or dropped
+  // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
+  std::optional<boost::asio::steady_timer> deadline;
+  bool revoked = false;  // under ks->mu: its keyspace was reset or dropped
   // under out_mu:
   std::mutex out_mu;
   // References stored values, not copies: its wire bytes count towards
@@ -103,7 +106,7 @@ class ConnectionEvents {
   virtual ~ConnectionEvents() = default;
   // New bytes are in c->in (on c's thread); parse and apply what is complete.
   virtual void on_input(const ConnPtr& c) = 0;
-  // c was closed (on c's thread): forget what it left in the state (takes the state lock).
+  // c was closed (on c's thread): forget what it left in the state (takes the locks).
   virtual void on_closed(const ConnPtr& c) = 0;
 };
 
@@ -129,7 +132,7 @@ class ConnectionIo {
       on_exception(c, e);
     }
   }
-  // Under the state lock, on `self`: appends to `target`'s outbox (a string_view is copied, a
+  // Under a state lock (keyspace or rounds), on `self`: appends to `target`'s outbox (a string_view is copied, a
   // Reply's values referenced) and makes sure it is written once the lock is released
   // (flush_pending). Past --max-connection-buffered-bytes the outbox is dropped and target
   // closed. With `close_after`, target is closed once this is written.

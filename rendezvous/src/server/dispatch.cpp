@@ -1,5 +1,7 @@
 // Dispatch: the requests of a connection go to its keyspace's StoreState (TCPStore clients) or,
 // once admitted, to the RoundState (agents); what they produce goes to the connections' outboxes.
+#include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include "server_core.h"
@@ -10,6 +12,8 @@ namespace {
 // A thread's scratch reply keeps at most this much memory between requests.
 constexpr size_t kKeptReplyBytes = 1 << 20;
 constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
+// A tick later than this counts as the server's own stall (the rest of the lateness).
+constexpr auto kStallSlack = std::chrono::milliseconds(100);
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
 }  // namespace
 
@@ -17,8 +21,8 @@ static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the
 // restricted main keyspace must pass the stranger filter then.
 ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   Keyspace& main = keyspaces.main();
-  const bool agents = c->ks == &main && options.enable_rendezvous;
-  auto det = wire::sniff_protocol({c->in.data(), c->in_size}, agents, options.legacy_dialect, options.limits);
+  const bool serves_agents = c->ks == &main && options.enable_rendezvous;
+  auto det = wire::sniff_protocol({c->in.data(), c->in_size}, serves_agents, options.legacy_dialect, options.limits);
   if (det.status == wire::ParseStatus::NeedMore) return Sniffed::NeedMore;
   if (det.status == wire::ParseStatus::Bad) {
     io.close(c, "first message is VALIDATE with a wrong magic", true);
@@ -27,6 +31,11 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   if (det.protocol == wire::Protocol::Agent) {
     admission.begin_agent(*c);
     ++counters.agents;
+    {
+      std::lock_guard lock(mu);
+      agents.emplace(c->id, c);
+    }
+    arm_deadline(c, options.handshake_timeout);
     pos = det.consumed;
     return Sniffed::Go;
   }
@@ -42,6 +51,7 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
       return Sniffed::Closed;
     }
   }
+  if (c->deadline) c->deadline->cancel();
   c->session.protocol = wire::Protocol::TcpStore;
   c->session.dialect = det.dialect;
   pos = det.consumed;
@@ -61,7 +71,8 @@ wire::ParseResult ServerCore::next_request(const ConnPtr& c, std::span<const uin
   return res;
 }
 
-// Parses every complete request in the buffer and applies them under one lock.
+// Parses every complete request in the buffer and applies them under one acquisition of one
+// lock: its keyspace's for a TCPStore client, the rounds lock for an agent.
 void ServerCore::on_input(const ConnPtr& c) {
   if (c->draining || c->in_size < c->need_total) return;
   c->need_total = 0;
@@ -74,7 +85,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   std::string bad;
   bool revoked = false;
   {
-    std::unique_lock lock(mu, std::defer_lock);
+    std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
     while (pos < c->in_size) {
       auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
       if (res.status == wire::ParseStatus::NeedMore) {
@@ -142,7 +153,7 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
     // that its node rank 0 hosts admits (round_state.h).
     if (t.msg.type == rdzv::MsgType::Join) t.msg.set("seen_from", c->session.peer.to_string());
     const size_t jobs_before = rounds.num_jobs();
-    rounds.on_message(c->id, t.msg, std::chrono::steady_clock::now(), t.rdzv_out);
+    rounds.on_message(c->id, t.msg, rdzv_now_locked(), t.rdzv_out);
     // A job still gathering its nodes opens no store (open() checks the others).
     if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) refusal = keyspaces.jobs_limit_message();
   } catch (const std::exception& e) {
@@ -179,7 +190,7 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
   }
   if (applied.close) return std::string(wire::op_name(t.req.op)) + ": " + applied.error;
   if (!t.reply.empty()) io.append(t, c, t.reply);
-  route_locked(t, t.others);
+  route_locked(t, *c->ks, t.others);
   t.others.clear();
   // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
   if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
@@ -187,10 +198,11 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
   return "";
 }
 
-void ServerCore::route_locked(IoThread& self, std::vector<store::Outgoing>& others) {
+// Under ks.mu: wake-ups of ks's own connections.
+void ServerCore::route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others) {
   for (auto& o : others) {
-    auto it = conns.find(o.conn);
-    if (it == conns.end() || it->second->revoked) continue;
+    auto it = ks.conns.find(o.conn);
+    if (it == ks.conns.end() || it->second->revoked) continue;
     io.append(self, it->second, o.reply);
   }
 }
@@ -198,8 +210,8 @@ void ServerCore::route_locked(IoThread& self, std::vector<store::Outgoing>& othe
 void ServerCore::route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) {
   std::string bytes;
   for (auto& o : out) {
-    auto it = conns.find(o.conn);
-    if (it == conns.end() || it->second->revoked) continue;
+    auto it = agents.find(o.conn);
+    if (it == agents.end()) continue;
     bytes.clear();
     if (it->second->session.mac) it->second->session.mac->seal(o.msg);
     rdzv::encode_message(o.msg, bytes);
@@ -210,6 +222,7 @@ void ServerCore::route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) 
 
 void ServerCore::schedule_tick_locked() {
   auto next = rounds.next_deadline();
+  if (next) *next += stalled;  // the rounds' clock to steady time (rdzv_now_locked)
   if (rounds.num_agents() > 0) {
     auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
     if (!next || hb < *next) next = hb;
@@ -228,13 +241,15 @@ void ServerCore::on_tick() {
     {
       std::lock_guard lock(mu);
       t.rdzv_out.clear();
-      rounds.on_tick(std::chrono::steady_clock::now(), t.rdzv_out);
-      if (const auto stall = rounds.last_stall(); stall.count() > 0)
-        warns.warn(Warn::Stall, [&] {
-          return fmt::format("the server made no progress for {:.1f} s (a request or the host held it); its "
-                             "agents' heartbeats waited unread meanwhile, so none is dropped for them",
-                             std::chrono::duration<double>(stall).count());
+      const auto late = std::chrono::steady_clock::now() - tick_timer->expiry();
+      if (late > kStallSlack) {
+        stalled += late - kStallSlack;
+        warns.warn(Warn::Deadline, [&] {
+          return fmt::format("this server's loop stalled for {} ms; its agents' heartbeats are judged without that time",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
         });
+      }
+      rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
       route_locked(t, t.rdzv_out);
     }
     io.flush_pending(t);
@@ -246,17 +261,21 @@ void ServerCore::on_tick() {
 // c was closed on its thread: the rounds or its keyspace forget it.
 void ServerCore::on_closed(const ConnPtr& c) {
   IoThread& t = *c->thread;
-  std::lock_guard lock(mu);
-  conns.erase(c->id);
-  admission.forget_locked(*c);
-  if (c->revoked) return;
-  if (c->session.agent) {
-    t.rdzv_out.clear();
-    rounds.on_disconnect(c->id, std::chrono::steady_clock::now(), t.rdzv_out);
-    route_locked(t, t.rdzv_out);
-  } else {
-    c->ks->state.disconnect(c->id);
+  {
+    std::lock_guard lock(mu);
+    admission.closed_locked(*c);
   }
+  if (c->session.agent) {
+    std::lock_guard lock(mu);
+    agents.erase(c->id);
+    admission.forget_locked(*c);
+    t.rdzv_out.clear();
+    rounds.on_disconnect(c->id, rdzv_now_locked(), t.rdzv_out);
+    route_locked(t, t.rdzv_out);
+  }
+  std::lock_guard lock(c->ks->mu);
+  c->ks->conns.erase(c->id);
+  if (!c->session.agent && !c->revoked) c->ks->state.disconnect(c->id);
 }
 
 }  // namespace ddprun::server

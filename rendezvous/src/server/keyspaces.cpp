@@ -7,11 +7,12 @@
 namespace ddprun::server {
 
 Keyspaces::Keyspaces(const StoreServerOptions& options, KeyspaceHost& host) : options_(options), host_(host) {
-  main_ = std::make_unique<Keyspace>(options.store);
+  main_ = std::make_unique<Keyspace>(options.store, options.adaptive_lock);
   main_->name = "main";
 }
 
 void Keyspaces::reset_main_locked() {
+  std::lock_guard lock(main_->mu);
   host_.revoke_locked(main_.get());
   main_->state.clear();
 }
@@ -59,7 +60,9 @@ uint16_t Keyspaces::open_on(const std::string& run_id, int64_t round, bool fixed
     return main_rounds_.open(run_id, round);
   }
   if (host_.num_jobs_locked() > options_.max_jobs) throw std::runtime_error(jobs_limit_message());
-  auto ks = std::make_unique<Keyspace>(options_.store);
+  if (auto why = host_.no_descriptors_for(main_->listener->sockets()))
+    throw std::runtime_error("cannot open the workers' store of job " + run_id + ": " + *why);
+  auto ks = std::make_unique<Keyspace>(options_.store, options_.adaptive_lock);
   ks->name = run_id + "/round " + std::to_string(round);
   ks->run_id = run_id;
   ks->listener = host_.make_listener(ks->name);
@@ -77,6 +80,7 @@ uint16_t Keyspaces::open_on(const std::string& run_id, int64_t round, bool fixed
     throw std::runtime_error(std::string("cannot open the workers' store of job ") + run_id + ": " + e.what());
   }
   const uint16_t port = ks->listener->port();
+  listener_fds_ += ks->listener->sockets();
   host_.start_accepting(ks.get());
   rounds_[{run_id, round}] = std::move(ks);
   spdlog::debug("{}job {} round {}: workers' store on port {}", options_.log_prefix, run_id, round, port);
@@ -90,9 +94,13 @@ void Keyspaces::close(const std::string& run_id, int64_t round) {
   std::unique_ptr<Keyspace> ks = std::move(it->second);
   rounds_.erase(it);
   ks->discarded = true;
-  host_.revoke_locked(ks.get());
-  ks->state.clear();
+  {
+    std::lock_guard lock(ks->mu);
+    host_.revoke_locked(ks.get());
+    ks->state.clear();
+  }
   ks->listener->stop();
+  listener_fds_ -= ks->listener->sockets();
   retired_.push_back(std::move(ks));
 }
 
@@ -100,6 +108,7 @@ bool Keyspaces::progressed(const std::string& run_id, int64_t round, int64_t wor
   if (auto fixed = main_rounds_.progressed(run_id, round, world_size)) return *fixed;
   auto it = rounds_.find({run_id, round});
   if (it == rounds_.end()) return false;
+  std::lock_guard lock(it->second->mu);
   return rdzv::all_workers_joined(it->second->state.integer(rdzv::kWorkerJoinKey), world_size);
 }
 

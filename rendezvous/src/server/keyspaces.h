@@ -3,11 +3,18 @@
 // attempt starts empty and no worker of an old attempt can reach the new one's keys. As
 // rdzv::WorkerStores, it opens and closes the rounds' stores for the rounds.
 //
-// Locking: every method is called under the server's state lock (the rounds call the
-// WorkerStores methods from inside on_message/on_tick).
+// Locking: each keyspace has its own lock (`Keyspace::mu`) over its state, its connections
+// and their `revoked` flags, so one job's store requests never wait for another's, nor the
+// rounds for any of them. The methods here are called under the server's rounds lock (the
+// rounds call the WorkerStores methods from inside on_message/on_tick) and take a keyspace's
+// lock inside it where they touch its state: the order is rounds lock, then keyspace lock.
 #pragma once
 
+#include <atomic>
 #include <map>
+#include <optional>
+#include <mutex>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,15 +23,19 @@
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/server/store_server.h"
+#include "connection.h"
 #include "ddprun/store/store_state.h"
 #include "listener.h"
+#include "state_lock.h"
 
 namespace ddprun::server {
 
 struct Keyspace {
-  explicit Keyspace(const store::StoreLimits& limits) : state(limits) {}
+  Keyspace(const store::StoreLimits& limits, bool adaptive_lock) : mu(adaptive_lock), state(limits) {}
   std::unique_ptr<Listener> listener;
+  StateLock mu;  // guards state, conns and their connections' `revoked`
   store::StoreState state;
+  std::unordered_map<store::ConnId, ConnPtr> conns;  // its connections (agents too, on the main one)
   std::string name;
   std::string run_id;      // a round's store: its job ("" for the main keyspace)
   bool discarded = false;  // its round is over (or the server stops): refuse new connections
@@ -42,6 +53,9 @@ class KeyspaceHost {
   virtual void start_accepting(Keyspace* ks) = 0;
   // Jobs the rounds run now.
   virtual size_t num_jobs_locked() const = 0;
+  // Whether `n` more descriptors fit the connection limit (connections and listeners count);
+  // else why not.
+  virtual std::optional<std::string> no_descriptors_for(size_t n) const = 0;
 };
 
 class Keyspaces final : public rdzv::WorkerStores {
@@ -55,7 +69,17 @@ class Keyspaces final : public rdzv::WorkerStores {
   void discard_all_locked();
   // Drops every keyspace (the server is going; its threads have stopped).
   void destroy();
+  // fn(Keyspace&) for each keyspace, live and retired (under the rounds lock).
+  template <class F>
+  void for_each(F&& fn) {
+    fn(*main_);
+    for (auto& [_, ks] : rounds_) fn(*ks);
+    for (auto& ks : retired_) fn(*ks);
+  }
   std::string jobs_limit_message() const;
+  // Descriptors of the listeners of every live keyspace.
+  uint64_t listener_descriptors() const { return listener_fds_; }
+  void main_listening() { listener_fds_ += main_->listener->sockets(); }
 
   uint16_t open(const std::string& run_id, int64_t round, bool fixed_port) override;
   uint16_t reopen(const std::string& run_id, int64_t round, bool fixed_port, uint16_t port) override;
@@ -70,13 +94,17 @@ class Keyspaces final : public rdzv::WorkerStores {
   struct MainView final : rdzv::MainKeyspace {
     explicit MainView(Keyspaces& k) : ks(k) {}
     void reset() override { ks.reset_main_locked(); }
-    std::optional<int64_t> integer(const std::string& key) override { return ks.main_->state.integer(key); }
+    std::optional<int64_t> integer(const std::string& key) override {
+      std::lock_guard lock(ks.main_->mu);
+      return ks.main_->state.integer(key);
+    }
     uint16_t port() const override { return ks.main_->listener ? ks.main_->listener->port() : 0; }
     Keyspaces& ks;
   };
 
   const StoreServerOptions& options_;
   KeyspaceHost& host_;
+  std::atomic<uint64_t> listener_fds_{0};
   std::unique_ptr<Keyspace> main_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> rounds_;
   // Rounds that ended: emptied and closed, kept until the server goes (accept handlers may still

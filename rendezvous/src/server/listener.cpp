@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <mutex>
 #include <system_error>
 
 namespace ddprun::server {
@@ -19,6 +20,12 @@ namespace {
 // while the server pauses accepting this long (closing connections frees descriptors).
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 constexpr long kPresizedDescriptors = 1 << 16;
+
+// One descriptor kept free for the whole process: out of descriptors, a listener frees it to
+// accept and close one waiting connection, then takes it again.
+std::mutex reserve_mu;
+int reserve_fd = -1;
+int open_reserve() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 // Opens `a` for `ep` and binds it: SO_REUSEADDR, dual-stack for IPv6, TCP_NODELAY (accepted
 // sockets inherit it from the listener on Linux: no call per accept), SO_REUSEPORT if asked.
@@ -46,7 +53,20 @@ void presize_descriptor_table() {
 
 Listener::Listener(std::vector<asio::io_context*> ios, std::string name, WarnLimiter& warns,
                    std::atomic<uint64_t>& accept_errors)
-    : ios_(std::move(ios)), name_(std::move(name)), warns_(warns), accept_errors_(accept_errors) {}
+    : ios_(std::move(ios)), name_(std::move(name)), warns_(warns), accept_errors_(accept_errors) {
+  std::lock_guard lock(reserve_mu);
+  if (reserve_fd < 0) reserve_fd = open_reserve();
+}
+
+bool Listener::refuse_one(size_t i) {
+  std::lock_guard lock(reserve_mu);
+  if (reserve_fd < 0) return false;
+  ::close(reserve_fd);
+  const int fd = ::accept4(acceptors_[i]->native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  reserve_fd = open_reserve();
+  return fd >= 0;
+}
 
 // One listening socket per I/O thread on the same address. With several threads they form a
 // SO_REUSEPORT group: the kernel spreads connections over them, each with its own backlog and
@@ -154,8 +174,16 @@ void Listener::on_accept(size_t i, boost::system::error_code ec, tcp::socket soc
       return fmt::format("accept failed on the {} store: {}{}", name_, ec.message(),
                          exhausted ? "; pausing accepts briefly (raise the descriptor limit or lower --max-connections)" : "");
     });
-    if (exhausted) retry_later(i);
-    else do_accept(i);
+    if (exhausted && refuse_one(i)) {
+      warns_.warn(Warn::ConnectionLimit, [&] {
+        return fmt::format("out of descriptors on the {} store: closed a waiting connection at once", name_);
+      });
+      do_accept(i);
+    } else if (exhausted) {
+      retry_later(i);
+    } else {
+      do_accept(i);
+    }
     return;
   }
   on_socket_(std::move(sock), i);

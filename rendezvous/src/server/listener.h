@@ -45,6 +45,7 @@ class Listener {
   // Closes the sockets, each on its own thread.
   void stop();
   uint16_t port() const { return port_; }
+  size_t sockets() const { return acceptors_.size(); }
   const tcp::endpoint& endpoint() const { return endpoint_; }
   const std::string& name() const { return name_; }
 
@@ -53,6 +54,9 @@ class Listener {
   void retry_later(size_t i);
   void on_accept(size_t i, boost::system::error_code ec, tcp::socket sock);
   bool bind_one(tcp::endpoint ep, int backlog, bool listen_now);
+  // Out of descriptors: accepts one waiting connection with the reserve descriptor and closes
+  // it at once (the client sees the refusal instead of a silent backlog). False: none waited.
+  bool refuse_one(size_t i);
 
   std::vector<boost::asio::io_context*> ios_;
   std::string name_;

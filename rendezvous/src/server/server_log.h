@@ -18,7 +18,7 @@ namespace ddprun::server {
 
 enum class Warn {
   BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, AgentRefused, StoreStranger, Deadline,
-  MemoryLimit, Stall, kCount
+  MemoryLimit, kCount
 };
 
 class WarnLimiter {

@@ -41,7 +41,7 @@ ServerCore::~ServerCore() {
   // but connections of their own io_context).
   {
     std::lock_guard lock(mu);
-    conns.clear();
+    agents.clear();
   }
   keyspaces.destroy();
   tick_timer.reset();
@@ -65,29 +65,26 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     const auto ep = sock.remote_endpoint(e);
     if (!e) peer = plain_address(ep.address());
   }
-  if (!admission.may_connect(counters.open.load(), peer)) {
-    boost::system::error_code e;
-    sock.close(e);
-    return;
-  }
   auto c = std::make_shared<Connection>(std::move(sock), ks, threads[thread_index].get());
   c->session.peer = peer;
   bool refused = false, stranger = false;
   {
     std::lock_guard lock(mu);
-    refused = ks->discarded;
+    refused = ks->discarded || !admission.may_connect_locked(descriptors_in_use(), *c);
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
     if (!refused && !keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, peer, rounds))
       refused = stranger = true;
     if (!refused) {
       c->id = next_id++;
-      conns.emplace(c->id, c);
+      std::lock_guard ks_lock(ks->mu);
+      ks->conns.emplace(c->id, c);
     }
   }
   if (!refused) {
     ++accepted;
     ++counters.open;
     io.start(c);
+    arm_deadline(c, options.first_bytes_timeout);
   } else if (stranger) {
     // Closed before it reads a byte.
     admission.refused_store_client(ks->name, peer, false);
@@ -96,11 +93,48 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
   }
 }
 
-// Under mu: every TCPStore connection of `ks` stops touching state now and is closed by its
+std::optional<std::string> ServerCore::no_descriptors_for(size_t n) const {
+  const uint64_t in_use = descriptors_in_use();
+  if (in_use + n <= admission.max_connections()) return std::nullopt;
+  return std::to_string(in_use) + " descriptors in use by connections and listeners, " + std::to_string(n) +
+         " more would pass the limit of " + std::to_string(admission.max_connections()) +
+         " (--max-connections within the descriptor limit)";
+}
+
+void ServerCore::arm_deadline(const ConnPtr& c, std::chrono::milliseconds after) {
+  if (after.count() <= 0 || c->closed) return;
+  if (!c->deadline) c->deadline.emplace(c->thread->io);
+  c->deadline->expires_after(after);
+  c->deadline->async_wait([this, c](boost::system::error_code ec) {
+    if (!ec && !c->closed) io.guarded(c, [&] { on_deadline(c); });
+  });
+}
+
+// A connection still unauthenticated at its deadline: silent (or too little to tell its
+// protocol), or an agent not through the token handshake. Half-open connections cannot hold
+// slots that agents need.
+void ServerCore::on_deadline(const ConnPtr& c) {
+  const char* what = nullptr;
+  if (!c->session.decided()) {
+    what = "sent nothing to tell its protocol";
+  } else if (c->session.agent) {
+    std::lock_guard lock(mu);
+    if (!c->session.admitted) what = "did not finish the rendezvous handshake";
+  }
+  if (!what) return;
+  ++deadline_closed;
+  warns.warn(Warn::Deadline, [&] {
+    return fmt::format("closed connection {} from {}: it {} in time (a deadline for unauthenticated connections)",
+                       c->id, c->session.peer.to_string(), what);
+  });
+  io.close(c, "", false);
+}
+
+// Under ks->mu: every TCPStore connection of `ks` stops touching state now and is closed by its
 // thread. Agents' rendezvous connections (main keyspace) stay: they belong to no round.
 void ServerCore::revoke_locked(const Keyspace* ks) {
-  for (auto& [_, c] : conns) {
-    if (c->ks != ks || c->revoked || c->session.agent) continue;
+  for (auto& [_, c] : ks->conns) {
+    if (c->revoked || c->session.agent) continue;
     c->revoked = true;
     io.post_close(c);
   }
@@ -139,6 +173,7 @@ void ServerCore::start() {
   admission.size_to_descriptors();
   if (threads.size() > 1) presize_descriptor_table();
   listen_main();
+  keyspaces.main_listening();
   if (!options.accept_later) start_accepting(&keyspaces.main());
   started = true;
   for (auto& t : threads) {
@@ -164,7 +199,10 @@ void ServerCore::stop() {
       std::lock_guard l(mu);
       tick_timer->cancel();
     });
-    for (auto& [_, c] : conns) io.post_close(c);
+    keyspaces.for_each([this](Keyspace& ks) {
+      std::lock_guard ks_lock(ks.mu);
+      for (auto& [_, c] : ks.conns) io.post_close(c);
+    });
   }
   // Each thread runs what was posted before its stop (FIFO), then returns.
   for (auto& t : threads) asio::post(t->io, [io = &t->io] { io->stop(); });
@@ -184,6 +222,8 @@ StoreServerStats ServerCore::stats() const {
   s.accept_errors = accept_errors;
   s.agents_refused = admission.agents_refused();
   s.store_clients_refused = admission.store_strangers();
+  s.connections_closed_for_deadline = deadline_closed;
+  s.strangers_refused = admission.strangers_refused();
   return s;
 }
 
@@ -222,8 +262,9 @@ void StoreServer::reset_keyspace() {
 }
 
 int64_t StoreServer::counter(const std::string& key) {
-  std::lock_guard lock(impl_->mu);
-  return impl_->keyspaces.main().state.integer(key).value_or(-1);
+  Keyspace& main = impl_->keyspaces.main();
+  std::lock_guard lock(main.mu);
+  return main.state.integer(key).value_or(-1);
 }
 
 StoreServerStats StoreServer::stats() const { return impl_->stats(); }

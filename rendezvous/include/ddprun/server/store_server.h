@@ -46,6 +46,8 @@ inline constexpr uint64_t kDefaultMaxConnections = 65536;
 inline constexpr uint64_t kDefaultMaxJobs = 1024;
 inline constexpr uint64_t kDefaultMaxConnectionBufferedBytes = 256ull * 1024 * 1024;
 inline constexpr uint64_t kDefaultMaxBufferedBytes = 1ull << 30;
+inline constexpr std::chrono::milliseconds kDefaultFirstBytesTimeout{30000};
+inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{5000};
 
 struct StoreServerOptions {
   std::string host = "";      // "" = dual-stack any address (falls back to 0.0.0.0)
@@ -56,6 +58,15 @@ struct StoreServerOptions {
   // Open connections of every keyspace together; past it (or past the descriptor limit less a
   // reserve) a new connection is closed at once.
   uint64_t max_connections = kDefaultMaxConnections;
+  // Connections from addresses that are neither loopback nor the host of an admitted agent,
+  // open at once; 0 = half of max_connections. Past it a stranger's new connection is closed
+  // at once, so admitted agents' hosts (members) always find slots.
+  uint64_t max_stranger_connections = 0;
+  // A connection that has not sent enough to tell its protocol this long after it connected is
+  // closed; so is an agent that has not finished the token handshake within handshake_timeout
+  // of connecting. 0 = no deadline.
+  std::chrono::milliseconds first_bytes_timeout = kDefaultFirstBytesTimeout;
+  std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
   // Rendezvous jobs at once; a JOIN that would create one more gets an ERROR.
   uint64_t max_jobs = kDefaultMaxJobs;
   // Bytes one connection may have queued for sending (its peer does not read): past it, closed.
@@ -80,7 +91,7 @@ struct StoreServerOptions {
   // address of an agent in a job's current round, or from set_store_peers(), as for the
   // rounds' own stores (always so restricted when enable_rendezvous). For the launcher hosting
   // a multi-node job or a round's workers' store, whose main keyspace is the workers' store; a
-  // standing ddprund's main keyspace stays a general store.
+  // standing ddprund sets it when it has a rendezvous token (unless --store-from-any-address).
   bool restrict_main_store = false;
   // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
   // and re-join their running round (round_state.h "Resume"); told in the handshake.
@@ -115,6 +126,8 @@ struct StoreServerStats {
   uint64_t accept_errors = 0;                   // EMFILE and the like
   uint64_t agents_refused = 0;                  // agents refused by the token handshake
   uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
+  uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
+  uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
