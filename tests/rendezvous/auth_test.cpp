@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <vector>
 
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/sha256.h"
@@ -375,9 +376,9 @@ TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][mun
                   MungeRefused);
   // ... one made for another connection (a replay), and payloads that are not ours.
   CHECK_THROWS_WITH(check_munge_credential(good, 1000, scope, random_nonce()), Catch::Contains("replay"));
-  for (const std::string payload : {std::string("hello"), munge_payload(scope, nc, "short"),
-                                    "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
-                                    munge_payload(scope, nc, secret) + "|extra"})
+  for (const std::string& payload : std::vector<std::string>{"hello", munge_payload(scope, nc, "short"),
+                                                            "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
+                                                            munge_payload(scope, nc, secret) + "|extra"})
     CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = payload}, 1000, scope, nc), MungeRefused);
 }
 

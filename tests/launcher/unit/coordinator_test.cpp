@@ -343,8 +343,8 @@ class Impostor {
         pollfd r{c, POLLIN, 0};
         char buf[4096];
         if (::poll(&r, 1, 1000) > 0) (void)!::recv(c, buf, sizeof buf, 0);  // its HELLO
-        const std::string& a = answers_[static_cast<size_t>(served_) % answers_.size()];
-        (void)!::send(c, a.data(), a.size(), MSG_NOSIGNAL);
+        const std::string& answer = answers_[static_cast<size_t>(served_) % answers_.size()];
+        (void)!::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
         ++served_;
         ::shutdown(c, SHUT_WR);
         ::poll(&r, 1, 200);
