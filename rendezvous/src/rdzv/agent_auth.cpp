@@ -204,6 +204,9 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
     const Challenge c = from_message<Challenge>(m);
     standing_ = c.standing;
     if (!c.token_required) {
+      // An agent with munge credentials but no token had nothing to prove an open server
+      // wrong with before (a standing ddprund without a token): it joins it as it did.
+      if (!munge_credential_.empty()) token_.clear();
       if (!token_.empty())
         throw HandshakeRefused("rendezvous refused: the server at " + where_ +
                                " requires no token but this agent has one, so it cannot tell it from an impostor; " +
