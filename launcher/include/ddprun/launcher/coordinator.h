@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ddprun/launcher/worker_env.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
 
 namespace ddprun::server {
@@ -102,7 +103,7 @@ std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, ui
                                                      std::chrono::milliseconds connect_timeout,
                                                      std::chrono::milliseconds heartbeat_interval,
                                                      const std::function<bool()>& interrupted,
-                                                     const std::string& token = {});
+                                                     const rdzv::AgentCredentials& token = {});
 
 // The notice a server message means to an agent with `settings` whose workers' store lives at
 // `store_host` (shared by both implementations; exposed for tests). Messages that are no
