@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything ddprun needs to build and test, skipping what is already present.
+# `setup_deps.sh --main` installs only what the main job needs (scripts/run_main.sh: build
+# ddprun and the train example, run them): the `main_debs` list, no PyTorch, no Slurm, no clang.
 #   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
 #   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge, iproute2.
 #   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2).
@@ -9,10 +11,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
 TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
 
+# What the main job needs (a subset of debs below; Catch2 because the build configures the tests).
+main_debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
+           catch2 libgloo-dev libopenblas64-pthread-dev)
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
       slurm-wlm munge iproute2 procps psmisc time clang libclang-rt-14-dev
       libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
+main_only=0
+[[ "${1:-}" == --main ]] && main_only=1
+((main_only)) && debs=("${main_debs[@]}")
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,7 +34,7 @@ else
   echo "[setup] Debian packages already installed"
 fi
 
-if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]]; then
+if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)); then
   if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; then
     echo "[setup] torch $TORCH2_VERSION already in $VENV"
   else
