@@ -11,8 +11,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
 TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
 
-# What the main job needs (a subset of debs below; Catch2 because the build configures the tests).
-main_debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
+# What the main job needs (Catch2 and python3 because the build configures the tests).
+main_debs=(build-essential cmake pkg-config python3 libboost-dev libcli11-dev libspdlog-dev libfmt-dev
            catch2 libgloo-dev libopenblas64-pthread-dev)
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
