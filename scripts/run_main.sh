@@ -19,8 +19,20 @@ step 1 "packages the build needs (scripts/setup_deps.sh --main)"
 step 2 "configuring into $build (cmake)"
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE="${DDPRUN_BUILD_TYPE:-RelWithDebInfo}"
 
-step 3 "building ddprun and train ($(nproc) jobs; the percent is of these two targets)"
-cmake --build "$build" -j "$(nproc)" --target ddprun train
+# The build says which file it compiles, as "k of N" (N from a dry run of the Makefiles; other
+# generators print their own progress).
+total="$( { for t in ddprun train; do cmake --build "$build" --target "$t" -- -n; done; } 2>/dev/null |
+  grep -oE 'Building (C|CXX|CUDA) object [^"]*' | sort -u | wc -l || true)"
+step 3 "building ddprun and train: ${total:-?} files to compile ($(nproc) jobs)"
+k=0
+cmake --build "$build" -j "$(nproc)" --target ddprun train 2>&1 | while IFS= read -r line; do
+  if [[ "$line" =~ Building\ (C|CXX|CUDA)\ object\ (.*)$ ]] && ((total > 0)); then
+    ((k < total)) && k=$((k + 1))
+    echo "[main] build: $k of $total: ${BASH_REMATCH[2]}"
+  else
+    echo "$line"
+  fi
+done
 
 ddprun="$build/launcher/ddprun"
 train="$build/worker_runtime/train"
