@@ -19,11 +19,26 @@ step 1 "packages the build needs (scripts/setup_deps.sh --main)"
 step 2 "configuring into $build (cmake)"
 cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE="${DDPRUN_BUILD_TYPE:-RelWithDebInfo}"
 
-# The build says which file it compiles, as "k of N" (N from a dry run of the Makefiles; other
-# generators print their own progress).
-total="$( { for t in ddprun train; do cmake --build "$build" --target "$t" -- -n; done; } 2>/dev/null |
-  grep -oE 'Building (C|CXX|CUDA) object [^"]*' | sort -u | wc -l || true)"
-step 3 "building ddprun and train: ${total:-?} files to compile ($(nproc) jobs)"
+# The build says which file it compiles, as "k of N": N counts the object files of ddprun,
+# train and every target they link (from the Makefiles CMake wrote; 0 with another generator,
+# which prints its own progress). A rebuild compiles fewer than N.
+count_objects() {
+  local m2="$build/CMakeFiles/Makefile2" seen=" " n=0 d c
+  local todo=(launcher/CMakeFiles/ddprun.dir worker_runtime/CMakeFiles/train.dir)
+  [[ -f "$m2" ]] || { echo 0; return; }
+  while ((${#todo[@]})); do
+    d="${todo[0]}"
+    todo=("${todo[@]:1}")
+    [[ "$seen" == *" $d "* ]] && continue
+    seen+="$d "
+    c="$(grep -cE '^[^ ]+\.o: [^ ]+/flags\.make$' "$build/$d/build.make" 2>/dev/null || true)"
+    n=$((n + ${c:-0}))
+    mapfile -t -O "${#todo[@]}" todo < <(sed -nE "s#^$d/all: ([^ ]+)/all\$#\1#p" "$m2")
+  done
+  echo "$n"
+}
+total="$(count_objects)"
+step 3 "building ddprun and train ($total source files in them and what they link; $(nproc) jobs)"
 k=0
 cmake --build "$build" -j "$(nproc)" --target ddprun train 2>&1 | while IFS= read -r line; do
   if [[ "$line" =~ Building\ (C|CXX|CUDA)\ object\ (.*)$ ]] && ((total > 0)); then
