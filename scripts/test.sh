@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test with ctest
-# (unit, integration, end-to-end, interop with PyTorch 1.13 and 2.11, multi-host in network
-# namespaces), then a short fuzz run of each libFuzzer target. Needs root for apt-get and
-# network namespaces, as CI has. Arguments go to the main ctest run.
+# The test commands, in two tiers:
+#   scripts/test.sh          every functional test: installs what is missing, builds, and runs
+#                            every ctest test (unit, integration, end-to-end, interop with
+#                            PyTorch 1.13 and 2.11, multi-host in network namespaces, Slurm)
+#   scripts/test.sh --full   the same, then a short fuzz run of each libFuzzer target and the
+#                            suite again under ASan+UBSan and under TSan (what .ci/run runs)
+# Needs root for apt-get, network namespaces and the Slurm cluster, as CI has. Other arguments
+# go to the main ctest run (e.g. scripts/test.sh -R launcher).
 #
 # Stages, in this order (docs/FUZZING.md has what each costs on a 2-core box):
 #   suite  the main build (build/) and every ctest test
-#   fuzz   DDPRUN_TEST_FUZZ_SECONDS=N seconds per fuzz target (default 60; 0 skips it)
+#   fuzz   DDPRUN_TEST_FUZZ_SECONDS=N seconds per fuzz target (--full: default 60; 0 skips it)
 #   asan   the suite again, built with ASan+UBSan (build-asan; what is left out and why: below)
 #   tsan   the server, client, agent and worker-runtime tests built with TSan (build-tsan)
-# Both sanitizer stages run by default. DDPRUN_TEST_SANITIZERS=0 skips them (a quick local
-# run); =asan or =tsan runs one of them; =1 or =asan,tsan both (the default).
+# Without --full, fuzz and the sanitizer stages run only when asked for by these variables.
+# DDPRUN_TEST_SANITIZERS: 0 or none skips both sanitizer stages; asan or tsan runs one of them;
+# 1 or asan,tsan both (the default with --full).
 # DDPRUN_TEST_MAIN=0 skips the main suite (to run only the other stages).
 # Every stage runs even when an earlier one failed (a stage's own steps are chained with &&:
 # `set -e` does not apply inside `if`); the exit status is 1 if any failed.
@@ -18,8 +23,15 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDPRUN_BUILD_DIR:-$here/build}"
 jobs="${DDPRUN_TEST_JOBS:-2}"
-fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-60}"
-sanitizers="${DDPRUN_TEST_SANITIZERS:-asan,tsan}"
+full=0
+if [[ "${1:-}" == --full ]]; then full=1; shift; fi
+if ((full)); then
+  fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-60}"
+  sanitizers="${DDPRUN_TEST_SANITIZERS:-asan,tsan}"
+else
+  fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-0}"
+  sanitizers="${DDPRUN_TEST_SANITIZERS:-none}"
+fi
 [[ "$sanitizers" == 1 || "$sanitizers" == all ]] && sanitizers="asan,tsan"
 [[ "$sanitizers" == 0 || "$sanitizers" == none ]] && sanitizers=""
 # Sanitizer builds at -O1 with line tables only (-g1): half the compile time of -O2 -g (the
@@ -87,7 +99,9 @@ tsan_suite() {
        -E '^worker\.install$')
 }
 
+start=$SECONDS
 "$here/scripts/setup_deps.sh"
+echo "[test] packages ready after $((SECONDS - start)) s"
 [[ "${DDPRUN_TEST_MAIN:-1}" != 0 ]] && stage suite main_suite "$@"
 if ((fuzz_seconds > 0)); then
   stage fuzz "$here/scripts/fuzz.sh" "$fuzz_seconds"
@@ -97,8 +111,8 @@ fi
 # The closing line counts stages (the main suite's own ctest summary is above).
 if ((${#failed[@]})); then
   echo "[test] FAILED stages: ${failed[*]}" >&2
-  echo "stages: $passed passed, ${#failed[@]} failed"
+  echo "stages: $passed passed, ${#failed[@]} failed ($((SECONDS - start)) s)"
   exit 1
 fi
-echo "[test] all stages passed"
+echo "[test] all stages passed ($((SECONDS - start)) s)"
 echo "stages: $passed passed, 0 failed"

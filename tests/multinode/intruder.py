@@ -1,5 +1,5 @@
-"""A stranger on the network who knows a job's run id and rendezvous endpoint (issue 12,
-finding 3), for the intruder scenarios of test_multinode.py. It speaks the agents' protocol
+"""A stranger on the network who knows a job's run id and rendezvous endpoint, for the
+intruder scenarios of test_multinode.py. It speaks the agents' protocol
 (docs/RENDEZVOUS.md) by hand and tries, in a loop until --seconds pass:
 
   wrong_token   the token handshake with a wrong token, then JOIN / FAILURE / LEAVE anyway

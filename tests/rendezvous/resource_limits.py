@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""ddprund (a separate process) against a stranger who wants it to abort or balloon (issue 12,
-findings 1, 2 and the warning flood of 7). Each section failed on the code before the limits:
+"""ddprund (a separate process) against a stranger who wants it to abort or balloon
+(descriptors, JOIN floods, amplifying requests, warning floods). Each section failed on the
+code before the limits:
 
   joins_past_fd_limit   5000 rendezvous JOINs with new run ids, server at 200 descriptors:
                         it aborted (rc 134) when a job's store could not bind (EMFILE).

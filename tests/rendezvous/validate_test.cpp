@@ -1,4 +1,4 @@
-// What peers send is bounded and printable before it is stored or shown (issue 12, finding 3).
+// What peers send is bounded and printable before it is stored or shown.
 #include <catch2/catch.hpp>
 
 #include "ddprun/rdzv/round_state.h"

@@ -19,7 +19,7 @@ std::string error_of(const std::string& expr) {
 
 }  // namespace
 
-TEST_CASE("hostlist: the issue's example", "[hostlist]") {
+TEST_CASE("hostlist: ranges, lists, suffixes and several bracket groups in one expression", "[hostlist]") {
   CHECK(expand_hostlist("gpu[01-04,07],cpu3,n[001-003]x,a-[1-2]-b[3,5]") ==
         Hosts{"gpu01", "gpu02", "gpu03", "gpu04", "gpu07", "cpu3", "n001x", "n002x", "n003x", "a-1-b3",
               "a-1-b5", "a-2-b3", "a-2-b5"});

@@ -301,8 +301,8 @@ TEST_CASE("Collectives: fused_step() is offered by Gloo's shared-memory path onl
   }
 }
 
-// alloc_shared_single(): one copy that every rank maps (one copy of parameters and
-// optimizer state). A store by rank 0 is what every rank reads after a barrier over Gloo TCP,
+// alloc_shared_single(): one copy that every rank maps (the one copy of parameters and
+// optimizer state that the fused step writes in place). A store by rank 0 is what every rank reads after a barrier over Gloo TCP,
 // with no shared-memory collective in between (in alloc_shared() memory each rank reads its own
 // part: still zero); broadcast over it gives root's bytes everywhere without a rank writing
 // them; all-reduce sums the size() equal contributions; outputs of allgather / reduce_scatter

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Warm spare interpreters (issue 14) against real processes: ddprun, Python, PyTorch.
+"""Warm spare interpreters against real processes: ddprun, Python, PyTorch.
 
 Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|resume|killed_spare|agent_killed}
   identity      probe_worker.py (2 ranks) prints what it can observe; rank 1 of attempt 0 is SIGKILLed once
