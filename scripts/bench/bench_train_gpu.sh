@@ -2,7 +2,7 @@
 # GPU benchmark on one GPU: ddprun's `train` (cuBLAS + NCCL) vs PyTorch DDP (torch 2.x, NCCL,
 # bf16 autocast, SGD) on the same MLP, batch and precision:
 #   8192-wide x 5 hidden (335.6 M params) at batch 512, and 4096-wide x 6 (100.7 M) at 1024.
-# Also a 1-rank NCCL run of the seed model under ddprun and an fp16 (loss scaling) run.
+# Also a 1-rank NCCL run of the default model (train without --width/--depth) under ddprun and an fp16 (loss scaling) run.
 #   usage: scripts/bench/bench_train_gpu.sh [bin-dir with train and ddprun]   (env STEPS=50 PY=python3)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -14,7 +14,7 @@ PY="${PY:-python3}"; STEPS="${STEPS:-50}"; WARMUP=10
 tmp="$(mktemp -d /tmp/ddprun-gpubench-XXXXXX)"
 port() { echo $(( 20000 + RANDOM % 20000 )); }
 
-echo "== 1-rank NCCL run of the seed model under ddprun"
+echo "== 1-rank NCCL run of the default model under ddprun"
 "$ddprun" --nproc_per_node=1 --master_port="$(port)" "$train" --device cuda 2>&1 | tail -8
 echo "== fp16 with dynamic loss scaling (1024x4, batch 256)"
 "$train" --device cuda --precision fp16 --width 1024 --depth 4 --batch 256 --samples 25600 --epochs 2 2>&1 | tail -5
