@@ -55,9 +55,10 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   StateLock mu;
   ConnectionCounters counters;
   std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0};
-  ConnectionIo io{options, warns, counters, *this};
+  MemoryBudget budget{options.max_memory};
+  ConnectionIo io{options, warns, counters, budget, *this};
   Admission admission{options, warns};
-  Keyspaces keyspaces{options, *this};
+  Keyspaces keyspaces{options, *this, budget};
   rdzv::RoundState rounds{keyspaces};
   std::optional<boost::asio::steady_timer> tick_timer;
   std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu

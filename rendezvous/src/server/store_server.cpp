@@ -155,6 +155,10 @@ void ServerCore::check_limits() const {
     throw std::invalid_argument("--max-connection-buffered-bytes must be at least --max-reply-bytes");
   if (options.max_buffered_bytes < l.max_request_bytes)
     throw std::invalid_argument("--max-buffered-bytes must be at least --max-request-bytes");
+  if (options.max_memory < l.max_request_bytes + options.store.max_reply_bytes)
+    throw std::invalid_argument("--max-memory must hold at least one request and one reply (--max-request-bytes + "
+                                "--max-reply-bytes = " +
+                                std::to_string(l.max_request_bytes + options.store.max_reply_bytes) + " bytes)");
 }
 
 void ServerCore::listen_main() {
