@@ -202,8 +202,10 @@ int run(const DaemonOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   auto st = server.stats();
-  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input)", sig,
-               st.connections_accepted, st.requests, st.connections_closed_for_bad_input);
+  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input, "
+               "longest lock hold {:.1f} ms)",
+               sig, st.connections_accepted, st.requests, st.connections_closed_for_bad_input,
+               st.longest_lock_hold_us / 1000.0);
   server.stop();
   return 0;
 }

@@ -98,6 +98,15 @@ def other_job_store(d):
     return agent, int(msg[1]["store_port"])
 
 
+def stopped(d):
+    """Stops ddprund; logs the longest time a batch of requests held a lock (its last line)."""
+    rc = d.stop()
+    hold = [ln for ln in d.log_text().splitlines() if "longest lock hold" in ln]
+    if hold:
+        log("ddprund: " + hold[-1].split("(", 1)[-1].rstrip(")"))
+    return rc
+
+
 class Prober:
     """A client of another job doing GET round trips on its own connection until stopped."""
 
@@ -156,7 +165,7 @@ def wait_64ki_keys(binary):
     a.close()
     victim.close()
     check(d.alive(), "ddprund alive")
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def append_15000(binary):
@@ -178,7 +187,7 @@ def append_15000(binary):
     check(len(a.get("/attack/log")) == 15000 * len(piece), "the appended value has every byte")
     a.close()
     victim.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def non_loopback_address():
@@ -230,14 +239,14 @@ def token_store_filter(binary):
         local.op("SET", blob("/k"), blob("v"))
         check(local.get("/k") == b"v", "a client from loopback is served")
         local.close()
-        check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+        check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
         d = daemon_on_any_address(binary, ["--rdzv_token_file", token, "--store-from-any-address"])
         c = RawConn(addr, d.port, timeout=10.0)
         c.op("SET", blob("/k"), blob("v"))
         check(c.get("/k") == b"v", f"with --store-from-any-address a client from {addr} is served")
         c.close()
-        check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+        check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
     finally:
         os.unlink(token)
 
@@ -273,7 +282,7 @@ def server_stall(binary):
             what = None
         check(what is None, f"agent {i} that kept its heartbeats is not dropped after the server's own stall ({what})")
         a.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def half_open_and_idle(binary):
@@ -310,7 +319,7 @@ def half_open_and_idle(binary):
     agent.close()
     check(any("deadline for unauthenticated connections" in ln for ln in d.log_text().splitlines()),
           "the daemon says why it closed them")
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def stranger_slots(binary):
@@ -338,7 +347,7 @@ def stranger_slots(binary):
           "50 loopback clients are served while strangers hold their 20 slots")
     for s in strangers + [m.sock for m in members]:
         s.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def list_keys_non_readers(binary):
@@ -384,7 +393,7 @@ def list_keys_non_readers(binary):
     w.close()
     victim.close()
     check(d.alive(), "ddprund alive")
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def watch_key_flood(binary):
@@ -402,7 +411,7 @@ def watch_key_flood(binary):
     check(got == b"\x03" * 20000, "20,000 repeats of one WATCH_KEY are answered (registered once)")
     check(again.recv_i64() == 0, "and the client is still served")
     again.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 SECTIONS = {f.__name__: f for f in (wait_64ki_keys, append_15000, token_store_filter, server_stall,

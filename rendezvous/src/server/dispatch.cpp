@@ -104,6 +104,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   t.batch_reply_bytes = 0;
   {
     std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
+    std::chrono::steady_clock::time_point locked_at;
     while (pos < c->in_size) {
       auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
       if (res.status == wire::ParseStatus::NeedMore) {
@@ -116,7 +117,10 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       pos += res.consumed;
       t.requests.fetch_add(1, std::memory_order_relaxed);
-      if (!lock.owns_lock()) lock.lock();
+      if (!lock.owns_lock()) {
+        lock.lock();
+        locked_at = std::chrono::steady_clock::now();
+      }
       if (c->revoked) {
         revoked = true;
         break;
@@ -134,6 +138,7 @@ void ServerCore::on_input(const ConnPtr& c) {
         break;
       }
     }
+    if (lock.owns_lock()) note_hold(std::chrono::steady_clock::now() - locked_at);
   }
   io.flush_pending(t);
   if (!bad.empty()) {
@@ -147,6 +152,14 @@ void ServerCore::on_input(const ConnPtr& c) {
   io.consumed(c, pos);
   budget.trim_if_due();
   if (yield) boost::asio::post(t.io, [this, c] { io.guarded(c, [&] { on_input(c); }); });
+}
+
+// The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
+void ServerCore::note_hold(std::chrono::steady_clock::duration held) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(held).count();
+  int64_t cur = longest_hold_ns.load(std::memory_order_relaxed);
+  while (ns > cur && !longest_hold_ns.compare_exchange_weak(cur, ns, std::memory_order_relaxed)) {
+  }
 }
 
 // Nothing of an agent reaches the rounds before the handshake let it in.

@@ -55,6 +55,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   StateLock mu;
   ConnectionCounters counters;
   std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0};
+  std::atomic<int64_t> longest_hold_ns{0};
   MemoryBudget budget{options.max_memory};
   ConnectionIo io{options, warns, counters, budget, *this};
   Admission admission{options, warns};
@@ -95,6 +96,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();
   void on_tick();
+  void note_hold(std::chrono::steady_clock::duration held);
 };
 
 }  // namespace ddprun::server

@@ -228,6 +228,7 @@ StoreServerStats ServerCore::stats() const {
   s.store_clients_refused = admission.store_strangers();
   s.connections_closed_for_deadline = deadline_closed;
   s.strangers_refused = admission.strangers_refused();
+  s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
   return s;
 }
 

@@ -275,7 +275,7 @@ ApplyResult StoreState::op_delete_key(ConnId conn, wire::Request& req, Reply& w,
 }
 
 ApplyResult StoreState::op_append(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
-  (void)conn;
+  (void)conn, (void)w;
   auto it = kv_.find(req.keys[0]);
   const uint64_t len = (it == kv_.end() ? 0 : it->second->size()) + req.values[0].size();
   if (len > limits_.max_value_len)
@@ -319,7 +319,7 @@ ApplyResult StoreState::op_multi_get(ConnId conn, wire::Request& req, Reply& w, 
 }
 
 ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
-  (void)conn;
+  (void)conn, (void)w;
   uint64_t new_keys = 0, more = 0;
   for (size_t i = 0; i < req.keys.size(); ++i) {
     if (!kv_.count(req.keys[i])) ++new_keys;
@@ -331,7 +331,7 @@ ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, 
 }
 
 ApplyResult StoreState::op_queue_push(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
-  (void)conn;
+  (void)conn, (void)w;
   const bool fresh = !queues_.count(req.keys[0]);
   const uint64_t more = req.values[0].size() + (fresh ? req.keys[0].size() : 0);
   if (auto why = over_limit(fresh ? 1 : 0, more)) return refuse(*why);
@@ -361,7 +361,7 @@ ApplyResult StoreState::op_queue_pop(ConnId conn, wire::Request& req, Reply& w, 
 }
 
 ApplyResult StoreState::op_list_keys(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
-  (void)conn, (void)others;
+  (void)conn, (void)req, (void)others;
   uint64_t size = 8;
   for (const auto& [k, _] : kv_) size += 8 + k.size();
   if (auto why = reply_too_large(size)) return refuse(*why);

@@ -132,6 +132,7 @@ struct StoreServerStats {
   uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
   uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
+  uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
