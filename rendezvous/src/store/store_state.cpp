@@ -234,18 +234,22 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // Duplicates removed with a hash set: O(keys) (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s).
   Waiter waiter;
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(req.keys.size());
-  for (const auto& k : req.keys) {
-    if (exists(k) || !seen.insert(k).second) continue;
-    waiter.keys.push_back(k);
+  std::vector<size_t> missing;  // first occurrences of keys not there yet
+  {
+    std::unordered_set<std::string_view> seen;  // views into req.keys: gone before they move
+    seen.reserve(req.keys.size());
+    for (size_t i = 0; i < req.keys.size(); ++i)
+      if (!exists(req.keys[i]) && seen.insert(req.keys[i]).second) missing.push_back(i);
   }
+  waiter.keys.reserve(missing.size());
+  for (size_t i : missing) waiter.keys.push_back(std::move(req.keys[i]));
   if (waiter.keys.empty()) {
     w.u8(wire::kWaitStop);
     return {};
   }
   remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
   waiter.remaining = waiter.keys.size();
+  waiting_on_.reserve(waiting_on_.size() + waiter.keys.size());  // one rehash, not a cascade
   for (const auto& k : waiter.keys) {
     waiting_on_[k].push_back(conn);
     waiter.bytes += entry_bytes(k);
