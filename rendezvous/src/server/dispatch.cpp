@@ -313,7 +313,9 @@ void ServerCore::on_closed(const ConnPtr& c) {
   }
   std::lock_guard lock(c->ks->mu);
   c->ks->conns.erase(c->id);
-  if (!c->session.agent && !c->revoked) c->ks->state.disconnect(c->id);
+  if (c->session.agent || c->revoked) return;
+  c->ks->state.disconnect(c->id);
+  budget.settle(c->ks->charged, c->ks->state.memory());  // its waiter's and watches' keys
 }
 
 }  // namespace ddprun::server

@@ -39,7 +39,7 @@ struct Keyspace {
   uint64_t charged = 0;  // what its state is counted for in the memory budget (under mu)
   std::string name;
   std::string run_id;      // a round's store: its job ("" for the main keyspace)
-  bool discarded = false;  // its round is over (or the server stops): refuse new connections
+  std::atomic<bool> discarded{false};  // its round is over (or the server stops): refuse new connections
 };
 
 // What the keyspaces need of the server.
