@@ -45,8 +45,10 @@ struct DaemonOptions {
   int64_t handshake_timeout_ms = ddprun::server::kDefaultHandshakeTimeout.count();
   uint64_t max_connection_buffered_bytes = ddprun::server::kDefaultMaxConnectionBufferedBytes;
   uint64_t max_buffered_bytes = ddprun::server::kDefaultMaxBufferedBytes;
+  uint64_t max_memory = ddprun::server::kDefaultMaxMemory;
+  uint64_t max_watches = ddprun::store::kDefaultMaxWatchesPerConnection;
   // Limits given on the command line; the others follow --max-value-len up when it needs it.
-  bool reply_given = false, conn_buffer_given = false, buffer_given = false;
+  bool reply_given = false, conn_buffer_given = false, buffer_given = false, memory_given = false;
 };
 
 void setup_options(CLI::App& app, DaemonOptions& o) {
@@ -106,6 +108,15 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "bytes of partly received requests of all connections together")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-memory", o.max_memory,
+                 "bytes the whole daemon may hold: every store's data, the keys waiters and watchers name, replies "
+                 "queued for every connection (by wire size), partly received requests; a request past it is refused")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-watches-per-connection", o.max_watches,
+                 "distinct keys one PyTorch 1.13 client may watch (WATCH_KEY)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--rdzv_token_file,--rdzv-token-file", o.rdzv_token_file,
                  "a file (mode 0600, yours) holding the rendezvous token (16+ bytes): agents must prove they hold "
                  "it (HMAC challenge-response, both ways) before they join; without it, DDPRUN_RDZV_TOKEN; without "
@@ -155,6 +166,9 @@ int run(const DaemonOptions& o) {
   so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
+  so.max_memory = o.memory_given ? o.max_memory
+                                 : std::max(o.max_memory, so.limits.max_request_bytes + so.store.max_reply_bytes);
+  so.store.max_watches_per_connection = o.max_watches;
   so.io_threads = o.threads;
   so.standing = true;
   so.log_prefix = "[ddprund] ";
@@ -207,8 +221,10 @@ int run(const DaemonOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   auto st = server.stats();
-  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input)", sig,
-               st.connections_accepted, st.requests, st.connections_closed_for_bad_input);
+  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input, "
+               "longest lock hold {:.1f} ms)",
+               sig, st.connections_accepted, st.requests, st.connections_closed_for_bad_input,
+               st.longest_lock_hold_us / 1000.0);
   server.stop();
   return 0;
 }
@@ -224,6 +240,7 @@ int main(int argc, char** argv) {
     opts.reply_given = app.count("--max-reply-bytes") > 0;
     opts.conn_buffer_given = app.count("--max-connection-buffered-bytes") > 0;
     opts.buffer_given = app.count("--max-buffered-bytes") > 0;
+    opts.memory_given = app.count("--max-memory") > 0;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

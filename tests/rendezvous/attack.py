@@ -21,6 +21,12 @@ another job (its own keyspace on the daemon) measures its round trips, which mus
   stranger_slots      connections from a host with no admitted agent are limited on their own
                       (--max-stranger-connections): members always find slots.
 
+  list_keys_non_readers  8 connections that ask for 4 LIST_KEYS replies of 7.7 MB each and read
+                      none (4 such took ddprund to 2.28 GiB with larger stores): now one memory
+                      budget (--max-memory 64 MiB here) bounds it and RSS comes back after.
+  watch_key_flood     WATCH_KEY (PyTorch 1.13) of 6,000 distinct keys, and 20,000 repeats of
+                      one: a repeat registered it again, without limit.
+
 usage: attack.py --ddprund PATH [--only SECTION]
 """
 import argparse
@@ -38,7 +44,7 @@ import interop_common as ic  # noqa: E402
 from interop_common import Daemon, RawConn, blob, check, log, run_main, u64  # noqa: E402
 
 P99_LIMIT_S = 0.050
-MAX_STALL_S = 1.0
+MAX_STALL_S = 2.0
 
 
 AGENT_HELLO = b"\x00DDPR"
@@ -90,6 +96,15 @@ def other_job_store(d):
     msg = read_frame(agent)
     check(msg is not None and msg[0] == ROUND, "the other job's agent gets its ROUND")
     return agent, int(msg[1]["store_port"])
+
+
+def stopped(d):
+    """Stops ddprund; logs the longest time a batch of requests held a lock (its last line)."""
+    rc = d.stop()
+    hold = [ln for ln in d.log_text().splitlines() if "longest lock hold" in ln]
+    if hold:
+        log("ddprund: " + hold[-1].split("(", 1)[-1].rstrip(")"))
+    return rc
 
 
 class Prober:
@@ -150,7 +165,7 @@ def wait_64ki_keys(binary):
     a.close()
     victim.close()
     check(d.alive(), "ddprund alive")
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def append_15000(binary):
@@ -172,7 +187,7 @@ def append_15000(binary):
     check(len(a.get("/attack/log")) == 15000 * len(piece), "the appended value has every byte")
     a.close()
     victim.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def non_loopback_address():
@@ -224,14 +239,14 @@ def token_store_filter(binary):
         local.op("SET", blob("/k"), blob("v"))
         check(local.get("/k") == b"v", "a client from loopback is served")
         local.close()
-        check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+        check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
         d = daemon_on_any_address(binary, ["--rdzv_token_file", token, "--store-from-any-address"])
         c = RawConn(addr, d.port, timeout=10.0)
         c.op("SET", blob("/k"), blob("v"))
         check(c.get("/k") == b"v", f"with --store-from-any-address a client from {addr} is served")
         c.close()
-        check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+        check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
     finally:
         os.unlink(token)
 
@@ -267,7 +282,7 @@ def server_stall(binary):
             what = None
         check(what is None, f"agent {i} that kept its heartbeats is not dropped after the server's own stall ({what})")
         a.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def half_open_and_idle(binary):
@@ -304,7 +319,7 @@ def half_open_and_idle(binary):
     agent.close()
     check(any("deadline for unauthenticated connections" in ln for ln in d.log_text().splitlines()),
           "the daemon says why it closed them")
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 def stranger_slots(binary):
@@ -332,11 +347,75 @@ def stranger_slots(binary):
           "50 loopback clients are served while strangers hold their 20 slots")
     for s in strangers + [m.sock for m in members]:
         s.close()
-    check(d.stop() == 0, "ddprund exits 0 on SIGTERM")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
+
+
+def list_keys_non_readers(binary):
+    budget_mib = 64
+    d = Daemon(binary, ["--max-memory", str(budget_mib << 20), "--max-request-bytes", str(16 << 20),
+                        "--max-reply-bytes", str(16 << 20)])
+    w = RawConn(d.host, d.port, timeout=60.0)
+    pad = "p" * 230
+    batch = []
+    for i in range(30000):
+        batch.append(bytes([w.codes["SET"]]) + blob(f"/list/{i:06d}/{pad}") + blob("v"))
+    w.send(b"".join(batch))
+    check(w.num_keys() == 30000, "30,000 keys of 250 bytes are stored (a 7.7 MB LIST_KEYS reply)")
+    base = d.rss_kb()
+    victim, store_port = other_job_store(d)
+    readers = []
+    with Prober(store_port) as p:
+        for _ in range(8):  # 8 connections ask for 4 replies each (245 MB) and read none
+            r = RawConn(d.host, d.port, timeout=60.0)
+            r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            r.send(bytes([r.codes["LIST_KEYS"]]) * 4)
+            readers.append(r)
+        time.sleep(2.0)
+        peak = d.rss_kb()
+    p.report("LIST_KEYS from 8 non-readers")
+    log(f"RSS {base // 1024} MB before, {peak // 1024} MB with 8 non-readers (budget {budget_mib} MiB)")
+    # The budget, its reserve for connections that read (an eighth), and the process itself.
+    check(peak < (budget_mib * 9 // 8 + 64) * 1024,
+          f"RSS {peak // 1024} MB stays within the budget of {budget_mib} MiB (+ its reserve and 64 MB)")
+    check(any("--max-memory" in ln for ln in d.log_text().splitlines()),
+          "the connections past the budget are closed with a line naming --max-memory")
+    for r in readers:
+        r.close()
+    after = None
+    for _ in range(6):  # each request lets the server hand what it freed back (at most once a second)
+        time.sleep(0.6)
+        w.op("GETNUMKEYS")
+        check(w.recv_i64() == 30000, "the store is intact and serving")
+        time.sleep(0.1)
+        after = d.rss_kb() if after is None else min(after, d.rss_kb())
+    log(f"RSS {after // 1024} MB after the non-readers went")
+    check(after < base + 64 * 1024, f"RSS comes back ({after // 1024} MB < {base // 1024} + 64 MB)")
+    w.close()
+    victim.close()
+    check(d.alive(), "ddprund alive")
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
+
+
+def watch_key_flood(binary):
+    d = Daemon(binary, ["--legacy-dialect", "1.13"])
+    c = RawConn(d.host, d.port, dialect="D0", timeout=30.0)
+    c.send(b"".join(b"\x07" + blob(f"/watched/{i}") for i in range(6000)))  # WATCH_KEY of PyTorch 1.13
+    check(c.is_closed_by_peer(20.0), "a client watching 6,000 distinct keys is closed past 4,096")
+    check(any("--max-watches-per-connection" in ln for ln in d.log_text().splitlines()),
+          "the daemon names --max-watches-per-connection")
+    c.close()
+    again = RawConn(d.host, d.port, dialect="D0", timeout=30.0)
+    again.send(b"".join(b"\x07" + blob("/same") for _ in range(20000)))
+    again.op("GETNUMKEYS")
+    got = again.recv_exact(20000)
+    check(got == b"\x03" * 20000, "20,000 repeats of one WATCH_KEY are answered (registered once)")
+    check(again.recv_i64() == 0, "and the client is still served")
+    again.close()
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
 SECTIONS = {f.__name__: f for f in (wait_64ki_keys, append_15000, token_store_filter, server_stall,
-                                     half_open_and_idle, stranger_slots)}
+                                     half_open_and_idle, stranger_slots, list_keys_non_readers, watch_key_flood)}
 
 
 def main():

@@ -461,3 +461,54 @@ TEST_CASE("AppendCopiesAValueThatAReplyInFlightHolds", "[state]") {
   h.call(1, Op::Append, {"k"}, {"more"});
   CHECK(h.call(1, Op::Get, {"k"}) == blob(std::string(1000, 'x') + "tailmore"));
 }
+
+TEST_CASE("WatchKeyIsBoundedPerConnectionAndARepeatRegistersOnce", "[state][limits]") {
+  store::StoreLimits limits;
+  limits.max_watches_per_connection = 3;
+  Harness h{store::StoreState(limits)};
+  const uint64_t empty = h.state.memory();
+  for (int i = 0; i < 1000; ++i) CHECK(h.call(1, Op::WatchKey, {"/same"}) == std::string(1, '\3'));
+  const uint64_t one = h.state.memory();
+  CHECK(one > empty);
+  h.call(1, Op::WatchKey, {"/b"});
+  h.call(1, Op::WatchKey, {"/c"});
+  REQUIRE_FALSE(h.last.close);
+  h.call(1, Op::WatchKey, {"/d"});
+  CHECK(h.last.close);
+  CHECK(h.last.error.find("--max-watches-per-connection") != std::string::npos);
+  // One event per watcher, however often it asked.
+  h.call(2, Op::Set, {"/same"}, {"v"});
+  CHECK(h.others.size() == 1);
+  h.state.disconnect(1);
+  CHECK(h.state.memory() == h.state.bytes());
+}
+
+TEST_CASE("MemoryCountsTheKeysWaitersName", "[state][limits]") {
+  Harness h;
+  CHECK(h.call(1, Op::Wait, {std::string(1000, 'a'), std::string(1000, 'b')}).empty());
+  CHECK(h.state.memory() >= h.state.bytes() + 2000);
+  h.call(1, Op::CancelWait);
+  CHECK(h.state.memory() == h.state.bytes());
+  h.call(1, Op::Wait, {"k"});
+  h.call(2, Op::Set, {"k"}, {"v"});  // released: its keys no longer held
+  CHECK(h.state.memory() == h.state.bytes());
+}
+
+TEST_CASE("ALargeReplyIsRefusedBeforeItIsBuiltWhenTheCallerHasNoRoom", "[state][limits]") {
+  Harness h;
+  for (int i = 0; i < 100; ++i) h.call(1, Op::Set, {"/k/" + std::to_string(i)}, {std::string(100, 'v')});
+  wire::Request r;
+  r.op = Op::ListKeys;
+  store::Reply reply;
+  std::vector<store::Outgoing> others;
+  auto refused = h.state.apply(2, wire::Dialect::D2, r, reply, others, 100);
+  CHECK(refused.close);
+  CHECK(refused.error.find("--max-memory") != std::string::npos);
+  CHECK(reply.empty());
+  r.op = Op::MultiGet;
+  r.keys = {"/k/1", "/k/2"};
+  CHECK(h.state.apply(2, wire::Dialect::D2, r, reply, others, 100).close);
+  CHECK(reply.empty());
+  CHECK_FALSE(h.state.apply(2, wire::Dialect::D2, r, reply, others, 1000).close);
+  CHECK(reply.wire_size() == 2 * (8 + 100));
+}

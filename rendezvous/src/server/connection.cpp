@@ -50,6 +50,11 @@ bool ConnectionIo::reserve_input(const ConnPtr& c, size_t want) {
                                 options_.max_buffered_bytes));
     return false;
   }
+  if (!budget_.try_charge(grow, c->in_size + want <= MemoryBudget::kModestBytes)) {
+    counters_.buffered -= grow;
+    close_for_limit(c, Warn::MemoryLimit, "its request: " + budget_.refusal(grow));
+    return false;
+  }
   c->in.resize(c->in_size + want);
   return true;
 }
@@ -84,6 +89,7 @@ void ConnectionIo::consumed(const ConnPtr& c, size_t pos) {
   }
   if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) {
     counters_.buffered -= c->in.size() - kReadChunk;
+    budget_.release(c->in.size() - kReadChunk);
     c->in.resize(kReadChunk);
     c->in.shrink_to_fit();
   }
@@ -92,19 +98,28 @@ void ConnectionIo::consumed(const ConnPtr& c, size_t pos) {
 // ---- the outbox (under a keyspace lock or the rounds lock) ----
 // Whether `size` more wire bytes fit target's outbox (out_mu held); else drops it and posts
 // its close: its peer does not read what it asks for.
-bool ConnectionIo::admit_bytes(const ConnPtr& target, uint64_t size) {
+void ConnectionIo::drop_outbox(const ConnPtr& c) {
+  budget_.release(c->out.wire_bytes());
+  c->out.clear();
+}
+
+bool ConnectionIo::admit_bytes(const ConnPtr& target, uint64_t size, bool budgeted) {
   if (target->overflowed || target->fd_closed) return false;
   // Wire bytes, not memory: the limit is back-pressure on a peer that does not read.
-  if (target->out.wire_bytes() + size <= options_.max_connection_buffered_bytes) return true;
+  const bool fits = target->out.wire_bytes() + size <= options_.max_connection_buffered_bytes;
+  if (fits && !budgeted) {
+    budget_.charge(size);
+    return true;
+  }
+  if (fits && budget_.try_charge(size, target->out.wire_bytes() + size <= MemoryBudget::kModestBytes)) return true;
   target->overflowed = true;
-  target->out.clear();
-  asio::post(target->thread->io, [this, target] {
-    guarded(target, [&] {
-      close_for_limit(target, Warn::BufferLimit,
-                      fmt::format("more than {} bytes queued for a peer that does not read them "
-                                  "(--max-connection-buffered-bytes)",
-                                  options_.max_connection_buffered_bytes));
-    });
+  drop_outbox(target);
+  std::string why = fits ? "a reply of " + std::to_string(size) + " bytes: " + budget_.refusal(size)
+                         : fmt::format("more than {} bytes queued for a peer that does not read them "
+                                       "(--max-connection-buffered-bytes)",
+                                       options_.max_connection_buffered_bytes);
+  asio::post(target->thread->io, [this, target, fits, why = std::move(why)] {
+    guarded(target, [&] { close_for_limit(target, fits ? Warn::MemoryLimit : Warn::BufferLimit, why); });
   });
   return false;
 }
@@ -112,7 +127,7 @@ bool ConnectionIo::admit_bytes(const ConnPtr& target, uint64_t size) {
 void ConnectionIo::append(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after) {
   {
     std::lock_guard out_lock(target->out_mu);
-    if (!admit_bytes(target, bytes.size())) return;
+    if (!admit_bytes(target, bytes.size(), false)) return;
     target->out.append(bytes);
     if (close_after) target->close_when_flushed = true;
   }
@@ -122,7 +137,7 @@ void ConnectionIo::append(IoThread& self, const ConnPtr& target, std::string_vie
 void ConnectionIo::append(IoThread& self, const ConnPtr& target, const store::Reply& bytes) {
   {
     std::lock_guard out_lock(target->out_mu);
-    if (!admit_bytes(target, bytes.wire_size())) return;
+    if (!admit_bytes(target, bytes.wire_size(), true)) return;
     target->out.append(bytes);
   }
   wake(self, target);
@@ -174,7 +189,10 @@ void ConnectionIo::send_from_here(const ConnPtr& c) {
         iov[i++] = {const_cast<char*>(p), n};
       });
       const ssize_t n = ::sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n > 0) c->out.consume(static_cast<size_t>(n));
+      if (n > 0) {
+        c->out.consume(static_cast<size_t>(n));
+        budget_.release(static_cast<uint64_t>(n));
+      }
       if (c->out.empty()) return;
     }
   }
@@ -206,6 +224,7 @@ void ConnectionIo::flush(const ConnPtr& c) {
 void ConnectionIo::on_written(const ConnPtr& c, boost::system::error_code ec, size_t n) {
   if (!ec && !c->closed) {
     c->writing.consume(n);
+    budget_.release(n);
     if (!c->writing.empty()) {
       guarded(c, [&] { write_some(c); });
       return;
@@ -216,6 +235,7 @@ void ConnectionIo::on_written(const ConnPtr& c, boost::system::error_code ec, si
     c->writer_busy = false;
   }
   if (c->closed || ec) {
+    budget_.release(c->writing.wire_bytes());
     c->writing.clear();  // what was not sent goes, with the values it held
     if (!c->closed) close(c, "", false);
     return;
@@ -250,18 +270,20 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   {
     std::lock_guard out_lock(c->out_mu);  // no other thread is sending on it past this point
     c->fd_closed = true;
-    c->out.clear();  // nothing more goes out: let go of the values it references
+    drop_outbox(c);  // nothing more goes out: let go of the values it references
   }
   if (c->deadline) c->deadline->cancel();
   boost::system::error_code ignored;
   c->socket.shutdown(tcp::socket::shutdown_both, ignored);
   c->socket.close(ignored);
   counters_.buffered -= c->in.size();
+  budget_.release(c->in.size());
   std::vector<uint8_t>().swap(c->in);
   --counters_.open;
   if (c->session.agent) --counters_.agents;
   events_.on_closed(c);
   flush_pending(*c->thread);
+  budget_.trim_if_due();
 }
 
 void ConnectionIo::close_for_limit(const ConnPtr& c, Warn kind, const std::string& why) {

@@ -26,6 +26,7 @@
 #include "ddprun/store/reply.h"
 #include "ddprun/store/store_state.h"
 #include "ddprun/wire/codec.h"
+#include "memory_budget.h"
 #include "server_log.h"
 
 namespace ddprun::server {
@@ -46,6 +47,7 @@ struct IoThread {
   std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
   std::atomic<uint64_t> requests{0};
+  uint64_t batch_reply_bytes = 0;  // replies produced by the batch of requests being handled
 };
 
 // Who the peer is and what it has proved: the one place of a connection's authentication
@@ -118,8 +120,8 @@ struct ConnectionCounters {
 class ConnectionIo {
  public:
   ConnectionIo(const StoreServerOptions& options, WarnLimiter& warns, ConnectionCounters& counters,
-               ConnectionEvents& events)
-      : options_(options), warns_(warns), counters_(counters), events_(events) {}
+               MemoryBudget& budget, ConnectionEvents& events)
+      : options_(options), warns_(warns), counters_(counters), budget_(budget), events_(events) {}
 
   // On c's thread: reads for good (until closed).
   void start(const ConnPtr& c);
@@ -153,7 +155,8 @@ class ConnectionIo {
   void on_exception(const ConnPtr& c, const std::exception& e);
   void read_some(const ConnPtr& c);
   bool reserve_input(const ConnPtr& c, size_t want);
-  bool admit_bytes(const ConnPtr& target, uint64_t size);
+  bool admit_bytes(const ConnPtr& target, uint64_t size, bool budgeted);
+  void drop_outbox(const ConnPtr& c);  // out_mu held
   void wake(IoThread& self, const ConnPtr& target);
   void send_from_here(const ConnPtr& c);
   void flush(const ConnPtr& c);
@@ -163,6 +166,7 @@ class ConnectionIo {
   const StoreServerOptions& options_;
   WarnLimiter& warns_;
   ConnectionCounters& counters_;
+  MemoryBudget& budget_;
   ConnectionEvents& events_;
 };
 

@@ -14,7 +14,24 @@ constexpr size_t kKeptReplyBytes = 1 << 20;
 constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
 // A tick later than this counts as the server's own stall (the rest of the lateness).
 constexpr auto kStallSlack = std::chrono::milliseconds(100);
+// A batch of pipelined requests that produced this many reply bytes yields its thread: the
+// rest is handled after the other connections' ready work (a client asking for large replies
+// cannot monopolise the connections that share its thread).
+constexpr uint64_t kYieldAfterReplyBytes = 1 << 20;
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
+
+// Whether a request of `op` may make its keyspace hold more (values, queued items, keys that
+// waiters or watchers name).
+bool stores_bytes(wire::Op op) {
+  switch (op) {
+    case wire::Op::Set: case wire::Op::CompareSet: case wire::Op::Add: case wire::Op::Append:
+    case wire::Op::MultiSet: case wire::Op::QueuePush: case wire::Op::Wait: case wire::Op::WatchKey:
+    case wire::Op::Barrier:
+      return true;
+    default:
+      return false;
+  }
+}
 }  // namespace
 
 // The first bytes of c decide its protocol (wire::sniff_protocol); a TCPStore client of a
@@ -74,7 +91,7 @@ wire::ParseResult ServerCore::next_request(const ConnPtr& c, std::span<const uin
 // Parses every complete request in the buffer and applies them under one acquisition of one
 // lock: its keyspace's for a TCPStore client, the rounds lock for an agent.
 void ServerCore::on_input(const ConnPtr& c) {
-  if (c->draining || c->in_size < c->need_total) return;
+  if (c->closed || c->draining || c->in_size < c->need_total) return;
   c->need_total = 0;
   IoThread& t = *c->thread;
   size_t pos = 0;
@@ -83,9 +100,11 @@ void ServerCore::on_input(const ConnPtr& c) {
     if (s != Sniffed::Go) return;
   }
   std::string bad;
-  bool revoked = false;
+  bool revoked = false, yield = false;
+  t.batch_reply_bytes = 0;
   {
     std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
+    std::chrono::steady_clock::time_point locked_at;
     while (pos < c->in_size) {
       auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
       if (res.status == wire::ParseStatus::NeedMore) {
@@ -98,7 +117,10 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       pos += res.consumed;
       t.requests.fetch_add(1, std::memory_order_relaxed);
-      if (!lock.owns_lock()) lock.lock();
+      if (!lock.owns_lock()) {
+        lock.lock();
+        locked_at = std::chrono::steady_clock::now();
+      }
       if (c->revoked) {
         revoked = true;
         break;
@@ -115,7 +137,12 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       bad = on_store_request(t, c);
       if (!bad.empty()) break;
+      if (t.batch_reply_bytes > kYieldAfterReplyBytes && pos < c->in_size) {
+        yield = true;
+        break;
+      }
     }
+    if (lock.owns_lock()) note_hold(std::chrono::steady_clock::now() - locked_at);
   }
   io.flush_pending(t);
   if (!bad.empty()) {
@@ -127,6 +154,16 @@ void ServerCore::on_input(const ConnPtr& c) {
     return;
   }
   io.consumed(c, pos);
+  budget.trim_if_due();
+  if (yield) boost::asio::post(t.io, [this, c] { io.guarded(c, [&] { on_input(c); }); });
+}
+
+// The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
+void ServerCore::note_hold(std::chrono::steady_clock::duration held) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(held).count();
+  int64_t cur = longest_hold_ns.load(std::memory_order_relaxed);
+  while (ns > cur && !longest_hold_ns.compare_exchange_weak(cur, ns, std::memory_order_relaxed)) {
+  }
 }
 
 // Nothing of an agent reaches the rounds before the handshake let it in.
@@ -180,15 +217,23 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
 std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
   t.others.clear();
   t.reply.clear();
+  // What the request may add to the store: refused before anything changes when past the budget.
+  uint64_t incoming = 0;
+  for (const auto& k : t.req.keys) incoming += k.size();
+  for (const auto& v : t.req.values) incoming += v.size();
+  if (stores_bytes(t.req.op) && !budget.fits(incoming))
+    return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
   store::ApplyResult applied;
   try {
-    applied = c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others);
+    applied = c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
+    budget.settle(c->ks->charged, c->ks->state.memory());
   } catch (const std::bad_alloc&) {
     applied = {true, "out of memory while serving it"};
     t.reply = store::Reply();
     t.others.clear();
   }
   if (applied.close) return std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+  t.batch_reply_bytes += t.reply.wire_size();
   if (!t.reply.empty()) io.append(t, c, t.reply);
   route_locked(t, *c->ks, t.others);
   t.others.clear();
@@ -275,7 +320,9 @@ void ServerCore::on_closed(const ConnPtr& c) {
   }
   std::lock_guard lock(c->ks->mu);
   c->ks->conns.erase(c->id);
-  if (!c->session.agent && !c->revoked) c->ks->state.disconnect(c->id);
+  if (c->session.agent || c->revoked) return;
+  c->ks->state.disconnect(c->id);
+  budget.settle(c->ks->charged, c->ks->state.memory());  // its waiter's and watches' keys
 }
 
 }  // namespace ddprun::server

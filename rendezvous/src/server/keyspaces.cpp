@@ -6,7 +6,8 @@
 
 namespace ddprun::server {
 
-Keyspaces::Keyspaces(const StoreServerOptions& options, KeyspaceHost& host) : options_(options), host_(host) {
+Keyspaces::Keyspaces(const StoreServerOptions& options, KeyspaceHost& host, MemoryBudget& budget)
+    : options_(options), host_(host), budget_(budget) {
   main_ = std::make_unique<Keyspace>(options.store, options.adaptive_lock);
   main_->name = "main";
 }
@@ -15,6 +16,7 @@ void Keyspaces::reset_main_locked() {
   std::lock_guard lock(main_->mu);
   host_.revoke_locked(main_.get());
   main_->state.clear();
+  budget_.settle(main_->charged, 0);
 }
 
 void Keyspaces::discard_all_locked() {
@@ -98,6 +100,7 @@ void Keyspaces::close(const std::string& run_id, int64_t round) {
     std::lock_guard lock(ks->mu);
     host_.revoke_locked(ks.get());
     ks->state.clear();
+    budget_.settle(ks->charged, 0);
   }
   ks->listener->stop();
   listener_fds_ -= ks->listener->sockets();

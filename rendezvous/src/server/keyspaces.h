@@ -36,9 +36,10 @@ struct Keyspace {
   StateLock mu;  // guards state, conns and their connections' `revoked`
   store::StoreState state;
   std::unordered_map<store::ConnId, ConnPtr> conns;  // its connections (agents too, on the main one)
+  uint64_t charged = 0;  // what its state is counted for in the memory budget (under mu)
   std::string name;
   std::string run_id;      // a round's store: its job ("" for the main keyspace)
-  bool discarded = false;  // its round is over (or the server stops): refuse new connections
+  std::atomic<bool> discarded{false};  // its round is over (or the server stops): refuse new connections
 };
 
 // What the keyspaces need of the server.
@@ -60,7 +61,7 @@ class KeyspaceHost {
 
 class Keyspaces final : public rdzv::WorkerStores {
  public:
-  Keyspaces(const StoreServerOptions& options, KeyspaceHost& host);
+  Keyspaces(const StoreServerOptions& options, KeyspaceHost& host, MemoryBudget& budget);
   Keyspace& main() { return *main_; }
   bool is_main(const Keyspace* ks) const { return ks == main_.get(); }
   // Empties the main keyspace and revokes its TCPStore connections.
@@ -104,6 +105,7 @@ class Keyspaces final : public rdzv::WorkerStores {
 
   const StoreServerOptions& options_;
   KeyspaceHost& host_;
+  MemoryBudget& budget_;
   std::atomic<uint64_t> listener_fds_{0};
   std::unique_ptr<Keyspace> main_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> rounds_;

@@ -55,9 +55,11 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   StateLock mu;
   ConnectionCounters counters;
   std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0};
-  ConnectionIo io{options, warns, counters, *this};
+  std::atomic<int64_t> longest_hold_ns{0};
+  MemoryBudget budget{options.max_memory};
+  ConnectionIo io{options, warns, counters, budget, *this};
   Admission admission{options, warns};
-  Keyspaces keyspaces{options, *this};
+  Keyspaces keyspaces{options, *this, budget};
   rdzv::RoundState rounds{keyspaces};
   std::optional<boost::asio::steady_timer> tick_timer;
   std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu
@@ -94,6 +96,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();
   void on_tick();
+  void note_hold(std::chrono::steady_clock::duration held);
 };
 
 }  // namespace ddprun::server

@@ -74,23 +74,31 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
     if (!refused && !keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, peer, rounds))
       refused = stranger = true;
-    if (!refused) {
-      c->id = next_id++;
-      std::lock_guard ks_lock(ks->mu);
-      ks->conns.emplace(c->id, c);
-    }
+    if (!refused) c->id = next_id++;
+  }
+  if (!refused) {
+    // Not inside mu: the rounds lock never waits for a keyspace's. A round closed meanwhile set
+    // `discarded` before it took ks->mu to revoke its connections: this one is refused, or
+    // registered in time to be revoked.
+    std::lock_guard ks_lock(ks->mu);
+    refused = ks->discarded;
+    if (!refused) ks->conns.emplace(c->id, c);
   }
   if (!refused) {
     ++accepted;
     ++counters.open;
     io.start(c);
     arm_deadline(c, options.first_bytes_timeout);
-  } else if (stranger) {
-    // Closed before it reads a byte.
-    admission.refused_store_client(ks->name, peer, false);
-    boost::system::error_code ignored;
-    c->socket.close(ignored);
+    return;
   }
+  // Closed before it reads a byte.
+  if (c->session.counted_stranger) {
+    std::lock_guard lock(mu);
+    admission.closed_locked(*c);
+  }
+  if (stranger) admission.refused_store_client(ks->name, peer, false);
+  boost::system::error_code ignored;
+  c->socket.close(ignored);
 }
 
 std::optional<std::string> ServerCore::no_descriptors_for(size_t n) const {
@@ -155,6 +163,10 @@ void ServerCore::check_limits() const {
     throw std::invalid_argument("--max-connection-buffered-bytes must be at least --max-reply-bytes");
   if (options.max_buffered_bytes < l.max_request_bytes)
     throw std::invalid_argument("--max-buffered-bytes must be at least --max-request-bytes");
+  if (options.max_memory < l.max_request_bytes + options.store.max_reply_bytes)
+    throw std::invalid_argument("--max-memory must hold at least one request and one reply (--max-request-bytes + "
+                                "--max-reply-bytes = " +
+                                std::to_string(l.max_request_bytes + options.store.max_reply_bytes) + " bytes)");
 }
 
 void ServerCore::listen_main() {
@@ -224,6 +236,7 @@ StoreServerStats ServerCore::stats() const {
   s.store_clients_refused = admission.store_strangers();
   s.connections_closed_for_deadline = deadline_closed;
   s.strangers_refused = admission.strangers_refused();
+  s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
   return s;
 }
 

@@ -24,7 +24,12 @@ bool parse_integer(const std::string& text, int64_t& out) {
   return true;
 }
 
+// Memory of a key named in a waiter or watch table: its copies and the entries, about.
+uint64_t entry_bytes(const std::string& key) { return 2 * key.size() + 64; }
+
 void erase_conn(std::vector<ConnId>& v, ConnId c) { v.erase(std::remove(v.begin(), v.end(), c), v.end()); }
+
+ApplyResult refuse(const std::string& why) { return ApplyResult{true, why}; }
 
 Reply status(uint8_t byte) {
   Reply r;
@@ -81,7 +86,7 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
       auto wt = waiters_.find(c);
       if (wt == waiters_.end()) continue;
       if (--wt->second.remaining == 0) {
-        waiters_.erase(wt);
+        erase_waiter(wt);
         others.push_back({c, status(wire::kWaitStop)});
       }
     }
@@ -108,12 +113,17 @@ void StoreState::on_queue_push(const std::string& key, std::vector<Outgoing>& ot
     auto wt = waiters_.find(c);
     if (wt == waiters_.end()) continue;
     if (--wt->second.remaining == 0) {
-      waiters_.erase(wt);
+      erase_waiter(wt);
       others.push_back({c, status(wire::kWaitStop)});
     }
     break;
   }
   if (w->second.empty()) waiting_on_.erase(w);
+}
+
+void StoreState::erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
+  aux_bytes_ -= it->second.bytes;
+  waiters_.erase(it);
 }
 
 void StoreState::remove_waiter(ConnId conn) {
@@ -125,7 +135,7 @@ void StoreState::remove_waiter(ConnId conn) {
       erase_conn(w->second, conn);
       if (w->second.empty()) waiting_on_.erase(w);
     }
-    waiters_.erase(wt);
+    erase_waiter(wt);
   }
   if (auto b = barrier_of_.find(conn); b != barrier_of_.end()) {
     auto bw = barrier_waiting_.find(b->second);
@@ -141,6 +151,7 @@ void StoreState::disconnect(ConnId conn) {
   remove_waiter(conn);
   if (auto w = watched_by_.find(conn); w != watched_by_.end()) {
     for (const auto& k : w->second) {
+      aux_bytes_ -= entry_bytes(k);
       auto ws = watchers_.find(k);
       if (ws == watchers_.end()) continue;
       ws->second.erase(conn);
@@ -160,19 +171,258 @@ void StoreState::clear() {
   watchers_.clear();
   watched_by_.clear();
   bytes_ = 0;
+  aux_bytes_ = 0;
+}
+
+// Whether a reply of `size` wire bytes may be built (checked before it is): the per-reply limit
+// and the room the caller has for it now.
+std::optional<std::string> StoreState::reply_too_large(uint64_t size) const {
+  if (size > limits_.max_reply_bytes)
+    return "the reply would be " + std::to_string(size) + " bytes, past the limit of " +
+           std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)";
+  if (size > reply_room_)
+    return "the reply would be " + std::to_string(size) + " bytes; the server's memory has room for " +
+           std::to_string(reply_room_) + " more now (ddprund --max-memory)";
+  return std::nullopt;
+}
+
+// Room for storing a value of `value_size` bytes under `key` (replacing what is there).
+std::optional<std::string> StoreState::room_for(const std::string& key, size_t value_size) const {
+  auto it = kv_.find(key);
+  if (it == kv_.end()) return over_limit(1, key.size() + value_size);
+  return over_limit(0, value_size > it->second->size() ? value_size - it->second->size() : 0);
+}
+
+ApplyResult StoreState::op_compare_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn;
+  const std::string& key = req.keys[0];
+  std::string& expected = req.values[0];
+  if (auto why = room_for(key, req.values[1].size())) return refuse(*why);
+  auto store_desired = [&] {
+    Value desired = make_value(std::move(req.values[1]));
+    set_value(key, desired, others);
+    w.blob(desired);
+  };
+  auto it = kv_.find(key);
+  if (it == kv_.end()) {
+    if (expected.empty()) store_desired();
+    else w.blob(make_value(std::move(expected)));  // PyTorch's servers "pretend": nothing stored, expected echoed
+  } else if (*it->second == expected) {
+    store_desired();
+  } else {
+    w.blob(it->second);
+  }
+  return {};
+}
+
+ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn;
+  int64_t current = 0;
+  auto it = kv_.find(req.keys[0]);
+  if (it != kv_.end() && !parse_integer(*it->second, current))
+    return {true, "ADD on key whose value is not an integer"};
+  if (auto why = room_for(req.keys[0], 20)) return refuse(*why);
+  // Two's-complement wrap, as the int64 arithmetic of PyTorch's servers.
+  int64_t next = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.number));
+  set_value(req.keys[0], make_value(std::to_string(next)), others);
+  w.i64(next);
+  return {};
+}
+
+ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)others;
+  // Duplicates removed with a hash set: O(keys) (a linear search per key made a WAIT of
+  // 64 Ki keys hold the lock for 42 s).
+  Waiter waiter;
+  std::vector<size_t> missing;  // first occurrences of keys not there yet
+  {
+    std::unordered_set<std::string_view> seen;  // views into req.keys: gone before they move
+    seen.reserve(req.keys.size());
+    for (size_t i = 0; i < req.keys.size(); ++i)
+      if (!exists(req.keys[i]) && seen.insert(req.keys[i]).second) missing.push_back(i);
+  }
+  waiter.keys.reserve(missing.size());
+  for (size_t i : missing) waiter.keys.push_back(std::move(req.keys[i]));
+  if (waiter.keys.empty()) {
+    w.u8(wire::kWaitStop);
+    return {};
+  }
+  remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
+  waiter.remaining = waiter.keys.size();
+  waiting_on_.reserve(waiting_on_.size() + waiter.keys.size());  // one rehash, not a cascade
+  for (const auto& k : waiter.keys) {
+    waiting_on_[k].push_back(conn);
+    waiter.bytes += entry_bytes(k);
+  }
+  aux_bytes_ += waiter.bytes;
+  waiters_.emplace(conn, std::move(waiter));
+  return {};  // deferred
+}
+
+ApplyResult StoreState::op_delete_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn;
+  auto it = kv_.find(req.keys[0]);
+  bool removed = it != kv_.end();
+  if (removed) {
+    if (auto ws = watchers_.find(req.keys[0]); ws != watchers_.end()) {
+      for (ConnId c : ws->second) {
+        Reply ev;
+        ev.u8(wire::kWatchKeyDeleted).blob(req.keys[0]).blob(it->second).blob(std::string_view());
+        others.push_back({c, std::move(ev)});
+      }
+    }
+    bytes_ -= it->first.size() + it->second->size();
+    kv_.erase(it);
+  }
+  w.i64(removed ? 1 : 0);
+  return {};
+}
+
+ApplyResult StoreState::op_append(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)w;
+  auto it = kv_.find(req.keys[0]);
+  const uint64_t len = (it == kv_.end() ? 0 : it->second->size()) + req.values[0].size();
+  if (len > limits_.max_value_len)
+    return refuse("the value would grow to " + std::to_string(len) + " bytes, past the limit of " +
+                  std::to_string(limits_.max_value_len) + " (ddprund --max-value-len)");
+  if (auto why = room_for(req.keys[0], len)) return refuse(*why);
+  // Grown in place when nothing else holds the value and no watcher needs the old bytes:
+  // amortised O(appended bytes). A reply in flight that holds it gets a new value instead.
+  if (it != kv_.end() && !watchers_.count(req.keys[0]) && grow_in_place(it->second, req.values[0])) {
+    bytes_ += req.values[0].size();
+    on_stored(req.keys[0], &it->second, it->second, others);
+    return {};
+  }
+  std::string v;
+  if (it == kv_.end()) {
+    v = std::move(req.values[0]);
+  } else {
+    v.reserve(len);
+    v.append(*it->second).append(req.values[0]);
+  }
+  set_value(req.keys[0], make_value(std::move(v)), others);
+  return {};
+}
+
+ApplyResult StoreState::op_multi_get(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)others;
+  // The reply references each value (memory O(keys)); its wire size is still bounded, so a
+  // small request cannot make the server send a terabyte.
+  // One lookup per key: the values found (shared references) size the reply, then fill it.
+  std::vector<Value> found;
+  found.reserve(req.keys.size());
+  uint64_t size = 0;
+  for (const auto& k : req.keys) {
+    auto it = kv_.find(k);
+    found.push_back(it == kv_.end() ? Value() : it->second);
+    size += 8 + (found.back() ? found.back()->size() : 0);
+  }
+  if (auto why = reply_too_large(size)) return refuse(*why);
+  for (const auto& v : found) w.blob(v);
+  return {};
+}
+
+ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)w;
+  uint64_t new_keys = 0, more = 0;
+  for (size_t i = 0; i < req.keys.size(); ++i) {
+    if (!kv_.count(req.keys[i])) ++new_keys;
+    more += req.keys[i].size() + req.values[i].size();  // an upper bound: replaced values not subtracted
+  }
+  if (auto why = over_limit(new_keys, more)) return refuse(*why);
+  for (size_t i = 0; i < req.keys.size(); ++i) set_value(req.keys[i], make_value(std::move(req.values[i])), others);
+  return {};
+}
+
+ApplyResult StoreState::op_queue_push(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)w;
+  const bool fresh = !queues_.count(req.keys[0]);
+  const uint64_t more = req.values[0].size() + (fresh ? req.keys[0].size() : 0);
+  if (auto why = over_limit(fresh ? 1 : 0, more)) return refuse(*why);
+  bytes_ += more;
+  queues_[req.keys[0]].push_back(std::move(req.values[0]));
+  on_queue_push(req.keys[0], others);
+  return {};
+}
+
+ApplyResult StoreState::op_queue_pop(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)others;
+  auto q = queues_.find(req.keys[0]);
+  int64_t len = q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
+  w.i64(len);
+  if (len > 0) {
+    std::string& item = q->second.front();
+    bytes_ -= item.size();
+    if (item.size() <= kInlineValueBytes) w.blob(item);
+    else w.blob(make_value(std::move(item)));
+    q->second.pop_front();
+    if (q->second.empty()) {
+      bytes_ -= q->first.size();
+      queues_.erase(q);
+    }
+  }
+  return {};
+}
+
+ApplyResult StoreState::op_list_keys(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)conn, (void)req, (void)others;
+  uint64_t size = 8;
+  for (const auto& [k, _] : kv_) size += 8 + k.size();
+  if (auto why = reply_too_large(size)) return refuse(*why);
+  w.i64(static_cast<int64_t>(kv_.size()));
+  for (const auto& [k, _] : kv_) w.blob(k);
+  return {};
+}
+
+ApplyResult StoreState::op_barrier(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  const std::string& key = req.keys[0];
+  int64_t count = 0;
+  auto it = kv_.find(key);
+  if (it != kv_.end() && !parse_integer(*it->second, count))
+    return {true, "BARRIER on key whose value is not an integer"};
+  ++count;
+  if (auto why = room_for(key, 20)) return refuse(*why);
+  set_value(key, make_value(std::to_string(count)), others);
+  if (count >= req.number) {
+    w.u8(wire::kWaitStop);
+    if (auto bw = barrier_waiting_.find(key); bw != barrier_waiting_.end()) {
+      for (ConnId c : bw->second) {
+        others.push_back({c, status(wire::kWaitStop)});
+        barrier_of_.erase(c);
+      }
+      barrier_waiting_.erase(bw);
+    }
+  } else {
+    remove_waiter(conn);
+    barrier_waiting_[key].push_back(conn);
+    barrier_of_[conn] = key;
+  }
+  return {};
+}
+
+ApplyResult StoreState::op_watch_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
+  (void)others;
+  // Each distinct key once per connection (a repeat registered it again), and a bounded number.
+  const std::string& key = req.keys[0];
+  auto ws = watchers_.find(key);
+  if (ws == watchers_.end() || !ws->second.count(conn)) {
+    auto& mine = watched_by_[conn];
+    if (mine.size() >= limits_.max_watches_per_connection)
+      return refuse("the connection watches " + std::to_string(mine.size()) + " keys, the limit (ddprund " +
+                    "--max-watches-per-connection)");
+    watchers_[key].insert(conn);
+    mine.push_back(key);
+    aux_bytes_ += entry_bytes(key);
+  }
+  w.u8(wire::kWatchCallbackRegistered);
+  return {};
 }
 
 ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply,
-                              std::vector<Outgoing>& others) {
+                              std::vector<Outgoing>& others, uint64_t reply_room) {
   (void)d;
+  reply_room_ = reply_room;
   Reply& w = reply;
-  // Room for storing `value` under `key` (replacing what is there).
-  auto room_for = [&](const std::string& key, size_t value_size) -> std::optional<std::string> {
-    auto it = kv_.find(key);
-    if (it == kv_.end()) return over_limit(1, key.size() + value_size);
-    return over_limit(0, value_size > it->second->size() ? value_size - it->second->size() : 0);
-  };
-  auto refuse = [](const std::string& why) { return ApplyResult{true, why}; };
   switch (req.op) {
     case Op::Validate:
       return {true, "VALIDATE after the connection was already validated"};
@@ -183,215 +433,52 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
       if (auto why = room_for(req.keys[0], req.values[0].size())) return refuse(*why);
       set_value(req.keys[0], make_value(std::move(req.values[0])), others);
       return {};
-    case Op::CompareSet: {
-      const std::string& key = req.keys[0];
-      std::string& expected = req.values[0];
-      if (auto why = room_for(key, req.values[1].size())) return refuse(*why);
-      auto store_desired = [&] {
-        Value desired = make_value(std::move(req.values[1]));
-        set_value(key, desired, others);
-        w.blob(desired);
-      };
-      auto it = kv_.find(key);
-      if (it == kv_.end()) {
-        if (expected.empty()) store_desired();
-        else w.blob(make_value(std::move(expected)));  // PyTorch's servers "pretend": nothing stored, expected echoed
-      } else if (*it->second == expected) {
-        store_desired();
-      } else {
-        w.blob(it->second);
-      }
-      return {};
-    }
+    case Op::CompareSet:
+      return op_compare_set(conn, req, w, others);
     case Op::Get: {
       auto it = kv_.find(req.keys[0]);
       w.blob(it == kv_.end() ? Value() : it->second);
       return {};
     }
-    case Op::Add: {
-      int64_t current = 0;
-      auto it = kv_.find(req.keys[0]);
-      if (it != kv_.end() && !parse_integer(*it->second, current))
-        return {true, "ADD on key whose value is not an integer"};
-      if (auto why = room_for(req.keys[0], 20)) return refuse(*why);
-      // Two's-complement wrap, as the int64 arithmetic of PyTorch's servers.
-      int64_t next = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.number));
-      set_value(req.keys[0], make_value(std::to_string(next)), others);
-      w.i64(next);
-      return {};
-    }
+    case Op::Add:
+      return op_add(conn, req, w, others);
     case Op::Check: {
       bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return exists(k); });
       w.u8(ready ? wire::kCheckReady : wire::kCheckNotReady);
       return {};
     }
-    case Op::Wait: {
-      // Duplicates removed with a hash set: O(keys) (a linear search per key made a WAIT of
-      // 64 Ki keys hold the lock for 42 s).
-      Waiter waiter;
-      std::unordered_set<std::string_view> seen;
-      seen.reserve(req.keys.size());
-      for (const auto& k : req.keys) {
-        if (exists(k) || !seen.insert(k).second) continue;
-        waiter.keys.push_back(k);
-      }
-      if (waiter.keys.empty()) {
-        w.u8(wire::kWaitStop);
-        return {};
-      }
-      remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
-      waiter.remaining = waiter.keys.size();
-      for (const auto& k : waiter.keys) waiting_on_[k].push_back(conn);
-      waiters_.emplace(conn, std::move(waiter));
-      return {};  // deferred
-    }
+    case Op::Wait:
+      return op_wait(conn, req, w, others);
     case Op::GetNumKeys:
       w.i64(static_cast<int64_t>(kv_.size()));
       return {};
-    case Op::DeleteKey: {
-      auto it = kv_.find(req.keys[0]);
-      bool removed = it != kv_.end();
-      if (removed) {
-        if (auto ws = watchers_.find(req.keys[0]); ws != watchers_.end()) {
-          for (ConnId c : ws->second) {
-            Reply ev;
-            ev.u8(wire::kWatchKeyDeleted).blob(req.keys[0]).blob(it->second).blob(std::string_view());
-            others.push_back({c, std::move(ev)});
-          }
-        }
-        bytes_ -= it->first.size() + it->second->size();
-        kv_.erase(it);
-      }
-      w.i64(removed ? 1 : 0);
-      return {};
-    }
-    case Op::Append: {
-      auto it = kv_.find(req.keys[0]);
-      const uint64_t len = (it == kv_.end() ? 0 : it->second->size()) + req.values[0].size();
-      if (len > limits_.max_value_len)
-        return refuse("the value would grow to " + std::to_string(len) + " bytes, past the limit of " +
-                      std::to_string(limits_.max_value_len) + " (ddprund --max-value-len)");
-      if (auto why = room_for(req.keys[0], len)) return refuse(*why);
-      // Grown in place when nothing else holds the value and no watcher needs the old bytes:
-      // amortised O(appended bytes). A reply in flight that holds it gets a new value instead.
-      if (it != kv_.end() && !watchers_.count(req.keys[0]) && grow_in_place(it->second, req.values[0])) {
-        bytes_ += req.values[0].size();
-        on_stored(req.keys[0], &it->second, it->second, others);
-        return {};
-      }
-      std::string v;
-      if (it == kv_.end()) {
-        v = std::move(req.values[0]);
-      } else {
-        v.reserve(len);
-        v.append(*it->second).append(req.values[0]);
-      }
-      set_value(req.keys[0], make_value(std::move(v)), others);
-      return {};
-    }
-    case Op::MultiGet: {
-      // The reply references each value (memory O(keys)); its wire size is still bounded, so a
-      // small request cannot make the server send a terabyte.
-      // One lookup per key: the values found (shared references) size the reply, then fill it.
-      std::vector<Value> found;
-      found.reserve(req.keys.size());
-      uint64_t size = 0;
-      for (const auto& k : req.keys) {
-        auto it = kv_.find(k);
-        found.push_back(it == kv_.end() ? Value() : it->second);
-        size += 8 + (found.back() ? found.back()->size() : 0);
-      }
-      if (size > limits_.max_reply_bytes)
-        return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
-                      std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
-      for (const auto& v : found) w.blob(v);
-      return {};
-    }
-    case Op::MultiSet: {
-      uint64_t new_keys = 0, more = 0;
-      for (size_t i = 0; i < req.keys.size(); ++i) {
-        if (!kv_.count(req.keys[i])) ++new_keys;
-        more += req.keys[i].size() + req.values[i].size();  // an upper bound: replaced values not subtracted
-      }
-      if (auto why = over_limit(new_keys, more)) return refuse(*why);
-      for (size_t i = 0; i < req.keys.size(); ++i) set_value(req.keys[i], make_value(std::move(req.values[i])), others);
-      return {};
-    }
+    case Op::DeleteKey:
+      return op_delete_key(conn, req, w, others);
+    case Op::Append:
+      return op_append(conn, req, w, others);
+    case Op::MultiGet:
+      return op_multi_get(conn, req, w, others);
+    case Op::MultiSet:
+      return op_multi_set(conn, req, w, others);
     case Op::CancelWait:
       remove_waiter(conn);
       w.u8(wire::kWaitCanceled);
       return {};
-    case Op::QueuePush: {
-      const bool fresh = !queues_.count(req.keys[0]);
-      const uint64_t more = req.values[0].size() + (fresh ? req.keys[0].size() : 0);
-      if (auto why = over_limit(fresh ? 1 : 0, more)) return refuse(*why);
-      bytes_ += more;
-      queues_[req.keys[0]].push_back(std::move(req.values[0]));
-      on_queue_push(req.keys[0], others);
-      return {};
-    }
-    case Op::QueuePop: {
-      auto q = queues_.find(req.keys[0]);
-      int64_t len = q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
-      w.i64(len);
-      if (len > 0) {
-        std::string& item = q->second.front();
-        bytes_ -= item.size();
-        if (item.size() <= kInlineValueBytes) w.blob(item);
-        else w.blob(make_value(std::move(item)));
-        q->second.pop_front();
-        if (q->second.empty()) {
-          bytes_ -= q->first.size();
-          queues_.erase(q);
-        }
-      }
-      return {};
-    }
+    case Op::QueuePush:
+      return op_queue_push(conn, req, w, others);
+    case Op::QueuePop:
+      return op_queue_pop(conn, req, w, others);
     case Op::QueueLen: {
       auto q = queues_.find(req.keys[0]);
       w.i64(q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
       return {};
     }
-    case Op::ListKeys: {
-      uint64_t size = 8;
-      for (const auto& [k, _] : kv_) size += 8 + k.size();
-      if (size > limits_.max_reply_bytes)
-        return refuse("the reply would be " + std::to_string(size) + " bytes, past the limit of " +
-                      std::to_string(limits_.max_reply_bytes) + " (ddprund --max-reply-bytes)");
-      w.i64(static_cast<int64_t>(kv_.size()));
-      for (const auto& [k, _] : kv_) w.blob(k);
-      return {};
-    }
-    case Op::Barrier: {
-      const std::string& key = req.keys[0];
-      int64_t count = 0;
-      auto it = kv_.find(key);
-      if (it != kv_.end() && !parse_integer(*it->second, count))
-        return {true, "BARRIER on key whose value is not an integer"};
-      ++count;
-      if (auto why = room_for(key, 20)) return refuse(*why);
-      set_value(key, make_value(std::to_string(count)), others);
-      if (count >= req.number) {
-        w.u8(wire::kWaitStop);
-        if (auto bw = barrier_waiting_.find(key); bw != barrier_waiting_.end()) {
-          for (ConnId c : bw->second) {
-            others.push_back({c, status(wire::kWaitStop)});
-            barrier_of_.erase(c);
-          }
-          barrier_waiting_.erase(bw);
-        }
-      } else {
-        remove_waiter(conn);
-        barrier_waiting_[key].push_back(conn);
-        barrier_of_[conn] = key;
-      }
-      return {};
-    }
+    case Op::ListKeys:
+      return op_list_keys(conn, req, w, others);
+    case Op::Barrier:
+      return op_barrier(conn, req, w, others);
     case Op::WatchKey:
-      watchers_[req.keys[0]].insert(conn);
-      watched_by_[conn].push_back(req.keys[0]);
-      w.u8(wire::kWatchCallbackRegistered);
-      return {};
+      return op_watch_key(conn, req, w, others);
   }
   return {true, "unhandled operation"};
 }

@@ -46,6 +46,7 @@ inline constexpr uint64_t kDefaultMaxConnections = 65536;
 inline constexpr uint64_t kDefaultMaxJobs = 1024;
 inline constexpr uint64_t kDefaultMaxConnectionBufferedBytes = 256ull * 1024 * 1024;
 inline constexpr uint64_t kDefaultMaxBufferedBytes = 1ull << 30;
+inline constexpr uint64_t kDefaultMaxMemory = 4ull << 30;
 inline constexpr std::chrono::milliseconds kDefaultFirstBytesTimeout{30000};
 inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{5000};
 
@@ -74,6 +75,13 @@ struct StoreServerOptions {
   // Bytes of partly received requests of every connection together: a connection whose request
   // would grow past it is closed.
   uint64_t max_buffered_bytes = kDefaultMaxBufferedBytes;
+  // One budget for the whole server (memory_budget.h): stored data of every keyspace, the keys
+  // waiters and watchers name, replies and events queued for every connection (by wire size),
+  // and partly received requests. A request that would pass it is refused (its connection
+  // closed with a warning naming --max-memory; agents' small messages are always served). A
+  // connection whose queued replies stay small may use a reserve of an eighth past it, so
+  // clients that read their replies stay served.
+  uint64_t max_memory = kDefaultMaxMemory;
   // Meaning of the legacy codes 7 and 8 (TCPSTORE §6.2): D0 (1.13/2.0) or D1 (2.1).
   wire::Dialect legacy_dialect = wire::Dialect::D0;
   // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
@@ -128,6 +136,7 @@ struct StoreServerStats {
   uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
   uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
+  uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.

@@ -36,11 +36,15 @@ inline constexpr uint64_t kDefaultMaxBytesPerStore = 1ull << 30;          // key
 // copying them, so its memory is O(keys) whatever this allows; the limit stops a small request
 // from asking the server to send (and a per-connection outbox to account) a terabyte.
 inline constexpr uint64_t kDefaultMaxReplyBytes = 64ull * 1024 * 1024;
+// Distinct keys one connection may watch (WATCH_KEY of PyTorch 1.13): a repeated WATCH_KEY grew
+// without end.
+inline constexpr uint64_t kDefaultMaxWatchesPerConnection = 4096;
 struct StoreLimits {
   uint64_t max_keys = kDefaultMaxKeysPerStore;
   uint64_t max_bytes = kDefaultMaxBytesPerStore;
   uint64_t max_reply_bytes = kDefaultMaxReplyBytes;
   uint64_t max_value_len = wire::Limits{}.max_value_len;  // APPEND may not grow a value past it
+  uint64_t max_watches_per_connection = kDefaultMaxWatchesPerConnection;
 };
 
 struct ApplyResult {
@@ -58,7 +62,10 @@ class StoreState {
   // anything owed to other connections to `others`. Values may be moved out of `req`.
   // Replies and events reference stored values (see reply.h): they stay valid, with the bytes
   // of the moment they were built, however the store changes afterwards.
-  ApplyResult apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply, std::vector<Outgoing>& others);
+  // `reply_room`: the most wire bytes the caller can take for a reply now (a server's memory
+  // budget); a MULTI_GET or LIST_KEYS whose reply would be larger is refused before it is built.
+  ApplyResult apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply, std::vector<Outgoing>& others,
+                    uint64_t reply_room = UINT64_MAX);
 
   // The connection went away: forget its waiter, barrier wait and watches.
   void disconnect(ConnId conn);
@@ -69,6 +76,9 @@ class StoreState {
   size_t num_keys() const { return kv_.size(); }
   // Bytes of keys, values and queued items held (what StoreLimits::max_bytes bounds).
   uint64_t bytes() const { return bytes_; }
+  // Memory it holds, about: bytes() plus the keys its waiters and watchers name (copies and
+  // table entries). What a server's memory budget counts for it.
+  uint64_t memory() const { return bytes_ + aux_bytes_; }
   size_t num_waiting_connections() const { return waiters_.size(); }
   bool contains(const std::string& key) const { return kv_.count(key) != 0; }
   // The value of `key` read as ADD reads it (decimal text), or nullopt when absent or not a
@@ -79,6 +89,7 @@ class StoreState {
   struct Waiter {
     std::vector<std::string> keys;  // the distinct keys still missing
     size_t remaining = 0;
+    uint64_t bytes = 0;  // counted in aux_bytes_
   };
   bool exists(const std::string& key) const;
   // A value for `key` was stored (SET/ADD/APPEND/...): wake waiters and notify watchers.
@@ -86,12 +97,30 @@ class StoreState {
                  std::vector<Outgoing>& others);
   void on_queue_push(const std::string& key, std::vector<Outgoing>& others);
   void remove_waiter(ConnId conn);
+  void erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it);
   void set_value(const std::string& key, Value value, std::vector<Outgoing>& others);
+  std::optional<std::string> room_for(const std::string& key, size_t value_size) const;
+  std::optional<std::string> reply_too_large(uint64_t size) const;
+  // One operation each (apply() dispatches): reply to `w`, events for others to `others`.
+  ApplyResult op_compare_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_add(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_delete_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_append(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_multi_get(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_multi_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_queue_push(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_queue_pop(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_list_keys(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_barrier(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_watch_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   // Whether `new_keys` more keys and `more_bytes` more bytes fit; else why not.
   std::optional<std::string> over_limit(uint64_t new_keys, uint64_t more_bytes) const;
 
   StoreLimits limits_{};
   uint64_t bytes_ = 0;
+  uint64_t aux_bytes_ = 0;  // waiters' and watchers' keys
+  uint64_t reply_room_ = UINT64_MAX;  // of the request being applied
 
   std::unordered_map<std::string, Value> kv_;  // never null
   std::unordered_map<std::string, std::deque<std::string>> queues_;
