@@ -289,6 +289,9 @@ TEST_CASE("standing: the workers' store is the agent's own and outlives a restar
   CHECK(c->take_notices().empty());
   CHECK(s.get("k") == "before");
   s.set("k", "after");
+  // SET has no reply: a GET on the same connection is answered after it is applied, so a
+  // second connection's GET afterwards cannot overtake it.
+  CHECK(s.get("k") == "after");
   client::StoreClient s2(store_at(r.layout));
   CHECK(s2.get("k") == "after");
   c->report_success();
