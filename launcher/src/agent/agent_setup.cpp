@@ -15,12 +15,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include "agent_impl.h"
+#include "agent/agent_impl.h"
 #include "ddprun/client/net.h"
 #include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/launcher/signal_names.h"
-#include "sys_util.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 

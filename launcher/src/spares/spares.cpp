@@ -1,4 +1,4 @@
-#include "spares.h"
+#include "spares/spares.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +15,7 @@
 
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
-#include "sys_util.h"
-#include "worker_group.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker_group.h"
+#include "workers/worker_group.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/launcher/signal_names.h"
-#include "sys_util.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 namespace {

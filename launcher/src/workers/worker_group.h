@@ -16,12 +16,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ddprun/launcher/agent_state.h"
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/process.h"
 #include "ddprun/launcher/worker_env.h"
-#include "spares.h"
+#include "ddprun/launcher/worker_status.h"
+#include "spares/spares.h"
 
 namespace ddprun::launcher {
 
@@ -61,17 +61,6 @@ struct Worker {
   std::optional<WorkerStatus> status;
   WallClock::time_point ended_wall;
   Clock::time_point ended;
-};
-
-// What every worker of the job is started with.
-struct SpawnTemplate {
-  std::string executable;
-  std::vector<std::string> argv;
-  int stdin_fd = -1;
-  std::vector<int> reset_to_default;
-  bool exit_watch = false;
-  // The environment of one local rank (its error file given).
-  std::function<EnvMap(const GroupLayout&, int local_rank, const std::string& error_file)> env;
 };
 
 class WorkerGroup {
