@@ -16,6 +16,7 @@
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/slurm.h"
+#include "ddprun/rdzv/validate.h"
 
 extern char** environ;
 
@@ -193,6 +194,45 @@ bool boolean(const std::string& flag, const std::string& value) {
   if (v == "1" || v == "true") return true;
   if (v == "0" || v == "false") return false;
   bad(flag, value, "1/0 or true/false");
+}
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const auto& f : kFlags) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+// An empty `--flag=` would make CLI11 take the next argument as the value (`--log_dir= x.py`
+// ran with log_dir "x.py"). It is a usage error, except for the duplicate filters, where an
+// empty value means "every line" (torchrun's): those are passed on as an explicit "".
+// Scans only ddprun's own flags, up to the entry point.
+void check_empty_values(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--" || a.size() < 2 || a[0] != '-') return;  // the entry point
+    if (a[1] != '-') {  // -r 3, -t 3 take a value; -m, -v do not
+      if (a.size() == 2 && (a[1] == 'r' || a[1] == 't')) ++i;
+      continue;
+    }
+    const size_t eq = a.find('=');
+    std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    std::replace(name.begin(), name.end(), '-', '_');
+    const FlagSpec* f = find_flag(name);
+    if (!f || !f->takes_value) continue;
+    if (eq == std::string::npos) {
+      ++i;  // its value is the next argument
+      continue;
+    }
+    if (eq + 1 < a.size()) continue;
+    if (name == "duplicate_stdout_filters" || name == "duplicate_stderr_filters") {
+      args[i] = a.substr(0, eq);
+      args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, "");
+      ++i;
+      continue;
+    }
+    throw UsageError(a + ": an empty value; give --" + f->name + "=VALUE, or leave the flag out");
+  }
 }
 
 std::string random_run_id() {
@@ -493,7 +533,14 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
       o.rdzv_port_given = true;
     }
   }
-  if (auto s = get("rdzv_id")) o.rdzv_id = trim(*s).empty() ? "none" : trim(*s);
+  if (auto s = get("rdzv_id")) {
+    o.rdzv_id = trim(*s).empty() ? "none" : trim(*s);
+    // The rendezvous's own rule (a JOIN with another id is refused), checked before anything
+    // (a log directory, a store) is created.
+    if (!rdzv::is_clean_name(o.rdzv_id, rdzv::kMaxRunIdLen, true)) {
+      bad("rdzv_id", *s, "1-" + std::to_string(rdzv::kMaxRunIdLen) + " printable ASCII characters");
+    }
+  }
   if (auto s = get("rdzv_conf")) o.rdzv_conf = parse_rdzv_conf(*s);
   if (auto s = get("max_restarts")) {
     o.max_restarts = int_in("max_restarts", *s, 0, 1 << 20, "an integer >= 0");
@@ -619,6 +666,7 @@ ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvM
   setup_options(app, raw);
   try {
     std::vector<std::string> args(argv.begin() + (argv.empty() ? 0 : 1), argv.end());
+    check_empty_values(args);
     std::reverse(args.begin(), args.end());  // CLI11 consumes from the back
     app.parse(args);
     raw.rest = app.remaining();

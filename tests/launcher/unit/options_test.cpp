@@ -334,3 +334,29 @@ TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[op
   CHECK_THAT(error_of({"--exit_barrier_timeout=-1", "x"}), Catch::Contains("--exit_barrier_timeout"));
   CHECK_THAT(error_of({"--exit_barrier_timeout=soon", "x"}), Catch::Contains("a number of seconds"));
 }
+
+TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a swallowed argument", "[options]") {
+  for (const std::string flag : {"--rdzv_token_file=", "--rdzv_id=", "--log_dir=", "--log-dir=", "--master_port="}) {
+    INFO(flag);
+    CHECK_THAT(error_of({flag, "--no_python", "x"}), Catch::Contains(flag) && Catch::Contains("empty value"));
+    CHECK_THAT(error_of({flag, "x"}), Catch::Contains(flag));
+  }
+  // The duplicate filters' empty value means "every line" (torchrun's), the next argument stays.
+  auto o = ok({"--duplicate_stdout_filters=", "--no_python", "x"});
+  CHECK(o.duplicate_stdout_filters == std::vector<std::string>{""});
+  CHECK(o.no_python);
+  CHECK(o.entrypoint == "x");
+  CHECK(ok({"--duplicate-stderr-filters=", "x"}).duplicate_stderr_filters == std::vector<std::string>{""});
+  // A flag's value that looks like `--x=` is the value; the entry point's arguments are its own.
+  CHECK(ok({"--role", "--log_dir=", "x"}).role == "--log_dir=");
+  CHECK(ok({"x", "--log_dir="}).args == std::vector<std::string>{"--log_dir="});
+  CHECK(ok({"-r", "3", "x", "--rdzv_id="}).args == std::vector<std::string>{"--rdzv_id="});
+}
+
+TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]") {
+  CHECK(ok({"--rdzv_id=job 7.a/b", "x"}).rdzv_id == "job 7.a/b");
+  CHECK(ok({"--rdzv_id", std::string(128, 'j'), "x"}).rdzv_id == std::string(128, 'j'));
+  CHECK_THAT(error_of({"--rdzv_id", std::string(129, 'j'), "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("printable"));
+  CHECK_THAT(error_of({"--rdzv_id=a\tb", "x"}), Catch::Contains("--rdzv_id"));
+  CHECK_THAT(error_of({"x"}, {{"PET_RDZV_ID", "caf\xc3\xa9"}}), Catch::Contains("--rdzv_id"));
+}
