@@ -360,3 +360,20 @@ TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]"
   CHECK_THAT(error_of({"--rdzv_id=a\tb", "x"}), Catch::Contains("--rdzv_id"));
   CHECK_THAT(error_of({"x"}, {{"PET_RDZV_ID", "caf\xc3\xa9"}}), Catch::Contains("--rdzv_id"));
 }
+
+TEST_CASE("parse_host_port: names, IPv4, bracketed and bare IPv6, bad ports", "[options]") {
+  auto hp = parse_host_port("rdzv_endpoint", " head:1234 ");
+  CHECK(hp.host == "head");
+  CHECK(hp.port == 1234);
+  CHECK_FALSE(parse_host_port("rdzv_endpoint", "head").port);
+  CHECK(parse_host_port("rdzv_endpoint", "[::1]:29400").host == "::1");
+  CHECK(parse_host_port("rdzv_endpoint", "[::1]:29400").port == 29400);
+  CHECK(parse_host_port("rdzv_endpoint", "[fe80::1]").host == "fe80::1");
+  CHECK(parse_host_port("rdzv_endpoint", "fe80::1").host == "fe80::1");  // bare IPv6: no port
+  CHECK_FALSE(parse_host_port("rdzv_endpoint", "fe80::1").port);
+  CHECK(parse_host_port("x", "10.0.0.1:0").port == 0);
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "h:65536"), Catch::Contains("--rdzv_endpoint") && Catch::Contains("0-65535"));
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1"), Catch::Contains("host[:port]"));
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1]x"), Catch::Contains("host[:port]"));
+  CHECK_THROWS_AS(parse_host_port("rdzv_endpoint", "h:port"), UsageError);
+}

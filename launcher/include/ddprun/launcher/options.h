@@ -188,6 +188,13 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& value);
 // `flag` names the flag in the error.
 std::vector<int> parse_signals(const std::string& value, const std::string& flag = "signals_to_handle");
 std::set<int> parse_local_ranks_filter(const std::string& value);
+// HOST[:PORT], [IPV6][:PORT] or a bare IPv6 address (no port). `flag` names the flag in the
+// error. The host is not checked here (rendezvous_plan.h does, for the flags it uses).
+struct HostPort {
+  std::string host;
+  std::optional<uint16_t> port;  // unset: none given
+};
+HostPort parse_host_port(const std::string& flag, const std::string& value);
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
 std::vector<std::string> parse_filter_list(const std::string& value);
 
