@@ -19,6 +19,7 @@
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/rdzv/validate.h"
 #include "ddprun/server/store_server.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 
@@ -434,11 +435,7 @@ class RemoteCoordinator final : public Coordinator {
   }
 
   void arm_retry(std::chrono::milliseconds after) {
-    itimerspec its{};
-    const auto ns = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(after).count());
-    its.it_value.tv_sec = ns / 1000000000;
-    its.it_value.tv_nsec = ns % 1000000000;
-    ::timerfd_settime(retry_timer_, 0, &its, nullptr);
+    arm_timerfd(retry_timer_, std::max(1e-9, std::chrono::duration<double>(after).count()));
   }
 
   // One connect attempt, bounded by kReconnectAttempt (plus the handshake when something

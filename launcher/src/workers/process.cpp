@@ -26,6 +26,8 @@
 #include <memory>
 #include <system_error>
 
+#include "platform/sys_util.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -51,23 +53,9 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
   if (listener < 0 && errno == EACCES && allow_no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) {
     listener = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
   }
-  char byte = listener >= 0 ? 1 : 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (listener >= 0) {
-    const int fd = static_cast<int>(listener);
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  ssize_t ignored = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  const char byte = listener >= 0 ? 1 : 0;
+  const int fd = static_cast<int>(listener);
+  ssize_t ignored = send_with_fds(sock, &byte, 1, &fd, listener >= 0 ? 1 : 0);
   (void)ignored;
   if (listener >= 0) ::close(static_cast<int>(listener));
   ::close(sock);
