@@ -176,9 +176,8 @@ void workers(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = g.get("duplicate_stderr_filters")) o.duplicate_stderr_filters = parse_filter_list(*s);
   if (auto s = g.get("numa_binding")) {
-    std::string m = trim(*s);
-    if (!parse_numa_mode(m)) bad("numa_binding", *s, kNumaModeChoices);
-    o.numa_binding = m;
+    o.numa_binding = parse_numa_mode(trim(*s));
+    if (!o.numa_binding) bad("numa_binding", *s, kNumaModeChoices);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ddprun/launcher/hostlist.h"
+#include "ddprun/launcher/options.h"
 
 namespace ddprun::launcher {
 namespace {

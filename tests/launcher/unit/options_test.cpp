@@ -260,11 +260,12 @@ TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comm
 }
 
 TEST_CASE("--numa-binding takes torchrun 2.11's modes", "[options]") {
-  CHECK(ok({"x"}).numa_binding.empty());
+  CHECK_FALSE(ok({"x"}).numa_binding);
   for (const std::string m : {"node", "socket", "exclusive", "core-complex"}) {
-    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == m);
-    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == m);
+    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == parse_numa_mode(m));
+    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == parse_numa_mode(m));
   }
+  CHECK(ok({"--numa-binding=core-complex", "x"}).numa_binding == NumaMode::CoreComplex);
   CHECK_THAT(error_of({"--numa-binding=nodes", "x"}),
              Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
                  Catch::Contains("node, socket, exclusive or core-complex"));
