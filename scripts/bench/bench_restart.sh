@@ -25,6 +25,8 @@
 # Bounded: each run is killed after RUN_TIMEOUT s (45); whole rounds stop once the next would pass BUDGET s
 # (270) from the script's start, so the script ends in < 5 min (fewer than N runs on a slow host). KEEP=1
 # keeps the per-run stderr logs (with read times) and timestamp files.
+# DDPRUN_BEFORE=<another ddprun> adds its rows ("ddprun-before", defaults), interleaved like every
+# launcher, to compare two builds in one run; NO_TORCHRUN=1 leaves torchrun's rows out.
 #   usage: scripts/bench/bench_restart.sh [-n N] [build-dir]     (N default 5; env DDPRUN=..., DDPRUN_VENV=...)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -160,18 +162,20 @@ wrap() {  # PYTHON -> the launcher arguments that run the worker through the sta
 }
 if v=$(tv "$SYS_PY"); then
   add ddprun "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$SYS_PY")
+  if [[ -n "${DDPRUN_BEFORE:-}" ]]; then add ddprun-before "$v" "$SYS_PY" "$DDPRUN_BEFORE" "${common[@]}" --overlap_restart=1 $(wrap "$SYS_PY"); fi
   add ddprun-nowatch "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --early_exit_watch=0 $(wrap "$SYS_PY")
   if [[ -n "${WAIT:-}" ]]; then add ddprun-wait "$v" "$SYS_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$SYS_PY"); fi
-  add torchrun "$v" "$SYS_PY" "$SYS_PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "{LOGDIR}" \
+  [[ -n "${NO_TORCHRUN:-}" ]] || add torchrun "$v" "$SYS_PY" "$SYS_PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "{LOGDIR}" \
     --monitor_interval 0.1 "${common[@]}" $(wrap "$SYS_PY")
 else
   echo "(no torch on $SYS_PY: ddprun/torchrun with torch 1.13 skipped)"
 fi
 if [[ -x "$VENV_PY" ]] && v=$(tv "$VENV_PY"); then
   add ddprun-venv "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=1 $(wrap "$VENV_PY")
+  if [[ -n "${DDPRUN_BEFORE:-}" ]]; then add ddprun-venv-before "$v" "$VENV_PY" "$DDPRUN_BEFORE" "${common[@]}" --overlap_restart=1 $(wrap "$VENV_PY"); fi
   add ddprun-venv-nowatch "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --early_exit_watch=0 $(wrap "$VENV_PY")
   if [[ -n "${WAIT:-}" ]]; then add ddprun-venv-wait "$v" "$VENV_PY" "$DDPRUN" "${common[@]}" --overlap_restart=0 $(wrap "$VENV_PY"); fi
-  add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}" $(wrap "$VENV_PY")
+  [[ -n "${NO_TORCHRUN:-}" ]] || add torchrun-venv "$v" "$VENV_PY" "$VENV_PY" -m torch.distributed.run --monitor_interval 0.1 "${common[@]}" $(wrap "$VENV_PY")
 else
   echo "(no torch in $VENV_PY: torchrun 2.x skipped)"
 fi
@@ -228,7 +232,8 @@ for n in names:
         cells.append(c)
     codes = sorted(set(str(r["rc"]) for r in mine))
     if n.startswith("ddprun"):
-        label = ("ddprun --overlap_restart=0" if n.endswith("-wait") else
+        label = ("ddprun-before (defaults)" if n.endswith("-before") else
+                 "ddprun --overlap_restart=0" if n.endswith("-wait") else
                  "ddprun --early_exit_watch=0" if n.endswith("-nowatch") else "ddprun (defaults)")
     else:
         label = "torchrun " + ".".join(tv.split(".")[:2])
