@@ -130,6 +130,25 @@ class WorkerGroup {
     Clock::time_point deadline;
     bool killed = false;  // SIGKILL sent; `deadline` is now when to stop waiting
   };
+  // start()'s steps: a rank's launch as it is being started, and the run of them.
+  struct Pending {
+    std::optional<Spares::Launch> warm;
+    std::optional<SpawnedProcess> cold;
+    EnvMap env;
+  };
+  struct StartRun {
+    std::vector<Pending> pending;        // by local rank
+    std::vector<std::string> cold_why;   // "r1 (why)": ranks a spare could not start
+  };
+  void open_logs(Worker& w, const std::filesystem::path& attempt_dir);
+  void open_stream(Stream& s, int bit, int local_rank, const std::filesystem::path& dir, int dir_errno,
+                   const std::filesystem::path& attempt_dir);
+  void offer_spare(Worker& w, Pending& p, const SpawnTemplate& spawn, std::vector<std::string>& cold_why);
+  void await_spares(StartRun& run);
+  bool begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn, size_t local_rank);
+  void take_exit_watches(StartRun& run, const SpawnTemplate& spawn);
+  void wait_execs(StartRun& run, const SpawnTemplate& spawn);
+  void note_start(int from_spares, const StartRun& run);
   void end_attempt();
   void kill_orphans(std::optional<unsigned long long> started_before_tick);
   void release_retired(size_t index);
