@@ -186,11 +186,17 @@ void Agent::start_coordinator() {
   } else {
     spdlog::info("connecting to the rendezvous of job {} at {}:{}", opts_.rdzv_id, plan_.endpoint_host,
                  plan_.endpoint_port);
-    coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
-                                           plan_.connect_timeout, plan_.heartbeat_interval,
-                                           // Once stopping, no send waits for a server that stopped reading.
-                                           [this] { return state_.stop_signal().has_value() || stop_requested(); },
-                                           plan_.rdzv_token);
+    RemoteCoordinatorOptions co;
+    co.host = plan_.endpoint_host;
+    co.port = plan_.endpoint_port;
+    co.settings = plan_.join;
+    co.advertise = opts_.local_addr;
+    co.connect_timeout = plan_.connect_timeout;
+    co.heartbeat_interval = plan_.heartbeat_interval;
+    // Once stopping, no send waits for a server that stopped reading.
+    co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
+    co.token = plan_.rdzv_token;
+    coordinator_ = make_remote_coordinator(std::move(co));
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
   // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user

@@ -168,20 +168,18 @@ class LocalCoordinator final : public Coordinator {
 // replaced (a reconnect to a standing ddprund that restarted).
 class RemoteCoordinator final : public Coordinator {
  public:
-  RemoteCoordinator(const std::string& host, uint16_t port, rdzv::Join settings, const std::string& advertise,
-                    std::chrono::milliseconds connect_timeout, std::chrono::milliseconds heartbeat_interval,
-                    const std::function<bool()>& interrupted, const std::string& token)
-      : host_(host),
-        port_(port),
-        heartbeat_(heartbeat_interval),
-        interrupted_(interrupted),
-        token_(token),
-        client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted, token)),
-        settings_(std::move(settings)),
-        store_host_(host == "localhost" ? "127.0.0.1" : host) {
+  explicit RemoteCoordinator(RemoteCoordinatorOptions o)
+      : host_(o.host),
+        port_(o.port),
+        heartbeat_(o.heartbeat_interval),
+        interrupted_(o.interrupted),
+        token_(o.token),
+        client_(connect(o.host, o.port, o.connect_timeout, o.heartbeat_interval, o.interrupted, o.token)),
+        settings_(std::move(o.settings)),
+        store_host_(o.host == "localhost" ? "127.0.0.1" : o.host) {
     char hostname[256] = "";
     ::gethostname(hostname, sizeof hostname - 1);
-    settings_.host = !advertise.empty() ? advertise : client::local_address_of(client_->fd());
+    settings_.host = !o.advertise.empty() ? o.advertise : client::local_address_of(client_->fd());
     settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
@@ -544,14 +542,8 @@ std::unique_ptr<Coordinator> make_local_coordinator(server::StoreServer& store, 
   return std::make_unique<LocalCoordinator>(store, std::move(settings), std::move(store_host));
 }
 
-std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, uint16_t port, rdzv::Join settings,
-                                                     const std::string& advertise,
-                                                     std::chrono::milliseconds connect_timeout,
-                                                     std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted,
-                                                     const std::string& token) {
-  return std::make_unique<RemoteCoordinator>(host, port, std::move(settings), advertise, connect_timeout,
-                                             heartbeat_interval, interrupted, token);
+std::unique_ptr<Coordinator> make_remote_coordinator(RemoteCoordinatorOptions options) {
+  return std::make_unique<RemoteCoordinator>(std::move(options));
 }
 
 }  // namespace ddprun::launcher
