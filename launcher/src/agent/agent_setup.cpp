@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/agent_impl.h"
+#include "coordination/store_hosting.h"
 #include "ddprun/client/net.h"
 #include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_auth.h"
@@ -123,28 +124,15 @@ void Agent::prepare_log_root() {
 // bound: the plan decides (on_bind_failure: a free port, joining as a client, or an error).
 void Agent::host_server() {
   if (!plan_.host_server) return;
-  // Each connection costs the server a descriptor: take the hard limit, as ddprund does (at
-  // the default soft limit of 1024 a few hundred strangers used to exhaust it).
-  server::raise_fd_limit();
   auto start_on = [&](uint16_t port) {
-    server::StoreServerOptions so;
-    so.host = plan_.listen_host;
-    so.port = port;
-    so.io_threads = plan_.server_io_threads;
-    so.enable_rendezvous = plan_.serve_rendezvous;
-    so.rdzv_token = plan_.rdzv_token;
-    so.restrict_main_store = !plan_.local;  // static multi-node: the workers' store
-    // The job's console is the workers' output: a stranger's bad bytes or connection flood
-    // may put one line there (so the operator knows), the rest go to the -v log.
-    so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
-      if (!shown->exchange(true))
-        spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
-      else
-        spdlog::debug("{}", line);
-    };
-    auto s = std::make_unique<server::StoreServer>(so);
-    s->start();
-    return s;
+    StoreHosting h;
+    h.listen_host = plan_.listen_host;
+    h.port = port;
+    h.io_threads = plan_.server_io_threads;
+    h.serve_rendezvous = plan_.serve_rendezvous;
+    h.rdzv_token = plan_.rdzv_token;
+    h.restrict_main_store = !plan_.local;  // static multi-node: the workers' store
+    return host_store(h);
   };
   try {
     store_ = start_on(plan_.listen_port);

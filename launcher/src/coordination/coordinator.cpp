@@ -19,6 +19,7 @@
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/rdzv/validate.h"
 #include "ddprun/server/store_server.h"
+#include "coordination/store_hosting.h"
 #include "platform/sys_util.h"
 
 namespace ddprun::launcher {
@@ -298,20 +299,12 @@ class RemoteCoordinator final : public Coordinator {
   // leaves the store to the server.
   void offer_store() {
     try {
-      server::raise_fd_limit();
-      server::StoreServerOptions so;
-      so.host = "";  // every address: the workers of every node reach it at this node's
-      so.port = 0;
-      so.io_threads = 0;  // the whole job's workers may connect to it
-      so.enable_rendezvous = false;
-      so.restrict_main_store = true;
-      so.accept_later = true;  // a worker that comes before the round's peers are known retries
-      so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
-        if (!shown->exchange(true)) spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
-        else spdlog::debug("{}", line);
-      };
-      auto st = std::make_unique<server::StoreServer>(so);
-      st->start();
+      StoreHosting h;
+      h.listen_host = "";  // every address: the workers of every node reach it at this node's
+      h.io_threads = 0;    // the whole job's workers may connect to it
+      h.restrict_main_store = true;
+      h.accept_later = true;  // a worker that comes before the round's peers are known retries
+      auto st = host_store(h);
       settings_.store_offer_port = st->port();
       store_ = std::move(st);
     } catch (const std::exception& e) {
