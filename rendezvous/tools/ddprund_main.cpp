@@ -7,12 +7,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <thread>
 
 #include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/server/store_server.h"
+
+#ifndef DDPRUN_VERSION  // set by the build (cmake/Packaging.cmake) from the project's version
+#define DDPRUN_VERSION "unknown"
+#endif
 
 namespace {
 
@@ -22,7 +28,9 @@ struct DaemonOptions {
   std::string legacy_dialect = "1.13";
   std::string log_level = "info";
   std::string rdzv_token_file;
+  std::string allow_open_rendezvous = "yes";
   int threads = 0;
+  bool store_from_any_address = false;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
   uint64_t max_keys = ddprun::wire::Limits{}.max_keys;
@@ -32,6 +40,9 @@ struct DaemonOptions {
   uint64_t max_store_bytes = ddprun::store::kDefaultMaxBytesPerStore;
   uint64_t max_connections = ddprun::server::kDefaultMaxConnections;
   uint64_t max_jobs = ddprun::server::kDefaultMaxJobs;
+  uint64_t max_stranger_connections = 0;
+  int64_t first_bytes_timeout_ms = ddprun::server::kDefaultFirstBytesTimeout.count();
+  int64_t handshake_timeout_ms = ddprun::server::kDefaultHandshakeTimeout.count();
   uint64_t max_connection_buffered_bytes = ddprun::server::kDefaultMaxConnectionBufferedBytes;
   uint64_t max_buffered_bytes = ddprun::server::kDefaultMaxBufferedBytes;
   // Limits given on the command line; the others follow --max-value-len up when it needs it.
@@ -40,6 +51,7 @@ struct DaemonOptions {
 
 void setup_options(CLI::App& app, DaemonOptions& o) {
   app.description("ddprund: a TCP store that speaks PyTorch's TCPStore protocol (1.13 to 2.11).");
+  app.set_version_flag("--version", std::string("ddprund ") + DDPRUN_VERSION);
   app.add_option("--host", o.host, "address to listen on (default: every address, IPv6 and IPv4)");
   app.add_option("-p,--port", o.port, "TCP port; 0 picks a free one (printed on start)")->capture_default_str();
   app.add_option("--legacy-dialect", o.legacy_dialect,
@@ -69,6 +81,20 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "open connections in all (also kept below the descriptor limit); past it new ones are closed")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-stranger-connections", o.max_stranger_connections,
+                 "connections open at once from hosts that are neither loopback nor an admitted agent's; past it "
+                 "a stranger's new one is closed, so members always find slots (0 = half of --max-connections)")
+      ->capture_default_str();
+  app.add_option("--first-bytes-timeout-ms", o.first_bytes_timeout_ms,
+                 "a connection that has not sent enough to tell its protocol this long after connecting is closed "
+                 "(0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--handshake-timeout-ms", o.handshake_timeout_ms,
+                 "an agent that has not finished the rendezvous handshake this long after announcing itself is "
+                 "closed (0 = never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--max-jobs", o.max_jobs, "rendezvous jobs at once; a JOIN for one more gets an error")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -84,6 +110,15 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "a file (mode 0600, yours) holding the rendezvous token (16+ bytes): agents must prove they hold "
                  "it (HMAC challenge-response, both ways) before they join; without it, DDPRUN_RDZV_TOKEN; without "
                  "either the rendezvous is open to anyone who can connect");
+  app.add_option("--allow-open-rendezvous", o.allow_open_rendezvous,
+                 "no: refuse to start without a rendezvous token (neither --rdzv-token-file nor "
+                 "DDPRUN_RDZV_TOKEN), as the ddprund service does by default; yes: start anyway, open to anyone "
+                 "who can connect")
+      ->check(CLI::IsMember({"yes", "no"}))
+      ->capture_default_str();
+  app.add_flag("--store-from-any-address", o.store_from_any_address,
+               "with a rendezvous token, still serve TCPStore clients of the main store from any address (by "
+               "default only loopback and the hosts of admitted agents in a job's current round may use it)");
   app.add_option("--threads", o.threads,
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
@@ -114,17 +149,31 @@ int run(const DaemonOptions& o) {
   so.store.max_value_len = o.max_value_len;
   so.max_connections = o.max_connections;
   so.max_jobs = o.max_jobs;
+  so.max_stranger_connections = o.max_stranger_connections;
+  so.first_bytes_timeout = std::chrono::milliseconds(o.first_bytes_timeout_ms);
+  so.handshake_timeout = std::chrono::milliseconds(o.handshake_timeout_ms);
   so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   so.io_threads = o.threads;
   so.standing = true;
+  so.log_prefix = "[ddprund] ";
+  so.adaptive_lock = ddprun::knobs::get(ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
   try {
     so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "ddprund: %s\n", e.what());
     return 2;
   }
+  if (so.rdzv_token.empty() && o.allow_open_rendezvous == "no") {
+    std::fprintf(stderr,
+                 "ddprund: no rendezvous token, and --allow-open-rendezvous=no: give --rdzv-token-file=FILE (a "
+                 "file of 16+ bytes, mode 0600, owned by the user ddprund runs as) or DDPRUN_RDZV_TOKEN, or pass "
+                 "--allow-open-rendezvous=yes to let anyone who can connect join\n");
+    return 2;
+  }
+  // With a token the rendezvous is closed to strangers; so is the plain store, unless asked.
+  so.restrict_main_store = !so.rdzv_token.empty() && !o.store_from_any_address;
 
   sigset_t set;
   sigemptyset(&set);
@@ -150,7 +199,10 @@ int run(const DaemonOptions& o) {
     spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
                  "DDPRUN_RDZV_TOKEN (the same on every agent) to require a token");
   else
-    spdlog::info("[ddprund] agents must prove the rendezvous token before they join");
+    spdlog::info("[ddprund] agents must prove the rendezvous token before they join; the main store serves "
+                 "TCPStore clients {}",
+                 so.restrict_main_store ? "from loopback and the hosts of admitted agents only"
+                                        : "from any address (--store-from-any-address)");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);

@@ -1,6 +1,10 @@
 // ddprun_rdzv_bench: one process simulating N agents joining one rendezvous round.
-//   ddprun_rdzv_bench --host 127.0.0.1 --port P --agents N [--nproc 8]
+//   ddprun_rdzv_bench --host 127.0.0.1 --port P --agents N [--nproc 8] [--token T]
 // Prints one line: agents, connect time, round time (first JOIN sent -> last ROUND read).
+// With --token, every agent runs the token handshake while connecting (counted in the connect
+// time), seals its JOIN and checks the MAC of its ROUND (session_mac.h), as a real agent does.
+//   ddprun_rdzv_bench --mac-cost N: no server; the CPU time of sealing and opening one JOIN of
+//   this tool's, N times, against only encoding it (the MAC's cost per message, both ends).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,6 +20,9 @@
 #include <cstring>
 #include <vector>
 
+#include <optional>
+
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
 
 using namespace ddprun;
@@ -31,7 +38,38 @@ int main(int argc, char** argv) {
   app.add_option("--agents", agents)->check(CLI::Range(1, 1 << 20));
   app.add_option("--nproc", nproc);
   app.add_option("--run-id", run_id);
+  std::string token;
+  app.add_option("--token", token, "run the token handshake and MAC every message (as agents with a token do)");
+  int mac_cost = 0;
+  app.add_option("--mac-cost", mac_cost, "only time sealing and opening a JOIN this many times (no server)")
+      ->check(CLI::Range(1, 1 << 24));
   CLI11_PARSE(app, argc, argv);
+  if (mac_cost > 0) {
+    const std::string nc = rdzv::random_nonce(), ns = rdzv::random_nonce(), key = "a token of 16+ bytes, for timing";
+    rdzv::SessionMac agent(key, nc, ns, rdzv::SessionMac::Side::Agent), server(key, nc, ns, rdzv::SessionMac::Side::Server);
+    const rdzv::Join j{.run_id = run_id, .node_id = "sim1234", .host = "127.0.0.1", .local_world_size = nproc,
+                       .min_nodes = agents, .max_nodes = agents};
+    size_t bytes = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < mac_cost; ++i) {
+      std::string b;
+      rdzv::encode_message(rdzv::to_message(j), b);
+      bytes = b.size();
+    }
+    auto t1 = Clock::now();
+    for (int i = 0; i < mac_cost; ++i) {
+      auto m = rdzv::to_message(j);
+      agent.seal(m);
+      std::string b;
+      rdzv::encode_message(m, b);
+      if (server.open(m) != rdzv::SessionMac::Verdict::Ok) return 1;
+    }
+    auto t2 = Clock::now();
+    auto us = [&](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count() / mac_cost; };
+    std::printf("frame_bytes=%zu encode_us=%.2f sealed_us=%.2f mac_us=%.2f\n", bytes, us(t0, t1), us(t1, t2),
+                us(t1, t2) - us(t0, t1));
+    return 0;
+  }
 
   rlimit rl{};
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -47,6 +85,20 @@ int main(int argc, char** argv) {
   addr.sin_port = htons(port);
   inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
 
+  // One blocking read of a whole frame (the handshake's answers).
+  auto read_frame = [](int fd, rdzv::Message& m) {
+    std::vector<uint8_t> buf;
+    uint8_t b[4096];
+    while (true) {
+      auto r = rdzv::parse_message({buf.data(), buf.size()}, m);
+      if (r.status == wire::ParseStatus::Ok) return true;
+      if (r.status == wire::ParseStatus::Bad) return false;
+      const ssize_t n = ::recv(fd, b, sizeof b, 0);
+      if (n <= 0) return false;
+      buf.insert(buf.end(), b, b + n);
+    }
+  };
+  std::vector<std::optional<rdzv::SessionMac>> sessions;
   auto t0 = Clock::now();
   std::vector<int> fds;
   int refused = 0;
@@ -60,6 +112,34 @@ int main(int argc, char** argv) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     fds.push_back(fd);
+    if (token.empty()) {
+      sessions.emplace_back();
+      continue;
+    }
+    rdzv::ClientHandshake hs(token, rdzv::random_nonce(), host);
+    std::string b;
+    wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
+    rdzv::encode_message(hs.hello(), b);
+    rdzv::Message m;
+    while (true) {
+      if (!b.empty() && ::send(fd, b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) {
+        std::perror("send");
+        return 1;
+      }
+      b.clear();
+      if (hs.done()) break;
+      if (!read_frame(fd, m)) {
+        std::fprintf(stderr, "agent %d: the handshake broke off\n", i);
+        return 1;
+      }
+      try {
+        if (auto next = hs.on_reply(m)) rdzv::encode_message(*next, b);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "agent %d: %s\n", i, e.what());
+        return 1;
+      }
+    }
+    sessions.push_back(hs.session());
   }
   auto t_connected = Clock::now();
   if (refused) {
@@ -71,8 +151,8 @@ int main(int argc, char** argv) {
   auto t_join = Clock::now();
   for (size_t i = 0; i < fds.size(); ++i) {
     std::string b;
-    wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
-    rdzv::encode(rdzv::Join{.run_id = run_id,
+    if (token.empty()) wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
+    auto join = rdzv::to_message(rdzv::Join{.run_id = run_id,
                             .node_id = "sim" + std::to_string(i),
                             .host = "127.0.0.1",
                             .local_world_size = nproc,
@@ -80,8 +160,9 @@ int main(int argc, char** argv) {
                             .max_nodes = agents,
                             .last_call_ms = 30000,
                             .join_timeout_ms = 120000,
-                            .heartbeat_timeout_ms = 120000},
-                 b);
+                            .heartbeat_timeout_ms = 120000});
+    if (sessions[i]) sessions[i]->seal(join);
+    rdzv::encode_message(join, b);
     if (::send(fds[i], b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) {
       std::perror("send");
       return 1;
@@ -114,6 +195,10 @@ int main(int argc, char** argv) {
       auto res = rdzv::parse_message({in[i].data(), in[i].size()}, m);
       if (res.status == wire::ParseStatus::Ok) {
         in[i].erase(in[i].begin(), in[i].begin() + static_cast<long>(res.consumed));
+        if (sessions[i] && sessions[i]->open(m) != rdzv::SessionMac::Verdict::Ok) {
+          std::fprintf(stderr, "agent %zu: a %s whose MAC does not check\n", i, rdzv::msg_type_name(m.type));
+          return 1;
+        }
         if (m.type != rdzv::MsgType::Round) {
           std::fprintf(stderr, "agent %zu got %s: %s\n", i, rdzv::msg_type_name(m.type),
                        rdzv::from_message<rdzv::Error>(m).message.c_str());

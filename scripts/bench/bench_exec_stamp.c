@@ -1,6 +1,6 @@
 /* bench_exec_stamp PROG ARGS...: appends {"event":"exec","rank":R,"attempt":A,"pid":P,"t_exec":T} to
  * $BENCH_RESTART_TS (T = CLOCK_REALTIME seconds, the moment this process runs), then execs PROG.
- * scripts/bench/bench_restart.sh puts it in front of the worker under every launcher, so "replacement
+ * scripts/bench/bench_restart.py (restart mode) puts it in front of the worker under every launcher, so "replacement
  * running" is measured at exec, before the interpreter's own start-up (~10-20 ms of Python). */
 #include <fcntl.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-GPU benchmark (issue #5): ddprun + libddprun_worker vs torchrun + PyTorch DDP on every GPU
+# Multi-GPU benchmark: ddprun + libddprun_worker vs torchrun + PyTorch DDP on every GPU
 # of one machine (any count >= 1), one command per machine kind. Steps, each bounded and each
 # failure reported (the script goes on to the next step):
 #   info       nproc, nvidia-smi -L / topo -m, NCCL version (ddprun_allreduce_bench --info and

@@ -27,7 +27,7 @@ import struct
 import sys
 import tempfile
 
-# Goals of issue #5.
+# Targets of the multi-GPU benchmark.
 H200_BUSBW = 370.0          # GB/s, ~NVLink busbw of 8 H200 in nccl-tests
 GOAL_BUSBW_FRAC = 0.90      # at >= 64 MB: ours >= 90% of ~370 GB/s busbw ...
 GOAL_VS_TORCH_BW = 0.98     # ... and >= 0.98 of PyTorch's
@@ -375,7 +375,7 @@ def sec_allreduce(raw, st):
             summary.append(f"| {dt} | ≤ 64 KiB: max ours/torch time | {worst:.3f} | ≤ {GOAL_SMALL_LAT} | "
                            f"{'ok' if worst <= GOAL_SMALL_LAT else 'missed'} |")
     if summary:
-        out.append("Goals:\n\n| dtype | figure | value | goal | |\n|---|---|---:|---|---|")
+        out.append("Targets:\n\n| dtype | figure | value | target | |\n|---|---|---:|---|---|")
         out += summary
         out.append("")
     return "\n".join(out)

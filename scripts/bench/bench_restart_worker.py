@@ -3,13 +3,14 @@ import time
 T_START = time.time()  # first thing, before `import torch`: when this worker process began running Python
 import json
 import os
-# Worker for scripts/bench/bench_restart.sh (restart latency). The same file runs under every launcher.
-# Appends one JSON line per event to $BENCH_RESTART_TS: {rank, attempt, pid, event, ...}: "start" (t_start,
-# written before `import torch`), "init" (t_start, t_imported, t_init), then "allreduce_error" / "done".
-# Attempt 0: rank 1 writes its pid to $BENCH_RESTART_PIDFILE after init and sleeps until the driver
-# SIGKILLs it; rank 0 sits in an all_reduce that cannot complete. If gloo raises (peer gone), rank 0
-# records it and sleeps, so the only failure the launcher sees is rank 1's SIGKILL.
-# Attempt 1: both ranks do one all_reduce and exit 0.
+# Worker for scripts/bench/bench_restart.py (restart latency, warm spares). The same file runs under every
+# launcher. Appends one JSON line per event to $BENCH_RESTART_TS: {rank, attempt, pid, event, ...}: "start"
+# (t_start, written before `import torch`), "init" (t_start, t_imported, t_init: past init_process_group),
+# "ready" (t_ready: past a first all_reduce), then "allreduce_error" / "done".
+# Attempt 0: rank 1 writes its pid to $BENCH_RESTART_PIDFILE once past init ($BENCH_KILL_AFTER=init) or past
+# a first all_reduce (=ready) and sleeps until the driver SIGKILLs it; rank 0 sits in an all_reduce that
+# cannot complete. If gloo raises (peer gone), rank 0 records it and sleeps, so the only failure the
+# launcher sees is rank 1's SIGKILL. Attempt 1: both ranks do one all_reduce and exit 0.
 
 
 def record(**kw):
@@ -23,6 +24,7 @@ def record(**kw):
 
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+KILL_AFTER = os.environ.get("BENCH_KILL_AFTER", "init")
 record(event="start", t_start=T_START)
 
 import torch  # noqa: E402
@@ -32,6 +34,10 @@ T_IMPORTED = time.time()
 dist.init_process_group("gloo")
 T_INIT = time.time()
 record(event="init", t_start=T_START, t_imported=T_IMPORTED, t_init=T_INIT)
+t = torch.ones(1)
+if ATTEMPT > 0 or KILL_AFTER == "ready":
+    dist.all_reduce(t)
+    record(event="ready", t_ready=time.time(), value=float(t.item()))
 
 if ATTEMPT == 0:
     if RANK == 1:
@@ -41,7 +47,6 @@ if ATTEMPT == 0:
         os.rename(pidfile + ".tmp", pidfile)  # atomic: the driver never reads a partial pid
         time.sleep(600)  # waiting for SIGKILL
         raise SystemExit(3)
-    t = torch.ones(1)
     try:
         dist.all_reduce(t)  # rank 1 never joins
         record(event="allreduce_returned", t=time.time())
@@ -50,7 +55,5 @@ if ATTEMPT == 0:
     time.sleep(600)  # waiting for the launcher to stop the group
     raise SystemExit(4)
 
-t = torch.ones(1)
-dist.all_reduce(t)
 record(event="done", t=time.time(), value=float(t.item()))
 dist.destroy_process_group()

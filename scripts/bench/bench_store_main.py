@@ -326,7 +326,7 @@ def main():
     w("")
     w("Peak server RSS (VmHWM, kB): " + ", ".join(f"{k[0]} {k[1]} {v}" for k, v in sorted(hwm.items())))
     w("")
-    # Goals.
+    # Targets.
     def at16(table, op):
         vals = []
         for n in (16, 64):
@@ -336,7 +336,7 @@ def main():
             except (KeyError, ValueError, ZeroDivisionError):
                 pass
         return min(vals) if vals else None
-    w("## Goals (issue 2)")
+    w("## Targets")
     w("")
     for name, table in (("PyTorch client processes", py), ("C++ generator", cpp)):
         for op in OPS:
@@ -349,7 +349,7 @@ def main():
             pt = a.storm_timeout if (p.get("skipped") or p.get("completed") != "1") else float(p["seconds"])
             r = float(o["seconds"]) / pt
             bound = "<" if pt == a.storm_timeout else ""
-            w(f"- join storm N={n}: ours/PyTorch time {bound}{r:.2f}× (goal ≤ 0.5×) → "
+            w(f"- join storm N={n}: ours/PyTorch time {bound}{r:.2f}× (target ≤ 0.5×) → "
               f"{'MET' if r <= 0.5 and o.get('completed') == '1' else 'NOT MET'}")
         except (AttributeError, TypeError, KeyError, ValueError, ZeroDivisionError):
             w(f"- join storm N={n}: n/a")

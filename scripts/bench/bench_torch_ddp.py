@@ -16,10 +16,10 @@ bucket views) unless --zero-grad none; on the GPU device_ids=[local rank]. SGD w
 one parameter at a time (foreach=False: the kernels of LibTorch's C++ SGD, which has no
 multi-tensor path); --torch-foreach-too adds PyTorch with its CUDA default (foreach) for
 reference. Both sides: torch.set_num_threads(--threads), the CNN of
-worker_runtime/torch/examples/cnn_ddp.cpp with batch norm and an MLP head (--model; the GPU
+worker_runtime/torch/tools/cnn_ddp.cpp with batch norm and an MLP head (--model; the GPU
 default is wider, so a step takes milliseconds). On the GPU every timed step ends (and starts)
 with a device synchronisation on both sides.
-Goals (issue #10): step <= 0.9x PyTorch's, DDP overhead <= 0.5x PyTorch's.
+Targets: step <= 0.9x PyTorch's, DDP overhead <= 0.5x PyTorch's.
 Prints one line per run and a summary; medians over --reps repetitions (interleaved).
 """
 import argparse
@@ -133,9 +133,9 @@ def main():
             print(f"{'PyTorch foreach':14s}{med['torch_ddp_fe']:10.3f}ms{med['torch_noddp_fe']:12.3f}ms"
                   f"{ov_fe:12.3f}ms   (other optimizer kernels: reference only)")
         print("all repetitions: " + ", ".join(f"{k}=[{', '.join(f'{x:.3f}' for x in v)}]" for k, v in table.items()))
-        print(f"step ratio ours/PyTorch: {med['ours_ddp'] / med['torch_ddp']:.3f} (goal <= 0.9)")
+        print(f"step ratio ours/PyTorch: {med['ours_ddp'] / med['torch_ddp']:.3f} (target <= 0.9)")
         if ov_torch > 0:
-            print(f"overhead ratio ours/PyTorch: {ov_ours / ov_torch:.3f} (goal <= 0.5)")
+            print(f"overhead ratio ours/PyTorch: {ov_ours / ov_torch:.3f} (target <= 0.5)")
         else:
             print("overhead ratio: undefined (PyTorch's DDP step was not slower than its no-DDP step here)")
 

@@ -16,8 +16,8 @@
 # pins every process of the run to those cores (taskset), e.g. two idle cores of a big host.
 # SAMETIME=1 with CPUS=a,b,c (three cores): the 1-rank and the 2-rank run of each implementation
 # run AT THE SAME MOMENT, the 1-rank one on one core, the 2-rank one on the other two (roles
-# rotate over the three cores from run to run), so both see the same host speed: on a shared VM
-# whose speed drifts by more than the goal's margin between runs a few seconds apart, this is the
+# rotate over the three cores from run to run), so both see the same host speed: on a shared machine
+# whose speed drifts by more than the target's margin between runs a few seconds apart, this is the
 # weak-scaling figure that drift does not decide. The 1-rank run gets more steps, scaled by the
 # previous run's step-time ratio, so that the two runs cover about the same wall-clock window.
 # ours first (both runs), then PyTorch's (both runs), each round.
@@ -47,7 +47,7 @@ if [[ "${SAMETIME:-0}" == 1 ]]; then
     exit 2
   fi
 fi
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { PYTHONPATH="$here/scripts/bench" python3 -c 'import benchlib; print(benchlib.free_port())'; }
 
 # The run's avg_step_ms, or a failure that shows the end of the run's log (a run that failed
 # must not turn into an empty figure).
@@ -121,14 +121,14 @@ o1, o2, t1, t2 = (min(r) for r in runs)
 print(f"{'best of runs':15}{'1 rank ms':>11}{'2 ranks ms':>12}{'weak-scaling eff':>18}")
 print(f"{'ddprun train':15}{o1:11.2f}{o2:12.2f}{o1 / o2:17.1%}")
 print(f"{'torch DDP':15}{t1:11.2f}{t2:12.2f}{t1 / t2:17.1%}")
-print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (goal <= 0.9; 2-rank efficiency goal >= 90%)")
+print(f"ratio ours/torch: 1 rank {o1 / t1:.3f}, 2 ranks {o2 / t2:.3f}  (target <= 0.9; 2-rank efficiency target >= 90%)")
 # The same runs paired as they were interleaved (1 rank, then 2 ranks, back to back): less
 # sensitive to the host drifting between runs than two separate minima.
 pair = lambda a, b: statistics.median(x / y for x, y in zip(a, b))
 print(f"median of the runs' own 1-rank/2-rank ratios: ddprun {pair(runs[0], runs[1]):.1%}, torch {pair(runs[2], runs[3]):.1%}")
 rng = lambda a, b: f"{min(x / y for x, y in zip(a, b)):.1%}-{max(x / y for x, y in zip(a, b)):.1%}"
 print(f"  range of the runs' own ratios: ddprun {rng(runs[0], runs[1])}, torch {rng(runs[2], runs[3])}")
-# The host's speed drifts between runs (on the H200 VM the model's own forward+backward CPU
+# The host's speed drifts between runs (on the H200 machine the model's own forward+backward CPU
 # time, no communication in it, moved 25-42 ms within one command): each run's step divided by
 # its model CPU time (model_cpu: forward + backward outside the reducer, mean over ranks)
 # leaves what DDP adds per unit of compute. Also removes a real cost (2 busy cores computing

@@ -8,14 +8,9 @@
 # agreement (avg_step_ms), to see what the every-10-steps host wait costs.
 #   usage: scripts/bench/check_preempt_gpu.sh [bin-dir with train and ddprun]
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bin="${1:-$here/build}"
-first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
-train="$(first "$bin/train" "$bin/worker_runtime/train")"
-ddprun="$(first "$bin/ddprun" "$bin/launcher/ddprun")"
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_check_env.sh"
 tmp="$(mktemp -d /tmp/ddprun-gpupreempt-XXXXXX)"
-common=(--device cuda --precision bf16 --width 1024 --depth 4 --batch 256 --samples 25600 --epochs 2 --momentum 0.9)
-port() { echo $((20000 + RANDOM % 20000)); }
+common=("${GPU_MODEL[@]}")
 "$ddprun" --nproc_per_node=1 --master_port="$(port)" "$train" "${common[@]}" >"$tmp/clean.log" 2>&1
 "$ddprun" --nproc_per_node=1 --master_port="$(port)" "$train" "${common[@]}" --stop-check-every 0 >"$tmp/nocheck.log" 2>&1
 "$ddprun" --nproc_per_node=1 --max_restarts=3 --master_port="$(port)" "$train" "${common[@]}" \
@@ -26,8 +21,8 @@ kill -USR1 "$pid"
 rc=0; wait "$pid" || rc=$?
 "$ddprun" --nproc_per_node=1 --max_restarts=3 --master_port="$(port)" "$train" "${common[@]}" \
   --checkpoint-dir "$tmp/ck" --checkpoint-every 1000 >"$tmp/resume.log" 2>&1
-want="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/clean.log" | tail -1)"
-got="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/resume.log" | tail -1)"
+want="$(checksum "$tmp/clean.log")"
+got="$(checksum "$tmp/resume.log")"
 grep -hE "stopping after|checkpoint of step|PREEMPTED|resumed from" "$tmp/pre.log" "$tmp/resume.log" | head -8
 echo "preempted run: exit $rc (want 99)"
 echo "avg_step_ms, agreement every 10 steps: $(grep -o 'avg_step_ms=[0-9.]*' "$tmp/clean.log")  none: $(grep -o 'avg_step_ms=[0-9.]*' "$tmp/nocheck.log")"

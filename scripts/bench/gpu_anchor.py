@@ -22,10 +22,12 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import free_port  # noqa: E402
 
 CONFIGS = [  # width, depth, batch, precision
     (8192, 5, 512, "bf16"),
@@ -34,12 +36,6 @@ CONFIGS = [  # width, depth, batch, precision
     (4096, 6, 1024, "fp32"),
 ]
 VARIANTS = ["eager", "ddp", "ddp_tuned", "compile"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def attempt(args, mode):
         s.sendall(MAGIC)
         if mode == "wrong_token":
             nc = os.urandom(32).hex()
-            s.sendall(frame(HELLO, {"version": 1, "client_nonce": nc}))
+            s.sendall(frame(HELLO, {"version": 2, "client_nonce": nc}))
             got = read_frames(s, 3)
             ch = dict(got[0][1]) if got and got[0][0] == "CHALLENGE" else {}
             ns = ch.get("server_nonce", "")

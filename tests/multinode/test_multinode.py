@@ -521,6 +521,30 @@ def scenario_intruder_static_store(args):
         run.close()
 
 
+def scenario_single_node_store(args):
+    """A single-node job whose --master_addr is the node's network address: its store serves
+    this host's addresses (its workers, a client on the node itself by that address) and
+    closes a TCPStore client from another host."""
+    run = Run(args, 3)
+    try:
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
+        run.agent(0, static_flags(run, 0, 1, 2), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
+        stranger = finish_intruder(intruder(run, 2, ["store"], ["--store_port", "29500"]))
+        # From the node itself, by its network address (not loopback): served.
+        argv = ["/usr/bin/python3", INTRUDER, "--host", run.cluster.addr(0), "--my_addr", run.cluster.addr(0),
+                "--store_port", "29500", "store"]
+        local = finish_intruder(run.cluster.spawn(0, argv, env=run.env(0)))
+        run.release()
+        code, out = run.wait(0, 60)
+        assert code == 0, out
+        check_round(run.records(), 0, 2, 1)
+        assert "store: refused" in stranger, stranger
+        assert "store: refused" not in local, local
+    finally:
+        run.close()
+
+
 SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
+#include <vector>
 
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/sha256.h"
@@ -237,4 +239,206 @@ TEST_CASE("LoadTokenChecksTheFile", "[auth]") {
   CHECK_THROWS_WITH(load_token("", "tiny"), Catch::Contains("DDPRUN_RDZV_TOKEN"));
   for (const auto& f : {file, short_file}) ::unlink(f.c_str());
   ::rmdir(dir.c_str());
+}
+
+namespace {
+// Both ends of one connection after a good token handshake: (agent's, server's) sessions.
+std::pair<SessionMac, SessionMac> sessions(const std::string& token = kToken) {
+  ServerHandshake server(token, random_nonce());
+  ClientHandshake agent(token, random_nonce(), "test:1");
+  auto challenge = server.on_message(agent.hello());
+  auto auth = agent.on_reply(*challenge.reply);
+  REQUIRE(auth);
+  auto welcome = server.on_message(*auth);
+  REQUIRE(welcome.admitted);
+  REQUIRE(welcome.session);
+  CHECK_FALSE(agent.on_reply(*welcome.reply));
+  REQUIRE(agent.done());
+  REQUIRE(agent.session());
+  return {*agent.session(), *welcome.session};
+}
+
+Message failure_msg(int64_t code) {
+  return to_message(Failure{.round = 0, .global_rank = 1, .local_rank = 1, .exit_code = code});
+}
+}  // namespace
+
+TEST_CASE("SealedMessagesPassBothWaysUnchanged", "[auth]") {
+  auto [agent, server] = sessions();
+  for (int i = 0; i < 3; ++i) {
+    Message m = failure_msg(7 + i);
+    agent.seal(m);
+    CHECK(m.get("seq") == std::to_string(i + 1));
+    CHECK(m.get("mac").size() == 64);
+    REQUIRE(server.open(m) == SessionMac::Verdict::Ok);
+    CHECK(m.fields == failure_msg(7 + i).fields);  // seq and mac are gone, the rest as sent
+  }
+  Message r = to_message(JobFailed{.reason = "budget spent"});
+  server.seal(r);
+  CHECK(r.get("seq") == "1");  // each direction counts on its own
+  REQUIRE(agent.open(r) == SessionMac::Verdict::Ok);
+  CHECK(from_message<JobFailed>(r).reason == "budget spent");
+  CHECK(agent.accepted() == 1);
+  CHECK(server.accepted() == 3);
+}
+
+TEST_CASE("ARelayCannotInjectAlterReplayOrReflect", "[auth]") {
+  auto [agent, server] = sessions();
+  // Injected: unsealed, or sealed by a relay that guessed at a key (another token, another
+  // connection's nonces).
+  Message plain = to_message(JobFailed{.reason = "injected"});
+  CHECK(agent.open(plain) == SessionMac::Verdict::Unsealed);
+  SessionMac wrong_token("not the job's token at all", random_nonce(), random_nonce(), SessionMac::Side::Server);
+  Message forged = to_message(JobFailed{.reason = "injected"});
+  wrong_token.seal(forged);
+  CHECK(agent.open(forged) == SessionMac::Verdict::BadMac);
+  auto [other_agent, other_server] = sessions();  // the same token, another connection
+  Message elsewhere = to_message(JobFailed{.reason = "from another connection"});
+  other_server.seal(elsewhere);
+  CHECK(agent.open(elsewhere) == SessionMac::Verdict::BadMac);
+  // A forged message with a huge sequence number must not move the counter.
+  Message high = to_message(JobFailed{.reason = "injected"});
+  high.set("seq", "999999").set("mac", std::string(64, '0'));
+  CHECK(agent.open(high) == SessionMac::Verdict::BadMac);
+  CHECK(agent.accepted() == 0);
+
+  // Altered: one field changed, or the type, after sealing.
+  Message f = failure_msg(0);
+  agent.seal(f);
+  Message altered = f;
+  altered.set("exit_code", "1");
+  CHECK(server.open(altered) == SessionMac::Verdict::BadMac);
+  Message retyped = f;
+  retyped.type = MsgType::Succeeded;
+  CHECK(server.open(retyped) == SessionMac::Verdict::BadMac);
+  Message dropped_field = f;
+  dropped_field.fields.erase("exit_code");
+  CHECK(server.open(dropped_field) == SessionMac::Verdict::BadMac);
+  // Reflected: the agent's own message sent back to it.
+  Message reflected = f;
+  CHECK(agent.open(reflected) == SessionMac::Verdict::BadMac);
+  // The genuine one still passes after all that, once; its replay does not.
+  Message replay = f;
+  CHECK(server.open(f) == SessionMac::Verdict::Ok);
+  CHECK(server.open(replay) == SessionMac::Verdict::Replayed);
+  // An older message after a newer one (reordered) is a replay too.
+  Message m2 = failure_msg(2), m3 = failure_msg(3);
+  agent.seal(m2);
+  agent.seal(m3);
+  CHECK(server.open(m3) == SessionMac::Verdict::Ok);
+  CHECK(server.open(m2) == SessionMac::Verdict::Replayed);
+  for (auto v : {SessionMac::Verdict::Unsealed, SessionMac::Verdict::BadMac, SessionMac::Verdict::Replayed})
+    CHECK(std::string(SessionMac::describe(v)).size() > 10);
+}
+
+TEST_CASE("WithATokenBothSidesRefuseAPeerThatDoesNotSeal", "[auth]") {
+  const std::string nc = random_nonce(), ns = random_nonce();
+  // An older agent (HELLO version 1) is refused by a server with a token ...
+  ServerHandshake closed(kToken, ns);
+  auto r = closed.on_message(to_message(Hello{.version = 1, .client_nonce = nc}));
+  CHECK(r.refused);
+  CHECK_THAT(from_message<Error>(*r.reply).message, Catch::Contains("older ddprun") &&
+                                                        Catch::Contains("same ddprun version"));
+  // ... and taken by an open one, which seals nothing.
+  ServerHandshake open("", ns);
+  auto o = open.on_message(to_message(Hello{.version = 1, .client_nonce = nc}));
+  CHECK(o.admitted);
+  CHECK_FALSE(o.session);
+  // An agent with a token refuses an older server (CHALLENGE without version 2), even with the
+  // right proof: a relay that rewrote the version gets a refusal, never unsealed messages.
+  ClientHandshake agent(kToken, nc, "test:1");
+  Challenge c{.token_required = true, .server_nonce = ns, .server_proof = server_proof(kToken, nc, ns)};
+  CHECK_THROWS_WITH(agent.on_reply(to_message(c)), Catch::Contains("older ddprun"));
+  ClientHandshake agent2(kToken, nc, "test:1");
+  c.version = 2;
+  CHECK(agent2.on_reply(to_message(c)));
+  // Without a token neither side has a session.
+  ClientHandshake open_agent("", nc, "test:1");
+  open_agent.on_reply(to_message(Challenge{.token_required = false, .version = 2}));
+  CHECK(open_agent.done());
+  CHECK_FALSE(open_agent.session());
+}
+
+TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][munge]") {
+  const MungeScope scope{"4242", "0"};
+  const std::string nc = random_nonce(), secret = random_nonce();
+  const MungeDecoded good{.uid = 1000, .gid = 1000, .payload = munge_payload(scope, nc, secret)};
+  CHECK(check_munge_credential(good, 1000, scope, nc) == secret);
+  // Another user's credential (munge vouches for its uid) ...
+  CHECK_THROWS_WITH(check_munge_credential(MungeDecoded{.uid = 1001, .payload = good.payload}, 1000, scope, nc),
+                    Catch::Contains("uid 1001") && Catch::Contains("admits only uid 1000"));
+  // ... another job's, another step's ...
+  CHECK_THROWS_WITH(check_munge_credential(MungeDecoded{.uid = 1000, .payload = munge_payload({"4243", "0"}, nc, secret)},
+                                           1000, scope, nc),
+                    Catch::Contains("Slurm job 4243 step 0") && Catch::Contains("job 4242 step 0's"));
+  CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = munge_payload({"4242", "1"}, nc, secret)},
+                                         1000, scope, nc),
+                  MungeRefused);
+  // ... one made for another connection (a replay), and payloads that are not ours.
+  CHECK_THROWS_WITH(check_munge_credential(good, 1000, scope, random_nonce()), Catch::Contains("replay"));
+  for (const std::string& payload : std::vector<std::string>{"hello", munge_payload(scope, nc, "short"),
+                                                            "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
+                                                            munge_payload(scope, nc, secret) + "|extra"})
+    CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = payload}, 1000, scope, nc), MungeRefused);
+}
+
+TEST_CASE("TheMungeHandshakeMakesTheCredentialsSecretTheConnectionsToken", "[auth][munge]") {
+  // munged stands in as a table: what each credential decodes to.
+  std::map<std::string, MungeDecoded> munged;
+  const uint32_t me = 1000;
+  auto maker = [&](const MungeScope& scope, uint32_t uid) {
+    return MungeCredentialMaker([&munged, scope, uid](const std::string& nc) {
+      const std::string secret = random_nonce(), cred = "cred-" + std::to_string(munged.size());
+      munged[cred] = MungeDecoded{.uid = uid, .payload = munge_payload(scope, nc, secret)};
+      return std::make_pair(cred, secret);
+    });
+  };
+  const MungeScope step{"77", "0"};
+  MungeCredentialCheck check = [&](const std::string& cred, const std::string& nc) {
+    auto it = munged.find(cred);
+    if (it == munged.end()) throw MungeRefused("munge refused its credential: invalid credential");
+    return check_munge_credential(it->second, me, step, nc);
+  };
+  auto run = [&](const AgentCredentials& creds) {
+    ServerHandshake server("", random_nonce(), false, check);
+    ClientHandshake agent(creds, random_nonce(), "test:1");
+    auto hello = agent.hello();
+    auto c = server.on_message(hello);
+    if (c.refused) return from_message<Error>(*c.reply).message;
+    auto auth = agent.on_reply(*c.reply);
+    REQUIRE(auth);
+    auto w = server.on_message(*auth);
+    REQUIRE(w.admitted);
+    REQUIRE(w.session);
+    agent.on_reply(*w.reply);
+    REQUIRE(agent.session());
+    // The sessions agree: the credential's secret is the connection's token on both sides.
+    Message m = to_message(Succeeded{.round = 3});
+    agent.session()->seal(m);
+    CHECK(w.session->open(m) == SessionMac::Verdict::Ok);
+    return std::string("admitted");
+  };
+  CHECK(run(maker(step, me)) == "admitted");
+  CHECK_THAT(run(maker({"78", "0"}, me)), Catch::Contains("rendezvous refused") && Catch::Contains("Slurm job 78"));
+  CHECK_THAT(run(maker(step, 0)), Catch::Contains("rendezvous refused") && Catch::Contains("uid 0"));
+  CHECK_THAT(run(AgentCredentials{}), Catch::Contains("sent none") && Catch::Contains("srun step"));
+  // An open server (a standing ddprund without a token) takes a munge agent as it takes any
+  // agent without a token: no session.
+  {
+    ServerHandshake open("", random_nonce());
+    ClientHandshake agent(maker(step, me), random_nonce(), "test:1");
+    auto c = open.on_message(agent.hello());
+    REQUIRE(c.admitted);
+    CHECK_FALSE(agent.on_reply(*c.reply));
+    CHECK(agent.done());
+    CHECK_FALSE(agent.session());
+  }
+  // A recorded HELLO replayed on another connection: its credential names the old nonce.
+  ClientHandshake agent(maker(step, me), random_nonce(), "test:1");
+  Message replay = agent.hello();
+  replay.set("client_nonce", random_nonce());
+  ServerHandshake server("", random_nonce(), false, check);
+  auto r = server.on_message(replay);
+  CHECK(r.refused);
+  CHECK_THAT(from_message<Error>(*r.reply).message, Catch::Contains("another connection"));
 }

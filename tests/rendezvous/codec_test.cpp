@@ -152,6 +152,31 @@ TEST_CASE("DialectDetection", "[codec]") {
   CHECK(wrong_magic.status == ParseStatus::Bad);
 }
 
+TEST_CASE("ProtocolSniffing: the agents' announcement, TCPStore dialects, undecided", "[codec]") {
+  const std::string hello = hex_bytes({0x00, 0x44, 0x44, 0x50, 0x52, 0x07});  // 00 "DDPR" + a message
+  const auto agent_hello = bytes(hello);
+  auto agent = sniff_protocol(agent_hello, true, Dialect::D0, Limits{});
+  CHECK(agent.status == ParseStatus::Ok);
+  CHECK(agent.protocol == Protocol::Agent);
+  CHECK(agent.consumed == 5);
+  // Where agents are not served, the same bytes are a legacy SET with an absurd key length.
+  CHECK(sniff_protocol(agent_hello, false, Dialect::D0, Limits{}).status == ParseStatus::Bad);
+  const std::string validate = hex_bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C});
+  auto d2 = sniff_protocol(bytes(validate), true, Dialect::D0, Limits{});
+  CHECK(d2.protocol == Protocol::TcpStore);
+  CHECK(d2.dialect == Dialect::D2);
+  CHECK(d2.consumed == 5);
+  const std::string get = hex_bytes({0x03, 5, 0});
+  auto legacy = sniff_protocol(bytes(get), true, Dialect::D1, Limits{});
+  CHECK(legacy.protocol == Protocol::TcpStore);
+  CHECK(legacy.dialect == Dialect::D1);
+  CHECK(legacy.consumed == 0);
+  const std::string part = hex_bytes({0x00, 0x44, 0x44});
+  auto undecided = sniff_protocol(bytes(part), true, Dialect::D0, Limits{});
+  CHECK(undecided.status == ParseStatus::NeedMore);
+  CHECK(undecided.protocol == Protocol::Unknown);
+}
+
 TEST_CASE("RandomBytesNeverCrashTheParser", "[codec][fuzz]") {
   uint64_t x = 0x9E3779B97F4A7C15ull;
   Limits lim;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 #include <cerrno>
 
@@ -409,4 +410,159 @@ TEST_CASE("RoundsOfAgentsThatOfferStoresNameNodeRank0sAndWhomItAdmits", "[rdzv][
   CHECK(r1.store_host == "127.0.0.1");
   CHECK(r0.store_peers == "127.0.0.1");
   CHECK(r1.store_peers.empty());
+}
+
+namespace {
+// A man in the middle between one agent and the server: forwards whole frames both ways, keeps
+// a copy of each, and sends what a test gives it between two frames (never inside one).
+class Relay {
+ public:
+  explicit Relay(uint16_t server_port) : server_port_(server_port) {
+    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(lfd_, 4) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Relay() {
+    stop_ = true;
+    thread_.join();
+    ::close(lfd_);
+  }
+  uint16_t port() const { return port_; }
+  void inject(bool to_server, const std::string& frame) {
+    std::lock_guard lk(mu_);
+    (to_server ? up_.inject : down_.inject) += frame;
+  }
+  std::vector<std::string> frames(bool to_server) {
+    std::lock_guard lk(mu_);
+    return to_server ? up_.seen : down_.seen;
+  }
+
+ private:
+  struct Way {
+    int from = -1, to = -1;
+    std::string buf, inject;
+    size_t skip = 0;  // the agent's 5-byte protocol announcement
+    std::vector<std::string> seen;
+  };
+  void pump(Way& w, bool readable) {
+    if (readable) {
+      char b[65536];
+      const ssize_t n = ::recv(w.from, b, sizeof b, 0);
+      if (n <= 0) {
+        stop_ = true;
+        return;
+      }
+      w.buf.append(b, static_cast<size_t>(n));
+    }
+    std::string out;
+    if (w.skip > 0 && w.buf.size() >= w.skip) {
+      out = w.buf.substr(0, w.skip);
+      w.buf.erase(0, w.skip);
+      w.skip = 0;
+    }
+    while (w.skip == 0) {
+      rdzv::Message m;
+      auto r = rdzv::parse_message({reinterpret_cast<const uint8_t*>(w.buf.data()), w.buf.size()}, m);
+      if (r.status != wire::ParseStatus::Ok) break;
+      w.seen.push_back(w.buf.substr(0, r.consumed));
+      out += w.seen.back();
+      w.buf.erase(0, r.consumed);
+    }
+    out += w.inject;
+    w.inject.clear();
+    if (!out.empty()) ::send(w.to, out.data(), out.size(), MSG_NOSIGNAL);
+  }
+  void run() {
+    pollfd l{lfd_, POLLIN, 0};
+    while (!stop_ && ::poll(&l, 1, 50) <= 0) {
+    }
+    if (stop_) return;
+    const int agent = ::accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(server_port_);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) stop_ = true;
+    up_.from = down_.to = agent;
+    up_.to = down_.from = server;
+    up_.skip = 5;
+    while (!stop_) {
+      pollfd p[2] = {{agent, POLLIN, 0}, {server, POLLIN, 0}};
+      ::poll(p, 2, 20);
+      std::lock_guard lk(mu_);
+      pump(up_, (p[0].revents & (POLLIN | POLLHUP)) != 0);
+      if (!stop_) pump(down_, (p[1].revents & (POLLIN | POLLHUP)) != 0);
+    }
+    ::close(agent);
+    ::close(server);
+  }
+  uint16_t server_port_, port_ = 0;
+  int lfd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  Way up_, down_;
+};
+std::string frame(const rdzv::Message& m) {
+  std::string s;
+  rdzv::encode_message(m, s);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("ARelayBetweenAnAgentAndTheServerCanNeitherInjectNorReplay", "[rdzv][server][auth]") {
+  auto srv = start_token_server();
+  Relay relay(srv->port());
+  auto through = std::make_unique<rdzv::RendezvousClient>("127.0.0.1", relay.port(), 5s, 300ms,
+                                                          std::function<bool()>{}, kToken);
+  auto direct = std::make_unique<rdzv::RendezvousClient>("127.0.0.1", srv->port(), 5s, 300ms,
+                                                         std::function<bool()>{}, kToken);
+  // max_restarts=0: a failure the server believed would end the job.
+  auto fa = std::async(std::launch::async, [&] { return through->join(info("a", 1, 2, 2, 0), 10s); });
+  auto rb = direct->join(info("b", 1, 2, 2, 0), 10s);
+  auto ra = fa.get();
+  const auto refused_before = srv->stats().agents_refused;
+
+  // To the server, in the agent's name: a FAILURE (plain, and sealed under a guessed key), and
+  // the agent's own JOIN again (a replay of a genuine sealed frame).
+  relay.inject(true, frame(rdzv::to_message(rdzv::Failure{.round = ra.round, .global_rank = 0, .exit_code = 1})));
+  rdzv::SessionMac guess(kToken, rdzv::random_nonce(), rdzv::random_nonce(), rdzv::SessionMac::Side::Agent);
+  auto sealed = rdzv::to_message(rdzv::Failure{.round = ra.round, .global_rank = 0, .exit_code = 1});
+  guess.seal(sealed);
+  relay.inject(true, frame(sealed));
+  const auto up = relay.frames(true);  // HELLO, AUTH, JOIN, heartbeats
+  REQUIRE(up.size() >= 3);
+  relay.inject(true, up[2]);
+  // To the agent, in the server's name: JOB_FAILED, and the server's ROUND again.
+  relay.inject(false, frame(rdzv::to_message(rdzv::JobFailed{.reason = "injected by the relay"})));
+  const auto down = relay.frames(false);  // CHALLENGE, WELCOME, ROUND
+  REQUIRE(down.size() >= 3);
+  relay.inject(false, down[2]);
+
+  // Nothing reaches either side: no RESTART, no JOB_FAILED; the agent counts what it dropped.
+  CHECK_FALSE(direct->wait_message(1500ms));
+  CHECK_FALSE(through->wait_message(500ms));
+  CHECK(through->rejected() == 2);
+  CHECK_THAT(through->last_rejected(), Catch::Contains("ROUND") && Catch::Contains("replayed"));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (srv->stats().agents_refused < refused_before + 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  CHECK(srv->stats().agents_refused == refused_before + 3);
+
+  // The job goes on and ends well, through the relay too.
+  through->report_success(ra.round);
+  direct->report_success(rb.round);
+  for (auto* c : {through.get(), direct.get()}) {
+    auto done = c->wait_message(5s);
+    REQUIRE(done);
+    CHECK(done->type == rdzv::MsgType::JobDone);
+  }
 }

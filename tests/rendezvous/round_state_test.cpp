@@ -230,6 +230,58 @@ TEST_CASE("MissedHeartbeatsDropANode", "[rdzv]") {
   CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("heartbeat timeout"));
 }
 
+TEST_CASE("AStalledServerBlamesNoAgentForTheHeartbeatsItDidNotRead", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 2);
+  h.join(2, "b", 1, 1, 2);
+  REQUIRE(h.to(1, MsgType::Round));
+  h.tick(200ms);
+  CHECK(h.state.last_stall() == Clock::duration::zero());
+  // 42 s without a tick: the server itself was held (heartbeat timeout 5 s). Nobody is dropped,
+  // and the stall is there to report, once.
+  h.tick(42000ms);
+  CHECK(h.out.empty());
+  CHECK(h.state.last_stall() == std::chrono::milliseconds(42000));
+  h.heartbeat_all({1, 2});  // what queued meanwhile is read now
+  CHECK(h.out.empty());
+  h.tick(200ms);
+  CHECK(h.out.empty());
+  CHECK(h.state.last_stall() == Clock::duration::zero());
+  // A node that really went silent is still dropped, one heartbeat timeout later.
+  int ticks = 0;
+  while (ticks < 10 && !h.to(1, MsgType::Restart)) {
+    h.heartbeat_all({1});
+    h.tick(1000ms);
+    ++ticks;
+  }
+  CHECK(ticks == 5);
+  REQUIRE(h.to(1, MsgType::Restart));
+  CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("heartbeat timeout"));
+}
+
+TEST_CASE("ADroppedAgentIsToldOnceNotOncePerHeartbeatQueuedBehindTheDrop", "[rdzv]") {
+  Harness h;
+  h.join(1, "a", 1, 1, 2);
+  h.join(2, "b", 1, 1, 2);
+  for (int i = 0; i < 10 && !h.to(2, MsgType::Error); ++i) {
+    h.heartbeat_all({1});
+    h.tick(1000ms);
+  }
+  auto* e = h.to(2, MsgType::Error);
+  REQUIRE(e);
+  CHECK_THAT(e->msg.get("message"), Catch::Contains("no heartbeat"));
+  for (int i = 0; i < 20; ++i) {
+    h.heartbeat_all({2});
+    CHECK(h.out.empty());  // not "HEARTBEAT before JOIN", twenty times
+  }
+  h.out.clear();
+  h.state.on_disconnect(2, h.now, h.out);
+  // A connection that never joined still hears why it is refused.
+  h.heartbeat_all({7});
+  REQUIRE(h.to(7, MsgType::Error));
+  CHECK_THAT(h.to(7, MsgType::Error)->msg.get("message"), Catch::Contains("HEARTBEAT before JOIN"));
+}
+
 TEST_CASE("NewNodeWhileRunningScalesUpWithoutSpendingTheBudget", "[rdzv]") {
   Harness h;
   h.join(1, "a", 1, 1, 3);

@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <chrono>
 
 #include "ddprun/store/store_state.h"
 
@@ -408,4 +409,55 @@ TEST_CASE("OutboxSendsWhatWasQueuedInOrderAcrossPartialSends", "[state]") {
   std::string got;
   held.front_pieces(8, [&](const char* p, size_t n) { got.append(p, n); });
   CHECK(got == blob(patterned(500, 2)));
+}
+
+TEST_CASE("WaitOfManyKeysIsLinear: 64 Ki keys with duplicates in well under a second", "[state][cost]") {
+  // A linear search per key made this O(n^2): 42 s under the lock every client shares.
+  store::StoreState s(store::StoreLimits{});
+  Harness h(std::move(s));
+  std::vector<std::string> keys;
+  for (int i = 0; i < 64 * 1024; ++i) keys.push_back("/key/" + std::to_string(i % (48 * 1024)));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(h.call(2, Op::Wait, keys).empty());  // deferred
+  const auto held = std::chrono::steady_clock::now() - t0;
+  CHECK(held < std::chrono::milliseconds(500));
+  CHECK(h.state.num_waiting_connections() == 1);
+  // Every distinct key counts once: the last one set releases it, not before.
+  for (int i = 0; i + 1 < 48 * 1024; ++i) h.call(1, Op::Set, {"/key/" + std::to_string(i)}, {"v"});
+  CHECK(h.others.empty());
+  h.call(1, Op::Set, {"/key/" + std::to_string(48 * 1024 - 1)}, {"v"});
+  REQUIRE(h.others.size() == 1);
+  CHECK(h.others[0].conn == 2);
+}
+
+TEST_CASE("AppendIsAmortisedLinear: 15,000 appends grow the value in place", "[state][cost]") {
+  // Copying the whole value on each APPEND made this quadratic (seconds under the lock).
+  Harness h;
+  const std::string piece(512, 'a');
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 15000; ++i) h.call(1, Op::Append, {"/log"}, {piece});
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000));
+  REQUIRE_FALSE(h.last.close);
+  CHECK(h.state.bytes() == 4 + 15000 * piece.size());
+  CHECK(h.call(1, Op::Get, {"/log"}).size() == 8 + 15000 * piece.size());
+}
+
+TEST_CASE("AppendCopiesAValueThatAReplyInFlightHolds", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"k"}, {std::string(1000, 'x')});
+  store::Reply held;
+  std::vector<store::Outgoing> others;
+  wire::Request get;
+  get.op = Op::Get;
+  get.keys = {"k"};
+  h.state.apply(2, wire::Dialect::D2, get, held, others);
+  const std::string before = held.flatten();
+  h.call(1, Op::Append, {"k"}, {"tail"});
+  REQUIRE_FALSE(h.last.close);
+  CHECK(held.flatten() == before);  // the reply still carries the bytes it was built with
+  CHECK(h.call(1, Op::Get, {"k"}) == blob(std::string(1000, 'x') + "tail"));
+  // Nothing holds the new value: the next APPEND grows it, and GET sees every byte.
+  held = store::Reply();
+  h.call(1, Op::Append, {"k"}, {"more"});
+  CHECK(h.call(1, Op::Get, {"k"}) == blob(std::string(1000, 'x') + "tailmore"));
 }

@@ -14,6 +14,9 @@ left once they ended):
   tasks     one_task_per_gpu.sbatch -N2: srun starts four `train` tasks, no ddprun; their
             final parameters equal multi_node.sbatch's (the same world under ddprun)
   scancel   multi_node.sbatch with a long training, scancel while the workers run
+  munge     (3 nodes) multi_node.sbatch -N2 without a token: munge authenticates the agents; a credential
+            from another job's srun step and one of another uid (nobody) are refused, and the job
+            goes on (the multi scenario also checks that its agents use munge)
   elastic   elastic.sbatch -N2: the agent on the second node is killed (SIGKILL) after the
             first checkpoint; the first node's agent restarts its workers in a world of two,
             they resume from the checkpoint and finish
@@ -104,8 +107,14 @@ def workers(c, job, train):
     return [p for p in c.processes({"SLURM_JOB_ID": str(job)}) if slurm.cmdline_of(p).startswith(train)]
 
 
-def base_env(a):
-    return {"DDPRUN": a.ddprun, "TRAIN": a.train, "NPROC": "2"}
+def base_env(a, c=None):
+    env = {"DDPRUN": a.ddprun, "TRAIN": a.train, "NPROC": "2"}
+    if c is not None:
+        env["DDPRUN_MUNGE_SOCKET"] = c.munge_socket  # this cluster's munged (Slurm's AuthInfo)
+    return env
+
+
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "munge_probe.py")
 
 
 def scenario_single(c, a):
@@ -133,7 +142,7 @@ def scenario_multi(c, a):
     # The compute nodes' PATH (the job's) has no scontrol.
     probe = c.sbatch(["--nodes=2", f"--output={c.dir}/probe.out", "--wrap",
                       "srun bash -c '! command -v scontrol && echo no-scontrol-on-$SLURMD_NODENAME'"])
-    job, path = submit(c, "multi_node.sbatch", [], base_env(a), 2)
+    job, path = submit(c, "multi_node.sbatch", [], base_env(a, c), 2)
     info = c.wait_job(probe, timeout=120)
     probe_text = read(f"{c.dir}/probe.out")
     check(info.get("JobState") == "COMPLETED" and all(f"no-scontrol-on-{n}" in probe_text for n in c.nodes),
@@ -147,6 +156,48 @@ def scenario_multi(c, a):
               f"no Slurm line for node rank {rank}", out)
     check(len(re.findall(r"ddprun: Slurm step", out)) == 2, "the Slurm line must be printed once per agent", out)
     check("[train] world=4 " in out and "final_param_checksum=" in out, "train did not run as one world of 4", out)
+    # No token: munge proved every agent a member of this step, and nothing said "open".
+    check(out.count(f"admits only the agents of Slurm job {job} step 0 (munge credentials of uid 0)") == 2,
+          "each agent must use munge authentication", out)
+    check("open to anyone" not in out, "a munge-authenticated rendezvous is not open", out)
+
+
+def scenario_munge(c, a):
+    """A 2-node job authenticated by munge (no token) runs; a credential made in another job's
+    srun step, and one of another uid claiming this job's step, are refused; the job goes on."""
+    env = dict(base_env(a, c), EXTRA=LONG, EPOCHS="1000")
+    job, path = submit(c, "multi_node.sbatch", [], env, 2)
+    wait_for(lambda: len(workers(c, job, a.train)) == 4, 120, "four train workers", c, job, path)
+    wait_for(lambda: "[train] world=4" in read(path), 120, "the training to start", c, job, path)
+    pids = sorted(workers(c, job, a.train))
+    out = read(path)
+    m = re.search(r"--master_addr=(\S+) \(first of SLURM_STEP_NODELIST\), --master_port=(\d+)", out)
+    check(m, "no rendezvous endpoint in the Slurm line", out)
+    host, port = m.group(1), m.group(2)
+    check("open to anyone" not in out and f"admits only the agents of Slurm job {job} step 0" in out,
+          "the job must run with munge authentication", out)
+    probe = ["--host", host, "--port", port, "--socket", c.munge_socket]
+    # Another job's srun step: a genuine credential of the same user, for that job.
+    other = c.sbatch(["--nodes=1", f"--output={c.dir}/other.out", "--wrap",
+                      f"srun /usr/bin/python3 {PROBE} " + " ".join(probe)], path_without_slurm=False)
+    check(c.wait_job(other, timeout=120).get("JobState") == "COMPLETED", "the other job's probe failed",
+          read(f"{c.dir}/other.out"))
+    said = read(f"{c.dir}/other.out")
+    check(f"job {other} step 0: ERROR rendezvous refused: its munge credential is for Slurm job {other} step 0, and "
+          f"this rendezvous is job {job} step 0's" in said, "another job's credential must be refused", said)
+    # Another uid (nobody), claiming this job's step, its credential decodable by root.
+    r = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", PROBE] + probe +
+                       ["--job", str(job), "--step", "0", "--decoder-uid", "0"],
+                       capture_output=True, text=True, timeout=60)
+    check("ERROR rendezvous refused: its munge credential is of uid 65534, and this rendezvous admits only uid 0"
+          in r.stdout, "another uid's credential must be refused", r.stdout + r.stderr)
+    # The job went on: the same four workers still train (nothing restarted).
+    time.sleep(2)
+    check(sorted(workers(c, job, a.train)) == pids and c.job_info(job).get("JobState") == "RUNNING",
+          "the job must go on with its workers", read(path))
+    c.run(["scancel", str(job)])
+    c.wait_job(job, timeout=120)
+    wait_gone(c, job)
 
 
 def scenario_pytorch(c, a):
@@ -266,7 +317,7 @@ def scenario_requeue(c, a):
 
 SCENARIOS = {"single": (1, scenario_single), "multi": (2, scenario_multi), "pytorch": (2, scenario_pytorch),
              "tasks": (2, scenario_tasks), "scancel": (2, scenario_scancel), "elastic": (2, scenario_elastic),
-             "requeue": (2, scenario_requeue)}
+             "requeue": (2, scenario_requeue), "munge": (3, scenario_munge)}
 
 
 def main():

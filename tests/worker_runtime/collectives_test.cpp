@@ -172,6 +172,7 @@ TEST_CASE("Collectives: the 1-rank communicator of init() is the identity, a cop
   auto rt = init(ro);
   REQUIRE(rt->world_size() == 1);
   REQUIRE(std::string(rt->comm().backend()) == "self");
+  REQUIRE(rt->comm().fused_step() == nullptr);
   REQUIRE(exercise(rt->comm()).empty());
   float x = 1;
   REQUIRE_THROWS_AS(rt->comm().broadcast(&x, sizeof x, 1), WorkerError);
@@ -182,6 +183,7 @@ TEST_CASE("Collectives: the 1-rank communicator of init() is the identity, a cop
     ro.real_communicator_at_world_size_1 = true;
     auto rt1 = init(ro);
     REQUIRE(std::string(rt1->comm().backend()) == "gloo");
+    REQUIRE(rt1->comm().fused_step() == nullptr);  // no shared-memory path for one rank
     REQUIRE(rt1->store() == nullptr);
     REQUIRE(exercise(rt1->comm()).empty());
   }
@@ -250,24 +252,25 @@ TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then 
     std::vector<std::vector<float>> split(world), blocking(world);
     auto value = [](int r, size_t i) { return std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) * 3.f; };
     const auto err = testing::on_gloo_ranks(world, true, std::chrono::seconds(60), [&](int r, Communicator& c) {
-      auto* g = static_cast<float*>(c.alloc_shared(n * sizeof(float)));
+      FusedStep& f = testing::shm_path(c);
+      auto* g = static_cast<float*>(f.alloc_shared(n * sizeof(float)));
       if (!g) throw std::runtime_error("no shared memory");
       std::string& e = errors[static_cast<size_t>(r)];
       for (size_t i = 0; i < n; ++i) g[i] = value(r, i);
       if (r == 0) {
-        c.start_reduce_for_step(g, n);
+        f.start_reduce_for_step(g, n);
         for (int k = 0; k < 3; ++k)
-          if (c.test_reduce_for_step(false)) e += "finished before the peer started; ";
+          if (f.test_reduce_for_step(false)) e += "finished before the peer started; ";
         phase.store(1);
-        while (!c.test_reduce_for_step(false)) std::this_thread::yield();
+        while (!f.test_reduce_for_step(false)) std::this_thread::yield();
       } else {
         while (phase.load() == 0) std::this_thread::yield();
-        c.start_reduce_for_step(g, n);
-        if (!c.test_reduce_for_step(true)) e += "blocking test returned false; ";
+        f.start_reduce_for_step(g, n);
+        if (!f.test_reduce_for_step(true)) e += "blocking test returned false; ";
       }
       split[static_cast<size_t>(r)].assign(g, g + n);
       for (size_t i = 0; i < n; ++i) g[i] = value(r, i);
-      c.reduce_for_step(g, n);
+      f.reduce_for_step(g, n);
       blocking[static_cast<size_t>(r)].assign(g, g + n);
     });
     for (const auto& e : err) REQUIRE(e == "");
@@ -284,7 +287,21 @@ TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then 
   }
 }
 
-// alloc_shared_single(): one copy that every rank maps (issue 10's one copy of parameters and
+// The fused-step capability is there exactly where the shared-memory path is: Gloo with every
+// rank on this host and shared memory on; not over TCP alone.
+TEST_CASE("Collectives: fused_step() is offered by Gloo's shared-memory path only", "[collectives]") {
+  for (const bool shm : {true, false}) {
+    INFO("shared memory " << shm);
+    std::vector<int> offered(2, -1);
+    const auto err = testing::on_gloo_ranks(2, shm, std::chrono::seconds(60), [&](int r, Communicator& c) {
+      offered[static_cast<size_t>(r)] = c.fused_step() != nullptr ? 1 : 0;
+    });
+    for (const auto& e : err) REQUIRE(e == "");
+    REQUIRE(offered == std::vector<int>(2, shm ? 1 : 0));
+  }
+}
+
+// alloc_shared_single(): one copy that every rank maps (one copy of parameters and
 // optimizer state). A store by rank 0 is what every rank reads after a barrier over Gloo TCP,
 // with no shared-memory collective in between (in alloc_shared() memory each rank reads its own
 // part: still zero); broadcast over it gives root's bytes everywhere without a rank writing
@@ -297,12 +314,13 @@ TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadca
     std::vector<std::string> errors(static_cast<size_t>(world));
     const auto err = testing::on_gloo_ranks(world, true, std::chrono::seconds(60), [&](int r, Communicator& c) {
       std::string& e = errors[static_cast<size_t>(r)];
-      auto* one = static_cast<float*>(c.alloc_shared_single(n * sizeof(float)));
-      auto* per = static_cast<float*>(c.alloc_shared(n * sizeof(float)));
+      FusedStep& f = testing::shm_path(c);
+      auto* one = static_cast<float*>(f.alloc_shared_single(n * sizeof(float)));
+      auto* per = static_cast<float*>(f.alloc_shared(n * sizeof(float)));
       if (!one || !per) throw std::runtime_error("no shared memory");
-      if (!c.is_single_copy(one, n * sizeof(float))) e += "is_single_copy(one copy) is false; ";
-      if (c.is_single_copy(per, n * sizeof(float))) e += "is_single_copy(per-rank memory) is true; ";
-      if (c.is_single_copy(one + 1, n * sizeof(float))) e += "is_single_copy past the end is true; ";
+      if (!f.is_single_copy(one, n * sizeof(float))) e += "is_single_copy(one copy) is false; ";
+      if (f.is_single_copy(per, n * sizeof(float))) e += "is_single_copy(per-rank memory) is true; ";
+      if (f.is_single_copy(one + 1, n * sizeof(float))) e += "is_single_copy past the end is true; ";
       if (r == 0)
         for (size_t i = 0; i < n; ++i) one[i] = per[i] = static_cast<float>(i) + 0.5f;
       c.barrier();  // Gloo over TCP: orders rank 0's stores before the reads below

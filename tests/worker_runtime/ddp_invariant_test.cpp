@@ -57,7 +57,7 @@ struct RunOptions {
 // Memory for one flat array: alloc_shared when asked (and then it must be there), else owned.
 float* flat_array(Communicator* comm, bool shared, size_t n, std::vector<float>& storage) {
   if (comm && shared) {
-    auto* p = static_cast<float*>(comm->alloc_shared(n * sizeof(float)));
+    auto* p = static_cast<float*>(testing::shm_path(*comm).alloc_shared(n * sizeof(float)));
     REQUIRE(p != nullptr);
     return p;
   }
@@ -71,8 +71,8 @@ float* one_copy_array(Communicator* comm, size_t n, std::vector<float>& storage)
     storage.assign(n, 0.f);
     return storage.data();
   }
-  auto* p = static_cast<float*>(comm->alloc_shared_single(n * sizeof(float)));
-  if (!p || !comm->is_single_copy(p, n * sizeof(float))) throw std::runtime_error("no one-copy shared memory");
+  auto* p = static_cast<float*>(testing::shm_path(*comm).alloc_shared_single(n * sizeof(float)));
+  if (!p || !testing::shm_path(*comm).is_single_copy(p, n * sizeof(float))) throw std::runtime_error("no one-copy shared memory");
   return p;
 }
 

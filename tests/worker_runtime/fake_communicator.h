@@ -58,7 +58,7 @@ class FakeGroup {
   std::condition_variable cv_;
 };
 
-class FakeCommunicator final : public Communicator {
+class FakeCommunicator final : public Communicator, public FusedStep {
  public:
   FakeCommunicator(FakeGroup& g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
@@ -67,14 +67,17 @@ class FakeCommunicator final : public Communicator {
   size_t allreduce_calls = 0;
   std::vector<size_t> allreduce_counts;
   // Claims a fused step (fuses_step) without having one, to test the Reducer's handling of
-  // fusable buckets; allreduce_step stays the default (all-reduce, then the step).
+  // fusable buckets; allreduce_step is the unfused reference (all-reduce, then the step). It
+  // has no shared memory (alloc_shared gives nullptr).
   bool claim_fused_step = false;
   std::vector<size_t> allreduce_step_counts;
 
+  FusedStep* fused_step() override { return this; }
+  void* alloc_shared(size_t) override { return nullptr; }
   bool fuses_step(const float*, size_t, float* const*, size_t) const override { return claim_fused_step; }
   void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) override {
     allreduce_step_counts.push_back(count);
-    Communicator::allreduce_step(grad, count, step, arrays);
+    allreduce_then_step(*this, grad, count, step, arrays);
   }
 
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +47,14 @@ inline std::vector<std::string> on_gloo_ranks(int world, bool shared_memory, std
     });
   for (auto& t : ts) t.join();
   return errors;
+}
+
+// The communicator's fused-step capability, which a test of the shared-memory path needs (it
+// throws inside body, so the rank reports it, when the path is off).
+inline FusedStep& shm_path(Communicator& comm) {
+  FusedStep* fs = comm.fused_step();
+  if (!fs) throw std::runtime_error("the communicator has no shared-memory path (fused_step() is nullptr)");
+  return *fs;
 }
 
 }  // namespace ddprun::worker::testing

@@ -62,8 +62,19 @@ TEST_CASE("Gemm: K = 0 writes zeros (or leaves C) in every implementation", "[ml
   }
 }
 
-TEST_CASE("Gemm: the default is OpenBLAS when the example was built with it", "[mlp]") {
-  REQUIRE(gemm_impl() == (gemm_blas_available() ? GemmImpl::Blas : GemmImpl::Builtin));
+TEST_CASE("Gemm: the auto rule keeps the builtin GEMM only where OpenBLAS fell back to an old core", "[mlp]") {
+  REQUIRE(gemm_auto_choice(false, true, "Haswell") == GemmImpl::Builtin);
+  REQUIRE(gemm_auto_choice(false, false, "none") == GemmImpl::Builtin);
+  REQUIRE(gemm_auto_choice(true, false, "Prescott") == GemmImpl::Blas);
+  REQUIRE(gemm_auto_choice(true, true, "Prescott") == GemmImpl::Builtin);
+  REQUIRE(gemm_auto_choice(true, true, "Haswell") == GemmImpl::Blas);
+  REQUIRE(gemm_auto_choice(true, true, "SKYLAKEX") == GemmImpl::Blas);
+  REQUIRE(gemm_auto_choice(true, true, "Cooperlake") == GemmImpl::Blas);
+  REQUIRE(gemm_auto_choice(true, true, "Zen") == GemmImpl::Blas);
+}
+
+TEST_CASE("Gemm: the default follows the auto rule for this CPU and build", "[mlp]") {
+  REQUIRE(gemm_impl() == gemm_auto_choice(gemm_blas_available(), sgemm_uses_avx2(), gemm_blas_core()));
   if (!gemm_blas_available()) REQUIRE_THROWS_AS(set_gemm_impl(GemmImpl::Blas), std::invalid_argument);
 }
 

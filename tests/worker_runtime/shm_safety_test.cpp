@@ -79,7 +79,7 @@ TEST_CASE("shm: ranks issuing different collectives get an error naming the rank
     INFO("mismatch in " << c.what);
     std::vector<std::vector<float>> after(2);
     const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
-      REQUIRE(comm.alloc_shared(64) != nullptr);  // the shm path is on
+      REQUIRE(testing::shm_path(comm).alloc_shared(64) != nullptr);  // the shm path is on
       std::vector<float> ok(8, 1.f);
       comm.allreduce(ok.data(), ok.size(), DType::F32, ReduceOp::Sum);  // #1 matches
       std::vector<float> buf(32, static_cast<float>(r + 1));
@@ -103,7 +103,7 @@ TEST_CASE("shm: ranks issuing different collectives get an error naming the rank
 
 TEST_CASE("shm: a shared buffer reduced at different places on different ranks is an error", "[shm_safety]") {
   const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
-    auto* p = static_cast<float*>(comm.alloc_shared(1024 * sizeof(float)));
+    auto* p = static_cast<float*>(testing::shm_path(comm).alloc_shared(1024 * sizeof(float)));
     REQUIRE(p != nullptr);
     comm.allreduce(p + (r == 0 ? 0 : 16), 100, DType::F32, ReduceOp::Sum);
   });
@@ -125,7 +125,7 @@ TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float"
     for (bool shared : {false, true}) {
       const size_t n = shared ? 4096 : big;
       auto buffer = [&](size_t bytes, std::vector<unsigned char>& own) -> void* {
-        if (shared) return comm.alloc_shared(bytes);
+        if (shared) return testing::shm_path(comm).alloc_shared(bytes);
         own.assign(bytes, 0);
         return own.data();
       };
@@ -420,7 +420,7 @@ TEST_CASE("0/1 knobs: unset is the default, 0 and 1 are off and on, anything els
 // different places (or roots) get the mismatch error, not a silent barrier.
 TEST_CASE("shm: broadcast over one-copy memory at different places on different ranks is an error", "[shm_safety]") {
   const auto errors = on_ranks(2, [&](int r, Communicator& comm) {
-    auto* p = static_cast<float*>(comm.alloc_shared_single(1024 * sizeof(float)));
+    auto* p = static_cast<float*>(testing::shm_path(comm).alloc_shared_single(1024 * sizeof(float)));
     if (!p) throw std::runtime_error("no one-copy memory");
     comm.broadcast(p + (r == 0 ? 0 : 16), 100 * sizeof(float), 0);
   });

@@ -102,7 +102,7 @@ void narrow(const float* in, void* out, size_t n, DType d) {
     for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
 }
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public Communicator, public FusedStep {
  public:
   GlooCommunicator(Store& store, int rank, int size, const GlooOptions& opt)
       : rank_(rank), size_(size), timeout_(opt.timeout), store_(store), key_prefix_(opt.key_prefix) {
@@ -141,6 +141,9 @@ class GlooCommunicator final : public Communicator {
   ~GlooCommunicator() override = default;
 
   bool uses_shared_memory() const { return shm_ != nullptr; }
+
+  // Fused steps live on the shared-memory path.
+  FusedStep* fused_step() override { return shm_ ? this : nullptr; }
 
   void* alloc_shared(size_t bytes) override { return alloc_shm(bytes, false); }
   void* alloc_shared_single(size_t bytes) override { return alloc_shm(bytes, true); }
@@ -223,7 +226,7 @@ class GlooCommunicator final : public Communicator {
       for (size_t j = 0; j < step.num_arrays(); ++j)
         refuse_single_output("allreduce_step (not fused: the gradient is not in alloc_shared memory)", arrays[j],
                              count * sizeof(float));
-      return Communicator::allreduce_step(grad, count, step, arrays);
+      return allreduce_then_step(*this, grad, count, step, arrays);
     }
     check_alive("allreduce_step");
     guarded("allreduce_step", [&] { shm_->allreduce_step(grad, count, step, arrays); });

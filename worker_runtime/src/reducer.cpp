@@ -2,10 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include <sched.h>
 
@@ -30,6 +37,113 @@ int usable_cpus() {
 
 }  // namespace
 
+namespace detail {
+
+// Everything the Reducer is: the bucket plan, the pass state, the communication thread.
+// Reducer's public members forward here one to one.
+class ReducerImpl {
+ public:
+  using OverlapStats = Reducer::OverlapStats;
+  ReducerImpl(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options);
+  ~ReducerImpl();
+  ReducerImpl(const ReducerImpl&) = delete;
+  ReducerImpl& operator=(const ReducerImpl&) = delete;
+
+  void prepare_for_backward();
+  void mark_ready(size_t index);
+  void mark_unused(size_t index);
+  void finalize();
+  void set_step_arrays(const float* grad_base, std::vector<float*> arrays);
+  bool finalize_and_step(const ElementwiseStep& step);
+
+  struct Bucket {
+    std::vector<size_t> members;
+    size_t pending = 0;
+    bool launched = false;
+    bool early = false;  // launched during backward (from mark_ready/mark_unused)
+    void* base = nullptr;   // in-place range, or nullptr when staged
+    size_t count = 0;
+    std::vector<unsigned char> staging;
+    bool fused = false;  // averaged and stepped by allreduce_step in finalize_and_step()
+    bool joins_previous = false;  // fused, and in the same allreduce_step as the bucket before
+    bool started = false;  // inline progress: its start_reduce_for_step() was issued
+    bool done_early = false;  // its collective finished before finalize() (under mu_)
+  };
+  void launch(size_t b);
+  void reduce_bucket(Bucket& bk);  // host path, on the communication thread
+  void comm_thread_main();
+  // Inline progress: runs the queued collectives in order on this thread; without `block`
+  // only as far as they complete without waiting for a peer.
+  void progress_inline(bool block);
+  // Times one collective (wall and thread CPU) into comm_ms_ / comm_cpu_ms_; CommError
+  // and other failures go to error_ (rethrown by finalize); under mu_ for the thread.
+  template <class F>
+  void run_timed(size_t b, F&& f);
+  // finalize()'s work, once per pass: launches every bucket not launched yet (but not the
+  // fused ones when skip_fused) and waits for them.
+  void launch_rest_and_wait(bool skip_fused);
+  // The step arrays at the element of gradient pointer `g`.
+  void arrays_at(const void* g, float** out) const;
+  void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
+  // Misuse: throws WorkerError "Reducer misuse on rank R in <op>: <what>".
+  [[noreturn]] void misuse(const std::string& op, const std::string& what) const;
+  std::string param_label(size_t index) const;
+  void check_mark(const char* op, size_t index) const;
+  void count_ready(size_t index);
+  // finalize()'s entry check: a pass is open; every gradient marked (or, with
+  // find_unused_parameters, the rest marked unused).
+  void begin_finalize(const char* op);
+  // Sets inline_ (Progress::Auto resolved) from the options and which buckets are fused.
+  void resolve_progress();
+  // Nothing to communicate: one rank and no forced collective.
+  bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
+
+  Communicator& comm_;
+  FusedStep* fused_;  // comm_.fused_step()
+  std::vector<GradView> grads_;
+  DType dtype_;
+  ReducerOptions options_;
+  std::vector<std::vector<size_t>> plan_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  size_t next_to_launch_ = 0;  // buckets launch strictly in order on every rank
+  size_t launched_early_ = 0;
+  size_t launched_ = 0;  // buckets handed to the communication thread this pass
+  size_t fused_last_ = 0;
+  size_t fused_calls_last_ = 0;
+  const float* step_grad_base_ = nullptr;
+  std::vector<float*> step_arrays_;
+  bool sync_ = true;
+  bool in_backward_ = false;
+  bool finalizing_ = false;  // finalize() marking unused gradients (find_unused_parameters)
+  bool split_ = false;  // fused buckets reduce during backward (FusedStep::splits_step)
+  OverlapStats stats_;
+  double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
+  double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
+  bool inline_ = false;  // Progress::Inline in effect (resolved from Auto; resolve_progress())
+  // Inline progress: buckets launched, in order, not finished yet (training thread only; apart
+  // from queue_, which a communication thread started in an earlier pass may still watch).
+  std::deque<size_t> inline_queue_;
+  bool want_inline_ = false;  // Inline asked for, or Auto with few CPUs on a splitting communicator
+  bool finalize_started_ = false;  // under mu_: the training thread is in finalize()
+  uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
+  std::vector<unsigned char> ready_;        // per gradient, this pass
+  std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
+  size_t n_ready_ = 0;
+
+  // Host communication thread.
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;
+  size_t completed_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+}  // namespace detail
+
+
 const char* dtype_name(DType d) {
   switch (d) {
     case DType::F32: return "fp32";
@@ -42,8 +156,9 @@ const char* dtype_name(DType d) {
   return "?";
 }
 
-void Communicator::allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) {
-  allreduce(grad, count, DType::F32, ReduceOp::Avg);
+void allreduce_then_step(Communicator& comm, float* grad, size_t count, const ElementwiseStep& step,
+                         float* const* arrays) {
+  comm.allreduce(grad, count, DType::F32, ReduceOp::Avg);
   step.apply(arrays, grad, count);
 }
 
@@ -66,8 +181,8 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_b
   return plan;
 }
 
-Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
-    : comm_(comm), grads_(std::move(grads)), dtype_(dtype), options_(options) {
+detail::ReducerImpl::ReducerImpl(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
+    : comm_(comm), fused_(comm.fused_step()), grads_(std::move(grads)), dtype_(dtype), options_(options) {
   const size_t es = dtype_size(dtype_);
   std::vector<size_t> bytes;
   bytes.reserve(grads_.size());
@@ -105,11 +220,11 @@ Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, R
   // The thread starts at the first launch that needs it (Auto may settle on Inline).
   const bool few_cpus = usable_cpus() < 2 * comm_.size();
   want_inline_ = options_.progress == ReducerOptions::Progress::Inline ||
-                 (options_.progress == ReducerOptions::Progress::Auto && comm_.splits_step() && few_cpus);
+                 (options_.progress == ReducerOptions::Progress::Auto && fused_ && fused_->splits_step() && few_cpus);
   resolve_progress();
 }
 
-void Reducer::resolve_progress() {
+void detail::ReducerImpl::resolve_progress() {
   // Auto keeps Inline only where every bucket's collective can progress without blocking
   // (all fused on a splitting communicator); otherwise a thread overlaps them. What that
   // depends on changes only in set_step_arrays(), which calls this again.
@@ -118,17 +233,17 @@ void Reducer::resolve_progress() {
              std::all_of(buckets_.begin(), buckets_.end(), [&](const Bucket& b) { return b.fused && split_; }));
 }
 
-void Reducer::misuse(const std::string& op, const std::string& what) const {
+void detail::ReducerImpl::misuse(const std::string& op, const std::string& what) const {
   throw WorkerError("Reducer misuse on rank " + std::to_string(comm_.rank()) + " in " + op + ": " + what);
 }
 
-std::string Reducer::param_label(size_t index) const {
+std::string detail::ReducerImpl::param_label(size_t index) const {
   std::string s = "parameter " + std::to_string(index);
   if (options_.param_name) s += " (" + options_.param_name(index) + ")";
   return s;
 }
 
-void Reducer::check_mark(const char* op, size_t index) const {
+void detail::ReducerImpl::check_mark(const char* op, size_t index) const {
   const std::string call = std::string(op) + "(" + std::to_string(index) + ")";
   if (index >= grads_.size())
     misuse(call, "index out of range: expected a parameter index below " + std::to_string(grads_.size()) +
@@ -142,12 +257,12 @@ void Reducer::check_mark(const char* op, size_t index) const {
                      ": expected each gradient to be marked exactly once per pass, after its last contribution");
 }
 
-void Reducer::count_ready(size_t index) {
+void detail::ReducerImpl::count_ready(size_t index) {
   ready_[index] = 1;
   ++n_ready_;
 }
 
-Reducer::~Reducer() {
+detail::ReducerImpl::~ReducerImpl() {
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -158,7 +273,7 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::prepare_for_backward() {
+void detail::ReducerImpl::prepare_for_backward() {
   if (in_backward_)
     misuse("prepare_for_backward()", "called again while backward pass " + std::to_string(pass_) +
                                          " is still open: expected finalize() (or finalize_and_step()) after "
@@ -182,7 +297,7 @@ void Reducer::prepare_for_backward() {
   comm_cpu_ms_ = 0;
 }
 
-void Reducer::mark_ready(size_t index) {
+void detail::ReducerImpl::mark_ready(size_t index) {
   check_mark("mark_ready", index);
   count_ready(index);
   contributed_[index] = 1;
@@ -208,7 +323,7 @@ void Reducer::mark_ready(size_t index) {
   if (inline_ && !finalizing_) progress_inline(false);
 }
 
-void Reducer::mark_unused(size_t index) {
+void detail::ReducerImpl::mark_unused(size_t index) {
   check_mark("mark_unused", index);
   if (!contributed_[index]) {
     if (comm_.stream_ordered())
@@ -223,7 +338,7 @@ void Reducer::mark_unused(size_t index) {
   contributed_[index] = had;
 }
 
-void Reducer::begin_finalize(const char* op) {
+void detail::ReducerImpl::begin_finalize(const char* op) {
   if (!in_backward_)
     misuse(op, "called without prepare_for_backward() for this pass: expected prepare_for_backward() before "
                "backward, mark_ready() once per gradient during it, then one " + std::string(op));
@@ -250,7 +365,7 @@ void Reducer::begin_finalize(const char* op) {
   if (sync_) std::fill(contributed_.begin(), contributed_.end(), 0);
 }
 
-void Reducer::launch(size_t b) {
+void detail::ReducerImpl::launch(size_t b) {
   Bucket& bk = buckets_[b];
   bk.launched = true;
   ++launched_;
@@ -272,7 +387,7 @@ void Reducer::launch(size_t b) {
 }
 
 template <class F>
-void Reducer::run_timed(size_t b, F&& f) {
+void detail::ReducerImpl::run_timed(size_t b, F&& f) {
   std::exception_ptr err;
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = thread_cpu_ms();
@@ -291,7 +406,7 @@ void Reducer::run_timed(size_t b, F&& f) {
   comm_cpu_ms_ += cpu;
 }
 
-void Reducer::progress_inline(bool block) {
+void detail::ReducerImpl::progress_inline(bool block) {
   while (!inline_queue_.empty()) {
     const size_t b = inline_queue_.front();
     Bucket& bk = buckets_[b];
@@ -303,9 +418,9 @@ void Reducer::progress_inline(bool block) {
         if (!startable) return reduce_bucket(bk);
         if (!bk.started) {
           bk.started = true;
-          comm_.start_reduce_for_step(static_cast<float*>(bk.base), bk.count);
+          fused_->start_reduce_for_step(static_cast<float*>(bk.base), bk.count);
         }
-        done = comm_.test_reduce_for_step(block);
+        done = fused_->test_reduce_for_step(block);
       });
       if (error_) done = true;
     }
@@ -317,10 +432,10 @@ void Reducer::progress_inline(bool block) {
   }
 }
 
-void Reducer::reduce_bucket(Bucket& bk) {
+void detail::ReducerImpl::reduce_bucket(Bucket& bk) {
   const size_t es = dtype_size(dtype_);
   if (bk.fused && split_) {
-    comm_.reduce_for_step(static_cast<float*>(bk.base), bk.count);
+    fused_->reduce_for_step(static_cast<float*>(bk.base), bk.count);
     return;
   }
   if (bk.base) {
@@ -340,7 +455,7 @@ void Reducer::reduce_bucket(Bucket& bk) {
   }
 }
 
-void Reducer::comm_thread_main() {
+void detail::ReducerImpl::comm_thread_main() {
   for (;;) {
     size_t b = 0;
     {
@@ -366,7 +481,7 @@ void Reducer::comm_thread_main() {
   }
 }
 
-void Reducer::launch_rest_and_wait(bool skip_fused) {
+void detail::ReducerImpl::launch_rest_and_wait(bool skip_fused) {
   // In bucket order, the same on every rank (fused buckets skipped in mark_ready come here).
   const auto t0 = std::chrono::steady_clock::now();  // from here on, communication is exposed
   const size_t es = dtype_size(dtype_);
@@ -412,7 +527,7 @@ void Reducer::launch_rest_and_wait(bool skip_fused) {
   }
 }
 
-void Reducer::finalize() {
+void detail::ReducerImpl::finalize() {
   begin_finalize("finalize()");
   if (sync_ && split_ && std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.fused; }))
     misuse("finalize()", "set_step_arrays() made buckets reduce for the fused step during backward: expected "
@@ -421,7 +536,7 @@ void Reducer::finalize() {
   launch_rest_and_wait(false);
 }
 
-void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
+void detail::ReducerImpl::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
   DDPRUN_ENFORCE(dtype_ == DType::F32, "set_step_arrays: fp32 gradients only");
   DDPRUN_ENFORCE(options_.average, "set_step_arrays: the fused step averages; ReducerOptions::average must stay true");
   DDPRUN_ENFORCE(!comm_.stream_ordered(), "set_step_arrays: host communicators only (the step runs on the host)");
@@ -444,7 +559,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   // 1 per fusable bucket, then 1 per bucket adjacent to the previous one, summed over ranks.
   const size_t nb = buckets_.size();
   std::vector<float> votes(2 * nb + 1, 0.f);
-  votes[2 * nb] = comm_.splits_step() ? 1.f : 0.f;
+  votes[2 * nb] = fused_ && fused_->splits_step() ? 1.f : 0.f;
   float* at[ElementwiseStep::kMaxArrays];
   auto begin_of = [&](size_t b) { return static_cast<const unsigned char*>(buckets_[b].base); };
   auto end_of = [&](size_t b) { return begin_of(b) + buckets_[b].count * sizeof(float); };
@@ -452,7 +567,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
     const Bucket& bk = buckets_[b];
     if (!bk.base) continue;  // staged: the communicator never sees the real gradient
     arrays_at(bk.base, at);
-    votes[b] = comm_.fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    votes[b] = fused_ && fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
     // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
     // one extends the range at the end where its predecessor lies).
     if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))
@@ -473,7 +588,7 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
     for (size_t i : buckets_[b].members) {
       arrays_at(grads_[i].ptr, at);
       for (size_t j = 0; j < step_arrays_.size(); ++j)
-        if (comm_.is_single_copy(at[j], grads_[i].count * sizeof(float)))
+        if (fused_ && fused_->is_single_copy(at[j], grads_[i].count * sizeof(float)))
           throw WorkerError("set_step_arrays: step array " + std::to_string(j) + " of " + param_label(i) +
                             " lies in alloc_shared_single() memory, but its bucket cannot be fused (its gradient is "
                             "not in alloc_shared() memory, or not contiguous with its bucket), so every rank would "
@@ -483,12 +598,12 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
   }
 }
 
-void Reducer::arrays_at(const void* g, float** out) const {
+void detail::ReducerImpl::arrays_at(const void* g, float** out) const {
   const size_t k = (reinterpret_cast<uintptr_t>(g) - reinterpret_cast<uintptr_t>(step_grad_base_)) / sizeof(float);
   for (size_t j = 0; j < step_arrays_.size(); ++j) out[j] = step_arrays_[j] + k;
 }
 
-void Reducer::step_locally(const Bucket& bk, const ElementwiseStep& step) const {
+void detail::ReducerImpl::step_locally(const Bucket& bk, const ElementwiseStep& step) const {
   float* at[ElementwiseStep::kMaxArrays];
   for (size_t i : bk.members) {  // member by member: a staged bucket's members are scattered
     arrays_at(grads_[i].ptr, at);
@@ -496,7 +611,7 @@ void Reducer::step_locally(const Bucket& bk, const ElementwiseStep& step) const 
   }
 }
 
-bool Reducer::finalize_and_step(const ElementwiseStep& step) {
+bool detail::ReducerImpl::finalize_and_step(const ElementwiseStep& step) {
   DDPRUN_ENFORCE(!step_arrays_.empty(), "finalize_and_step: call set_step_arrays() first");
   DDPRUN_ENFORCE(step.num_arrays() == step_arrays_.size(),
                  "finalize_and_step: the step updates " + std::to_string(step.num_arrays()) + " arrays, " +
@@ -538,15 +653,39 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) {
       ++fused_last_;
     }
     arrays_at(lo, at);
-    comm_.allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
+    fused_->allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
     ++fused_calls_last_;
   }
   if (!seg_grads.empty()) {
-    comm_.finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
+    fused_->finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
     ++fused_calls_last_;
   }
   stats_.finish_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_finish).count();
   return true;
 }
+
+// ---- Reducer: the public face of ReducerImpl --------------------------------------------
+
+Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
+    : impl_(std::make_unique<detail::ReducerImpl>(comm, std::move(grads), dtype, std::move(options))) {}
+Reducer::~Reducer() = default;
+void Reducer::prepare_for_backward() { impl_->prepare_for_backward(); }
+void Reducer::mark_ready(size_t index) { impl_->mark_ready(index); }
+void Reducer::mark_unused(size_t index) { impl_->mark_unused(index); }
+void Reducer::finalize() { impl_->finalize(); }
+void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
+  impl_->set_step_arrays(grad_base, std::move(arrays));
+}
+bool Reducer::finalize_and_step(const ElementwiseStep& step) { return impl_->finalize_and_step(step); }
+void Reducer::set_sync(bool sync) { impl_->sync_ = sync; }
+bool Reducer::sync() const { return impl_->sync_; }
+const std::vector<std::vector<size_t>>& Reducer::buckets() const { return impl_->plan_; }
+size_t Reducer::buckets_launched_early() const { return impl_->launched_early_; }
+const Reducer::OverlapStats& Reducer::overlap() const { return impl_->stats_; }
+ReducerOptions::Progress Reducer::progress() const {
+  return impl_->inline_ ? ReducerOptions::Progress::Inline : ReducerOptions::Progress::Thread;
+}
+size_t Reducer::buckets_fused() const { return impl_->fused_last_; }
+size_t Reducer::fused_collectives() const { return impl_->fused_calls_last_; }
 
 }  // namespace ddprun::worker

@@ -114,7 +114,7 @@ class ShmGroup {
   // rank's part of every array holds the same updated values; grad keeps its local values.
   void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
 
-  // The fused step in two phases (Communicator::splits_step): reduce_for_step() during
+  // The fused step in two phases (FusedStep::splits_step): reduce_for_step() during
   // backward leaves in this rank's part the average of the gradient slice this rank steps;
   // finish_step() after backward steps each segment's slice and writes it everywhere, as
   // allreduce_step() does, with the same bits.

@@ -450,6 +450,7 @@ std::string Agent::summary() const {
     in.log_losses = group_->log_failures().summary_lines();
     in.log_files_failed = group_->log_failures().files();
     in.log_bytes_lost = group_->log_failures().bytes_lost();
+    in.log_console_note = group_->log_failures().console_note();
   }
   return format_summary(in);
 }

@@ -73,6 +73,9 @@ class Agent {
 
   std::unique_ptr<Guardian> guardian_;
   std::unique_ptr<server::StoreServer> store_;  // when this process hosts it
+  // Who may join (the token, or munge inside a Slurm step without one), both sides.
+  rdzv::AgentCredentials credentials_;
+  rdzv::MungeCredentialCheck munge_check_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
   SpawnTemplate spawn_;

@@ -131,7 +131,11 @@ void Agent::host_server() {
     h.io_threads = plan_.server_io_threads;
     h.serve_rendezvous = plan_.serve_rendezvous;
     h.rdzv_token = plan_.rdzv_token;
-    h.restrict_main_store = !plan_.local;  // static multi-node: the workers' store
+    h.rdzv_munge = munge_check_;
+    // Static multi-node: the workers' store. One node on a network address: this host only.
+    const bool one_node_on_network = plan_.local && plan_.listen_host != "127.0.0.1";
+    h.restrict_main_store = !plan_.local || one_node_on_network;
+    if (one_node_on_network) h.store_peers = client::local_addresses();  // before any worker exists
     return host_store(h);
   };
   try {
@@ -163,10 +167,27 @@ void Agent::start_coordinator() {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
-    if (plan_.rdzv_token.empty())
-      spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it: set DDPRUN_RDZV_TOKEN or "
+    credentials_ = plan_.rdzv_token;
+    std::string no_munge;
+    if (plan_.rdzv_token.empty()) {
+      // Inside an srun step, munge proves membership with no configuration (rdzv/munge_auth.h).
+      const auto job = env_.find("SLURM_JOB_ID"), step = env_.find("SLURM_STEP_ID");
+      const bool in_step = !opts_.slurm_summary.empty() && job != env_.end() && step != env_.end();
+      if (auto munge = in_step ? rdzv::MungeClient::open(knobs::get(knobs::kMungeSocket, env_).value_or(""), no_munge)
+                               : nullptr) {
+        const rdzv::MungeScope scope{job->second, step->second};
+        credentials_ = rdzv::munge_credential_maker(munge, scope);
+        munge_check_ = rdzv::munge_credential_check(munge, scope);
+        spdlog::info("the rendezvous of job {} admits only the agents of Slurm job {} step {} (munge credentials of "
+                     "uid {})",
+                     opts_.rdzv_id, scope.job_id, scope.step_id, ::geteuid());
+      }
+    }
+    if (plan_.rdzv_token.empty() && !munge_check_)
+      spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
                    "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
-                   opts_.rdzv_id, plan_.endpoint_host, plan_.endpoint_port);
+                   opts_.rdzv_id, plan_.endpoint_host, plan_.endpoint_port,
+                   no_munge.empty() ? "" : " (no munge authentication in this Slurm step: " + no_munge + ")");
   }
   host_server();
   if (plan_.local) {
@@ -183,7 +204,7 @@ void Agent::start_coordinator() {
     co.heartbeat_interval = plan_.heartbeat_interval;
     // Once stopping, no send waits for a server that stopped reading.
     co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
-    co.token = plan_.rdzv_token;
+    co.token = credentials_;
     coordinator_ = make_remote_coordinator(std::move(co));
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC

@@ -40,7 +40,7 @@ namespace {
 void log_loss_lines(const SummaryInput& in, std::ostringstream& s) {
   if (in.log_files_failed == 0) return;
   s << "[ddprun] LOGS INCOMPLETE: " << in.log_bytes_lost << " bytes of worker output could not be written to "
-    << in.log_files_failed << " log file(s) (the console got every line):\n";
+    << in.log_files_failed << " log file(s) (" << in.log_console_note << "):\n";
   for (const auto& line : in.log_losses) s << "[ddprun]   " << line << "\n";
 }
 }  // namespace

@@ -256,6 +256,7 @@ class RemoteCoordinator final : public Coordinator {
           out.push_back(std::move(*n));
         }
       }
+      report_rejected();
     } catch (const rdzv::RendezvousError& e) {
       // The server's last word (an ERROR, JOB_FAILED) comes before its close: deliver it; the
       // closed connection stays readable and is reported on the next call.
@@ -282,7 +283,7 @@ class RemoteCoordinator final : public Coordinator {
                                                          std::chrono::milliseconds timeout,
                                                          std::chrono::milliseconds heartbeat,
                                                          const std::function<bool()>& interrupted,
-                                                         const std::string& token) {
+                                                         const rdzv::AgentCredentials& token) {
     try {
       return std::make_unique<rdzv::RendezvousClient>(host, port, timeout, heartbeat, interrupted, token);
     } catch (const rdzv::RendezvousInterrupted& e) {
@@ -442,10 +443,11 @@ class RemoteCoordinator final : public Coordinator {
                                                          interrupted_, token_);
     } catch (const rdzv::RendezvousInterrupted& e) {
       throw CoordinatorInterrupted(e.what());
-    } catch (const rdzv::RendezvousRefused& e) {
-      throw CoordinatorError(e.what());  // the server that came back has another token: no retry helps
     } catch (const rdzv::RendezvousError& e) {
       // A daemon still dying (its backlog accepts, then resets) or not listening yet: again.
+      // A refusal too (an ERROR, a wrong or replayed proof): nothing there proved the token,
+      // so it is not the server yet (anyone may answer on its port while it is down), and only
+      // the authenticated server can end the job. The deadline's error names the last one.
       if (Clock::now() + backoff_ >= reconnect_deadline_)
         throw CoordinatorError("lost the standing rendezvous server at " + where + " (" + lost_why_ +
                                ") and it did not come back within " + std::to_string(timeout.count() / 1000) +
@@ -488,6 +490,17 @@ class RemoteCoordinator final : public Coordinator {
     }
   }
 
+  // Messages the server did not send (a relay's: rdzv/session_mac.h) were dropped: say so, at
+  // the 1st, 10th, 100th, ... so a flood of them cannot flood the console.
+  void report_rejected() {
+    const uint64_t n = client_->rejected();
+    if (n == 0 || n < next_rejected_report_) return;
+    next_rejected_report_ = n * 10;
+    spdlog::warn("dropped {} message(s) on the connection to the rendezvous server at {}:{} that the server did not "
+                 "send (last: {}); something on the path is tampering with it, the job goes on",
+                 n, host_, port_, client_->last_rejected());
+  }
+
   template <class F>
   void guard(F&& f) {
     if (!client_) throw CoordinatorError("no connection to the rendezvous server at " + host_ + ":" + std::to_string(port_));
@@ -502,7 +515,8 @@ class RemoteCoordinator final : public Coordinator {
   uint16_t port_;
   std::chrono::milliseconds heartbeat_;
   std::function<bool()> interrupted_;
-  std::string token_;
+  rdzv::AgentCredentials token_;
+  uint64_t next_rejected_report_ = 1;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::Join settings_;
   std::string store_host_;

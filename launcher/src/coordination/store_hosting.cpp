@@ -16,6 +16,7 @@ std::unique_ptr<server::StoreServer> host_store(const StoreHosting& h) {
   so.io_threads = h.io_threads;
   so.enable_rendezvous = h.serve_rendezvous;
   so.rdzv_token = h.rdzv_token;
+  so.rdzv_munge = h.rdzv_munge;
   so.restrict_main_store = h.restrict_main_store;
   so.accept_later = h.accept_later;
   // The job's console is the workers' output: a stranger's bad bytes or connection flood may
@@ -27,6 +28,7 @@ std::unique_ptr<server::StoreServer> host_store(const StoreHosting& h) {
       spdlog::debug("{}", line);
   };
   auto s = std::make_unique<server::StoreServer>(so);
+  if (h.store_peers) s->set_store_peers(*h.store_peers);
   s->start();
   return s;
 }

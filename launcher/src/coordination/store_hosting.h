@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ddprun/server/store_server.h"
 
@@ -17,8 +19,12 @@ struct StoreHosting {
   int io_threads = 1;       // 0 = one per core
   bool serve_rendezvous = false;
   std::string rdzv_token;         // "" = none
+  rdzv::MungeCredentialCheck rdzv_munge;  // Slurm's munge, when the agents prove membership with it
   bool restrict_main_store = false;  // only loopback and the round's peers (server options)
   bool accept_later = false;         // bound, accepting once accept_clients() is called
+  // Set before the server starts (set_store_peers): the only addresses its main store accepts
+  // besides loopback.
+  std::optional<std::vector<std::string>> store_peers;
 };
 
 // Raises the descriptor limit (each connection costs the server one), starts the server, and

@@ -7,6 +7,10 @@
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/options.h"
 
+#ifndef DDPRUN_VERSION  // set by the build (cmake/Packaging.cmake) from the project's version
+#define DDPRUN_VERSION "unknown"
+#endif
+
 namespace ddprun::launcher {
 namespace opt {
 namespace {
@@ -167,6 +171,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "  ddprun [options] script.py|program [args...]\n"
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
+      "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "
       "python3 from PATH).");
   app.footer(std::string(kExitCodeHelp) + "\n\nEnvironment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : opt::all_flags()) {
@@ -185,6 +190,7 @@ void setup_options(CLI::App& app, RawOptions& raw) {
   }
   app.add_flag_callback("-v,--verbose", [&raw]() { raw.given["verbose"] = "1"; },
                         "debug logs from the agent");
+  app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION, "print ddprun's version and exit");
 }
 
 }  // namespace ddprun::launcher

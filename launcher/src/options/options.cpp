@@ -333,6 +333,9 @@ ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvM
   } catch (const CLI::CallForHelp&) {
     out.message = app.help();
     out.exit_code = 0;
+  } catch (const CLI::CallForVersion& e) {
+    out.message = std::string(e.what()) + "\n";
+    out.exit_code = 0;
   } catch (const CLI::ParseError& e) {
     out.message = e.what();
     out.exit_code = kUsageExitCode;

@@ -61,16 +61,21 @@ std::string errno_text(int err) {
 }
 }  // namespace
 
-std::string LogWriteFailures::record(const std::string& path, int err, uint64_t bytes_lost) {
+std::string LogWriteFailures::record(const std::string& path, int err, uint64_t bytes_lost, Console console) {
   auto [it, first] = files_.try_emplace(path);
   File& f = it->second;
   f.bytes_lost += bytes_lost;
   ++f.failures;
   if (!first) return "";
   f.first_errno = err;
+  if (console.kind == Console::Kind::From && console.file_only_lines == 0) console.kind = Console::Kind::Every;
+  f.console = console;
   if (warned_ > kMaxWarnings) return "";
   if (warned_++ == kMaxWarnings)
     return "more log files cannot be written; they are listed in the summary only (the console still gets every line)";
+  if (console.kind == Console::Kind::None)
+    return "cannot write log file " + path + " (" + errno_text(err) + "): its rank is not on the console "
+           "(--local_ranks_filter), so what the file lacks is lost; the summary at the end says how much";
   return "cannot write log file " + path + " (" + errno_text(err) + "): the console gets its stream from here on; "
          "the summary at the end says how much the file lacks";
 }
@@ -88,11 +93,30 @@ std::vector<std::string> LogWriteFailures::summary_lines() const {
   std::vector<std::string> lines;
   for (size_t i = 0; i < sorted.size() && i < kMaxSummaryFiles; ++i) {
     const auto& [path, f] = sorted[i];
-    lines.push_back(path + ": " + errno_text(f.first_errno) + ", " + std::to_string(f.bytes_lost) +
-                    " bytes not written");
+    std::string line = path + ": " + errno_text(f.first_errno) + ", " + std::to_string(f.bytes_lost) + " bytes not written";
+    if (f.console.kind == Console::Kind::From) {
+      const std::string n = std::to_string(f.console.file_only_lines);
+      line += "; lines 1-" + n + " of the stream are in this file only, the console has every line from line " +
+              std::to_string(f.console.file_only_lines + 1) + " on";
+    } else if (f.console.kind == Console::Kind::None) {
+      line += "; not on the console either (--local_ranks_filter): lost";
+    }
+    lines.push_back(std::move(line));
   }
   if (sorted.size() > kMaxSummaryFiles) lines.push_back("... and " + std::to_string(sorted.size() - kMaxSummaryFiles) + " more");
   return lines;
+}
+
+std::string LogWriteFailures::console_note() const {
+  bool from = false, none = false;
+  for (const auto& [path, f] : files_) {
+    from = from || f.console.kind == Console::Kind::From;
+    none = none || f.console.kind == Console::Kind::None;
+  }
+  if (none) return "some of it is on the console neither: each file below says what";
+  if (from) return "the console got each stream's lines from its file's first failure on; each file below says which "
+                   "lines it alone has";
+  return "the console got every line";
 }
 
 std::string missing_module_hint(const std::deque<std::string>& stderr_tail, const std::string& interpreter) {

@@ -174,7 +174,9 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
     // end: the console gets the stream (below) and the summary names the file.
     s.log_path = (dir / (bit == kStreamOut ? "stdout.log" : "stderr.log")).string();
     s.log_fd = dir_ok ? ::open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
-    if (s.log_fd < 0) log_failed(s.log_path, dir_ok ? errno : dir_errno, 0);
+    if (s.log_fd < 0)
+      log_failed(s.log_path, dir_ok ? errno : dir_errno, 0,
+                 {console_allowed ? LogWriteFailures::Console::Kind::Every : LogWriteFailures::Console::Kind::None});
   }
   s.console_allowed = console_allowed;
   s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
@@ -470,12 +472,22 @@ bool WorkerGroup::read_stream(Worker& w, Stream& s, bool is_err, size_t budget) 
 
 void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof) {
   // A redirected stream whose file fails goes to the console from then on (this chunk's
-  // lines included), so the failure loses nothing.
-  if (s.log_fd >= 0 && !data.empty() && !write_log(s.log_fd, s.log_path, data) && s.console_allowed) s.console = true;
+  // lines included, the one it completes in full), so the failure loses nothing; the lines
+  // before it are in the file only, and the summary says which.
+  if (s.log_fd >= 0 && !data.empty()) {
+    std::string_view unwritten = data;
+    if (const int err = write_all(s.log_fd, unwritten); err != 0) {
+      using Kind = LogWriteFailures::Console::Kind;
+      const Kind kind = s.console ? Kind::Every : s.console_allowed ? Kind::From : Kind::None;
+      log_failed(s.log_path, err, unwritten.size(), {kind, s.lines});
+      if (s.console_allowed) s.console = true;
+    }
+  }
   std::vector<std::string> lines;
   s.splitter.feed(data, lines);
   std::string rest;
   if (eof && s.splitter.flush(rest)) lines.push_back(std::move(rest));
+  s.lines += lines.size();
   if (lines.empty()) return;
   std::string console, filtered;
   const std::string prefix = console_prefix(node_rank_, w.global_rank, multi_node_);
@@ -498,8 +510,8 @@ bool WorkerGroup::write_log(int fd, const std::string& path, std::string_view da
   return err == 0;
 }
 
-void WorkerGroup::log_failed(const std::string& path, int err, uint64_t bytes_lost) {
-  if (std::string line = log_failures_.record(path, err, bytes_lost); !line.empty()) spdlog::warn("{}", line);
+void WorkerGroup::log_failed(const std::string& path, int err, uint64_t bytes_lost, LogWriteFailures::Console console) {
+  if (std::string line = log_failures_.record(path, err, bytes_lost, console); !line.empty()) spdlog::warn("{}", line);
 }
 
 void WorkerGroup::close_stream(Stream& s) {

@@ -41,6 +41,7 @@ struct Stream {
   // to the console then (nothing lost).
   bool console_allowed = true;
   LineSplitter splitter;
+  uint64_t lines = 0;  // complete lines read so far
 };
 
 struct Worker {
@@ -160,7 +161,7 @@ class WorkerGroup {
   void watch_fd(int fd);
   // Writes `data` to a log file; false when it failed (recorded, warned about once per file).
   bool write_log(int fd, const std::string& path, std::string_view data);
-  void log_failed(const std::string& path, int err, uint64_t bytes_lost);
+  void log_failed(const std::string& path, int err, uint64_t bytes_lost, LogWriteFailures::Console console = {});
 
   const LaunchOptions& opts_;
   int epoll_fd_;

@@ -43,6 +43,23 @@ std::string interface_of(const std::string& addr) {
   return name;
 }
 
+std::vector<std::string> local_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (i->ifa_addr->sa_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
+    else if (i->ifa_addr->sa_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf, sizeof buf);
+    if (*buf) out.emplace_back(buf);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
 std::string local_address_of(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;

@@ -102,8 +102,8 @@ std::string load_token(const std::string& file, const char* env_value) {
   return checked_token(std::move(content), flag);
 }
 
-ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing)
-    : token_(std::move(token)), server_nonce_(std::move(server_nonce)), standing_(standing) {}
+ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing, MungeCredentialCheck munge)
+    : token_(std::move(token)), server_nonce_(std::move(server_nonce)), standing_(standing), munge_(std::move(munge)) {}
 
 ServerHandshake::Step ServerHandshake::refuse(std::string text, std::string why) {
   state_ = State::Refused;
@@ -121,7 +121,7 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
     case State::Refused: return refuse("rendezvous refused", "a message after a refusal");
     case State::Fresh:
       if (m.type != MsgType::Hello) {
-        if (token_.empty()) {
+        if (token_.empty() && !munge_) {
           state_ = State::Admitted;  // an open rendezvous takes an agent that skips HELLO
           s.admitted = s.forward = true;
           return s;
@@ -133,7 +133,23 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
       {
         const Hello h = from_message<Hello>(m);
         if (!is_nonce(h.client_nonce)) return refuse("rendezvous refused: HELLO without a valid nonce", "bad HELLO");
+        if ((!token_.empty() || munge_) && h.version < 2)
+          return refuse("rendezvous refused: this agent is an older ddprun that does not authenticate its messages "
+                        "after the handshake; run the same ddprun version on every node and on the server",
+                        "HELLO of version " + std::to_string(h.version));
         client_nonce_ = h.client_nonce;
+        if (token_.empty() && munge_) {
+          if (h.munge.empty())
+            return refuse("rendezvous refused: this rendezvous admits only the agents of its Slurm step, by their munge "
+                          "credentials, and this agent sent none; start every agent in the same srun step (or give "
+                          "every node and the server the same --rdzv_token_file)",
+                          "HELLO without a munge credential");
+          try {
+            token_ = munge_(h.munge, client_nonce_);
+          } catch (const std::exception& e) {
+            return refuse(std::string("rendezvous refused: ") + e.what(), std::string("munge: ") + e.what());
+          }
+        }
       }
       if (token_.empty()) {
         state_ = State::Admitted;
@@ -145,7 +161,8 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
       s.reply = to_message(Challenge{.token_required = true,
                                      .server_nonce = server_nonce_,
                                      .server_proof = server_proof(token_, client_nonce_, server_nonce_),
-                                     .standing = standing_});
+                                     .standing = standing_,
+                                     .version = 2});
       return s;
     case State::Challenged: {
       if (m.type != MsgType::Auth)
@@ -160,16 +177,21 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
       state_ = State::Admitted;
       s.reply = to_message(Welcome{});
       s.admitted = true;
+      s.session.emplace(token_, client_nonce_, server_nonce_, SessionMac::Side::Server);
       return s;
     }
   }
   return s;
 }
 
-ClientHandshake::ClientHandshake(std::string token, std::string client_nonce, std::string where)
-    : token_(std::move(token)), client_nonce_(std::move(client_nonce)), where_(std::move(where)) {}
+ClientHandshake::ClientHandshake(const AgentCredentials& credentials, std::string client_nonce, std::string where)
+    : token_(credentials.token), client_nonce_(std::move(client_nonce)), where_(std::move(where)) {
+  if (token_.empty() && credentials.munge) std::tie(munge_credential_, token_) = credentials.munge(client_nonce_);
+}
 
-Message ClientHandshake::hello() const { return to_message(Hello{.client_nonce = client_nonce_}); }
+Message ClientHandshake::hello() const {
+  return to_message(Hello{.client_nonce = client_nonce_, .munge = munge_credential_});
+}
 
 std::optional<Message> ClientHandshake::on_reply(const Message& m) {
   if (m.type == MsgType::Error)
@@ -182,6 +204,9 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
     const Challenge c = from_message<Challenge>(m);
     standing_ = c.standing;
     if (!c.token_required) {
+      // An agent with munge credentials but no token had nothing to prove an open server
+      // wrong with before (a standing ddprund without a token): it joins it as it did.
+      if (!munge_credential_.empty()) token_.clear();
       if (!token_.empty())
         throw HandshakeRefused("rendezvous refused: the server at " + where_ +
                                " requires no token but this agent has one, so it cannot tell it from an impostor; " +
@@ -195,12 +220,22 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
     if (!is_nonce(c.server_nonce) || !constant_time_equal(c.server_proof, server_proof(token_, client_nonce_, c.server_nonce)))
       throw HandshakeRefused("rendezvous refused: token mismatch (the server at " + where_ +
                              " holds a different token); " + kTokenAdvice);
+    if (c.version < 2)
+      throw HandshakeRefused("rendezvous refused: the server at " + where_ +
+                             " is an older ddprun that does not authenticate its messages after the handshake; run "
+                             "the same ddprun version on every node and on the server");
+    server_nonce_ = c.server_nonce;
     return to_message(Auth{.proof = agent_proof(token_, c.server_nonce, client_nonce_)});
   }
   if (m.type != MsgType::Welcome)
     throw HandshakeRefused("the rendezvous server at " + where_ + " answered AUTH with " + msg_type_name(m.type));
   done_ = true;
   return std::nullopt;
+}
+
+std::optional<SessionMac> ClientHandshake::session() const {
+  if (!done_ || token_.empty()) return std::nullopt;
+  return SessionMac(token_, client_nonce_, server_nonce_, SessionMac::Side::Agent);
 }
 
 }  // namespace ddprun::rdzv

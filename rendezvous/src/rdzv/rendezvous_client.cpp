@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
                                    std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted,
-                                   std::string token)
+                                   AgentCredentials credentials)
     : host_(std::move(host)), port_(port), interrupted_(std::move(interrupted)) {
   std::string error;
   client::ConnectOutcome outcome{};
@@ -38,7 +38,7 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
   wire::Writer(hello).u8(0).u32(kAgentMagic);
   try {
     write_all(hello, Sender::Caller);
-    handshake(token);
+    handshake(credentials);
   } catch (...) {
     ::close(fd_);
     throw;
@@ -79,7 +79,7 @@ bool RendezvousClient::give_up(Sender who) const {
   return who == Sender::Caller && interrupted_ && interrupted_();
 }
 
-void RendezvousClient::write_all(const std::string& bytes, Sender who) {
+std::unique_lock<std::timed_mutex> RendezvousClient::lock_send(Sender who) {
   const std::string where = host_ + ":" + std::to_string(port_);
   const auto deadline = Clock::now() + kSendTimeout;
   // The lock too is taken in slices: the other sender may be the one stuck. Against the system
@@ -93,6 +93,26 @@ void RendezvousClient::write_all(const std::string& bytes, Sender who) {
       throw RendezvousError("the rendezvous server at " + where + " stopped reading (a send waited " +
                             std::to_string(kSendTimeout.count() / 1000) + " s)");
   }
+  return lk;
+}
+
+void RendezvousClient::write_all(const std::string& bytes, Sender who) {
+  auto lk = lock_send(who);
+  write_locked(bytes, who);
+}
+
+void RendezvousClient::send_message(Message m, Sender who) {
+  auto lk = lock_send(who);
+  // Sealed under the send lock: sequence numbers go out in the order they were given.
+  if (mac_) mac_->seal(m);
+  std::string bytes;
+  encode_message(m, bytes);
+  write_locked(bytes, who);
+}
+
+void RendezvousClient::write_locked(const std::string& bytes, Sender who) {
+  const std::string where = host_ + ":" + std::to_string(port_);
+  const auto deadline = Clock::now() + kSendTimeout;
   if (broken_) throw RendezvousError("the connection to the rendezvous server " + where + " was abandoned mid-message");
   size_t off = 0;
   while (off < bytes.size()) {
@@ -123,9 +143,7 @@ void RendezvousClient::write_all(const std::string& bytes, Sender who) {
 
 template <class T>
 void RendezvousClient::send(const T& m, Sender who) {
-  std::string bytes;
-  encode(m, bytes);
-  write_all(bytes, who);
+  send_message(to_message(m), who);
 }
 
 bool RendezvousClient::read_some(bool block, std::chrono::milliseconds timeout) {
@@ -145,12 +163,19 @@ bool RendezvousClient::read_some(bool block, std::chrono::milliseconds timeout) 
 }
 
 std::optional<Message> RendezvousClient::take_buffered() {
-  Message m;
-  auto r = parse_message({in_.data(), in_.size()}, m);
-  if (r.status == wire::ParseStatus::NeedMore) return std::nullopt;
-  if (r.status == wire::ParseStatus::Bad) throw RendezvousError("bad message from the rendezvous server: " + r.error);
-  in_.erase(in_.begin(), in_.begin() + static_cast<long>(r.consumed));
-  return m;
+  while (true) {
+    Message m;
+    auto r = parse_message({in_.data(), in_.size()}, m);
+    if (r.status == wire::ParseStatus::NeedMore) return std::nullopt;
+    if (r.status == wire::ParseStatus::Bad) throw RendezvousError("bad message from the rendezvous server: " + r.error);
+    in_.erase(in_.begin(), in_.begin() + static_cast<long>(r.consumed));
+    if (!mac_) return m;
+    const auto verdict = mac_->open(m);
+    if (verdict == SessionMac::Verdict::Ok) return m;
+    // Not from the server that proved the token (a relay's): dropped, changing nothing.
+    ++rejected_;
+    last_rejected_ = std::string(msg_type_name(m.type)) + ": " + SessionMac::describe(verdict);
+  }
 }
 
 std::optional<Message> RendezvousClient::poll() {
@@ -170,9 +195,15 @@ std::optional<Message> RendezvousClient::wait_message(std::chrono::milliseconds 
   }
 }
 
-void RendezvousClient::handshake(const std::string& token) {
+void RendezvousClient::handshake(const AgentCredentials& credentials) {
   const std::string where = host_ + ":" + std::to_string(port_);
-  ClientHandshake hs(token, random_nonce(), where);
+  std::optional<ClientHandshake> made;
+  try {
+    made.emplace(credentials, random_nonce(), where);
+  } catch (const std::exception& e) {
+    throw RendezvousError(std::string("cannot make this connection's munge credential: ") + e.what());
+  }
+  ClientHandshake& hs = *made;
   std::string bytes;
   encode_message(hs.hello(), bytes);
   write_all(bytes, Sender::Caller);
@@ -198,6 +229,7 @@ void RendezvousClient::handshake(const std::string& token) {
     }
   }
   server_standing_ = hs.server_standing();
+  mac_ = hs.session();
 }
 
 void RendezvousClient::send_join(const Join& info) { send(info); }

@@ -26,6 +26,7 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
   }
   auto cj = conn_job_.find(conn);
   if (cj == conn_job_.end()) {
+    if (dropped_.count(conn)) return;  // told why already; its connection is closing
     out.push_back({conn, error_msg(std::string(msg_type_name(m.type)) + " before JOIN"), true});
     return;
   }
@@ -460,6 +461,7 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
 }
 
 void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<Outbound>& out) {
+  dropped_.erase(conn);
   auto cj = conn_job_.find(conn);
   if (cj == conn_job_.end()) return;
   auto jit = jobs_.find(cj->second);
@@ -473,10 +475,17 @@ void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<O
 }
 
 void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
+  const Clock::duration gap = last_tick_ ? now - *last_tick_ : Clock::duration::zero();
+  last_tick_ = now;
+  last_stall_ = Clock::duration::zero();
   std::vector<ConnId> expired;
   for (auto& [id, job] : jobs_) {
-    for (const auto& [c, n] : job.members)
+    const bool stalled = gap > job.heartbeat_timeout / 2;
+    if (stalled) last_stall_ = gap;
+    for (auto& [c, n] : job.members) {
+      if (stalled) n.last_seen = std::min(now, n.last_seen + gap);
       if (now - n.last_seen > job.heartbeat_timeout) expired.push_back(c);
+    }
   }
   for (ConnId c : expired) {
     auto cj = conn_job_.find(c);
@@ -487,6 +496,7 @@ void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
                    true});
     const std::string run_id = cj->second;
     conn_job_.erase(cj);
+    dropped_.insert(c);
     if (job.members.count(c)) node_lost(job, c, "heartbeat timeout", now, out);
     if (job.members.empty()) jobs_.erase(run_id);
   }

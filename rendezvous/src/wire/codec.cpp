@@ -359,6 +359,22 @@ DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect
   return res;
 }
 
+SniffResult sniff_protocol(std::span<const uint8_t> buf, bool agents, Dialect legacy_dialect, const Limits& limits) {
+  SniffResult res;
+  if (agents && buf.size() >= 5 && buf[0] == 0 && load_u32(buf.data() + 1) == kAgentHelloMagic) {
+    res.status = ParseStatus::Ok;
+    res.protocol = Protocol::Agent;
+    res.consumed = 5;
+    return res;
+  }
+  const DetectResult det = detect_dialect(buf, legacy_dialect, limits);
+  res.status = det.status;
+  res.dialect = det.dialect;
+  res.consumed = det.consumed;
+  if (det.status == ParseStatus::Ok) res.protocol = Protocol::TcpStore;
+  return res;
+}
+
 bool encode_request(Dialect d, const Request& req, std::string& out) {
   auto code = code_for_op(d, req.op);
   if (!code) return false;

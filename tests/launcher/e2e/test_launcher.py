@@ -785,7 +785,29 @@ class LogDisk(unittest.TestCase):
             for name in ("stdout.log", "stderr.log"):
                 self.assertEqual(sum(f"/attempt_0/{rank}/{name} (ENOSPC" in w for w in warnings), 1, warnings)
         self.assertIn("LOGS INCOMPLETE", p.stderr)
-        self.assertIn("log file(s) (the console got every line)", p.stderr)
+        # Redirected (-r 3): the console got a stream from its file's first failure on; the
+        # summary says exactly which lines each file alone has (none when its first write
+        # failed), and the console has the rest.
+        file_only = 0
+        for rank in range(2):
+            for tag, console, name in (("o", p.stdout, "stdout.log"), ("e", p.stderr, "stderr.log")):
+                said = [l for l in p.stderr.splitlines() if f"/attempt_0/{rank}/{name}: ENOSPC" in l]
+                self.assertEqual(len(said), 1, p.stderr[-3000:])
+                m = re.search(r"lines 1-(\d+) of the stream are in this file only, the console has every line "
+                              r"from line (\d+) on", said[0])
+                n = int(m.group(1)) if m else 0
+                if m:
+                    self.assertEqual(int(m.group(2)), n + 1)
+                file_only += n
+                in_file = read_text(os.path.join(rdir, "attempt_0", str(rank), name)).splitlines()
+                self.assertEqual(in_file[:n], [f"{tag}{rank} {i} " + ("x" if tag == "o" else "y") * 100
+                                               for i in range(n)])
+                prefix = f"[r{rank}]: {tag}{rank} "
+                on_console = [int(l[len(prefix):].split()[0]) for l in console.splitlines() if l.startswith(prefix)]
+                self.assertEqual(on_console, list(range(n, self.LINES)), f"r{rank} {name}")
+        self.assertGreater(file_only, 0)  # 64 KiB of lines went to the files first
+        self.assertNotIn("the console got every line", p.stderr)
+        self.assertIn("each file below says which lines it alone has", p.stderr)
         self.assertIn("the workers succeeded; exit code 74", p.stderr)
 
     def test_a_failed_run_keeps_its_code_and_reports_the_lost_logs(self):

@@ -2,7 +2,10 @@
 // a real in-process server on loopback) implementations pass one suite of cases, so one node
 // and many follow the same rules.
 #include <catch2/catch.hpp>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -10,6 +13,7 @@
 
 #include "ddprun/client/store_client.h"
 #include "ddprun/launcher/coordinator.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/server/store_server.h"
 #include "../../dead_port.h"
 
@@ -312,5 +316,118 @@ TEST_CASE("standing: a success reported while the server is down ends the job af
   f.server.reset();
   c->report_success();
   f.server = f.start();
+  one(*c, Notice::Kind::JobDone);
+}
+
+namespace {
+// What a stranger would do on a standing server's port while the server is down: answer each
+// connection with one frame (an ERROR, or a genuine CHALLENGE it recorded earlier), then close.
+class Impostor {
+ public:
+  Impostor(uint16_t port, std::vector<std::string> answers) : answers_(std::move(answers)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd_, 16) == 0);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) continue;
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        pollfd r{c, POLLIN, 0};
+        char buf[4096];
+        if (::poll(&r, 1, 1000) > 0) (void)!::recv(c, buf, sizeof buf, 0);  // its HELLO
+        const std::string& answer = answers_[static_cast<size_t>(served_) % answers_.size()];
+        (void)!::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+        ++served_;
+        ::shutdown(c, SHUT_WR);
+        ::poll(&r, 1, 200);
+        ::close(c);
+      }
+    });
+  }
+  ~Impostor() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  int served() const { return served_; }
+
+ private:
+  std::vector<std::string> answers_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> served_{0};
+  std::thread thread_;
+};
+
+// The server's CHALLENGE to a HELLO of our own: genuine, with the right token's proof, but for
+// another connection's nonce (what a recording stranger can replay).
+std::string recorded_challenge(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::string out;
+  wire::Writer(out).u8(0).u32(rdzv::kAgentMagic);
+  rdzv::encode(rdzv::Hello{.client_nonce = rdzv::random_nonce()}, out);
+  REQUIRE(::send(fd, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
+  std::vector<uint8_t> in;
+  rdzv::Message m;
+  for (int i = 0; i < 50; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    uint8_t buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    in.insert(in.end(), buf, buf + n);
+    auto r = rdzv::parse_message({in.data(), in.size()}, m);
+    if (r.status == wire::ParseStatus::Ok) break;
+  }
+  ::close(fd);
+  REQUIRE(m.type == rdzv::MsgType::Challenge);
+  REQUIRE_FALSE(m.get("server_proof").empty());
+  std::string frame;
+  rdzv::encode_message(m, frame);
+  return frame;
+}
+}  // namespace
+
+TEST_CASE("standing: while the server is down, a stranger that refuses or replays on its port cannot end the job",
+          "[coordinator]") {
+  const std::string token = "the job's shared secret, 16+ bytes";
+  Standing f;
+  f.options.rdzv_token = token;
+  f.restart_server();
+  auto c = make_remote_coordinator({.host = "127.0.0.1", .port = f.server->port(), .settings = settings(1, 0), .connect_timeout = 10s, .heartbeat_interval = 200ms, .token = token});
+  c->join();
+  one(*c, Notice::Kind::Round);
+  const std::string challenge = recorded_challenge(f.server->port());
+  std::string error;
+  rdzv::encode(rdzv::Error{.message = "rendezvous refused: token mismatch"}, error);
+  f.server.reset();
+  {
+    Impostor stranger(f.options.port, {error, challenge});
+    const auto until = std::chrono::steady_clock::now() + 3s;
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{c->fd(), POLLIN, 0};
+      ::poll(&p, 1, 100);
+      std::vector<Notice> n;
+      REQUIRE_NOTHROW(n = c->take_notices());  // not the server: the agent keeps trying
+      CHECK(n.empty());
+    }
+    CHECK(stranger.served() >= 4);  // both kinds, twice
+  }
+  // The server comes back: the agent re-joins and the job ends as its workers do.
+  f.server = f.start();
+  c->report_success();
   one(*c, Notice::Kind::JobDone);
 }

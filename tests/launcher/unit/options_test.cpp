@@ -216,6 +216,14 @@ TEST_CASE("--help is not an error", "[options]") {
   CHECK_THAT(r.message, Catch::Contains("--nproc_per_node") && Catch::Contains("PET_NPROC_PER_NODE"));
 }
 
+TEST_CASE("--version prints the version and is not an error; after the entry point it is the script's", "[options]") {
+  auto r = parse({"--version"});
+  CHECK_FALSE(r.options);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.message, Catch::Matches("ddprun [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+  CHECK(ok({"train.py", "--version"}).args == std::vector<std::string>{"--version"});
+}
+
 TEST_CASE("--overlap_restart: on by default, 1/0/true/false, both spellings, PET_", "[options]") {
   CHECK(ok({"x"}).overlap_restart);
   CHECK_FALSE(ok({"--overlap_restart=0", "x"}).overlap_restart);

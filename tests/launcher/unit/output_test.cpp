@@ -4,6 +4,7 @@
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/signal_names.h"
+#include "ddprun/launcher/summary.h"
 
 using namespace ddprun::launcher;
 
@@ -114,6 +115,43 @@ TEST_CASE("a failing log file is warned about once, and the warnings are bounded
   CHECK_THAT(f.record("/logs/over", ENOSPC, 1), Catch::Contains("listed in the summary only"));
   CHECK(f.record("/logs/over2", ENOSPC, 1).empty());
   CHECK(f.files() == LogWriteFailures::kMaxWarnings + 2);
+}
+
+TEST_CASE("the summary says which lines only the file has, and claims the console got every line only when it did",
+          "[output]") {
+  using Kind = LogWriteFailures::Console::Kind;
+  LogWriteFailures teed;
+  teed.record("/logs/0/stdout.log", ENOSPC, 10, {Kind::Every});
+  teed.record("/logs/1/stdout.log", ENOSPC, 10, {Kind::From, 0});  // failed at its first line: the same
+  CHECK(teed.console_note() == "the console got every line");
+  for (const auto& line : teed.summary_lines()) CHECK_THAT(line, !Catch::Contains("only"));
+
+  LogWriteFailures redirected;
+  redirected.record("/logs/0/stderr.log", ENOSPC, 300, {Kind::From, 1234});
+  redirected.record("/logs/0/stderr.log", ENOSPC, 50, {Kind::From, 2000});  // the first failure decides
+  CHECK_THAT(redirected.console_note(),
+             !Catch::Contains("got every line") && Catch::Contains("from its file's first failure on"));
+  auto lines = redirected.summary_lines();
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Catch::Contains("350 bytes not written") &&
+                           Catch::Contains("lines 1-1234 of the stream are in this file only") &&
+                           Catch::Contains("the console has every line from line 1235 on"));
+
+  LogWriteFailures hidden;
+  const std::string warning = hidden.record("/logs/3/stdout.log", ENOSPC, 5, {Kind::None});
+  CHECK_THAT(warning, Catch::Contains("--local_ranks_filter") && Catch::Contains("lost"));
+  CHECK_THAT(hidden.summary_lines()[0], Catch::Contains("not on the console either"));
+  CHECK_THAT(hidden.console_note(), !Catch::Contains("got every line"));
+
+  SummaryInput in;
+  in.exit_code = 0;
+  in.log_losses = redirected.summary_lines();
+  in.log_files_failed = redirected.files();
+  in.log_bytes_lost = redirected.bytes_lost();
+  in.log_console_note = redirected.console_note();
+  const std::string text = format_summary(in);
+  CHECK_THAT(text, Catch::Contains("LOGS INCOMPLETE") && !Catch::Contains("the console got every line") &&
+                       Catch::Contains("lines 1-1234"));
 }
 
 TEST_CASE("the summary lists the files that lost most first, bounded", "[output]") {

@@ -106,6 +106,21 @@ TEST_CASE("argv: a script without .py that runs with Python", "[env]") {
   CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"train"});
 }
 
+TEST_CASE("argv: PYTHON_EXEC, else DDPRUN_DEFAULT_PYTHON, else python3", "[env]") {
+  auto o = opts(1);
+  const EnvMap pip_installed{{"DDPRUN_DEFAULT_PYTHON", "/venv/bin/python"}};
+  CHECK(build_worker_argv(o, pip_installed) == std::vector<std::string>{"/venv/bin/python", "-u", "train.py"});
+  EnvMap both = pip_installed;
+  both["PYTHON_EXEC"] = "/opt/py/bin/python3";
+  CHECK(build_worker_argv(o, both) == std::vector<std::string>{"/opt/py/bin/python3", "-u", "train.py"});
+  o.module = true;
+  o.entrypoint = "pkg.train";
+  CHECK(build_worker_argv(o, pip_installed) ==
+        std::vector<std::string>{"/venv/bin/python", "-u", "-m", "pkg.train"});
+  CHECK(build_worker_argv(o, {{"DDPRUN_DEFAULT_PYTHON", ""}}) ==
+        std::vector<std::string>{"python3", "-u", "-m", "pkg.train"});  // empty counts as unset
+}
+
 TEST_CASE("argv for scripts, modules, programs", "[env]") {
   auto o = opts(1);
   o.args = {"--lr", "0.1"};

@@ -20,6 +20,11 @@
 namespace dw = ddprun::worker;
 namespace dl = ddprun::worker::libtorch;
 
+// The autograd hooks are the engine's own business: a user cannot call them.
+template <class E>
+concept CallableHooks = requires(E& e) { e.on_grad_ready(size_t{0}); } || requires(E& e) { e.on_backward_end(); };
+static_assert(!CallableHooks<dl::DdpEngine>, "DdpEngine's autograd hook entry points are not part of its API");
+
 int main() {
   return dw::run_worker_main([]() -> int {
     dw::RuntimeOptions ro;

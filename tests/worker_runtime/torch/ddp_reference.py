@@ -5,7 +5,7 @@ NCCL with --device cuda, one GPU per local rank):
   torchrun --standalone --nproc_per_node=2 ddp_reference.py --load-init init.0 \
       --batches 'batches.%r' --dump-final 'py.%r' --steps 20
 
-The model, the loss and the step loop mirror worker_runtime/torch/examples/cnn_ddp.cpp (same
+The model, the loss and the step loop mirror worker_runtime/torch/tools/cnn_ddp.cpp (same
 module paths, same order of operations); the data come from the same torch generator calls.
 """
 import argparse

@@ -66,7 +66,7 @@ struct DdpEngine::State {
   // (so every bucket is one contiguous range, reduced in place).
   std::vector<size_t> layout;
   at::Tensor flat;
-  bool flat_is_comm_memory = false;  // from Communicator::alloc_shared (the communicator owns it)
+  bool flat_is_comm_memory = false;  // from FusedStep::alloc_shared (the communicator owns it)
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
 
@@ -90,6 +90,11 @@ struct DdpEngine::State {
   bool require_forward_param_sync = true;
 
   bool distributed() const { return comm.size() > 1 || opt.force_collective; }
+
+  // The autograd hooks: a parameter's AccumulateGrad post-hook, and the end-of-backward
+  // callback the first of them queues.
+  void on_grad_ready(size_t index);
+  void on_backward_end();
 
   // Collective: bytes of every tensor become root's. Packs into one message.
   void broadcast_tensors(const std::vector<at::Tensor>& ts) {
@@ -144,7 +149,8 @@ struct DdpEngine::State {
     if (flat.defined()) {
       fresh = flat;  // a rebuild: same size, new order, same memory (no second allocation)
     } else {
-      void* mem = on_cuda ? nullptr : comm.alloc_shared(static_cast<size_t>(total) * esize);
+      FusedStep* fs = on_cuda ? nullptr : comm.fused_step();
+      void* mem = fs ? fs->alloc_shared(static_cast<size_t>(total) * esize) : nullptr;
       shared = mem != nullptr;
       if (mem)  // the communicator's zero-copy memory; lives as long as the communicator
         fresh = at::from_blob(mem, {total}, grad_options);
@@ -259,8 +265,8 @@ DdpEngine::DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& 
     auto acc = ::torch::autograd::impl::grad_accumulator(s.params[i]);
     if (!acc) throw DdpError("DDP: parameter '" + s.names[i] + "' has no gradient accumulator (not a leaf?)");
     auto hook = std::make_unique<::torch::autograd::utils::LambdaPostHook>(
-        [this, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
-          on_grad_ready(i);
+        [st = s_.get(), i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
+          st->on_grad_ready(i);
           return outputs;
         });
     s.hook_keys.push_back(acc->add_post_hook(std::move(hook)));
@@ -380,8 +386,8 @@ void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
     if (!seen.count(s.accs[i].get())) s.unused.push_back(i);
 }
 
-void DdpEngine::on_grad_ready(size_t i) {
-  State& s = *s_;
+void DdpEngine::State::on_grad_ready(size_t i) {
+  State& s = *this;
   at::NoGradGuard ng;
   s.bind_view(i, false);
   s.used[i] = 1;
@@ -409,8 +415,8 @@ void DdpEngine::on_grad_ready(size_t i) {
   s.reducer->mark_ready(s.reducer_index(i));
 }
 
-void DdpEngine::on_backward_end() {
-  State& s = *s_;
+void DdpEngine::State::on_backward_end() {
+  State& s = *this;
   s.callback_queued = false;
   if (!s.armed) return;
   s.armed = false;

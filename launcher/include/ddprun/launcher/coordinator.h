@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ddprun/launcher/worker_env.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
 
 namespace ddprun::server {
@@ -102,7 +103,9 @@ struct RemoteCoordinatorOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   // Asked at least every 100 ms while connecting: yes gives up (CoordinatorInterrupted).
   std::function<bool()> interrupted;
-  std::string token;  // "" = none; proven to the server, which must prove it back (rdzv/agent_auth.h)
+  // The token or munge credentials (none = open) proven to the server, which must prove them
+  // back (rdzv/agent_auth.h).
+  rdzv::AgentCredentials token;
 };
 
 // Connects to the rendezvous server. Throws CoordinatorError when the endpoint cannot be

@@ -68,6 +68,15 @@ class DuplicateFilter {
   std::vector<std::string> needles_;
 };
 
+// What the console holds of a stream whose log file failed, as it was at the file's first
+// failure: Every line (tee'd, or the file never opened), every line From the failure on
+// (redirected: lines 1..file_only_lines are in the file only), or None (--local_ranks_filter
+// keeps the rank off the console: what the file lacks is lost).
+struct LogConsole {
+  enum class Kind { Every, From, None } kind = Kind::Every;
+  uint64_t file_only_lines = 0;
+};
+
 // Writes to log files (--log_dir's stdout.log/stderr.log under -r/-t, the filtered logs) that
 // failed: a full disk (ENOSPC), an I/O error (EIO), a file that could not be created. The
 // stream's lines go to the console from then on (a redirected one too); this keeps what the
@@ -81,21 +90,26 @@ class LogWriteFailures {
   static constexpr size_t kMaxWarnings = 8;
   static constexpr size_t kMaxSummaryFiles = 10;
 
+  using Console = LogConsole;
   // The console line to print for this failure, or "" when this file was already reported
   // (or the warning budget is spent and its closing line printed).
-  std::string record(const std::string& path, int err, uint64_t bytes_lost);
+  std::string record(const std::string& path, int err, uint64_t bytes_lost, Console console = {});
   bool any() const { return !files_.empty(); }
   size_t files() const { return files_.size(); }
   uint64_t bytes_lost() const;
   // The summary's lines (no "[ddprun]" prefix, no newline): one per file, most lost first,
   // at most kMaxSummaryFiles, then "... and N more".
   std::vector<std::string> summary_lines() const;
+  // What the summary's heading says of the console: "the console got every line" only when it
+  // did, for every file listed.
+  std::string console_note() const;
 
  private:
   struct File {
     int first_errno = 0;
     uint64_t bytes_lost = 0;
     uint64_t failures = 0;
+    Console console;
   };
   std::map<std::string, File> files_;
   size_t warned_ = 0;

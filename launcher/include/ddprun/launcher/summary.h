@@ -54,6 +54,7 @@ struct SummaryInput {
   std::vector<std::string> log_losses;
   size_t log_files_failed = 0;
   uint64_t log_bytes_lost = 0;
+  std::string log_console_note = "the console got every line";  // LogWriteFailures::console_note()
 };
 
 // The exit code of the run: `run_code` (the state machine's), except that a clean run whose

@@ -31,7 +31,7 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
 // argv of a worker: -m -> {python, -u, -m, mod, ...}; --run_path -> python runs the file
 // through runpy; `with_python` (entrypoint.h's runs_with_python: `.py`, a non-executable
 // script, ...) -> {python, -u, script, args...}; otherwise {program, args...}. python is
-// $PYTHON_EXEC from `env`, else "python3" (found on PATH).
+// $PYTHON_EXEC from `env`, else $DDPRUN_DEFAULT_PYTHON, else "python3" (found on PATH).
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python);
 // The same, deciding Python by the `.py` suffix alone (no file system look).
 std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ddprun::client {
 
@@ -16,6 +17,8 @@ bool is_local_address(const std::string& host);
 
 // The interface that carries `addr` (e.g. "eth0"), or "" when none does.
 std::string interface_of(const std::string& addr);
+// Every address of this host's interfaces (IPv4 and IPv6, numeric).
+std::vector<std::string> local_addresses();
 
 // The local address of a connected socket (IPv4-mapped IPv6 shown as IPv4), or "".
 std::string local_address_of(int fd);

@@ -23,6 +23,10 @@ inline constexpr Knob kPythonExec{
     "PYTHON_EXEC", "python3 from PATH", "ddprun",
     "the interpreter that runs Python entry points (torchrun's variable; its default is the "
     "interpreter torchrun runs in)"};
+inline constexpr Knob kDefaultPython{
+    "DDPRUN_DEFAULT_PYTHON", "none", "ddprun",
+    "the interpreter that runs Python entry points when PYTHON_EXEC is unset; the ddprun command "
+    "installed by pip sets it to the Python it was installed with, as torchrun uses its own"};
 inline constexpr Knob kDefaultStorePort{
     "DDPRUN_DEFAULT_STORE_PORT", "29500", "ddprun",
     "the store port tried first when --master_port is not given (a free port when it is taken)"};
@@ -31,7 +35,7 @@ inline constexpr Knob kSysfsRoot{
     "the directory under which --numa-binding reads proc/driver/nvidia and sys/ (tests point it "
     "at a fake topology)"};
 inline constexpr Knob kStoreLock{
-    "DDPRUN_STORE_LOCK", "adaptive", "ddprun, ddprund",
+    "DDPRUN_STORE_LOCK", "adaptive", "ddprund",
     "the store state's lock: adaptive (spins briefly before sleeping) or plain (a plain mutex, "
     "for comparison in benchmarks)"};
 inline constexpr Knob kCollectiveTimeout{
@@ -55,8 +59,14 @@ inline constexpr Knob kRdzvToken{
     "the rendezvous token (16+ bytes), when --rdzv_token_file is not given: agents must prove they hold "
     "it to join; the same on every node and on a standing ddprund"};
 
-inline constexpr Knob kAll[] = {kPythonExec,   kDefaultStorePort, kSysfsRoot, kStoreLock,        kCollectiveTimeout,
-                                kStoreTimeout, kDevice,           kShm,       kDebugCollectives, kRdzvToken};
+inline constexpr Knob kMungeSocket{
+    "DDPRUN_MUNGE_SOCKET", "munge's default (/run/munge/munge.socket.2)", "ddprun",
+    "the socket of munged, for the rendezvous's munge authentication inside a Slurm step without a token "
+    "(set it when munged listens elsewhere, as Slurm's AuthInfo=socket= says)"};
+
+inline constexpr Knob kAll[] = {kPythonExec,   kDefaultPython,    kDefaultStorePort, kSysfsRoot,
+                                kStoreLock,    kCollectiveTimeout, kStoreTimeout,    kDevice,
+                                kShm,          kDebugCollectives, kRdzvToken,        kMungeSocket};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {

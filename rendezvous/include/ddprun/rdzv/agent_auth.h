@@ -11,7 +11,11 @@
 // connection; the two labels keep the server's proof from serving as an agent's. The agent
 // checks the server's proof before it sends its own or anything else: an agent with a token
 // trusts no server without the same token (nor one that requires none), so a fake endpoint
-// learns nothing and cannot steer the agent's workers. Proofs are compared in constant time.
+// learns nothing. Proofs are compared in constant time. After WELCOME, every message both ways
+// is sealed under a key of this connection (session_mac.h), so a relay between the two cannot
+// inject, alter or replay one either. HELLO and CHALLENGE carry version 2 to say so; with a
+// token, either side refuses a peer of version 1 (it would send unsealed messages), and as
+// versions are not covered by the proofs, a relay that rewrites them only gets a refusal.
 //
 // Without a token on the server, CHALLENGE says so and the connection is admitted at once; an
 // old-style agent that sends JOIN first is admitted too (the rendezvous is open). With a token,
@@ -25,6 +29,8 @@
 #include <string>
 
 #include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/munge_auth.h"
+#include "ddprun/rdzv/session_mac.h"
 
 namespace ddprun::rdzv {
 
@@ -51,11 +57,25 @@ std::string load_token(const std::string& file, const char* env_value);
 inline constexpr const char* kTokenAdvice =
     "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node (and on a standing ddprund)";
 
+// How an agent proves it may join: the token ("" = none), or, inside a Slurm step without a
+// token, a fresh munge credential per connection whose secret serves as that connection's
+// token (munge_auth.h). Made from a token string, so a token is all most callers pass.
+struct AgentCredentials {
+  std::string token;
+  MungeCredentialMaker munge;
+  AgentCredentials() = default;
+  AgentCredentials(std::string t) : token(std::move(t)) {}  // NOLINT: implicit on purpose
+  AgentCredentials(const char* t) : token(t) {}             // NOLINT
+  AgentCredentials(MungeCredentialMaker m) : munge(std::move(m)) {}  // NOLINT
+};
+
 // The server's side for one connection.
 class ServerHandshake {
  public:
-  // `token`: "" = the rendezvous is open. `server_nonce`: random_nonce() (tests pass their own).
-  ServerHandshake(std::string token, std::string server_nonce, bool standing = false);
+  // `token`: "" = the rendezvous is open, unless `munge` is given: then it admits only agents
+  // whose HELLO carries a munge credential that `munge` accepts (its secret becomes this
+  // connection's token). `server_nonce`: random_nonce() (tests pass their own).
+  ServerHandshake(std::string token, std::string server_nonce, bool standing = false, MungeCredentialCheck munge = {});
 
   struct Step {
     std::optional<Message> reply;  // to send to the agent
@@ -63,6 +83,8 @@ class ServerHandshake {
     bool refused = false;          // `reply` is an ERROR; close the connection after it
     bool forward = false;          // (open rendezvous, no HELLO) admitted, and `m` itself goes to the rounds
     std::string why;               // refused: for the server's log
+    // Admitted with a token: every later message is opened with it, every reply sealed.
+    std::optional<SessionMac> session;
   };
   // One message of a connection not admitted yet.
   Step on_message(const Message& m);
@@ -73,6 +95,7 @@ class ServerHandshake {
   Step refuse(std::string text, std::string why);
   std::string token_, server_nonce_, client_nonce_;
   bool standing_ = false;
+  MungeCredentialCheck munge_;
   State state_ = State::Fresh;
 };
 
@@ -85,17 +108,21 @@ class HandshakeRefused : public std::runtime_error {
 // The agent's side. `where`: host:port, for the messages.
 class ClientHandshake {
  public:
-  ClientHandshake(std::string token, std::string client_nonce, std::string where);
+  // With munge credentials, the constructor asks munged for this connection's credential
+  // (std::runtime_error when munged does not answer).
+  ClientHandshake(const AgentCredentials& credentials, std::string client_nonce, std::string where);
   Message hello() const;
   // The server's answer to HELLO or AUTH: the next message to send (AUTH), or nothing. Throws
   // HandshakeRefused on a token mismatch (either way), an ERROR, or an answer out of turn.
   std::optional<Message> on_reply(const Message& m);
   bool done() const { return done_; }
+  // Done with a token: every later message is sealed with it, every notice opened.
+  std::optional<SessionMac> session() const;
   // The server said it is a standing daemon (known once challenged).
   bool server_standing() const { return standing_; }
 
  private:
-  std::string token_, client_nonce_, where_;
+  std::string token_, client_nonce_, where_, server_nonce_, munge_credential_;
   bool challenged_ = false, done_ = false, standing_ = false;
 };
 

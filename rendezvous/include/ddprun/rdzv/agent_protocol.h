@@ -244,11 +244,13 @@ struct JobFailed {
 // The token handshake (agent_auth.h says why it goes this way).
 struct Hello {
   static constexpr MsgType kType = MsgType::Hello;
-  int64_t version = 1;
+  // 2: this agent seals every message after a token handshake (session_mac.h); 1: an older one.
+  int64_t version = 2;
   std::string client_nonce;  // hex
+  std::string munge;         // inside a Slurm step without a token: a munge credential (munge_auth.h)
   template <class S, class V>
   static void visit(S& s, V&& v) {
-    v("version", s.version), v("client_nonce", s.client_nonce);
+    v("version", s.version), v("client_nonce", s.client_nonce), v("munge", s.munge);
   }
 };
 
@@ -267,10 +269,13 @@ struct Challenge {
   std::string server_nonce, server_proof;  // hex; empty without a token
   // A standing server (ddprund), not an agent hosting its job: worth reconnecting to.
   bool standing = false;
+  // 2: this server seals every message after a token handshake (session_mac.h); absent (1): an
+  // older one.
+  int64_t version = 1;
   template <class S, class V>
   static void visit(S& s, V&& v) {
     v("token_required", s.token_required), v("server_nonce", s.server_nonce), v("server_proof", s.server_proof);
-    v("standing", s.standing);
+    v("standing", s.standing), v("version", s.version);
   }
 };
 

@@ -28,7 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/session_mac.h"
 
 namespace ddprun::rdzv {
 
@@ -57,7 +59,7 @@ class RendezvousClient {
   // the server's answers. Throws RendezvousRefused when either side's proof fails.
   RendezvousClient(std::string host, uint16_t port, std::chrono::milliseconds connect_timeout,
                    std::chrono::milliseconds heartbeat_interval, std::function<bool()> interrupted = {},
-                   std::string token = {});
+                   AgentCredentials credentials = {});
   ~RendezvousClient();
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;
@@ -82,6 +84,11 @@ class RendezvousClient {
   void report_progress(int64_t round);
   void leave();  // never throws
 
+  // With a token: how many messages were dropped because they were not the server's (a wrong or
+  // missing MAC, a replay: session_mac.h), and what the last one was. For the agent's loop.
+  uint64_t rejected() const { return rejected_; }
+  const std::string& last_rejected() const { return last_rejected_; }
+
   // The server is a standing daemon (ddprund), as its handshake said.
   bool server_standing() const { return server_standing_; }
   const std::string& host() const { return host_; }
@@ -95,10 +102,13 @@ class RendezvousClient {
   enum class Sender { Caller, Heartbeat };
   template <class T>
   void send(const T& m, Sender who = Sender::Caller);
+  std::unique_lock<std::timed_mutex> lock_send(Sender who);
   void write_all(const std::string& bytes, Sender who);
+  void write_locked(const std::string& bytes, Sender who);  // under send_mu_
+  void send_message(Message m, Sender who);
   bool give_up(Sender who) const;
   bool read_some(bool block, std::chrono::milliseconds timeout);
-  void handshake(const std::string& token);
+  void handshake(const AgentCredentials& credentials);
   std::optional<Message> take_buffered();
 
   std::string host_;
@@ -113,6 +123,11 @@ class RendezvousClient {
   std::condition_variable hb_cv_;
   std::atomic<bool> stopping_{false};
   bool server_standing_ = false;
+  // With a token, set by the handshake before the heartbeat thread starts. Its sending half is
+  // used under send_mu_, its receiving half by the caller's thread (distinct fields).
+  std::optional<SessionMac> mac_;
+  uint64_t rejected_ = 0;
+  std::string last_rejected_;
 };
 
 }  // namespace ddprun::rdzv

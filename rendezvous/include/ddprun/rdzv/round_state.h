@@ -86,7 +86,13 @@ class RoundState {
 
   void on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out);
   void on_disconnect(ConnId conn, Clock::time_point now, std::vector<Outbound>& out);
+  // Heartbeats are judged against the server's own progress: a gap between two ticks longer
+  // than half a job's heartbeat timeout means the server itself made no progress meanwhile (a
+  // stall: a request that held it, the host, a stop), and that time is not counted against
+  // that job's agents, whose heartbeats were waiting to be read.
   void on_tick(Clock::time_point now, std::vector<Outbound>& out);
+  // The gap the last tick found, when it was such a stall (else zero): for the server's log.
+  Clock::duration last_stall() const { return last_stall_; }
   // The earliest last-call or join deadline, if any. Heartbeat expiry is not included: the
   // caller ticks periodically (a fraction of the heartbeat timeout) for that.
   std::optional<Clock::time_point> next_deadline() const;
@@ -163,6 +169,11 @@ class RoundState {
   WorkerStores& stores_;
   std::map<std::string, Job> jobs_;
   std::map<ConnId, std::string> conn_job_;
+  // Dropped for missed heartbeats, their connections not closed yet: what they still send (the
+  // heartbeats queued behind the drop) is ignored, so the drop's ERROR is their one answer.
+  std::set<ConnId> dropped_;
+  std::optional<Clock::time_point> last_tick_;
+  Clock::duration last_stall_{};
 };
 
 }  // namespace ddprun::rdzv

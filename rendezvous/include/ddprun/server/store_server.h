@@ -16,6 +16,11 @@
 // No exception leaves a handler: one thrown while serving a connection closes that connection.
 // Running out of descriptors (EMFILE/ENFILE) pauses accepting briefly; the server keeps serving.
 //
+// Parts (private, rendezvous/src/server/): a listener per keyspace, the connections (framing,
+// outbox, back-pressure), admission (token handshake, stranger filter, connection limit),
+// the keyspaces (the main one and each round's workers' store) and the dispatch of requests
+// to the store states and the rounds.
+//
 // Resource limits (each a ddprund flag, docs/PROTOCOL.md "Limits"): total connections, jobs,
 // per-request lengths (wire::Limits), what one keyspace holds and one reply carries
 // (store::StoreLimits), bytes buffered per connection and in all. Past one, the offending
@@ -31,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/rdzv/munge_auth.h"
 #include "ddprun/store/store_state.h"
 #include "ddprun/wire/codec.h"
 
@@ -40,6 +46,8 @@ inline constexpr uint64_t kDefaultMaxConnections = 65536;
 inline constexpr uint64_t kDefaultMaxJobs = 1024;
 inline constexpr uint64_t kDefaultMaxConnectionBufferedBytes = 256ull * 1024 * 1024;
 inline constexpr uint64_t kDefaultMaxBufferedBytes = 1ull << 30;
+inline constexpr std::chrono::milliseconds kDefaultFirstBytesTimeout{30000};
+inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{5000};
 
 struct StoreServerOptions {
   std::string host = "";      // "" = dual-stack any address (falls back to 0.0.0.0)
@@ -50,6 +58,15 @@ struct StoreServerOptions {
   // Open connections of every keyspace together; past it (or past the descriptor limit less a
   // reserve) a new connection is closed at once.
   uint64_t max_connections = kDefaultMaxConnections;
+  // Connections from addresses that are neither loopback nor the host of an admitted agent,
+  // open at once; 0 = half of max_connections. Past it a stranger's new connection is closed
+  // at once, so admitted agents' hosts (members) always find slots.
+  uint64_t max_stranger_connections = 0;
+  // A connection that has not sent enough to tell its protocol this long after it connected is
+  // closed; so is an agent that has not finished the token handshake within handshake_timeout
+  // of connecting. 0 = no deadline.
+  std::chrono::milliseconds first_bytes_timeout = kDefaultFirstBytesTimeout;
+  std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
   // Rendezvous jobs at once; a JOIN that would create one more gets an ERROR.
   uint64_t max_jobs = kDefaultMaxJobs;
   // Bytes one connection may have queued for sending (its peer does not read): past it, closed.
@@ -67,11 +84,14 @@ struct StoreServerOptions {
   // connect. With one, an agent must prove it holds the same token before its messages reach
   // the rounds; one that cannot is refused and changes nothing.
   std::string rdzv_token;
+  // Without a token: when set, only agents whose munge credential it accepts are admitted
+  // (rdzv/munge_auth.h; the launcher inside a Slurm step).
+  rdzv::MungeCredentialCheck rdzv_munge;
   // TCPStore clients of the main keyspace (not agents) must come from loopback, from the
   // address of an agent in a job's current round, or from set_store_peers(), as for the
   // rounds' own stores (always so restricted when enable_rendezvous). For the launcher hosting
   // a multi-node job or a round's workers' store, whose main keyspace is the workers' store; a
-  // standing ddprund's main keyspace stays a general store.
+  // standing ddprund sets it when it has a rendezvous token (unless --store-from-any-address).
   bool restrict_main_store = false;
   // A standing daemon (ddprund), not an agent hosting its job: agents that lose it reconnect
   // and re-join their running round (round_state.h "Resume"); told in the handshake.
@@ -87,6 +107,11 @@ struct StoreServerOptions {
   // to one line per second per kind. Empty: spdlog's warning level (ddprund's own console). The
   // launcher hosting a job passes its own, so that strangers cannot fill the job's console.
   std::function<void(const std::string&)> peer_warning;
+  // Put before every line the server logs (warnings and its spdlog lines), e.g. "[ddprund] ".
+  std::string log_prefix;
+  // The state lock spins briefly before sleeping (an adaptive mutex); false: a plain mutex,
+  // to compare in benchmarks (ddprund reads DDPRUN_STORE_LOCK for it).
+  bool adaptive_lock = true;
 };
 
 inline constexpr int kMaxAutoIoThreads = 8;
@@ -101,6 +126,8 @@ struct StoreServerStats {
   uint64_t accept_errors = 0;                   // EMFILE and the like
   uint64_t agents_refused = 0;                  // agents refused by the token handshake
   uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
+  uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
+  uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
@@ -109,6 +136,8 @@ uint64_t min_request_bytes(const wire::Limits& l);
 // Raises this process's soft descriptor limit to its hard limit (thousands of clients need
 // thousands of descriptors); returns the soft limit now in force.
 uint64_t raise_fd_limit();
+
+class ServerCore;
 
 class StoreServer {
  public:
@@ -148,8 +177,7 @@ class StoreServer {
   StoreServerStats stats() const;
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ServerCore> impl_;
 };
 
 }  // namespace ddprun::server

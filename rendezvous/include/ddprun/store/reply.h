@@ -9,6 +9,7 @@
 // Thread-safety: none; a Value may be shared across threads (it is immutable).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,7 +23,20 @@ namespace ddprun::store {
 // Writing a key (SET, COMPARE_SET, APPEND, ADD, ...) replaces the pointer, so a reply in
 // flight keeps the bytes it was built with and never sees a half-written value.
 using Value = std::shared_ptr<const std::string>;
-inline Value make_value(std::string bytes) { return std::make_shared<const std::string>(std::move(bytes)); }
+// The string itself is not const: the store may grow a value that nothing else holds
+// (grow_in_place), which is how APPEND stays O(appended bytes).
+inline Value make_value(std::string bytes) { return std::make_shared<std::string>(std::move(bytes)); }
+// Appends to `v` in place when the caller's reference is the only one (no reply in flight and
+// no event holds it) and returns true; else changes nothing. The caller holds the lock under
+// which new references are made, so a count of one cannot grow meanwhile.
+inline bool grow_in_place(const Value& v, std::string_view more) {
+  if (!v || v.use_count() != 1) return false;
+  // The last other holder (an outbox on another thread) let go with a release decrement; this
+  // makes its reads of the bytes happen before the write below.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const_cast<std::string&>(*v).append(more);  // made by make_value: a non-const string
+  return true;
+}
 
 // Values up to this size are copied into a reply: a reference costs about as much.
 inline constexpr size_t kInlineValueBytes = 64;

@@ -103,6 +103,23 @@ struct DetectResult {
 };
 DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect, const Limits& limits);
 
+// The agents' rendezvous protocol shares the port: a connection announces it with 00 and this
+// magic ("DDPR" little-endian), which no TCPStore client sends first (as a legacy SET its key
+// length would be 1.4 GB, past every key limit).
+inline constexpr uint32_t kAgentHelloMagic = 0x52504444u;
+
+// What a connection speaks, decided by its first bytes.
+enum class Protocol : uint8_t { Unknown = 0, TcpStore = 1, Agent = 2 };
+struct SniffResult {
+  ParseStatus status = ParseStatus::NeedMore;
+  Protocol protocol = Protocol::Unknown;
+  Dialect dialect = Dialect::Unknown;  // TcpStore: the dialect (detect_dialect)
+  size_t consumed = 0;                 // bytes of the announcement (Agent: 5; D2: VALIDATE's 5)
+};
+// `agents`: whether this listener serves agents at all; without, their announcement is judged
+// as TCPStore bytes (and is Bad). NeedMore while the first bytes do not decide it.
+SniffResult sniff_protocol(std::span<const uint8_t> buf, bool agents, Dialect legacy_dialect, const Limits& limits);
+
 // ---- encoding (client requests and server replies) ----
 class Writer {
  public:

@@ -15,6 +15,10 @@
 //    thread during backward, the caller otherwise). abort() alone may be called from any
 //    thread, at any time.
 //  * Memory: host memory for the host backends, device memory for NCCL.
+//
+// One backend's fused optimizer step (shared memory on one host) is an optional capability,
+// FusedStep, reached through Communicator::fused_step(); the rest of the interface is what
+// every backend does.
 #pragma once
 
 #include <chrono>
@@ -46,7 +50,7 @@ DDPRUN_WORKER_API const char* dtype_name(DType d);
 // An optimizer step that is elementwise over a flat fp32 parameter space (SGD, SGD with
 // momentum, Adam, ...): element i of every array depends only on element i of the gradient
 // and of the arrays. That lets a communicator apply it slice by slice, each slice on the rank
-// that reduced it (Communicator::allreduce_step), with the same bits as one pass over all.
+// that reduced it (FusedStep::allreduce_step), with the same bits as one pass over all.
 class DDPRUN_WORKER_API ElementwiseStep {
  public:
   static constexpr size_t kMaxArrays = 8;
@@ -59,6 +63,8 @@ class DDPRUN_WORKER_API ElementwiseStep {
   // calling it on any split of a range gives the same result as one call.
   virtual void apply(float* const* a, const float* g, size_t n) const = 0;
 };
+
+class FusedStep;
 
 class DDPRUN_WORKER_API Communicator {
  public:
@@ -93,20 +99,51 @@ class DDPRUN_WORKER_API Communicator {
   // Makes current and future operations fail with CommError. Any thread; never throws.
   virtual void abort() noexcept = 0;
 
+  // The fused-step capability (FusedStep below) when this communicator has it, else nullptr
+  // (NCCL, the one-rank communicator, Gloo without its shared-memory path). The same answer on
+  // every rank; valid for the communicator's lifetime.
+  virtual FusedStep* fused_step() { return nullptr; }
+
+  // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
+  virtual bool stream_ordered() const { return false; }
+  // The caller's compute stream (a cudaStream_t; default: the legacy default stream).
+  virtual void set_compute_stream(void* /*stream*/) {}
+  // The communication stream waits for work already issued on the compute stream.
+  virtual void comm_waits_for_compute() {}
+  // The compute stream waits for all communication issued so far.
+  virtual void compute_waits_for_comm() {}
+  // Blocks the host until all issued communication finished (throws CommError on failure).
+  virtual void synchronize() {}
+
+  // Collective: `value` from the host of every rank, reduced with MAX, returned on the host (a
+  // tiny control-plane agreement, e.g. stop.h's). The default all-reduces host memory, right for
+  // host backends; a stream-ordered backend (NCCL) stages it through device memory and waits for
+  // it, and so for the communication issued before it.
+  virtual int32_t allreduce_max_host(int32_t value);
+};
+
+// Optional capability of a host communicator (Communicator::fused_step()): shared memory that
+// the backend reduces without copies, and an all-reduce fused with an elementwise optimizer
+// step over it (the CPU shared-memory path). The Reducer uses it through set_step_arrays() /
+// finalize_and_step(); a program places its gradients and optimizer state with alloc_shared()
+// and alloc_shared_single(). Every call follows the Communicator's contract (same order on
+// every rank, CommError on failure, one thread at a time). Not owned through this interface:
+// it lives as long as its communicator.
+class DDPRUN_WORKER_API FusedStep {
+ public:
   // Collective (same bytes, same order on every rank). Zeroed host memory that this backend
-  // all-reduces without copies (the CPU shared-memory path: peers read and write it
-  // directly) — put gradients there. nullptr when the backend has no such memory: use your
-  // own. Valid for the communicator's lifetime.
-  virtual void* alloc_shared(size_t /*bytes*/) { return nullptr; }
+  // all-reduces without copies (peers read and write it directly) — put gradients there.
+  // nullptr when there is none to give (no room in /dev/shm: one warning): use your own.
+  // Valid for the communicator's lifetime.
+  virtual void* alloc_shared(size_t bytes) = 0;
 
   // Collective (same bytes, same order on every rank, like alloc_shared). Zeroed host memory
-  // that every rank maps as ONE copy (the CPU shared-memory path): a store by any rank is the
-  // store every rank reads (the address may differ per rank). For state that is the same on
-  // every rank and written only by the fused step (parameters, optimizer state): each rank
-  // steps its slice in place, nothing is copied to peers, and the host holds one copy instead
-  // of one per rank. nullptr when the backend has none (no shared-memory path, a world of one,
-  // or /dev/shm without room: one warning): use alloc_shared() or your own. Valid for the
-  // communicator's lifetime.
+  // that every rank maps as ONE copy: a store by any rank is the store every rank reads (the
+  // address may differ per rank). For state that is the same on every rank and written only by
+  // the fused step (parameters, optimizer state): each rank steps its slice in place, nothing
+  // is copied to peers, and the host holds one copy instead of one per rank. nullptr when the
+  // backend has none (a world of one, or /dev/shm without room: one warning): use
+  // alloc_shared() or your own. Valid for the communicator's lifetime.
   // Writes are the caller's to order: two ranks must never access the same bytes at once when
   // one of them writes (a data race, even when they write equal values). So:
   //  * initialise or load such memory on ONE rank, then call barrier() or broadcast() from that
@@ -130,17 +167,15 @@ class DDPRUN_WORKER_API Communicator {
   // it, arrays[j][0, count) on every rank hold the step applied to the average of grad[0,
   // count) over ranks (identical bits on every rank); grad[0, count) is left unspecified
   // (averaged or still local). Every rank passes the same count and step, and arrays of the
-  // same kind. Host backends only. Default, for every backend without a fused path:
-  // allreduce(Avg) in place, then step.apply over the whole range — the fused override must
-  // give the same bits (it reduces in the same order and applies the same float operations).
-  virtual void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays);
+  // same kind. Where fuses_step() is false for these buffers it is allreduce_then_step(); the
+  // fused path gives the same bits (it reduces in the same order and applies the same float
+  // operations).
+  virtual void allreduce_step(float* grad, size_t count, const ElementwiseStep& step, float* const* arrays) = 0;
   // True when allreduce_step() over these buffers is a fused single pass (gradient in
   // alloc_shared() memory; params and state there or in alloc_shared_single() memory, which
-  // the step writes in place, each rank its slice, with no copies to peers), not the
-  // default's all-reduce plus separate step.
-  virtual bool fuses_step(const float* /*grad*/, size_t /*count*/, float* const* /*arrays*/, size_t /*n_arrays*/) const {
-    return false;
-  }
+  // the step writes in place, each rank its slice, with no copies to peers), not an all-reduce
+  // plus a separate step.
+  virtual bool fuses_step(const float* grad, size_t count, float* const* arrays, size_t n_arrays) const = 0;
 
   // The fused step split in two, so the reduction overlaps backward (the Reducer's default CPU
   // path). Only where splits_step() and fuses_step() hold. Phase 1, reduce_for_step(), may run
@@ -163,23 +198,14 @@ class DDPRUN_WORKER_API Communicator {
   virtual void start_reduce_for_step(float* grad, size_t count) { reduce_for_step(grad, count); }
   virtual bool test_reduce_for_step(bool /*block*/) { return true; }
 
-  // Stream-ordered backends (NCCL) only; the defaults suit blocking host backends.
-  virtual bool stream_ordered() const { return false; }
-  // The caller's compute stream (a cudaStream_t; default: the legacy default stream).
-  virtual void set_compute_stream(void* /*stream*/) {}
-  // The communication stream waits for work already issued on the compute stream.
-  virtual void comm_waits_for_compute() {}
-  // The compute stream waits for all communication issued so far.
-  virtual void compute_waits_for_comm() {}
-  // Blocks the host until all issued communication finished (throws CommError on failure).
-  virtual void synchronize() {}
-
-  // Collective: `value` from the host of every rank, reduced with MAX, returned on the host (a
-  // tiny control-plane agreement, e.g. stop.h's). The default all-reduces host memory, right for
-  // host backends; a stream-ordered backend (NCCL) stages it through device memory and waits for
-  // it, and so for the communication issued before it.
-  virtual int32_t allreduce_max_host(int32_t value);
+ protected:
+  ~FusedStep() = default;
 };
+
+// The unfused reference for FusedStep::allreduce_step: allreduce(Avg) of grad in place, then
+// step.apply over the whole range.
+DDPRUN_WORKER_API void allreduce_then_step(Communicator& comm, float* grad, size_t count, const ElementwiseStep& step,
+                                           float* const* arrays);
 
 struct GlooOptions {
   // Collective and connect timeout: a stuck peer surfaces as CommError after this (a dead one

@@ -22,19 +22,19 @@
 // Fused optimizer step (host communicators, fp32): register the optimizer's arrays once with
 // set_step_arrays() and end each pass with finalize_and_step(step) instead of finalize() plus
 // an optimizer pass. Buckets whose gradients and arrays the communicator can average and step
-// in one pass (Communicator::fuses_step: the CPU shared-memory path, everything in
-// alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
+// in one pass (Communicator::fused_step(), FusedStep::fuses_step: the CPU shared-memory path,
+// everything in alloc_shared() memory) are fused: each rank steps only its slice of a bucket and writes the
 // result into every rank's copy (ZeRO-1 style, but the state stays replicated). Writing
 // parameters must wait until every rank is past backward (a slower peer may still read them:
 // dX = dz.W runs after mark_ready of W), but the reduction need not: where the communicator
-// splits the step (Communicator::splits_step, the shm path), a fused bucket's reduction
+// splits the step (FusedStep::splits_step, the shm path), a fused bucket's reduction
 // (reduce_for_step: each rank averages its slice) starts as soon as the bucket is ready, during
 // backward like any bucket, and finalize_and_step() only steps the slices and writes them
 // everywhere (one finish_step for all fused buckets). A communicator that fuses without
 // splitting gets the fused buckets launched in finalize_and_step(), adjacent ones as one
 // collective. Every other bucket is all-reduced as usual (overlapped) and stepped locally
 // after it. All give the same bits: same reduction order, same per-element float operations
-// (see Communicator::allreduce_step). After set_step_arrays() end synchronised passes with
+// (see FusedStep::allreduce_step). After set_step_arrays() end synchronised passes with
 // finalize_and_step(), not finalize().
 //
 // Thread-safety: the Reducer is driven from one thread (the training loop).
@@ -50,20 +50,19 @@
 // These checks also run at world size 1 and while sync is off, so a bug shows on one rank.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <exception>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ddprun/worker/communicator.h"
 
 namespace ddprun::worker {
+
+namespace detail {
+class ReducerImpl;  // the Reducer's state and machinery (reducer.cpp)
+}
 
 struct ReducerOptions {
   size_t bucket_cap_bytes = 25u << 20;
@@ -92,7 +91,7 @@ struct ReducerOptions {
   //    ready bucket's collective without waiting and finishes it once every rank started it
   //    (a non-blocking check; if a peer is behind, the next mark_ready() checks again), so
   //    it never waits for a peer before finalize(). Only collectives that can be started
-  //    without blocking (Communicator::start_reduce_for_step: the fused step's reduction on
+  //    without blocking (FusedStep::start_reduce_for_step: the fused step's reduction on
   //    the shared-memory path) progress during backward; any other bucket is reduced in
   //    finalize(). Same collectives in the same order, hence the same bits, as Thread.
   //  * Auto: Inline when the communicator splits the fused step (all ranks on this host,
@@ -151,8 +150,8 @@ class DDPRUN_WORKER_API Reducer {
 
   // Gradient accumulation: while sync is off, mark_ready/finalize do no communication and
   // gradients accumulate locally (PyTorch's no_sync()).
-  void set_sync(bool sync) { sync_ = sync; }
-  bool sync() const { return sync_; }
+  void set_sync(bool sync);
+  bool sync() const;
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(Reducer& r) : r_(r), prev_(r.sync()) { r_.set_sync(false); }
@@ -165,9 +164,9 @@ class DDPRUN_WORKER_API Reducer {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  const std::vector<std::vector<size_t>>& buckets() const { return plan_; }
+  const std::vector<std::vector<size_t>>& buckets() const;
   // Number of buckets launched before finalize() in the last pass (overlap evidence).
-  size_t buckets_launched_early() const { return launched_early_; }
+  size_t buckets_launched_early() const;
   // Overlap of the last synchronised pass (host communicators time their collectives).
   struct OverlapStats {
     size_t buckets = 0, buckets_early = 0;  // early: launched during backward (before finalize)
@@ -181,97 +180,16 @@ class DDPRUN_WORKER_API Reducer {
     double comm_cpu_ms = 0;  // CPU time of the thread(s) running this pass's collectives in them
     bool inline_progress = false;  // Progress::Inline: comm_ms ran on the training thread
   };
-  const OverlapStats& overlap() const { return stats_; }
+  const OverlapStats& overlap() const;
   // Progress::Auto resolved (Thread or Inline).
-  ReducerOptions::Progress progress() const { return inline_ ? ReducerOptions::Progress::Inline : ReducerOptions::Progress::Thread; }
+  ReducerOptions::Progress progress() const;
   // Number of buckets averaged and stepped in one fused pass by the last finalize_and_step(),
   // and the number of fused collectives they took (adjacent fused buckets go as one).
-  size_t buckets_fused() const { return fused_last_; }
-  size_t fused_collectives() const { return fused_calls_last_; }
+  size_t buckets_fused() const;
+  size_t fused_collectives() const;
 
  private:
-  struct Bucket {
-    std::vector<size_t> members;
-    size_t pending = 0;
-    bool launched = false;
-    bool early = false;  // launched during backward (from mark_ready/mark_unused)
-    void* base = nullptr;   // in-place range, or nullptr when staged
-    size_t count = 0;
-    std::vector<unsigned char> staging;
-    bool fused = false;  // averaged and stepped by allreduce_step in finalize_and_step()
-    bool joins_previous = false;  // fused, and in the same allreduce_step as the bucket before
-    bool started = false;  // inline progress: its start_reduce_for_step() was issued
-    bool done_early = false;  // its collective finished before finalize() (under mu_)
-  };
-  void launch(size_t b);
-  void reduce_bucket(Bucket& bk);  // host path, on the communication thread
-  void comm_thread_main();
-  // Inline progress: runs the queued collectives in order on this thread; without `block`
-  // only as far as they complete without waiting for a peer.
-  void progress_inline(bool block);
-  // Times one collective (wall and thread CPU) into comm_ms_ / comm_cpu_ms_; CommError
-  // and other failures go to error_ (rethrown by finalize); under mu_ for the thread.
-  template <class F>
-  void run_timed(size_t b, F&& f);
-  // finalize()'s work, once per pass: launches every bucket not launched yet (but not the
-  // fused ones when skip_fused) and waits for them.
-  void launch_rest_and_wait(bool skip_fused);
-  // The step arrays at the element of gradient pointer `g`.
-  void arrays_at(const void* g, float** out) const;
-  void step_locally(const Bucket& bk, const ElementwiseStep& step) const;
-  // Misuse: throws WorkerError "Reducer misuse on rank R in <op>: <what>".
-  [[noreturn]] void misuse(const std::string& op, const std::string& what) const;
-  std::string param_label(size_t index) const;
-  void check_mark(const char* op, size_t index) const;
-  void count_ready(size_t index);
-  // finalize()'s entry check: a pass is open; every gradient marked (or, with
-  // find_unused_parameters, the rest marked unused).
-  void begin_finalize(const char* op);
-  // Sets inline_ (Progress::Auto resolved) from the options and which buckets are fused.
-  void resolve_progress();
-  // Nothing to communicate: one rank and no forced collective.
-  bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
-
-  Communicator& comm_;
-  std::vector<GradView> grads_;
-  DType dtype_;
-  ReducerOptions options_;
-  std::vector<std::vector<size_t>> plan_;
-  std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;
-  size_t next_to_launch_ = 0;  // buckets launch strictly in order on every rank
-  size_t launched_early_ = 0;
-  size_t launched_ = 0;  // buckets handed to the communication thread this pass
-  size_t fused_last_ = 0;
-  size_t fused_calls_last_ = 0;
-  const float* step_grad_base_ = nullptr;
-  std::vector<float*> step_arrays_;
-  bool sync_ = true;
-  bool in_backward_ = false;
-  bool finalizing_ = false;  // finalize() marking unused gradients (find_unused_parameters)
-  bool split_ = false;  // fused buckets reduce during backward (Communicator::splits_step)
-  OverlapStats stats_;
-  double comm_ms_ = 0;  // communication thread's time this pass (under mu_)
-  double comm_cpu_ms_ = 0;  // its CPU time (under mu_)
-  bool inline_ = false;  // Progress::Inline in effect (resolved from Auto; resolve_progress())
-  // Inline progress: buckets launched, in order, not finished yet (training thread only; apart
-  // from queue_, which a communication thread started in an earlier pass may still watch).
-  std::deque<size_t> inline_queue_;
-  bool want_inline_ = false;  // Inline asked for, or Auto with few CPUs on a splitting communicator
-  bool finalize_started_ = false;  // under mu_: the training thread is in finalize()
-  uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
-  std::vector<unsigned char> ready_;        // per gradient, this pass
-  std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
-  size_t n_ready_ = 0;
-
-  // Host communication thread.
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> queue_;
-  size_t completed_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
+  std::unique_ptr<detail::ReducerImpl> impl_;
 };
 
 }  // namespace ddprun::worker

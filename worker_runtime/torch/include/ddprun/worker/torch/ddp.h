@@ -129,10 +129,6 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // (overlap evidence; 0 with one rank unless force_collective).
   size_t buckets_launched_early() const;
 
-  // The autograd hooks' entry points (public for the hook objects; not for users).
-  void on_grad_ready(size_t index);
-  void on_backward_end();
-
  private:
   struct State;
   std::shared_ptr<::torch::nn::Module> module_;

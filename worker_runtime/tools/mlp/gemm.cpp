@@ -235,17 +235,10 @@ constexpr bool kHaveBlas = true;
 #else
 constexpr bool kHaveBlas = false;
 #endif
-// `auto`: OpenBLAS, unless its runtime CPU detection fell back to an old generic kernel on a
-// CPU that has AVX2/FMA (seen in a VM whose CPUID hides the model: "Core: Prescott", 75-115 ms
-// per step against 47 ms for ours). Then our AVX2 kernels are the better choice.
+// `auto`: see gemm_auto_choice (gemm.h).
 GemmImpl default_impl() {
 #ifdef DDPRUN_EXAMPLE_OPENBLAS
-  if (!kHaveAvx2) return GemmImpl::Blas;
-  std::string core = openblas_get_corename();
-  for (auto& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (const char* modern : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"})
-    if (core.find(modern) != std::string::npos) return GemmImpl::Blas;
-  return GemmImpl::Builtin;
+  return gemm_auto_choice(kHaveBlas, kHaveAvx2, openblas_get_corename());
 #else
   return GemmImpl::Builtin;
 #endif
@@ -253,6 +246,16 @@ GemmImpl default_impl() {
 GemmImpl g_impl = default_impl();
 int g_threads = 1;
 }  // namespace
+
+GemmImpl gemm_auto_choice(bool have_blas, bool have_avx2, const std::string& blas_core) {
+  if (!have_blas) return GemmImpl::Builtin;
+  if (!have_avx2) return GemmImpl::Blas;
+  std::string core = blas_core;
+  for (auto& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* modern : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"})
+    if (core.find(modern) != std::string::npos) return GemmImpl::Blas;
+  return GemmImpl::Builtin;
+}
 
 bool gemm_blas_available() { return kHaveBlas; }
 std::string gemm_blas_core() {
@@ -264,7 +267,7 @@ std::string gemm_blas_core() {
 }
 void set_gemm_impl(GemmImpl impl) {
   if (impl == GemmImpl::Blas && !kHaveBlas)
-    throw std::invalid_argument("this build of the example has no BLAS (install libopenblas64-pthread-dev and reconfigure)");
+    throw std::invalid_argument("this build of train has no BLAS (install libopenblas64-pthread-dev and reconfigure)");
   g_impl = impl;
 }
 GemmImpl gemm_impl() { return g_impl; }

@@ -1,6 +1,6 @@
-// Example code of the `train` program, not part of libddprun_worker (a user brings the model).
-// The example model on CPU: Linear(in, width), ReLU, [Linear(width, width), ReLU] x depth,
-// Linear(width, out), with MSE loss. depth = 0, width = 50 is the seed's model.
+// The model code of the `train` harness, not part of libddprun_worker (a user brings the model).
+// The model on CPU: Linear(in, width), ReLU, [Linear(width, width), ReLU] x depth,
+// Linear(width, out), with MSE loss. depth = 0, width = 50 is train's default model.
 // Parameters (and gradients) live in caller-owned flat fp32 buffers laid out in PyTorch's
 // parameters() order: W0 [width, in], b0 [width], W1, b1, ..., W_last [out, width], b_last.
 // Not thread-safe (owns its activation workspace).

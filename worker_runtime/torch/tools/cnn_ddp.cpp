@@ -1,5 +1,6 @@
-// ddprun-torch-example: a small CNN with batch norm trained data-parallel through
-// ddprun::worker::libtorch::DistributedDataParallel, under `ddprun` or `torchrun`.
+// ddprun-torch-example: the harness the libtorch tests and benchmarks drive. A small CNN with
+// batch norm trained data-parallel through ddprun::worker::libtorch::DistributedDataParallel,
+// under `ddprun` or `torchrun` (the short example to read is examples/libtorch_cnn_ddp.cpp).
 //
 //   ddprun --nproc_per_node=2 ddprun-torch-example --steps 20 --checkpoint-dir /tmp/ck
 //

@@ -1,4 +1,4 @@
-// Shared between the CPU (train.cpp) and GPU (train_gpu.cu) paths of the `train` example.
+// Shared between the CPU (train.cpp) and GPU (train_gpu.cu) paths of the `train` harness.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,12 @@
+"""ddprun, as installed by pip: the torchrun-compatible launcher ``ddprun``, the rendezvous
+store daemon ``ddprund`` and the C++ DDP worker runtime ``libddprun_worker``.
+
+The programs and the library live in this package's ``bin/``, ``lib/`` and ``include/``;
+``ddprun`` and ``ddprund`` on PATH, and ``python -m ddprun``, run them. A C++ project finds
+the library with ``find_package(ddprun_worker)`` after
+``-DCMAKE_PREFIX_PATH="$(python -m ddprun.cmake)"``.
+"""
+
+from ._paths import bin_dir, cmake_prefix_path, include_dir, lib_dir
+
+__all__ = ["bin_dir", "cmake_prefix_path", "include_dir", "lib_dir"]

@@ -1,0 +1,277 @@
+#include "connection.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace ddprun::server {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+// Reads start small (thousands of mostly idle connections cost little) and grow to the large
+// chunk while a connection keeps filling its buffer.
+constexpr size_t kSmallReadChunk = 4 * 1024;
+constexpr size_t kReadChunk = 64 * 1024;
+// Bytes for at most this many other threads' connections, produced by one batch of requests,
+// are sent by the producing thread itself; more are handed to the connections' threads.
+constexpr size_t kMaxDirectSends = 16;
+// Pieces of an outbox handed to one async_write (a MULTI_GET of many keys is written in several
+// rounds rather than with one buffer table of its whole length), and to one sendmsg.
+constexpr size_t kWritePieces = 1024;
+constexpr size_t kSendPieces = 64;
+}  // namespace
+
+void ConnectionIo::on_exception(const ConnPtr& c, const std::exception& e) {
+  try {
+    warns_.warn(Warn::Exception, [&] { return fmt::format("connection {}: {}; closing it", c->id, e.what()); });
+    close(c, "", false);
+  } catch (...) {
+    // Out of memory while closing: the socket closes with its last reference.
+  }
+}
+
+void ConnectionIo::start(const ConnPtr& c) {
+  c->chunk = kSmallReadChunk;
+  guarded(c, [&] { read_some(c); });
+}
+
+// Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes.
+bool ConnectionIo::reserve_input(const ConnPtr& c, size_t want) {
+  if (c->in.size() >= c->in_size + want) return true;
+  const size_t grow = c->in_size + want - c->in.size();
+  if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
+    counters_.buffered -= grow;
+    close_for_limit(c, Warn::BufferLimit,
+                    fmt::format("partly received requests of all connections would pass {} bytes (--max-buffered-bytes)",
+                                options_.max_buffered_bytes));
+    return false;
+  }
+  c->in.resize(c->in_size + want);
+  return true;
+}
+
+void ConnectionIo::read_some(const ConnPtr& c) {
+  if (c->closed) return;
+  // A request announces its length before its bytes: grow towards it only as bytes arrive
+  // (doubling what is buffered), so announced-but-unsent megabytes cost nothing.
+  const size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
+  const size_t want = std::max(c->chunk, std::min(missing, std::max(c->in_size, kReadChunk)));
+  if (!reserve_input(c, want)) return;
+  c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want), [this, c](boost::system::error_code ec, size_t n) {
+    if (c->closed) return;
+    if (ec) {
+      close(c, "", false);
+      return;
+    }
+    c->in_size += n;
+    if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
+    guarded(c, [&] {
+      events_.on_input(c);
+      read_some(c);
+    });
+  });
+}
+
+void ConnectionIo::consumed(const ConnPtr& c, size_t pos) {
+  if (pos > 0) {
+    std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
+    c->in_size -= pos;
+    // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
+  }
+  if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) {
+    counters_.buffered -= c->in.size() - kReadChunk;
+    c->in.resize(kReadChunk);
+    c->in.shrink_to_fit();
+  }
+}
+
+// ---- the outbox (under a keyspace lock or the rounds lock) ----
+// Whether `size` more wire bytes fit target's outbox (out_mu held); else drops it and posts
+// its close: its peer does not read what it asks for.
+bool ConnectionIo::admit_bytes(const ConnPtr& target, uint64_t size) {
+  if (target->overflowed || target->fd_closed) return false;
+  // Wire bytes, not memory: the limit is back-pressure on a peer that does not read.
+  if (target->out.wire_bytes() + size <= options_.max_connection_buffered_bytes) return true;
+  target->overflowed = true;
+  target->out.clear();
+  asio::post(target->thread->io, [this, target] {
+    guarded(target, [&] {
+      close_for_limit(target, Warn::BufferLimit,
+                      fmt::format("more than {} bytes queued for a peer that does not read them "
+                                  "(--max-connection-buffered-bytes)",
+                                  options_.max_connection_buffered_bytes));
+    });
+  });
+  return false;
+}
+
+void ConnectionIo::append(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after) {
+  {
+    std::lock_guard out_lock(target->out_mu);
+    if (!admit_bytes(target, bytes.size())) return;
+    target->out.append(bytes);
+    if (close_after) target->close_when_flushed = true;
+  }
+  wake(self, target);
+}
+
+void ConnectionIo::append(IoThread& self, const ConnPtr& target, const store::Reply& bytes) {
+  {
+    std::lock_guard out_lock(target->out_mu);
+    if (!admit_bytes(target, bytes.wire_size())) return;
+    target->out.append(bytes);
+  }
+  wake(self, target);
+}
+
+// Written by `self` if `target` lives there, else sent from `self` right away when nobody is
+// writing it (a wake-up must not wait for another thread to wake), or handed to its thread.
+void ConnectionIo::wake(IoThread& self, const ConnPtr& target) {
+  if (target->flush_posted.exchange(true)) return;  // queued already, not flushed yet
+  (target->thread == &self ? self.to_flush : self.remote).push_back(target);
+}
+
+void ConnectionIo::flush_pending(IoThread& t) {
+  // Each list is swapped out (handling it may queue more) and handed back emptied, so its
+  // capacity is reused instead of reallocated on every batch of requests.
+  auto take = [](std::vector<ConnPtr>& list, auto&& each) {
+    std::vector<ConnPtr> batch;
+    batch.swap(list);
+    for (auto& c : batch) {
+      c->flush_posted = false;
+      each(c, batch.size());
+    }
+    batch.clear();
+    if (list.empty()) list.swap(batch);
+  };
+  // A few wake-ups (a WAIT released, a ROUND) go out from here at once; a broadcast (a
+  // join storm's release) is spread over the connections' own threads.
+  if (!t.remote.empty()) {
+    take(t.remote, [this](const ConnPtr& c, size_t n) {
+      if (n <= kMaxDirectSends) send_from_here(c);
+      else asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
+    });
+  }
+  if (!t.to_flush.empty()) take(t.to_flush, [this](const ConnPtr& c, size_t) { flush(c); });
+}
+
+// On a thread that is not c's: one non-blocking send of c's outbox while nobody else writes
+// it (out_mu held, so c's thread neither writes nor closes the descriptor meanwhile). What
+// does not go now, a close after the flush, or an error, is left to c's thread.
+void ConnectionIo::send_from_here(const ConnPtr& c) {
+  {
+    std::lock_guard out_lock(c->out_mu);
+    if (c->fd_closed || c->out.empty() || c->writer_busy) return;  // a busy writer flushes again
+    if (!c->close_when_flushed) {
+      iovec iov[kSendPieces];
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = c->out.front_pieces(kSendPieces, [&, i = size_t{0}](const char* p, size_t n) mutable {
+        iov[i++] = {const_cast<char*>(p), n};
+      });
+      const ssize_t n = ::sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) c->out.consume(static_cast<size_t>(n));
+      if (c->out.empty()) return;
+    }
+  }
+  asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
+}
+
+// ---- writing and closing (the connection's thread) ----
+void ConnectionIo::flush(const ConnPtr& c) {
+  if (c->closed) return;
+  bool close_now = false;
+  {
+    std::lock_guard out_lock(c->out_mu);
+    if (c->writer_busy) return;  // its completion flushes again
+    if (c->out.empty()) {
+      close_now = c->close_when_flushed;
+    } else {
+      c->writing.swap(c->out);  // `writing` was drained by the last write: `out` gets its buffers
+      c->writer_busy = true;
+    }
+  }
+  if (c->writing.empty()) {
+    if (close_now) close(c, "", false);
+    return;
+  }
+  write_some(c);
+}
+
+// The completion of a write of c->writing: on to the next pieces, or to `out` again.
+void ConnectionIo::on_written(const ConnPtr& c, boost::system::error_code ec, size_t n) {
+  if (!ec && !c->closed) {
+    c->writing.consume(n);
+    if (!c->writing.empty()) {
+      guarded(c, [&] { write_some(c); });
+      return;
+    }
+  }
+  {
+    std::lock_guard out_lock(c->out_mu);
+    c->writer_busy = false;
+  }
+  if (c->closed || ec) {
+    c->writing.clear();  // what was not sent goes, with the values it held
+    if (!c->closed) close(c, "", false);
+    return;
+  }
+  guarded(c, [&] { flush(c); });
+}
+
+// Writes the next pieces of c->writing (a gather write straight from the stored values),
+// then the next, until it is empty; then looks at `out` again.
+void ConnectionIo::write_some(const ConnPtr& c) {
+  c->iov.clear();
+  c->writing.front_pieces(kWritePieces, [&](const char* p, size_t n) { c->iov.emplace_back(p, n); });
+  auto done = [this, c](boost::system::error_code ec, size_t n) { on_written(c, ec, n); };
+  // One piece (small replies, the common case) is written as one buffer: a buffer sequence
+  // is copied into the write operation, an allocation per write.
+  if (c->iov.size() == 1) asio::async_write(c->socket, c->iov.front(), std::move(done));
+  else asio::async_write(c->socket, c->iov, std::move(done));
+}
+
+void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_input) {
+  if (c->closed) return;
+  c->closed = true;
+  if (bad_input) {
+    ++counters_.closed_bad;
+    warns_.warn(Warn::BadInput, [&] {
+      boost::system::error_code e;
+      auto ep = c->socket.remote_endpoint(e);
+      const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+      return fmt::format("closing connection {} from {}: {}", c->id, peer, why);
+    });
+  }
+  {
+    std::lock_guard out_lock(c->out_mu);  // no other thread is sending on it past this point
+    c->fd_closed = true;
+    c->out.clear();  // nothing more goes out: let go of the values it references
+  }
+  if (c->deadline) c->deadline->cancel();
+  boost::system::error_code ignored;
+  c->socket.shutdown(tcp::socket::shutdown_both, ignored);
+  c->socket.close(ignored);
+  counters_.buffered -= c->in.size();
+  std::vector<uint8_t>().swap(c->in);
+  --counters_.open;
+  if (c->session.agent) --counters_.agents;
+  events_.on_closed(c);
+  flush_pending(*c->thread);
+}
+
+void ConnectionIo::close_for_limit(const ConnPtr& c, Warn kind, const std::string& why) {
+  ++counters_.closed_bad;
+  warns_.warn(kind, [&] { return fmt::format("closing connection {}: {}", c->id, why); });
+  close(c, "", false);
+}
+
+void ConnectionIo::post_close(const ConnPtr& c) {
+  asio::post(c->thread->io, [this, c] { guarded(c, [&] { close(c, "", false); }); });
+}
+
+}  // namespace ddprun::server

@@ -1,0 +1,169 @@
+// One client connection: its socket, its input buffer and framing position, its outbox and
+// the back-pressure on it, and its admission session. ConnectionIo reads, writes and closes
+// connections; what the bytes mean is the dispatcher's business (ConnectionEvents).
+//
+// Locking: everything of a connection belongs to its I/O thread, except `out_mu` and what it
+// guards (its outbox may be appended to by any thread that produced bytes for it, e.g. a WAIT
+// released by another client) and the fields marked "under ks->mu" or "under the rounds lock". out_mu is taken
+// inside those locks or alone, never the other way round.
+#pragma once
+
+#include <atomic>
+#include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
+#include <boost/asio.hpp>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/round_state.h"
+#include "ddprun/server/store_server.h"
+#include "ddprun/store/reply.h"
+#include "ddprun/store/store_state.h"
+#include "ddprun/wire/codec.h"
+#include "server_log.h"
+
+namespace ddprun::server {
+
+struct Connection;
+using ConnPtr = std::shared_ptr<Connection>;
+struct Keyspace;
+
+// One I/O thread: its io_context and the scratch of the requests handled on it.
+struct IoThread {
+  boost::asio::io_context io{1};
+  std::thread thread;
+  wire::Request req;
+  rdzv::Message msg;
+  store::Reply reply;
+  std::vector<store::Outgoing> others;
+  std::vector<rdzv::Outbound> rdzv_out;
+  std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
+  std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
+  std::atomic<uint64_t> requests{0};
+};
+
+// Who the peer is and what it has proved: the one place of a connection's authentication
+// state. The protocol is decided by its first bytes (wire::sniff_protocol); an agent then goes
+// through the token handshake, and nothing of it reaches the rounds before `admitted`.
+struct Session {
+  boost::asio::ip::address peer;  // plain_address of the remote end, set at accept
+  wire::Protocol protocol = wire::Protocol::Unknown;
+  wire::Dialect dialect = wire::Dialect::Unknown;  // TCPStore clients
+  // Read under its keyspace lock by revoke(): set once by the connection's thread.
+  std::atomic<bool> agent{false};
+  std::optional<rdzv::ServerHandshake> handshake;  // agents
+  bool admitted = false;                           // under the rounds lock
+  bool counted_stranger = false;                   // under the rounds lock (Admission)
+  // Admitted with a token (or munge): every later message is opened and sealed with it
+  // (rdzv/session_mac.h). Under the rounds lock.
+  std::optional<rdzv::SessionMac> mac;
+  bool decided() const { return protocol != wire::Protocol::Unknown; }
+};
+
+struct Connection {
+  Connection(boost::asio::ip::tcp::socket sock, Keyspace* k, IoThread* t)
+      : socket(std::move(sock)), fd(socket.native_handle()), ks(k), thread(t) {}
+  boost::asio::ip::tcp::socket socket;
+  const int fd;         // for sends from other threads (under out_mu, while !fd_closed)
+  store::ConnId id = 0;
+  Keyspace* ks;         // its state is used under ks->mu, and only while !revoked
+  IoThread* thread;     // the one thread that reads and writes the socket
+  Session session;
+  // I/O thread only:
+  std::vector<uint8_t> in;        // its size counts in ConnectionIo's buffered total
+  wire::RequestFramer framer;     // how far the request at the start of `in` has been framed
+  bool draining = false;          // refused: its last reply is queued, it reads nothing more
+  size_t in_size = 0;
+  size_t need_total = 0;
+  size_t chunk = 0;               // the next read's size (set by ConnectionIo)
+  store::Outbox writing;          // what the async write in flight sends (taken from `out`)
+  std::vector<boost::asio::const_buffer> iov;
+  bool closed = false;
+  // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
+  std::optional<boost::asio::steady_timer> deadline;
+  bool revoked = false;  // under ks->mu: its keyspace was reset or dropped
+  // under out_mu:
+  std::mutex out_mu;
+  // References stored values, not copies: its wire bytes count towards
+  // --max-connection-buffered-bytes, its memory is O(pieces) plus the distinct values.
+  store::Outbox out;
+  bool close_when_flushed = false;
+  bool writer_busy = false;  // its thread has an async write in flight (which flushes again)
+  bool fd_closed = false;    // its thread closed (or is closing) the socket
+  bool overflowed = false;   // its outbox passed the limit: dropped, a close is posted
+  std::atomic<bool> flush_posted{false};  // queued on some thread's to_flush/remote list
+};
+
+// What the bytes mean: implemented by the server.
+class ConnectionEvents {
+ public:
+  virtual ~ConnectionEvents() = default;
+  // New bytes are in c->in (on c's thread); parse and apply what is complete.
+  virtual void on_input(const ConnPtr& c) = 0;
+  // c was closed (on c's thread): forget what it left in the state (takes the locks).
+  virtual void on_closed(const ConnPtr& c) = 0;
+};
+
+struct ConnectionCounters {
+  std::atomic<uint64_t> open{0}, closed_bad{0}, agents{0};
+  std::atomic<uint64_t> buffered{0};  // bytes of every connection's input buffer
+};
+
+class ConnectionIo {
+ public:
+  ConnectionIo(const StoreServerOptions& options, WarnLimiter& warns, ConnectionCounters& counters,
+               ConnectionEvents& events)
+      : options_(options), warns_(warns), counters_(counters), events_(events) {}
+
+  // On c's thread: reads for good (until closed).
+  void start(const ConnPtr& c);
+  // Runs `fn` for c on its thread: an exception closes c only.
+  template <class F>
+  void guarded(const ConnPtr& c, F&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      on_exception(c, e);
+    }
+  }
+  // Under a state lock (keyspace or rounds), on `self`: appends to `target`'s outbox (a string_view is copied, a
+  // Reply's values referenced) and makes sure it is written once the lock is released
+  // (flush_pending). Past --max-connection-buffered-bytes the outbox is dropped and target
+  // closed. With `close_after`, target is closed once this is written.
+  void append(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false);
+  void append(IoThread& self, const ConnPtr& target, const store::Reply& bytes);
+  // Outside the lock, on `t`: write what the requests just handled left for connections.
+  void flush_pending(IoThread& t);
+  // On c's thread. `bad_input`: counted and logged (rate-limited) with `why`.
+  void close(const ConnPtr& c, const std::string& why, bool bad_input);
+  // A connection closed for a limit: counted and logged as bad input (rate-limited).
+  void close_for_limit(const ConnPtr& c, Warn kind, const std::string& why);
+  // From any thread: c's thread closes it.
+  void post_close(const ConnPtr& c);
+  // On c's thread, after its requests were handled: drops what was parsed, shrinks the buffer.
+  void consumed(const ConnPtr& c, size_t pos);
+
+ private:
+  void on_exception(const ConnPtr& c, const std::exception& e);
+  void read_some(const ConnPtr& c);
+  bool reserve_input(const ConnPtr& c, size_t want);
+  bool admit_bytes(const ConnPtr& target, uint64_t size);
+  void wake(IoThread& self, const ConnPtr& target);
+  void send_from_here(const ConnPtr& c);
+  void flush(const ConnPtr& c);
+  void write_some(const ConnPtr& c);
+  void on_written(const ConnPtr& c, boost::system::error_code ec, size_t n);
+
+  const StoreServerOptions& options_;
+  WarnLimiter& warns_;
+  ConnectionCounters& counters_;
+  ConnectionEvents& events_;
+};
+
+}  // namespace ddprun::server

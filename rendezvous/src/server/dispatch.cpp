@@ -1,0 +1,281 @@
+// Dispatch: the requests of a connection go to its keyspace's StoreState (TCPStore clients) or,
+// once admitted, to the RoundState (agents); what they produce goes to the connections' outboxes.
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "server_core.h"
+
+namespace ddprun::server {
+
+namespace {
+// A thread's scratch reply keeps at most this much memory between requests.
+constexpr size_t kKeptReplyBytes = 1 << 20;
+constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
+// A tick later than this counts as the server's own stall (the rest of the lateness).
+constexpr auto kStallSlack = std::chrono::milliseconds(100);
+static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
+}  // namespace
+
+// The first bytes of c decide its protocol (wire::sniff_protocol); a TCPStore client of a
+// restricted main keyspace must pass the stranger filter then.
+ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
+  Keyspace& main = keyspaces.main();
+  const bool serves_agents = c->ks == &main && options.enable_rendezvous;
+  auto det = wire::sniff_protocol({c->in.data(), c->in_size}, serves_agents, options.legacy_dialect, options.limits);
+  if (det.status == wire::ParseStatus::NeedMore) return Sniffed::NeedMore;
+  if (det.status == wire::ParseStatus::Bad) {
+    io.close(c, "first message is VALIDATE with a wrong magic", true);
+    return Sniffed::Closed;
+  }
+  if (det.protocol == wire::Protocol::Agent) {
+    admission.begin_agent(*c);
+    ++counters.agents;
+    {
+      std::lock_guard lock(mu);
+      agents.emplace(c->id, c);
+    }
+    arm_deadline(c, options.handshake_timeout);
+    pos = det.consumed;
+    return Sniffed::Go;
+  }
+  if (c->ks == &main && options.restrict_main_store) {
+    bool allowed;
+    {
+      std::lock_guard lock(mu);
+      allowed = admission.store_client_allowed_locked(main, true, c->session.peer, rounds);
+    }
+    if (!allowed) {
+      admission.refused_store_client(main.name, c->session.peer, true);
+      io.close(c, "", false);
+      return Sniffed::Closed;
+    }
+  }
+  if (c->deadline) c->deadline->cancel();
+  c->session.protocol = wire::Protocol::TcpStore;
+  c->session.dialect = det.dialect;
+  pos = det.consumed;
+  return Sniffed::Go;
+}
+
+wire::ParseResult ServerCore::next_request(const ConnPtr& c, std::span<const uint8_t> rest) {
+  IoThread& t = *c->thread;
+  if (c->session.agent) return rdzv::parse_message(rest, t.msg);
+  // Frame first, resuming where the last read stopped; parse once the request is whole.
+  // Parsing from its start on every read made a 64 MiB request cost 21 s of CPU.
+  auto framed = c->framer.scan(rest, c->session.dialect, options.limits);
+  if (framed.status != wire::ParseStatus::Ok) return framed;
+  c->framer.reset();
+  auto res = wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
+  if (res.status == wire::ParseStatus::NeedMore) res = {wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"};
+  return res;
+}
+
+// Parses every complete request in the buffer and applies them under one acquisition of one
+// lock: its keyspace's for a TCPStore client, the rounds lock for an agent.
+void ServerCore::on_input(const ConnPtr& c) {
+  if (c->draining || c->in_size < c->need_total) return;
+  c->need_total = 0;
+  IoThread& t = *c->thread;
+  size_t pos = 0;
+  if (!c->session.decided()) {
+    const Sniffed s = sniff(c, pos);
+    if (s != Sniffed::Go) return;
+  }
+  std::string bad;
+  bool revoked = false;
+  {
+    std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
+    while (pos < c->in_size) {
+      auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
+      if (res.status == wire::ParseStatus::NeedMore) {
+        c->need_total = res.need_total;
+        break;
+      }
+      if (res.status == wire::ParseStatus::Bad) {
+        bad = res.error;
+        break;
+      }
+      pos += res.consumed;
+      t.requests.fetch_add(1, std::memory_order_relaxed);
+      if (!lock.owns_lock()) lock.lock();
+      if (c->revoked) {
+        revoked = true;
+        break;
+      }
+      if (c->session.agent) {
+        bool forward = true;
+        if (!c->session.admitted) {
+          if (!on_handshake_message(t, c, forward)) break;
+        } else if (!admission.authentic_locked(*c, t.msg)) {
+          continue;  // not the admitted agent's (a relay's): dropped, changing nothing
+        }
+        if (forward && !on_agent_message(t, c)) break;
+        continue;
+      }
+      bad = on_store_request(t, c);
+      if (!bad.empty()) break;
+    }
+  }
+  io.flush_pending(t);
+  if (!bad.empty()) {
+    io.close(c, bad, true);
+    return;
+  }
+  if (revoked) {
+    io.close(c, "", false);
+    return;
+  }
+  io.consumed(c, pos);
+}
+
+// Nothing of an agent reaches the rounds before the handshake let it in.
+bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward) {
+  auto step = admission.on_handshake_locked(*c, t.msg);
+  if (step.reply) {
+    std::string bytes;
+    rdzv::encode_message(*step.reply, bytes);
+    io.append(t, c, bytes, step.refused);
+  }
+  if (step.refused) {
+    c->draining = true;
+    return false;
+  }
+  forward = step.forward;
+  return true;
+}
+
+bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
+  t.rdzv_out.clear();
+  std::string refusal;
+  try {
+    // Who the agent is, as this server sees it (not as it says): what the store of a round
+    // that its node rank 0 hosts admits (round_state.h).
+    if (t.msg.type == rdzv::MsgType::Join) t.msg.set("seen_from", c->session.peer.to_string());
+    const size_t jobs_before = rounds.num_jobs();
+    rounds.on_message(c->id, t.msg, rdzv_now_locked(), t.rdzv_out);
+    // A job still gathering its nodes opens no store (open() checks the others).
+    if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) refusal = keyspaces.jobs_limit_message();
+  } catch (const std::exception& e) {
+    // The job limit (open()) or no descriptor for its store: this agent is refused; its
+    // connection's close makes the rounds forget what the JOIN began.
+    refusal = e.what();
+  }
+  if (refusal.empty()) {
+    route_locked(t, t.rdzv_out);
+    return true;
+  }
+  t.rdzv_out.clear();
+  std::string bytes;
+  auto error = rdzv::to_message(rdzv::Error{.message = refusal});
+  if (c->session.mac) c->session.mac->seal(error);
+  rdzv::encode_message(error, bytes);
+  io.append(t, c, bytes, true);
+  c->draining = true;
+  warns.warn(Warn::JobLimit, [&] { return fmt::format("refused agent connection {}: {}", c->id, refusal); });
+  return false;
+}
+
+// Returns why c must be closed ("" = served).
+std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
+  t.others.clear();
+  t.reply.clear();
+  store::ApplyResult applied;
+  try {
+    applied = c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others);
+  } catch (const std::bad_alloc&) {
+    applied = {true, "out of memory while serving it"};
+    t.reply = store::Reply();
+    t.others.clear();
+  }
+  if (applied.close) return std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+  if (!t.reply.empty()) io.append(t, c, t.reply);
+  route_locked(t, *c->ks, t.others);
+  t.others.clear();
+  // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
+  if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
+  else t.reply.clear();
+  return "";
+}
+
+// Under ks.mu: wake-ups of ks's own connections.
+void ServerCore::route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others) {
+  for (auto& o : others) {
+    auto it = ks.conns.find(o.conn);
+    if (it == ks.conns.end() || it->second->revoked) continue;
+    io.append(self, it->second, o.reply);
+  }
+}
+
+void ServerCore::route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) {
+  std::string bytes;
+  for (auto& o : out) {
+    auto it = agents.find(o.conn);
+    if (it == agents.end()) continue;
+    bytes.clear();
+    if (it->second->session.mac) it->second->session.mac->seal(o.msg);
+    rdzv::encode_message(o.msg, bytes);
+    io.append(self, it->second, bytes, o.close_after);
+  }
+  schedule_tick_locked();
+}
+
+void ServerCore::schedule_tick_locked() {
+  auto next = rounds.next_deadline();
+  if (next) *next += stalled;  // the rounds' clock to steady time (rdzv_now_locked)
+  if (rounds.num_agents() > 0) {
+    auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
+    if (!next || hb < *next) next = hb;
+  }
+  if (!next) return;
+  if (tick_timer->expiry() > std::chrono::steady_clock::now() && tick_timer->expiry() <= *next) return;
+  tick_timer->expires_at(*next);
+  tick_timer->async_wait([this](boost::system::error_code ec) {
+    if (!ec) on_tick();
+  });
+}
+
+void ServerCore::on_tick() {
+  IoThread& t = *threads.front();
+  try {
+    {
+      std::lock_guard lock(mu);
+      t.rdzv_out.clear();
+      const auto late = std::chrono::steady_clock::now() - tick_timer->expiry();
+      if (late > kStallSlack) {
+        stalled += late - kStallSlack;
+        warns.warn(Warn::Deadline, [&] {
+          return fmt::format("this server's loop stalled for {} ms; its agents' heartbeats are judged without that time",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+        });
+      }
+      rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
+      route_locked(t, t.rdzv_out);
+    }
+    io.flush_pending(t);
+  } catch (const std::exception& e) {
+    warns.warn(Warn::Exception, [&] { return fmt::format("rendezvous tick: {}", e.what()); });
+  }
+}
+
+// c was closed on its thread: the rounds or its keyspace forget it.
+void ServerCore::on_closed(const ConnPtr& c) {
+  IoThread& t = *c->thread;
+  {
+    std::lock_guard lock(mu);
+    admission.closed_locked(*c);
+  }
+  if (c->session.agent) {
+    std::lock_guard lock(mu);
+    agents.erase(c->id);
+    admission.forget_locked(*c);
+    t.rdzv_out.clear();
+    rounds.on_disconnect(c->id, rdzv_now_locked(), t.rdzv_out);
+    route_locked(t, t.rdzv_out);
+  }
+  std::lock_guard lock(c->ks->mu);
+  c->ks->conns.erase(c->id);
+  if (!c->session.agent && !c->revoked) c->ks->state.disconnect(c->id);
+}
+
+}  // namespace ddprun::server

@@ -1,0 +1,99 @@
+// The server's parts put together: the I/O threads, the listeners (one per keyspace), the
+// connections (ConnectionIo), admission, the keyspaces and the rounds, and the dispatch of
+// requests to them (dispatch.cpp). StoreServer is a handle on one ServerCore.
+//
+// Locking: `mu`, the rounds lock, guards the rounds, `agents`, admission's register, the
+// keyspaces' table and the tick timer. Each keyspace's own lock guards its state and its
+// connections (keyspaces.h): a TCPStore request takes only its keyspace's lock, an agent's
+// message only `mu`, so neither waits for another job's store. Order: `mu`, then a keyspace's
+// lock, then a connection's `out_mu` (connection.h).
+#pragma once
+
+#include <atomic>
+#include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
+#include <boost/asio.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "admission.h"
+#include "connection.h"
+#include "ddprun/rdzv/round_state.h"
+#include "ddprun/server/store_server.h"
+#include "keyspaces.h"
+#include "listener.h"
+#include "server_log.h"
+#include "state_lock.h"
+
+namespace ddprun::server {
+
+class ServerCore final : public ConnectionEvents, public KeyspaceHost {
+ public:
+  explicit ServerCore(StoreServerOptions o);
+  ~ServerCore() override;
+
+  void start();
+  void accept_clients();
+  void stop();
+  StoreServerStats stats() const;
+
+  // ConnectionEvents (dispatch.cpp, store_server.cpp)
+  void on_input(const ConnPtr& c) override;
+  void on_closed(const ConnPtr& c) override;
+  // KeyspaceHost (revoke_locked: under ks->mu)
+  void revoke_locked(const Keyspace* ks) override;
+  std::unique_ptr<Listener> make_listener(const std::string& name) override;
+  void start_accepting(Keyspace* ks) override;
+  size_t num_jobs_locked() const override { return rounds.num_jobs(); }
+  std::optional<std::string> no_descriptors_for(size_t n) const override;
+
+  StoreServerOptions options;
+  WarnLimiter warns;
+  std::vector<std::unique_ptr<IoThread>> threads;  // the first also runs the rendezvous tick timer
+  StateLock mu;
+  ConnectionCounters counters;
+  std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0};
+  ConnectionIo io{options, warns, counters, *this};
+  Admission admission{options, warns};
+  Keyspaces keyspaces{options, *this};
+  rdzv::RoundState rounds{keyspaces};
+  std::optional<boost::asio::steady_timer> tick_timer;
+  std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu
+  // The rounds' clock (under mu): steady time less the time this server's own loop was stalled
+  // (its tick ran late). A server that was itself stopped or starved must not blame its agents
+  // for the heartbeats it did not read meanwhile. It steps back by a stall when one is found
+  // after messages were already handled: the rounds only compare times, so that only moves
+  // their deadlines later by that much.
+  std::chrono::steady_clock::duration stalled{};
+  std::chrono::steady_clock::time_point rdzv_now_locked() const { return std::chrono::steady_clock::now() - stalled; }
+  store::ConnId next_id = 1;                          // under mu
+  std::atomic<bool> started{false}, stopped{false}, accepting{false};
+
+ private:
+  boost::asio::io_context& control() { return threads.front()->io; }
+  void check_limits() const;
+  void listen_main();
+  void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, size_t thread_index);
+  uint64_t descriptors_in_use() const { return counters.open + keyspaces.listener_descriptors(); }
+  // On c's thread: on_deadline(c) after `after` (replacing the one set before), unless closed.
+  void arm_deadline(const ConnPtr& c, std::chrono::milliseconds after);
+  void on_deadline(const ConnPtr& c);
+
+  // ---- dispatch.cpp ----
+  enum class Sniffed { Go, NeedMore, Closed };
+  Sniffed sniff(const ConnPtr& c, size_t& pos);
+  // Frames and parses the next request of c at `rest` (into t.req or t.msg).
+  wire::ParseResult next_request(const ConnPtr& c, std::span<const uint8_t> rest);
+  // Under mu. Each returns false when c must stop reading (refused, draining).
+  bool on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward);
+  bool on_agent_message(IoThread& t, const ConnPtr& c);
+  std::string on_store_request(IoThread& t, const ConnPtr& c);
+  void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
+  void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
+  void schedule_tick_locked();
+  void on_tick();
+};
+
+}  // namespace ddprun::server
