@@ -23,7 +23,10 @@ int main(int argc, char** argv) {
   if (!opts.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.slurm_summary.c_str());
   for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
   try {
-    resolve_numa_binding(opts, env, ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env).value_or("/"));
+    if (opts.numa_binding) {
+      opts.numa_cpus = numa_cpus_for(*opts.numa_binding, opts.nproc_per_node, env,
+                                     ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env).value_or("/"));
+    }
   } catch (const NumaError& e) {
     // torchrun fails the launch too (no worker starts) when it cannot bind.
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());

@@ -29,6 +29,8 @@ spares   Warm spares (scripts/bench/bench_spares.sh). Rank 1 is killed once past
 Runs are interleaved (round-robin, order rotated each round); whole rounds stop once the next
 would pass BUDGET; each run is killed after RUN_TIMEOUT; workers a run leaves behind are
 SIGKILLed by pid. KEEP=1 keeps the per-run logs. Tables: medians, ratios to ddprun.
+restart: DDPRUN_BEFORE=<another ddprun> adds its rows ("ddprun-before", defaults), interleaved like
+every launcher, to compare two builds in one run; NO_TORCHRUN=1 leaves torchrun's rows out.
   usage: bench_restart.py {restart,spares} [-n N] [build-dir]     (env DDPRUN=... for a binary)
 """
 import argparse
@@ -175,11 +177,17 @@ def restart_launchers(ddprun, python_sys, venv_py, stamp):
             continue
         run = (["--no_python", stamp, py, "-u"] if stamp else []) + [WORKER]
         out.append(Launcher("ddprun" + suffix, v, py, [ddprun] + common + ["--overlap_restart=1"] + run, "ddprun (defaults)"))
+        if os.environ.get("DDPRUN_BEFORE"):  # another build, to compare two in one run
+            out.append(Launcher("ddprun%s-before" % suffix, v, py,
+                                [os.environ["DDPRUN_BEFORE"]] + common + ["--overlap_restart=1"] + run,
+                                "ddprun-before (defaults)"))
         out.append(Launcher("ddprun%s-nowatch" % suffix, v, py, [ddprun] + common + ["--early_exit_watch=0"] + run,
                             "ddprun --early_exit_watch=0"))
         if os.environ.get("WAIT"):
             out.append(Launcher("ddprun%s-wait" % suffix, v, py, [ddprun] + common + ["--overlap_restart=0"] + run,
                                 "ddprun --overlap_restart=0"))
+        if os.environ.get("NO_TORCHRUN"):
+            continue
         tr = [py, "-m", "torch.distributed.run"]
         if not suffix:
             tr += ["--redirects", "1", "--tee", "1", "--log_dir", "{LOGDIR}"]

@@ -1057,6 +1057,17 @@ class BadInput(unittest.TestCase):
     def test_bad_overlap_restart(self):
         self.check_usage_error(["--overlap_restart=maybe"], "--overlap_restart", "maybe")
 
+    def test_empty_flag_value_is_refused_not_taken_from_the_next_argument(self):
+        for flag in ("--rdzv_token_file=", "--rdzv_id=", "--log_dir="):
+            self.check_usage_error([flag], flag, "empty value")
+
+    def test_bad_rdzv_id_is_refused_before_the_log_directory_is_made(self):
+        with tempfile.TemporaryDirectory() as d:
+            logs = os.path.join(d, "logs")
+            for bad_id in ("a\tb", "j" * 129):
+                self.check_usage_error(["--log_dir", logs, "--rdzv_id", bad_id], "--rdzv_id")
+                self.assertFalse(os.path.exists(logs), os.listdir(d))
+
     def test_missing_entry_point(self):
         p = run(["--nproc_per_node=2"])
         self.assertEqual(p.returncode, 2)

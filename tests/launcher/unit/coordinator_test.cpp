@@ -51,7 +51,7 @@ struct Local {
 struct Remote {
   std::unique_ptr<server::StoreServer> server = start_server();
   std::unique_ptr<Coordinator> make(rdzv::Join j) {
-    return make_remote_coordinator("127.0.0.1", server->port(), std::move(j), "", 10s, 200ms, {});
+    return make_remote_coordinator({.host = "127.0.0.1", .port = server->port(), .settings = std::move(j), .connect_timeout = 10s, .heartbeat_interval = 200ms});
   }
   uint16_t main_port() const { return server->port(); }
 };
@@ -78,7 +78,7 @@ struct Standing {
     server = start();
   }
   std::unique_ptr<Coordinator> make(rdzv::Join j) {
-    return make_remote_coordinator("127.0.0.1", server->port(), std::move(j), "", 10s, 200ms, {});
+    return make_remote_coordinator({.host = "127.0.0.1", .port = server->port(), .settings = std::move(j), .connect_timeout = 10s, .heartbeat_interval = 200ms});
   }
   uint16_t main_port() const { return server->port(); }
 };
@@ -234,7 +234,7 @@ TEST_CASE("remote: a connect with nothing listening gives up when interrupted", 
     stop = true;
   });
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(make_remote_coordinator("127.0.0.1", port, settings(1, 0), "", 600s, 200ms, [&] { return stop.load(); }),
+  CHECK_THROWS_AS(make_remote_coordinator({.host = "127.0.0.1", .port = port, .settings = settings(1, 0), .connect_timeout = 600s, .heartbeat_interval = 200ms, .interrupted = [&] { return stop.load(); }}),
                   CoordinatorInterrupted);
   stopper.join();
   // Generous for a loaded CI host: the contract is "within 100 ms of the answer".
@@ -265,7 +265,7 @@ TEST_CASE("notices: what each server message means to the agent", "[coordinator]
 TEST_CASE("remote: nothing listening past the connect timeout is an error that says what to check", "[coordinator]") {
   const ddprun::testing::DeadPort dead;
   try {
-    make_remote_coordinator("127.0.0.1", dead.port(), settings(1, 0), "", 300ms, 200ms, [] { return false; });
+    make_remote_coordinator({.host = "127.0.0.1", .port = dead.port(), .settings = settings(1, 0), .connect_timeout = 300ms, .heartbeat_interval = 200ms, .interrupted = [] { return false; }});
     FAIL("connected to nothing");
   } catch (const CoordinatorInterrupted&) {
     FAIL("not interrupted: timed out");
@@ -410,7 +410,7 @@ TEST_CASE("standing: while the server is down, a stranger that refuses or replay
   Standing f;
   f.options.rdzv_token = token;
   f.restart_server();
-  auto c = make_remote_coordinator("127.0.0.1", f.server->port(), settings(1, 0), "", 10s, 200ms, {}, token);
+  auto c = make_remote_coordinator({.host = "127.0.0.1", .port = f.server->port(), .settings = settings(1, 0), .connect_timeout = 10s, .heartbeat_interval = 200ms, .token = token});
   c->join();
   one(*c, Notice::Kind::Round);
   const std::string challenge = recorded_challenge(f.server->port());

@@ -268,11 +268,12 @@ TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comm
 }
 
 TEST_CASE("--numa-binding takes torchrun 2.11's modes", "[options]") {
-  CHECK(ok({"x"}).numa_binding.empty());
+  CHECK_FALSE(ok({"x"}).numa_binding);
   for (const std::string m : {"node", "socket", "exclusive", "core-complex"}) {
-    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == m);
-    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == m);
+    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == parse_numa_mode(m));
+    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == parse_numa_mode(m));
   }
+  CHECK(ok({"--numa-binding=core-complex", "x"}).numa_binding == NumaMode::CoreComplex);
   CHECK_THAT(error_of({"--numa-binding=nodes", "x"}),
              Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
                  Catch::Contains("node, socket, exclusive or core-complex"));
@@ -341,4 +342,47 @@ TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[op
   CHECK(ok({"x"}, {{"PET_EXIT_BARRIER_TIMEOUT", "7"}}).exit_barrier_timeout_s == 7);
   CHECK_THAT(error_of({"--exit_barrier_timeout=-1", "x"}), Catch::Contains("--exit_barrier_timeout"));
   CHECK_THAT(error_of({"--exit_barrier_timeout=soon", "x"}), Catch::Contains("a number of seconds"));
+}
+
+TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a swallowed argument", "[options]") {
+  for (const std::string flag : {"--rdzv_token_file=", "--rdzv_id=", "--log_dir=", "--log-dir=", "--master_port="}) {
+    INFO(flag);
+    CHECK_THAT(error_of({flag, "--no_python", "x"}), Catch::Contains(flag) && Catch::Contains("empty value"));
+    CHECK_THAT(error_of({flag, "x"}), Catch::Contains(flag));
+  }
+  // The duplicate filters' empty value means "every line" (torchrun's), the next argument stays.
+  auto o = ok({"--duplicate_stdout_filters=", "--no_python", "x"});
+  CHECK(o.duplicate_stdout_filters == std::vector<std::string>{""});
+  CHECK(o.no_python);
+  CHECK(o.entrypoint == "x");
+  CHECK(ok({"--duplicate-stderr-filters=", "x"}).duplicate_stderr_filters == std::vector<std::string>{""});
+  // A flag's value that looks like `--x=` is the value; the entry point's arguments are its own.
+  CHECK(ok({"--role", "--log_dir=", "x"}).role == "--log_dir=");
+  CHECK(ok({"x", "--log_dir="}).args == std::vector<std::string>{"--log_dir="});
+  CHECK(ok({"-r", "3", "x", "--rdzv_id="}).args == std::vector<std::string>{"--rdzv_id="});
+}
+
+TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]") {
+  CHECK(ok({"--rdzv_id=job 7.a/b", "x"}).rdzv_id == "job 7.a/b");
+  CHECK(ok({"--rdzv_id", std::string(128, 'j'), "x"}).rdzv_id == std::string(128, 'j'));
+  CHECK_THAT(error_of({"--rdzv_id", std::string(129, 'j'), "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("printable"));
+  CHECK_THAT(error_of({"--rdzv_id=a\tb", "x"}), Catch::Contains("--rdzv_id"));
+  CHECK_THAT(error_of({"x"}, {{"PET_RDZV_ID", "caf\xc3\xa9"}}), Catch::Contains("--rdzv_id"));
+}
+
+TEST_CASE("parse_host_port: names, IPv4, bracketed and bare IPv6, bad ports", "[options]") {
+  auto hp = parse_host_port("rdzv_endpoint", " head:1234 ");
+  CHECK(hp.host == "head");
+  CHECK(hp.port == 1234);
+  CHECK_FALSE(parse_host_port("rdzv_endpoint", "head").port);
+  CHECK(parse_host_port("rdzv_endpoint", "[::1]:29400").host == "::1");
+  CHECK(parse_host_port("rdzv_endpoint", "[::1]:29400").port == 29400);
+  CHECK(parse_host_port("rdzv_endpoint", "[fe80::1]").host == "fe80::1");
+  CHECK(parse_host_port("rdzv_endpoint", "fe80::1").host == "fe80::1");  // bare IPv6: no port
+  CHECK_FALSE(parse_host_port("rdzv_endpoint", "fe80::1").port);
+  CHECK(parse_host_port("x", "10.0.0.1:0").port == 0);
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "h:65536"), Catch::Contains("--rdzv_endpoint") && Catch::Contains("0-65535"));
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1"), Catch::Contains("host[:port]"));
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1]x"), Catch::Contains("host[:port]"));
+  CHECK_THROWS_AS(parse_host_port("rdzv_endpoint", "h:port"), UsageError);
 }

@@ -56,6 +56,8 @@
 #include <variant>
 #include <vector>
 
+#include "ddprun/launcher/worker_status.h"
+
 namespace ddprun::launcher {
 
 // The exit code of a job that stopped because of a preemption, of ddprun and of workers that
@@ -64,22 +66,6 @@ namespace ddprun::launcher {
 // sysexits.h range (64-78: the worker runtime's comm failure is 75) and from the shell's
 // (124-127), so a batch script can tell "requeue me" from everything else.
 inline constexpr int kPreemptedExitCode = 99;
-
-// How a worker ended (from waitpid).
-struct WorkerStatus {
-  bool signaled = false;
-  int code = 0;  // exit code, or the signal number when signaled
-
-  static WorkerStatus exited(int c) { return {false, c}; }
-  static WorkerStatus killed_by(int signo) { return {true, signo}; }
-  bool success() const { return !signaled && code == 0; }
-  // The launcher's exit code for this status: the exit code, or 128 + signal.
-  int exit_code() const { return signaled ? 128 + code : code; }
-  // "exit code 3" or "signal SIGKILL (9)".
-  std::string describe() const;
-
-  bool operator==(const WorkerStatus&) const = default;
-};
 
 struct WorkerExited {
   int local_rank = 0;

@@ -93,17 +93,24 @@ class Coordinator {
 std::unique_ptr<Coordinator> make_local_coordinator(server::StoreServer& store, rdzv::Join settings,
                                                     std::string store_host);
 
-// Connects to the rendezvous server at host:port, retrying until `connect_timeout`; asks
-// `interrupted` at least every 100 ms while connecting and gives up (CoordinatorInterrupted)
-// when it says yes; `token` ("" = none) is proven to the server, which must prove it back
-// (rdzv/agent_auth.h). `advertise`: this node's address for the others ("" = the local address of
-// the connection). Throws CoordinatorError when the endpoint cannot be reached.
-std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, uint16_t port, rdzv::Join settings,
-                                                     const std::string& advertise,
-                                                     std::chrono::milliseconds connect_timeout,
-                                                     std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted,
-                                                     const rdzv::AgentCredentials& token = {});
+// What the remote coordinator (the rendezvous client) is given.
+struct RemoteCoordinatorOptions {
+  std::string host;  // the rendezvous server
+  uint16_t port = 0;
+  rdzv::Join settings;  // the JOIN this agent sends (rendezvous_plan.h)
+  std::string advertise;  // this node's address for the others ("" = the connection's local address)
+  std::chrono::milliseconds connect_timeout{600000};  // retrying until then
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // Asked at least every 100 ms while connecting: yes gives up (CoordinatorInterrupted).
+  std::function<bool()> interrupted;
+  // The token or munge credentials (none = open) proven to the server, which must prove them
+  // back (rdzv/agent_auth.h).
+  rdzv::AgentCredentials token;
+};
+
+// Connects to the rendezvous server. Throws CoordinatorError when the endpoint cannot be
+// reached.
+std::unique_ptr<Coordinator> make_remote_coordinator(RemoteCoordinatorOptions options);
 
 // The notice a server message means to an agent with `settings` whose workers' store lives at
 // `store_host` (shared by both implementations; exposed for tests). Messages that are no

@@ -25,8 +25,6 @@
 
 namespace ddprun::launcher {
 
-struct LaunchOptions;
-
 // torchrun 2.11's AffinityMode values.
 enum class NumaMode {
   Node,         // every CPU of the GPU's NUMA node
@@ -91,9 +89,10 @@ std::vector<std::set<int>> plan_numa_binding(NumaMode mode, const SysfsTopology&
 // The CPUs this process may run on (sched_getaffinity).
 std::set<int> allowed_cpus_of_this_process();
 
-// Fills opts.numa_cpus from the machine under `root` ("/", or DDPRUN_SYSFS_ROOT in tests) when
-// --numa_binding is given; leaves it empty otherwise. Throws NumaError saying what to do.
-void resolve_numa_binding(LaunchOptions& opts, const std::map<std::string, std::string>& env,
-                          const std::string& root);
+// The CPUs of each of `nproc` local ranks under `mode`, from the machine under `root` ("/", or
+// DDPRUN_SYSFS_ROOT in tests) and env's CUDA_VISIBLE_DEVICES, within the CPUs this process may
+// use. Throws NumaError saying what to do.
+std::vector<std::vector<int>> numa_cpus_for(NumaMode mode, int nproc, const std::map<std::string, std::string>& env,
+                                            const std::string& root);
 
 }  // namespace ddprun::launcher

@@ -18,13 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/launcher/env_map.h"
+#include "ddprun/launcher/numa.h"
+
 namespace CLI {
 class App;
 }
 
 namespace ddprun::launcher {
-
-using EnvMap = std::map<std::string, std::string>;
 
 // Bad command line input. The message is one line, names the flag and the accepted forms.
 // main() prints it and exits with kUsageExitCode; nothing has been started.
@@ -139,10 +140,10 @@ struct LaunchOptions {
   // --event_log_handler: torchrun's event sink ("null" default, "console",
   // "dynamic_rendezvous"). ddprun records no torchelastic events: "console" warns.
   std::string event_log_handler = "null";
-  // --numa_binding: torchrun's affinity mode (numa.h); empty when not given. numa_cpus is the
-  // resolved CPU set per local rank (numa.h's resolve_numa_binding: main() fills it from the
-  // machine before the launch).
-  std::string numa_binding;
+  // --numa_binding: torchrun's affinity mode (numa.h); unset when not given. numa_cpus is the
+  // CPU set per local rank that the mode gives on this machine (numa.h's numa_cpus_for: main()
+  // resolves it before the agent exists; empty without --numa_binding).
+  std::optional<NumaMode> numa_binding;
   std::vector<std::vector<int>> numa_cpus;
   // What was taken from Slurm's environment (slurm.h), one line; empty outside an srun step or
   // with --no_slurm. Printed by main().
@@ -188,6 +189,13 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& value);
 // `flag` names the flag in the error.
 std::vector<int> parse_signals(const std::string& value, const std::string& flag = "signals_to_handle");
 std::set<int> parse_local_ranks_filter(const std::string& value);
+// HOST[:PORT], [IPV6][:PORT] or a bare IPv6 address (no port). `flag` names the flag in the
+// error. The host is not checked here (rendezvous_plan.h does, for the flags it uses).
+struct HostPort {
+  std::string host;
+  std::optional<uint16_t> port;  // unset: none given
+};
+HostPort parse_host_port(const std::string& flag, const std::string& value);
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
 std::vector<std::string> parse_filter_list(const std::string& value);
 

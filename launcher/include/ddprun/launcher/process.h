@@ -19,11 +19,26 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "ddprun/launcher/worker_env.h"
+
 namespace ddprun::launcher {
+
+// What every worker of the job is started with (the worker group and the warm spares build
+// each rank's SpawnRequest from it).
+struct SpawnTemplate {
+  std::string executable;
+  std::vector<std::string> argv;
+  int stdin_fd = -1;
+  std::vector<int> reset_to_default;
+  bool exit_watch = false;
+  // The environment of one local rank (its error file given).
+  std::function<EnvMap(const GroupLayout&, int local_rank, const std::string& error_file)> env;
+};
 
 struct SpawnRequest {
   std::string executable;         // resolved path (see find_executable)

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "ddprun/launcher/options.h"
+#include "ddprun/launcher/env_map.h"
 
 namespace ddprun::launcher {
 

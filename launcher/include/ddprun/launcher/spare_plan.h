@@ -2,7 +2,7 @@
 // from a spare, whether a spare started with one environment may run an attempt that needs
 // another, and the launch message the agent sends a spare. The processes live in spares.cpp.
 //
-// A spare is `python -u -c <bootstrap>` (launcher/src/spare_bootstrap.py) that has imported
+// A spare is `python -u -c <bootstrap>` (launcher/src/spares/spare_bootstrap.py) that has imported
 // the preload modules and waits on a socket. On a restart it receives the attempt's cwd, argv
 // and environment and runs the entry point as `python -u script.py` / `-m module` / `-c code`
 // would. What the interpreter fixed at its own start-up from the environment (sys.flags,

@@ -1,6 +1,5 @@
 #include "ddprun/launcher/numa.h"
 
-#include "ddprun/launcher/options.h"
 
 #include <sched.h>
 
@@ -313,16 +312,15 @@ std::vector<std::set<int>> plan_numa_binding(NumaMode mode, const SysfsTopology&
   return plan;
 }
 
-void resolve_numa_binding(LaunchOptions& opts, const EnvMap& env, const std::string& root) {
-  opts.numa_cpus.clear();
-  if (opts.numa_binding.empty()) return;
-  const NumaMode mode = *parse_numa_mode(opts.numa_binding);
+std::vector<std::vector<int>> numa_cpus_for(NumaMode mode, int nproc, const std::map<std::string, std::string>& env,
+                                            const std::string& root) {
   std::optional<std::string> cvd;
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) cvd = it->second;
   const auto gpus = visible_gpu_addresses(list_nvidia_gpus(root), cvd);
-  const auto plan =
-      plan_numa_binding(mode, SysfsTopology(root), gpus, opts.nproc_per_node, allowed_cpus_of_this_process());
-  for (const auto& cpus : plan) opts.numa_cpus.emplace_back(cpus.begin(), cpus.end());
+  std::vector<std::vector<int>> out;
+  for (const auto& cpus : plan_numa_binding(mode, SysfsTopology(root), gpus, nproc, allowed_cpus_of_this_process()))
+    out.emplace_back(cpus.begin(), cpus.end());
+  return out;
 }
 
 std::set<int> allowed_cpus_of_this_process() {

@@ -7,11 +7,6 @@
 
 namespace ddprun::launcher {
 
-std::string WorkerStatus::describe() const {
-  if (signaled) return "signal " + signal_name(code) + " (" + std::to_string(code) + ")";
-  return "exit code " + std::to_string(code);
-}
-
 const char* phase_name(AgentState::Phase p) {
   switch (p) {
     case AgentState::Phase::Idle: return "idle";

@@ -1,4 +1,4 @@
-#include "worker_group.h"
+#include "workers/worker_group.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/launcher/signal_names.h"
-#include "sys_util.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -117,6 +117,9 @@ bool WorkerGroup::reaped_dying(pid_t pid, double& ms) {
   return true;
 }
 
+// One attempt's spawn, in steps: per rank, its log files and a launch offered to its warm
+// spare; the spares' answers; then every rank started (from its spare, else fork/exec) and
+// registered; then the exit watches taken and the execs awaited (a few ms in all).
 void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& attempt_dir,
                         const SpawnTemplate& spawn) {
   end_attempt();  // the previous attempt's workers, if any
@@ -124,129 +127,147 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
   multi_node_ = layout.num_nodes > 1 || opts_.multi_node();
   attempt_started_tick_ = boot_ticks_now();
   start_note_.clear();
-  struct Pending {
-    std::optional<Spares::Launch> warm;
-    std::optional<SpawnedProcess> cold;
-    EnvMap env;
-  };
-  std::vector<Pending> pending(static_cast<size_t>(layout.local_world_size));
-  std::vector<std::string> cold_why;
+  StartRun run;
+  run.pending.resize(static_cast<size_t>(layout.local_world_size));
   for (int lr = 0; lr < layout.local_world_size; ++lr) {
     auto w = std::make_unique<Worker>();
     w->attempt = attempt;
     w->local_rank = lr;
     w->global_rank = layout.global_rank_base + lr;
-    const fs::path dir = attempt_dir / std::to_string(lr);
-    std::error_code dir_ec;
-    fs::create_directories(dir, dir_ec);
-    const bool dir_ok = !dir_ec;
-    const int dir_errno = dir_ec.value();
-    if (!dir_ok) spdlog::warn("cannot create {} ({}): local rank {} runs without its log files and error file", dir.string(), dir_ec.message(), lr);
-    w->error_file = (dir / "error.json").string();
-    std::error_code ec;
-    fs::remove(w->error_file, ec);
-    const int redirect = opts_.redirects.for_rank(lr);
-    const int tee = opts_.tee.for_rank(lr);
-    const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
-    auto setup = [&](Stream& s, int bit, const char* name) {
-      if ((redirect | tee) & bit) {
-        // A file that cannot be made (a full disk) is a loss like a failed write, not the
-        // run's end: the console gets the stream (below) and the summary names the file.
-        s.log_path = (dir / name).string();
-        s.log_fd = dir_ok ? ::open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
-        if (s.log_fd < 0)
-          log_failed(s.log_path, dir_ok ? errno : dir_errno, 0,
-                     {console_allowed ? LogWriteFailures::Console::Kind::Every : LogWriteFailures::Console::Kind::None});
-      }
-      s.console_allowed = console_allowed;
-      s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
-      s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
-      if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
-        s.filtered_path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
-        s.filtered_fd = ::open(s.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (s.filtered_fd < 0) log_failed(s.filtered_path, errno, 0);
-        if (!s.filter.applies_to(tee, bit, console_allowed) && s.filtered_fd >= 0) {
-          ::close(s.filtered_fd);
-          s.filtered_fd = -1;
-        }
-      }
-    };
-    setup(w->out, kStreamOut, "stdout.log");
-    setup(w->err, kStreamErr, "stderr.log");
-    Pending& p = pending[static_cast<size_t>(lr)];
+    open_logs(*w, attempt_dir);
+    Pending& p = run.pending[static_cast<size_t>(lr)];
     p.env = spawn.env(layout, lr, w->error_file);
-    // A warm spare first (spares.h): the launch goes out now, its answer is awaited below.
-    std::string why;
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (spares_.enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
-      p.warm = spares_.launch(lr, spawn.argv, p.env, out[1], err[1], why);
-    }
-    for (int fd : {out[1], err[1]})
-      if (fd >= 0) ::close(fd);
-    if (p.warm) {
-      w->out.fd = out[0];
-      w->err.fd = err[0];
-    } else {
-      for (int fd : {out[0], err[0]})
-        if (fd >= 0) ::close(fd);
-      if (!why.empty()) cold_why.push_back(fmt::format("r{} ({})", w->global_rank, why));
-    }
+    offer_spare(*w, p, spawn, run.cold_why);
     workers_.push_back(std::move(w));
   }
-  // The spares' answers (each parked on its socket: milliseconds); one that refuses is killed
-  // and its rank starts cold.
-  for (size_t i = 0; i < pending.size(); ++i) {
-    auto& warm = pending[i].warm;
+  await_spares(run);
+  int from_spares = 0;
+  for (size_t i = 0; i < run.pending.size(); ++i) from_spares += begin_worker(*workers_[i], run.pending[i], spawn, i);
+  take_exit_watches(run, spawn);
+  wait_execs(run, spawn);
+  note_start(from_spares, run);
+}
+
+// The rank's directory under the attempt's, its error file's path (the old one removed), and
+// its streams' log and filtered files.
+void WorkerGroup::open_logs(Worker& w, const fs::path& attempt_dir) {
+  const int lr = w.local_rank;
+  const fs::path dir = attempt_dir / std::to_string(lr);
+  std::error_code dir_ec;
+  fs::create_directories(dir, dir_ec);
+  if (dir_ec) spdlog::warn("cannot create {} ({}): local rank {} runs without its log files and error file", dir.string(), dir_ec.message(), lr);
+  w.error_file = (dir / "error.json").string();
+  std::error_code ec;
+  fs::remove(w.error_file, ec);
+  open_stream(w.out, kStreamOut, lr, dir, dir_ec.value(), attempt_dir);
+  open_stream(w.err, kStreamErr, lr, dir, dir_ec.value(), attempt_dir);
+}
+
+void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, int dir_errno,
+                              const fs::path& attempt_dir) {
+  const bool dir_ok = dir_errno == 0;
+  const int redirect = opts_.redirects.for_rank(lr);
+  const int tee = opts_.tee.for_rank(lr);
+  const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
+  if ((redirect | tee) & bit) {
+    // A file that cannot be made (a full disk) is a loss like a failed write, not the run's
+    // end: the console gets the stream (below) and the summary names the file.
+    s.log_path = (dir / (bit == kStreamOut ? "stdout.log" : "stderr.log")).string();
+    s.log_fd = dir_ok ? ::open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+    if (s.log_fd < 0)
+      log_failed(s.log_path, dir_ok ? errno : dir_errno, 0,
+                 {console_allowed ? LogWriteFailures::Console::Kind::Every : LogWriteFailures::Console::Kind::None});
+  }
+  s.console_allowed = console_allowed;
+  s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
+  s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
+  if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
+    s.filtered_path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
+    s.filtered_fd = ::open(s.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (s.filtered_fd < 0) log_failed(s.filtered_path, errno, 0);
+    if (!s.filter.applies_to(tee, bit, console_allowed) && s.filtered_fd >= 0) {
+      ::close(s.filtered_fd);
+      s.filtered_fd = -1;
+    }
+  }
+}
+
+// A warm spare first (spares.h): the launch goes out now, its answer is awaited later.
+void WorkerGroup::offer_spare(Worker& w, Pending& p, const SpawnTemplate& spawn, std::vector<std::string>& cold_why) {
+  std::string why;
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (spares_.enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
+    p.warm = spares_.launch(w.local_rank, spawn.argv, p.env, out[1], err[1], why);
+  }
+  for (int fd : {out[1], err[1]})
+    if (fd >= 0) ::close(fd);
+  if (p.warm) {
+    w.out.fd = out[0];
+    w.err.fd = err[0];
+  } else {
+    for (int fd : {out[0], err[0]})
+      if (fd >= 0) ::close(fd);
+    if (!why.empty()) cold_why.push_back(fmt::format("r{} ({})", w.global_rank, why));
+  }
+}
+
+// The spares' answers (each parked on its socket: milliseconds); one that refuses is killed
+// and its rank starts cold.
+void WorkerGroup::await_spares(StartRun& run) {
+  for (size_t i = 0; i < run.pending.size(); ++i) {
+    auto& warm = run.pending[i].warm;
     if (!warm) continue;
     const std::string why = Spares::answer(*warm, kSpareAnswerTimeoutMs);
     if (why.empty()) continue;
     Worker& w = *workers_[i];
     spares_.reject(*warm, why);
-    cold_why.push_back(fmt::format("r{} (its spare, pid {}: {})", w.global_rank, warm->pid, why));
+    run.cold_why.push_back(fmt::format("r{} (its spare, pid {}: {})", w.global_rank, warm->pid, why));
     warm.reset();
     for (int* fd : {&w.out.fd, &w.err.fd}) {
       ::close(*fd);
       *fd = -1;
     }
   }
-  int from_spares = 0;
-  for (size_t i = 0; i < pending.size(); ++i) {
-    Worker& w = *workers_[i];
-    Pending& p = pending[i];
-    if (p.warm) {
-      ++from_spares;
-      w.pid = p.warm->pid;
-      w.from_spare = true;
-      w.exit_watch_fd = p.warm->exit_watch_fd;  // the spare's own: the same process
-      for (int fd : {w.out.fd, w.err.fd}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    } else {
-      SpawnRequest req;
-      req.executable = spawn.executable;
-      req.argv = spawn.argv;
-      req.envp = to_envp(p.env);
-      req.stdin_fd = spawn.stdin_fd;
-      req.reset_to_default = spawn.reset_to_default;
-      req.exit_watch = spawn.exit_watch;
-      // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
-      req.exit_watch_no_new_privs = true;
-      if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[i];  // --numa-binding
-      p.cold = spawn_process(req);
-      w.pid = p.cold->pid;
-      w.out.fd = p.cold->stdout_fd;
-      w.err.fd = p.cold->stderr_fd;
-      guardian_.watch(w.pid);  // a spare's group is watched since its start
-    }
-    w.started = Clock::now();
-    for (auto [fd, is_err] : {std::pair{w.out.fd, false}, std::pair{w.err.fd, true}}) {
-      watch_fd(fd);
-      by_fd_[fd] = {&w, is_err};
-    }
-    by_pid_[w.pid] = &w;
+}
+
+// The rank runs: its spare took the launch, or it is fork/exec'd now; its pipes and pid are
+// registered. True when it came from a spare.
+bool WorkerGroup::begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn, size_t i) {
+  if (p.warm) {
+    w.pid = p.warm->pid;
+    w.from_spare = true;
+    w.exit_watch_fd = p.warm->exit_watch_fd;  // the spare's own: the same process
+    for (int fd : {w.out.fd, w.err.fd}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  } else {
+    SpawnRequest req;
+    req.executable = spawn.executable;
+    req.argv = spawn.argv;
+    req.envp = to_envp(p.env);
+    req.stdin_fd = spawn.stdin_fd;
+    req.reset_to_default = spawn.reset_to_default;
+    req.exit_watch = spawn.exit_watch;
+    // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
+    req.exit_watch_no_new_privs = true;
+    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[i];  // --numa-binding
+    p.cold = spawn_process(req);
+    w.pid = p.cold->pid;
+    w.out.fd = p.cold->stdout_fd;
+    w.err.fd = p.cold->stderr_fd;
+    guardian_.watch(w.pid);  // a spare's group is watched since its start
   }
-  // All started; now take each exit watch and wait for each exec (a few ms in all, not per worker).
-  for (size_t i = 0; i < pending.size(); ++i) {
+  w.started = Clock::now();
+  for (auto [fd, is_err] : {std::pair{w.out.fd, false}, std::pair{w.err.fd, true}}) {
+    watch_fd(fd);
+    by_fd_[fd] = {&w, is_err};
+  }
+  by_pid_[w.pid] = &w;
+  return w.from_spare;
+}
+
+void WorkerGroup::take_exit_watches(StartRun& run, const SpawnTemplate& spawn) {
+  for (size_t i = 0; i < run.pending.size(); ++i) {
     Worker& w = *workers_[i];
-    if (pending[i].cold) w.exit_watch_fd = receive_exit_watch(pending[i].cold->exit_watch_sock);
+    if (run.pending[i].cold) w.exit_watch_fd = receive_exit_watch(run.pending[i].cold->exit_watch_sock);
     if (w.exit_watch_fd >= 0) {
       watch_fd(w.exit_watch_fd);
       by_exit_watch_fd_[w.exit_watch_fd] = &w;
@@ -255,22 +276,29 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
                     "seen when reaped");
     }
   }
-  for (size_t i = 0; i < pending.size(); ++i) {
-    if (!pending[i].cold) continue;
-    int err = wait_exec_status(pending[i].cold->exec_status_fd);
+}
+
+void WorkerGroup::wait_execs(StartRun& run, const SpawnTemplate& spawn) {
+  for (size_t i = 0; i < run.pending.size(); ++i) {
+    if (!run.pending[i].cold) continue;
+    int err = wait_exec_status(run.pending[i].cold->exec_status_fd);
     if (err != 0) {
       std::string msg = "ddprun: cannot exec " + spawn.executable + ": " + std::strerror(err);
       workers_[i]->tail.push(msg);
       spdlog::error("local rank {}: {}", i, msg);
     }
   }
+}
+
+// "; 2 of 2 from warm spares; started cold: r1 (why)" for the start line.
+void WorkerGroup::note_start(int from_spares, const StartRun& run) {
   if (!spares_.off_reason().empty()) {
     start_note_ = "; started cold: warm spares are off (" + spares_.off_reason() + ")";
-  } else if (from_spares > 0 || !cold_why.empty()) {
-    start_note_ = fmt::format("; {} of {} from warm spares", from_spares, pending.size());
-    if (!cold_why.empty()) {
+  } else if (from_spares > 0 || !run.cold_why.empty()) {
+    start_note_ = fmt::format("; {} of {} from warm spares", from_spares, run.pending.size());
+    if (!run.cold_why.empty()) {
       std::string list;
-      for (const auto& c : cold_why) list += (list.empty() ? "" : ", ") + c;
+      for (const auto& c : run.cold_why) list += (list.empty() ? "" : ", ") + c;
       start_note_ += "; started cold: " + list;
     }
   }

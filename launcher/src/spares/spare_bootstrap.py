@@ -1,4 +1,4 @@
-# ddprun warm spare (launcher/src/spares.cpp runs this as `python -u -c <this> ...`)
+# ddprun warm spare (launcher/src/spares/spares.cpp runs this as `python -u -c <this> ...`)
 # argv: -c CTL_FD PRIORITY PRELOAD -- COLD_ARGV...   PRIORITY: idle | normal; PRELOAD: m1,m2
 # COLD_ARGV is what a cold start execs: PYTHON -u (SCRIPT | -m MODULE | -c CODE) ARGS...
 # 1. Imports the preload modules (at SCHED_IDLE in a helper thread unless PRIORITY is normal),

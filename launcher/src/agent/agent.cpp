@@ -22,11 +22,11 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "agent_impl.h"
+#include "agent/agent_impl.h"
 #include "ddprun/client/net.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
-#include "sys_util.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 namespace {

@@ -32,8 +32,6 @@
 
 namespace ddprun::launcher {
 
-struct SpawnTemplate;
-
 class Spares {
  public:
   Spares(const LaunchOptions& opts, int epoll_fd, Guardian& guardian);

@@ -16,12 +16,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ddprun/launcher/agent_state.h"
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/process.h"
 #include "ddprun/launcher/worker_env.h"
-#include "spares.h"
+#include "ddprun/launcher/worker_status.h"
+#include "spares/spares.h"
 
 namespace ddprun::launcher {
 
@@ -62,17 +62,6 @@ struct Worker {
   std::optional<WorkerStatus> status;
   WallClock::time_point ended_wall;
   Clock::time_point ended;
-};
-
-// What every worker of the job is started with.
-struct SpawnTemplate {
-  std::string executable;
-  std::vector<std::string> argv;
-  int stdin_fd = -1;
-  std::vector<int> reset_to_default;
-  bool exit_watch = false;
-  // The environment of one local rank (its error file given).
-  std::function<EnvMap(const GroupLayout&, int local_rank, const std::string& error_file)> env;
 };
 
 class WorkerGroup {
@@ -142,6 +131,25 @@ class WorkerGroup {
     Clock::time_point deadline;
     bool killed = false;  // SIGKILL sent; `deadline` is now when to stop waiting
   };
+  // start()'s steps: a rank's launch as it is being started, and the run of them.
+  struct Pending {
+    std::optional<Spares::Launch> warm;
+    std::optional<SpawnedProcess> cold;
+    EnvMap env;
+  };
+  struct StartRun {
+    std::vector<Pending> pending;        // by local rank
+    std::vector<std::string> cold_why;   // "r1 (why)": ranks a spare could not start
+  };
+  void open_logs(Worker& w, const std::filesystem::path& attempt_dir);
+  void open_stream(Stream& s, int bit, int local_rank, const std::filesystem::path& dir, int dir_errno,
+                   const std::filesystem::path& attempt_dir);
+  void offer_spare(Worker& w, Pending& p, const SpawnTemplate& spawn, std::vector<std::string>& cold_why);
+  void await_spares(StartRun& run);
+  bool begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn, size_t local_rank);
+  void take_exit_watches(StartRun& run, const SpawnTemplate& spawn);
+  void wait_execs(StartRun& run, const SpawnTemplate& spawn);
+  void note_start(int from_spares, const StartRun& run);
   void end_attempt();
   void kill_orphans(std::optional<unsigned long long> started_before_tick);
   void release_retired(size_t index);

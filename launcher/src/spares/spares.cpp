@@ -1,4 +1,4 @@
-#include "spares.h"
+#include "spares/spares.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +15,7 @@
 
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
-#include "sys_util.h"
-#include "worker_group.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -269,23 +268,8 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   char head[9] = {'G'};
   const uint64_t size = payload.size();
   for (int i = 0; i < 8; ++i) head[1 + i] = static_cast<char>((size >> (8 * i)) & 0xff);
-  iovec iov{head, sizeof head};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
   const int fds[2] = {stdout_w, stderr_w};
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  ssize_t n;
-  do {
-    n = ::sendmsg(s.ctl, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = send_with_fds(s.ctl, head, sizeof head, fds, 2);
   // A partial header: the rest goes with the payload (a stream socket).
   const bool sent = n > 0 && send_all(s.ctl, head + n, sizeof head - static_cast<size_t>(n)) &&
                     send_all(s.ctl, payload.data(), payload.size());

@@ -26,6 +26,8 @@
 #include <memory>
 #include <system_error>
 
+#include "platform/sys_util.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -51,23 +53,9 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
   if (listener < 0 && errno == EACCES && allow_no_new_privs && ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) {
     listener = ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &prog);
   }
-  char byte = listener >= 0 ? 1 : 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (listener >= 0) {
-    const int fd = static_cast<int>(listener);
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  ssize_t ignored = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  const char byte = listener >= 0 ? 1 : 0;
+  const int fd = static_cast<int>(listener);
+  ssize_t ignored = send_with_fds(sock, &byte, 1, &fd, listener >= 0 ? 1 : 0);
   (void)ignored;
   if (listener >= 0) ::close(static_cast<int>(listener));
   ::close(sock);
@@ -118,6 +106,34 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
 
 }  // namespace
 
+namespace {
+
+// The CPU set, sized for the highest CPU named (CPU_ALLOC: machines may have > 1024); none
+// when `cpus` is empty.
+struct CpuSetFree {
+  void operator()(cpu_set_t* p) const { CPU_FREE(p); }
+};
+struct CpuSet {
+  std::unique_ptr<cpu_set_t, CpuSetFree> set;
+  size_t size = 0;
+};
+CpuSet make_cpu_set(const std::vector<int>& cpus) {
+  CpuSet out;
+  if (cpus.empty()) return out;
+  int max_cpu = 0;
+  for (int c : cpus) max_cpu = std::max(max_cpu, c);
+  out.set.reset(CPU_ALLOC(max_cpu + 1));
+  if (!out.set) throw_errno("CPU_ALLOC");
+  out.size = CPU_ALLOC_SIZE(max_cpu + 1);
+  CPU_ZERO_S(out.size, out.set.get());
+  for (int c : cpus) {
+    if (c >= 0) CPU_SET_S(static_cast<size_t>(c), out.size, out.set.get());
+  }
+  return out;
+}
+
+}  // namespace
+
 SpawnedProcess spawn_process(const SpawnRequest& req) {
   // Everything that allocates happens before fork.
   std::vector<char*> argv;
@@ -126,23 +142,7 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
   std::vector<char*> envp;
   for (const auto& e : req.envp) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  // The CPU set, sized for the highest CPU named (CPU_ALLOC: machines may have > 1024).
-  struct CpuSetFree {
-    void operator()(cpu_set_t* p) const { CPU_FREE(p); }
-  };
-  std::unique_ptr<cpu_set_t, CpuSetFree> affinity;
-  size_t affinity_size = 0;
-  if (!req.cpu_affinity.empty()) {
-    int max_cpu = 0;
-    for (int c : req.cpu_affinity) max_cpu = std::max(max_cpu, c);
-    affinity.reset(CPU_ALLOC(max_cpu + 1));
-    if (!affinity) throw_errno("CPU_ALLOC");
-    affinity_size = CPU_ALLOC_SIZE(max_cpu + 1);
-    CPU_ZERO_S(affinity_size, affinity.get());
-    for (int c : req.cpu_affinity) {
-      if (c >= 0) CPU_SET_S(static_cast<size_t>(c), affinity_size, affinity.get());
-    }
-  }
+  const CpuSet affinity = make_cpu_set(req.cpu_affinity);
 
   int out[2], err[2], status[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw_errno("pipe2");
@@ -174,8 +174,8 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
     throw_errno("fork");
   }
   if (pid == 0) {
-    exec_child(req, parent, out[1], err[1], status[1], watch[1], argv.data(), envp.data(), affinity.get(),
-               affinity_size);
+    exec_child(req, parent, out[1], err[1], status[1], watch[1], argv.data(), envp.data(), affinity.set.get(),
+               affinity.size);
   }
 
   // Also from the parent, so that signalling the group cannot race the child's own setpgid.

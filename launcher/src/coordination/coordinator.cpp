@@ -19,6 +19,8 @@
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/rdzv/validate.h"
 #include "ddprun/server/store_server.h"
+#include "coordination/store_hosting.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 
@@ -167,20 +169,18 @@ class LocalCoordinator final : public Coordinator {
 // replaced (a reconnect to a standing ddprund that restarted).
 class RemoteCoordinator final : public Coordinator {
  public:
-  RemoteCoordinator(const std::string& host, uint16_t port, rdzv::Join settings, const std::string& advertise,
-                    std::chrono::milliseconds connect_timeout, std::chrono::milliseconds heartbeat_interval,
-                    const std::function<bool()>& interrupted, const rdzv::AgentCredentials& token)
-      : host_(host),
-        port_(port),
-        heartbeat_(heartbeat_interval),
-        interrupted_(interrupted),
-        token_(token),
-        client_(connect(host, port, connect_timeout, heartbeat_interval, interrupted, token)),
-        settings_(std::move(settings)),
-        store_host_(host == "localhost" ? "127.0.0.1" : host) {
+  explicit RemoteCoordinator(RemoteCoordinatorOptions o)
+      : host_(o.host),
+        port_(o.port),
+        heartbeat_(o.heartbeat_interval),
+        interrupted_(o.interrupted),
+        token_(o.token),
+        client_(connect(o.host, o.port, o.connect_timeout, o.heartbeat_interval, o.interrupted, o.token)),
+        settings_(std::move(o.settings)),
+        store_host_(o.host == "localhost" ? "127.0.0.1" : o.host) {
     char hostname[256] = "";
     ::gethostname(hostname, sizeof hostname - 1);
-    settings_.host = !advertise.empty() ? advertise : client::local_address_of(client_->fd());
+    settings_.host = !o.advertise.empty() ? o.advertise : client::local_address_of(client_->fd());
     settings_.node_id = std::string(hostname) + "_" + settings_.host + "_" + std::to_string(::getpid());
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
@@ -300,20 +300,12 @@ class RemoteCoordinator final : public Coordinator {
   // leaves the store to the server.
   void offer_store() {
     try {
-      server::raise_fd_limit();
-      server::StoreServerOptions so;
-      so.host = "";  // every address: the workers of every node reach it at this node's
-      so.port = 0;
-      so.io_threads = 0;  // the whole job's workers may connect to it
-      so.enable_rendezvous = false;
-      so.restrict_main_store = true;
-      so.accept_later = true;  // a worker that comes before the round's peers are known retries
-      so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
-        if (!shown->exchange(true)) spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
-        else spdlog::debug("{}", line);
-      };
-      auto st = std::make_unique<server::StoreServer>(so);
-      st->start();
+      StoreHosting h;
+      h.listen_host = "";  // every address: the workers of every node reach it at this node's
+      h.io_threads = 0;    // the whole job's workers may connect to it
+      h.restrict_main_store = true;
+      h.accept_later = true;  // a worker that comes before the round's peers are known retries
+      auto st = host_store(h);
       settings_.store_offer_port = st->port();
       store_ = std::move(st);
     } catch (const std::exception& e) {
@@ -435,11 +427,7 @@ class RemoteCoordinator final : public Coordinator {
   }
 
   void arm_retry(std::chrono::milliseconds after) {
-    itimerspec its{};
-    const auto ns = std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::nanoseconds>(after).count());
-    its.it_value.tv_sec = ns / 1000000000;
-    its.it_value.tv_nsec = ns % 1000000000;
-    ::timerfd_settime(retry_timer_, 0, &its, nullptr);
+    arm_timerfd(retry_timer_, std::max(1e-9, std::chrono::duration<double>(after).count()));
   }
 
   // One connect attempt, bounded by kReconnectAttempt (plus the handshake when something
@@ -561,14 +549,8 @@ std::unique_ptr<Coordinator> make_local_coordinator(server::StoreServer& store, 
   return std::make_unique<LocalCoordinator>(store, std::move(settings), std::move(store_host));
 }
 
-std::unique_ptr<Coordinator> make_remote_coordinator(const std::string& host, uint16_t port, rdzv::Join settings,
-                                                     const std::string& advertise,
-                                                     std::chrono::milliseconds connect_timeout,
-                                                     std::chrono::milliseconds heartbeat_interval,
-                                                     const std::function<bool()>& interrupted,
-                                                     const rdzv::AgentCredentials& token) {
-  return std::make_unique<RemoteCoordinator>(host, port, std::move(settings), advertise, connect_timeout,
-                                             heartbeat_interval, interrupted, token);
+std::unique_ptr<Coordinator> make_remote_coordinator(RemoteCoordinatorOptions options) {
+  return std::make_unique<RemoteCoordinator>(std::move(options));
 }
 
 }  // namespace ddprun::launcher

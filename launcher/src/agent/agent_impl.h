@@ -18,7 +18,7 @@
 #include "ddprun/launcher/summary.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
-#include "worker_group.h"
+#include "workers/worker_group.h"
 
 namespace ddprun::launcher {
 

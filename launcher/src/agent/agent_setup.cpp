@@ -15,12 +15,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include "agent_impl.h"
+#include "agent/agent_impl.h"
+#include "coordination/store_hosting.h"
 #include "ddprun/client/net.h"
 #include "ddprun/common/knobs.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/launcher/signal_names.h"
-#include "sys_util.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 
@@ -123,32 +124,19 @@ void Agent::prepare_log_root() {
 // bound: the plan decides (on_bind_failure: a free port, joining as a client, or an error).
 void Agent::host_server() {
   if (!plan_.host_server) return;
-  // Each connection costs the server a descriptor: take the hard limit, as ddprund does (at
-  // the default soft limit of 1024 a few hundred strangers used to exhaust it).
-  server::raise_fd_limit();
   auto start_on = [&](uint16_t port) {
-    server::StoreServerOptions so;
-    so.host = plan_.listen_host;
-    so.port = port;
-    so.io_threads = plan_.server_io_threads;
-    so.enable_rendezvous = plan_.serve_rendezvous;
-    so.rdzv_token = plan_.rdzv_token;
-    so.rdzv_munge = munge_check_;
+    StoreHosting h;
+    h.listen_host = plan_.listen_host;
+    h.port = port;
+    h.io_threads = plan_.server_io_threads;
+    h.serve_rendezvous = plan_.serve_rendezvous;
+    h.rdzv_token = plan_.rdzv_token;
+    h.rdzv_munge = munge_check_;
     // Static multi-node: the workers' store. One node on a network address: this host only.
     const bool one_node_on_network = plan_.local && plan_.listen_host != "127.0.0.1";
-    so.restrict_main_store = !plan_.local || one_node_on_network;
-    // The job's console is the workers' output: a stranger's bad bytes or connection flood
-    // may put one line there (so the operator knows), the rest go to the -v log.
-    so.peer_warning = [shown = std::make_shared<std::atomic<bool>>(false)](const std::string& line) {
-      if (!shown->exchange(true))
-        spdlog::warn("{} (more warnings about peers of this store only with -v)", line);
-      else
-        spdlog::debug("{}", line);
-    };
-    auto s = std::make_unique<server::StoreServer>(so);
-    if (one_node_on_network) s->set_store_peers(client::local_addresses());  // before any worker exists
-    s->start();
-    return s;
+    h.restrict_main_store = !plan_.local || one_node_on_network;
+    if (one_node_on_network) h.store_peers = client::local_addresses();  // before any worker exists
+    return host_store(h);
   };
   try {
     store_ = start_on(plan_.listen_port);
@@ -207,11 +195,17 @@ void Agent::start_coordinator() {
   } else {
     spdlog::info("connecting to the rendezvous of job {} at {}:{}", opts_.rdzv_id, plan_.endpoint_host,
                  plan_.endpoint_port);
-    coordinator_ = make_remote_coordinator(plan_.endpoint_host, plan_.endpoint_port, plan_.join, opts_.local_addr,
-                                           plan_.connect_timeout, plan_.heartbeat_interval,
-                                           // Once stopping, no send waits for a server that stopped reading.
-                                           [this] { return state_.stop_signal().has_value() || stop_requested(); },
-                                           credentials_);
+    RemoteCoordinatorOptions co;
+    co.host = plan_.endpoint_host;
+    co.port = plan_.endpoint_port;
+    co.settings = plan_.join;
+    co.advertise = opts_.local_addr;
+    co.connect_timeout = plan_.connect_timeout;
+    co.heartbeat_interval = plan_.heartbeat_interval;
+    // Once stopping, no send waits for a server that stopped reading.
+    co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
+    co.token = credentials_;
+    coordinator_ = make_remote_coordinator(std::move(co));
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
   // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user

@@ -45,46 +45,24 @@ void log_loss_lines(const SummaryInput& in, std::ostringstream& s) {
 }
 }  // namespace
 
-std::string format_summary(const SummaryInput& in) {
-  const std::string bar(72, '=');
-  if (in.exit_code == 0) {
-    if (in.log_files_failed == 0) return "";
-    std::ostringstream s;
-    s << "[ddprun] " << bar << "\n";
-    log_loss_lines(in, s);
-    s << "[ddprun] the workers succeeded; exit code " << kLogsLostExitCode << " (logs incomplete)\n";
-    s << "[ddprun] " << bar << "\n";
-    return s.str();
-  }
-  std::ostringstream s;
-  s << "[ddprun] " << bar << "\n";
-  if (!in.agent_error.empty()) s << "[ddprun] JOB FAILED: " << in.agent_error << "\n";
-  if (in.preempted) {
-    // Another node's end (it left after its own preemption) is no news here: not a failure.
-    s << "[ddprun] PREEMPTED: ";
-    if (in.stop_signal && !in.workers_started) s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
-    else if (in.stop_signal) s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; "
-                               << in.preempt_grace_s << " s to stop after a preemption signal)";
-    else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
-    s << "; exit code " << in.exit_code << "\n";
-    s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID) "
-         "to resume from its last checkpoint\n";
-    s << "[ddprun] " << bar << "\n";
-    return s.str();
-  }
-  if (in.job_failed && in.multi_node) {
-    s << "[ddprun] JOB FAILED: " << in.job_failed->reason << "\n";
-    if (in.job_failed->first_failure && !in.job_failed->first_failure->host.empty())
-      s << "[ddprun]   first failure of the job: " << describe_first_failure(*in.job_failed->first_failure) << "\n";
-  }
-  if (in.stop_signal && !in.workers_started) {
-    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << " before any worker started; exit code "
-      << in.exit_code << "\n";
-  } else if (in.stop_signal) {
-    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << ": the workers were sent "
-      << signal_name(*in.stop_signal) << " (SIGKILL after " << in.shutdown_timeout_s << " s); exit code "
-      << in.exit_code << "\n";
-  }
+namespace {
+
+// A preemption's lines: not a failure, requeue.
+void preempted_lines(const SummaryInput& in, std::ostringstream& s) {
+  // Another node's end (it left after its own preemption) is no news here: not a failure.
+  s << "[ddprun] PREEMPTED: ";
+  if (in.stop_signal && !in.workers_started) s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
+  else if (in.stop_signal) s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; "
+                             << in.preempt_grace_s << " s to stop after a preemption signal)";
+  else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
+  s << "; exit code " << in.exit_code << "\n";
+  s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID) "
+       "to resume from its last checkpoint\n";
+}
+
+// The failing worker of this attempt (or what else ended the run), with its stderr tail and
+// error file.
+void failure_lines(const SummaryInput& in, std::ostringstream& s) {
   // A failure of an earlier attempt that was restarted is history, not the cause.
   const bool job_verdict = in.job_failed.has_value() && in.multi_node;
   if (in.failure && in.failure->attempt == in.attempt) {
@@ -114,6 +92,11 @@ std::string format_summary(const SummaryInput& in) {
     s << "[ddprun]   (attempt " << in.failure->attempt << " had failed: worker rank " << in.failure->global_rank << " "
       << in.failure->status.describe() << ")\n";
   }
+}
+
+// Why no restart followed, in the round's words when it is not the budget (which the attempt
+// line already shows).
+void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
   if (in.job_failed && !in.stop_signal) {
     // Why no restart followed, in the round's words when it is not the budget (which the
     // attempt line above already shows).
@@ -133,6 +116,44 @@ std::string format_summary(const SummaryInput& in) {
         break;
     }
   }
+}
+
+}  // namespace
+
+std::string format_summary(const SummaryInput& in) {
+  const std::string bar(72, '=');
+  if (in.exit_code == 0) {
+    if (in.log_files_failed == 0) return "";
+    std::ostringstream s;
+    s << "[ddprun] " << bar << "\n";
+    log_loss_lines(in, s);
+    s << "[ddprun] the workers succeeded; exit code " << kLogsLostExitCode << " (logs incomplete)\n";
+    s << "[ddprun] " << bar << "\n";
+    return s.str();
+  }
+  std::ostringstream s;
+  s << "[ddprun] " << bar << "\n";
+  if (!in.agent_error.empty()) s << "[ddprun] JOB FAILED: " << in.agent_error << "\n";
+  if (in.preempted) {
+    preempted_lines(in, s);
+    s << "[ddprun] " << bar << "\n";
+    return s.str();
+  }
+  if (in.job_failed && in.multi_node) {
+    s << "[ddprun] JOB FAILED: " << in.job_failed->reason << "\n";
+    if (in.job_failed->first_failure && !in.job_failed->first_failure->host.empty())
+      s << "[ddprun]   first failure of the job: " << describe_first_failure(*in.job_failed->first_failure) << "\n";
+  }
+  if (in.stop_signal && !in.workers_started) {
+    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << " before any worker started; exit code "
+      << in.exit_code << "\n";
+  } else if (in.stop_signal) {
+    s << "[ddprun] stopped by " << signal_name(*in.stop_signal) << ": the workers were sent "
+      << signal_name(*in.stop_signal) << " (SIGKILL after " << in.shutdown_timeout_s << " s); exit code "
+      << in.exit_code << "\n";
+  }
+  failure_lines(in, s);
+  no_restart_lines(in, s);
   log_loss_lines(in, s);
   s << "[ddprun] " << bar << "\n";
   return s.str();
