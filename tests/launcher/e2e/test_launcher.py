@@ -1108,7 +1108,7 @@ def fake_gpu_machine(root, gpus):
 
 
 class Parity(unittest.TestCase):
-    """torchrun 2.11's behaviour where ddprun used to differ (issue 11)."""
+    """torchrun 2.11's behaviour, matched."""
 
     def test_non_executable_script_without_py_runs_with_python(self):
         with tempfile.TemporaryDirectory() as d:
@@ -1218,7 +1218,7 @@ class Parity(unittest.TestCase):
             self.assertFalse(os.path.exists(marker))
 
 
-# ---- coordination: one path for one node and many (issue #11) ----
+# ---- coordination: one path for one node and many ----
 
 def free_port():
     with socket.socket() as s:

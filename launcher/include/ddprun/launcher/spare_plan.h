@@ -1,4 +1,4 @@
-// Warm spare interpreters (issue 14), the pure decisions: whether a worker command can start
+// Warm spare interpreters, the pure decisions: whether a worker command can start
 // from a spare, whether a spare started with one environment may run an attempt that needs
 // another, and the launch message the agent sends a spare. The processes live in spares.cpp.
 //
