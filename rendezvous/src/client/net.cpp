@@ -18,6 +18,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ddprun/client/tcp_connect.h"
 
@@ -26,25 +28,10 @@ namespace ddprun::client {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string interface_of(const std::string& addr) {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string name;
-  for (ifaddrs* i = list; i && name.empty(); i = i->ifa_next) {
-    if (!i->ifa_addr) continue;
-    char buf[INET6_ADDRSTRLEN] = "";
-    if (i->ifa_addr->sa_family == AF_INET)
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
-    else if (i->ifa_addr->sa_family == AF_INET6)
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf, sizeof buf);
-    if (addr == buf) name = i->ifa_name;
-  }
-  ::freeifaddrs(list);
-  return name;
-}
-
-std::vector<std::string> local_addresses() {
-  std::vector<std::string> out;
+namespace {
+// Every address of this host's interfaces, in numeric form, with its interface's name.
+std::vector<std::pair<std::string, std::string>> interface_addresses() {
+  std::vector<std::pair<std::string, std::string>> out;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return out;
   for (ifaddrs* i = list; i; i = i->ifa_next) {
@@ -54,9 +41,22 @@ std::vector<std::string> local_addresses() {
       ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof buf);
     else if (i->ifa_addr->sa_family == AF_INET6)
       ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, buf, sizeof buf);
-    if (*buf) out.emplace_back(buf);
+    if (*buf) out.emplace_back(buf, i->ifa_name);
   }
   ::freeifaddrs(list);
+  return out;
+}
+}  // namespace
+
+std::string interface_of(const std::string& addr) {
+  for (const auto& [a, name] : interface_addresses())
+    if (a == addr) return name;
+  return "";
+}
+
+std::vector<std::string> local_addresses() {
+  std::vector<std::string> out;
+  for (auto& [a, name] : interface_addresses()) out.push_back(std::move(a));
   return out;
 }
 
