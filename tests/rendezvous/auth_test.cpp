@@ -422,15 +422,16 @@ TEST_CASE("TheMungeHandshakeMakesTheCredentialsSecretTheConnectionsToken", "[aut
   CHECK_THAT(run(maker({"78", "0"}, me)), Catch::Contains("rendezvous refused") && Catch::Contains("Slurm job 78"));
   CHECK_THAT(run(maker(step, 0)), Catch::Contains("rendezvous refused") && Catch::Contains("uid 0"));
   CHECK_THAT(run(AgentCredentials{}), Catch::Contains("sent none") && Catch::Contains("srun step"));
-  // An open server (a standing ddprund without a token) takes a munge agent as it takes any
-  // agent without a token: no session.
+  // A munge agent trusts no open server: anything that took the rendezvous port first could
+  // answer CHALLENGE with token_required=false.
   {
     ServerHandshake open("", random_nonce());
     ClientHandshake agent(maker(step, me), random_nonce(), "test:1");
     auto c = open.on_message(agent.hello());
-    REQUIRE(c.admitted);
-    CHECK_FALSE(agent.on_reply(*c.reply));
-    CHECK(agent.done());
+    REQUIRE(c.reply);
+    CHECK_THROWS_WITH(agent.on_reply(*c.reply), Catch::Contains("asks for no credential") &&
+                                                    Catch::Contains("cannot tell that server from an impostor"));
+    CHECK_FALSE(agent.done());
     CHECK_FALSE(agent.session());
   }
   // A recorded HELLO replayed on another connection: its credential names the old nonce.

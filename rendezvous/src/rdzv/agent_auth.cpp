@@ -204,9 +204,14 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
     const Challenge c = from_message<Challenge>(m);
     standing_ = c.standing;
     if (!c.token_required) {
-      // An agent with munge credentials but no token had nothing to prove an open server
-      // wrong with before (a standing ddprund without a token): it joins it as it did.
-      if (!munge_credential_.empty()) token_.clear();
+      // An agent with munge credentials trusts no open server either: anything that took the
+      // rendezvous port first (another user's process) could answer so and steer the job.
+      if (!munge_credential_.empty())
+        throw HandshakeRefused("rendezvous refused: the server at " + where_ +
+                               " asks for no credential, but this agent proves its Slurm step with munge, so it "
+                               "cannot tell that server from an impostor: give the server and every agent the same "
+                               "token (--rdzv_token_file or DDPRUN_RDZV_TOKEN), or run the agents with --no_slurm "
+                               "and explicit flags to join an open rendezvous");
       if (!token_.empty())
         throw HandshakeRefused("rendezvous refused: the server at " + where_ +
                                " requires no token but this agent has one, so it cannot tell it from an impostor; " +

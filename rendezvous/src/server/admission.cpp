@@ -122,6 +122,12 @@ rdzv::ServerHandshake::Step Admission::on_handshake_locked(Connection& c, const 
   c.session.admitted = step.admitted;
   c.session.mac = std::move(step.session);
   if (step.admitted && admitted_.emplace(c.id, c.session.peer).second) ++member_hosts_[c.session.peer];
+  if (step.admitted && c.session.counted_stranger) {
+    // A member now: its slot no longer counts against the strangers' limit (a job with more
+    // hosts than that limit must still get every agent in, e.g. re-joining after a restart).
+    --strangers_open_;
+    c.session.counted_stranger = false;
+  }
   return step;
 }
 
