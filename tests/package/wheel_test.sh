@@ -35,8 +35,23 @@ case "$step" in
     [[ "$(basename "$whl")" =~ ^ddprun-[0-9.]+-py3-none-manylinux_2_[0-9]+_x86_64\.whl$ ]] ||
       fail "$(basename "$whl") is not a py3-none-manylinux wheel"
     "$pkg_venv/bin/auditwheel" show "$whl" | tee "$work/auditwheel-show.txt"
-    tr -s ' \n' ' ' <"$work/auditwheel-show.txt" | grep -q 'is consistent with the following platform tag: "manylinux_2_' ||
-      fail "auditwheel show: not consistent with a manylinux tag"
+    # Its symbols must fit a manylinux tag, and the only libraries left outside the wheel and
+    # outside that policy may be CUDA's and NCCL's (a build with the GPU parts links them; they
+    # come from the environment's nvidia-* wheels or the system, as PyTorch's wheels do).
+    "$pkg_venv/bin/auditwheel" show --json "$whl" >"$work/auditwheel-show.json"
+    "$pkg_venv/bin/python" - "$work/auditwheel-show.json" <<'PYCHECK' || fail "auditwheel show: not consistent with a manylinux tag"
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+ok = re.compile(r"lib(cudart|cublas|cublasLt|nccl|cuda)\.so(\.\d+)*$")
+others = sorted(lib for lib in d.get("external_libs", {}) if not ok.match(lib))
+print("symbols fit:", d.get("sym_tag"), "| outside the wheel:", sorted(d.get("external_libs", {})))
+if not str(d.get("sym_tag", "")).startswith("manylinux_2_"):
+    sys.exit("symbols fit no manylinux tag")
+if others:
+    sys.exit("libraries neither bundled nor allowed by the policy: " + ", ".join(others))
+if not d.get("external_libs") and not str(d.get("overall_tag", "")).startswith("manylinux_2_"):
+    sys.exit("overall tag " + str(d.get("overall_tag")))
+PYCHECK
     "$pkg_venv/bin/python" -m zipfile -l "$whl" | awk 'NR > 1 {print $1}' >"$work/wheel-files.txt"
     for f in ddprun/__init__.py ddprun/__main__.py ddprun/cmake.py ddprun/bin/ddprun ddprun/bin/ddprund ddprun/bin/train \
              ddprun/include/ddprun/worker/runtime.h ddprun/lib/cmake/ddprun_worker/ddprun_workerConfig.cmake; do
