@@ -98,6 +98,18 @@ def other_job_store(d):
     return agent, int(msg[1]["store_port"])
 
 
+def log_says(d, text, timeout=10.0):
+    """Whether the daemon's output has a line with `text` within `timeout` s (its output is read
+    by another thread: a line written just now may not have been read yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if any(text in ln for ln in d.log_text().splitlines()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def stopped(d):
     """Stops ddprund; logs the longest time a batch of requests held a lock (its last line)."""
     rc = d.stop()
@@ -317,7 +329,7 @@ def half_open_and_idle(binary):
     except BlockingIOError:
         pass
     agent.close()
-    check(any("deadline for unauthenticated connections" in ln for ln in d.log_text().splitlines()),
+    check(log_says(d, "deadline for unauthenticated connections"),
           "the daemon says why it closed them")
     check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
@@ -377,7 +389,7 @@ def list_keys_non_readers(binary):
     # The budget, its reserve for connections that read (an eighth), and the process itself.
     check(peak < (budget_mib * 9 // 8 + 64) * 1024,
           f"RSS {peak // 1024} MB stays within the budget of {budget_mib} MiB (+ its reserve and 64 MB)")
-    check(any("--max-memory" in ln for ln in d.log_text().splitlines()),
+    check(log_says(d, "--max-memory"),
           "the connections past the budget are closed with a line naming --max-memory")
     for r in readers:
         r.close()
@@ -401,7 +413,7 @@ def watch_key_flood(binary):
     c = RawConn(d.host, d.port, dialect="D0", timeout=30.0)
     c.send(b"".join(b"\x07" + blob(f"/watched/{i}") for i in range(6000)))  # WATCH_KEY of PyTorch 1.13
     check(c.is_closed_by_peer(20.0), "a client watching 6,000 distinct keys is closed past 4,096")
-    check(any("--max-watches-per-connection" in ln for ln in d.log_text().splitlines()),
+    check(log_says(d, "--max-watches-per-connection"),
           "the daemon names --max-watches-per-connection")
     c.close()
     again = RawConn(d.host, d.port, dialect="D0", timeout=30.0)
