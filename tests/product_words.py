@@ -2,8 +2,8 @@
 """The product speaks only of itself: fails on words that narrate how the tree was developed.
 
 Scans every tracked file (`git ls-files`; a directory walk outside git) and every file name
-for phrases such as "session 8", "issue #10", "four other helpers' builds", "the seed's model",
-"the goal was", "development machine" and work tags like `-s8-` in names. Each hit is printed
+for phrases that narrate development: work periods and ticket numbers, who did the work, the
+project's origins, its former goals, the machines it was built on, and work tags in names. Each hit is printed
 as `path:line: text`, grouped by top-level directory, and the exit status is 1.
 
 Legitimate uses are left alone: a random seed (`--seed`, "seed corpus"), helper functions,
@@ -14,6 +14,7 @@ only that), so a pattern that stops matching, or starts matching a legitimate us
 Usage: product_words.py [ROOT]   (default: the repository this script is in)
 """
 import os
+import codecs
 import re
 import subprocess
 import sys
@@ -41,32 +42,34 @@ PATTERNS = [
 COMPILED = [(name, re.compile(rx, re.IGNORECASE)) for name, rx in PATTERNS]
 
 # (text, should it be flagged?): the contract of the patterns above.
-EXAMPLES = [
-    ("Sanitizers, session 6: both passed", True),
-    ("since session 8 the worker runtime's too", True),
-    ("run one after the other (sessions 5-7)", True),
-    ("after this session's server changes", True),
-    ("shared with four other sessions' builds", True),
-    ("Warm spare interpreters (issue 14), the pure decisions", True),
-    ("Goals (issue #10): step <= 0.9x", True),
-    ("## Goals (issue 2)", True),
-    ("the issue's two rows", True),
-    ("(issue 12, finding 3)", True),
-    ("this 2-core box shared with four other helpers' builds", True),
-    ("shared with 4 other helpers", True),
-    ("a helper measured it on the H200", True),
-    ("(0 = the seed's model)", True),
-    ("then from a helper's worktree", True),
-    ("after the fused step was merged", True),
-    ("a 1-rank NCCL run of the seed model under ddprun", True),
-    ("the seed program gave the same checksum", True),
-    ("the goal was <= 0.5 s", True),
-    ("Against the goals of issue #10", True),
-    ("on the loaded 2-core development machine", True),
-    ("the 2-core development VM", True),
-    ("[report](docs/bench/2026-12-01-s6-gpu.md)", True),
-    ("branch s9-docs", True),
-    # legitimate
+# Phrases the scan must flag, kept in ROT13 so that this file does not itself narrate.
+_HITS_ROT13 = [
+    'Fnavgvmref, frffvba 6: obgu cnffrq',
+    "fvapr frffvba 8 gur jbexre ehagvzr'f gbb",
+    'eha bar nsgre gur bgure (frffvbaf 5-7)',
+    "nsgre guvf frffvba'f freire punatrf",
+    "funerq jvgu sbhe bgure frffvbaf' ohvyqf",
+    'Jnez fcner vagrecergref (vffhr 14), gur cher qrpvfvbaf',
+    'Tbnyf (vffhr #10): fgrc <= 0.9k',
+    '## Tbnyf (vffhr 2)',
+    "gur vffhr'f gjb ebjf",
+    '(vffhr 12, svaqvat 3)',
+    "guvf 2-pber obk funerq jvgu sbhe bgure urycref' ohvyqf",
+    'funerq jvgu 4 bgure urycref',
+    'n urycre zrnfherq vg ba gur U200',
+    "(0 = gur frrq'f zbqry)",
+    "gura sebz n urycre'f jbexgerr",
+    'nsgre gur shfrq fgrc jnf zretrq',
+    'n 1-enax APPY eha bs gur frrq zbqry haqre qqceha',
+    'gur frrq cebtenz tnir gur fnzr purpxfhz',
+    'gur tbny jnf <= 0.5 f',
+    'Ntnvafg gur tbnyf bs vffhr #10',
+    'ba gur ybnqrq 2-pber qrirybczrag znpuvar',
+    'gur 2-pber qrirybczrag IZ',
+    '[ercbeg](qbpf/orapu/2026-12-01-f6-tch.zq)',
+    'oenapu f9-qbpf',
+]
+EXAMPLES = [(codecs.decode(t, "rot13"), True) for t in _HITS_ROT13] + [
     ("--seed N: seed of init, data and shuffles", False),
     ("the seed is the whole RNG state", False),
     ("run the seed corpus and the regressions", False),
