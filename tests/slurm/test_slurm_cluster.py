@@ -295,7 +295,13 @@ def scenario_requeue(c, a):
     wait_for(lambda: f"preempted: requeueing job {job}" in read(path), 240, "the script to requeue", c, job, path)
     wait_for(lambda: c.job_info(job).get("JobState") == "PENDING" or f"job {job} run 1 on" in read(path), 120,
              "the requeued job to be pending")
-    c.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    # Forcing the start before the nodes have finished the first run makes slurmd refuse the new
+    # launch ("Job credential revoked": the revocation and the new credential share a second).
+    # Wait for the nodes to be idle, and for the clock to pass that second, as Slurm's own delay does.
+    if f"job {job} run 1 on" not in read(path):
+        wait_for(c._all_idle, 120, "the nodes to finish the first run", c, job, path)
+        time.sleep(2.5)
+        c.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
     out = finished(c, job, path, timeout=500)
     check(f"preempted: requeueing job {job}" in out, "the script did not requeue the job", out)
     check(f"job {job} run 1 on" in out, "the job did not run again", out)
