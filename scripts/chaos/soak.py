@@ -289,9 +289,19 @@ class Soak:
         """Our processes, listening ports and /dev/shm entries still there (agents are gone)."""
         left = []
         binaries = {os.path.realpath(b) for b in (self.ddprun, self.train)}
+        # Only this soak's copies: every process it starts lives in one of its namespaces (other
+        # tests may run the same binaries on this host at the same time).
+        ours = set()
+        for ns in self.cluster.nodes + [self.cluster.switch]:
+            try:
+                ours.add(f"net:[{os.stat(os.path.join('/run/netns', ns)).st_ino}]")
+            except OSError:
+                pass
         for p in glob.glob("/proc/[0-9]*/exe"):
             try:
-                if os.path.realpath(os.readlink(p)) in binaries:
+                pid_dir = os.path.dirname(p)
+                if (os.path.realpath(os.readlink(p)) in binaries
+                        and os.readlink(os.path.join(pid_dir, "ns", "net")) in ours):
                     left.append(f"process {p.split('/')[2]} ({os.readlink(p)})")
             except OSError:
                 pass
