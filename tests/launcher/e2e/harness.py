@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the end-to-end tests of ddprun share: running the binary (to completion, or live with its
 output read line by line against a deadline), watching processes, the workers' code.
 
@@ -206,6 +205,7 @@ class Agent:
         self.p.send_signal(signo)
         rc, out, err = self.finish(timeout=30)
         return rc, err, time.monotonic() - t0
+
 
 def main():
     """Runs the calling module's tests against the ddprun named by the first argument."""
