@@ -34,34 +34,48 @@ JOIN, HEARTBEAT, FAILURE, SUCCEEDED, LEAVE = 1, 2, 3, 4, 5
 ROUND, RESTART, JOB_DONE, JOB_FAILED, ERROR = 20, 21, 22, 23, 24
 
 
+def _blob(x):
+    b = x if isinstance(x, bytes) else str(x).encode()
+    return struct.pack("<Q", len(b)) + b
+
+
 def agent_frame(msg_type, fields):
-    """One frame of the agent protocol; `fields` maps names to values (str() of each is sent)."""
+    """One frame of the agent protocol; `fields` maps names to values (bytes as they are, any
+    other value as its str())."""
     payload = bytes([msg_type]) + struct.pack("<Q", len(fields))
-    for k, v in fields.items():
-        k, v = str(k).encode(), str(v).encode()
-        payload += struct.pack("<Q", len(k)) + k + struct.pack("<Q", len(v)) + v
+    payload += b"".join(_blob(k) + _blob(v) for k, v in fields.items())
     return struct.pack("<I", len(payload)) + payload
 
 
-def read_agent_frame(sock):
-    """(message type, {field: value}) of the next frame on `sock`; AssertionError when the
-    connection closes first."""
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            c = sock.recv(n - len(b))
-            if not c:
-                raise AssertionError("the rendezvous closed the connection")
-            b += c
-        return b
-    body = exact(struct.unpack("<I", exact(4))[0])
-    t, count = body[0], struct.unpack("<Q", body[1:9])[0]
+def parse_agent_frame(buf):
+    """(message type, {field: value}, the bytes after it) of the frame at the start of `buf`, or
+    None while `buf` holds less than a whole frame. Values are decoded leniently (a hostile or
+    broken server's bytes are shown, not raised on)."""
+    if len(buf) < 4 or len(buf) < 4 + struct.unpack("<I", buf[:4])[0]:
+        return None
+    n = struct.unpack("<I", buf[:4])[0]
+    body, rest = buf[4:4 + n], buf[4 + n:]
+    msg_type, count = body[0], struct.unpack("<Q", body[1:9])[0]
     fields, off = {}, 9
     for _ in range(count):
         kl = struct.unpack("<Q", body[off:off + 8])[0]
-        k = body[off + 8:off + 8 + kl].decode()
+        k = body[off + 8:off + 8 + kl].decode(errors="replace")
         off += 8 + kl
         vl = struct.unpack("<Q", body[off:off + 8])[0]
-        fields[k] = body[off + 8:off + 8 + vl].decode()
+        fields[k] = body[off + 8:off + 8 + vl].decode(errors="replace")
         off += 8 + vl
-    return t, fields
+    return msg_type, fields, rest
+
+
+def read_agent_frame(sock):
+    """(message type, {field: value}) of the next frame on `sock` (blocking); AssertionError when
+    the connection closes first."""
+    buf = b""
+    while (got := parse_agent_frame(buf)) is None:
+        # Ask for no more than this frame: what follows it stays in the socket for the next call.
+        want = (4 - len(buf)) if len(buf) < 4 else 4 + struct.unpack("<I", buf[:4])[0] - len(buf)
+        chunk = sock.recv(want)
+        if not chunk:
+            raise AssertionError("the rendezvous closed the connection")
+        buf += chunk
+    return got[0], got[1]
