@@ -6,18 +6,15 @@ script runs from it), or from elsewhere after sys.path.insert(0, "<repo>/scripts
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
-
-def free_port(host="127.0.0.1"):
-    """A TCP port that was free a moment ago on `host` (the kernel's pick for port 0)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+# free_port is the tests' own (tests/pylib), found from this file's place in the repository.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402,F401
 
 
 def torch_version(python):

@@ -11,6 +11,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402,F401 (for PyTorch 1.13's master store, which needs a port up front)
+
 _children = []
 
 
@@ -175,15 +178,6 @@ def run_main(main, watchdog_s):
     kill_children()
     log("PASS")
     sys.exit(0)
-
-
-def free_tcp_port():
-    """Only for PyTorch's own master store, which needs a port number up front in 1.13."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # ---- a raw-socket TCPStore client (for checks the PyTorch API cannot express and for hostile

@@ -23,10 +23,10 @@ def one_server(probe, version, use_libuv):
     if version < (2, 0):
         # 1.13 cannot bind port 0: pick a free port up front, again if a test beside this one
         # took it in between.
-        from interop_common import free_tcp_port
+        from interop_common import free_port
         for attempt in range(3):
             try:
-                master = dist.TCPStore("127.0.0.1", free_tcp_port(), is_master=True,
+                master = dist.TCPStore("127.0.0.1", free_port(), is_master=True,
                                        timeout=timedelta(seconds=30), **kw)
                 break
             except RuntimeError as e:

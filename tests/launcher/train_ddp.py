@@ -15,7 +15,6 @@ kills itself with SIGKILL at the start of epoch E (for restart tests).
 import argparse
 import os
 import signal
-import socket
 import sys
 
 import torch
@@ -23,12 +22,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
@@ -39,10 +32,10 @@ def main():
     p.add_argument("--fail-epoch", type=int, default=-1)
     args = p.parse_args()
 
-    if "RANK" not in os.environ:  # standalone: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo")
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    else:  # standalone: a world of one, its store in this process (no port)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if rank == 0:

@@ -16,22 +16,15 @@ import hashlib
 import hmac
 import os
 import socket
-import struct
 import sys
 import time
 
-MAGIC = b"\x00DDPR"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import AGENT_HELLO, agent_frame as frame, parse_agent_frame  # noqa: E402
+
 JOIN, FAILURE, LEAVE, HELLO, AUTH = 1, 3, 5, 6, 7
 NAMES = {20: "ROUND", 21: "RESTART", 22: "JOB_DONE", 23: "JOB_FAILED", 24: "ERROR", 25: "CHALLENGE", 26: "WELCOME"}
 FAKE = "\x1b[2J\x1b[H\x1b]0;pwned\x07\n[ddprun] info: all workers succeeded\n\x1b[32mOK\x1b[0m"
-
-
-def frame(mtype, fields):
-    def blob(s):
-        b = s.encode() if isinstance(s, str) else s
-        return struct.pack("<Q", len(b)) + b
-    payload = bytes([mtype]) + struct.pack("<Q", len(fields)) + b"".join(blob(k) + blob(str(v)) for k, v in fields.items())
-    return struct.pack("<I", len(payload)) + payload
 
 
 def read_frames(sock, timeout):
@@ -46,19 +39,8 @@ def read_frames(sock, timeout):
         if not chunk:
             break
         buf += chunk
-        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack("<I", buf[:4])[0]:
-            n = struct.unpack("<I", buf[:4])[0]
-            p = buf[4:4 + n]
-            buf = buf[4 + n:]
-            mtype, count = p[0], struct.unpack("<Q", p[1:9])[0]
-            i, fields = 9, {}
-            for _ in range(count):
-                kl = struct.unpack("<Q", p[i:i + 8])[0]
-                k = p[i + 8:i + 8 + kl].decode()
-                i += 8 + kl
-                vl = struct.unpack("<Q", p[i:i + 8])[0]
-                fields[k] = p[i + 8:i + 8 + vl].decode(errors="replace")
-                i += 8 + vl
+        while (got := parse_agent_frame(buf)) is not None:
+            mtype, fields, buf = got
             out.append((NAMES.get(mtype, str(mtype)), fields))
             if mtype in (24, 25, 26):  # an answer to the handshake: stop waiting for more
                 return out
@@ -86,7 +68,7 @@ def connect(args):
 def attempt(args, mode):
     s = connect(args)
     try:
-        s.sendall(MAGIC)
+        s.sendall(AGENT_HELLO)
         if mode == "wrong_token":
             nc = os.urandom(32).hex()
             s.sendall(frame(HELLO, {"version": 2, "client_nonce": nc}))

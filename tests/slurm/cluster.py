@@ -37,6 +37,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402
+
 SKIP = 77
 HOSTS_FILE = "/etc/hosts"
 HOSTS_MARK = "# ddprun-slurm-harness pid="
@@ -59,12 +62,6 @@ def require_environment():
         pwd.getpwnam("munge")
     except KeyError:
         raise Skip("no munge user (install the munge package)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pid_alive(pid):

@@ -12,22 +12,15 @@ import argparse
 import os
 import secrets
 import socket
-import struct
 import subprocess
 import sys
 import time
 
-MAGIC = b"\x00DDPR"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import AGENT_HELLO, agent_frame as frame, parse_agent_frame  # noqa: E402
+
 HELLO = 6
 NAMES = {24: "ERROR", 25: "CHALLENGE", 26: "WELCOME"}
-
-
-def frame(mtype, fields):
-    def blob(s):
-        b = s.encode()
-        return struct.pack("<Q", len(b)) + b
-    payload = bytes([mtype]) + struct.pack("<Q", len(fields)) + b"".join(blob(k) + blob(str(v)) for k, v in fields.items())
-    return struct.pack("<I", len(payload)) + payload
 
 
 def first_frame(sock, timeout):
@@ -41,18 +34,8 @@ def first_frame(sock, timeout):
         if not chunk:
             return None
         buf += chunk
-        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack("<I", buf[:4])[0]:
-            p = buf[4:4 + struct.unpack("<I", buf[:4])[0]]
-            mtype, count = p[0], struct.unpack("<Q", p[1:9])[0]
-            i, fields = 9, {}
-            for _ in range(count):
-                kl = struct.unpack("<Q", p[i:i + 8])[0]
-                k = p[i + 8:i + 8 + kl].decode()
-                i += 8 + kl
-                vl = struct.unpack("<Q", p[i:i + 8])[0]
-                fields[k] = p[i + 8:i + 8 + vl].decode(errors="replace")
-                i += 8 + vl
-            return NAMES.get(mtype, str(mtype)), fields
+        if (got := parse_agent_frame(buf)) is not None:
+            return NAMES.get(got[0], str(got[0])), got[1]
 
 
 def main():
@@ -77,7 +60,7 @@ def main():
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    s.sendall(MAGIC + frame(HELLO, {"version": 2, "client_nonce": nonce, "munge": cred}))
+    s.sendall(AGENT_HELLO + frame(HELLO, {"version": 2, "client_nonce": nonce, "munge": cred}))
     got = first_frame(s, 10)
     s.close()
     if got is None:

@@ -19,11 +19,13 @@ import glob
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402
 
 HANG_GUARD = 240
 STOP = 25
@@ -92,9 +94,7 @@ def run_one_node(args, mode, err_path):
 
 
 def run_two_nodes(ddprun, train, train_args, tmp):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     agent = [ddprun, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
              "--rdzv_id=preempt", "--rdzv_conf=last_call_timeout=1,join_timeout=120", "--max_restarts=3", train]
     agent += COMMON + train_args

@@ -32,6 +32,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402
 TIMEOUT = 240  # seconds, any one wait (a loaded 2-core box imports torch in 5-60 s)
 _made = []
 
@@ -294,10 +296,7 @@ def bad_preload(ddprun, python):
 
 def two_nodes(ddprun, python):
     """Two agents (static rendezvous, one worker each) on this host: both restart from their spares."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     runs = [Launch(ddprun, python, ["--spare_priority=normal"], [os.path.join(HERE, "probe_worker.py")],
                    base=("--nnodes=2", "--node_rank=%d" % n, "--master_addr=127.0.0.1", "--master_port=%d" % port,
                          "--nproc_per_node=1", "--max_restarts=1")) for n in (0, 1)]

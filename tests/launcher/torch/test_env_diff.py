@@ -16,10 +16,12 @@ set, as tests/interop does; with CI=true a missing venv fails.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "pylib"))
+from ddprun_testlib import free_port  # noqa: E402
 
 HANG_GUARD = 240
 WORKER = ("import json, os\n"
@@ -68,12 +70,6 @@ ALLOWED_IN = {
     "c10d": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store},
     "standalone": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store, "TORCHELASTIC_RUN_ID": random_run_id},
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(cmds, env):

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Workers' output: the console prefixes and filters, --log_dir with redirects and tee, and a
+full log disk.
+
+Run: test_logs.py <path to ddprun> [unittest names] (harness.py says more).
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import harness
+from harness import HANG_GUARD, run, run_dir, worker, read_text
+
+
+class Console(unittest.TestCase):
+    CODE = ("import os, sys\n"
+            "print('out of', os.environ['RANK'], flush=True)\n"
+            "print('err of', os.environ['RANK'], file=sys.stderr, flush=True)\n")
+
+    # A peer that sends garbage to the job's store for ~2.5 s (the server rate-limits its
+    # warnings to one a second): the job's console gets one line about it, -v gets the rest.
+    GARBAGE = ("import os, socket, time\n"
+               "end = time.monotonic() + 2.5\n"
+               "n = 0\n"
+               "while time.monotonic() < end:\n"
+               "    s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])))\n"
+               "    s.sendall(bytes([200]))\n"
+               "    s.settimeout(30); s.recv(1); s.close(); n += 1\n"
+               "print('sent', n, flush=True)\n")
+
+    def test_bad_peers_of_the_store_put_one_line_on_the_console(self):
+        p = run(["--nproc_per_node=1"] + worker(self.GARBAGE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [l for l in p.stderr.splitlines() if "closing connection" in l]
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertIn("only with -v", lines[0])
+        p = run(["-v", "--nproc_per_node=1"] + worker(self.GARBAGE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertGreaterEqual(len([l for l in p.stderr.splitlines() if "closing connection" in l]), 2, p.stderr)
+
+    def test_local_ranks_filter(self):
+        p = run(["--nproc_per_node=3", "--local_ranks_filter=1"] + worker(self.CODE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([l for l in p.stdout.splitlines()], ["[r1]: out of 1"])
+        self.assertIn("[r1]: err of 1", p.stderr)
+        self.assertNotIn("[r0]", p.stderr)
+
+    def test_log_dir_redirects_and_tee(self):
+        with tempfile.TemporaryDirectory() as d:
+            # rank 0: both streams to files only; rank 1: stdout to file and console.
+            p = run(["--nproc_per_node=2", "--log_dir", d, "-r", "0:3", "-t", "1:1",
+                     "--rdzv_id", "logs"] + worker(self.CODE))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            base = os.path.join(run_dir(d, "logs"), "attempt_0")
+            self.assertEqual(open(os.path.join(base, "0", "stdout.log")).read(), "out of 0\n")
+            self.assertEqual(open(os.path.join(base, "0", "stderr.log")).read(), "err of 0\n")
+            self.assertEqual(open(os.path.join(base, "1", "stdout.log")).read(), "out of 1\n")
+            self.assertFalse(os.path.exists(os.path.join(base, "1", "stderr.log")))
+            self.assertNotIn("[r0]", p.stdout + p.stderr.split("FAILED")[0])
+            self.assertIn("[r1]: out of 1", p.stdout)
+            self.assertIn("[r1]: err of 1", p.stderr)
+
+    def test_log_dir_per_attempt(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = run(["--max_restarts=1", "--log-dir", d, "--tee=3"] +
+                    worker("import os; print('try', os.environ['TORCHELASTIC_RESTART_COUNT']); "
+                           "raise SystemExit(os.environ['TORCHELASTIC_RESTART_COUNT'] == '0')"))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            for n in range(2):
+                with open(os.path.join(run_dir(d, "none"), f"attempt_{n}", "0", "stdout.log")) as f:
+                    self.assertEqual(f.read(), f"try {n}\n")
+
+    def test_partial_last_line_is_printed(self):
+        p = run(worker("import sys; sys.stdout.write('no newline')"))
+        self.assertEqual(p.stdout, "[r0]: no newline\n")
+
+
+class LogDisk(unittest.TestCase):
+    """--log_dir on a full filesystem: a 64 KiB tmpfs mounted in a private mount namespace
+    (root, as CI runs), so nothing outside this test sees it."""
+    LINES = 20000  # ~2.4 MB per stream and rank, far past the 64 KiB disk
+    CODE = ("import os, sys\n"
+            "r = os.environ['RANK']\n"
+            "for i in range(%d):\n"
+            "    print(f'o{r} {i} ' + 'x' * 100)\n"
+            "    print(f'e{r} {i} ' + 'y' * 100, file=sys.stderr)\n"
+            "sys.stdout.flush(); sys.stderr.flush()\n"
+            "raise SystemExit(int(os.environ.get('EXIT_WITH', '0')))\n" % LINES)
+
+    def run_on_full_disk(self, nproc, extra_env=None):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare(1) for a private tmpfs (CI has both)")
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        logs = os.path.join(d, "logs")
+        os.mkdir(logs)
+        script = ('mount -t tmpfs -o size=64k ddprun-test "$1" && shift && "$@"; rc=$?; '
+                  # the files as they were left, copied out of the namespace before it goes
+                  'cp -r "$LOGS"/. "$OUT"/; exit $rc')
+        out = os.path.join(d, "copy")
+        os.mkdir(out)
+        env = dict(os.environ, LOGS=logs, OUT=out, **(extra_env or {}))
+        p = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", logs, harness.DDPRUN, f"--nproc_per_node={nproc}",
+                            "--log_dir", logs, "-r", "3", "--rdzv_id", "full"] + worker(self.CODE),
+                           capture_output=True, text=True, env=env, timeout=HANG_GUARD * 3)
+        return p, run_dir(out, "full")
+
+    def assert_nothing_lost(self, p, rdir, nproc):
+        for rank in range(nproc):
+            for tag, console, name in (("o", p.stdout, "stdout.log"), ("e", p.stderr, "stderr.log")):
+                path = os.path.join(rdir, "attempt_0", str(rank), name)
+                in_file = read_text(path).splitlines() if os.path.exists(path) else []
+                seen = {l.split()[1] for l in in_file if l.startswith(f"{tag}{rank} ") and len(l.split()) == 3
+                        and len(l.split()[2]) == 100}
+                prefix = f"[r{rank}]: {tag}{rank} "
+                seen |= {l[len(prefix):].split()[0] for l in console.splitlines() if l.startswith(prefix)}
+                missing = self.LINES - len(seen)
+                self.assertEqual(missing, 0, f"{missing} lines of r{rank} {name} in neither file nor console")
+
+    def test_full_log_disk_is_reported_and_nothing_is_lost(self):
+        p, rdir = self.run_on_full_disk(2)
+        self.assertEqual(p.returncode, 74, p.stderr[-3000:])
+        self.assert_nothing_lost(p, rdir, 2)
+        warnings = [l for l in p.stderr.splitlines() if "cannot write log file" in l]
+        self.assertEqual(len(warnings), 4, warnings)  # once per file, not once per write
+        for rank in range(2):
+            for name in ("stdout.log", "stderr.log"):
+                self.assertEqual(sum(f"/attempt_0/{rank}/{name} (ENOSPC" in w for w in warnings), 1, warnings)
+        self.assertIn("LOGS INCOMPLETE", p.stderr)
+        # Redirected (-r 3): the console got a stream from its file's first failure on; the
+        # summary says exactly which lines each file alone has (none when its first write
+        # failed), and the console has the rest.
+        file_only = 0
+        for rank in range(2):
+            for tag, console, name in (("o", p.stdout, "stdout.log"), ("e", p.stderr, "stderr.log")):
+                said = [l for l in p.stderr.splitlines() if f"/attempt_0/{rank}/{name}: ENOSPC" in l]
+                self.assertEqual(len(said), 1, p.stderr[-3000:])
+                m = re.search(r"lines 1-(\d+) of the stream are in this file only, the console has every line "
+                              r"from line (\d+) on", said[0])
+                n = int(m.group(1)) if m else 0
+                if m:
+                    self.assertEqual(int(m.group(2)), n + 1)
+                file_only += n
+                in_file = read_text(os.path.join(rdir, "attempt_0", str(rank), name)).splitlines()
+                self.assertEqual(in_file[:n], [f"{tag}{rank} {i} " + ("x" if tag == "o" else "y") * 100
+                                               for i in range(n)])
+                prefix = f"[r{rank}]: {tag}{rank} "
+                on_console = [int(l[len(prefix):].split()[0]) for l in console.splitlines() if l.startswith(prefix)]
+                self.assertEqual(on_console, list(range(n, self.LINES)), f"r{rank} {name}")
+        self.assertGreater(file_only, 0)  # 64 KiB of lines went to the files first
+        self.assertNotIn("the console got every line", p.stderr)
+        self.assertIn("each file below says which lines it alone has", p.stderr)
+        self.assertIn("the workers succeeded; exit code 74", p.stderr)
+
+    def test_a_failed_run_keeps_its_code_and_reports_the_lost_logs(self):
+        # One worker: a second one would be stopped (SIGTERM) before it wrote everything.
+        p, rdir = self.run_on_full_disk(1, {"EXIT_WITH": "3"})
+        self.assertEqual(p.returncode, 3, p.stderr[-3000:])
+        self.assert_nothing_lost(p, rdir, 1)
+        self.assertIn("FAILED: worker rank", p.stderr)
+        self.assertIn("LOGS INCOMPLETE", p.stderr)
+
+
+if __name__ == "__main__":
+    harness.main()

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Bad command lines: one line saying what to do, exit code 2, no worker started.
+
+Run: test_usage.py <path to ddprun> [unittest names] (harness.py says more).
+"""
+import os
+import tempfile
+import unittest
+
+import harness
+from harness import run
+
+
+class BadInput(unittest.TestCase):
+    def check_usage_error(self, args, *words):
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "started")
+            p = run(args + ["--no_python", "touch", marker] if args and args[-1] != "--" else args)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+            for w in words:
+                self.assertIn(w, p.stderr)
+            self.assertFalse(os.path.exists(marker), "a worker was started")
+            self.assertEqual(p.stdout, "")
+
+    def test_unknown_flag(self):
+        self.check_usage_error(["--bogus"], "--bogus")
+
+    def test_bad_nproc(self):
+        self.check_usage_error(["--nproc_per_node=abc"], "--nproc_per_node", "cpu, gpu or auto")
+
+    def test_bad_nnodes(self):
+        self.check_usage_error(["--nnodes=3:2"], "--nnodes", "MIN:MAX")
+
+    def test_elastic_range_needs_c10d(self):
+        self.check_usage_error(["--nnodes=2:3"], "--rdzv_backend=c10d")
+
+    def test_bad_tee(self):
+        self.check_usage_error(["--tee=7"], "--tee")
+
+    def test_bad_overlap_restart(self):
+        self.check_usage_error(["--overlap_restart=maybe"], "--overlap_restart", "maybe")
+
+    def test_empty_flag_value_is_refused_not_taken_from_the_next_argument(self):
+        for flag in ("--rdzv_token_file=", "--rdzv_id=", "--log_dir="):
+            self.check_usage_error([flag], flag, "empty value")
+
+    def test_bad_rdzv_id_is_refused_before_the_log_directory_is_made(self):
+        with tempfile.TemporaryDirectory() as d:
+            logs = os.path.join(d, "logs")
+            for bad_id in ("a\tb", "j" * 129):
+                self.check_usage_error(["--log_dir", logs, "--rdzv_id", bad_id], "--rdzv_id")
+                self.assertFalse(os.path.exists(logs), os.listdir(d))
+
+    def test_missing_entry_point(self):
+        p = run(["--nproc_per_node=2"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("entry point", p.stderr)
+        self.assertEqual(len(p.stderr.strip().splitlines()), 1)
+
+    def test_program_not_found(self):
+        p = run(["--no_python", "no-such-program-ddprun"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no-such-program-ddprun", p.stderr)
+
+    def test_help(self):
+        p = run(["--help"])
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("--nproc-per-node", p.stdout)
+        # The exit-code table (README's "Exit codes" says the same).
+        self.assertIn("Exit codes:", p.stdout)
+        for code in ("74 the workers succeeded but log files lost output", "124 --exit_barrier_timeout"):
+            self.assertIn(code, " ".join(p.stdout.split()))
+
+
+if __name__ == "__main__":
+    harness.main()
