@@ -129,14 +129,10 @@ void Agent::loop() {
   }
 }
 
+// The coordinator's answers (also the in-process round's) come back through its descriptor,
+// on a later turn of the loop: an action never re-enters the agent.
 void Agent::dispatch(const AgentEvent& e) {
-  ++dispatch_depth_;
   for (const auto& a : state_.on_event(e)) perform(a);
-  --dispatch_depth_;
-  // An in-process round answers at once: act on its answer now (the outermost dispatch only,
-  // never inside another's actions) instead of one loop turn later. The restart path of one
-  // node is then as direct as before the seam: failure -> RESTART -> join -> ROUND -> spawn.
-  if (dispatch_depth_ == 0 && !done_ && coordinator_ && coordinator_->has_notices()) on_coordinator();
 }
 
 void Agent::perform(const Action& a) {

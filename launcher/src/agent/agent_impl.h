@@ -96,7 +96,6 @@ class Agent {
   Clock::time_point join_sent_, restart_seen_, failure_seen_;
   bool failed_since_round_ = false;  // this node reported a failure since the last round began
   bool workers_started_ = false;
-  int dispatch_depth_ = 0;
 
   std::filesystem::path log_root_;
   std::filesystem::path run_log_dir_;  // log_root_/<run_id>_<unique> (log_paths.h): never an earlier run's

@@ -120,7 +120,6 @@ class LocalCoordinator final : public Coordinator {
   }
   void report_success() override { feed(rdzv::to_message(rdzv::Succeeded{.round = round_})); }
   int fd() const override { return efd_; }
-  bool has_notices() const override { return !queue_.empty(); }
   std::vector<Notice> take_notices() override {
     uint64_t v = 0;
     while (::read(efd_, &v, sizeof v) > 0) {
@@ -226,7 +225,6 @@ class RemoteCoordinator final : public Coordinator {
     send_or_queue("the success report", [&] { client_->report_success(round_); });
   }
   int fd() const override { return epfd_; }
-  bool has_notices() const override { return false; }
   std::vector<Notice> take_notices() override {
     std::vector<Notice> out;
     uint64_t expirations = 0;
@@ -430,28 +428,30 @@ class RemoteCoordinator final : public Coordinator {
     arm_timerfd(retry_timer_, std::max(1e-9, std::chrono::duration<double>(after).count()));
   }
 
-  // One connect attempt, bounded by kReconnectAttempt (plus the handshake when something
-  // answers). True once connected and re-joined; false: the next attempt is armed.
+  // One connect attempt, bounded by kReconnectAttempt, then the handshake when something
+  // answers, bounded by the client's kHandshakeTimeout and by the reconnect time left. True
+  // once connected and re-joined; false: the next attempt is armed.
   bool try_reconnect() {
     using Clock = std::chrono::steady_clock;
     const std::string where = host_ + ":" + std::to_string(port_);
-    const auto timeout = std::chrono::milliseconds(settings_.join_timeout_ms);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(reconnect_deadline_ - Clock::now());
+    std::string failed;
     try {
       if (left.count() <= 0) throw rdzv::RendezvousError("no time left");
-      client_ = std::make_unique<rdzv::RendezvousClient>(host_, port_, std::min(left, kReconnectAttempt), heartbeat_,
-                                                         interrupted_, token_);
-    } catch (const rdzv::RendezvousInterrupted& e) {
-      throw CoordinatorInterrupted(e.what());
+      client_ = connect_within_budget(std::min(left, kReconnectAttempt));
     } catch (const rdzv::RendezvousError& e) {
       // A daemon still dying (its backlog accepts, then resets) or not listening yet: again.
       // A refusal too (an ERROR, a wrong or replayed proof): nothing there proved the token,
       // so it is not the server yet (anyone may answer on its port while it is down), and only
       // the authenticated server can end the job. The deadline's error names the last one.
+      failed = e.what();
+    }
+    if (!client_) {
       if (Clock::now() + backoff_ >= reconnect_deadline_)
         throw CoordinatorError("lost the standing rendezvous server at " + where + " (" + lost_why_ +
-                               ") and it did not come back within " + std::to_string(timeout.count() / 1000) +
-                               " s (last attempt: " + e.what() + "); the job's rounds lived there");
+                               ") and it did not come back within " +
+                               std::to_string(settings_.join_timeout_ms / 1000) + " s (last attempt: " + failed +
+                               "); the job's rounds lived there");
       arm_retry(backoff_);
       backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(500));
       return false;
@@ -461,6 +461,30 @@ class RemoteCoordinator final : public Coordinator {
     watch();
     finish_reconnect(where, std::chrono::duration<double>(Clock::now() - reconnect_t0_).count());
     return true;
+  }
+
+  // A client connected within `connect_timeout`, whose handshake gives up once the reconnect
+  // deadline passes (the client asks `interrupted` every 100 ms while it waits for the
+  // server's answers). Throws rdzv::RendezvousError, or CoordinatorInterrupted for a stop.
+  std::unique_ptr<rdzv::RendezvousClient> connect_within_budget(std::chrono::milliseconds connect_timeout) {
+    // Only while connecting: afterwards the client asks it before its sends, which the
+    // deadline has nothing to do with.
+    auto connecting = std::make_shared<std::atomic<bool>>(true);
+    auto budget_spent = std::make_shared<std::atomic<bool>>(false);
+    auto interrupted = [user = interrupted_, connecting, budget_spent, deadline = reconnect_deadline_] {
+      if (user && user()) return true;
+      if (!*connecting || std::chrono::steady_clock::now() < deadline) return false;
+      *budget_spent = true;
+      return true;
+    };
+    try {
+      auto c = std::make_unique<rdzv::RendezvousClient>(host_, port_, connect_timeout, heartbeat_, interrupted, token_);
+      *connecting = false;
+      return c;
+    } catch (const rdzv::RendezvousInterrupted& e) {
+      if (!*budget_spent) throw CoordinatorInterrupted(e.what());
+      throw rdzv::RendezvousError("no answer to the handshake before the reconnect time ran out");
+    }
   }
 
   void finish_reconnect(const std::string& where, double took_s) {
