@@ -27,7 +27,7 @@ int make_epoll() {
 }
 
 // Many nodes: a client of the rendezvous server. fd() is an epoll set of its own around the
-// client's socket and the helpers' timers, so the agent's loop keeps watching one descriptor
+// client's socket and the timers of its parts, so the agent's loop keeps watching one descriptor
 // when the connection is replaced (a reconnect to a standing ddprund that restarted).
 class RemoteCoordinator final : public Coordinator {
  public:
