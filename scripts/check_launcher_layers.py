@@ -28,7 +28,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "output.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
     "spare_plan.h": "spares",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
-    "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent",
+    "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -1,8 +1,10 @@
-// ddprun: wires the command line (options.h) to the agent (agent.h).
+// ddprun: wires the command line (options.h) through the launch plan (launch_plan.h) to the
+// agent (agent.h).
 #include <cstdio>
+#include <optional>
 
-#include "ddprun/common/knobs.h"
 #include "ddprun/launcher/agent.h"
+#include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
 
@@ -19,18 +21,19 @@ int main(int argc, char** argv) {
     }
     return parsed.exit_code;
   }
-  LaunchOptions& opts = *parsed.options;
-  if (!opts.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.slurm_summary.c_str());
+  const LaunchOptions& opts = *parsed.options;
+  if (!opts.platform.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.platform.slurm_summary.c_str());
   for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
+  std::optional<const LaunchPlan> plan;
   try {
-    if (opts.numa_binding) {
-      opts.numa_cpus = numa_cpus_for(*opts.numa_binding, opts.nproc_per_node, env,
-                                     ddprun::knobs::get(ddprun::knobs::kSysfsRoot, env).value_or("/"));
-    }
+    plan.emplace(make_launch_plan(std::move(*parsed.options), env));
+  } catch (const UsageError& e) {  // nothing has been started
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return kUsageExitCode;
   } catch (const NumaError& e) {
     // torchrun fails the launch too (no worker starts) when it cannot bind.
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
     return 1;
   }
-  return run(opts, env);
+  return run(*plan, env);
 }

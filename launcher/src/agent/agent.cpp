@@ -52,10 +52,9 @@ int Agent::run() {
     guardian_ = std::make_unique<Guardian>();  // before the store's thread and the subreaper
     become_child_subreaper();
     prepare_log_root();
-    group_ = std::make_unique<WorkerGroup>(opts_, epoll_fd_, *guardian_);
-    const bool python = !interpreter_.empty() && spare_can_run(spawn_.argv);
-    if (spares_enabled(opts_, python)) group_->enable_spares();
-    else if (opts_.warm_spares.value_or(false))
+    group_ = std::make_unique<WorkerGroup>(opts_.output, opts_.spares, opts_.nodes.multi_node(), epoll_fd_, *guardian_);
+    if (plan_.spares) group_->enable_spares();
+    else if (opts_.spares.enabled.value_or(false))
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
@@ -130,14 +129,10 @@ void Agent::loop() {
   }
 }
 
+// The coordinator's answers (also the in-process round's) come back through its descriptor,
+// on a later turn of the loop: an action never re-enters the agent.
 void Agent::dispatch(const AgentEvent& e) {
-  ++dispatch_depth_;
   for (const auto& a : state_.on_event(e)) perform(a);
-  --dispatch_depth_;
-  // An in-process round answers at once: act on its answer now (the outermost dispatch only,
-  // never inside another's actions) instead of one loop turn later. The restart path of one
-  // node is then as direct as before the seam: failure -> RESTART -> join -> ROUND -> spawn.
-  if (dispatch_depth_ == 0 && !done_ && coordinator_ && coordinator_->has_notices()) on_coordinator();
 }
 
 void Agent::perform(const Action& a) {
@@ -145,14 +140,14 @@ void Agent::perform(const Action& a) {
     switch (a.kind) {
       case Action::Kind::JoinRound:
         join_sent_ = Clock::now();
-        spdlog::debug("joining the next round of job {} (attempt {})", opts_.rdzv_id, a.attempt);
+        spdlog::debug("joining the next round of job {} (attempt {})", opts_.rendezvous.id, a.attempt);
         coordinator_->join();
         break;
       case Action::Kind::StartAttempt: start_attempt(a.attempt); break;
       case Action::Kind::ReportFailure: record_failure(a); break;
       case Action::Kind::ReportSuccess:
         if (layout_.num_nodes > 1)
-          spdlog::info("all {} local workers succeeded; waiting for the other nodes", opts_.nproc_per_node);
+          spdlog::info("all {} local workers succeeded; waiting for the other nodes", opts_.nodes.nproc_per_node);
         coordinator_->report_success();
         break;
       case Action::Kind::SignalWorkers: group_->signal(a.signo); break;
@@ -250,8 +245,8 @@ void Agent::start_attempt(int attempt) {
                  "after launch{}{}",
                  layout_.run_id, where, std::chrono::duration<double, std::milli>(t0 - join_sent_).count(),
                  group_->current().size(), spawn_ms, ms_since(t_launch_),
-                 opts_.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
-                 start_line_note(interpreter_));
+                 opts_.faults.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
+                 start_line_note(plan_.interpreter));
     group_->kill_stale_orphans();
     group_->start_spares(layout_, spawn_);
     return;
@@ -288,7 +283,7 @@ void Agent::on_signalfd() {
     } else if (preempt && state_.phase() == AgentState::Phase::Running) {
       spdlog::warn("received {} (a preemption signal): forwarding it to every worker's process group; they have "
                    "{:g} s (--preempt_grace) to stop, then SIGTERM; the job will exit {} (requeue it to resume)",
-                   signal_name(s), opts_.preempt_grace_s, kPreemptedExitCode);
+                   signal_name(s), opts_.faults.preempt_grace_s, kPreemptedExitCode);
     } else if (preempt) {
       spdlog::warn("received {} (a preemption signal): stopping; the job will exit {}", signal_name(s),
                    kPreemptedExitCode);
@@ -419,31 +414,31 @@ void Agent::stop_stragglers(const Action& a) {
   const Worker* first = group_->current_rank(a.local_rank);
   stragglers_ = fmt::format("r{} exited 0 and {:g} s later (--exit_barrier_timeout) still running: {}",
                             first ? first->global_rank : a.local_rank, a.seconds, ranks);
-  spdlog::error("{}; stopping them (SIGTERM, SIGKILL after {:g} s)", stragglers_, opts_.shutdown_timeout_s);
+  spdlog::error("{}; stopping them (SIGTERM, SIGKILL after {:g} s)", stragglers_, opts_.faults.shutdown_timeout_s);
 }
 
 std::string Agent::summary() const {
   const bool logs_lost = group_ && group_->log_failures().any();
   if (exit_code_ == 0 && failures_seen_ > 0)
-    spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nproc_per_node, state_.attempt());
+    spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nodes.nproc_per_node, state_.attempt());
   if (exit_code_ == 0 && !logs_lost) return "";
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   SummaryInput in;
   in.exit_code = exit_code_;
   in.attempt = state_.attempt();
-  in.max_restarts = job_failed_ ? static_cast<int>(job_failed_->max_restarts) : opts_.max_restarts;
-  in.run_id = opts_.rdzv_id;
+  in.max_restarts = job_failed_ ? static_cast<int>(job_failed_->max_restarts) : opts_.faults.max_restarts;
+  in.run_id = opts_.rendezvous.id;
   in.host = host;
-  in.shutdown_timeout_s = opts_.shutdown_timeout_s;
+  in.shutdown_timeout_s = opts_.faults.shutdown_timeout_s;
   in.stop_signal = state_.stop_signal() ? state_.stop_signal() : stop_signal_seen_;
   in.preempted = exit_code_ == kPreemptedExitCode && (state_.preempted() || (in.stop_signal && is_preempt_signal(*in.stop_signal)));
-  in.preempt_grace_s = opts_.preempt_grace_s;
+  in.preempt_grace_s = opts_.faults.preempt_grace_s;
   in.failure = failure_;
   in.job_failed = job_failed_;
-  in.multi_node = !plan_.local;
+  in.multi_node = !plan_.rendezvous.local;
   in.agent_error = agent_error_;
-  in.interpreter = interpreter_;
+  in.interpreter = plan_.interpreter;
   in.workers_started = workers_started_;
   in.stragglers = stragglers_;
   if (logs_lost) {
@@ -455,19 +450,14 @@ std::string Agent::summary() const {
   return format_summary(in);
 }
 
-int run(const LaunchOptions& opts, const EnvMap& env) {
+int run(const LaunchPlan& plan, const EnvMap& env) {
   // _mt: the in-process store server logs from its own thread.
   auto logger = spdlog::stderr_logger_mt("ddprun");
   logger->set_pattern("[ddprun] %^%l%$: %v");
-  logger->set_level(opts.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
+  logger->set_level(plan.options.output.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
-  try {
-    Agent agent(opts, env);
-    return agent.run();
-  } catch (const UsageError& e) {  // the plan (resolved before anything starts)
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
-    return kUsageExitCode;
-  }
+  Agent agent(plan, env);
+  return agent.run();
 }
 
 }  // namespace ddprun::launcher

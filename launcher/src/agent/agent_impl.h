@@ -13,7 +13,7 @@
 #include "ddprun/launcher/coordinator.h"
 #include "ddprun/launcher/entrypoint.h"
 #include "ddprun/launcher/log_paths.h"
-#include "ddprun/launcher/options.h"
+#include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/rendezvous_plan.h"
 #include "ddprun/launcher/summary.h"
 #include "ddprun/server/store_server.h"
@@ -24,17 +24,18 @@ namespace ddprun::launcher {
 
 class Agent {
  public:
-  Agent(const LaunchOptions& opts, const EnvMap& env)
-      : opts_(opts),
+  Agent(const LaunchPlan& plan, const EnvMap& env)
+      : plan_(plan),
+        opts_(plan.options),
         env_(env),
-        plan_(resolve_plan(opts, env, client::is_local_address)),
-        state_(AgentConfig{.nproc = opts.nproc_per_node,
-                           .shutdown_timeout_s = opts.shutdown_timeout_s,
+        spawn_(plan.spawn),
+        state_(AgentConfig{.nproc = opts_.nodes.nproc_per_node,
+                           .shutdown_timeout_s = opts_.faults.shutdown_timeout_s,
                            .kill_wait_s = kKillWaitS,
                            // A local policy: a job-wide restart waits for every node's group.
-                           .overlap_restart = opts.overlap_restart && plan_.local,
-                           .preempt_grace_s = opts.preempt_grace_s,
-                           .exit_barrier_timeout_s = opts.exit_barrier_timeout_s}) {}
+                           .overlap_restart = opts_.faults.overlap_restart && plan.rendezvous.local,
+                           .preempt_grace_s = opts_.faults.preempt_grace_s,
+                           .exit_barrier_timeout_s = opts_.faults.exit_barrier_timeout_s}) {}
   ~Agent() { close_all(); }
 
   int run();
@@ -44,6 +45,7 @@ class Agent {
   void prepare_command();
   void prepare_log_root();
   void host_server();
+  void choose_credentials();
   void start_coordinator();
   bool stop_requested();
   bool is_preempt_signal(int signo) const;
@@ -65,9 +67,16 @@ class Agent {
   void close_all();
   std::string summary() const;
 
-  const LaunchOptions& opts_;
+  const LaunchPlan& plan_;
+  const LaunchOptions& opts_;  // plan_.options
   const EnvMap& env_;
-  RendezvousPlan plan_;
+  // The store's port was taken by a rendezvous already served there: this node joins it as a
+  // client instead of hosting it (rendezvous_plan.h's BindFallback). Else plan_.rendezvous.
+  std::optional<RendezvousPlan> joined_as_client_;
+  const RendezvousPlan& rdzv_plan() const { return joined_as_client_ ? *joined_as_client_ : plan_.rendezvous; }
+  // The plan's template plus what exists only while the agent runs: stdin, the signals to
+  // reset, the environment of each attempt.
+  SpawnTemplate spawn_;
   AgentState state_;
   Clock::time_point t_launch_ = Clock::now();
 
@@ -78,7 +87,6 @@ class Agent {
   rdzv::MungeCredentialCheck munge_check_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
-  SpawnTemplate spawn_;
   EnvMap extra_env_;  // added to every worker's environment unless already set
   GroupLayout layout_;
   int max_restarts_ = 0;  // the job's, as the round says
@@ -88,11 +96,9 @@ class Agent {
   Clock::time_point join_sent_, restart_seen_, failure_seen_;
   bool failed_since_round_ = false;  // this node reported a failure since the last round began
   bool workers_started_ = false;
-  int dispatch_depth_ = 0;
 
   std::filesystem::path log_root_;
   std::filesystem::path run_log_dir_;  // log_root_/<run_id>_<unique> (log_paths.h): never an earlier run's
-  std::string interpreter_;  // Python workers: path and version (entrypoint.h), for the start line
   bool log_root_is_temp_ = false;
   bool keep_log_root_ = true;
 

@@ -35,8 +35,8 @@ void Agent::setup_signals() {
   if (::signal(SIGPIPE, SIG_IGN) != SIG_IGN) spawn_.reset_to_default.push_back(SIGPIPE);
   sigemptyset(&handled_);
   sigaddset(&handled_, SIGCHLD);
-  std::vector<int> signals = opts_.signals_to_handle;
-  signals.insert(signals.end(), opts_.preempt_signals.begin(), opts_.preempt_signals.end());
+  std::vector<int> signals = opts_.faults.signals_to_handle;
+  signals.insert(signals.end(), opts_.faults.preempt_signals.begin(), opts_.faults.preempt_signals.end());
   for (int s : signals) {
     struct sigaction current {};
     ::sigaction(s, nullptr, &current);
@@ -66,7 +66,7 @@ void Agent::setup_signals() {
 }
 
 bool Agent::is_preempt_signal(int signo) const {
-  return std::find(opts_.preempt_signals.begin(), opts_.preempt_signals.end(), signo) != opts_.preempt_signals.end();
+  return std::find(opts_.faults.preempt_signals.begin(), opts_.faults.preempt_signals.end(), signo) != opts_.faults.preempt_signals.end();
 }
 
 // A stop signal arrived (asked while a blocking step runs: the first connect, a send, a
@@ -82,26 +82,22 @@ bool Agent::stop_requested() {
 }
 
 void Agent::prepare_command() {
-  WorkerCommand cmd = resolve_worker_command(opts_, env_);  // entrypoint.h: Python or the program
-  std::tie(spawn_.executable, spawn_.argv, interpreter_) = std::tie(cmd.executable, cmd.argv, cmd.interpreter);
+  // The command, the exit watch and the CPU sets are the plan's (launch_plan.h).
   // Workers live in their own process groups: reading the terminal would stop them.
   if (::isatty(0)) spawn_.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (opts_.early_exit_watch) {
-    spawn_.exit_watch = kernel_reports_exit_early();
-    if (!spawn_.exit_watch)
-      spdlog::debug("early exit watch off: this kernel drops seccomp filters only at the reap (Linux < 6.11)");
-  }
+  if (opts_.workers.early_exit_watch && !spawn_.exit_watch)
+    spdlog::debug("early exit watch off: this kernel drops seccomp filters only at the reap (Linux < 6.11)");
   spawn_.env = [this](const GroupLayout& g, int local_rank, const std::string& error_file) {
-    EnvMap wenv = build_worker_env(env_, opts_, g, local_rank, error_file);
+    EnvMap wenv = build_worker_env(env_, opts_.workers, opts_.faults, g, local_rank, error_file);
     for (const auto& [k, v] : extra_env_) wenv.emplace(k, v);  // never over the user's own
     return wenv;
   };
 }
 
 void Agent::prepare_log_root() {
-  if (!opts_.log_dir.empty()) {
-    log_root_ = opts_.log_dir;
-    run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
+  if (!opts_.output.log_dir.empty()) {
+    log_root_ = opts_.output.log_dir;
+    run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rendezvous.id);
     return;
   }
   // Error files (and redirected logs when no --log_dir) need a home.
@@ -112,36 +108,35 @@ void Agent::prepare_log_root() {
   if (::mkdtemp(buf.data()) == nullptr) throw std::system_error(errno, std::generic_category(), "mkdtemp " + templ);
   log_root_ = buf.data();
   log_root_is_temp_ = true;
-  bool any_files = false;
-  for (int r = 0; r < opts_.nproc_per_node; ++r)
-    any_files = any_files || (opts_.redirects.for_rank(r) | opts_.tee.for_rank(r)) != 0;
+  const bool any_files = opts_.output.any_files(opts_.nodes.nproc_per_node);
   keep_log_root_ = any_files;
-  run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rdzv_id);
+  run_log_dir_ = make_run_log_dir(log_root_.string(), opts_.rendezvous.id);
   if (any_files) spdlog::info("no --log_dir: worker logs go to {}", run_log_dir_.string());
 }
 
 // The store server of this process, when the plan says it hosts one. A port that cannot be
 // bound: the plan decides (on_bind_failure: a free port, joining as a client, or an error).
 void Agent::host_server() {
-  if (!plan_.host_server) return;
+  const RendezvousPlan& plan = plan_.rendezvous;
+  if (!plan.host_server) return;
   auto start_on = [&](uint16_t port) {
     StoreHosting h;
-    h.listen_host = plan_.listen_host;
+    h.listen_host = plan.listen_host;
     h.port = port;
-    h.io_threads = plan_.server_io_threads;
-    h.serve_rendezvous = plan_.serve_rendezvous;
-    h.rdzv_token = plan_.rdzv_token;
+    h.io_threads = plan.server_io_threads;
+    h.serve_rendezvous = plan.serve_rendezvous;
+    h.rdzv_token = plan.rdzv_token;
     h.rdzv_munge = munge_check_;
     // Static multi-node: the workers' store. One node on a network address: this host only.
-    const bool one_node_on_network = plan_.local && plan_.listen_host != "127.0.0.1";
-    h.restrict_main_store = !plan_.local || one_node_on_network;
+    const bool one_node_on_network = plan.local && plan.listen_host != "127.0.0.1";
+    h.restrict_main_store = !plan.local || one_node_on_network;
     if (one_node_on_network) h.store_peers = client::local_addresses();  // before any worker exists
     return host_store(h);
   };
   try {
-    store_ = start_on(plan_.listen_port);
+    store_ = start_on(plan.listen_port);
   } catch (const std::exception& e) {
-    BindFallback f = on_bind_failure(plan_, e.what());
+    BindFallback f = on_bind_failure(plan, e.what());
     switch (f.kind) {
       case BindFallback::Kind::UseFreePort:
         spdlog::info("{}", f.message);
@@ -149,59 +144,56 @@ void Agent::host_server() {
         break;
       case BindFallback::Kind::JoinAsClient:
         spdlog::info("{}", f.message);
-        plan_ = std::move(f.plan);
+        joined_as_client_ = std::move(f.plan);
         return;
       case BindFallback::Kind::Fail: throw std::runtime_error(f.message);
     }
   }
-  if (!plan_.local) spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rdzv_id, store_->port());
+  if (!plan.local) spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rendezvous.id, store_->port());
+}
+
+// Who may join a multi-node rendezvous: the plan's token on every node; without one, inside
+// an srun step, munge; else anyone who can reach it (said once).
+void Agent::choose_credentials() {
+  const RendezvousPlan& plan = plan_.rendezvous;
+  credentials_ = plan.rdzv_token;
+  if (!plan.rdzv_token.empty()) return;
+  std::string no_munge;
+  // Inside an srun step, munge proves membership with no configuration (rdzv/munge_auth.h).
+  const auto job = env_.find("SLURM_JOB_ID"), step = env_.find("SLURM_STEP_ID");
+  const bool in_step = !opts_.platform.slurm_summary.empty() && job != env_.end() && step != env_.end();
+  if (auto munge = in_step ? rdzv::MungeClient::open(knobs::get(knobs::kMungeSocket, env_).value_or(""), no_munge)
+                           : nullptr) {
+    const rdzv::MungeScope scope{job->second, step->second};
+    credentials_ = rdzv::munge_credential_maker(munge, scope);
+    munge_check_ = rdzv::munge_credential_check(munge, scope);
+    spdlog::info("the rendezvous of job {} admits only the agents of Slurm job {} step {} (munge credentials of "
+                 "uid {})",
+                 opts_.rendezvous.id, scope.job_id, scope.step_id, ::geteuid());
+    return;
+  }
+  spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
+               "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
+               opts_.rendezvous.id, plan.endpoint_host, plan.endpoint_port,
+               no_munge.empty() ? "" : " (no munge authentication in this Slurm step: " + no_munge + ")");
 }
 
 void Agent::start_coordinator() {
-  if (!plan_.local) {
-    // Who may join: the same token on every node, or a rendezvous open to the network.
-    const auto env_token = env_.find(knobs::kRdzvToken.name);
-    try {
-      plan_.rdzv_token = rdzv::load_token(opts_.rdzv_token_file,
-                                          env_token == env_.end() ? nullptr : env_token->second.c_str());
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-    credentials_ = plan_.rdzv_token;
-    std::string no_munge;
-    if (plan_.rdzv_token.empty()) {
-      // Inside an srun step, munge proves membership with no configuration (rdzv/munge_auth.h).
-      const auto job = env_.find("SLURM_JOB_ID"), step = env_.find("SLURM_STEP_ID");
-      const bool in_step = !opts_.slurm_summary.empty() && job != env_.end() && step != env_.end();
-      if (auto munge = in_step ? rdzv::MungeClient::open(knobs::get(knobs::kMungeSocket, env_).value_or(""), no_munge)
-                               : nullptr) {
-        const rdzv::MungeScope scope{job->second, step->second};
-        credentials_ = rdzv::munge_credential_maker(munge, scope);
-        munge_check_ = rdzv::munge_credential_check(munge, scope);
-        spdlog::info("the rendezvous of job {} admits only the agents of Slurm job {} step {} (munge credentials of "
-                     "uid {})",
-                     opts_.rdzv_id, scope.job_id, scope.step_id, ::geteuid());
-      }
-    }
-    if (plan_.rdzv_token.empty() && !munge_check_)
-      spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
-                   "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
-                   opts_.rdzv_id, plan_.endpoint_host, plan_.endpoint_port,
-                   no_munge.empty() ? "" : " (no munge authentication in this Slurm step: " + no_munge + ")");
-  }
+  if (!plan_.rendezvous.local) choose_credentials();
   host_server();
-  if (plan_.local) {
-    coordinator_ = make_local_coordinator(*store_, plan_.join, plan_.store_host);
+  const RendezvousPlan& plan = rdzv_plan();
+  if (plan.local) {
+    coordinator_ = make_local_coordinator(*store_, plan.join, plan.store_host);
   } else {
-    spdlog::info("connecting to the rendezvous of job {} at {}:{}", opts_.rdzv_id, plan_.endpoint_host,
-                 plan_.endpoint_port);
+    spdlog::info("connecting to the rendezvous of job {} at {}:{}", opts_.rendezvous.id, plan.endpoint_host,
+                 plan.endpoint_port);
     RemoteCoordinatorOptions co;
-    co.host = plan_.endpoint_host;
-    co.port = plan_.endpoint_port;
-    co.settings = plan_.join;
-    co.advertise = opts_.local_addr;
-    co.connect_timeout = plan_.connect_timeout;
-    co.heartbeat_interval = plan_.heartbeat_interval;
+    co.host = plan.endpoint_host;
+    co.port = plan.endpoint_port;
+    co.settings = plan.join;
+    co.advertise = opts_.rendezvous.local_addr;
+    co.connect_timeout = plan.connect_timeout;
+    co.heartbeat_interval = plan.heartbeat_interval;
     // Once stopping, no send waits for a server that stopped reading.
     co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
     co.token = credentials_;

@@ -10,9 +10,9 @@ namespace ddprun::launcher {
 namespace {
 
 // rdzv_conf values: seconds (torchrun's unit) as milliseconds; a bad value is a usage error.
-std::chrono::milliseconds conf_seconds(const LaunchOptions& o, const std::string& key, double fallback_s) {
-  auto it = o.rdzv_conf.find(key);
-  if (it == o.rdzv_conf.end()) return std::chrono::milliseconds(static_cast<long long>(fallback_s * 1000));
+std::chrono::milliseconds conf_seconds(const RendezvousOptions& o, const std::string& key, double fallback_s) {
+  auto it = o.conf.find(key);
+  if (it == o.conf.end()) return std::chrono::milliseconds(static_cast<long long>(fallback_s * 1000));
   char* end = nullptr;
   double v = std::strtod(it->second.c_str(), &end);
   if (end == it->second.c_str() || *end != '\0' || v < 0)
@@ -20,9 +20,9 @@ std::chrono::milliseconds conf_seconds(const LaunchOptions& o, const std::string
   return std::chrono::milliseconds(static_cast<long long>(v * 1000));
 }
 
-std::optional<bool> conf_bool(const LaunchOptions& o, const std::string& key) {
-  auto it = o.rdzv_conf.find(key);
-  if (it == o.rdzv_conf.end()) return std::nullopt;
+std::optional<bool> conf_bool(const RendezvousOptions& o, const std::string& key) {
+  auto it = o.conf.find(key);
+  if (it == o.conf.end()) return std::nullopt;
   const std::string& v = it->second;
   if (v == "1" || v == "true" || v == "True") return true;
   if (v == "0" || v == "false" || v == "False") return false;
@@ -40,30 +40,30 @@ void check_host(const std::string& flag, const std::string& given, const std::st
 
 }  // namespace
 
-RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
+RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
                             const std::function<bool(const std::string&)>& is_local_host) {
   RendezvousPlan p;
-  const bool c10d = opts.rdzv_backend == "c10d";
+  const bool c10d = rendezvous.backend == RdzvBackend::C10d;
   p.port_from_endpoint = c10d;
-  if (c10d && !opts.standalone) check_host("--rdzv_endpoint", opts.rdzv_endpoint, opts.rdzv_host);
-  const auto join_timeout = conf_seconds(opts, "join_timeout", 600);
-  const auto heartbeat_timeout = conf_seconds(opts, "heartbeat_timeout", 5);
-  const auto last_call = conf_seconds(opts, "last_call_timeout", c10d ? 30 : 0);
-  const std::optional<bool> is_host = conf_bool(opts, "is_host");
+  if (c10d && !rendezvous.standalone) check_host("--rdzv_endpoint", rendezvous.endpoint, rendezvous.host);
+  const auto join_timeout = conf_seconds(rendezvous, "join_timeout", 600);
+  const auto heartbeat_timeout = conf_seconds(rendezvous, "heartbeat_timeout", 5);
+  const auto last_call = conf_seconds(rendezvous, "last_call_timeout", c10d ? 30 : 0);
+  const std::optional<bool> is_host = conf_bool(rendezvous, "is_host");
 
   rdzv::Join& j = p.join;
-  j.run_id = opts.rdzv_id;
-  j.local_world_size = opts.nproc_per_node;
-  j.min_nodes = opts.min_nodes;
-  j.max_nodes = opts.max_nodes;
-  j.max_restarts = opts.max_restarts;
+  j.run_id = rendezvous.id;
+  j.local_world_size = nodes.nproc_per_node;
+  j.min_nodes = nodes.min_nodes;
+  j.max_nodes = nodes.max_nodes;
+  j.max_restarts = max_restarts;
   j.last_call_ms = last_call.count();
   j.join_timeout_ms = join_timeout.count();
   j.heartbeat_timeout_ms = heartbeat_timeout.count();
   p.connect_timeout = join_timeout;
   p.heartbeat_interval = std::max(std::chrono::milliseconds(100), heartbeat_timeout / 5);
 
-  if (!opts.multi_node()) {
+  if (!nodes.multi_node()) {
     // One node: the store is ours, on --master_port exactly (static), the endpoint's port
     // (c10d; --standalone: a free one), else 29500 or a free port when that is taken. The
     // workers' store is the main keyspace, emptied for every attempt.
@@ -71,13 +71,13 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
     p.host_server = true;
     p.host_explicit = true;
     p.server_io_threads = 1;
-    const bool port_given = c10d ? opts.rdzv_port_given : opts.master_port.has_value();
-    uint16_t first_choice = c10d ? opts.rdzv_port : kDefaultMasterPort;
+    const bool port_given = c10d ? rendezvous.port_given : rendezvous.master_port.has_value();
+    uint16_t first_choice = c10d ? rendezvous.port : kDefaultMasterPort;
     if (auto v = knobs::get(knobs::kDefaultStorePort, env))
       first_choice = static_cast<uint16_t>(std::strtoul(v->c_str(), nullptr, 10));
-    p.listen_port = !port_given ? first_choice : c10d ? opts.rdzv_port : *opts.master_port;
+    p.listen_port = !port_given ? first_choice : c10d ? rendezvous.port : *rendezvous.master_port;
     p.free_port_fallback = !port_given;
-    p.store_host = !opts.local_addr.empty() ? opts.local_addr : c10d ? "127.0.0.1" : opts.master_addr;
+    p.store_host = !rendezvous.local_addr.empty() ? rendezvous.local_addr : c10d ? "127.0.0.1" : rendezvous.master_addr;
     if (p.store_host == "127.0.0.1" || p.store_host == "localhost") p.listen_host = "127.0.0.1";
     j.fixed_store_port = true;
     j.node_rank = 0;
@@ -88,8 +88,8 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
   p.local = false;
   p.server_io_threads = 0;  // the whole job's agents and workers connect to the host
   p.serve_rendezvous = true;
-  p.endpoint_host = c10d ? opts.rdzv_host : opts.master_addr;
-  p.endpoint_port = c10d ? opts.rdzv_port : opts.master_port.value_or(kDefaultMasterPort);
+  p.endpoint_host = c10d ? rendezvous.host : rendezvous.master_addr;
+  p.endpoint_port = c10d ? rendezvous.port : rendezvous.master_port.value_or(kDefaultMasterPort);
   if (c10d) {
     p.host_server = is_host.value_or(is_local_host(p.endpoint_host));
     p.host_explicit = is_host.value_or(false);
@@ -97,9 +97,9 @@ RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
   } else {
     // Static: node 0 hosts, and the workers' store of every round is the host's own port
     // (--master_port), as torchrun has it: sites open exactly that port.
-    p.host_server = opts.node_rank == 0;
+    p.host_server = nodes.node_rank == 0;
     p.host_explicit = true;
-    j.node_rank = opts.node_rank;
+    j.node_rank = nodes.node_rank;
     j.fixed_store_port = true;
   }
   p.listen_port = p.endpoint_port;

@@ -62,7 +62,7 @@ Given gather(const RawOptions& raw, const EnvMap& env, SystemInfo& host, LaunchO
     SlurmDerivation slurm = derive_from_slurm(env, g.v);
     for (const auto& [flag, value] : slurm.flags) g.v.emplace(flag, value);
     if (slurm.gpu_count) host.gpu_count = *slurm.gpu_count;
-    o.slurm_summary = slurm.summary;
+    o.platform.slurm_summary = slurm.summary;
     o.warnings = slurm.warnings;
   }
   return g;
@@ -76,27 +76,27 @@ void entry_point(const Given& g, const RawOptions& raw, LaunchOptions& o) {
     throw UsageError("unrecognized flag '" + raw.rest[0] +
                      "'; see ddprun --help for the accepted flags");
   }
-  o.entrypoint = raw.rest[0];
-  o.args.assign(raw.rest.begin() + 1, raw.rest.end());
-  o.module = g.get("module") != nullptr;
-  o.no_python = g.get("no_python") != nullptr;
-  o.run_path = g.get("run_path") != nullptr;
-  if (int(o.module) + int(o.no_python) + int(o.run_path) > 1) {
+  o.workers.entrypoint = raw.rest[0];
+  o.workers.args.assign(raw.rest.begin() + 1, raw.rest.end());
+  o.workers.module = g.get("module") != nullptr;
+  o.workers.no_python = g.get("no_python") != nullptr;
+  o.workers.run_path = g.get("run_path") != nullptr;
+  if (int(o.workers.module) + int(o.workers.no_python) + int(o.workers.run_path) > 1) {
     throw UsageError("--module, --no_python and --run_path are mutually exclusive");
   }
 }
 
 // Nodes, ranks, the store and the rendezvous.
 void topology(const Given& g, const SystemInfo& host, LaunchOptions& o) {
-  if (auto s = g.get("nproc_per_node")) o.nproc_per_node = parse_nproc_per_node(*s, host);
-  if (auto s = g.get("nnodes")) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(*s);
-  if (auto s = g.get("node_rank")) o.node_rank = int_in("node_rank", *s, 0, 1 << 20, "an integer >= 0");
+  if (auto s = g.get("nproc_per_node")) o.nodes.nproc_per_node = parse_nproc_per_node(*s, host);
+  if (auto s = g.get("nnodes")) std::tie(o.nodes.min_nodes, o.nodes.max_nodes) = parse_nnodes(*s);
+  if (auto s = g.get("node_rank")) o.nodes.node_rank = int_in("node_rank", *s, 0, 1 << 20, "an integer >= 0");
   if (auto s = g.get("master_addr")) {
     if (trim(*s).empty()) bad("master_addr", *s, "a host name or address");
-    o.master_addr = trim(*s);
+    o.rendezvous.master_addr = trim(*s);
   }
   if (auto s = g.get("master_port")) {
-    o.master_port = static_cast<uint16_t>(int_in("master_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
+    o.rendezvous.master_port = static_cast<uint16_t>(int_in("master_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
   }
   if (auto s = g.get("rdzv_backend")) {
     std::string b = trim(*s);
@@ -104,87 +104,87 @@ void topology(const Given& g, const SystemInfo& host, LaunchOptions& o) {
       throw UsageError("--rdzv_backend=" + b + ": not supported by ddprun; expected static or c10d");
     }
     if (b != "static" && b != "c10d") bad("rdzv_backend", *s, "static or c10d");
-    o.rdzv_backend = b;
+    o.rendezvous.backend = b == "c10d" ? RdzvBackend::C10d : RdzvBackend::Static;
   }
   if (auto s = g.get("rdzv_endpoint")) {
-    o.rdzv_endpoint = trim(*s);
+    o.rendezvous.endpoint = trim(*s);
     HostPort hp = parse_host_port("rdzv_endpoint", *s);
-    o.rdzv_host = hp.host;
+    o.rendezvous.host = hp.host;
     if (hp.port) {
-      o.rdzv_port = *hp.port;
-      o.rdzv_port_given = true;
+      o.rendezvous.port = *hp.port;
+      o.rendezvous.port_given = true;
     }
   }
   if (auto s = g.get("rdzv_id")) {
-    o.rdzv_id = trim(*s).empty() ? "none" : trim(*s);
+    o.rendezvous.id = trim(*s).empty() ? "none" : trim(*s);
     // The rendezvous's own rule (a JOIN with another id is refused), checked before anything
     // (a log directory, a store) is created.
-    if (!rdzv::is_clean_name(o.rdzv_id, rdzv::kMaxRunIdLen, true)) {
+    if (!rdzv::is_clean_name(o.rendezvous.id, rdzv::kMaxRunIdLen, true)) {
       bad("rdzv_id", *s, "1-" + std::to_string(rdzv::kMaxRunIdLen) + " printable ASCII characters");
     }
   }
-  if (auto s = g.get("rdzv_conf")) o.rdzv_conf = parse_rdzv_conf(*s);
-  if (auto s = g.get("local_addr")) o.local_addr = trim(*s);
+  if (auto s = g.get("rdzv_conf")) o.rendezvous.conf = parse_rdzv_conf(*s);
+  if (auto s = g.get("local_addr")) o.rendezvous.local_addr = trim(*s);
   if (auto s = g.get("rdzv_token_file")) {
     if (trim(*s).empty()) bad("rdzv_token_file", *s, "the path of a file holding the token");
-    o.rdzv_token_file = *s;
+    o.rendezvous.token_file = *s;
   }
-  o.standalone = g.get("standalone") != nullptr;
+  o.rendezvous.standalone = g.get("standalone") != nullptr;
 }
 
 // Restarts, signals and stopping.
 void lifecycle(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("max_restarts")) {
-    o.max_restarts = int_in("max_restarts", *s, 0, 1 << 20, "an integer >= 0");
+    o.faults.max_restarts = int_in("max_restarts", *s, 0, 1 << 20, "an integer >= 0");
   }
-  if (auto s = g.get("monitor_interval")) o.monitor_interval = seconds("monitor_interval", *s);
+  if (auto s = g.get("monitor_interval")) o.faults.monitor_interval = seconds("monitor_interval", *s);
   if (auto s = g.get("start_method")) {
     std::string m = trim(*s);
     if (m != "spawn" && m != "fork" && m != "forkserver") bad("start_method", *s, "spawn, fork or forkserver");
   }
   if (auto s = g.get("signals_to_handle")) {
-    o.signals_to_handle = parse_signals(*s);
-    o.signals_to_handle_text = trim(*s);
+    o.faults.signals_to_handle = parse_signals(*s);
+    o.faults.signals_to_handle_text = trim(*s);
   } else {
-    o.signals_to_handle = parse_signals(o.signals_to_handle_text);
+    o.faults.signals_to_handle = parse_signals(o.faults.signals_to_handle_text);
   }
-  if (auto s = g.get("shutdown_timeout")) o.shutdown_timeout_s = seconds("shutdown_timeout", *s);
+  if (auto s = g.get("shutdown_timeout")) o.faults.shutdown_timeout_s = seconds("shutdown_timeout", *s);
   if (auto s = g.get("preempt_signals")) {
-    o.preempt_signals_text = trim(*s);
-    o.preempt_signals = o.preempt_signals_text == "none" ? std::vector<int>{} : parse_signals(*s, "preempt_signals");
+    o.faults.preempt_signals_text = trim(*s);
+    o.faults.preempt_signals = o.faults.preempt_signals_text == "none" ? std::vector<int>{} : parse_signals(*s, "preempt_signals");
   } else {
-    o.preempt_signals = parse_signals(o.preempt_signals_text, "preempt_signals");
+    o.faults.preempt_signals = parse_signals(o.faults.preempt_signals_text, "preempt_signals");
   }
-  if (auto s = g.get("preempt_grace")) o.preempt_grace_s = seconds("preempt_grace", *s);
-  if (auto s = g.get("exit_barrier_timeout")) o.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
-  if (auto s = g.get("overlap_restart")) o.overlap_restart = boolean("overlap_restart", *s);
-  if (auto s = g.get("early_exit_watch")) o.early_exit_watch = boolean("early_exit_watch", *s);
+  if (auto s = g.get("preempt_grace")) o.faults.preempt_grace_s = seconds("preempt_grace", *s);
+  if (auto s = g.get("exit_barrier_timeout")) o.faults.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
+  if (auto s = g.get("overlap_restart")) o.faults.overlap_restart = boolean("overlap_restart", *s);
+  if (auto s = g.get("early_exit_watch")) o.workers.early_exit_watch = boolean("early_exit_watch", *s);
 }
 
 // What each worker is started as and where its output goes.
 void workers(const Given& g, LaunchOptions& o) {
-  o.virtual_local_rank = g.get("virtual_local_rank") != nullptr;
-  o.verbosity = g.get("verbose") ? 1 : 0;
+  o.workers.virtual_local_rank = g.get("virtual_local_rank") != nullptr;
+  o.output.verbosity = g.get("verbose") ? 1 : 0;
   if (auto s = g.get("role")) {
     if (trim(*s).empty()) bad("role", *s, "a non-empty name");
-    o.role = trim(*s);
+    o.workers.role = trim(*s);
   }
-  if (auto s = g.get("log_dir")) o.log_dir = *s;
-  if (auto s = g.get("redirects")) o.redirects = parse_std_streams("redirects", *s);
-  if (auto s = g.get("tee")) o.tee = parse_std_streams("tee", *s);
-  if (auto s = g.get("local_ranks_filter")) o.local_ranks_filter = parse_local_ranks_filter(*s);
-  if (auto s = g.get("duplicate_stdout_filters")) o.duplicate_stdout_filters = parse_filter_list(*s);
-  if (auto s = g.get("duplicate_stderr_filters")) o.duplicate_stderr_filters = parse_filter_list(*s);
+  if (auto s = g.get("log_dir")) o.output.log_dir = *s;
+  if (auto s = g.get("redirects")) o.output.redirects = parse_std_streams("redirects", *s);
+  if (auto s = g.get("tee")) o.output.tee = parse_std_streams("tee", *s);
+  if (auto s = g.get("local_ranks_filter")) o.output.local_ranks_filter = parse_local_ranks_filter(*s);
+  if (auto s = g.get("duplicate_stdout_filters")) o.output.duplicate_stdout_filters = parse_filter_list(*s);
+  if (auto s = g.get("duplicate_stderr_filters")) o.output.duplicate_stderr_filters = parse_filter_list(*s);
   if (auto s = g.get("numa_binding")) {
-    o.numa_binding = parse_numa_mode(trim(*s));
-    if (!o.numa_binding) bad("numa_binding", *s, kNumaModeChoices);
+    o.platform.numa_binding = parse_numa_mode(trim(*s));
+    if (!o.platform.numa_binding) bad("numa_binding", *s, kNumaModeChoices);
   }
 }
 
 void spares(const Given& g, LaunchOptions& o) {
-  if (auto s = g.get("warm_spares")) o.warm_spares = boolean("warm_spares", *s);
+  if (auto s = g.get("warm_spares")) o.spares.enabled = boolean("warm_spares", *s);
   if (auto s = g.get("preload")) {
-    o.preload.clear();
+    o.spares.preload.clear();
     for (const auto& m : split(*s, ',')) {
       if (m.empty()) continue;
       bool ok = true;
@@ -192,21 +192,21 @@ void spares(const Given& g, LaunchOptions& o) {
         ok = ok && !part.empty() && !std::isdigit(static_cast<unsigned char>(part[0])) &&
              std::all_of(part.begin(), part.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
       if (!ok) bad("preload", *s, "Python module names separated by commas, e.g. torch,torch.distributed");
-      o.preload.push_back(m);
+      o.spares.preload.push_back(m);
     }
   }
   if (auto s = g.get("spare_priority")) {
     const std::string p = trim(*s);
     if (p != "idle" && p != "normal") bad("spare_priority", *s, "idle or normal");
-    o.spare_priority = p;
+    o.spares.priority = p == "idle" ? SparePriority::Idle : SparePriority::Normal;
   }
 }
 
 // torchrun flags ddprun accepts with a warning about what they mean here.
 void compatibility(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("logs_specs")) {
-    o.logs_specs = trim(*s);
-    o.warnings.push_back("--logs_specs=" + o.logs_specs +
+    o.output.logs_specs = trim(*s);
+    o.warnings.push_back("--logs_specs=" + o.output.logs_specs +
                          ": ddprun cannot load Python torchrun.logs_specs plugins; logs keep ddprun's default "
                          "layout (<log_dir>/<run_id>_<unique>/attempt_<n>/<local_rank>/)");
   }
@@ -215,7 +215,9 @@ void compatibility(const Given& g, LaunchOptions& o) {
     if (h != "null" && h != "console" && h != "dynamic_rendezvous") {
       bad("event_log_handler", *s, "null, console or dynamic_rendezvous (torchrun's registered handlers)");
     }
-    o.event_log_handler = h;
+    o.output.event_log_handler = h == "console"              ? EventLogHandler::Console
+                                 : h == "dynamic_rendezvous" ? EventLogHandler::DynamicRendezvous
+                                                             : EventLogHandler::Null;
     if (h == "console") {
       o.warnings.push_back("--event_log_handler=console: ddprun records no torchelastic events; its start line, "
                            "restart notices and failure summary on stderr say what happened");
@@ -225,33 +227,33 @@ void compatibility(const Given& g, LaunchOptions& o) {
 
 // --standalone, and the combinations that cannot work.
 void cross_checks(const Given& g, LaunchOptions& o) {
-  if (o.standalone) {
+  if (o.rendezvous.standalone) {
     // torchrun: c10d on a free local port with a random run id, one node.
-    if (g.get("nnodes") && o.max_nodes != 1) {
+    if (g.get("nnodes") && o.nodes.max_nodes != 1) {
       throw UsageError("--standalone runs one node; --nnodes must be 1");
     }
-    o.rdzv_backend = "c10d";
-    o.rdzv_host = "localhost";
-    o.rdzv_port = 0;
-    o.rdzv_port_given = true;
-    o.rdzv_id = random_run_id();
-    o.min_nodes = o.max_nodes = 1;
+    o.rendezvous.backend = RdzvBackend::C10d;
+    o.rendezvous.host = "localhost";
+    o.rendezvous.port = 0;
+    o.rendezvous.port_given = true;
+    o.rendezvous.id = random_run_id();
+    o.nodes.min_nodes = o.nodes.max_nodes = 1;
   }
-  if (o.node_rank >= o.max_nodes) {
-    throw UsageError("--node_rank=" + std::to_string(o.node_rank) + " must be below --nnodes (" +
-                     std::to_string(o.max_nodes) + ")");
+  if (o.nodes.node_rank >= o.nodes.max_nodes) {
+    throw UsageError("--node_rank=" + std::to_string(o.nodes.node_rank) + " must be below --nnodes (" +
+                     std::to_string(o.nodes.max_nodes) + ")");
   }
-  if (o.max_nodes > 1) {
-    if (o.rdzv_backend == "static" && o.min_nodes != o.max_nodes) {
+  if (o.nodes.max_nodes > 1) {
+    if (o.rendezvous.backend == RdzvBackend::Static && o.nodes.min_nodes != o.nodes.max_nodes) {
       throw UsageError("--nnodes=" + *g.get("nnodes") +
                        ": an elastic MIN:MAX range needs --rdzv_backend=c10d with --rdzv_endpoint=HOST:PORT; "
                        "static rendezvous takes a fixed --nnodes=N");
     }
-    if (o.rdzv_backend == "c10d" && o.rdzv_host.empty()) {
+    if (o.rendezvous.backend == RdzvBackend::C10d && o.rendezvous.host.empty()) {
       throw UsageError("--rdzv_backend=c10d with --nnodes=" + *g.get("nnodes") +
                        " needs --rdzv_endpoint=HOST[:PORT] (an address every node can reach)");
     }
-    if (o.rdzv_backend == "c10d" && g.get("node_rank")) {
+    if (o.rendezvous.backend == RdzvBackend::C10d && g.get("node_rank")) {
       throw UsageError("--node_rank applies to --rdzv_backend=static only; with c10d the rendezvous assigns "
                        "node ranks (the endpoint's host gets 0). Drop --node_rank, or use static rendezvous");
     }
@@ -259,6 +261,16 @@ void cross_checks(const Given& g, LaunchOptions& o) {
 }
 
 }  // namespace
+
+const char* rdzv_backend_name(RdzvBackend backend) { return backend == RdzvBackend::C10d ? "c10d" : "static"; }
+
+const char* spare_priority_name(SparePriority priority) { return priority == SparePriority::Idle ? "idle" : "normal"; }
+
+bool OutputOptions::any_files(int nproc) const {
+  for (int r = 0; r < nproc; ++r)
+    if ((redirects.for_rank(r) | tee.for_rank(r)) != 0) return true;
+  return false;
+}
 
 int count_visible_gpus(const EnvMap& env, int dev_nvidia_count) {
   auto it = env.find("CUDA_VISIBLE_DEVICES");

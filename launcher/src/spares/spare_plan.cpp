@@ -41,8 +41,8 @@ bool spare_can_run(const std::vector<std::string>& argv) {
   return !a.empty() && a[0] != '-';
 }
 
-bool spares_enabled(const LaunchOptions& opts, bool python_entry) {
-  return python_entry && opts.warm_spares.value_or(opts.max_restarts > 0);
+bool spares_enabled(const SpareOptions& spares, int max_restarts, bool python_entry) {
+  return python_entry && spares.enabled.value_or(max_restarts > 0);
 }
 
 std::vector<std::string> spare_argv(const std::vector<std::string>& cold_argv, int ctl_fd,

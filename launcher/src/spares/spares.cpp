@@ -55,7 +55,7 @@ bool send_all(int fd, const char* p, size_t n) {
 
 }  // namespace
 
-Spares::Spares(const LaunchOptions& opts, int epoll_fd, Guardian& guardian)
+Spares::Spares(const SpareOptions& opts, int epoll_fd, Guardian& guardian)
     : opts_(opts), epoll_fd_(epoll_fd), guardian_(guardian) {}
 
 Spares::~Spares() {
@@ -87,13 +87,13 @@ void Spares::replenish(const GroupLayout& layout, const SpawnTemplate& spawn) {
     }
     SpawnRequest req;
     req.executable = spawn.executable;
-    req.argv = spare_argv(spawn.argv, kCtlFdInSpare, opts_.spare_priority, opts_.preload);
+    req.argv = spare_argv(spawn.argv, kCtlFdInSpare, spare_priority_name(opts_.priority), opts_.preload);
     req.envp = to_envp(s->env);
     req.stdin_fd = spawn.stdin_fd;
     req.reset_to_default = spawn.reset_to_default;
     req.exit_watch = spawn.exit_watch;
     req.exit_watch_no_new_privs = true;
-    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[static_cast<size_t>(lr)];
+    if (!spawn.cpu_affinity.empty()) req.cpu_affinity = spawn.cpu_affinity[static_cast<size_t>(lr)];
     req.pass_fd = sv[1];
     SpawnedProcess p;
     try {
@@ -122,7 +122,7 @@ void Spares::replenish(const GroupLayout& layout, const SpawnTemplate& spawn) {
     guardian_.watch(s->pid);
     pids_[s->pid] = lr;
     spdlog::debug("warm spare for local rank {} started: pid {}, importing {} at {} priority", lr, s->pid,
-                  fmt::join(opts_.preload, ","), opts_.spare_priority);
+                  fmt::join(opts_.preload, ","), spare_priority_name(opts_.priority));
     loss_.erase(lr);
     by_rank_[lr] = std::move(s);
   }
@@ -198,9 +198,9 @@ void Spares::disable(const std::string& why) {
   off_reason_ = why.substr(0, why.find('\n'));
   // Asked for (--warm_spares=1): a warning. On by default (a Python entry point with restarts,
   // maybe one that does not use torch): said once, without alarm.
-  spdlog::log(opts_.warm_spares ? spdlog::level::warn : spdlog::level::info,
+  spdlog::log(opts_.enabled.has_value() ? spdlog::level::warn : spdlog::level::info,
               "warm spares off for this run: {}; restarts start their workers cold{}", why,
-              opts_.warm_spares ? "" : " (--warm_spares=0 turns them off from the start)");
+              opts_.enabled.has_value() ? "" : " (--warm_spares=0 turns them off from the start)");
   std::vector<int> ranks;
   for (auto& [lr, s] : by_rank_) ranks.push_back(lr);
   for (int lr : ranks) drop(lr, "warm spares are off", true);

@@ -34,7 +34,7 @@ namespace ddprun::launcher {
 
 class Spares {
  public:
-  Spares(const LaunchOptions& opts, int epoll_fd, Guardian& guardian);
+  Spares(const SpareOptions& opts, int epoll_fd, Guardian& guardian);
   ~Spares();  // closes descriptors; kills nothing (kill_all())
   Spares(const Spares&) = delete;
   Spares& operator=(const Spares&) = delete;
@@ -95,7 +95,7 @@ class Spares {
   void drop(int local_rank, const std::string& why, bool kill);
   void disable(const std::string& why);
 
-  const LaunchOptions& opts_;
+  const SpareOptions& opts_;
   int epoll_fd_;
   Guardian& guardian_;
   bool enabled_ = false;

@@ -59,7 +59,7 @@ EntrypointFacts probe_entrypoint(const std::string& path) {
   return f;
 }
 
-bool runs_with_python(const LaunchOptions& opts, const EntrypointFacts& facts) {
+bool runs_with_python(const WorkerOptions& opts, const EntrypointFacts& facts) {
   const std::string& e = opts.entrypoint;
   if (opts.module || opts.run_path) return true;
   if (opts.no_python) {
@@ -110,7 +110,7 @@ std::string start_line_note(const std::string& interpreter) {
   return interpreter.empty() ? "" : "; Python workers: " + interpreter;
 }
 
-WorkerCommand resolve_worker_command(const LaunchOptions& opts, const EnvMap& env) {
+WorkerCommand resolve_worker_command(const WorkerOptions& opts, const EnvMap& env) {
   const bool python = runs_with_python(opts, opts.module ? EntrypointFacts{} : probe_entrypoint(opts.entrypoint));
   WorkerCommand cmd;
   cmd.argv = build_worker_argv(opts, env, python);

@@ -23,7 +23,7 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 }  // namespace
 
-EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
+EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults, const GroupLayout& g,
                         int local_rank, const std::string& error_file) {
   EnvMap env = parent;
   // The rendezvous secret authenticates agents; workers never need it, and a worker's
@@ -45,11 +45,11 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
   set("MASTER_ADDR", g.store_host);
   set("MASTER_PORT", std::to_string(g.store_port));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(g.restart_count));
-  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(opts.max_restarts));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(faults.max_restarts));
   set("TORCHELASTIC_RUN_ID", g.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);
-  set("TORCHELASTIC_SIGNALS_TO_HANDLE", opts.signals_to_handle_text);
+  set("TORCHELASTIC_SIGNALS_TO_HANDLE", faults.signals_to_handle_text);
   set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (g.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
   if (opts.virtual_local_rank) {
@@ -64,11 +64,11 @@ EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const G
   return env;
 }
 
-std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env) {
+std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env) {
   return build_worker_argv(opts, env, !opts.no_python && ends_with(opts.entrypoint, ".py"));
 }
 
-std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python) {
+std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env, bool with_python) {
   // PYTHON_EXEC, else the interpreter the pip-installed ddprun command runs in, else PATH's.
   const std::string python = knobs::get(knobs::kPythonExec, env)
                                  .value_or(knobs::get(knobs::kDefaultPython, env).value_or("python3"));

@@ -55,8 +55,13 @@ void write_console(int fd, std::string_view data) {
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(const LaunchOptions& opts, int epoll_fd, Guardian& guardian)
-    : opts_(opts), epoll_fd_(epoll_fd), guardian_(guardian), spares_(opts, epoll_fd, guardian) {
+WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares, bool multi_node, int epoll_fd,
+                         Guardian& guardian)
+    : output_(output),
+      job_multi_node_(multi_node),
+      epoll_fd_(epoll_fd),
+      guardian_(guardian),
+      spares_(spares, epoll_fd, guardian) {
   retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   DDPRUN_CHECK_SYS(retire_timer_fd_);
   watch_fd(retire_timer_fd_);
@@ -124,7 +129,7 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
                         const SpawnTemplate& spawn) {
   end_attempt();  // the previous attempt's workers, if any
   node_rank_ = layout.node_rank;
-  multi_node_ = layout.num_nodes > 1 || opts_.multi_node();
+  multi_node_ = layout.num_nodes > 1 || job_multi_node_;
   attempt_started_tick_ = boot_ticks_now();
   start_note_.clear();
   StartRun run;
@@ -166,9 +171,9 @@ void WorkerGroup::open_logs(Worker& w, const fs::path& attempt_dir) {
 void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, int dir_errno,
                               const fs::path& attempt_dir) {
   const bool dir_ok = dir_errno == 0;
-  const int redirect = opts_.redirects.for_rank(lr);
-  const int tee = opts_.tee.for_rank(lr);
-  const bool console_allowed = !opts_.local_ranks_filter || opts_.local_ranks_filter->count(lr);
+  const int redirect = output_.redirects.for_rank(lr);
+  const int tee = output_.tee.for_rank(lr);
+  const bool console_allowed = !output_.local_ranks_filter || output_.local_ranks_filter->count(lr);
   if ((redirect | tee) & bit) {
     // A file that cannot be made (a full disk) is a loss like a failed write, not the run's
     // end: the console gets the stream (below) and the summary names the file.
@@ -180,7 +185,7 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
   }
   s.console_allowed = console_allowed;
   s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
-  s.filter = DuplicateFilter(bit == kStreamOut ? opts_.duplicate_stdout_filters : opts_.duplicate_stderr_filters);
+  s.filter = DuplicateFilter(bit == kStreamOut ? output_.duplicate_stdout_filters : output_.duplicate_stderr_filters);
   if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
     s.filtered_path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
     s.filtered_fd = ::open(s.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -248,7 +253,7 @@ bool WorkerGroup::begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn
     req.exit_watch = spawn.exit_watch;
     // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
     req.exit_watch_no_new_privs = true;
-    if (!opts_.numa_cpus.empty()) req.cpu_affinity = opts_.numa_cpus[i];  // --numa-binding
+    if (!spawn.cpu_affinity.empty()) req.cpu_affinity = spawn.cpu_affinity[i];  // --numa-binding
     p.cold = spawn_process(req);
     w.pid = p.cold->pid;
     w.out.fd = p.cold->stdout_fd;

@@ -66,7 +66,10 @@ struct Worker {
 
 class WorkerGroup {
  public:
-  WorkerGroup(const LaunchOptions& opts, int epoll_fd, Guardian& guardian);
+  // `output`: where the workers' streams go; `spares`: the warm spares' settings; `multi_node`:
+  // the job spans nodes (worker output is prefixed with the global rank).
+  WorkerGroup(const OutputOptions& output, const SpareOptions& spares, bool multi_node, int epoll_fd,
+              Guardian& guardian);
   ~WorkerGroup();  // closes every descriptor (kills nothing: see teardown())
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -163,7 +166,8 @@ class WorkerGroup {
   bool write_log(int fd, const std::string& path, std::string_view data);
   void log_failed(const std::string& path, int err, uint64_t bytes_lost, LogWriteFailures::Console console = {});
 
-  const LaunchOptions& opts_;
+  const OutputOptions& output_;
+  const bool job_multi_node_;
   int epoll_fd_;
   Guardian& guardian_;
   int retire_timer_fd_ = -1;

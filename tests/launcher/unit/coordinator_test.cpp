@@ -434,3 +434,53 @@ TEST_CASE("standing: while the server is down, a stranger that refuses or replay
   c->report_success();
   one(*c, Notice::Kind::JobDone);
 }
+
+namespace {
+// Something on a standing server's port while the server is down that accepts connections and
+// never answers the handshake (a hung process, a half-dead daemon).
+class Silent {
+ public:
+  explicit Silent(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd_, 64) == 0);  // the kernel completes the connects; nobody reads
+  }
+  ~Silent() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
+}  // namespace
+
+TEST_CASE("standing: a reconnect's handshake is bounded by the reconnect time left", "[coordinator]") {
+  Standing f;
+  auto j = settings(1, 0);
+  j.join_timeout_ms = 1500;  // the reconnect budget
+  auto c = f.make(j);
+  c->join();
+  one(*c, Notice::Kind::Round);
+  f.server.reset();
+  Silent hung(f.options.port);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  while (error.empty() && std::chrono::steady_clock::now() - t0 < 30s) {
+    pollfd p{c->fd(), POLLIN, 0};
+    ::poll(&p, 1, 100);
+    try {
+      c->take_notices();
+    } catch (const CoordinatorError& e) {
+      error = e.what();
+    }
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_THAT(error, Catch::Contains("did not come back within 1 s") && Catch::Contains("handshake"));
+  // The budget (1.5 s), not the client's own handshake timeout (10 s); generous for a loaded
+  // machine.
+  CHECK(took < 6.0);
+}

@@ -38,8 +38,8 @@ class TempDir {
   fs::path path_;
 };
 
-LaunchOptions entry(const std::string& e) {
-  LaunchOptions o;
+WorkerOptions entry(const std::string& e) {
+  WorkerOptions o;
   o.entrypoint = e;
   return o;
 }

@@ -36,68 +36,68 @@ std::string error_of(std::vector<std::string> args, const EnvMap& env = {}) {
 
 TEST_CASE("defaults match torchrun", "[options]") {
   auto o = ok({"train.py"});
-  CHECK(o.nproc_per_node == 1);
-  CHECK(o.min_nodes == 1);
-  CHECK(o.max_nodes == 1);
-  CHECK(o.master_addr == "127.0.0.1");
-  CHECK_FALSE(o.master_port);
-  CHECK(o.rdzv_backend == "static");
-  CHECK(o.rdzv_id == "none");
-  CHECK(o.max_restarts == 0);
-  CHECK(o.role == "default");
-  CHECK(o.shutdown_timeout_s == 30.0);
-  CHECK(o.signals_to_handle.size() == 4);
-  CHECK(o.entrypoint == "train.py");
-  CHECK(o.args.empty());
+  CHECK(o.nodes.nproc_per_node == 1);
+  CHECK(o.nodes.min_nodes == 1);
+  CHECK(o.nodes.max_nodes == 1);
+  CHECK(o.rendezvous.master_addr == "127.0.0.1");
+  CHECK_FALSE(o.rendezvous.master_port);
+  CHECK(o.rendezvous.backend == RdzvBackend::Static);
+  CHECK(o.rendezvous.id == "none");
+  CHECK(o.faults.max_restarts == 0);
+  CHECK(o.workers.role == "default");
+  CHECK(o.faults.shutdown_timeout_s == 30.0);
+  CHECK(o.faults.signals_to_handle.size() == 4);
+  CHECK(o.workers.entrypoint == "train.py");
+  CHECK(o.workers.args.empty());
 }
 
 TEST_CASE("underscore and dash spellings are the same flag", "[options]") {
   for (const std::string flag : {"--nproc_per_node", "--nproc-per-node"}) {
-    CHECK(ok({flag + "=3", "x"}).nproc_per_node == 3);
-    CHECK(ok({flag, "3", "x"}).nproc_per_node == 3);
+    CHECK(ok({flag + "=3", "x"}).nodes.nproc_per_node == 3);
+    CHECK(ok({flag, "3", "x"}).nodes.nproc_per_node == 3);
   }
-  CHECK(ok({"--max-restarts=2", "x"}).max_restarts == 2);
-  CHECK(ok({"--max_restarts=2", "x"}).max_restarts == 2);
-  CHECK(ok({"--master-port=1234", "x"}).master_port == 1234);
-  CHECK(ok({"--rdzv-id=job7", "x"}).rdzv_id == "job7");
-  CHECK(ok({"--no-python", "x"}).no_python);
-  CHECK(ok({"--no_python", "x"}).no_python);
-  CHECK(ok({"--local-ranks-filter=0,2", "x"}).local_ranks_filter == std::set<int>{0, 2});
-  CHECK(ok({"--shutdown-timeout=2.5", "x"}).shutdown_timeout_s == 2.5);
-  CHECK(ok({"--virtual-local-rank", "x"}).virtual_local_rank);
-  CHECK(ok({"--log-dir", "/tmp/l", "x"}).log_dir == "/tmp/l");
+  CHECK(ok({"--max-restarts=2", "x"}).faults.max_restarts == 2);
+  CHECK(ok({"--max_restarts=2", "x"}).faults.max_restarts == 2);
+  CHECK(ok({"--master-port=1234", "x"}).rendezvous.master_port == 1234);
+  CHECK(ok({"--rdzv-id=job7", "x"}).rendezvous.id == "job7");
+  CHECK(ok({"--no-python", "x"}).workers.no_python);
+  CHECK(ok({"--no_python", "x"}).workers.no_python);
+  CHECK(ok({"--local-ranks-filter=0,2", "x"}).output.local_ranks_filter == std::set<int>{0, 2});
+  CHECK(ok({"--shutdown-timeout=2.5", "x"}).faults.shutdown_timeout_s == 2.5);
+  CHECK(ok({"--virtual-local-rank", "x"}).workers.virtual_local_rank);
+  CHECK(ok({"--log-dir", "/tmp/l", "x"}).output.log_dir == "/tmp/l");
 }
 
 TEST_CASE("short flags -m -r -t", "[options]") {
   auto o = ok({"-m", "-r", "3", "-t", "0:1,1:2", "pkg.mod", "--lr", "0.1"});
-  CHECK(o.module);
-  CHECK(o.redirects.all == 3);
-  CHECK(o.tee.for_rank(0) == 1);
-  CHECK(o.tee.for_rank(1) == 2);
-  CHECK(o.tee.for_rank(2) == 0);
-  CHECK(o.entrypoint == "pkg.mod");
-  CHECK(o.args == std::vector<std::string>{"--lr", "0.1"});
+  CHECK(o.workers.module);
+  CHECK(o.output.redirects.all == 3);
+  CHECK(o.output.tee.for_rank(0) == 1);
+  CHECK(o.output.tee.for_rank(1) == 2);
+  CHECK(o.output.tee.for_rank(2) == 0);
+  CHECK(o.workers.entrypoint == "pkg.mod");
+  CHECK(o.workers.args == std::vector<std::string>{"--lr", "0.1"});
 }
 
 TEST_CASE("everything after the entry point belongs to it", "[options]") {
   auto o = ok({"--nproc_per_node=2", "train.py", "--nproc_per_node=5", "-m", "--help"});
-  CHECK(o.nproc_per_node == 2);
-  CHECK_FALSE(o.module);
-  CHECK(o.args == std::vector<std::string>{"--nproc_per_node=5", "-m", "--help"});
+  CHECK(o.nodes.nproc_per_node == 2);
+  CHECK_FALSE(o.workers.module);
+  CHECK(o.workers.args == std::vector<std::string>{"--nproc_per_node=5", "-m", "--help"});
 }
 
 TEST_CASE("PET_ environment variables fill flags; the command line wins", "[options]") {
   EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "0"},
              {"PET_NO_PYTHON", "1"}, {"PET_RDZV_ID", "kubeflow"}};
   auto o = ok({"x"}, env);
-  CHECK(o.nproc_per_node == 4);
-  CHECK(o.max_restarts == 3);
-  CHECK_FALSE(o.standalone);
-  CHECK(o.no_python);
-  CHECK(o.rdzv_id == "kubeflow");
+  CHECK(o.nodes.nproc_per_node == 4);
+  CHECK(o.faults.max_restarts == 3);
+  CHECK_FALSE(o.rendezvous.standalone);
+  CHECK(o.workers.no_python);
+  CHECK(o.rendezvous.id == "kubeflow");
   auto o2 = ok({"--nproc_per_node=2", "x"}, env);
-  CHECK(o2.nproc_per_node == 2);
-  CHECK(o2.max_restarts == 3);
+  CHECK(o2.nodes.nproc_per_node == 2);
+  CHECK(o2.faults.max_restarts == 3);
 }
 
 TEST_CASE("bad PET_ values are reported against the flag", "[options]") {
@@ -138,18 +138,18 @@ TEST_CASE("nnodes is N or MIN:MAX", "[options]") {
 
 TEST_CASE("multi-node options are validated", "[options]") {
   auto st = ok({"--nnodes=2", "--node_rank=1", "--master_addr=10.1.2.3", "x"});
-  CHECK(st.max_nodes == 2);
-  CHECK(st.node_rank == 1);
+  CHECK(st.nodes.max_nodes == 2);
+  CHECK(st.nodes.node_rank == 1);
   auto dyn = ok({"--nnodes=2:4", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "x"});
-  CHECK(dyn.min_nodes == 2);
-  CHECK(dyn.max_nodes == 4);
-  CHECK(dyn.rdzv_port == 1);
+  CHECK(dyn.nodes.min_nodes == 2);
+  CHECK(dyn.nodes.max_nodes == 4);
+  CHECK(dyn.rendezvous.port == 1);
   CHECK_THAT(error_of({"--nnodes=2", "--node_rank=2", "x"}), Catch::Contains("--node_rank"));
   CHECK_THAT(error_of({"--nnodes=2:3", "x"}), Catch::Contains("--rdzv_backend=c10d"));
   CHECK_THAT(error_of({"--nnodes=2", "--rdzv_backend=c10d", "x"}), Catch::Contains("--rdzv_endpoint"));
   CHECK_THAT(error_of({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=h", "--node_rank=1", "x"}),
              Catch::Contains("--node_rank applies to --rdzv_backend=static"));
-  CHECK(ok({"--nnodes=1:1", "x"}).max_nodes == 1);
+  CHECK(ok({"--nnodes=1:1", "x"}).nodes.max_nodes == 1);
 }
 
 TEST_CASE("redirects and tee: 0-3 or per local rank", "[options][streams]") {
@@ -173,12 +173,12 @@ TEST_CASE("rdzv_conf, endpoint, signals, filters", "[options]") {
   CHECK_THROWS_AS(parse_rdzv_conf("join_timeout"), UsageError);
   CHECK_THROWS_AS(parse_rdzv_conf("join_timeout=soon"), UsageError);
   auto o = ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head:1234", "x"});
-  CHECK(o.rdzv_host == "head");
-  CHECK(o.rdzv_port == 1234);
-  CHECK(o.rdzv_port_given);
-  CHECK(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rdzv_port == 29400);
-  CHECK_FALSE(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rdzv_port_given);
-  CHECK(ok({"--rdzv_endpoint=[::1]:99", "x"}).rdzv_host == "::1");
+  CHECK(o.rendezvous.host == "head");
+  CHECK(o.rendezvous.port == 1234);
+  CHECK(o.rendezvous.port_given);
+  CHECK(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rendezvous.port == 29400);
+  CHECK_FALSE(ok({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "x"}).rendezvous.port_given);
+  CHECK(ok({"--rdzv_endpoint=[::1]:99", "x"}).rendezvous.host == "::1");
   CHECK_THAT(error_of({"--rdzv_endpoint=head:99999", "x"}), Catch::Contains("--rdzv_endpoint"));
   CHECK_THAT(error_of({"--rdzv_backend=zk", "x"}), Catch::Contains("static or c10d"));
   CHECK(parse_signals("SIGTERM,INT,15") == std::vector<int>{15, 2, 15});
@@ -190,10 +190,10 @@ TEST_CASE("rdzv_conf, endpoint, signals, filters", "[options]") {
 TEST_CASE("standalone: one node, free port, random run id", "[options]") {
   auto a = ok({"--standalone", "x"});
   auto b = ok({"--standalone", "x"});
-  CHECK(a.rdzv_backend == "c10d");
-  CHECK(a.rdzv_port == 0);
-  CHECK(a.rdzv_id != "none");
-  CHECK(a.rdzv_id != b.rdzv_id);
+  CHECK(a.rendezvous.backend == RdzvBackend::C10d);
+  CHECK(a.rendezvous.port == 0);
+  CHECK(a.rendezvous.id != "none");
+  CHECK(a.rendezvous.id != b.rendezvous.id);
   CHECK_THAT(error_of({"--standalone", "--nnodes=2", "x"}), Catch::Contains("--standalone"));
 }
 
@@ -221,29 +221,29 @@ TEST_CASE("--version prints the version and is not an error; after the entry poi
   CHECK_FALSE(r.options);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.message, Catch::Matches("ddprun [0-9]+\\.[0-9]+\\.[0-9]+\n"));
-  CHECK(ok({"train.py", "--version"}).args == std::vector<std::string>{"--version"});
+  CHECK(ok({"train.py", "--version"}).workers.args == std::vector<std::string>{"--version"});
 }
 
 TEST_CASE("--overlap_restart: on by default, 1/0/true/false, both spellings, PET_", "[options]") {
-  CHECK(ok({"x"}).overlap_restart);
-  CHECK_FALSE(ok({"--overlap_restart=0", "x"}).overlap_restart);
-  CHECK_FALSE(ok({"--overlap-restart", "false", "x"}).overlap_restart);
-  CHECK_FALSE(ok({"--overlap_restart=FALSE", "x"}).overlap_restart);
-  CHECK(ok({"--overlap-restart=1", "x"}).overlap_restart);
-  CHECK(ok({"--overlap_restart=true", "x"}).overlap_restart);
-  CHECK_FALSE(ok({"x"}, {{"PET_OVERLAP_RESTART", "0"}}).overlap_restart);
-  CHECK(ok({"--overlap_restart=1", "x"}, {{"PET_OVERLAP_RESTART", "0"}}).overlap_restart);  // command line wins
+  CHECK(ok({"x"}).faults.overlap_restart);
+  CHECK_FALSE(ok({"--overlap_restart=0", "x"}).faults.overlap_restart);
+  CHECK_FALSE(ok({"--overlap-restart", "false", "x"}).faults.overlap_restart);
+  CHECK_FALSE(ok({"--overlap_restart=FALSE", "x"}).faults.overlap_restart);
+  CHECK(ok({"--overlap-restart=1", "x"}).faults.overlap_restart);
+  CHECK(ok({"--overlap_restart=true", "x"}).faults.overlap_restart);
+  CHECK_FALSE(ok({"x"}, {{"PET_OVERLAP_RESTART", "0"}}).faults.overlap_restart);
+  CHECK(ok({"--overlap_restart=1", "x"}, {{"PET_OVERLAP_RESTART", "0"}}).faults.overlap_restart);  // command line wins
   CHECK_THAT(error_of({"--overlap_restart=maybe", "x"}),
              Catch::Contains("--overlap_restart") && Catch::Contains("'maybe'") && Catch::Contains("1/0 or true/false"));
   CHECK_THAT(error_of({"x"}, {{"PET_OVERLAP_RESTART", "yes please"}}), Catch::Contains("--overlap_restart"));
 }
 
 TEST_CASE("--early_exit_watch: on by default, 1/0, both spellings, PET_", "[options]") {
-  CHECK(ok({"x"}).early_exit_watch);
-  CHECK_FALSE(ok({"--early_exit_watch=0", "x"}).early_exit_watch);
-  CHECK_FALSE(ok({"--early-exit-watch", "false", "x"}).early_exit_watch);
-  CHECK(ok({"--early-exit-watch=1", "x"}).early_exit_watch);
-  CHECK_FALSE(ok({"x"}, {{"PET_EARLY_EXIT_WATCH", "0"}}).early_exit_watch);
+  CHECK(ok({"x"}).workers.early_exit_watch);
+  CHECK_FALSE(ok({"--early_exit_watch=0", "x"}).workers.early_exit_watch);
+  CHECK_FALSE(ok({"--early-exit-watch", "false", "x"}).workers.early_exit_watch);
+  CHECK(ok({"--early-exit-watch=1", "x"}).workers.early_exit_watch);
+  CHECK_FALSE(ok({"x"}, {{"PET_EARLY_EXIT_WATCH", "0"}}).workers.early_exit_watch);
   CHECK_THAT(error_of({"--early_exit_watch=sometimes", "x"}),
              Catch::Contains("--early_exit_watch") && Catch::Contains("'sometimes'"));
 }
@@ -255,42 +255,42 @@ TEST_CASE("--help lists the environment knobs", "[options]") {
 }
 
 TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comma, PET_", "[options]") {
-  CHECK(ok({"x"}).duplicate_stdout_filters.empty());
-  CHECK(ok({"--duplicate-stdout-filters", "apple,orange", "x"}).duplicate_stdout_filters ==
+  CHECK(ok({"x"}).output.duplicate_stdout_filters.empty());
+  CHECK(ok({"--duplicate-stdout-filters", "apple,orange", "x"}).output.duplicate_stdout_filters ==
         std::vector<std::string>{"apple", "orange"});
-  CHECK(ok({"--duplicate_stderr_filters=a,,b,c", "x"}).duplicate_stderr_filters ==
+  CHECK(ok({"--duplicate_stderr_filters=a,,b,c", "x"}).output.duplicate_stderr_filters ==
         std::vector<std::string>{"a,b", "c"});
-  CHECK(ok({"--duplicate_stdout_filters", "", "x"}).duplicate_stdout_filters == std::vector<std::string>{""});
-  CHECK(ok({"x"}, {{"PET_DUPLICATE_STDERR_FILTERS", "err"}}).duplicate_stderr_filters ==
+  CHECK(ok({"--duplicate_stdout_filters", "", "x"}).output.duplicate_stdout_filters == std::vector<std::string>{""});
+  CHECK(ok({"x"}, {{"PET_DUPLICATE_STDERR_FILTERS", "err"}}).output.duplicate_stderr_filters ==
         std::vector<std::string>{"err"});
   CHECK(parse_filter_list("a,,,b") == std::vector<std::string>{"a,", "b"});
   CHECK(parse_filter_list("x,") == std::vector<std::string>{"x", ""});
 }
 
 TEST_CASE("--numa-binding takes torchrun 2.11's modes", "[options]") {
-  CHECK_FALSE(ok({"x"}).numa_binding);
+  CHECK_FALSE(ok({"x"}).platform.numa_binding);
   for (const std::string m : {"node", "socket", "exclusive", "core-complex"}) {
-    CHECK(ok({"--numa-binding=" + m, "x"}).numa_binding == parse_numa_mode(m));
-    CHECK(ok({"--numa_binding", m, "x"}).numa_binding == parse_numa_mode(m));
+    CHECK(ok({"--numa-binding=" + m, "x"}).platform.numa_binding == parse_numa_mode(m));
+    CHECK(ok({"--numa_binding", m, "x"}).platform.numa_binding == parse_numa_mode(m));
   }
-  CHECK(ok({"--numa-binding=core-complex", "x"}).numa_binding == NumaMode::CoreComplex);
+  CHECK(ok({"--numa-binding=core-complex", "x"}).platform.numa_binding == NumaMode::CoreComplex);
   CHECK_THAT(error_of({"--numa-binding=nodes", "x"}),
              Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
                  Catch::Contains("node, socket, exclusive or core-complex"));
-  // Parsing binds nothing yet: main() resolves the CPU sets from the machine.
-  CHECK(ok({"--numa-binding=node", "x"}).numa_cpus.empty());
 }
 
 TEST_CASE("--logs-specs and --event-log-handler are accepted, with what they mean here", "[options]") {
   auto o = ok({"--logs-specs=my_specs", "x"});
-  CHECK(o.logs_specs == "my_specs");
+  CHECK(o.output.logs_specs == "my_specs");
   REQUIRE(o.warnings.size() == 1);
   CHECK_THAT(o.warnings[0], Catch::Contains("my_specs") && Catch::Contains("cannot load"));
   CHECK(ok({"x"}).warnings.empty());
-  CHECK(ok({"x"}).event_log_handler == "null");
+  CHECK(ok({"x"}).output.event_log_handler == EventLogHandler::Null);
   CHECK(ok({"--event_log_handler=dynamic_rendezvous", "x"}).warnings.empty());
+  CHECK(ok({"--event_log_handler=dynamic_rendezvous", "x"}).output.event_log_handler ==
+        EventLogHandler::DynamicRendezvous);
   auto c = ok({"--event-log-handler", "console", "x"});
-  CHECK(c.event_log_handler == "console");
+  CHECK(c.output.event_log_handler == EventLogHandler::Console);
   CHECK(c.warnings.size() == 1);
   CHECK_THAT(error_of({"--event-log-handler=kafka", "x"}),
              Catch::Contains("--event_log_handler") && Catch::Contains("null, console or dynamic_rendezvous"));
@@ -312,10 +312,10 @@ TEST_CASE("the knob registry: unique names, documented, read from a map", "[opti
 
 TEST_CASE("--rdzv_token_file: both spellings and PET_RDZV_TOKEN_FILE; an empty path is refused", "[options]") {
   // The file itself is read and checked by the agent (rdzv::load_token), not by the parser.
-  CHECK(ok({"--rdzv_token_file", "/etc/ddprun/token", "train.py"}).rdzv_token_file == "/etc/ddprun/token");
-  CHECK(ok({"--rdzv-token-file=/t", "train.py"}).rdzv_token_file == "/t");
-  CHECK(ok({"train.py"}, {{"PET_RDZV_TOKEN_FILE", "/from/env"}}).rdzv_token_file == "/from/env");
-  CHECK(ok({"train.py"}).rdzv_token_file.empty());
+  CHECK(ok({"--rdzv_token_file", "/etc/ddprun/token", "train.py"}).rendezvous.token_file == "/etc/ddprun/token");
+  CHECK(ok({"--rdzv-token-file=/t", "train.py"}).rendezvous.token_file == "/t");
+  CHECK(ok({"train.py"}, {{"PET_RDZV_TOKEN_FILE", "/from/env"}}).rendezvous.token_file == "/from/env");
+  CHECK(ok({"train.py"}).rendezvous.token_file.empty());
   CHECK_THAT(error_of({"--rdzv_token_file", " ", "train.py"}), Catch::Contains("rdzv_token_file"));
   auto help = parse({"--help"});
   CHECK_THAT(help.message, Catch::Contains("--rdzv_token_file"));
@@ -324,22 +324,22 @@ TEST_CASE("--rdzv_token_file: both spellings and PET_RDZV_TOKEN_FILE; an empty p
 
 TEST_CASE("--preempt_signals and --preempt_grace: defaults, both spellings, none, PET_, bad values", "[options]") {
   const auto d = ok({"x"});
-  CHECK(d.preempt_signals == std::vector<int>{SIGUSR1});
-  CHECK(d.preempt_grace_s == 90.0);
-  CHECK(ok({"--preempt-signals=SIGUSR1,TERM", "x"}).preempt_signals == std::vector<int>{SIGUSR1, SIGTERM});
-  CHECK(ok({"--preempt_signals", "none", "x"}).preempt_signals.empty());
-  CHECK(ok({"--preempt-grace=2.5", "x"}).preempt_grace_s == 2.5);
-  CHECK(ok({"x"}, {{"PET_PREEMPT_GRACE", "7"}}).preempt_grace_s == 7.0);
-  CHECK(ok({"x"}, {{"PET_PREEMPT_SIGNALS", "SIGUSR2"}}).preempt_signals == std::vector<int>{SIGUSR2});
+  CHECK(d.faults.preempt_signals == std::vector<int>{SIGUSR1});
+  CHECK(d.faults.preempt_grace_s == 90.0);
+  CHECK(ok({"--preempt-signals=SIGUSR1,TERM", "x"}).faults.preempt_signals == std::vector<int>{SIGUSR1, SIGTERM});
+  CHECK(ok({"--preempt_signals", "none", "x"}).faults.preempt_signals.empty());
+  CHECK(ok({"--preempt-grace=2.5", "x"}).faults.preempt_grace_s == 2.5);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_GRACE", "7"}}).faults.preempt_grace_s == 7.0);
+  CHECK(ok({"x"}, {{"PET_PREEMPT_SIGNALS", "SIGUSR2"}}).faults.preempt_signals == std::vector<int>{SIGUSR2});
   CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}), Catch::Contains("--preempt_signals") && Catch::Contains("none"));
   CHECK_THAT(error_of({"--preempt_grace=-1", "x"}), Catch::Contains("--preempt_grace") && Catch::Contains("seconds"));
 }
 
 TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[options]") {
-  CHECK(ok({"x"}).exit_barrier_timeout_s == 0);
-  CHECK(ok({"--exit-barrier-timeout=2.5", "x"}).exit_barrier_timeout_s == 2.5);
-  CHECK(ok({"--exit_barrier_timeout", "60", "x"}).exit_barrier_timeout_s == 60);
-  CHECK(ok({"x"}, {{"PET_EXIT_BARRIER_TIMEOUT", "7"}}).exit_barrier_timeout_s == 7);
+  CHECK(ok({"x"}).faults.exit_barrier_timeout_s == 0);
+  CHECK(ok({"--exit-barrier-timeout=2.5", "x"}).faults.exit_barrier_timeout_s == 2.5);
+  CHECK(ok({"--exit_barrier_timeout", "60", "x"}).faults.exit_barrier_timeout_s == 60);
+  CHECK(ok({"x"}, {{"PET_EXIT_BARRIER_TIMEOUT", "7"}}).faults.exit_barrier_timeout_s == 7);
   CHECK_THAT(error_of({"--exit_barrier_timeout=-1", "x"}), Catch::Contains("--exit_barrier_timeout"));
   CHECK_THAT(error_of({"--exit_barrier_timeout=soon", "x"}), Catch::Contains("a number of seconds"));
 }
@@ -352,19 +352,19 @@ TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a s
   }
   // The duplicate filters' empty value means "every line" (torchrun's), the next argument stays.
   auto o = ok({"--duplicate_stdout_filters=", "--no_python", "x"});
-  CHECK(o.duplicate_stdout_filters == std::vector<std::string>{""});
-  CHECK(o.no_python);
-  CHECK(o.entrypoint == "x");
-  CHECK(ok({"--duplicate-stderr-filters=", "x"}).duplicate_stderr_filters == std::vector<std::string>{""});
+  CHECK(o.output.duplicate_stdout_filters == std::vector<std::string>{""});
+  CHECK(o.workers.no_python);
+  CHECK(o.workers.entrypoint == "x");
+  CHECK(ok({"--duplicate-stderr-filters=", "x"}).output.duplicate_stderr_filters == std::vector<std::string>{""});
   // A flag's value that looks like `--x=` is the value; the entry point's arguments are its own.
-  CHECK(ok({"--role", "--log_dir=", "x"}).role == "--log_dir=");
-  CHECK(ok({"x", "--log_dir="}).args == std::vector<std::string>{"--log_dir="});
-  CHECK(ok({"-r", "3", "x", "--rdzv_id="}).args == std::vector<std::string>{"--rdzv_id="});
+  CHECK(ok({"--role", "--log_dir=", "x"}).workers.role == "--log_dir=");
+  CHECK(ok({"x", "--log_dir="}).workers.args == std::vector<std::string>{"--log_dir="});
+  CHECK(ok({"-r", "3", "x", "--rdzv_id="}).workers.args == std::vector<std::string>{"--rdzv_id="});
 }
 
 TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]") {
-  CHECK(ok({"--rdzv_id=job 7.a/b", "x"}).rdzv_id == "job 7.a/b");
-  CHECK(ok({"--rdzv_id", std::string(128, 'j'), "x"}).rdzv_id == std::string(128, 'j'));
+  CHECK(ok({"--rdzv_id=job 7.a/b", "x"}).rendezvous.id == "job 7.a/b");
+  CHECK(ok({"--rdzv_id", std::string(128, 'j'), "x"}).rendezvous.id == std::string(128, 'j'));
   CHECK_THAT(error_of({"--rdzv_id", std::string(129, 'j'), "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("printable"));
   CHECK_THAT(error_of({"--rdzv_id=a\tb", "x"}), Catch::Contains("--rdzv_id"));
   CHECK_THAT(error_of({"x"}, {{"PET_RDZV_ID", "caf\xc3\xa9"}}), Catch::Contains("--rdzv_id"));

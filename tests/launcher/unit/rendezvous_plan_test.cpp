@@ -17,7 +17,8 @@ LaunchOptions opts(std::vector<std::string> args) {
 }
 
 RendezvousPlan plan(std::vector<std::string> args, bool endpoint_is_here = false, EnvMap env = {}) {
-  return resolve_plan(opts(std::move(args)), env, [&](const std::string&) { return endpoint_is_here; });
+  const LaunchOptions o = opts(std::move(args));
+  return resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env, [&](const std::string&) { return endpoint_is_here; });
 }
 
 }  // namespace

@@ -16,6 +16,10 @@ ParseOutcome parse(std::vector<std::string> args) {
   return parse_command_line(args, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
 }
 
+bool enabled(const LaunchOptions& o, bool python_entry) {
+  return spares_enabled(o.spares, o.faults.max_restarts, python_entry);
+}
+
 LaunchOptions ok(std::vector<std::string> args) {
   auto r = parse(std::move(args));
   INFO(r.message);
@@ -26,27 +30,27 @@ LaunchOptions ok(std::vector<std::string> args) {
 }  // namespace
 
 TEST_CASE("spares are on by default with restarts and a Python entry point", "[spares]") {
-  CHECK_FALSE(spares_enabled(ok({"train.py"}), true));
-  CHECK(spares_enabled(ok({"--max_restarts=2", "train.py"}), true));
-  CHECK_FALSE(spares_enabled(ok({"--max_restarts=2", "./a.out"}), false));
-  CHECK_FALSE(spares_enabled(ok({"--max_restarts=2", "--warm_spares=0", "train.py"}), true));
-  CHECK(spares_enabled(ok({"--warm_spares=1", "train.py"}), true));
-  CHECK_FALSE(spares_enabled(ok({"--warm_spares=1", "--no_python", "./a.out"}), false));
+  CHECK_FALSE(enabled(ok({"train.py"}), true));
+  CHECK(enabled(ok({"--max_restarts=2", "train.py"}), true));
+  CHECK_FALSE(enabled(ok({"--max_restarts=2", "./a.out"}), false));
+  CHECK_FALSE(enabled(ok({"--max_restarts=2", "--warm_spares=0", "train.py"}), true));
+  CHECK(enabled(ok({"--warm_spares=1", "train.py"}), true));
+  CHECK_FALSE(enabled(ok({"--warm_spares=1", "--no_python", "./a.out"}), false));
 }
 
 TEST_CASE("--preload and --spare_priority", "[spares]") {
-  CHECK(ok({"train.py"}).preload == std::vector<std::string>{"torch", "torch.distributed"});
-  CHECK(ok({"--preload", "numpy, torch._C,my_pkg.sub_2", "train.py"}).preload ==
+  CHECK(ok({"train.py"}).spares.preload == std::vector<std::string>{"torch", "torch.distributed"});
+  CHECK(ok({"--preload", "numpy, torch._C,my_pkg.sub_2", "train.py"}).spares.preload ==
         std::vector<std::string>{"numpy", "torch._C", "my_pkg.sub_2"});
-  CHECK(ok({"--preload=,", "train.py"}).preload.empty());
+  CHECK(ok({"--preload=,", "train.py"}).spares.preload.empty());
   for (const char* bad : {"torch;rm", "a..b", "1abc", "torch.", "a b"}) {
     auto r = parse({std::string("--preload=") + bad, "train.py"});
     REQUIRE_FALSE(r.options);
     CHECK(r.message.find("--preload") != std::string::npos);
     CHECK(r.message.find("module names") != std::string::npos);
   }
-  CHECK(ok({"train.py"}).spare_priority == "idle");
-  CHECK(ok({"--spare_priority=normal", "train.py"}).spare_priority == "normal");
+  CHECK(ok({"train.py"}).spares.priority == SparePriority::Idle);
+  CHECK(ok({"--spare_priority=normal", "train.py"}).spares.priority == SparePriority::Normal);
   auto r = parse({"--spare_priority=low", "train.py"});
   REQUIRE_FALSE(r.options);
   CHECK(r.message.find("idle or normal") != std::string::npos);
@@ -66,7 +70,7 @@ TEST_CASE("a spare replays python -u script, -m module and -c code only", "[spar
   for (auto args : {std::vector<std::string>{"train.py"}, {"-m", "pkg.train"}, {"--run_path", "train.py"}}) {
     args.insert(args.begin(), "--max_restarts=1");
     auto o = ok(args);
-    CHECK(spare_can_run(build_worker_argv(o, {}, true)));
+    CHECK(spare_can_run(build_worker_argv(o.workers, {}, true)));
   }
 }
 
@@ -81,8 +85,8 @@ TEST_CASE("a spare serves an attempt whose environment differs only in per-attem
   g1.store_port = 31000;
   g1.global_rank_base = 2;
   g1.run_id = "other";
-  const EnvMap started = build_worker_env(parent, o, g0, 1, "");
-  const EnvMap wanted = build_worker_env(parent, o, g1, 1, "/logs/attempt_1/1/error.json");
+  const EnvMap started = build_worker_env(parent, o.workers, o.faults, g0, 1, "");
+  const EnvMap wanted = build_worker_env(parent, o.workers, o.faults, g1, 1, "/logs/attempt_1/1/error.json");
   CHECK(spare_env_mismatch(started, wanted).empty());
   // Anything else must match: what the interpreter and its libraries read at start-up.
   EnvMap changed = wanted;

@@ -17,13 +17,21 @@ GroupLayout layout(int nproc) {
   return g;
 }
 
-LaunchOptions opts(int nproc) {
-  LaunchOptions o;
-  o.nproc_per_node = nproc;
-  o.max_restarts = 3;
-  o.role = "trainer";
-  o.entrypoint = "train.py";
+// The worker and fault sections build_worker_env reads.
+struct Sections {
+  WorkerOptions workers;
+  FaultOptions faults;
+};
+Sections opts(int) {
+  Sections o;
+  o.faults.max_restarts = 3;
+  o.workers.role = "trainer";
+  o.workers.entrypoint = "train.py";
   return o;
+}
+EnvMap build_worker_env(const EnvMap& parent, const Sections& o, const GroupLayout& g, int local_rank,
+                        const std::string& error_file) {
+  return ddprun::launcher::build_worker_env(parent, o.workers, o.faults, g, local_rank, error_file);
 }
 
 }  // namespace
@@ -89,7 +97,7 @@ TEST_CASE("OMP_NUM_THREADS only with more than one local worker", "[env]") {
 
 TEST_CASE("virtual local rank: LOCAL_RANK 0 and one device", "[env]") {
   auto o = opts(4);
-  o.virtual_local_rank = true;
+  o.workers.virtual_local_rank = true;
   auto env = build_worker_env({}, o, layout(4), 2, "e");
   CHECK(env.at("LOCAL_RANK") == "0");
   CHECK(env.at("RANK") == "2");
@@ -99,7 +107,7 @@ TEST_CASE("virtual local rank: LOCAL_RANK 0 and one device", "[env]") {
 }
 
 TEST_CASE("argv: a script without .py that runs with Python", "[env]") {
-  auto o = opts(1);
+  auto o = opts(1).workers;
   o.entrypoint = "train";
   CHECK(build_worker_argv(o, {}, true) == std::vector<std::string>{"python3", "-u", "train"});
   CHECK(build_worker_argv(o, {}, false) == std::vector<std::string>{"train"});
@@ -107,7 +115,7 @@ TEST_CASE("argv: a script without .py that runs with Python", "[env]") {
 }
 
 TEST_CASE("argv: PYTHON_EXEC, else DDPRUN_DEFAULT_PYTHON, else python3", "[env]") {
-  auto o = opts(1);
+  auto o = opts(1).workers;
   const EnvMap pip_installed{{"DDPRUN_DEFAULT_PYTHON", "/venv/bin/python"}};
   CHECK(build_worker_argv(o, pip_installed) == std::vector<std::string>{"/venv/bin/python", "-u", "train.py"});
   EnvMap both = pip_installed;
@@ -122,7 +130,7 @@ TEST_CASE("argv: PYTHON_EXEC, else DDPRUN_DEFAULT_PYTHON, else python3", "[env]"
 }
 
 TEST_CASE("argv for scripts, modules, programs", "[env]") {
-  auto o = opts(1);
+  auto o = opts(1).workers;
   o.args = {"--lr", "0.1"};
   CHECK(build_worker_argv(o, {}) == std::vector<std::string>{"python3", "-u", "train.py", "--lr", "0.1"});
   CHECK(build_worker_argv(o, {{"PYTHON_EXEC", "/usr/bin/python3"}}) ==

@@ -73,11 +73,10 @@ class Coordinator {
   virtual void report_failure(rdzv::Failure f) = 0;
   // Every local worker of the current round exited 0.
   virtual void report_success() = 0;
-  // Readable when take_notices() has something.
+  // Readable when take_notices() has something. Both implementations answer only through
+  // it, never within the call that asked (the local round's answers wait behind an eventfd),
+  // so the agent's loop is never re-entered.
   virtual int fd() const = 0;
-  // Notices are known to be waiting, without a system call (the local round answers in the
-  // same call that asked); false does not mean none (watch fd() for those).
-  virtual bool has_notices() const = 0;
   // The notices that arrived, in order (non-blocking). Throws CoordinatorError when the
   // coordinator is gone.
   virtual std::vector<Notice> take_notices() = 0;

@@ -28,7 +28,7 @@ EntrypointFacts probe_entrypoint(const std::string& path);
 // an existing non-executable file or a directory with __main__.py. Throws UsageError saying
 // what the entry point is when it cannot run: a directory, or (with --no_python) a file that
 // is not executable.
-bool runs_with_python(const LaunchOptions& opts, const EntrypointFacts& facts);
+bool runs_with_python(const WorkerOptions& opts, const EntrypointFacts& facts);
 
 // The Python version an interpreter path belongs to, from files only (no process is started,
 // so the launch costs nothing): a virtual environment's pyvenv.cfg ("version = 3.11.2"), else
@@ -49,6 +49,6 @@ struct WorkerCommand {
 
 // The whole resolution: argv (worker_env.h's build_worker_argv), the program on PATH, the
 // interpreter's version. Throws UsageError (exit 2, nothing started) when it cannot run.
-WorkerCommand resolve_worker_command(const LaunchOptions& opts, const EnvMap& env);
+WorkerCommand resolve_worker_command(const WorkerOptions& opts, const EnvMap& env);
 
 }  // namespace ddprun::launcher

@@ -5,7 +5,7 @@
 //   1. setup_options(app, raw) binds every flag to a string in RawOptions (CLI11 prefix-command
 //      mode: `ddprun [opts] entrypoint args...`);
 //   2. finalize_options(raw, env, sys) fills the environment fallbacks, validates every value
-//      and returns typed LaunchOptions, or throws UsageError with a one-line message naming
+//      and returns typed LaunchOptions (one section per concern), or throws UsageError with a one-line message naming
 //      the flag and its accepted forms.
 // parse_command_line() runs both and is what main() and the tests call.
 #pragma once
@@ -71,62 +71,68 @@ struct StdStreamSpec {
   int for_rank(int local_rank) const;
 };
 
-struct LaunchOptions {
-  // Resolved worker count on this node.
-  int nproc_per_node = 1;
+// The option sections: one struct per concern (CLI11's layout, PyTorch's TCPStoreOptions), each
+// given only to the part that uses it. Values are validated and typed here; facts that need
+// the machine (the token's file, the NUMA CPU sets, the worker command) are resolved once in
+// the launch plan (launch_plan.h).
+
+// --rdzv_backend: static (node 0 hosts, fixed --nnodes) or c10d (--rdzv_endpoint, elastic).
+enum class RdzvBackend { Static, C10d };
+const char* rdzv_backend_name(RdzvBackend backend);
+// --spare_priority: a warm spare imports in a SCHED_IDLE thread, or at normal priority.
+enum class SparePriority { Idle, Normal };
+const char* spare_priority_name(SparePriority priority);
+// --event_log_handler: torchrun's event sinks. ddprun records no torchelastic events.
+enum class EventLogHandler { Null, Console, DynamicRendezvous };
+
+// How many nodes and workers: --nproc_per_node, --nnodes, --node_rank.
+struct NodeOptions {
+  int nproc_per_node = 1;  // resolved worker count on this node
   int min_nodes = 1;
   int max_nodes = 1;
   int node_rank = 0;
+  bool multi_node() const { return max_nodes > 1; }
+};
+
+// Where the job meets: the store and the rendezvous.
+struct RendezvousOptions {
+  RdzvBackend backend = RdzvBackend::Static;
   std::string master_addr = "127.0.0.1";
   // Unset: 29500, or a free port when 29500 is taken. Set (even 29500): exactly that port;
   // 0 asks for a free port.
   std::optional<uint16_t> master_port;
-  std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;  // host[:port], as given
-  std::string rdzv_host;
-  uint16_t rdzv_port = 29400;
-  bool rdzv_port_given = false;  // false: 29400, or a free port when it is taken
-  std::string rdzv_id = "none";
-  std::map<std::string, std::string> rdzv_conf;
+  std::string endpoint;  // --rdzv_endpoint host[:port], as given
+  std::string host;
+  uint16_t port = 29400;
+  bool port_given = false;  // false: 29400, or a free port when it is taken
+  std::string id = "none";
+  std::map<std::string, std::string> conf;
   bool standalone = false;
-  int max_restarts = 0;
-  double monitor_interval = 0.1;  // accepted for compatibility; ddprun never polls
-  std::string role = "default";
+  std::string local_addr;
+  // --rdzv_token_file ("" = none given): the launch plan loads it, or DDPRUN_RDZV_TOKEN.
+  std::string token_file;
+};
+
+// What each worker is started as.
+struct WorkerOptions {
+  std::string entrypoint;
+  std::vector<std::string> args;
   bool module = false;
   bool no_python = false;
   bool run_path = false;
+  bool virtual_local_rank = false;
+  std::string role = "default";
+  // A seccomp listener per worker that reports its exit as it begins (process.h); sets
+  // no_new_privs on the workers when ddprun lacks CAP_SYS_ADMIN.
+  bool early_exit_watch = true;
+};
+
+// Where the workers' output and ddprun's own logs go.
+struct OutputOptions {
   std::string log_dir;  // empty: no log files (error files go to a temporary directory)
   StdStreamSpec redirects;
   StdStreamSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
-  std::string local_addr;
-  // The rendezvous token's file (--rdzv_token_file; the agent reads it, or DDPRUN_RDZV_TOKEN).
-  std::string rdzv_token_file;
-  std::vector<int> signals_to_handle;  // signal numbers
-  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
-  double shutdown_timeout_s = 30.0;
-  // Signals that mean "you are being preempted" (agent_state.h: forwarded, preempt_grace_s for
-  // the workers to stop, exit kPreemptedExitCode, no restart). Empty: none ("none" given).
-  std::vector<int> preempt_signals;
-  std::string preempt_signals_text = "SIGUSR1";
-  double preempt_grace_s = 90.0;
-
-  // Once a local worker has exited 0, how long the others may take before they are reported
-  // and stopped (kExitBarrierTimeoutExitCode); 0: no limit (torchrun's behaviour).
-  double exit_barrier_timeout_s = 0;
-  // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
-  // background). Single node only; multi-node restarts always wait.
-  bool overlap_restart = true;
-  // A seccomp listener per worker that reports its exit as it begins (process.h); sets
-  // no_new_privs on the workers when ddprun lacks CAP_SYS_ADMIN.
-  bool early_exit_watch = true;
-  bool virtual_local_rank = false;
-  // Warm spare interpreters (spare_plan.h): unset = on when max_restarts > 0 and the entry
-  // point runs under Python. preload: the modules a spare imports before it parks.
-  // spare_priority: "idle" (imports in a SCHED_IDLE thread) or "normal".
-  std::optional<bool> warm_spares;
-  std::vector<std::string> preload = {"torch", "torch.distributed"};
-  std::string spare_priority = "idle";
   // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun's comma_separated_list:
   // ",," is a literal comma). Lines of the tee'd streams that contain any of the needles are
   // copied to <attempt dir>/filtered_stdout.log / filtered_stderr.log (output.h's
@@ -137,24 +143,61 @@ struct LaunchOptions {
   // --logs_specs: the name of a torchrun.logs_specs Python entry point. ddprun cannot load
   // Python plugins; it keeps its default layout and warns (see `warnings`).
   std::string logs_specs;
-  // --event_log_handler: torchrun's event sink ("null" default, "console",
-  // "dynamic_rendezvous"). ddprun records no torchelastic events: "console" warns.
-  std::string event_log_handler = "null";
-  // --numa_binding: torchrun's affinity mode (numa.h); unset when not given. numa_cpus is the
-  // CPU set per local rank that the mode gives on this machine (numa.h's numa_cpus_for: main()
-  // resolves it before the agent exists; empty without --numa_binding).
+  // "console" warns that no events are recorded.
+  EventLogHandler event_log_handler = EventLogHandler::Null;
+  int verbosity = 0;  // -v: debug logs
+  // Any log files at all for `nproc` local ranks (redirects or tee).
+  bool any_files(int nproc) const;
+};
+
+// Restarts, signals and stopping.
+struct FaultOptions {
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // accepted for compatibility; ddprun never polls
+  std::vector<int> signals_to_handle;  // signal numbers
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  double shutdown_timeout_s = 30.0;
+  // Signals that mean "you are being preempted" (agent_state.h: forwarded, preempt_grace_s for
+  // the workers to stop, exit kPreemptedExitCode, no restart). Empty: none ("none" given).
+  std::vector<int> preempt_signals;
+  std::string preempt_signals_text = "SIGUSR1";
+  double preempt_grace_s = 90.0;
+  // Once a local worker has exited 0, how long the others may take before they are reported
+  // and stopped (kExitBarrierTimeoutExitCode); 0: no limit (torchrun's behaviour).
+  double exit_barrier_timeout_s = 0;
+  // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
+  // background). Single node only; multi-node restarts always wait.
+  bool overlap_restart = true;
+};
+
+// Warm spare interpreters (spare_plan.h).
+struct SpareOptions {
+  // Unset: on when max_restarts > 0 and the entry point runs under Python.
+  std::optional<bool> enabled;
+  std::vector<std::string> preload = {"torch", "torch.distributed"};  // imported before parking
+  SparePriority priority = SparePriority::Idle;
+};
+
+// What comes from the machine and its scheduler.
+struct PlatformOptions {
+  // --numa_binding: torchrun's affinity mode (numa.h); unset when not given. The launch plan
+  // resolves the CPU set per local rank it gives on this machine.
   std::optional<NumaMode> numa_binding;
-  std::vector<std::vector<int>> numa_cpus;
   // What was taken from Slurm's environment (slurm.h), one line; empty outside an srun step or
   // with --no_slurm. Printed by main().
   std::string slurm_summary;
+};
+
+struct LaunchOptions {
+  NodeOptions nodes;
+  RendezvousOptions rendezvous;
+  WorkerOptions workers;
+  OutputOptions output;
+  FaultOptions faults;
+  SpareOptions spares;
+  PlatformOptions platform;
   // Things the user should know that do not stop the launch (printed by main()).
   std::vector<std::string> warnings;
-  int verbosity = 0;  // -v: debug logs
-  std::string entrypoint;
-  std::vector<std::string> args;
-
-  bool multi_node() const { return max_nodes > 1; }
 };
 
 // The raw strings given for each flag (canonical name without dashes, e.g.

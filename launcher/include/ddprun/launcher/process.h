@@ -36,6 +36,8 @@ struct SpawnTemplate {
   int stdin_fd = -1;
   std::vector<int> reset_to_default;
   bool exit_watch = false;
+  // The CPUs of each local rank (--numa_binding; empty: the agent's own affinity).
+  std::vector<std::vector<int>> cpu_affinity;
   // The environment of one local rank (its error file given).
   std::function<EnvMap(const GroupLayout&, int local_rank, const std::string& error_file)> env;
 };

@@ -1,4 +1,4 @@
-// How this agent takes part in a job, resolved once from the options: whether the round runs
+// How this agent takes part in a job, resolved once from the nodes and rendezvous sections: whether the round runs
 // in this process (one node) or on a rendezvous server (many), whether this process hosts the
 // server and on which port, where the workers' store is, and the job-wide settings sent in
 // every JOIN. The agent reads the plan; it never re-interprets --rdzv_backend or the endpoint.
@@ -45,8 +45,8 @@ struct RendezvousPlan {
   // Job-wide settings and this node's wishes, as sent in JOIN (node_id and host are filled in
   // once connected).
   rdzv::Join join;
-  // The rendezvous token ("" = none): not resolved here (reading a file is I/O); the agent
-  // loads it (rdzv::load_token) before it hosts or joins a multi-node rendezvous.
+  // The rendezvous token ("" = none). Reading its file is I/O, so resolve_plan leaves it
+  // empty; the launch plan (launch_plan.h) loads it for a multi-node job.
   std::string rdzv_token;
   std::chrono::milliseconds connect_timeout{600000};  // = join_timeout
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -73,7 +73,7 @@ BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why)
 // Throws UsageError for bad --rdzv_conf values or an endpoint that does not parse.
 // `env` supplies DDPRUN_DEFAULT_STORE_PORT (a test seam: the port tried first when none is
 // given, which tests hold to force the fallback).
-RendezvousPlan resolve_plan(const LaunchOptions& opts, const EnvMap& env,
+RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
                             const std::function<bool(const std::string&)>& is_local_host);
 
 }  // namespace ddprun::launcher

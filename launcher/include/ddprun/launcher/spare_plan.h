@@ -33,7 +33,7 @@ bool spare_can_run(const std::vector<std::string>& argv);
 
 // Whether spares are on: --warm_spares when given, else when restarts are enabled; only for
 // Python entry points (`python_entry`) that spare_can_run.
-bool spares_enabled(const LaunchOptions& opts, bool python_entry);
+bool spares_enabled(const SpareOptions& spares, int max_restarts, bool python_entry);
 
 // The spare's command line: PYTHON -u -c <bootstrap> CTL_FD PRIORITY PRELOAD -- COLD_ARGV...
 std::vector<std::string> spare_argv(const std::vector<std::string>& cold_argv, int ctl_fd,

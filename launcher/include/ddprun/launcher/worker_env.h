@@ -25,16 +25,16 @@ struct GroupLayout {
 
 // The environment of local rank `local_rank`: `parent` plus the torchrun variables (those
 // marked "unless set" keep the parent's value). `error_file` is its TORCHELASTIC_ERROR_FILE.
-EnvMap build_worker_env(const EnvMap& parent, const LaunchOptions& opts, const GroupLayout& g,
+EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults, const GroupLayout& g,
                         int local_rank, const std::string& error_file);
 
 // argv of a worker: -m -> {python, -u, -m, mod, ...}; --run_path -> python runs the file
 // through runpy; `with_python` (entrypoint.h's runs_with_python: `.py`, a non-executable
 // script, ...) -> {python, -u, script, args...}; otherwise {program, args...}. python is
 // $PYTHON_EXEC from `env`, else $DDPRUN_DEFAULT_PYTHON, else "python3" (found on PATH).
-std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env, bool with_python);
+std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env, bool with_python);
 // The same, deciding Python by the `.py` suffix alone (no file system look).
-std::vector<std::string> build_worker_argv(const LaunchOptions& opts, const EnvMap& env);
+std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env);
 
 // "K=V" strings, for execve.
 std::vector<std::string> to_envp(const EnvMap& env);

@@ -1,0 +1,59 @@
+// The launch plan: every fact the agent needs, resolved before it starts (launch_plan.h).
+#include "ddprun/launcher/launch_plan.h"
+
+#include <stdexcept>
+
+#include "ddprun/client/net.h"
+#include "ddprun/common/knobs.h"
+#include "ddprun/launcher/entrypoint.h"
+#include "ddprun/launcher/numa.h"
+#include "ddprun/launcher/spare_plan.h"
+#include "ddprun/rdzv/agent_auth.h"
+
+namespace ddprun::launcher {
+
+namespace {
+
+// Who may join a multi-node rendezvous: the same token on every node (--rdzv_token_file, else
+// DDPRUN_RDZV_TOKEN), or none.
+std::string load_rendezvous_token(const RendezvousOptions& r, const EnvMap& env) {
+  const auto from_env = knobs::get(knobs::kRdzvToken, env);
+  try {
+    return rdzv::load_token(r.token_file, from_env ? from_env->c_str() : nullptr);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// The command, interpreter and CPU sets every worker is started with.
+void resolve_spawn(LaunchPlan& plan, const EnvMap& env, const PlanProbes& probes) {
+  const LaunchOptions& o = plan.options;
+  WorkerCommand cmd = resolve_worker_command(o.workers, env);  // Python or the program
+  plan.spawn.executable = std::move(cmd.executable);
+  plan.spawn.argv = std::move(cmd.argv);
+  plan.interpreter = std::move(cmd.interpreter);
+  if (o.workers.early_exit_watch)
+    plan.spawn.exit_watch = probes.kernel_reports_exit_early ? probes.kernel_reports_exit_early()
+                                                             : kernel_reports_exit_early();
+  const bool python = !plan.interpreter.empty() && spare_can_run(plan.spawn.argv);
+  plan.spares = spares_enabled(o.spares, o.faults.max_restarts, python);
+}
+
+}  // namespace
+
+LaunchPlan make_launch_plan(LaunchOptions options, const EnvMap& env, const PlanProbes& probes) {
+  LaunchPlan plan;
+  plan.options = std::move(options);
+  const LaunchOptions& o = plan.options;
+  // torchrun fails the launch too (no worker starts) when it cannot bind.
+  if (o.platform.numa_binding)
+    plan.spawn.cpu_affinity = numa_cpus_for(*o.platform.numa_binding, o.nodes.nproc_per_node, env,
+                                            knobs::get(knobs::kSysfsRoot, env).value_or("/"));
+  plan.rendezvous = resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env,
+                                 probes.is_local_host ? probes.is_local_host : client::is_local_address);
+  resolve_spawn(plan, env, probes);
+  if (!plan.rendezvous.local) plan.rendezvous.rdzv_token = load_rendezvous_token(o.rendezvous, env);
+  return plan;
+}
+
+}  // namespace ddprun::launcher
