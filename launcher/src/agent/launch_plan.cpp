@@ -1,6 +1,11 @@
 // The launch plan: every fact the agent needs, resolved before it starts (launch_plan.h).
 #include "ddprun/launcher/launch_plan.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
 #include <stdexcept>
 
 #include "ddprun/client/net.h"
@@ -39,6 +44,26 @@ void resolve_spawn(LaunchPlan& plan, const EnvMap& env, const PlanProbes& probes
   plan.spares = spares_enabled(o.spares, o.faults.max_restarts, python);
 }
 
+// Whether a server already answers on host:port, an address of this host (a standing ddprund
+// that a one-node c10d job joins): one connect, refused at once when nobody listens.
+bool port_served(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool served = false;
+  for (addrinfo* a = res; a && !served; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval limit{0, 300000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    served = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return served;
+}
+
 }  // namespace
 
 LaunchPlan make_launch_plan(LaunchOptions options, const EnvMap& env, const PlanProbes& probes) {
@@ -50,7 +75,8 @@ LaunchPlan make_launch_plan(LaunchOptions options, const EnvMap& env, const Plan
     plan.spawn.cpu_affinity = numa_cpus_for(*o.platform.numa_binding, o.nodes.nproc_per_node, env,
                                             knobs::get(knobs::kSysfsRoot, env).value_or("/"));
   plan.rendezvous = resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env,
-                                 probes.is_local_host ? probes.is_local_host : client::is_local_address);
+                                 probes.is_local_host ? probes.is_local_host : client::is_local_address,
+                                 probes.port_served ? probes.port_served : port_served);
   resolve_spawn(plan, env, probes);
   if (!plan.rendezvous.local) plan.rendezvous.rdzv_token = load_rendezvous_token(o.rendezvous, env);
   return plan;

@@ -41,7 +41,8 @@ void check_host(const std::string& flag, const std::string& given, const std::st
 }  // namespace
 
 RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
-                            const std::function<bool(const std::string&)>& is_local_host) {
+                            const std::function<bool(const std::string&)>& is_local_host,
+                            const std::function<bool(const std::string&, uint16_t)>& port_served) {
   RendezvousPlan p;
   const bool c10d = rendezvous.backend == RdzvBackend::C10d;
   p.port_from_endpoint = c10d;
@@ -63,7 +64,14 @@ RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& r
   p.connect_timeout = join_timeout;
   p.heartbeat_interval = std::max(std::chrono::milliseconds(100), heartbeat_timeout / 5);
 
-  if (!nodes.multi_node()) {
+  // One node with c10d joins a rendezvous that someone else serves, as torchrun does: when
+  // --rdzv_conf is_host=false says so, or when a standing server (ddprund) already answers on
+  // the endpoint's port of this host. Otherwise the store is ours.
+  const bool one_node_client =
+      !nodes.multi_node() && c10d && !rendezvous.standalone &&
+      (is_host == false || (!is_host.value_or(false) && rendezvous.port_given && port_served &&
+                            is_local_host(rendezvous.host) && port_served(rendezvous.host, rendezvous.port)));
+  if (!nodes.multi_node() && !one_node_client) {
     // One node: the store is ours, on --master_port exactly (static), the endpoint's port
     // (c10d; --standalone: a free one), else 29500 or a free port when that is taken. The
     // workers' store is the main keyspace, emptied for every attempt.
@@ -91,7 +99,7 @@ RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& r
   p.endpoint_host = c10d ? rendezvous.host : rendezvous.master_addr;
   p.endpoint_port = c10d ? rendezvous.port : rendezvous.master_port.value_or(kDefaultMasterPort);
   if (c10d) {
-    p.host_server = is_host.value_or(is_local_host(p.endpoint_host));
+    p.host_server = !one_node_client && is_host.value_or(is_local_host(p.endpoint_host));
     p.host_explicit = is_host.value_or(false);
     j.node_rank = -1;  // the server assigns ranks
   } else {

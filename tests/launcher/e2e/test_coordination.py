@@ -141,29 +141,63 @@ class Coordination(unittest.TestCase):
         self.assertEqual(sorted(w[0] for w in where_lines(oa + ob)), ["0", "1"], oa + ob)
         return ea, eb
 
-    def test_two_agents_on_one_host_join_a_standing_ddprund(self):
+    def standing_ddprund(self, port):
+        """A standing ddprund on 127.0.0.1:port, listening when this returns (the caller kills it)."""
         ddprund = os.path.join(os.path.dirname(os.path.dirname(harness.DDPRUN)), "rendezvous", "ddprund")
         if not os.path.exists(ddprund):
             self.skipTest(f"no ddprund at {ddprund}")
-        port = free_port()
         d = subprocess.Popen([ddprund, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + HANG_GUARD
+        while True:  # listening yet? (a connect, not a sleep, decides)
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                return d
+            except OSError:
+                if time.monotonic() > deadline:
+                    d.kill()
+                    raise
+                time.sleep(0.02)
+
+    def test_two_agents_on_one_host_join_a_standing_ddprund(self):
+        port = free_port()
+        d = self.standing_ddprund(port)
         try:
-            deadline = time.monotonic() + HANG_GUARD
-            while True:  # listening yet? (a connect, not a sleep, decides)
-                try:
-                    socket.create_connection(("127.0.0.1", port)).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
             ea, eb = self.two_agents(port)
             self.assertIn("joining the rendezvous served there as a client", ea)
             self.assertIn("joining the rendezvous served there as a client", eb)
         finally:
             d.kill()
             d.wait()
+
+    def test_one_node_joins_a_standing_ddprund(self):
+        # torchrun --nnodes=1 with c10d joins the store already serving the endpoint.
+        port = free_port()
+        d = self.standing_ddprund(port)
+        try:
+            p = run(self.c10d(port, nnodes=1, extra=["--nproc_per_node=2"]) + worker(WORKER_SAYS_WHERE))
+        finally:
+            d.kill()
+            d.wait()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("cannot host the store", p.stderr)
+        self.assertIn(f"connecting to the rendezvous of job e2e at 127.0.0.1:{port}", p.stderr)
+        self.assertEqual(sorted(w[:2] for w in where_lines(p.stdout)), [["0", "2"], ["1", "2"]], p.stdout)
+
+    def test_one_node_with_is_host_false_is_a_client(self):
+        # Nothing listens yet: the agent waits for the server instead of hosting a store itself.
+        port = free_port()
+        a = Agent(self.c10d(port, nnodes=1, conf=",is_host=false") + worker(WORKER_SAYS_WHERE))
+        a.wait_err(f"connecting to the rendezvous of job e2e at 127.0.0.1:{port}")
+        d = self.standing_ddprund(port)
+        try:
+            r, out, err = a.finish()
+        finally:
+            d.kill()
+            d.wait()
+        self.assertEqual(r, 0, err)
+        self.assertNotIn("hosting", err)
+        self.assertEqual([w[:2] for w in where_lines(out)], [["0", "1"]], out)
 
     def test_two_agents_on_one_host_the_first_hosts(self):
         port = free_port()

@@ -57,6 +57,37 @@ TEST_CASE("one node with c10d or --standalone: the endpoint's port, our store", 
   CHECK(s.listen_port == 0);
 }
 
+TEST_CASE("one node with c10d joins a rendezvous served by someone else, as torchrun does", "[plan]") {
+  const auto resolve = [](std::vector<std::string> args, bool here, bool served) {
+    const LaunchOptions o = opts(std::move(args));
+    return resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, {}, [&](const std::string&) { return here; },
+                        [&](const std::string&, uint16_t) { return served; });
+  };
+  // A standing server answers on the endpoint's port of this host: join it as a client.
+  auto standing = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411"}, true, true);
+  CHECK_FALSE(standing.local);
+  CHECK_FALSE(standing.host_server);
+  CHECK(standing.endpoint_host == "127.0.0.1");
+  CHECK(standing.endpoint_port == 29411);
+  CHECK(standing.join.node_rank == -1);
+  CHECK(standing.join.max_nodes == 1);
+  // Nobody there: the store is ours, as before.
+  auto free = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411"}, true, false);
+  CHECK(free.local);
+  CHECK(free.host_server);
+  // is_host=false: a client even when nothing answers yet (it waits for the server).
+  auto client = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411", "--rdzv_conf=is_host=false"}, true, false);
+  CHECK_FALSE(client.local);
+  CHECK_FALSE(client.host_server);
+  // is_host=true insists on hosting: a taken port is then an error at bind time.
+  auto host = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411", "--rdzv_conf=is_host=1"}, true, true);
+  CHECK(host.local);
+  CHECK(host.host_explicit);
+  // Static rendezvous and --standalone never join anyone.
+  CHECK(resolve({"--master_port=29411"}, true, true).local);
+  CHECK(resolve({"--standalone"}, true, true).local);
+}
+
 TEST_CASE("static multi-node: node 0 hosts on --master_port, the workers' store keeps that port", "[plan]") {
   auto p0 = plan({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--master_port=29555"});
   CHECK_FALSE(p0.local);

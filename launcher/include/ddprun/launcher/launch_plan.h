@@ -37,6 +37,7 @@ struct LaunchPlan {
 struct PlanProbes {
   std::function<bool(const std::string&)> is_local_host;  // an address of this host?
   std::function<bool()> kernel_reports_exit_early;       // process.h
+  std::function<bool(const std::string&, uint16_t)> port_served;  // does something listen there?
 };
 
 // Resolves `options` into the plan. Throws UsageError for input the user must fix (a bad
