@@ -213,8 +213,10 @@ def scenario_scale_up(args):
     run = Run(args, 4)
     try:
         env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "90"}
+        logs = os.path.join(run.out, "logs0")
         for n in range(3):
-            run.agent(n, dyn_flags(run, "3:4", 1, extra=["--max_restarts=0"]), extra_env=env)
+            keep = ["--log_dir", logs, "--tee=1"] if n == 0 else []
+            run.agent(n, dyn_flags(run, "3:4", 1, extra=["--max_restarts=0"] + keep), extra_env=env)
         wait_for(lambda: len(run.records()) >= 3, 40, "round 0 with 3 nodes")
         run.agent(3, dyn_flags(run, "3:4", 1, extra=["--max_restarts=0"]), extra_env=env)
         wait_for(lambda: any(x["DDPT_NODE"] == "3" for x in run.records()), 40, "the fourth node's worker")
@@ -225,6 +227,12 @@ def scenario_scale_up(args):
         last = [x for x in recs if x["WORLD_SIZE"] == "4"]
         assert sorted(int(x["RANK"]) for x in last) == [0, 1, 2, 3], last
         assert all(x["TORCHELASTIC_RESTART_COUNT"] == "0" for x in recs), "scale-up spends no restart"
+        # Both rounds of attempt 0 kept their own log files: the scale-up truncated nothing.
+        (run_dir,) = [os.path.join(logs, d) for d in os.listdir(logs)]
+        rounds = sorted(d for d in os.listdir(run_dir) if d.startswith("attempt_"))
+        assert rounds == ["attempt_0", "attempt_0.1"], rounds
+        said = [open(os.path.join(run_dir, d, "0", "stdout.log")).read() for d in rounds]
+        assert "of world 3 started" in said[0] and "of world 4 started" in said[1], said
     finally:
         run.close()
 

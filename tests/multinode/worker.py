@@ -16,6 +16,8 @@ fd = os.open(os.path.join(env["DDPT_OUT"], "records.jsonl"), os.O_WRONLY | os.O_
 os.write(fd, line.encode())
 os.close(fd)
 
+print(f"worker rank {env.get('RANK')} of world {env.get('WORLD_SIZE')} started", flush=True)
+
 attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
 fail = env.get("DDPT_FAIL")  # node:local_rank:attempt:exit_code
 if fail:

@@ -233,7 +233,7 @@ void Agent::on_notice(const Notice& n) {
 
 void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
-  group_->start(attempt, layout_, attempt_log_dir(run_log_dir_, attempt), spawn_);
+  group_->start(attempt, layout_, fresh_attempt_log_dir(run_log_dir_, attempt), spawn_);
   workers_started_ = true;
   const double spawn_ms = ms_since(t0);
   const auto t_spawned = Clock::now();

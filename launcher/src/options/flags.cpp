@@ -39,7 +39,7 @@ constexpr FlagSpec kFlags[] = {
     {"module", "m", false, "run the entry point as a Python module (python -u -m ...)"},
     {"no_python", "", false, "run the entry point as a program, without Python"},
     {"run_path", "", false, "run the entry point with runpy.run_path"},
-    {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch)"},
+    {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch; a later round of the same attempt, after a scale-up: attempt_<n>.<k>/)"},
     {"redirects", "r", true, "streams to redirect to log files only: 0-3 or 0:3,1:0 per rank"},
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
     {"local_ranks_filter", "", true, "only these local ranks print to the console, e.g. 0,2"},

@@ -40,4 +40,15 @@ fs::path attempt_log_dir(const fs::path& run_dir, int attempt) {
   return run_dir / ("attempt_" + std::to_string(attempt));
 }
 
+fs::path fresh_attempt_log_dir(const fs::path& run_dir, int attempt) {
+  const fs::path first = attempt_log_dir(run_dir, attempt);
+  std::error_code ec;
+  if (!fs::exists(first, ec)) return first;
+  for (int k = 1;; ++k) {
+    fs::path later = first;
+    later += "." + std::to_string(k);
+    if (!fs::exists(later, ec)) return later;
+  }
+}
+
 }  // namespace ddprun::launcher

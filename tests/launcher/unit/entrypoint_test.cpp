@@ -128,6 +128,13 @@ TEST_CASE("log dirs: a unique run directory per launch, never an earlier one", "
   CHECK(first.parent_path() == fs::path(logs));
   CHECK(first.filename().string().rfind("none_", 0) == 0);
   CHECK(attempt_log_dir(first, 2) == first / "attempt_2");
+  // A later round of the same attempt (elastic scale-up) gets its own directory.
+  CHECK(fresh_attempt_log_dir(first, 0) == first / "attempt_0");
+  fs::create_directories(first / "attempt_0");
+  CHECK(fresh_attempt_log_dir(first, 0) == first / "attempt_0.1");
+  fs::create_directories(first / "attempt_0.1");
+  CHECK(fresh_attempt_log_dir(first, 0) == first / "attempt_0.2");
+  CHECK(fresh_attempt_log_dir(first, 1) == first / "attempt_1");
   const auto file = d.file("plain", "", false);
   CHECK_THROWS_WITH(make_run_log_dir(file, "none"), Catch::Contains("not a directory") || Catch::Contains("cannot create"));
 }

@@ -21,4 +21,10 @@ std::filesystem::path make_run_log_dir(const std::string& log_dir, const std::st
 // "<run_dir>/attempt_<attempt>".
 std::filesystem::path attempt_log_dir(const std::filesystem::path& run_dir, int attempt);
 
+// The directory for a new start of `attempt`'s workers that no earlier start used:
+// attempt_<attempt>, or, for a later round of the same attempt (an elastic scale-up restarts
+// the workers without spending a restart), attempt_<attempt>.<k> with the first free k >= 1.
+// Nothing an earlier round wrote is ever truncated.
+std::filesystem::path fresh_attempt_log_dir(const std::filesystem::path& run_dir, int attempt);
+
 }  // namespace ddprun::launcher
