@@ -1,9 +1,14 @@
 #include "ddprun/launcher/entrypoint.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +107,60 @@ std::string probe_python_version(const std::string& interpreter_path) {
   return "";
 }
 
+bool is_script(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char head[2] = {0, 0};
+  f.read(head, 2);
+  return f.gcount() == 2 && head[0] == '#' && head[1] == '!';
+}
+
+std::optional<std::string> resolve_python_shim(const std::string& shim) {
+  if (!is_script(shim)) return std::nullopt;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    const int devnull = ::open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      ::dup2(devnull, STDIN_FILENO);
+      ::dup2(devnull, STDERR_FILENO);
+    }
+    const char* argv[] = {shim.c_str(), "-c", "import sys; sys.stdout.write(sys.executable)", nullptr};
+    ::execv(shim.c_str(), const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fds[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+      ::kill(pid, SIGKILL);  // a shim that hangs: keep it, say nothing more
+      out.clear();
+      break;
+    }
+    char buf[512];
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || out.size() > 4096) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || out.empty() || out[0] != '/') return std::nullopt;
+  if (::access(out.c_str(), X_OK) != 0 || is_script(out)) return std::nullopt;
+  return out;
+}
+
 std::string describe_interpreter(const std::string& path, const std::string& version) {
   return path + (version.empty() ? " (Python, version unknown)" : " (Python " + version + ")");
 }
@@ -127,7 +186,20 @@ WorkerCommand resolve_worker_command(const WorkerOptions& opts, const EnvMap& en
                      (cmd.argv[0].find('/') == std::string::npos ? " (a program in this directory: ./" + cmd.argv[0] + ")" : ""));
   }
   cmd.executable = *exe;
-  if (python) cmd.interpreter = describe_interpreter(cmd.executable, probe_python_version(cmd.executable));
+  if (!python) return cmd;
+  // A shim first on PATH (pyenv's is a shell script that starts the interpreter it selects,
+  // ~150 ms a start): resolve it once, as the workers' cwd and environment select, and exec
+  // the interpreter itself. PYTHON_EXEC is taken as given.
+  std::string via;
+  if (!knobs::get(knobs::kPythonExec, env) && cmd.argv[0].find('/') == std::string::npos) {
+    if (auto real = resolve_python_shim(cmd.executable)) {
+      via = ", through the shim " + cmd.executable;
+      cmd.executable = *real;
+      cmd.argv[0] = *real;
+    }
+  }
+  cmd.interpreter = describe_interpreter(cmd.executable, probe_python_version(cmd.executable));
+  if (!via.empty()) cmd.interpreter.insert(cmd.interpreter.size() - 1, via);
   return cmd;
 }
 

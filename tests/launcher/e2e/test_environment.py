@@ -6,6 +6,7 @@ Run: test_environment.py <path to ddprun> [unittest names] (harness.py says more
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -74,6 +75,30 @@ class Environment(unittest.TestCase):
             p = run(["--nproc_per_node=1", script, "--x", "1"], env={"PYTHON_EXEC": PY})
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("[r0]: argv ['--x', '1'] unbuffered True", p.stdout)
+
+    def test_a_python_shim_on_path_is_resolved_once(self):
+        # pyenv puts a shell-script shim first on PATH; every start through it costs a shell and
+        # pyenv's lookup. ddprun asks the shim once which interpreter it runs and execs that.
+        with tempfile.TemporaryDirectory() as d:
+            shims = os.path.join(d, "shims")
+            os.mkdir(shims)
+            calls = os.path.join(d, "calls")
+            with open(os.path.join(shims, "python3"), "w") as f:
+                f.write(f"#!/bin/sh\necho called >> {calls}\nexec {os.path.realpath(PY)} \"$@\"\n")
+            os.chmod(os.path.join(shims, "python3"), 0o755)
+            script = os.path.join(d, "where.py")
+            with open(script, "w") as f:
+                f.write("import sys; print('exe', sys.executable)\n")
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_EXEC", "DDPRUN_DEFAULT_PYTHON")}
+            env["PATH"] = shims + os.pathsep + env.get("PATH", "")
+            p = subprocess.run([harness.DDPRUN, "--nproc_per_node=3", script], capture_output=True, text=True,
+                               env=env, timeout=harness.HANG_GUARD)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(calls) as f:
+                self.assertEqual(f.read().count("called"), 1, "the shim runs once, to say where Python is")
+            self.assertIn(f"Python workers: {os.path.realpath(PY)}", p.stderr)
+            self.assertIn(f"through the shim {os.path.join(shims, 'python3')}", p.stderr)
+            self.assertEqual(p.stdout.count(f"exe {os.path.realpath(PY)}"), 3, p.stdout)
 
     def test_run_path_entry_point(self):
         with tempfile.TemporaryDirectory() as d:

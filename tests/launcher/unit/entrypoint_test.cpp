@@ -138,3 +138,13 @@ TEST_CASE("log dirs: a unique run directory per launch, never an earlier one", "
   const auto file = d.file("plain", "", false);
   CHECK_THROWS_WITH(make_run_log_dir(file, "none"), Catch::Contains("not a directory") || Catch::Contains("cannot create"));
 }
+
+TEST_CASE("a Python shim is resolved to the interpreter it runs; anything else is left alone", "[entrypoint]") {
+  TempDir d;
+  const auto shim = d.file("python3", "#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n", true);
+  CHECK(resolve_python_shim(shim) == std::optional<std::string>("/usr/bin/python3"));
+  CHECK_FALSE(resolve_python_shim("/usr/bin/python3"));                               // the interpreter itself
+  CHECK_FALSE(resolve_python_shim(d.file("says_hi", "#!/bin/sh\necho hi\n", true)));   // not a path
+  CHECK_FALSE(resolve_python_shim(d.file("fails", "#!/bin/sh\nexit 3\n", true)));      // no answer
+  CHECK_FALSE(resolve_python_shim(d.file("names_a_script", "#!/bin/sh\nprintf %s " + shim + "\n", true)));
+}

@@ -8,6 +8,7 @@
 // __main__.py run as `$PYTHON_EXEC -u <entry point>`.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ std::string describe_interpreter(const std::string& path, const std::string& ver
 
 // "; Python workers: <interpreter>" for the agent's start line; empty for other workers.
 std::string start_line_note(const std::string& interpreter);
+
+// When `path` is a script (a pyenv-style shim), the interpreter it runs (sys.executable, asked
+// once with the agent's cwd and environment, bounded at 10 s); nullopt for a real interpreter or
+// a shim that does not answer with an executable.
+std::optional<std::string> resolve_python_shim(const std::string& path);
 
 struct WorkerCommand {
   std::string executable;          // the path execve gets
