@@ -6,8 +6,14 @@
 // The agreement across real processes under ddprun: preempt_ddprun.py.
 #include <catch2/catch.hpp>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -93,4 +99,26 @@ TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device me
   StreamOrdered nccl;
   CHECK_THROWS_WITH(dw::agree_stop(nccl), Catch::Contains("does not override allreduce_max_host"));
   CHECK(nccl.calls == 0);
+}
+
+TEST_CASE("announce_preemption writes DDPRUN_PREEMPT_FILE for ddprun, and only there", "[stop]") {
+  char dir[] = "/tmp/ddprun-announce-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string file = std::string(dir) + "/preempted";
+  ::unsetenv("DDPRUN_PREEMPT_FILE");
+  CHECK_FALSE(ddprun::worker::announce_preemption("/ck/step-12"));  // not under ddprun
+  ::setenv("DDPRUN_PREEMPT_FILE", file.c_str(), 1);
+  CHECK(ddprun::worker::announce_preemption("/ck/step-12"));
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "preempted\ncheckpoint /ck/step-12\n");
+  CHECK(ddprun::worker::announce_preemption());
+  std::ifstream again(file);
+  std::string plain((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>());
+  CHECK(plain == "preempted\n");
+  ::setenv("DDPRUN_PREEMPT_FILE", (std::string(dir) + "/missing/preempted").c_str(), 1);
+  CHECK_FALSE(ddprun::worker::announce_preemption());  // cannot be written: false, no throw
+  ::unsetenv("DDPRUN_PREEMPT_FILE");
+  std::remove(file.c_str());
+  ::rmdir(dir);
 }

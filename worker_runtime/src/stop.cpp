@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -54,6 +56,16 @@ int32_t Communicator::allreduce_max_host(int32_t value) {
                       " communicator reduces device memory and does not override allreduce_max_host");
   allreduce(&value, 1, DType::I32, ReduceOp::Max);
   return value;
+}
+
+bool announce_preemption(const std::string& checkpoint) {
+  const char* path = std::getenv("DDPRUN_PREEMPT_FILE");
+  if (!path || !*path) return false;
+  std::FILE* f = std::fopen(path, "w");
+  if (!f) return false;
+  bool ok = std::fputs("preempted\n", f) >= 0;
+  if (!checkpoint.empty()) ok = ok && std::fprintf(f, "checkpoint %s\n", checkpoint.c_str()) >= 0;
+  return (std::fclose(f) == 0) && ok;
 }
 
 bool agree_stop(Communicator& comm) {

@@ -75,6 +75,9 @@ void maybe_wait_for_signal(const Options& o, const dw::WorkerEnv& env, int64_t s
 }
 
 int finish_preempted(const Options& o, int rank, int64_t step) {
+  // Every rank stopped after the same step (agree_stop) and rank 0 wrote that step's checkpoint.
+  dw::announce_preemption(o.checkpoint_dir.empty() ? std::string()
+                                                   : dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)));
   if (rank == 0) {
     if (!o.checkpoint_dir.empty())
       std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,

@@ -355,7 +355,11 @@ void Agent::worker_ended(Worker& w) {
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
   const bool was_preempted = state_.preempted();
-  dispatch(WorkerExited{.local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt});
+  std::optional<PreemptAnnouncement> said;
+  if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
+  if (said && said->checkpoint && current) preempt_checkpoint_ = "r" + std::to_string(w.global_rank) + ": " + said->what;
+  dispatch(WorkerExited{.local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt,
+                        .announced_preemption = said.has_value()});
   if (current && state_.preempted()) {
     // Not failures: say how each worker took the preemption (one that dies of the signal
     // itself does not handle it, and wrote no checkpoint).
@@ -432,6 +436,7 @@ std::string Agent::summary() const {
   in.host = host;
   in.shutdown_timeout_s = opts_.faults.shutdown_timeout_s;
   in.stop_signal = state_.stop_signal() ? state_.stop_signal() : stop_signal_seen_;
+  in.preempt_checkpoint = preempt_checkpoint_;
   in.preempted = exit_code_ == kPreemptedExitCode && (state_.preempted() || (in.stop_signal && is_preempt_signal(*in.stop_signal)));
   in.preempt_grace_s = opts_.faults.preempt_grace_s;
   in.failure = failure_;

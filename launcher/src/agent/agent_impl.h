@@ -112,6 +112,8 @@ class Agent {
   bool child_signal_taken_ = false;
 
   bool done_ = false;
+  // What a worker of this node said it saved when it stopped for a preemption ("r0: <what>").
+  std::optional<std::string> preempt_checkpoint_;
   int exit_code_ = 1;
   std::optional<FailureDetails> failure_;
   int failures_seen_ = 0;

@@ -118,7 +118,7 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   if (e.attempt && *e.attempt != attempt_) return out;  // a retired worker of an earlier attempt
   if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
   if (phase_ == Phase::Running) {
-    if (preempt_exit(e.status)) {
+    if (preempt_exit(e)) {
       // The workers stopped for a preemption (their ranks agreed on it): no failure. The others
       // are on their way out; they get the preemption grace, and no signal that could cut a
       // checkpoint short.
@@ -163,7 +163,7 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   // the preemption code was preempted, unless this attempt failed here first. Stopped for a
   // restart (a scale-up, another node's failure), the code only says they stopped cleanly
   // (after a checkpoint, with libddprun_worker): the restart goes on.
-  if (preempt_exit(e.status) && !failed_this_attempt_ && !pending_restart_) preempted_ = true;
+  if (preempt_exit(e) && !failed_this_attempt_ && !pending_restart_) preempted_ = true;
   if (alive_.empty()) {
     out.push_back({.kind = Action::Kind::DisarmTimer});
     group_stopped(out);
@@ -174,6 +174,7 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
 std::vector<Action> AgentState::on_signal(const SignalReceived& s) {
   std::vector<Action> out;
   if (s.preempt) {
+    preempt_signal_ = true;
     if (preempted_) return out;  // already stopping for a preemption: a repeat changes nothing
     preempted_ = true;
     switch (phase_) {

@@ -56,8 +56,10 @@ void preempted_lines(const SummaryInput& in, std::ostringstream& s) {
                              << in.preempt_grace_s << " s to stop after a preemption signal)";
   else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
   s << "; exit code " << in.exit_code << "\n";
-  s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID) "
-       "to resume from its last checkpoint\n";
+  s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID)";
+  if (in.preempt_checkpoint) s << " to resume from the checkpoint its workers saved (" << *in.preempt_checkpoint << ")\n";
+  else s << "; no worker of this node said it saved a checkpoint (DDPRUN_PREEMPT_FILE), so a rerun resumes only from "
+            "what the workers saved themselves\n";
 }
 
 // The failing worker of this attempt (or what else ended the run), with its stderr tail and

@@ -1,5 +1,6 @@
 #include "ddprun/launcher/worker_env.h"
 
+#include <fstream>
 #include <sstream>
 
 #include "ddprun/common/knobs.h"
@@ -49,6 +50,7 @@ EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const F
   set("TORCHELASTIC_RUN_ID", g.run_id);
   set("TORCHELASTIC_USE_AGENT_STORE", "True");
   set("TORCHELASTIC_ERROR_FILE", error_file);
+  set("DDPRUN_PREEMPT_FILE", preempt_file_for(error_file));
   set("TORCHELASTIC_SIGNALS_TO_HANDLE", faults.signals_to_handle_text);
   set_default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (g.local_world_size > 1) set_default("OMP_NUM_THREADS", "1");
@@ -62,6 +64,25 @@ EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const F
     set("CUDA_VISIBLE_DEVICES", device);
   }
   return env;
+}
+
+std::string preempt_file_for(const std::string& error_file) {
+  const auto slash = error_file.rfind('/');
+  return (slash == std::string::npos ? std::string() : error_file.substr(0, slash + 1)) + "preempted";
+}
+
+std::optional<PreemptAnnouncement> read_preempt_announcement(const std::string& error_file) {
+  std::ifstream f(preempt_file_for(error_file));
+  if (!f) return std::nullopt;
+  PreemptAnnouncement a;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("checkpoint", 0) == 0) {
+      a.checkpoint = true;
+      a.what = line.size() > 11 ? line.substr(11) : "";
+    }
+  }
+  return a;
 }
 
 std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env) {

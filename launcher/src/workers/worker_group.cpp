@@ -164,6 +164,7 @@ void WorkerGroup::open_logs(Worker& w, const fs::path& attempt_dir) {
   w.error_file = (dir / "error.json").string();
   std::error_code ec;
   fs::remove(w.error_file, ec);
+  fs::remove(preempt_file_for(w.error_file), ec);
   open_stream(w.out, kStreamOut, lr, dir, dir_ec.value(), attempt_dir);
   open_stream(w.err, kStreamErr, lr, dir, dir_ec.value(), attempt_dir);
 }

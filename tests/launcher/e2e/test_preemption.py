@@ -80,6 +80,7 @@ class Preemption(unittest.TestCase):
         code = ("import os, sys, time\n"
                 "fifo = os.environ['HANDSHAKE']\n"
                 "if os.environ['RANK'] == '1':\n"
+                "    open(os.environ['DDPRUN_PREEMPT_FILE'], 'w').write('preempted\\ncheckpoint step 7\\n')\n"
                 "    f = open(fifo, 'w'); f.write(str(os.getpid())); f.flush(); sys.exit(99)\n"
                 "import signal\n"
                 "signal.signal(signal.SIGTERM, lambda s, f: (print('got SIGTERM', flush=True), sys.exit(1)))\n"
@@ -96,10 +97,32 @@ class Preemption(unittest.TestCase):
         self.assertNotIn("got SIGTERM", p.stdout)
         self.assertIn("worker r1 stopped for a preemption (exit code 99)", p.stderr)
         self.assertIn("the workers stopped for a preemption (a worker exited 99)", p.stderr)
+        self.assertIn("to resume from the checkpoint its workers saved (r1: step 7)", p.stderr)
+
+    def test_exit_99_without_a_preemption_is_an_ordinary_failure(self):
+        # No preemption signal and no announcement: 99 is the script's own code, and the restart
+        # the user asked for is spent.
+        code = ("import os, sys\n"
+                "print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT'], flush=True)\n"
+                "sys.exit(99 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)\n")
+        p = run(["--nproc_per_node=2", "--max_restarts=1"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r0]: attempt 1", p.stdout)
+        self.assertNotIn("PREEMPTED", p.stderr)
+
+    def test_a_preemption_without_a_saved_checkpoint_says_so(self):
+        d = Live(["--nproc_per_node=1"] + worker(PREEMPTIBLE))
+        d.wait_ready(1)
+        d.p.send_signal(signal.SIGUSR1)
+        rc, err = d.finish()
+        self.assert_preempted(rc, err)
+        self.assertIn("no worker of this node said it saved a checkpoint", err)
+        self.assertNotIn("to resume from the checkpoint", err)
 
     def test_sigterm_whose_workers_stop_with_99_exits_99(self):
         code = PREEMPTIBLE.replace("print('got SIGTERM', os.environ['RANK'], flush=True); sys.exit(1)",
-                                   "print('checkpoint on SIGTERM', flush=True); sys.exit(99)")
+                                   "print('checkpoint on SIGTERM', flush=True); "
+                                   "open(os.environ['DDPRUN_PREEMPT_FILE'], 'w').write('preempted\\n'); sys.exit(99)")
         d = Live(["--nproc_per_node=1"] + worker(code))
         d.wait_ready(1)
         d.p.send_signal(signal.SIGTERM)

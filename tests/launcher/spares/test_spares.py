@@ -4,7 +4,7 @@
 Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|resume|killed_spare|agent_killed}
   identity      probe_worker.py (2 ranks) prints what it can observe; rank 1 of attempt 0 is SIGKILLed once
                 both spares are ready: attempt 1 (from spares) must match attempt 0 (cold) but for
-                TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_ERROR_FILE
+                TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_ERROR_FILE and DDPRUN_PREEMPT_FILE
   module        the same with `-m probe_worker`
   traceback     attempt 1 raises: its traceback from a spare equals a cold restart's (--warm_spares=0)
   resume        ddp_resume.py (gloo DDP with checkpoints) killed mid-run resumes from spares and ends
@@ -137,7 +137,7 @@ def probe_records(lines):
     return out
 
 
-ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE")
+ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_PREEMPT_FILE")
 
 
 def same_but_attempt(cold, warm, rank):

@@ -100,6 +100,10 @@ def main():
                                 "epoch": epoch, "batches_done": i + 1}, tmp)
                     os.replace(tmp, args.checkpoint)  # atomic: a half-written file is never the checkpoint
                 dist.barrier()
+                # Tell ddprun this 99 is a preemption, and what was saved (its summary says so).
+                if os.environ.get("DDPRUN_PREEMPT_FILE"):
+                    with open(os.environ["DDPRUN_PREEMPT_FILE"], "w") as f:
+                        f.write(f"preempted\ncheckpoint {args.checkpoint} (step {step})\n")
                 sys.exit(PREEMPTED)
     dist.barrier()
     if rank == 0:

@@ -39,6 +39,12 @@ def same_shape_error_file(d, t, rank_env):
     return bool(md and mt and md.group(1) == mt.group(1) == rank_env["LOCAL_RANK"])
 
 
+def ddprun_only_preempt_file(d, t, rank_env):
+    """ddprun's own addition: where a worker announces that it stopped for a preemption (beside
+    its error file); torchrun has no such contract."""
+    return t is None and d is not None and d.endswith(f"/{rank_env['LOCAL_RANK']}/preempted")
+
+
 def torchrun_only_locale(d, t, rank_env):
     """torchrun's own Python coerces a C locale (PEP 538) and its workers inherit LC_CTYPE;
     ddprun is not Python. A Python worker coerces its own locale the same way."""
@@ -65,6 +71,7 @@ def random_run_id(d, t, rank_env):
 ALLOWED = {
     "TORCHELASTIC_ERROR_FILE": same_shape_error_file,
     "LC_CTYPE": torchrun_only_locale,
+    "DDPRUN_PREEMPT_FILE": ddprun_only_preempt_file,
 }
 ALLOWED_IN = {
     "c10d": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store},

@@ -21,6 +21,10 @@ AgentConfig config(int nproc, bool overlap = true) {
 }
 
 WorkerExited exit_of(int rank, int code) { return {rank, WorkerStatus::exited(code)}; }
+// A worker that announced its preemption (DDPRUN_PREEMPT_FILE) before exiting 99.
+WorkerExited stopped_for_preemption(int rank) {
+  return {.local_rank = rank, .status = WorkerStatus::exited(kPreemptedExitCode), .announced_preemption = true};
+}
 WorkerExited killed(int rank, int signo) { return {rank, WorkerStatus::killed_by(signo)}; }
 // An exit as the agent reports it: with the attempt the worker belonged to.
 WorkerExited exit_in(int attempt, int rank, WorkerStatus st) { return {.local_rank = rank, .status = st, .attempt = attempt}; }
@@ -232,18 +236,18 @@ TEST_CASE("a repeated preemption signal changes nothing; a stop signal ends the 
   CHECK(s.on_event(killed(0, SIGKILL)) == Actions{disarm(), finish(kPreemptedExitCode)});
 }
 
-TEST_CASE("a worker exiting 99 is a preemption: no report, the others get the grace unsignalled", "[state]") {
+TEST_CASE("a worker announcing a preemption and exiting 99 is a preemption: no report, the others get the grace unsignalled", "[state]") {
   auto s = running(preempt_config(3));
-  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{arm(90)});
+  CHECK(s.on_event(stopped_for_preemption(1)) == Actions{arm(90)});
   CHECK(s.phase() == Phase::Preempting);
-  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
-  CHECK(s.on_event(exit_of(2, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK(s.on_event(stopped_for_preemption(0)).empty());
+  CHECK(s.on_event(stopped_for_preemption(2)) == Actions{disarm(), finish(kPreemptedExitCode)});
   CHECK_FALSE(s.last_failure());
 }
 
-TEST_CASE("one worker, exiting 99: finish at once", "[state]") {
+TEST_CASE("one worker, announcing a preemption and exiting 99: finish at once", "[state]") {
   auto s = running(preempt_config(1));
-  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)) == Actions{finish(kPreemptedExitCode)});
+  CHECK(s.on_event(stopped_for_preemption(0)) == Actions{finish(kPreemptedExitCode)});
 }
 
 TEST_CASE("preempting: notices neither restart nor end the group early", "[state]") {
@@ -256,12 +260,26 @@ TEST_CASE("preempting: notices neither restart nor end the group early", "[state
   CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
 }
 
-TEST_CASE("a notice stops the group and its workers answer 99: preempted, not failed", "[state]") {
+TEST_CASE("a notice stops the group and its workers announce a preemption: preempted, not failed", "[state]") {
   auto s = running(preempt_config(2));
   // This node's agent got no signal (yet); another node left after its preemption.
   CHECK(s.on_event(CoordinatorNotice{N::JobFailed, 0}) == Actions{signal_all(SIGTERM), arm(30)});
-  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
-  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK(s.on_event(stopped_for_preemption(0)).empty());
+  CHECK(s.on_event(stopped_for_preemption(1)) == Actions{disarm(), finish(kPreemptedExitCode)});
+}
+
+TEST_CASE("exit 99 with no preemption signal and no announcement is an ordinary failure", "[state]") {
+  auto s = running(preempt_config(2));
+  const auto out = s.on_event(exit_of(1, kPreemptedExitCode));
+  REQUIRE_FALSE(out.empty());
+  CHECK(out.front().kind == Action::Kind::ReportFailure);
+  CHECK_FALSE(s.preempted());
+  CHECK(s.last_failure());
+  // After a preemption signal, the same exit is the workers' answer to it.
+  auto t = running(preempt_config(2));
+  t.on_event(preempt());
+  CHECK(t.on_event(exit_of(0, kPreemptedExitCode)).empty());
+  CHECK(t.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
 }
 
 TEST_CASE("a restart notice stops the group and its workers answer 99: the restart goes on", "[state]") {
@@ -274,11 +292,11 @@ TEST_CASE("a restart notice stops the group and its workers answer 99: the resta
   CHECK_FALSE(s.preempted());
 }
 
-TEST_CASE("SIGTERM (a stop signal) whose workers stop with 99: the job exits 99", "[state]") {
+TEST_CASE("SIGTERM (a stop signal) whose workers announce a preemption: the job exits 99", "[state]") {
   auto s = running(preempt_config(2));
   CHECK(s.on_event(SignalReceived{SIGTERM}) == Actions{signal_all(SIGTERM), arm(30)});
-  CHECK(s.on_event(exit_of(0, kPreemptedExitCode)).empty());
-  CHECK(s.on_event(exit_of(1, kPreemptedExitCode)) == Actions{disarm(), finish(kPreemptedExitCode)});
+  CHECK(s.on_event(stopped_for_preemption(0)).empty());
+  CHECK(s.on_event(stopped_for_preemption(1)) == Actions{disarm(), finish(kPreemptedExitCode)});
   CHECK(s.stop_signal() == SIGTERM);
 }
 

@@ -48,6 +48,7 @@ TEST_CASE("worker environment has torchrun's variables", "[env]") {
       {"MASTER_PORT", "4242"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
       {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job7"},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_ERROR_FILE", "/logs/3/error.json"},
+      {"DDPRUN_PREEMPT_FILE", "/logs/3/preempted"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "1"},
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},

@@ -34,8 +34,10 @@
 //
 //   Running --preemption signal: forward it--> Preempting --timer: SIGTERM--> Stopping ...
 //
-// A worker of the current attempt that exits with kPreemptedExitCode is a preemption too (its
-// ranks agreed to stop: the worker runtime's agree_stop()): the others get the same grace,
+// A worker of the current attempt that exits with kPreemptedExitCode after a preemption signal
+// reached this agent, or after announcing a preemption (WorkerExited::announced_preemption: the
+// worker runtime's agree_stop() on a node the signal did not reach), is a preemption too; any
+// other exit with that code is an ordinary failure. The others get the same grace,
 // unsignalled. So is that exit from a group stopped for a stop signal or a JobFailed notice,
 // but not from one stopped for a Restart notice (a scale-up: the workers only stopped cleanly
 // at a step boundary, and the restart goes on). Once preempted, worker exits are not failures
@@ -73,6 +75,9 @@ struct WorkerExited {
   // The attempt the worker belonged to; unset: the current one. Exits of an earlier attempt
   // (a retiring group's) are ignored.
   std::optional<int> attempt;
+  // The worker said it stopped for a preemption (its DDPRUN_PREEMPT_FILE exists): its
+  // kPreemptedExitCode is then a preemption even when no preemption signal reached this agent.
+  bool announced_preemption = false;
 };
 struct SignalReceived {
   int signo = 0;
@@ -185,7 +190,9 @@ class AgentState {
   void group_stopped(std::vector<Action>& out);
   void finish(int code, std::vector<Action>& out);
   void finish_for_signal(std::vector<Action>& out);
-  bool preempt_exit(const WorkerStatus& st) const { return !st.signaled && st.code == kPreemptedExitCode; }
+  bool preempt_exit(const WorkerExited& e) const {
+    return !e.status.signaled && e.status.code == kPreemptedExitCode && (e.announced_preemption || preempt_signal_);
+  }
 
   AgentConfig config_;
   Phase phase_ = Phase::Idle;
@@ -195,6 +202,7 @@ class AgentState {
   bool failed_this_attempt_ = false;
   std::optional<int> stop_signal_;
   bool preempted_ = false;
+  bool preempt_signal_ = false;  // a preemption signal reached this agent
   std::optional<int> exit_code_;
   // What to do once the stopping group is gone (the notice came while it stopped).
   std::optional<int> pending_restart_;

@@ -40,6 +40,8 @@ struct SummaryInput {
   // Stopped for a preemption (agent_state.h): the exit code is kPreemptedExitCode, not a failure.
   bool preempted = false;
   double preempt_grace_s = 90;
+  // A worker of this node said it saved a checkpoint before stopping ("r0: <what>").
+  std::optional<std::string> preempt_checkpoint;
   std::optional<FailureDetails> failure;  // this node's latest
   // The job's end as the coordinator said it (none: it did not fail, or it never answered).
   std::optional<rdzv::JobFailed> job_failed;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,22 @@ struct GroupLayout {
 };
 
 // The environment of local rank `local_rank`: `parent` plus the torchrun variables (those
-// marked "unless set" keep the parent's value). `error_file` is its TORCHELASTIC_ERROR_FILE.
+// marked "unless set" keep the parent's value). `error_file` is its TORCHELASTIC_ERROR_FILE;
+// DDPRUN_PREEMPT_FILE (preempt_file_for) sits beside it.
 EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults, const GroupLayout& g,
                         int local_rank, const std::string& error_file);
+
+// Where a worker announces that it stopped for a preemption (DDPRUN_PREEMPT_FILE): the file
+// "preempted" beside its error file. Its lines: "preempted", then "checkpoint <what>" when it
+// saved one (libddprun_worker's stop.h writes it; any worker may).
+std::string preempt_file_for(const std::string& error_file);
+
+// What a preemption announcement says (preempt_file_for's format).
+struct PreemptAnnouncement {
+  bool checkpoint = false;
+  std::string what;  // the checkpoint line's text
+};
+std::optional<PreemptAnnouncement> read_preempt_announcement(const std::string& error_file);
 
 // argv of a worker: -m -> {python, -u, -m, mod, ...}; --run_path -> python runs the file
 // through runpy; `with_python` (entrypoint.h's runs_with_python: `.py`, a non-executable

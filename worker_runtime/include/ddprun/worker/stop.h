@@ -14,7 +14,11 @@
 //   auto rt = ddprun::worker::init();
 //   for (...) {
 //     train_step();
-//     if (rt->agree_stop()) { save_checkpoint(step); return ddprun::worker::kExitPreempted; }
+//     if (rt->agree_stop()) {
+//       save_checkpoint(step);
+//       ddprun::worker::announce_preemption(checkpoint_path);  // ddprun: a preemption, saved there
+//       return ddprun::worker::kExitPreempted;
+//     }
 //   }
 //
 // Opt-in: without install_stop_handlers() the signals keep their default action (they end the
@@ -24,6 +28,7 @@
 #pragma once
 
 #include <csignal>
+#include <string>
 #include <vector>
 
 #include "ddprun/worker/checks.h"
@@ -55,5 +60,13 @@ DDPRUN_WORKER_API void request_stop() noexcept;
 // call it every few steps there rather than every step if the loop runs ahead of the GPU. A
 // failure of the collective throws CommError, as any collective does.
 DDPRUN_WORKER_API bool agree_stop(Communicator& comm);
+
+// Tells ddprun that this process stops for a preemption: writes the file ddprun names in
+// DDPRUN_PREEMPT_FILE ("preempted", then "checkpoint <checkpoint>" unless it is empty). ddprun
+// then reads the exit code kExitPreempted as a preemption even on a node that no preemption
+// signal reached (without the file, that code is a preemption only after such a signal), and
+// its summary says what was saved. Returns false without ddprun (no variable) or when the file
+// cannot be written.
+DDPRUN_WORKER_API bool announce_preemption(const std::string& checkpoint = {});
 
 }  // namespace ddprun::worker
