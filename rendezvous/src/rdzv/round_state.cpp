@@ -56,6 +56,7 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     out.push_back({conn, error_msg("this connection already belongs to job " + cj->second), true});
     return;
   }
+  if (jobs_.empty()) last_tick_.reset();  // no tick was owed while no job existed
   auto [it, created] = jobs_.try_emplace(run_id);
   Job& job = it->second;
   if (created) {
@@ -474,19 +475,28 @@ void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<O
   }
 }
 
+Clock::duration RoundState::stall_for(const Job& job, Clock::duration gap) const {
+  if (tick_period_) return gap > *tick_period_ + kStallSlack ? gap - *tick_period_ : Clock::duration::zero();
+  return gap > job.heartbeat_timeout / 2 ? gap : Clock::duration::zero();
+}
+
 void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
   const Clock::duration gap = last_tick_ ? now - *last_tick_ : Clock::duration::zero();
-  last_tick_ = now;
+  last_tick_ = jobs_.empty() ? std::nullopt : std::optional(now);
   last_stall_ = Clock::duration::zero();
-  std::vector<ConnId> expired;
+  // First the stall, for every job, then the judgement: one clock for heartbeats and deadlines.
   for (auto& [id, job] : jobs_) {
-    const bool stalled = gap > job.heartbeat_timeout / 2;
-    if (stalled) last_stall_ = gap;
-    for (auto& [c, n] : job.members) {
-      if (stalled) n.last_seen = std::min(now, n.last_seen + gap);
-      if (now - n.last_seen > job.heartbeat_timeout) expired.push_back(c);
-    }
+    const Clock::duration stall = stall_for(job, gap);
+    if (stall <= Clock::duration::zero()) continue;
+    last_stall_ = std::max(last_stall_, stall);
+    for (auto& [c, n] : job.members) n.last_seen = std::min(now, n.last_seen + stall);
+    if (job.join_deadline) *job.join_deadline += stall;
+    if (job.last_call_deadline) *job.last_call_deadline += stall;
   }
+  std::vector<ConnId> expired;
+  for (auto& [id, job] : jobs_)
+    for (auto& [c, n] : job.members)
+      if (now - n.last_seen > job.heartbeat_timeout) expired.push_back(c);
   for (ConnId c : expired) {
     auto cj = conn_job_.find(c);
     if (cj == conn_job_.end()) continue;

@@ -11,9 +11,6 @@ namespace ddprun::server {
 namespace {
 // A thread's scratch reply keeps at most this much memory between requests.
 constexpr size_t kKeptReplyBytes = 1 << 20;
-constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
-// A tick later than this counts as the server's own stall (the rest of the lateness).
-constexpr auto kStallSlack = std::chrono::milliseconds(100);
 // A batch of pipelined requests that produced this many reply bytes yields its thread: the
 // rest is handled after the other connections' ready work (a client asking for large replies
 // cannot monopolise the connections that share its thread).
@@ -267,7 +264,6 @@ void ServerCore::route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) 
 
 void ServerCore::schedule_tick_locked() {
   auto next = rounds.next_deadline();
-  if (next) *next += stalled;  // the rounds' clock to steady time (rdzv_now_locked)
   if (rounds.num_agents() > 0) {
     auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
     if (!next || hb < *next) next = hb;
@@ -286,15 +282,14 @@ void ServerCore::on_tick() {
     {
       std::lock_guard lock(mu);
       t.rdzv_out.clear();
-      const auto late = std::chrono::steady_clock::now() - tick_timer->expiry();
-      if (late > kStallSlack) {
-        stalled += late - kStallSlack;
-        warns.warn(Warn::Deadline, [&] {
-          return fmt::format("this server's loop stalled for {} ms; its agents' heartbeats are judged without that time",
-                             std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
-        });
-      }
       rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
+      if (const auto stall = rounds.last_stall(); stall > std::chrono::steady_clock::duration::zero())
+        warns.warn(Warn::Deadline, [&] {
+          return fmt::format(
+              "this server's loop stalled for {} ms; its agents' heartbeats and rendezvous deadlines are judged "
+              "without that time",
+              std::chrono::duration_cast<std::chrono::milliseconds>(stall).count());
+        });
       route_locked(t, t.rdzv_out);
     }
     io.flush_pending(t);

@@ -32,6 +32,7 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
   warns.set_sink(options.peer_warning);
   warns.set_prefix(options.log_prefix);
   tick_timer.emplace(control());
+  rounds.set_tick_period(kHeartbeatCheckPeriod);
   keyspaces.main().listener = make_listener("main");
 }
 
