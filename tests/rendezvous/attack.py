@@ -496,7 +496,8 @@ def attack_keyspace(d, port):
     a.send((bytes([a.codes["APPEND"]]) + blob("/attack/log") + blob(b"a" * 512)) * 15000)
     a.send(b"".join(bytes([a.codes["SET"]]) + blob(f"/list/{i:06d}/{'p' * 230}") + blob("v") for i in range(20000)))
     a.op("GETNUMKEYS")
-    check(a.recv_i64() == 20001, "the attacker's WAIT, 15,000 APPENDs and 20,000 SETs were applied")
+    got = a.recv_i64()
+    check(got == 20001, f"the attacker's WAIT, 15,000 APPENDs and 20,000 SETs were applied")
     readers = []
     for _ in range(8):  # LIST_KEYS replies of 5 MB that nobody reads
         r = RawConn(d.host, port, timeout=60.0)

@@ -15,6 +15,9 @@ constexpr size_t kKeptReplyBytes = 1 << 20;
 // rest is handled after the other connections' ready work (a client asking for large replies
 // cannot monopolise the connections that share its thread).
 constexpr uint64_t kYieldAfterReplyBytes = 1 << 20;
+// Likewise a batch that held its keyspace's lock this long (checked every 16 requests): a deep
+// pipeline of small requests is served in slices, so the lock is never held for long.
+constexpr auto kYieldAfterHold = std::chrono::milliseconds(2);
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
 
 // Whether a request of `op` may make its keyspace hold more (values, queued items, keys that
@@ -102,6 +105,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   {
     std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
     std::chrono::steady_clock::time_point locked_at;
+    uint32_t served = 0;
     while (pos < c->in_size) {
       auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
       if (res.status == wire::ParseStatus::NeedMore) {
@@ -134,7 +138,8 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       bad = on_store_request(t, c);
       if (!bad.empty()) break;
-      if (t.batch_reply_bytes > kYieldAfterReplyBytes && pos < c->in_size) {
+      if (pos < c->in_size && (t.batch_reply_bytes > kYieldAfterReplyBytes ||
+                               ((++served & 15) == 0 && std::chrono::steady_clock::now() - locked_at > kYieldAfterHold))) {
         yield = true;
         break;
       }
@@ -152,7 +157,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   }
   io.consumed(c, pos);
   budget.trim_if_due();
-  if (yield) boost::asio::post(t.io, [this, c] { io.guarded(c, [&] { on_input(c); }); });
+  if (yield) io.pause_input(c);
 }
 
 // The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
