@@ -321,13 +321,22 @@ TEST_CASE("ARelayCannotInjectAlterReplayOrReflect", "[auth]") {
   Message replay = f;
   CHECK(server.open(f) == SessionMac::Verdict::Ok);
   CHECK(server.open(replay) == SessionMac::Verdict::Replayed);
-  // An older message after a newer one (reordered) is a replay too.
+  // A relay that withholds one message cannot pass the next: only the very next number is
+  // accepted (a withheld FAILURE would otherwise vanish unnoticed behind later heartbeats).
   Message m2 = failure_msg(2), m3 = failure_msg(3);
   agent.seal(m2);
   agent.seal(m3);
+  Message m3_first = m3;
+  CHECK(server.open(m3_first) == SessionMac::Verdict::OutOfSequence);
+  CHECK(server.accepted() == 1);
+  Message m2_copy = m2, m3_copy = m3;
+  CHECK(server.open(m2) == SessionMac::Verdict::Ok);
   CHECK(server.open(m3) == SessionMac::Verdict::Ok);
-  CHECK(server.open(m2) == SessionMac::Verdict::Replayed);
-  for (auto v : {SessionMac::Verdict::Unsealed, SessionMac::Verdict::BadMac, SessionMac::Verdict::Replayed})
+  // An older message after a newer one (reordered) is a replay.
+  CHECK(server.open(m2_copy) == SessionMac::Verdict::Replayed);
+  CHECK(server.open(m3_copy) == SessionMac::Verdict::Replayed);
+  for (auto v : {SessionMac::Verdict::Unsealed, SessionMac::Verdict::BadMac, SessionMac::Verdict::Replayed,
+                 SessionMac::Verdict::OutOfSequence})
     CHECK(std::string(SessionMac::describe(v)).size() > 10);
 }
 
