@@ -18,6 +18,8 @@ another job (its own keyspace on the daemon) measures its round trips, which mus
   half_open_and_idle  300 connections that send nothing and 300 that announce an agent and never
                       finish the handshake: they were never closed and took the slots agents
                       need; now each is closed at its deadline.
+  handshake_timeout_zero  --handshake-timeout-ms 0 means no handshake deadline: the first-bytes
+                      deadline used to stay armed and closed the agent anyway.
   stranger_slots      connections from a host with no admitted agent are limited on their own
                       (--max-stranger-connections): members always find slots.
 
@@ -345,6 +347,25 @@ def half_open_and_idle(binary):
     check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
+def handshake_timeout_zero(binary):
+    d = Daemon(binary, ["--first-bytes-timeout-ms", "500", "--handshake-timeout-ms", "0"])
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=10.0)
+    s.sendall(AGENT_HELLO)  # an agent, in time for the first deadline; then no handshake deadline
+    silent = socket.create_connection(("127.0.0.1", d.port), timeout=10.0)
+    time.sleep(1.5)
+    s.setblocking(False)
+    try:
+        got = s.recv(1)
+        what = "closed" if got == b"" else f"sent {got!r}"
+    except BlockingIOError:
+        what = None
+    check(what is None, f"with --handshake-timeout-ms 0 an announced agent is not closed by a deadline ({what})")
+    check(silent.recv(1) == b"", "a connection that sent nothing is still closed at --first-bytes-timeout-ms")
+    s.close()
+    silent.close()
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
+
+
 def stranger_slots(binary):
     addr = non_loopback_address()
     check(addr is not None, "this host has a non-loopback IPv4 address")
@@ -567,7 +588,7 @@ def real_job_under_attack(binary):
 
 
 SECTIONS = {f.__name__: f for f in (wait_64ki_keys, append_15000, token_store_filter, server_stall,
-                                     half_open_and_idle, stranger_slots, list_keys_non_readers, watch_key_flood,
+                                     half_open_and_idle, handshake_timeout_zero, stranger_slots, list_keys_non_readers, watch_key_flood,
                                      real_job_under_attack)}
 
 

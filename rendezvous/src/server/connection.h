@@ -92,7 +92,10 @@ struct Connection {
   bool closed = false;
   // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
   std::optional<boost::asio::steady_timer> deadline;
-  bool revoked = false;  // under ks->mu: its keyspace was reset or dropped
+  // Set under ks->mu when its keyspace was reset or dropped, for every connection of it (an
+  // agent's too: whether it is one is its own thread's to know); read by its thread, which
+  // ignores it for an agent, and under ks->mu.
+  std::atomic<bool> revoked{false};
   // under out_mu:
   std::mutex out_mu;
   // References stored values, not copies: its wire bytes count towards

