@@ -91,6 +91,37 @@ TEST_CASE("TwoAgentsGetARoundAndAFreshWorkerStorePerRound", "[rdzv][server]") {
   CHECK(done->type == rdzv::MsgType::JobDone);
 }
 
+// A standing server runs job after job: the stores of rounds that ended are freed, not kept
+// until the server goes.
+TEST_CASE("TheStoresOfEndedRoundsAreFreed", "[rdzv][server]") {
+  auto srv = start_server(GENERATE(1, 4));
+  for (int i = 0; i < 10; ++i) {
+    auto a = agent(srv->port());
+    auto j = info("a", 1, 1, 1);
+    j.run_id = "job" + std::to_string(i);
+    const auto r = a->join(j, 10s);
+    client::StoreClientOptions co;
+    co.port = r.store_port;
+    co.connect_timeout = 2s;
+    client::StoreClient worker(co);  // a worker still connected when the round ends
+    worker.set("k", "v");
+    a->report_success(r.round);
+    auto done = a->wait_message(5s);
+    REQUIRE(done);
+    CHECK(done->type == rdzv::MsgType::JobDone);
+  }
+  // Freed on a later tick of the server, once their listeners and connections are gone; a tick
+  // runs while an agent is connected.
+  auto keep_ticking = agent(srv->port());
+  auto j = info("a", 1, 2, 2);
+  j.run_id = "ticker";
+  keep_ticking->send_join(j);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (srv->stats().round_stores_retained > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  CHECK(srv->stats().round_stores_retained == 0);
+}
+
 TEST_CASE("AgentKilledMeansRestartForTheSurvivors", "[rdzv][server]") {
   auto srv = start_server(GENERATE(1, 4));
   auto a = agent(srv->port()), b = agent(srv->port()), c = agent(srv->port());

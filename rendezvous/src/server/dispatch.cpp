@@ -288,6 +288,7 @@ void ServerCore::on_tick() {
       std::lock_guard lock(mu);
       t.rdzv_out.clear();
       rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
+      keyspaces.reap_retired_locked();
       if (const auto stall = rounds.last_stall(); stall > std::chrono::steady_clock::duration::zero())
         warns.warn(Warn::Deadline, [&] {
           return fmt::format(

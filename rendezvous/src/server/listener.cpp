@@ -144,16 +144,21 @@ void Listener::start(OnSocket on_socket) {
 }
 
 void Listener::stop() {
+  if (stopping_.exchange(true)) return;
   for (size_t i = 0; i < ios_.size() && i < acceptors_.size(); ++i) {
+    ++busy_;
     asio::post(*ios_[i], [this, i] {
       boost::system::error_code ignored;
       acceptors_[i]->close(ignored);
+      // The accept the close aborted was queued by it: this runs after its handler (FIFO).
+      asio::post(*ios_[i], [this] { --busy_; });
     });
   }
 }
 
 // On thread i: accepts into that thread's io_context, for good.
 void Listener::do_accept(size_t i) {
+  if (!acceptors_[i]->is_open()) return;  // closed by stop() (on this thread): no new handler
   acceptors_[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket sock) {
     try {
       on_accept(i, ec, std::move(sock));
@@ -167,7 +172,12 @@ void Listener::do_accept(size_t i) {
 
 void Listener::retry_later(size_t i) {
   auto timer = std::make_shared<asio::steady_timer>(*ios_[i], kAcceptBackoff);
+  ++busy_;
   timer->async_wait([this, i, timer](boost::system::error_code e2) {
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{busy_};
     if (e2 || !acceptors_[i]->is_open()) return;
     try {
       retake_reserve_if_missing();

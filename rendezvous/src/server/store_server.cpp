@@ -242,6 +242,7 @@ StoreServerStats ServerCore::stats() const {
   s.connections_closed_for_deadline = deadline_closed;
   s.strangers_refused = admission.strangers_refused();
   s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
+  s.round_stores_retained = keyspaces.retained();
   return s;
 }
 
