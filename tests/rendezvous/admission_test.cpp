@@ -43,7 +43,8 @@ TEST_CASE("AnAdmittedAgentNoLongerCountsAgainstTheStrangersLimit", "[server][adm
   a.begin_agent(*agent);
   rdzv::Message join;
   join.type = rdzv::MsgType::Join;
-  const auto step = a.on_handshake_locked(*agent, join);  // an open rendezvous admits at JOIN
+  auto step = a.handshake_step(*agent, join);  // an open rendezvous admits at JOIN
+  a.on_handshake_locked(*agent, step);
   REQUIRE(step.admitted);
   CHECK_FALSE(agent->session.counted_stranger);
   CHECK(a.may_connect_locked(0, *p.from("192.0.2.4")));  // the member's slot is free again

@@ -118,6 +118,15 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       pos += res.consumed;
       t.requests.fetch_add(1, std::memory_order_relaxed);
+      std::optional<rdzv::ServerHandshake::Step> step;
+      if (c->session.agent && !c->session.admitted) {
+        // The handshake step outside the rounds lock (a munge credential is checked by munged).
+        if (lock.owns_lock()) {
+          note_hold(std::chrono::steady_clock::now() - locked_at);
+          lock.unlock();
+        }
+        step = admission.handshake_step(*c, t.msg);
+      }
       if (!lock.owns_lock()) {
         lock.lock();
         locked_at = std::chrono::steady_clock::now();
@@ -128,8 +137,8 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       if (c->session.agent) {
         bool forward = true;
-        if (!c->session.admitted) {
-          if (!on_handshake_message(t, c, forward)) break;
+        if (step) {
+          if (!on_handshake_message(t, c, *step, forward)) break;
         } else if (!admission.authentic_locked(*c, t.msg)) {
           continue;  // not the admitted agent's (a relay's): dropped, changing nothing
         }
@@ -169,8 +178,8 @@ void ServerCore::note_hold(std::chrono::steady_clock::duration held) {
 }
 
 // Nothing of an agent reaches the rounds before the handshake let it in.
-bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward) {
-  auto step = admission.on_handshake_locked(*c, t.msg);
+bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward) {
+  admission.on_handshake_locked(*c, step);
   if (step.reply) {
     std::string bytes;
     rdzv::encode_message(*step.reply, bytes);

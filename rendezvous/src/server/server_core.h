@@ -90,7 +90,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Frames and parses the next request of c at `rest` (into t.req or t.msg).
   wire::ParseResult next_request(const ConnPtr& c, std::span<const uint8_t> rest);
   // Under mu. Each returns false when c must stop reading (refused, draining).
-  bool on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward);
+  bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
   std::string on_store_request(IoThread& t, const ConnPtr& c);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
