@@ -321,13 +321,22 @@ TEST_CASE("ARelayCannotInjectAlterReplayOrReflect", "[auth]") {
   Message replay = f;
   CHECK(server.open(f) == SessionMac::Verdict::Ok);
   CHECK(server.open(replay) == SessionMac::Verdict::Replayed);
-  // An older message after a newer one (reordered) is a replay too.
+  // A relay that withholds one message cannot pass the next: only the very next number is
+  // accepted (a withheld FAILURE would otherwise vanish unnoticed behind later heartbeats).
   Message m2 = failure_msg(2), m3 = failure_msg(3);
   agent.seal(m2);
   agent.seal(m3);
+  Message m3_first = m3;
+  CHECK(server.open(m3_first) == SessionMac::Verdict::OutOfSequence);
+  CHECK(server.accepted() == 1);
+  Message m2_copy = m2, m3_copy = m3;
+  CHECK(server.open(m2) == SessionMac::Verdict::Ok);
   CHECK(server.open(m3) == SessionMac::Verdict::Ok);
-  CHECK(server.open(m2) == SessionMac::Verdict::Replayed);
-  for (auto v : {SessionMac::Verdict::Unsealed, SessionMac::Verdict::BadMac, SessionMac::Verdict::Replayed})
+  // An older message after a newer one (reordered) is a replay.
+  CHECK(server.open(m2_copy) == SessionMac::Verdict::Replayed);
+  CHECK(server.open(m3_copy) == SessionMac::Verdict::Replayed);
+  for (auto v : {SessionMac::Verdict::Unsealed, SessionMac::Verdict::BadMac, SessionMac::Verdict::Replayed,
+                 SessionMac::Verdict::OutOfSequence})
     CHECK(std::string(SessionMac::describe(v)).size() > 10);
 }
 
@@ -349,14 +358,44 @@ TEST_CASE("WithATokenBothSidesRefuseAPeerThatDoesNotSeal", "[auth]") {
   ClientHandshake agent(kToken, nc, "test:1");
   Challenge c{.token_required = true, .server_nonce = ns, .server_proof = server_proof(kToken, nc, ns)};
   CHECK_THROWS_WITH(agent.on_reply(to_message(c)), Catch::Contains("older ddprun"));
+  // A server of version 2 (no binding of its CHALLENGE's fields) is older too.
   ClientHandshake agent2(kToken, nc, "test:1");
   c.version = 2;
-  CHECK(agent2.on_reply(to_message(c)));
+  CHECK_THROWS_WITH(agent2.on_reply(to_message(c)), Catch::Contains("older ddprun"));
+  ClientHandshake agent3(kToken, nc, "test:1");
+  c.version = 3;
+  c.binding = challenge_binding(kToken, nc, ns, false, 3);
+  CHECK(agent3.on_reply(to_message(c)));
   // Without a token neither side has a session.
   ClientHandshake open_agent("", nc, "test:1");
   open_agent.on_reply(to_message(Challenge{.token_required = false, .version = 2}));
   CHECK(open_agent.done());
   CHECK_FALSE(open_agent.session());
+}
+
+// The CHALLENGE's fields besides the proof are bound to the token: a relay that says a standing
+// server is not one (or the reverse: then the agent would reconnect to it and offer it its
+// store), or rewrites the version, is refused; the genuine CHALLENGE passes.
+TEST_CASE("ARelayCannotRewriteTheChallengesFields", "[auth]") {
+  const std::string nc = random_nonce(), ns = random_nonce();
+  for (bool standing : {false, true}) {
+    ServerHandshake server(kToken, ns, standing);
+    auto step = server.on_message(to_message(Hello{.version = 2, .client_nonce = nc}));
+    REQUIRE(step.reply);
+    const Challenge genuine = from_message<Challenge>(*step.reply);
+    CHECK(genuine.standing == standing);
+    Challenge flipped = genuine;
+    flipped.standing = !standing;
+    ClientHandshake a1(kToken, nc, "test:1");
+    CHECK_THROWS_WITH(a1.on_reply(to_message(flipped)), Catch::Contains("altered"));
+    Challenge newer = genuine;
+    newer.version = genuine.version + 1;
+    ClientHandshake a2(kToken, nc, "test:1");
+    CHECK_THROWS_WITH(a2.on_reply(to_message(newer)), Catch::Contains("altered"));
+    ClientHandshake a3(kToken, nc, "test:1");
+    CHECK(a3.on_reply(to_message(genuine)));
+    CHECK(a3.server_standing() == standing);
+  }
 }
 
 TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][munge]") {

@@ -91,6 +91,76 @@ TEST_CASE("TwoAgentsGetARoundAndAFreshWorkerStorePerRound", "[rdzv][server]") {
   CHECK(done->type == rdzv::MsgType::JobDone);
 }
 
+// A standing server runs job after job: the stores of rounds that ended are freed, not kept
+// until the server goes.
+TEST_CASE("TheStoresOfEndedRoundsAreFreed", "[rdzv][server]") {
+  auto srv = start_server(GENERATE(1, 4));
+  for (int i = 0; i < 10; ++i) {
+    auto a = agent(srv->port());
+    auto j = info("a", 1, 1, 1);
+    j.run_id = "job" + std::to_string(i);
+    const auto r = a->join(j, 10s);
+    client::StoreClientOptions co;
+    co.port = r.store_port;
+    co.connect_timeout = 2s;
+    client::StoreClient worker(co);  // a worker still connected when the round ends
+    worker.set("k", "v");
+    a->report_success(r.round);
+    auto done = a->wait_message(5s);
+    REQUIRE(done);
+    CHECK(done->type == rdzv::MsgType::JobDone);
+  }
+  // Freed on a later tick of the server, once their listeners and connections are gone; a tick
+  // runs while an agent is connected.
+  auto keep_ticking = agent(srv->port());
+  auto j = info("a", 1, 2, 2);
+  j.run_id = "ticker";
+  keep_ticking->send_join(j);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (srv->stats().round_stores_retained > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  CHECK(srv->stats().round_stores_retained == 0);
+}
+
+// Checking a munge credential asks munged (here: a check that takes 1.5 s for one agent): other
+// agents' handshakes and JOINs do not wait behind it under the rounds lock. The slow agent's own
+// I/O thread waits; 8 agents spread over 4 threads find at least one other.
+TEST_CASE("ASlowCredentialCheckHoldsUpNoOtherAgent", "[rdzv][server][auth]") {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.io_threads = 4;
+  const std::string secret = "a-connection-secret-0123456789abcdef";
+  o.rdzv_munge = [secret](const std::string& credential, const std::string&) {
+    if (credential == "slow") std::this_thread::sleep_for(1500ms);
+    return secret;
+  };
+  auto srv = std::make_unique<server::StoreServer>(o);
+  srv->start();
+  auto creds = [secret](std::string credential) {
+    return rdzv::AgentCredentials(rdzv::MungeCredentialMaker(
+        [secret, credential](const std::string&) { return std::make_pair(credential, secret); }));
+  };
+  auto slow = std::async(std::launch::async, [&] {
+    return std::make_unique<rdzv::RendezvousClient>("127.0.0.1", srv->port(), 5s, 300ms, nullptr, creds("slow"));
+  });
+  std::this_thread::sleep_for(200ms);  // its HELLO is being checked now
+  std::vector<std::future<std::chrono::steady_clock::duration>> fast;
+  for (int i = 0; i < 8; ++i)
+    fast.push_back(std::async(std::launch::async, [&, i] {
+      const auto t0 = std::chrono::steady_clock::now();
+      rdzv::RendezvousClient a("127.0.0.1", srv->port(), 5s, 300ms, nullptr, creds("fast"));
+      auto j = info("a", 1, 1, 1);
+      j.run_id = "fast" + std::to_string(i);
+      a.join(j, 10s);
+      return std::chrono::steady_clock::now() - t0;
+    }));
+  auto quickest = std::chrono::steady_clock::duration::max();
+  for (auto& f : fast) quickest = std::min(quickest, f.get());
+  CHECK(quickest < 700ms);
+  CHECK(slow.get() != nullptr);
+}
+
 TEST_CASE("AgentKilledMeansRestartForTheSurvivors", "[rdzv][server]") {
   auto srv = start_server(GENERATE(1, 4));
   auto a = agent(srv->port()), b = agent(srv->port()), c = agent(srv->port());

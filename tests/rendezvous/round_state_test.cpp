@@ -230,6 +230,80 @@ TEST_CASE("MissedHeartbeatsDropANode", "[rdzv]") {
   CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("heartbeat timeout"));
 }
 
+// The server ticks every 200 ms; it was stopped for 1.9 s, less than half the heartbeat
+// timeout, after the agents' last heartbeats had aged 3.2 s (they send one every timeout/5, but
+// the one due just before the stop sat in the socket). However the stall is cut and in whatever
+// order the queued heartbeats are read, nobody is dropped for the server's own stall.
+TEST_CASE("AServerStallOfAnyLengthIsForgivenByTheTickPeriodWhateverTheReadOrder", "[rdzv]") {
+  for (bool read_before_tick : {false, true}) {
+    Harness h;
+    h.state.set_tick_period(200ms);
+    h.join(1, "a", 1, 2, 2);
+    h.join(2, "b", 1, 2, 2);
+    REQUIRE(h.to(1, MsgType::Round));
+    for (int i = 0; i < 16; ++i) h.tick(200ms);  // 3.2 s of ticks, no heartbeat read
+    CHECK(h.out.empty());
+    h.now += 1900ms;  // the stop; then the two agents' queued heartbeats and the late tick
+    if (read_before_tick) h.heartbeat_all({1});
+    h.out.clear();
+    h.state.on_tick(h.now, h.out);
+    CHECK(h.out.empty());
+    CHECK(h.state.last_stall() == 1700ms);
+    h.heartbeat_all({1, 2});
+    h.tick(200ms);
+    CHECK(h.out.empty());
+    CHECK(h.state.last_stall() == Clock::duration::zero());
+  }
+}
+
+// One clock for heartbeats and deadlines: a stall during the rendezvous does not time it out.
+TEST_CASE("AServerStallMovesTheJoinDeadlineByTheStall", "[rdzv]") {
+  Harness h;
+  h.state.set_tick_period(200ms);
+  h.join(1, "a", 1, 2, 2);  // join timeout 60 s
+  for (int i = 0; i < 250; ++i) {
+    h.heartbeat_all({1});
+    h.tick(200ms);  // 50 s of the 60
+  }
+  h.now += 20000ms;  // stopped for 20 s
+  h.out.clear();
+  h.state.on_tick(h.now, h.out);
+  CHECK(h.out.empty());
+  h.heartbeat_all({1});
+  for (int i = 0; i < 45; ++i) {  // 9 s more: 59 s of the server's own time
+    h.heartbeat_all({1});
+    h.tick(200ms);
+    REQUIRE(h.out.empty());
+  }
+  for (int i = 0; i < 10 && h.out.empty(); ++i) {
+    h.heartbeat_all({1});
+    h.tick(200ms);
+  }
+  REQUIRE(h.to(1, MsgType::Error));
+  CHECK_THAT(h.to(1, MsgType::Error)->msg.get("message"), Catch::Contains("rendezvous timed out"));
+}
+
+// A server that ticks late all the time (a loaded host) forgives only the lateness: an agent
+// that really went silent is still dropped.
+TEST_CASE("AServerThatTicksLateStillDropsASilentAgent", "[rdzv]") {
+  Harness h;
+  h.state.set_tick_period(200ms);
+  h.join(1, "a", 1, 1, 2);
+  h.join(2, "b", 1, 1, 2);
+  REQUIRE(h.to(1, MsgType::Round));
+  int ticks = 0;
+  while (ticks < 100 && !h.to(1, MsgType::Restart)) {
+    h.heartbeat_all({1});
+    h.tick(350ms);  // 150 ms late each time
+    ++ticks;
+  }
+  REQUIRE(h.to(1, MsgType::Restart));
+  // 5 s of the server's on-time progress, 200 ms a tick: about 25 ticks (every whole gap
+  // counted: 15; every gap forgiven: never).
+  CHECK(ticks >= 24);
+  CHECK(ticks <= 27);
+}
+
 TEST_CASE("AStalledServerBlamesNoAgentForTheHeartbeatsItDidNotRead", "[rdzv]") {
   Harness h;
   h.join(1, "a", 1, 1, 2);

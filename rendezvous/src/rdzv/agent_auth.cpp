@@ -18,6 +18,7 @@ namespace ddprun::rdzv {
 namespace {
 constexpr const char* kServerLabel = "ddprun-rdzv-v1 server";
 constexpr const char* kAgentLabel = "ddprun-rdzv-v1 agent";
+constexpr const char* kChallengeLabel = "ddprun-rdzv-v3 challenge";
 
 bool is_nonce(const std::string& s) {
   if (s.size() != 2 * kNonceBytes) return false;
@@ -52,6 +53,12 @@ std::string server_proof(const std::string& token, const std::string& client_non
 
 std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce) {
   return to_hex(hmac_sha256(token, std::string(kAgentLabel) + "|" + server_nonce + "|" + client_nonce));
+}
+
+std::string challenge_binding(const std::string& token, const std::string& client_nonce, const std::string& server_nonce,
+                              bool standing, int64_t version) {
+  return to_hex(hmac_sha256(token, std::string(kChallengeLabel) + "|" + client_nonce + "|" + server_nonce + "|" +
+                                       (standing ? "standing=1" : "standing=0") + "|version=" + std::to_string(version)));
 }
 
 namespace {
@@ -158,11 +165,13 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
         return s;
       }
       state_ = State::Challenged;
-      s.reply = to_message(Challenge{.token_required = true,
-                                     .server_nonce = server_nonce_,
-                                     .server_proof = server_proof(token_, client_nonce_, server_nonce_),
-                                     .standing = standing_,
-                                     .version = 2});
+      s.reply = to_message(
+          Challenge{.token_required = true,
+                    .server_nonce = server_nonce_,
+                    .server_proof = server_proof(token_, client_nonce_, server_nonce_),
+                    .standing = standing_,
+                    .version = kChallengeVersion,
+                    .binding = challenge_binding(token_, client_nonce_, server_nonce_, standing_, kChallengeVersion)});
       return s;
     case State::Challenged: {
       if (m.type != MsgType::Auth)
@@ -225,10 +234,14 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
     if (!is_nonce(c.server_nonce) || !constant_time_equal(c.server_proof, server_proof(token_, client_nonce_, c.server_nonce)))
       throw HandshakeRefused("rendezvous refused: token mismatch (the server at " + where_ +
                              " holds a different token); " + kTokenAdvice);
-    if (c.version < 2)
+    if (c.version < kChallengeVersion)
       throw HandshakeRefused("rendezvous refused: the server at " + where_ +
-                             " is an older ddprun that does not authenticate its messages after the handshake; run "
+                             " is an older ddprun that does not authenticate all of its handshake and messages; run "
                              "the same ddprun version on every node and on the server");
+    if (!constant_time_equal(c.binding, challenge_binding(token_, client_nonce_, c.server_nonce, c.standing, c.version)))
+      throw HandshakeRefused("rendezvous refused: the CHALLENGE from " + where_ +
+                             " was altered on its way (its fields do not match the server's proof): something between "
+                             "this node and the server rewrites the rendezvous; connect to the server directly");
     server_nonce_ = c.server_nonce;
     return to_message(Auth{.proof = agent_proof(token_, c.server_nonce, client_nonce_)});
   }

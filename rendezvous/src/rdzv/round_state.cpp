@@ -3,19 +3,13 @@
 #include <algorithm>
 
 #include "ddprun/rdzv/validate.h"
+#include "round_state_detail.h"
 
 namespace ddprun::rdzv {
 
 using std::chrono::milliseconds;
+using namespace detail;
 
-namespace {
-Message error_msg(const std::string& text) { return to_message(Error{.message = text}); }
-std::string join_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-}  // namespace
 
 std::string RoundState::describe(const Node& n) { return n.node_id + " (host " + n.host + ")"; }
 
@@ -56,6 +50,7 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     out.push_back({conn, error_msg("this connection already belongs to job " + cj->second), true});
     return;
   }
+  if (jobs_.empty()) last_tick_.reset();  // no tick was owed while no job existed
   auto [it, created] = jobs_.try_emplace(run_id);
   Job& job = it->second;
   if (created) {
@@ -147,92 +142,6 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   }
   if (!job.join_deadline) job.join_deadline = now + job.join_timeout;
   maybe_complete(job, now, out);
-}
-
-void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, Clock::time_point now,
-                           std::vector<Outbound>& out) {
-  if (created) {
-    job.phase = Phase::Resuming;
-    job.round = m.resume_round;
-    job.restart_count = m.resume_restart_count;
-    job.resume_nnodes = m.resume_nnodes;
-    job.resume_store_port = m.resume_store_port;
-    job.resume_store_host = m.resume_store_host;
-    job.agent_store = !m.resume_store_host.empty();
-    job.agent_progress = false;
-    job.join_deadline = now + job.join_timeout;
-  } else if (m.resume_round != job.round || m.resume_nnodes != job.resume_nnodes ||
-             m.resume_restart_count != job.restart_count || m.resume_store_host != job.resume_store_host ||
-             (job.agent_store && m.resume_store_port != job.resume_store_port)) {
-    out.push_back({conn, error_msg("cannot resume round " + std::to_string(m.resume_round) + " (" +
-                                       std::to_string(m.resume_nnodes) + " nodes) of job " + job.run_id +
-                                       ": the nodes back so far resume round " + std::to_string(job.round) + " (" +
-                                       std::to_string(job.resume_nnodes) + " nodes)"),
-                   true});
-    return;
-  }
-  for (ConnId c : job.participants)
-    if (job.members.at(c).last_rank == m.resume_node_rank && c != conn) {
-      out.push_back({conn, error_msg("cannot resume node rank " + std::to_string(m.resume_node_rank) + " of job " +
-                                         job.run_id + ": " + describe(job.members.at(c)) + " resumed it already"),
-                     true});
-      if (created) jobs_.erase(job.run_id);
-      return;
-    }
-  Node& node = job.members[conn];
-  node.conn = conn;
-  node.node_id = m.node_id;
-  node.host = m.host;
-  node.local_world_size = m.local_world_size;
-  node.fixed_rank = m.node_rank;
-  node.prefer_rank0 = m.prefer_rank0;
-  node.store_offer = m.store_offer_port;
-  node.seen_from = m.seen_from;
-  node.last_rank = m.resume_node_rank;
-  node.last_seen = now;
-  node.seq = job.seq++;
-  conn_job_[conn] = job.run_id;
-  job.participants.push_back(conn);
-  if (m.resume_succeeded) job.succeeded.insert(conn);
-  if (job.agent_store && m.resume_node_rank == 0 && m.resume_progressed) job.agent_progress = true;
-  if (static_cast<int64_t>(job.participants.size()) < job.resume_nnodes) return;
-
-  // Every node of the round is back: it runs again as it did, with no ROUND and no restart.
-  std::sort(job.participants.begin(), job.participants.end(),
-            [&](ConnId a, ConnId b) { return job.members.at(a).last_rank < job.members.at(b).last_rank; });
-  job.world_size = 0;
-  for (ConnId c : job.participants) job.world_size += job.members.at(c).local_world_size;
-  // An agent-hosted store never left node rank 0: nothing to reopen.
-  if (!job.agent_store)
-    stores_.reopen(job.run_id, job.round, job.fixed_store_port, static_cast<uint16_t>(job.resume_store_port));
-  stores_.resumed(job.run_id, job.round, job.agent_store);
-  job.phase = Phase::Running;
-  job.join_deadline.reset();
-  maybe_done(job, out);
-  if (job.phase == Phase::Running && job.deferred_failure) {
-    // Reported while the round was being rebuilt (the agent queued it while this server was
-    // down): it counts now, as it would have then.
-    auto [fconn, f] = *job.deferred_failure;
-    job.deferred_failure.reset();
-    if (job.members.count(fconn)) on_failure(job, fconn, f, out);
-  }
-  if (job.phase == Phase::Running && !job.waiting.empty() &&
-      static_cast<int64_t>(job.participants.size()) < job.max_nodes)
-    restart(job, "a node joined while the round was rebuilt: scale-up to a new round", /*spends_budget=*/false, now,
-            out);
-}
-
-void RoundState::resume_timed_out(Job& job, Clock::time_point now, std::vector<Outbound>& out) {
-  const std::string what = std::to_string(job.participants.size()) + " of the " + std::to_string(job.resume_nnodes) +
-                           " nodes of round " + std::to_string(job.round) + " came back within " +
-                           std::to_string(job.join_timeout.count() / 1000) +
-                           " s after the rendezvous server restarted";
-  if (static_cast<int64_t>(job.participants.size()) >= job.min_nodes) {
-    job.phase = Phase::Running;  // restart() addresses the round's participants
-    restart(job, what + ": a new round with them (no restart spent)", /*spends_budget=*/false, now, out);
-  } else {
-    fail_job(job, what + ", fewer than the minimum of " + std::to_string(job.min_nodes), FailCause::LostNodes, out);
-  }
 }
 
 void RoundState::maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out) {
@@ -474,55 +383,6 @@ void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<O
   }
 }
 
-void RoundState::on_tick(Clock::time_point now, std::vector<Outbound>& out) {
-  const Clock::duration gap = last_tick_ ? now - *last_tick_ : Clock::duration::zero();
-  last_tick_ = now;
-  last_stall_ = Clock::duration::zero();
-  std::vector<ConnId> expired;
-  for (auto& [id, job] : jobs_) {
-    const bool stalled = gap > job.heartbeat_timeout / 2;
-    if (stalled) last_stall_ = gap;
-    for (auto& [c, n] : job.members) {
-      if (stalled) n.last_seen = std::min(now, n.last_seen + gap);
-      if (now - n.last_seen > job.heartbeat_timeout) expired.push_back(c);
-    }
-  }
-  for (ConnId c : expired) {
-    auto cj = conn_job_.find(c);
-    if (cj == conn_job_.end()) continue;
-    Job& job = jobs_.at(cj->second);
-    out.push_back({c, error_msg("no heartbeat for " + std::to_string(job.heartbeat_timeout.count()) +
-                                    " ms: dropped from the job"),
-                   true});
-    const std::string run_id = cj->second;
-    conn_job_.erase(cj);
-    dropped_.insert(c);
-    if (job.members.count(c)) node_lost(job, c, "heartbeat timeout", now, out);
-    if (job.members.empty()) jobs_.erase(run_id);
-  }
-  for (auto& [id, job] : jobs_) {
-    if (job.phase == Phase::Resuming && job.join_deadline && now >= *job.join_deadline) {
-      resume_timed_out(job, now, out);
-      continue;
-    }
-    if (job.phase != Phase::Gathering) continue;
-    if (job.last_call_deadline && now >= *job.last_call_deadline) {
-      maybe_complete(job, now, out);
-      if (job.phase != Phase::Gathering) continue;
-    }
-    if (job.join_deadline && now >= *job.join_deadline) {
-      std::vector<std::string> who;
-      for (ConnId c : job.waiting) who.push_back(job.members.at(c).host);
-      const std::string text = "rendezvous timed out after " +
-                               std::to_string(job.join_timeout.count() / 1000.0).substr(0, 6) + " s: " +
-                               std::to_string(job.waiting.size()) + " of at least " + std::to_string(job.min_nodes) +
-                               " nodes joined job " + job.run_id + (who.empty() ? "" : " (" + join_list(who) + ")");
-      for (ConnId c : job.waiting) out.push_back({c, error_msg(text), true});
-      fail_job(job, text, FailCause::Timeout, out);
-    }
-  }
-}
-
 const std::vector<ConnId>& RoundState::participants(const std::string& run_id) const {
   static const std::vector<ConnId> none;
   auto it = jobs_.find(run_id);
@@ -534,18 +394,6 @@ bool RoundState::is_participant(ConnId conn) const {
   if (cj == conn_job_.end()) return false;
   const auto& p = participants(cj->second);
   return std::find(p.begin(), p.end(), conn) != p.end();
-}
-
-std::optional<Clock::time_point> RoundState::next_deadline() const {
-  std::optional<Clock::time_point> best;
-  auto consider = [&](Clock::time_point t) {
-    if (!best || t < *best) best = t;
-  };
-  for (const auto& [id, job] : jobs_) {
-    if (job.last_call_deadline) consider(*job.last_call_deadline);
-    if (job.join_deadline) consider(*job.join_deadline);
-  }
-  return best;
 }
 
 }  // namespace ddprun::rdzv

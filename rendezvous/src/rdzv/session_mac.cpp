@@ -55,9 +55,10 @@ SessionMac::Verdict SessionMac::open(Message& m) {
     m.set(kMac, std::move(mac));
     return Verdict::BadMac;
   }
-  if (seq <= recv_seq_) {
+  // Exactly the next one: a relay may not withhold a message and pass the ones after it.
+  if (seq != recv_seq_ + 1) {
     m.set(kMac, std::move(mac));
-    return Verdict::Replayed;
+    return seq <= recv_seq_ ? Verdict::Replayed : Verdict::OutOfSequence;
   }
   recv_seq_ = seq;
   m.fields.erase(kSeq);
@@ -70,6 +71,9 @@ const char* SessionMac::describe(Verdict v) {
     case Verdict::Unsealed: return "a message without a MAC after the token handshake";
     case Verdict::BadMac: return "a message whose MAC is wrong (forged, altered, or from another connection)";
     case Verdict::Replayed: return "a replayed message (its sequence number was seen already)";
+    case Verdict::OutOfSequence:
+      return "a message out of sequence (one before it was withheld): what follows on this connection cannot be "
+             "trusted either";
   }
   return "?";
 }

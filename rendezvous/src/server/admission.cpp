@@ -111,13 +111,16 @@ void Admission::begin_agent(Connection& c) {
   c.session.handshake.emplace(options_.rdzv_token, rdzv::random_nonce(), options_.standing, options_.rdzv_munge);
 }
 
-rdzv::ServerHandshake::Step Admission::on_handshake_locked(Connection& c, const rdzv::Message& m) {
-  auto step = c.session.handshake->on_message(m);
+rdzv::ServerHandshake::Step Admission::handshake_step(Connection& c, const rdzv::Message& m) {
+  return c.session.handshake->on_message(m);
+}
+
+void Admission::on_handshake_locked(Connection& c, rdzv::ServerHandshake::Step& step) {
   if (step.refused) {
     ++agents_refused_;
     warns_.warn(Warn::AgentRefused,
                 [&] { return fmt::format("refused an agent from {}: {}", c.session.peer.to_string(), step.why); });
-    return step;
+    return;
   }
   c.session.admitted = step.admitted;
   c.session.mac = std::move(step.session);
@@ -128,7 +131,6 @@ rdzv::ServerHandshake::Step Admission::on_handshake_locked(Connection& c, const 
     --strangers_open_;
     c.session.counted_stranger = false;
   }
-  return step;
 }
 
 bool Admission::authentic_locked(Connection& c, rdzv::Message& m) {

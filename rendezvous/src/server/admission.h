@@ -53,8 +53,12 @@ class Admission {
 
   // An agent announced itself on connection c: its handshake starts.
   void begin_agent(Connection& c);
-  // Under the lock: one message of an agent not admitted yet. A refusal is counted and logged.
-  rdzv::ServerHandshake::Step on_handshake_locked(Connection& c, const rdzv::Message& m);
+  // One message of an agent not admitted yet, on c's thread WITHOUT the lock: the handshake is
+  // c's own, and checking a munge credential asks munged (a round trip that must not hold up
+  // other agents' messages).
+  rdzv::ServerHandshake::Step handshake_step(Connection& c, const rdzv::Message& m);
+  // Then under the lock: what the step changes in the register. A refusal is counted and logged.
+  void on_handshake_locked(Connection& c, rdzv::ServerHandshake::Step& step);
   // Under the lock: whether a message of an admitted agent is its own (its MAC and sequence
   // number check, when its session has them); one that is not is counted, logged, dropped.
   bool authentic_locked(Connection& c, rdzv::Message& m);

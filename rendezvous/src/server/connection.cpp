@@ -76,7 +76,19 @@ void ConnectionIo::read_some(const ConnPtr& c) {
     if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
     guarded(c, [&] {
       events_.on_input(c);
-      read_some(c);
+      if (!c->input_paused) read_some(c);
+    });
+  });
+}
+
+void ConnectionIo::pause_input(const ConnPtr& c) {
+  c->input_paused = true;
+  asio::post(c->thread->io, [this, c] {
+    if (c->closed) return;
+    guarded(c, [&] {
+      c->input_paused = false;
+      events_.on_input(c);
+      if (!c->input_paused) read_some(c);
     });
   });
 }

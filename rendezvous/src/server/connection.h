@@ -84,12 +84,18 @@ struct Connection {
   size_t in_size = 0;
   size_t need_total = 0;
   size_t chunk = 0;               // the next read's size (set by ConnectionIo)
+  // A batch of its requests yielded the thread with input left (ConnectionIo::pause_input): no
+  // read is in flight, so nothing writes into `in` while what is left is handled later.
+  bool input_paused = false;
   store::Outbox writing;          // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;
   // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
   std::optional<boost::asio::steady_timer> deadline;
-  bool revoked = false;  // under ks->mu: its keyspace was reset or dropped
+  // Set under ks->mu when its keyspace was reset or dropped, for every connection of it (an
+  // agent's too: whether it is one is its own thread's to know); read by its thread, which
+  // ignores it for an agent, and under ks->mu.
+  std::atomic<bool> revoked{false};
   // under out_mu:
   std::mutex out_mu;
   // References stored values, not copies: its wire bytes count towards
@@ -150,6 +156,10 @@ class ConnectionIo {
   void post_close(const ConnPtr& c);
   // On c's thread, after its requests were handled: drops what was parsed, shrinks the buffer.
   void consumed(const ConnPtr& c, size_t pos);
+  // On c's thread, from on_input: the rest of c's buffered requests are handled after the
+  // thread's other ready work, and no read is issued until then (a read in flight would land
+  // where consumed() has moved the buffer since).
+  void pause_input(const ConnPtr& c);
 
  private:
   void on_exception(const ConnPtr& c, const std::exception& e);

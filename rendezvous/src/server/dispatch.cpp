@@ -11,13 +11,13 @@ namespace ddprun::server {
 namespace {
 // A thread's scratch reply keeps at most this much memory between requests.
 constexpr size_t kKeptReplyBytes = 1 << 20;
-constexpr auto kHeartbeatCheckPeriod = std::chrono::milliseconds(200);
-// A tick later than this counts as the server's own stall (the rest of the lateness).
-constexpr auto kStallSlack = std::chrono::milliseconds(100);
 // A batch of pipelined requests that produced this many reply bytes yields its thread: the
 // rest is handled after the other connections' ready work (a client asking for large replies
 // cannot monopolise the connections that share its thread).
 constexpr uint64_t kYieldAfterReplyBytes = 1 << 20;
+// Likewise a batch that held its keyspace's lock this long (checked every 16 requests): a deep
+// pipeline of small requests is served in slices, so the lock is never held for long.
+constexpr auto kYieldAfterHold = std::chrono::milliseconds(2);
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
 
 // Whether a request of `op` may make its keyspace hold more (values, queued items, keys that
@@ -105,6 +105,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   {
     std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
     std::chrono::steady_clock::time_point locked_at;
+    uint32_t served = 0;
     while (pos < c->in_size) {
       auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
       if (res.status == wire::ParseStatus::NeedMore) {
@@ -117,18 +118,27 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       pos += res.consumed;
       t.requests.fetch_add(1, std::memory_order_relaxed);
+      std::optional<rdzv::ServerHandshake::Step> step;
+      if (c->session.agent && !c->session.admitted) {
+        // The handshake step outside the rounds lock (a munge credential is checked by munged).
+        if (lock.owns_lock()) {
+          note_hold(std::chrono::steady_clock::now() - locked_at);
+          lock.unlock();
+        }
+        step = admission.handshake_step(*c, t.msg);
+      }
       if (!lock.owns_lock()) {
         lock.lock();
         locked_at = std::chrono::steady_clock::now();
       }
-      if (c->revoked) {
+      if (!c->session.agent && c->revoked) {
         revoked = true;
         break;
       }
       if (c->session.agent) {
         bool forward = true;
-        if (!c->session.admitted) {
-          if (!on_handshake_message(t, c, forward)) break;
+        if (step) {
+          if (!on_handshake_message(t, c, *step, forward)) break;
         } else if (!admission.authentic_locked(*c, t.msg)) {
           continue;  // not the admitted agent's (a relay's): dropped, changing nothing
         }
@@ -137,7 +147,8 @@ void ServerCore::on_input(const ConnPtr& c) {
       }
       bad = on_store_request(t, c);
       if (!bad.empty()) break;
-      if (t.batch_reply_bytes > kYieldAfterReplyBytes && pos < c->in_size) {
+      if (pos < c->in_size && (t.batch_reply_bytes > kYieldAfterReplyBytes ||
+                               ((++served & 15) == 0 && std::chrono::steady_clock::now() - locked_at > kYieldAfterHold))) {
         yield = true;
         break;
       }
@@ -155,7 +166,7 @@ void ServerCore::on_input(const ConnPtr& c) {
   }
   io.consumed(c, pos);
   budget.trim_if_due();
-  if (yield) boost::asio::post(t.io, [this, c] { io.guarded(c, [&] { on_input(c); }); });
+  if (yield) io.pause_input(c);
 }
 
 // The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
@@ -167,8 +178,8 @@ void ServerCore::note_hold(std::chrono::steady_clock::duration held) {
 }
 
 // Nothing of an agent reaches the rounds before the handshake let it in.
-bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward) {
-  auto step = admission.on_handshake_locked(*c, t.msg);
+bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward) {
+  admission.on_handshake_locked(*c, step);
   if (step.reply) {
     std::string bytes;
     rdzv::encode_message(*step.reply, bytes);
@@ -267,7 +278,6 @@ void ServerCore::route_locked(IoThread& self, std::vector<rdzv::Outbound>& out) 
 
 void ServerCore::schedule_tick_locked() {
   auto next = rounds.next_deadline();
-  if (next) *next += stalled;  // the rounds' clock to steady time (rdzv_now_locked)
   if (rounds.num_agents() > 0) {
     auto hb = std::chrono::steady_clock::now() + kHeartbeatCheckPeriod;
     if (!next || hb < *next) next = hb;
@@ -286,15 +296,15 @@ void ServerCore::on_tick() {
     {
       std::lock_guard lock(mu);
       t.rdzv_out.clear();
-      const auto late = std::chrono::steady_clock::now() - tick_timer->expiry();
-      if (late > kStallSlack) {
-        stalled += late - kStallSlack;
-        warns.warn(Warn::Deadline, [&] {
-          return fmt::format("this server's loop stalled for {} ms; its agents' heartbeats are judged without that time",
-                             std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
-        });
-      }
       rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
+      keyspaces.reap_retired_locked();
+      if (const auto stall = rounds.last_stall(); stall > std::chrono::steady_clock::duration::zero())
+        warns.warn(Warn::Deadline, [&] {
+          return fmt::format(
+              "this server's loop stalled for {} ms; its agents' heartbeats and rendezvous deadlines are judged "
+              "without that time",
+              std::chrono::duration_cast<std::chrono::milliseconds>(stall).count());
+        });
       route_locked(t, t.rdzv_out);
     }
     io.flush_pending(t);

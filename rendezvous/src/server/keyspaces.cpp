@@ -105,6 +105,18 @@ void Keyspaces::close(const std::string& run_id, int64_t round) {
   ks->listener->stop();
   listener_fds_ -= ks->listener->sockets();
   retired_.push_back(std::move(ks));
+  reap_retired_locked();
+}
+
+// A retired keyspace is freed once nothing names it: its listener quiet (no accept handler
+// pending) and every connection it had closed (on_closed took it out of conns, the last use).
+void Keyspaces::reap_retired_locked() {
+  std::erase_if(retired_, [](const std::unique_ptr<Keyspace>& ks) {
+    if (!ks->listener->quiet()) return false;
+    std::lock_guard lock(ks->mu);
+    return ks->conns.empty();
+  });
+  retained_.store(retired_.size(), std::memory_order_relaxed);
 }
 
 bool Keyspaces::progressed(const std::string& run_id, int64_t round, int64_t world_size) {

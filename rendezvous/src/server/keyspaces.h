@@ -77,6 +77,9 @@ class Keyspaces final : public rdzv::WorkerStores {
     for (auto& [_, ks] : rounds_) fn(*ks);
     for (auto& ks : retired_) fn(*ks);
   }
+  // Frees the retired keyspaces that nothing names any more (under the rounds lock).
+  void reap_retired_locked();
+  size_t retained() const { return retained_.load(std::memory_order_relaxed); }
   std::string jobs_limit_message() const;
   // Descriptors of the listeners of every live keyspace.
   uint64_t listener_descriptors() const { return listener_fds_; }
@@ -109,9 +112,10 @@ class Keyspaces final : public rdzv::WorkerStores {
   std::atomic<uint64_t> listener_fds_{0};
   std::unique_ptr<Keyspace> main_;
   std::map<std::pair<std::string, int64_t>, std::unique_ptr<Keyspace>> rounds_;
-  // Rounds that ended: emptied and closed, kept until the server goes (accept handlers may still
-  // name them; a job has few rounds).
+  // Rounds that ended: emptied and closed, kept until nothing names them (reap_retired_locked:
+  // pending accept handlers, connections not yet closed by their threads).
   std::vector<std::unique_ptr<Keyspace>> retired_;
+  std::atomic<size_t> retained_{0};  // retired_.size(), for stats without the lock
   MainView main_view_{*this};
   // Rounds whose workers' store is the main keyspace (Join::fixed_store_port), by the rule
   // shared with the launcher's in-process rounds.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 #include <system_error>
@@ -23,9 +24,21 @@ constexpr long kPresizedDescriptors = 1 << 16;
 
 // One descriptor kept free for the whole process: out of descriptors, a listener frees it to
 // accept and close one waiting connection, then takes it again.
+// When taking it again fails (another thread took the descriptor meanwhile), it is taken at
+// the next chance: a reserve is used up only once.
 std::mutex reserve_mu;
 int reserve_fd = -1;
+std::atomic<bool> reserve_missing{false};
 int open_reserve() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+void retake_reserve_locked() {
+  if (reserve_fd < 0) reserve_fd = open_reserve();
+  reserve_missing.store(reserve_fd < 0, std::memory_order_relaxed);
+}
+void retake_reserve_if_missing() {
+  if (!reserve_missing.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(reserve_mu);
+  retake_reserve_locked();
+}
 
 // Opens `a` for `ep` and binds it: SO_REUSEADDR, dual-stack for IPv6, TCP_NODELAY (accepted
 // sockets inherit it from the listener on Linux: no call per accept), SO_REUSEPORT if asked.
@@ -55,16 +68,18 @@ Listener::Listener(std::vector<asio::io_context*> ios, std::string name, WarnLim
                    std::atomic<uint64_t>& accept_errors)
     : ios_(std::move(ios)), name_(std::move(name)), warns_(warns), accept_errors_(accept_errors) {
   std::lock_guard lock(reserve_mu);
-  if (reserve_fd < 0) reserve_fd = open_reserve();
+  retake_reserve_locked();
 }
 
 bool Listener::refuse_one(size_t i) {
   std::lock_guard lock(reserve_mu);
+  retake_reserve_locked();
   if (reserve_fd < 0) return false;
   ::close(reserve_fd);
+  reserve_fd = -1;
   const int fd = ::accept4(acceptors_[i]->native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd >= 0) ::close(fd);
-  reserve_fd = open_reserve();
+  retake_reserve_locked();
   return fd >= 0;
 }
 
@@ -129,16 +144,21 @@ void Listener::start(OnSocket on_socket) {
 }
 
 void Listener::stop() {
+  if (stopping_.exchange(true)) return;
   for (size_t i = 0; i < ios_.size() && i < acceptors_.size(); ++i) {
+    ++busy_;
     asio::post(*ios_[i], [this, i] {
       boost::system::error_code ignored;
       acceptors_[i]->close(ignored);
+      // The accept the close aborted was queued by it: this runs after its handler (FIFO).
+      asio::post(*ios_[i], [this] { --busy_; });
     });
   }
 }
 
 // On thread i: accepts into that thread's io_context, for good.
 void Listener::do_accept(size_t i) {
+  if (!acceptors_[i]->is_open()) return;  // closed by stop() (on this thread): no new handler
   acceptors_[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket sock) {
     try {
       on_accept(i, ec, std::move(sock));
@@ -152,9 +172,15 @@ void Listener::do_accept(size_t i) {
 
 void Listener::retry_later(size_t i) {
   auto timer = std::make_shared<asio::steady_timer>(*ios_[i], kAcceptBackoff);
+  ++busy_;
   timer->async_wait([this, i, timer](boost::system::error_code e2) {
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{busy_};
     if (e2 || !acceptors_[i]->is_open()) return;
     try {
+      retake_reserve_if_missing();
       do_accept(i);
     } catch (const std::exception& e) {
       warns_.warn(Warn::Exception, [&] { return fmt::format("accept on the {} store: {}", name_, e.what()); });
@@ -187,6 +213,7 @@ void Listener::on_accept(size_t i, boost::system::error_code ec, tcp::socket soc
     return;
   }
   on_socket_(std::move(sock), i);
+  retake_reserve_if_missing();
   do_accept(i);
 }
 

@@ -44,6 +44,8 @@ class Listener {
   void start(OnSocket on_socket);
   // Closes the sockets, each on its own thread.
   void stop();
+  // Stopped, and no handler of it is pending on any thread any more: it may be destroyed.
+  bool quiet() const { return stopping_ && busy_.load() == 0; }
   uint16_t port() const { return port_; }
   size_t sockets() const { return acceptors_.size(); }
   const tcp::endpoint& endpoint() const { return endpoint_; }
@@ -66,6 +68,10 @@ class Listener {
   OnSocket on_socket_;
   tcp::endpoint endpoint_;
   uint16_t port_ = 0;
+  // Handlers that will still run on some thread and name this listener: the closes stop()
+  // posted, each until what its close aborted has run; backoff timers (retry_later).
+  std::atomic<int> busy_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 // Grows this process's descriptor table once, now, to what RLIMIT_NOFILE allows (a bounded

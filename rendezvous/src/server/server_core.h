@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <memory>
@@ -28,6 +29,10 @@
 #include "state_lock.h"
 
 namespace ddprun::server {
+
+// While agents are connected, the rounds tick at least this often (heartbeat expiry); a longer
+// gap between ticks is this server's own stall (RoundState::set_tick_period).
+inline constexpr std::chrono::milliseconds kHeartbeatCheckPeriod{200};
 
 class ServerCore final : public ConnectionEvents, public KeyspaceHost {
  public:
@@ -63,13 +68,9 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   rdzv::RoundState rounds{keyspaces};
   std::optional<boost::asio::steady_timer> tick_timer;
   std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu
-  // The rounds' clock (under mu): steady time less the time this server's own loop was stalled
-  // (its tick ran late). A server that was itself stopped or starved must not blame its agents
-  // for the heartbeats it did not read meanwhile. It steps back by a stall when one is found
-  // after messages were already handled: the rounds only compare times, so that only moves
-  // their deadlines later by that much.
-  std::chrono::steady_clock::duration stalled{};
-  std::chrono::steady_clock::time_point rdzv_now_locked() const { return std::chrono::steady_clock::now() - stalled; }
+  // The rounds' clock: steady time. The rounds themselves find this server's own stalls in the
+  // gaps between its ticks (RoundState::on_tick), so no agent is blamed for them.
+  static std::chrono::steady_clock::time_point rdzv_now_locked() { return std::chrono::steady_clock::now(); }
   store::ConnId next_id = 1;                          // under mu
   std::atomic<bool> started{false}, stopped{false}, accepting{false};
 
@@ -89,7 +90,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Frames and parses the next request of c at `rest` (into t.req or t.msg).
   wire::ParseResult next_request(const ConnPtr& c, std::span<const uint8_t> rest);
   // Under mu. Each returns false when c must stop reading (refused, draining).
-  bool on_handshake_message(IoThread& t, const ConnPtr& c, bool& forward);
+  bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
   std::string on_store_request(IoThread& t, const ConnPtr& c);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);

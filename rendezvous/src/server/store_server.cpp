@@ -32,6 +32,7 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
   warns.set_sink(options.peer_warning);
   warns.set_prefix(options.log_prefix);
   tick_timer.emplace(control());
+  rounds.set_tick_period(kHeartbeatCheckPeriod);
   keyspaces.main().listener = make_listener("main");
 }
 
@@ -109,7 +110,9 @@ std::optional<std::string> ServerCore::no_descriptors_for(size_t n) const {
          " (--max-connections within the descriptor limit)";
 }
 
+// `after` 0: no deadline for this phase, and none left from the one before.
 void ServerCore::arm_deadline(const ConnPtr& c, std::chrono::milliseconds after) {
+  if (after.count() <= 0 && c->deadline) c->deadline->cancel();
   if (after.count() <= 0 || c->closed) return;
   if (!c->deadline) c->deadline.emplace(c->thread->io);
   c->deadline->expires_after(after);
@@ -142,9 +145,11 @@ void ServerCore::on_deadline(const ConnPtr& c) {
 // thread. Agents' rendezvous connections (main keyspace) stay: they belong to no round.
 void ServerCore::revoke_locked(const Keyspace* ks) {
   for (auto& [_, c] : ks->conns) {
-    if (c->revoked || c->session.agent) continue;
-    c->revoked = true;
-    io.post_close(c);
+    if (c->revoked.exchange(true)) continue;
+    // Whether c is an agent is decided on its thread (its first bytes): asked there.
+    asio::post(c->thread->io, [this, c] {
+      if (!c->session.agent) io.guarded(c, [&] { io.close(c, "", false); });
+    });
   }
 }
 
@@ -237,6 +242,7 @@ StoreServerStats ServerCore::stats() const {
   s.connections_closed_for_deadline = deadline_closed;
   s.strangers_refused = admission.strangers_refused();
   s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
+  s.round_stores_retained = keyspaces.retained();
   return s;
 }
 

@@ -2,8 +2,10 @@
 // in both directions, before an agent may join, report or hear anything of a job.
 //
 //   agent  -> server  HELLO      client_nonce Nc
-//   server -> agent   CHALLENGE  token_required, server_nonce Ns,
-//                                server_proof = HMAC-SHA256(token, "ddprun-rdzv-v1 server" | Nc | Ns)
+//   server -> agent   CHALLENGE  token_required, server_nonce Ns, standing, version (3),
+//                                server_proof = HMAC-SHA256(token, "ddprun-rdzv-v1 server" | Nc | Ns),
+//                                binding = HMAC-SHA256(token, "ddprun-rdzv-v3 challenge" | Nc | Ns
+//                                                      | standing | version)
 //   agent  -> server  AUTH       proof = HMAC-SHA256(token, "ddprun-rdzv-v1 agent" | Ns | Nc)
 //   server -> agent   WELCOME    (or ERROR and a close: "rendezvous refused: token mismatch ...")
 //
@@ -13,9 +15,12 @@
 // trusts no server without the same token (nor one that requires none), so a fake endpoint
 // learns nothing. Proofs are compared in constant time. After WELCOME, every message both ways
 // is sealed under a key of this connection (session_mac.h), so a relay between the two cannot
-// inject, alter or replay one either. HELLO and CHALLENGE carry version 2 to say so; with a
-// token, either side refuses a peer of version 1 (it would send unsealed messages), and as
-// versions are not covered by the proofs, a relay that rewrites them only gets a refusal.
+// inject, alter or replay one either. HELLO and CHALLENGE carry version 2 or more to say so;
+// with a token, either side refuses a peer of version 1 (it would send unsealed messages). The
+// CHALLENGE's other fields are bound to the token by `binding` (version 3): a relay that flips
+// `standing` (whether the agent reconnects to this server and offers it a store) or the
+// version is refused; an agent refuses a server of version 2, whose CHALLENGE has no binding.
+// The proof itself is that of version 2, so agents of version 2 still join a version 3 server.
 //
 // Without a token on the server, CHALLENGE says so and the connection is admitted at once; an
 // old-style agent that sends JOIN first is admitted too (the rendezvous is open). With a token,
@@ -24,6 +29,7 @@
 // Pure (the nonces come from the caller); random_nonce() is the one function with I/O.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +50,10 @@ std::string random_nonce();
 
 std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce);
 std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
+std::string challenge_binding(const std::string& token, const std::string& client_nonce, const std::string& server_nonce,
+                              bool standing, int64_t version);
+// The CHALLENGE version of this build (binding present from 3 on).
+inline constexpr int64_t kChallengeVersion = 3;
 
 // The rendezvous token, read the same way by ddprun and ddprund: the contents of `file` when
 // given (a regular file of this user, mode 0600 or stricter), else `env_value` (the

@@ -269,13 +269,14 @@ struct Challenge {
   std::string server_nonce, server_proof;  // hex; empty without a token
   // A standing server (ddprund), not an agent hosting its job: worth reconnecting to.
   bool standing = false;
-  // 2: this server seals every message after a token handshake (session_mac.h); absent (1): an
-  // older one.
+  // 2: this server seals every message after a token handshake (session_mac.h); 3: and binds
+  // `standing` and `version` to the token (`binding`, agent_auth.h); absent (1): an older one.
   int64_t version = 1;
+  std::string binding;  // hex; empty without a token or before version 3
   template <class S, class V>
   static void visit(S& s, V&& v) {
     v("token_required", s.token_required), v("server_nonce", s.server_nonce), v("server_proof", s.server_proof);
-    v("standing", s.standing), v("version", s.version);
+    v("standing", s.standing), v("version", s.version), v("binding", s.binding);
   }
 };
 

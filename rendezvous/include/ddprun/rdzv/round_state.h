@@ -86,11 +86,17 @@ class RoundState {
 
   void on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out);
   void on_disconnect(ConnId conn, Clock::time_point now, std::vector<Outbound>& out);
-  // Heartbeats are judged against the server's own progress: a gap between two ticks longer
-  // than half a job's heartbeat timeout means the server itself made no progress meanwhile (a
-  // stall: a request that held it, the host, a stop), and that time is not counted against
-  // that job's agents, whose heartbeats were waiting to be read.
+  // Heartbeats and deadlines are judged against the caller's own progress, here and only here.
+  // The caller promises a tick at least every `period` (set_tick_period) while any job exists;
+  // a gap between two ticks longer than that plus kStallSlack means the caller itself made no
+  // progress meanwhile (a stall: a request that held it, the host, a SIGSTOP), and that time,
+  // S = gap - period, is not counted: every member's last heartbeat and every job's join and
+  // last-call deadline move S later, before anyone is judged. So what the agents sent during
+  // the stall may be read before or after this tick: the outcome is the same. Without a
+  // period, a gap over half a job's heartbeat timeout is a stall (S = gap) for that job.
   void on_tick(Clock::time_point now, std::vector<Outbound>& out);
+  void set_tick_period(Clock::duration period) { tick_period_ = period; }
+  static constexpr Clock::duration kStallSlack = std::chrono::milliseconds(100);
   // The gap the last tick found, when it was such a stall (else zero): for the server's log.
   Clock::duration last_stall() const { return last_stall_; }
   // The earliest last-call or join deadline, if any. Heartbeat expiry is not included: the
@@ -172,7 +178,11 @@ class RoundState {
   // Dropped for missed heartbeats, their connections not closed yet: what they still send (the
   // heartbeats queued behind the drop) is ignored, so the drop's ERROR is their one answer.
   std::set<ConnId> dropped_;
-  std::optional<Clock::time_point> last_tick_;
+  // The stall of the caller between two ticks, not counted against job (zero: none).
+  Clock::duration stall_for(const Job& job, Clock::duration gap) const;
+
+  std::optional<Clock::time_point> last_tick_;  // unset while no job exists
+  std::optional<Clock::duration> tick_period_;
   Clock::duration last_stall_{};
 };
 

@@ -9,10 +9,11 @@
 //
 // under a session key K = HMAC-SHA256(token, "ddprun-rdzv-v2 session" | Nc | Ns) that both
 // nonces of this connection make fresh. So a relay between an agent and the real server can
-// neither inject a message (no key), nor replay one (seq must exceed the last accepted one),
-// nor reflect one back to its sender (the label), nor carry one to another connection (K).
-// A message that fails is dropped and changes nothing: the genuine stream goes on, and what
-// a relay can still do is withhold messages, which looks like a lost connection.
+// neither inject a message (no key), nor replay one (seq must be exactly one more than the last
+// accepted one), nor withhold one and pass the next (the same rule), nor reflect one back to its
+// sender (the label), nor carry one to another connection (K). A message that fails is dropped
+// and changes nothing; once one was withheld, nothing after it passes either, so what a relay
+// can still do is cut the stream, which looks like a lost connection.
 //
 // Without a token there is no key, and nothing is sealed: the rendezvous is open.
 //
@@ -35,7 +36,7 @@ class SessionMac {
   // Adds `seq` (the next one of this side) and `mac` to `m`.
   void seal(Message& m);
 
-  enum class Verdict { Ok, Unsealed, BadMac, Replayed };
+  enum class Verdict { Ok, Unsealed, BadMac, Replayed, OutOfSequence };
   // A message from the peer: Ok (then `seq` and `mac` are removed from it, and its sequence
   // number is the last accepted one), or why it must be dropped (and nothing changed).
   Verdict open(Message& m);

@@ -137,6 +137,7 @@ struct StoreServerStats {
   uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
   uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
+  uint64_t round_stores_retained = 0;  // rounds' stores that ended and are not freed yet
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
