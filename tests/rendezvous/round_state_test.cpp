@@ -182,6 +182,38 @@ TEST_CASE("FailureRepeatingBeforeProgressEndsTheJob", "[rdzv]") {
   CHECK_THAT(f->msg.get("reason"), Catch::Contains("deterministic failure"));
 }
 
+TEST_CASE("OnlyAQuickFailureRepeatingTheSameWayIsDeterministic", "[rdzv]") {
+  // Attempt 0 fails as given by `first`, attempt 1 as `second`: which ends the job unretried?
+  struct Way {
+    int64_t rank, code, runtime_ms;
+  };
+  auto second_failure_ends_job = [](Way first, Way second, bool retry = false) {
+    Harness h;
+    h.stores.progress = false;  // the workers never all joined their store
+    auto a = h.join_msg("a"), b = h.join_msg("b");
+    if (retry) a.set("retry_deterministic", "1"), b.set("retry_deterministic", "1");
+    int64_t round = 0;
+    for (Way w : {first, second}) {
+      h.send(1, a);
+      h.send(2, b);
+      Message m;
+      m.type = MsgType::Failure;
+      m.set("round", round++).set("global_rank", w.rank).set("exit_code", w.code).set("runtime_ms", w.runtime_ms);
+      h.send(1, m);
+    }
+    const auto* f = h.to(2, MsgType::JobFailed);
+    if (f) CHECK_THAT(f->msg.get("reason"), Catch::Contains("deterministic failure"));
+    return f != nullptr;
+  };
+  CHECK(second_failure_ends_job({3, 1, 300}, {3, 1, 400}));          // an import error, twice
+  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 3000}));  // ran 3 s: transient, retried
+  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {2, 1, 300}));    // another rank
+  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {3, 2, 300}));    // another way
+  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 300}));   // the first was not quick
+  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {3, 1, 300}, /*retry=*/true));  // asked to retry
+  CHECK(second_failure_ends_job({3, 1, -1}, {3, 1, -1}));            // an older agent says no runtime
+}
+
 TEST_CASE("LostNodeLeadsToANewRoundWhenMinRemains", "[rdzv]") {
   Harness h;
   h.join(1, "a", 1, 2, 3);

@@ -406,7 +406,8 @@ void Agent::record_failure(const Action& a) {
                                              .exit_code = a.status.signaled ? 0 : a.status.code,
                                              .signal = a.status.signaled ? signal_name(a.status.code) : "",
                                              .when = wall_time(failure_->when),
-                                             .stderr_tail = tail});
+                                             .stderr_tail = tail,
+                                             .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000)});
 }
 
 void Agent::stop_stragglers(const Action& a) {

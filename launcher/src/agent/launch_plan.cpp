@@ -77,6 +77,7 @@ LaunchPlan make_launch_plan(LaunchOptions options, const EnvMap& env, const Plan
   plan.rendezvous = resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env,
                                  probes.is_local_host ? probes.is_local_host : client::is_local_address,
                                  probes.port_served ? probes.port_served : port_served);
+  plan.rendezvous.join.retry_deterministic = o.faults.retry_deterministic;  // job-wide, as max_restarts
   resolve_spawn(plan, env, probes);
   if (!plan.rendezvous.local) plan.rendezvous.rdzv_token = load_rendezvous_token(o.rendezvous, env);
   return plan;

@@ -8,6 +8,7 @@
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/signal_names.h"
+#include "ddprun/rdzv/round_state.h"
 
 namespace ddprun::launcher {
 
@@ -105,9 +106,11 @@ void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
     switch (in.job_failed->fail_cause()) {
       case rdzv::FailCause::Deterministic:
         s << "[ddprun]   not retried: attempts " << in.attempt - 1 << " and " << in.attempt
-          << " both failed before every worker had joined the store (an import error or a bad path?)";
+          << " failed the same way (same rank, same code) within "
+          << rdzv::RoundState::kQuickFailure.count() / 1000
+          << " s, before every worker had joined the store: deterministic (an import error or a bad path?)";
         if (const int64_t left = in.max_restarts - in.attempt; left > 0)
-          s << "; " << left << " of " << in.max_restarts << " restarts left unused";
+          s << "; " << left << " of " << in.max_restarts << " restarts left unused (--retry_deterministic spends them)";
         s << "\n";
         break;
       case rdzv::FailCause::BudgetSpent:

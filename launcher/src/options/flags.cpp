@@ -30,6 +30,9 @@ constexpr FlagSpec kFlags[] = {
                             "read_timeout, is_host, ...)"},
     {"standalone", "", false, "single node, store on a free local port, random run id"},
     {"max_restarts", "", true, "restarts of the local worker group on failure (default 0)"},
+    {"retry_deterministic", "", false,
+     "spend restarts on a failure that repeats the same way within 2 s before the workers joined "
+     "their store (an import error; by default the job ends at the second one)"},
     {"monitor_interval", "", true,
      "accepted for torchrun compatibility and unused: ddprun never polls, it learns of a "
      "worker's exit at once"},

@@ -137,6 +137,7 @@ void lifecycle(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("max_restarts")) {
     o.faults.max_restarts = int_in("max_restarts", *s, 0, 1 << 20, "an integer >= 0");
   }
+  o.faults.retry_deterministic = g.get("retry_deterministic") != nullptr;
   if (auto s = g.get("monitor_interval")) o.faults.monitor_interval = seconds("monitor_interval", *s);
   if (auto s = g.get("start_method")) {
     std::string m = trim(*s);

@@ -58,6 +58,7 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     job.min_nodes = min_nodes;
     job.max_nodes = max_nodes;
     job.max_restarts = m.max_restarts;
+    job.retry_deterministic = m.retry_deterministic;
     job.fixed_store_port = m.fixed_store_port;
     job.last_call = milliseconds(m.last_call_ms);
     job.join_timeout = milliseconds(m.join_timeout_ms);
@@ -286,19 +287,24 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   std::string what = "rank " + std::to_string(m.global_rank) + " on " + describe(node) + " failed";
   if (!m.signal.empty()) what += " (signal " + m.signal + ")";
   else what += " (exit code " + std::to_string(m.exit_code) + ")";
-  const bool progressed = this->progressed(job);
-  if (!progressed && job.previous_failed_without_progress) {
+  // A deterministic failure (an import error, a bad path) repeats: the same rank, the same
+  // way, within seconds, before every worker joined the store. Only that is not retried.
+  const bool quick = !this->progressed(job) && m.runtime_ms <= kQuickFailure.count();  // -1: an older agent
+  const auto& prev = job.previous_quick_failure;
+  if (quick && prev && !job.retry_deterministic && prev->global_rank == m.global_rank &&
+      prev->exit_code == m.exit_code && prev->signal == m.signal) {
     // Say why the budget is not used up: a reader sees restarts left and no restart.
     const int64_t left = job.max_restarts - job.restart_count;
-    fail_job(job, what + " before every worker had joined the store, as in the attempt before: a deterministic "
-                  "failure (an import error or a bad path?), not retried" +
+    std::string took = m.runtime_ms >= 0 ? " after " + std::to_string(m.runtime_ms) + " ms" : std::string();
+    fail_job(job, what + took + ", before every worker had joined the store, as it did in the attempt before: a "
+                  "deterministic failure (an import error or a bad path?), not retried" +
                   (left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(job.max_restarts) +
-                                  " restarts are left"
+                                  " restarts are left (--retry_deterministic retries it)"
                             : std::string()),
              FailCause::Deterministic, out);
     return;
   }
-  job.previous_failed_without_progress = !progressed;
+  job.previous_quick_failure = quick ? std::optional<Failure>(m) : std::nullopt;
   if (job.restart_count >= job.max_restarts) {
     fail_job(job, what + "; the restart budget (max_restarts=" + std::to_string(job.max_restarts) + ") is spent",
              FailCause::BudgetSpent, out);

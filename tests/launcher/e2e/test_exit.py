@@ -165,6 +165,26 @@ class Exit(unittest.TestCase):
         self.assertIn("No module named 'no_such_module'", p.stderr)
 
 
+    def test_a_slow_transient_failure_spends_the_restarts_asked_for(self):
+        # Fails after 2.5 s twice, then succeeds (no torch.distributed, no store): torchrun
+        # retries it, and so does ddprun: only quick, identical failures are deterministic.
+        code = ("import os, sys, time\n"
+                "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                "print('attempt', n, flush=True)\n"
+                "time.sleep(2.5)\n"
+                "sys.exit(3 if n < 2 else 0)\n")
+        p = run(["--nproc_per_node=1", "--max-restarts=3"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("attempt 2", p.stdout)
+
+    def test_retry_deterministic_spends_every_restart(self):
+        p = run(["--nproc_per_node=1", "--max-restarts=2", "--retry_deterministic"] +
+                worker("import os; print('attempt', os.environ['TORCHELASTIC_RESTART_COUNT']); import no_such_module"))
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("attempt 2", p.stdout)
+        self.assertNotIn("not retried", p.stderr)
+
+
 class ExitBarrier(unittest.TestCase):
     # rank 0 prints and exits 0; rank 1 prints its pid and hangs (ignoring SIGTERM when asked).
     CODE = ("import os, signal, sys, time\n"

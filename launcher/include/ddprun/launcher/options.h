@@ -168,6 +168,9 @@ struct FaultOptions {
   // Restart without waiting for the failed attempt's workers to exit (they are stopped in the
   // background). Single node only; multi-node restarts always wait.
   bool overlap_restart = true;
+  // Retry a failure that repeats as a deterministic one (round_state.h kQuickFailure) while
+  // restarts are left, instead of ending the job at its second occurrence.
+  bool retry_deterministic = false;
 };
 
 // Warm spare interpreters (spare_plan.h).

@@ -81,6 +81,9 @@ struct Join {
   // per round) instead of a fresh port per round: static multi-node, where MASTER_PORT must
   // equal --master_port.
   bool fixed_store_port = false;
+  // Retry every failure while restarts are left, even one that repeats as a deterministic
+  // failure (the same rank, the same way, within seconds, before the workers joined the store).
+  bool retry_deterministic = false;
   // per node
   int64_t node_rank = -1;     // static: --node_rank; -1: the server assigns
   bool prefer_rank0 = false;  // this node hosts the endpoint
@@ -110,6 +113,7 @@ struct Join {
     v("min_nodes", s.min_nodes), v("max_nodes", s.max_nodes), v("max_restarts", s.max_restarts);
     v("last_call_ms", s.last_call_ms), v("join_timeout_ms", s.join_timeout_ms);
     v("heartbeat_timeout_ms", s.heartbeat_timeout_ms), v("fixed_store_port", s.fixed_store_port);
+    v("retry_deterministic", s.retry_deterministic);
     v("node_rank", s.node_rank), v("prefer_rank0", s.prefer_rank0);
     v("resume_round", s.resume_round), v("resume_restart_count", s.resume_restart_count);
     v("resume_node_rank", s.resume_node_rank), v("resume_nnodes", s.resume_nnodes);
@@ -135,6 +139,7 @@ struct Failure {
   std::string signal;  // "SIGKILL" when killed by a signal, else ""
   std::string when;    // wall time, UTC
   std::string stderr_tail;
+  int64_t runtime_ms = -1;  // how long the worker ran (-1: not said, an older agent)
   // filled by the server
   std::string host, node_id;
   int64_t node_rank = -1;
@@ -143,6 +148,7 @@ struct Failure {
   static void visit(S& s, V&& v) {
     v("round", s.round), v("global_rank", s.global_rank), v("local_rank", s.local_rank);
     v("exit_code", s.exit_code), v("signal", s.signal), v("when", s.when), v("stderr_tail", s.stderr_tail);
+    v("runtime_ms", s.runtime_ms);
     v("host", s.host), v("node_id", s.node_id), v("node_rank", s.node_rank);
   }
 };
@@ -221,7 +227,7 @@ struct JobDone {
 enum class FailCause : int64_t {
   Other = 0,
   BudgetSpent = 1,    // a failure with max_restarts restarts already spent
-  Deterministic = 2,  // two attempts in a row failed before every worker joined the store
+  Deterministic = 2,  // two attempts in a row failed the same way, quickly, before the store filled
   LostNodes = 3,      // fewer than min_nodes remain
   Timeout = 4,        // the rendezvous timed out
 };

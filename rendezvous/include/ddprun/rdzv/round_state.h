@@ -97,6 +97,10 @@ class RoundState {
   void on_tick(Clock::time_point now, std::vector<Outbound>& out);
   void set_tick_period(Clock::duration period) { tick_period_ = period; }
   static constexpr Clock::duration kStallSlack = std::chrono::milliseconds(100);
+  // A failure this quick (the worker's runtime), before every worker joined the store, and
+  // the same as the attempt before's (rank, exit code or signal) is deterministic: not retried
+  // unless the job asked for it (Join::retry_deterministic).
+  static constexpr std::chrono::milliseconds kQuickFailure{2000};
   // The gap the last tick found, when it was such a stall (else zero): for the server's log.
   Clock::duration last_stall() const { return last_stall_; }
   // The earliest last-call or join deadline, if any. Heartbeat expiry is not included: the
@@ -140,7 +144,10 @@ class RoundState {
     std::set<ConnId> succeeded;
     std::optional<Clock::time_point> last_call_deadline, join_deadline;
     std::optional<Failure> first_failure;
-    bool previous_failed_without_progress = false;
+    // The previous attempt's failure when it looked deterministic (quick, before every worker
+    // joined the store): the next one repeating it ends the job (on_failure).
+    std::optional<Failure> previous_quick_failure;
+    bool retry_deterministic = false;
     uint64_t seq = 0;
     // Resuming: the round's size and store port as the agents know them.
     int64_t resume_nnodes = 0;
