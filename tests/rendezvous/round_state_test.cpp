@@ -214,6 +214,27 @@ TEST_CASE("OnlyAQuickFailureRepeatingTheSameWayIsDeterministic", "[rdzv]") {
   CHECK(second_failure_ends_job({3, 1, -1}, {3, 1, -1}));            // an older agent says no runtime
 }
 
+TEST_CASE("EveryRankFailingAlikeIsDeterministicWhicheverIsReportedFirst", "[rdzv]") {
+  auto ends = [](const std::string& tail0, const std::string& tail1) {
+    Harness h;
+    h.stores.progress = false;
+    int64_t round = 0;
+    for (const auto& [rank, tail] : {std::pair<int64_t, std::string>{0, tail0}, {1, tail1}}) {
+      h.join(1, "a");
+      h.join(2, "b");
+      Message m;
+      m.type = MsgType::Failure;
+      m.set("round", round++).set("global_rank", rank).set("exit_code", 1).set("runtime_ms", 200);
+      m.set("stderr_tail", tail);
+      h.send(1, m);
+    }
+    return h.to(2, MsgType::JobFailed) != nullptr;
+  };
+  CHECK(ends("Traceback\nModuleNotFoundError: No module named 'x'\n", "ModuleNotFoundError: No module named 'x'\n"));
+  CHECK_FALSE(ends("RuntimeError: peer 3 gone\n", "RuntimeError: peer 0 gone\n"));
+  CHECK_FALSE(ends("", ""));  // nothing said: different ranks are different failures
+}
+
 TEST_CASE("LostNodeLeadsToANewRoundWhenMinRemains", "[rdzv]") {
   Harness h;
   h.join(1, "a", 1, 2, 3);

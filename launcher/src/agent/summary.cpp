@@ -106,7 +106,7 @@ void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
     switch (in.job_failed->fail_cause()) {
       case rdzv::FailCause::Deterministic:
         s << "[ddprun]   not retried: attempts " << in.attempt - 1 << " and " << in.attempt
-          << " failed the same way (same rank, same code) within "
+          << " failed the same way (same code, same rank or message) within "
           << rdzv::RoundState::kQuickFailure.count() / 1000
           << " s, before every worker had joined the store: deterministic (an import error or a bad path?)";
         if (const int64_t left = in.max_restarts - in.attempt; left > 0)

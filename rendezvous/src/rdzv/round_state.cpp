@@ -1,6 +1,7 @@
 #include "ddprun/rdzv/round_state.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "ddprun/rdzv/validate.h"
 #include "round_state_detail.h"
@@ -270,6 +271,20 @@ void RoundState::on_progress(Job& job, ConnId conn, const Progress& m) {
   if (job.phase == Phase::Running || job.phase == Phase::Resuming) job.agent_progress = true;
 }
 
+namespace {
+// The last non-empty line of a stderr tail ("" when none).
+std::string_view last_line(std::string_view tail) {
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.remove_suffix(1);
+  const auto nl = tail.rfind('\n');
+  return nl == std::string_view::npos ? tail : tail.substr(nl + 1);
+}
+// Two failures said the same last thing: every rank of an import error fails alike, and which
+// one is reported first is a race.
+bool same_last_line(const std::string& a, const std::string& b) {
+  return !last_line(a).empty() && last_line(a) == last_line(b);
+}
+}  // namespace
+
 void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out) {
   if (m.round != job.round || !is_participant(job, conn)) return;  // stale
   if (job.phase == Phase::Resuming) {
@@ -291,8 +306,8 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   // way, within seconds, before every worker joined the store. Only that is not retried.
   const bool quick = !this->progressed(job) && m.runtime_ms <= kQuickFailure.count();  // -1: an older agent
   const auto& prev = job.previous_quick_failure;
-  if (quick && prev && !job.retry_deterministic && prev->global_rank == m.global_rank &&
-      prev->exit_code == m.exit_code && prev->signal == m.signal) {
+  if (quick && prev && !job.retry_deterministic && prev->exit_code == m.exit_code && prev->signal == m.signal &&
+      (prev->global_rank == m.global_rank || same_last_line(prev->stderr_tail, m.stderr_tail))) {
     // Say why the budget is not used up: a reader sees restarts left and no restart.
     const int64_t left = job.max_restarts - job.restart_count;
     std::string took = m.runtime_ms >= 0 ? " after " + std::to_string(m.runtime_ms) + " ms" : std::string();

@@ -43,7 +43,7 @@ TEST_CASE("a deterministic failure says why it stopped and how many restarts wer
   const auto s = format_summary(in);
   CHECK_THAT(s, Catch::Contains("FAILED: worker rank 1 (local rank 1, pid 4242, host h) exit code 1"));
   CHECK_THAT(s, Catch::Contains("attempt 1 (max_restarts 3)"));
-  CHECK_THAT(s, Catch::Contains("not retried: attempts 0 and 1 both failed before every worker had joined the store"));
+  CHECK_THAT(s, Catch::Contains("not retried: attempts 0 and 1 failed the same way (same code, same rank or message) within 2 s, before every worker had joined the store"));
   CHECK_THAT(s, Catch::Contains("2 of 3 restarts left unused"));
   CHECK_THAT(s, Catch::Contains("No module named 'x'"));
   CHECK_FALSE(Catch::Contains("no restarts left").match(s));
