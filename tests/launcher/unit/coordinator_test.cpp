@@ -323,20 +323,26 @@ TEST_CASE("standing: a success reported while the server is down ends the job af
 }
 
 namespace {
+// A listening TCP socket on 127.0.0.1:port (a fake peer of the tests below).
+int listen_loopback(uint16_t port, int backlog) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, backlog) == 0);
+  return fd;
+}
+
 // What a stranger would do on a standing server's port while the server is down: answer each
 // connection with one frame (an ERROR, or a genuine CHALLENGE it recorded earlier), then close.
 class Impostor {
  public:
   Impostor(uint16_t port, std::vector<std::string> answers) : answers_(std::move(answers)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd_, 16) == 0);
+    fd_ = listen_loopback(port, 16);
     thread_ = std::thread([this] {
       while (!stop_) {
         pollfd p{fd_, POLLIN, 0};
@@ -441,15 +447,7 @@ namespace {
 class Silent {
  public:
   explicit Silent(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd_, 64) == 0);  // the kernel completes the connects; nobody reads
+    fd_ = listen_loopback(port, 64);  // the kernel completes the connects; nobody reads
   }
   ~Silent() { ::close(fd_); }
 
