@@ -49,43 +49,23 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
 import interop_common as ic  # noqa: E402
 from interop_common import Daemon, RawConn, blob, check, log, run_main, u64  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from ddprun_testlib import AGENT_HELLO, agent_frame, read_agent_frame  # noqa: E402
 
 P99_LIMIT_S = 0.050
 MAX_STALL_S = 2.0
 
 
-AGENT_HELLO = b"\x00DDPR"
 JOIN, HEARTBEAT, ROUND, ERROR = 1, 2, 20, 24
-
-
-def frame(msg_type, fields):
-    payload = bytes([msg_type]) + u64(len(fields)) + b"".join(blob(k) + blob(v) for k, v in sorted(fields.items()))
-    return len(payload).to_bytes(4, "little") + payload
+frame = agent_frame
 
 
 def read_frame(sock):
     """(type, fields) of the next frame; None when the connection closed."""
-    def exact(n):
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                return None
-            out += chunk
-        return out
-    head = exact(4)
-    body = head and exact(int.from_bytes(head, "little"))
-    if not body:
+    try:
+        return read_agent_frame(sock)
+    except (AssertionError, OSError):
         return None
-    fields, at = {}, 9
-    for _ in range(int.from_bytes(body[1:9], "little")):
-        kn = int.from_bytes(body[at:at + 8], "little")
-        k = body[at + 8:at + 8 + kn].decode()
-        at += 8 + kn
-        vn = int.from_bytes(body[at:at + 8], "little")
-        fields[k] = body[at + 8:at + 8 + vn].decode(errors="replace")
-        at += 8 + vn
-    return body[0], fields
 
 
 def join(port, run_id, node, nodes=1, heartbeat_timeout_ms=600000):

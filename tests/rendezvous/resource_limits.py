@@ -27,10 +27,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 import interop_common as ic  # noqa: E402
 from interop_common import Daemon, RawConn, blob, check, check_eq, log, run_main, u64  # noqa: E402
+from ddprun_testlib import AGENT_HELLO, agent_frame  # noqa: E402
 
-AGENT_HELLO = b"\x00DDPR"
 JOIN, ROUND, ERROR = 1, 20, 24
 
 
@@ -75,8 +76,7 @@ def warning_lines(d, needle=""):
 def join_bytes(run_id):
     fields = {"run_id": run_id, "node_id": run_id + "-node", "host": "127.0.0.1", "local_world_size": "1",
               "min_nodes": "1", "max_nodes": "1", "heartbeat_timeout_ms": "600000"}
-    payload = bytes([JOIN]) + u64(len(fields)) + b"".join(blob(k) + blob(v) for k, v in sorted(fields.items()))
-    return AGENT_HELLO + len(payload).to_bytes(4, "little") + payload
+    return AGENT_HELLO + agent_frame(JOIN, fields)
 
 
 def open_join(port, run_id):
