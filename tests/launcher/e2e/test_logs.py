@@ -82,11 +82,14 @@ class LogDisk(unittest.TestCase):
     """--log_dir on a full filesystem: a 64 KiB tmpfs mounted in a private mount namespace
     (root, as CI runs), so nothing outside this test sees it."""
     LINES = 20000  # ~2.4 MB per stream and rank, far past the 64 KiB disk
-    CODE = ("import os, sys\n"
+    # The first 50 lines of each stream (5 KiB) come alone, so they reach the files before the
+    # flood fills the disk, however the agent's reads happen to chunk the rest.
+    CODE = ("import os, sys, time\n"
             "r = os.environ['RANK']\n"
             "for i in range(%d):\n"
             "    print(f'o{r} {i} ' + 'x' * 100)\n"
             "    print(f'e{r} {i} ' + 'y' * 100, file=sys.stderr)\n"
+            "    if i == 49: sys.stdout.flush(); sys.stderr.flush(); time.sleep(0.3)\n"
             "sys.stdout.flush(); sys.stderr.flush()\n"
             "raise SystemExit(int(os.environ.get('EXIT_WITH', '0')))\n" % LINES)
 
