@@ -5,6 +5,8 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <latch>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -18,6 +20,10 @@ namespace ddprun::worker::testing {
 
 // Runs body(rank, comm) on every rank and returns each rank's exception message ("" when it
 // returned normally). No Catch assertions inside body: Catch is not thread-safe.
+// Every rank keeps its communicator until every rank is done (body returned or threw): Gloo's
+// connectFullMesh() can return on one rank while a peer still completes its side of a pair,
+// and a communicator destroyed at that moment fails the peer with "connection closed by peer"
+// (a worker that exits while its peers still connect fails them the same way in a real job).
 inline std::vector<std::string> on_gloo_ranks(int world, bool shared_memory, std::chrono::milliseconds timeout,
                                               const std::function<void(int, Communicator&)>& body) {
   server::StoreServerOptions so;
@@ -27,23 +33,27 @@ inline std::vector<std::string> on_gloo_ranks(int world, bool shared_memory, std
   server.start();
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> ts;
+  std::latch done(world);
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
+      std::unique_ptr<Store> store;
+      std::unique_ptr<Communicator> comm;
       try {
         StoreOptions co;
         co.host = "127.0.0.1";
         co.port = server.port();
         co.connect_timeout = timeout;
-        auto store = connect_store(co);
+        store = connect_store(co);
         GlooOptions go;
         go.hostname = "127.0.0.1";
         go.timeout = timeout;
         go.shared_memory = shared_memory;
-        auto comm = make_gloo_communicator(*store, r, world, go);
+        comm = make_gloo_communicator(*store, r, world, go);
         body(r, *comm);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
+      done.arrive_and_wait();
     });
   for (auto& t : ts) t.join();
   return errors;
