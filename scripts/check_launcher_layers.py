@@ -25,7 +25,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform",
     "options.h": "options", "slurm.h": "options",
     "worker_env.h": "workers", "worker_status.h": "workers", "entrypoint.h": "workers", "process.h": "workers",
-    "output.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
+    "output.h": "workers", "console.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
     "spare_plan.h": "spares",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
@@ -77,6 +77,8 @@ def main():
                 continue
             edges.setdefault(f, set()).add(rel)
             lt = layer_of(rel)
+            if lt is None:  # reported once, as a file of no layer
+                continue
             if lt != lf:
                 folder_edges.add((lf, lt))
             if lt != lf and lt not in ALLOWED[lf]:

@@ -25,6 +25,8 @@ debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev l
 # The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
 # test: man -w, systemd-analyze verify of the unit.
 debs+=(help2man man-db file systemd)
+# The console tests: a terminal (tmux) with a tqdm progress bar and a pdb session in it.
+debs+=(tmux python3-tqdm)
 main_only=0
 [[ "${1:-}" == --main ]] && main_only=1
 ((main_only)) && debs=("${main_debs[@]}")

@@ -6,7 +6,9 @@ and a time bound (a hang guard, generous: these machines are shared)."""
 import argparse
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -551,6 +553,53 @@ def scenario_single_node_store(args):
         assert "store: refused" not in local, local
     finally:
         run.close()
+
+
+def scenario_gloo_iface(args):
+    """GLOO_SOCKET_IFNAME on hosts with two interfaces: eth0 reaches the rendezvous, eth1 (a
+    second card) holds the address the hostname resolves to. Node 0: the hostname's interface
+    (eth1, Gloo's own choice); node 1, whose hostname resolves to 127.0.1.1: the interface
+    toward the rendezvous (eth0); node 2 set GLOO_SOCKET_IFNAME itself: kept. Each start line
+    says which and why. Hostnames: a UTS namespace per node; /etc/hosts: ip netns exec's
+    /etc/netns/<ns>/hosts."""
+    run = Run(args, 3)
+    etc_dirs = []
+    try:
+        names = {n: f"gnode{n}-{os.getpid()}" for n in range(3)}
+        for n in range(3):
+            ns = run.cluster.nodes[n]
+            second = f"198.19.0.{10 + n}"
+            # The second card: a veth pair inside the node (no dummy driver in every kernel).
+            for cmd in (["link", "add", "eth1", "type", "veth", "peer", "name", "eth1p"],
+                        ["addr", "add", f"{second}/24", "dev", "eth1"], ["link", "set", "eth1p", "up"],
+                        ["link", "set", "eth1", "up"]):
+                subprocess.run(["ip", "-n", ns] + cmd, check=True, capture_output=True)
+            d = os.path.join("/etc/netns", ns)
+            os.makedirs(d, exist_ok=True)
+            etc_dirs.append(d)
+            mine = "127.0.1.1" if n == 1 else second
+            with open(os.path.join(d, "hosts"), "w") as f:
+                f.write(f"127.0.0.1 localhost\n{mine} {names[n]}\n")
+        uts = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
+        for n in (0, 1, 2):
+            argv = uts + [names[n], args.ddprun] + dyn_flags(run, 3, 1) + [WORKER]
+            p = run.cluster.spawn(n, argv, env=run.env(n, {"GLOO_SOCKET_IFNAME": "eth0"} if n == 2 else None))
+            run.agents[n] = p
+        outs = {}
+        for n in range(3):
+            code, outs[n] = run.wait(n, 90)
+            assert code == 0, (n, code)
+        got = {int(r["DDPT_NODE"]): r["GLOO_SOCKET_IFNAME"] for r in run.records()}
+        assert got == {0: "eth1", 1: "eth0", 2: "eth0"}, got
+        assert (f"workers' GLOO_SOCKET_IFNAME=eth1 (the interface of 198.19.0.10, which the hostname {names[0]} "
+                "resolves to, as Gloo would)") in outs[0], outs[0]
+        assert (f"workers' GLOO_SOCKET_IFNAME=eth0 (the interface that reaches the rendezvous ({run.cluster.addr(1)}): "
+                f"the hostname {names[1]} resolves to loopback (127.0.1.1)") in outs[1], outs[1]
+        assert "GLOO_SOCKET_IFNAME" not in outs[2], outs[2]
+    finally:
+        run.close()
+        for d in etc_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}

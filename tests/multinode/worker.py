@@ -8,7 +8,7 @@ import time
 env = os.environ
 rec = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                                "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT",
-                               "TORCHELASTIC_RUN_ID", "DDPT_NODE")}
+                               "TORCHELASTIC_RUN_ID", "DDPT_NODE", "GLOO_SOCKET_IFNAME")}
 rec["pid"] = os.getpid()
 rec["t"] = time.time()
 line = json.dumps(rec) + "\n"

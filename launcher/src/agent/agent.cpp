@@ -116,6 +116,8 @@ void Agent::loop() {
         if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) dispatch(TimerExpired{});
       } else if (fd == group_->retire_timer_fd()) {
         group_->on_retire_timer();
+      } else if (fd == group_->console_timer_fd()) {
+        group_->on_console_timer();
       } else if (Worker* w = group_->by_exit_watch(fd)) {
         on_exit_watch(*w);
       } else {
@@ -246,7 +248,7 @@ void Agent::start_attempt(int attempt) {
                  layout_.run_id, where, std::chrono::duration<double, std::milli>(t0 - join_sent_).count(),
                  group_->current().size(), spawn_ms, ms_since(t_launch_),
                  opts_.faults.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
-                 start_line_note(plan_.interpreter));
+                 start_line_note(plan_.interpreter) + gloo_note_);
     group_->kill_stale_orphans();
     group_->start_spares(layout_, spawn_);
     return;

@@ -88,6 +88,7 @@ class Agent {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
   EnvMap extra_env_;  // added to every worker's environment unless already set
+  std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;
   int max_restarts_ = 0;  // the job's, as the round says
   std::optional<rdzv::JobFailed> job_failed_;

@@ -83,8 +83,20 @@ bool Agent::stop_requested() {
 
 void Agent::prepare_command() {
   // The command, the exit watch and the CPU sets are the plan's (launch_plan.h).
-  // Workers live in their own process groups: reading the terminal would stop them.
-  if (::isatty(0)) spawn_.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // stdin: one rank reads a terminal (rank 0, or --stdin_rank), so that pdb works there, and
+  // the others get /dev/null; a pipe or file is every worker's (torchrun's) unless
+  // --stdin_rank says otherwise. Workers run in sessions of their own, so a read of the
+  // terminal does not stop them (no SIGTTIN: it is not their controlling terminal).
+  const auto& chosen = opts_.output.stdin_rank;
+  if (chosen || ::isatty(0)) {
+    spawn_.stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int rank = chosen.value_or(0);
+    if (rank != OutputOptions::kNoStdinRank) {
+      spawn_.stdin_rank = rank;
+      spawn_.stdin_rank_fd = STDIN_FILENO;
+      spawn_.stdin_terminal = ::isatty(STDIN_FILENO) != 0;
+    }
+  }
   if (opts_.workers.early_exit_watch && !spawn_.exit_watch)
     spdlog::debug("early exit watch off: this kernel drops seccomp filters only at the reap (Linux < 6.11)");
   spawn_.env = [this](const GroupLayout& g, int local_rank, const std::string& error_file) {
@@ -199,14 +211,16 @@ void Agent::start_coordinator() {
     co.token = credentials_;
     coordinator_ = make_remote_coordinator(std::move(co));
   }
-  // Gloo binds to whatever the hostname resolves to, often 127.0.1.1 or the wrong NIC
-  // (pytorch#73656): point it at the interface that reaches the rendezvous, unless the user
-  // chose one (loopback needs nothing).
+  // Gloo binds to whatever the hostname resolves to, often 127.0.1.1, which other nodes
+  // cannot reach: keep Gloo's choice when it is a real interface of this host, else take the
+  // one that reaches the rendezvous; never over the user's own (loopback needs nothing).
   if (!env_.count("GLOO_SOCKET_IFNAME")) {
-    const std::string ifname = client::interface_of(coordinator_->node_address());
-    if (!ifname.empty() && ifname != "lo") {
-      extra_env_["GLOO_SOCKET_IFNAME"] = ifname;
-      spdlog::debug("workers get GLOO_SOCKET_IFNAME={} (the interface of {})", ifname, coordinator_->node_address());
+    const std::string host = client::hostname();
+    const GlooInterface gloo =
+        choose_gloo_interface(host, client::resolve_all(host), coordinator_->node_address(), client::interface_of);
+    if (!gloo.name.empty()) {
+      extra_env_["GLOO_SOCKET_IFNAME"] = gloo.name;
+      gloo_note_ = "; workers' GLOO_SOCKET_IFNAME=" + gloo.name + " (" + gloo.why + ")";
     }
   }
   epoll_event ev{};

@@ -46,6 +46,12 @@ constexpr FlagSpec kFlags[] = {
     {"redirects", "r", true, "streams to redirect to log files only: 0-3 or 0:3,1:0 per rank"},
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
     {"local_ranks_filter", "", true, "only these local ranks print to the console, e.g. 0,2"},
+    {"no_prefix", "", false,
+     "show the workers' output without the rank prefix ([r3]: one node, [n1 r3]: across nodes)"},
+    {"stdin_rank", "", true,
+     "the global rank that reads ddprun's stdin (the others get /dev/null), so breakpoint() and pdb "
+     "work there; none: no rank. Default: rank 0 when stdin is a terminal, otherwise every worker "
+     "inherits it (as under torchrun)"},
     {"local_addr", "", true, "address this node advertises"},
     {"rdzv_token_file", "", true,
      "a file (mode 0600, yours) holding the rendezvous token, a shared secret of 16+ bytes: agents "

@@ -174,6 +174,16 @@ void workers(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("redirects")) o.output.redirects = parse_std_streams("redirects", *s);
   if (auto s = g.get("tee")) o.output.tee = parse_std_streams("tee", *s);
   if (auto s = g.get("local_ranks_filter")) o.output.local_ranks_filter = parse_local_ranks_filter(*s);
+  o.output.no_prefix = g.get("no_prefix") != nullptr;
+  if (auto s = g.get("stdin_rank")) {
+    if (trim(*s) == "none") {
+      o.output.stdin_rank = OutputOptions::kNoStdinRank;
+    } else {
+      const auto r = to_int(trim(*s));
+      if (!r || *r < 0 || *r > (1 << 20)) bad("stdin_rank", *s, "a global rank (0, 1, ...) or none");
+      o.output.stdin_rank = static_cast<int>(*r);
+    }
+  }
   if (auto s = g.get("duplicate_stdout_filters")) o.output.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = g.get("duplicate_stderr_filters")) o.output.duplicate_stderr_filters = parse_filter_list(*s);
   if (auto s = g.get("numa_binding")) {

@@ -89,7 +89,7 @@ void Spares::replenish(const GroupLayout& layout, const SpawnTemplate& spawn) {
     req.executable = spawn.executable;
     req.argv = spare_argv(spawn.argv, kCtlFdInSpare, spare_priority_name(opts_.priority), opts_.preload);
     req.envp = to_envp(s->env);
-    req.stdin_fd = spawn.stdin_fd;
+    req.stdin_fd = s->stdin_fd = spawn.stdin_for(layout.global_rank_base + lr);
     req.reset_to_default = spawn.reset_to_default;
     req.exit_watch = spawn.exit_watch;
     req.exit_watch_no_new_privs = true;
@@ -238,7 +238,7 @@ bool Spares::on_reaped(pid_t pid, int st) {
 }
 
 std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<std::string>& argv, const EnvMap& env,
-                                              int stdout_w, int stderr_w, std::string& why) {
+                                              int stdin_fd, int stdout_w, int stderr_w, std::string& why) {
   auto it = by_rank_.find(local_rank);
   if (it == by_rank_.end()) {
     auto l = loss_.find(local_rank);
@@ -259,6 +259,11 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   }
   if (std::string m = spare_env_mismatch(s.env, env); !m.empty()) {
     why = "the environment changed (" + m + ")";
+    drop(local_rank, why, true);
+    return std::nullopt;
+  }
+  if (s.stdin_fd != stdin_fd) {  // the rank that reads stdin (--stdin_rank) moved to another node's slot
+    why = "it was started with another stdin (--stdin_rank)";
     drop(local_rank, why, true);
     return std::nullopt;
   }

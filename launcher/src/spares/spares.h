@@ -57,9 +57,10 @@ class Spares {
   };
   // Sends local rank `local_rank`'s ready spare the launch (stdout_w/stderr_w are the write
   // ends of the worker's pipes; the caller keeps and closes its own copies). The spare leaves
-  // the pool either way once sent. Nullopt with `why` when there is no usable spare.
+  // the pool either way once sent. Nullopt with `why` when there is no usable spare (one
+  // started with another stdin than `stdin_fd`, SpawnTemplate::stdin_for, is dropped).
   std::optional<Launch> launch(int local_rank, const std::vector<std::string>& argv, const EnvMap& env,
-                               int stdout_w, int stderr_w, std::string& why);
+                               int stdin_fd, int stdout_w, int stderr_w, std::string& why);
   // Waits (at most `timeout_ms`) for the spare's answer: empty when it runs the entry point,
   // else why not (the caller then SIGKILLs it and starts the rank cold). Closes ctl_fd.
   static std::string answer(Launch& l, int timeout_ms);
@@ -83,6 +84,7 @@ class Spares {
     pid_t pid = -1;
     int ctl = -1, out = -1, err = -1, exit_watch = -1;
     EnvMap env;
+    int stdin_fd = -1;  // what it was started with (SpawnTemplate::stdin_for)
     bool ready = false;
     std::chrono::steady_clock::time_point started;
     std::string ctl_buf;

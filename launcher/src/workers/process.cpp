@@ -65,7 +65,11 @@ void install_exit_watch(int sock, bool allow_no_new_privs) {
 [[noreturn]] void exec_child(const SpawnRequest& req, pid_t parent, int out_w, int err_w,
                              int status_w, int watch_w, char* const* argv, char* const* envp,
                              const cpu_set_t* affinity, size_t affinity_size) {
-  ::setpgid(0, 0);
+  // A session of its own (torchrun's start_new_session): its own process group, signalled as
+  // one; no controlling terminal, so a read of the terminal (pdb on --stdin_rank) does not
+  // stop it; and its own scheduler autogroup, so the workers compete with the rest of the host
+  // as separate jobs, not as one share with the shell that started ddprun.
+  ::setsid();
   // Before exec, so the worker's first thread and every thread it starts inherit the set.
   if (affinity != nullptr && ::sched_setaffinity(0, affinity_size, affinity) != 0) {
     int e = errno;
@@ -178,8 +182,8 @@ SpawnedProcess spawn_process(const SpawnRequest& req) {
                affinity.size);
   }
 
-  // Also from the parent, so that signalling the group cannot race the child's own setpgid.
-  ::setpgid(pid, pid);
+  // Until the child's setsid(), its group is ours: signal_process_group() then signals the
+  // child alone (it cannot be made a group leader from here: setsid() would then fail).
   ::close(out[1]);
   ::close(err[1]);
   ::close(status[1]);
@@ -324,7 +328,9 @@ void become_child_subreaper() {
 
 bool signal_process_group(pid_t pgid, int signo) {
   if (pgid <= 1) return false;
-  return ::kill(-pgid, signo) == 0;
+  if (::kill(-pgid, signo) == 0) return true;
+  // No such group: a child between fork and its setsid() is still in ours.
+  return errno == ESRCH && pgid != ::getpid() && ::getpgid(pgid) == ::getpgrp() && ::kill(pgid, signo) == 0;
 }
 
 namespace {

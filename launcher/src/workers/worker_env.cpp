@@ -119,4 +119,32 @@ std::vector<std::string> to_envp(const EnvMap& env) {
   return out;
 }
 
+namespace {
+bool is_loopback(const std::string& addr) {
+  return addr.rfind("127.", 0) == 0 || addr == "::1" || addr.rfind("::ffff:127.", 0) == 0;
+}
+}  // namespace
+
+GlooInterface choose_gloo_interface(const std::string& hostname, const std::vector<std::string>& hostname_addrs,
+                                    const std::string& rendezvous_addr,
+                                    const std::function<std::string(const std::string&)>& iface_of) {
+  for (const auto& addr : hostname_addrs) {
+    if (is_loopback(addr)) continue;
+    const std::string name = iface_of(addr);
+    if (!name.empty() && name != "lo")
+      return {name, "the interface of " + addr + ", which the hostname " + hostname + " resolves to, as Gloo would"};
+  }
+  const std::string name = iface_of(rendezvous_addr);
+  if (name.empty() || name == "lo") return {};
+  std::string reason;
+  if (hostname_addrs.empty()) {
+    reason = "the hostname " + hostname + " does not resolve";
+  } else if (is_loopback(hostname_addrs.front())) {
+    reason = "the hostname " + hostname + " resolves to loopback (" + hostname_addrs.front() + "), which other nodes cannot reach";
+  } else {
+    reason = "the hostname " + hostname + " resolves to " + hostname_addrs.front() + ", an address of no interface here";
+  }
+  return {name, "the interface that reaches the rendezvous (" + rendezvous_addr + "): " + reason};
+}
+
 }  // namespace ddprun::launcher

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +54,13 @@ void write_console(int fd, std::string_view data) {
   write_all(fd, data);  // the console gone (EPIPE): drop, the run goes on
 }
 
+// Whether our stdout and stderr are the same file (a terminal, one log): one console line.
+bool same_console() {
+  struct stat a {}, b {};
+  return ::fstat(1, &a) == 0 && ::fstat(2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
+         a.st_rdev == b.st_rdev;
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares, bool multi_node, int epoll_fd,
@@ -61,10 +69,14 @@ WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares
       job_multi_node_(multi_node),
       epoll_fd_(epoll_fd),
       guardian_(guardian),
+      console_(same_console()),
       spares_(spares, epoll_fd, guardian) {
   retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   DDPRUN_CHECK_SYS(retire_timer_fd_);
   watch_fd(retire_timer_fd_);
+  console_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  DDPRUN_CHECK_SYS(console_timer_fd_);
+  watch_fd(console_timer_fd_);
 }
 
 WorkerGroup::~WorkerGroup() {
@@ -72,6 +84,7 @@ WorkerGroup::~WorkerGroup() {
   for (auto& g : retiring_)
     for (auto& w : g.workers) forget(*w);
   if (retire_timer_fd_ >= 0) ::close(retire_timer_fd_);
+  if (console_timer_fd_ >= 0) ::close(console_timer_fd_);
 }
 
 void WorkerGroup::watch_fd(int fd) {
@@ -185,6 +198,7 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
                  {console_allowed ? LogWriteFailures::Console::Kind::Every : LogWriteFailures::Console::Kind::None});
   }
   s.console_allowed = console_allowed;
+  s.console_id = next_console_id_++;
   s.console = console_allowed && (!(redirect & bit) || (tee & bit) || s.log_fd < 0);
   s.filter = DuplicateFilter(bit == kStreamOut ? output_.duplicate_stdout_filters : output_.duplicate_stderr_filters);
   if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
@@ -203,7 +217,7 @@ void WorkerGroup::offer_spare(Worker& w, Pending& p, const SpawnTemplate& spawn,
   std::string why;
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   if (spares_.enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
-    p.warm = spares_.launch(w.local_rank, spawn.argv, p.env, out[1], err[1], why);
+    p.warm = spares_.launch(w.local_rank, spawn.argv, p.env, spawn.stdin_for(w.global_rank), out[1], err[1], why);
   }
   for (int fd : {out[1], err[1]})
     if (fd >= 0) ::close(fd);
@@ -249,7 +263,7 @@ bool WorkerGroup::begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn
     req.executable = spawn.executable;
     req.argv = spawn.argv;
     req.envp = to_envp(p.env);
-    req.stdin_fd = spawn.stdin_fd;
+    req.stdin_fd = spawn.stdin_for(w.global_rank);
     req.reset_to_default = spawn.reset_to_default;
     req.exit_watch = spawn.exit_watch;
     // Without CAP_SYS_ADMIN the filter needs no_new_privs: allowed, as --early_exit_watch says.
@@ -262,6 +276,7 @@ bool WorkerGroup::begin_worker(Worker& w, Pending& p, const SpawnTemplate& spawn
     guardian_.watch(w.pid);  // a spare's group is watched since its start
   }
   w.started = Clock::now();
+  w.interactive = spawn.stdin_terminal && spawn.stdin_rank == w.global_rank;
   for (auto [fd, is_err] : {std::pair{w.out.fd, false}, std::pair{w.err.fd, true}}) {
     watch_fd(fd);
     by_fd_[fd] = {&w, is_err};
@@ -494,20 +509,39 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
   std::string rest;
   if (eof && s.splitter.flush(rest)) lines.push_back(std::move(rest));
   s.lines += lines.size();
+  if (s.console) {
+    std::vector<ConsoleMux::Write> writes;
+    const auto now = Clock::now();
+    console_.feed(s.console_id, is_err ? 2 : 1, output_.no_prefix ? "" : console_prefix(node_rank_, w.global_rank, multi_node_),
+                  data, now, writes, w.interactive);
+    if (eof) console_.close(s.console_id, now, writes);
+    to_console(writes);
+  }
   if (lines.empty()) return;
-  std::string console, filtered;
+  std::string filtered;
   const std::string prefix = console_prefix(node_rank_, w.global_rank, multi_node_);
   for (const auto& line : lines) {
-    if (is_err) w.tail.push(line);
+    if (is_err) w.tail.push(ConsoleMux::visible(line));
     if (s.filtered_fd >= 0 && s.filter.matches(line)) filtered += prefix + line + '\n';
-    if (s.console) {
-      console += prefix;
-      console += line;
-      console += '\n';
-    }
   }
-  if (!console.empty()) write_console(is_err ? 2 : 1, console);
   if (!filtered.empty()) write_log(s.filtered_fd, s.filtered_path, filtered);
+}
+
+void WorkerGroup::to_console(std::vector<ConsoleMux::Write>& writes) {
+  for (auto& wr : writes) write_console(wr.fd, wr.bytes);
+  writes.clear();
+  const auto next = console_.next_due();
+  // At least 1 ns: a time already passed fires at once (0 would disarm).
+  arm_timerfd(console_timer_fd_,
+              next ? std::max(1e-9, std::chrono::duration<double>(*next - Clock::now()).count()) : 0.0);
+}
+
+void WorkerGroup::on_console_timer() {
+  uint64_t expirations = 0;
+  if (::read(console_timer_fd_, &expirations, sizeof expirations) != sizeof expirations) return;
+  std::vector<ConsoleMux::Write> writes;
+  console_.flush_due(Clock::now(), writes);
+  to_console(writes);
 }
 
 bool WorkerGroup::write_log(int fd, const std::string& path, std::string_view data) {
@@ -521,6 +555,11 @@ void WorkerGroup::log_failed(const std::string& path, int err, uint64_t bytes_lo
 }
 
 void WorkerGroup::close_stream(Stream& s) {
+  if (s.console_id != 0) {  // a line left open ends with '\n' (a no-op after the end of stream)
+    std::vector<ConsoleMux::Write> writes;
+    console_.close(s.console_id, Clock::now(), writes);
+    if (!writes.empty()) to_console(writes);
+  }
   if (s.fd >= 0) {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s.fd, nullptr);
     by_fd_.erase(s.fd);

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ddprun/launcher/console.h"
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/output.h"
 #include "ddprun/launcher/process.h"
@@ -42,6 +43,7 @@ struct Stream {
   bool console_allowed = true;
   LineSplitter splitter;
   uint64_t lines = 0;  // complete lines read so far
+  ConsoleMux::StreamId console_id = 0;  // its name in the console (ConsoleMux)
 };
 
 struct Worker {
@@ -53,6 +55,7 @@ struct Worker {
   // Its exit was seen through the early exit watch and dispatched; the reap only finishes it.
   bool exit_reported = false;
   bool from_spare = false;  // started from a warm spare (spares.h), not exec'd
+  bool interactive = false;  // it reads ddprun's terminal (--stdin_rank)
   int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
   Stream out;
   Stream err;
@@ -94,6 +97,10 @@ class WorkerGroup {
   void kill_stale_orphans();
   // The retire timer's descriptor (on the epoll set): call on_retire_timer() when readable.
   int retire_timer_fd() const { return retire_timer_fd_; }
+  // The console timer's descriptor (partial lines and progress bars held back): call
+  // on_console_timer() when readable.
+  int console_timer_fd() const { return console_timer_fd_; }
+  void on_console_timer();
 
   // Look-ups for the loop's events. Null when not ours.
   Worker* by_pid(pid_t pid);
@@ -160,6 +167,7 @@ class WorkerGroup {
   bool read_stream(Worker& w, Stream& s, bool is_err, size_t budget);
   void emit_lines(Worker& w, Stream& s, bool is_err, std::string_view data, bool eof);
   void close_stream(Stream& s);
+  void to_console(std::vector<ConsoleMux::Write>& writes);
   void forget(Worker& w);
   void watch_fd(int fd);
   // Writes `data` to a log file; false when it failed (recorded, warned about once per file).
@@ -171,6 +179,9 @@ class WorkerGroup {
   int epoll_fd_;
   Guardian& guardian_;
   int retire_timer_fd_ = -1;
+  int console_timer_fd_ = -1;
+  ConsoleMux console_;
+  ConsoleMux::StreamId next_console_id_ = 1;
   int node_rank_ = 0;
   bool multi_node_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's

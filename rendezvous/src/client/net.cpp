@@ -216,6 +216,30 @@ bool is_local_address(const std::string& host) {
   return local;
 }
 
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+std::vector<std::string> resolve_all(const std::string& host) {
+  std::vector<std::string> out;
+  addrinfo* res = nullptr;
+  std::string error;
+  if (host.empty() || resolve_until(host, 0, Clock::now() + kResolveAttempt, {}, res, error) != ResolveOutcome::Resolved)
+    return out;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (ai->ai_family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr, buf, sizeof buf);
+    else if (ai->ai_family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr, buf, sizeof buf);
+    if (*buf && std::find(out.begin(), out.end(), buf) == out.end()) out.emplace_back(buf);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
 int connect_until(const std::string& host, uint16_t port, Clock::time_point deadline,
                   const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error) {
   const std::string where = host + ":" + std::to_string(port);

@@ -13,9 +13,12 @@ import glob
 import os
 import re
 import selectors
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -121,6 +124,61 @@ class Live:
         tail = (self._buf + out).decode().split("\n")
         self.lines += [l for l in tail if l]
         return self.p.returncode, err.decode()
+
+
+class Tmux:
+    """One tmux server of our own (-L), one window running `command` in a shell, sized 150x40."""
+
+    def __init__(self, command):
+        self.sock = f"ddprun-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.dir = tempfile.mkdtemp(prefix="ddprun-tmux-")
+        self.status = os.path.join(self.dir, "status")
+        # The exit status goes to a file; the shell then waits, so the screen stays readable.
+        shell = f"{command}; echo $? > {shlex.quote(self.status)}; sleep 600"
+        self.tmux("new-session", "-d", "-s", "t", "-x", "150", "-y", "40", shell)
+
+    def tmux(self, *args):
+        return subprocess.run(["tmux", "-L", self.sock, "-f", "/dev/null"] + list(args), capture_output=True,
+                              text=True, check=True, timeout=HANG_GUARD)
+
+    def screen(self):
+        return self.tmux("capture-pane", "-p", "-t", "t", "-S", "-200").stdout
+
+    def keys(self, text):
+        self.tmux("send-keys", "-t", "t", "-l", text)
+        self.tmux("send-keys", "-t", "t", "Enter")
+
+    def wait_screen(self, predicate, what, timeout=HANG_GUARD):
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.screen()
+            if predicate(s):
+                return s
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; the screen:\n{s}")
+            time.sleep(0.02)
+
+    def exit_status(self, timeout=HANG_GUARD):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(self.status) as f:
+                    text = f.read().strip()
+                if text:
+                    return int(text)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"ddprun did not end; the screen:\n{self.screen()}")
+
+    def close(self):
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def in_terminal(args):
+    """The shell command that runs ddprun with `args` (each quoted)."""
+    return " ".join(shlex.quote(a) for a in [DDPRUN] + args)
 
 
 def wait_pid_gone(pid, timeout):

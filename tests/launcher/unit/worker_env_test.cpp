@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <map>
 
 #include "ddprun/launcher/worker_env.h"
 
@@ -165,4 +166,32 @@ TEST_CASE("the rendezvous token is not passed to workers", "[env]") {
   auto env = build_worker_env(parent, opts(2), layout(2), 0, "/logs/0/error.json");
   CHECK(env.count("DDPRUN_RDZV_TOKEN") == 0);
   CHECK(env.at("PATH") == "/usr/bin");
+}
+
+TEST_CASE("GLOO_SOCKET_IFNAME: the hostname's interface when it is a real one, else the rendezvous route", "[env]") {
+  const std::map<std::string, std::string> ifaces = {
+      {"10.1.0.5", "ib0"}, {"198.18.0.10", "eth0"}, {"127.0.0.1", "lo"}, {"127.0.1.1", "lo"}};
+  auto iface_of = [&](const std::string& a) {
+    auto it = ifaces.find(a);
+    return it == ifaces.end() ? std::string() : it->second;
+  };
+  // Gloo's own pick (the hostname's address) when it is an interface of this host.
+  auto g = choose_gloo_interface("n1", {"10.1.0.5"}, "198.18.0.10", iface_of);
+  CHECK(g.name == "ib0");
+  CHECK(g.why == "the interface of 10.1.0.5, which the hostname n1 resolves to, as Gloo would");
+  // Loopback first, a real address after it: the real one.
+  CHECK(choose_gloo_interface("n1", {"127.0.1.1", "10.1.0.5"}, "198.18.0.10", iface_of).name == "ib0");
+  // Loopback only: the interface toward the rendezvous, and why.
+  g = choose_gloo_interface("n1", {"127.0.1.1"}, "198.18.0.10", iface_of);
+  CHECK(g.name == "eth0");
+  CHECK(g.why == "the interface that reaches the rendezvous (198.18.0.10): the hostname n1 resolves to loopback "
+                 "(127.0.1.1), which other nodes cannot reach");
+  // An address of another host (a stale /etc/hosts), or no answer at all.
+  g = choose_gloo_interface("n1", {"192.0.2.7"}, "198.18.0.10", iface_of);
+  CHECK(g.name == "eth0");
+  CHECK(g.why.find("resolves to 192.0.2.7, an address of no interface here") != std::string::npos);
+  g = choose_gloo_interface("n1", {}, "198.18.0.10", iface_of);
+  CHECK(g.why.find("the hostname n1 does not resolve") != std::string::npos);
+  // Everything on loopback (one host): nothing to set.
+  CHECK(choose_gloo_interface("n1", {"127.0.1.1"}, "127.0.0.1", iface_of).name.empty());
 }

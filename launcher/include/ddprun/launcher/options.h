@@ -133,6 +133,11 @@ struct OutputOptions {
   StdStreamSpec redirects;
   StdStreamSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
+  bool no_prefix = false;  // --no_prefix: worker lines reach the console without "[r3]: "
+  // --stdin_rank: the global rank that gets ddprun's stdin (the others /dev/null); kNoStdinRank
+  // ("none"): no rank. Unset: rank 0 when stdin is a terminal, else every worker inherits it.
+  static constexpr int kNoStdinRank = -1;
+  std::optional<int> stdin_rank;
   // --duplicate_stdout_filters / --duplicate_stderr_filters (torchrun's comma_separated_list:
   // ",," is a literal comma). Lines of the tee'd streams that contain any of the needles are
   // copied to <attempt dir>/filtered_stdout.log / filtered_stderr.log (output.h's

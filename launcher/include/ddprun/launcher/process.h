@@ -33,7 +33,12 @@ namespace ddprun::launcher {
 struct SpawnTemplate {
   std::string executable;
   std::vector<std::string> argv;
-  int stdin_fd = -1;
+  int stdin_fd = -1;  // every worker's stdin (-1: the agent's own)
+  // --stdin_rank: this global rank gets stdin_rank_fd instead (the agent's terminal).
+  std::optional<int> stdin_rank;
+  int stdin_rank_fd = -1;
+  bool stdin_terminal = false;  // stdin_rank_fd is a terminal (its output is interactive)
+  int stdin_for(int global_rank) const { return stdin_rank && *stdin_rank == global_rank ? stdin_rank_fd : stdin_fd; }
   std::vector<int> reset_to_default;
   bool exit_watch = false;
   // The CPUs of each local rank (--numa_binding; empty: the agent's own affinity).

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,20 @@ std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvM
 
 // "K=V" strings, for execve.
 std::vector<std::string> to_envp(const EnvMap& env);
+
+// GLOO_SOCKET_IFNAME for the workers of a multi-node job (set only when the user set none):
+// the interface of the first address this node's hostname resolves to that is not loopback
+// and belongs to this host (what Gloo itself binds to, given the hostname); else the interface
+// of this node's address toward the rendezvous. `name` empty: set nothing (loopback only).
+struct GlooInterface {
+  std::string name;
+  std::string why;  // for the start line: "the interface of ..., which ... resolves to"
+};
+// `hostname_addrs`: what `hostname` resolves to, in getaddrinfo's order; `rendezvous_addr`:
+// this node's address on its connection to the rendezvous; `iface_of`: the interface that
+// holds a local address ("" for an address of no interface here).
+GlooInterface choose_gloo_interface(const std::string& hostname, const std::vector<std::string>& hostname_addrs,
+                                    const std::string& rendezvous_addr,
+                                    const std::function<std::string(const std::string&)>& iface_of);
 
 }  // namespace ddprun::launcher

@@ -15,6 +15,11 @@ namespace ddprun::client {
 // name lookup is bounded (5 s; no answer: not this machine).
 bool is_local_address(const std::string& host);
 
+// This host's name (gethostname), and the numeric addresses a name resolves to, in the
+// resolver's order, without repeats (bounded like is_local_address; none when it fails).
+std::string hostname();
+std::vector<std::string> resolve_all(const std::string& host);
+
 // The interface that carries `addr` (e.g. "eth0"), or "" when none does.
 std::string interface_of(const std::string& addr);
 // Every address of this host's interfaces (IPv4 and IPv6, numeric).
