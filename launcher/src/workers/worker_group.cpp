@@ -495,13 +495,19 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
   // A redirected stream whose file fails goes to the console from then on (this chunk's
   // lines included, the one it completes in full), so the failure loses nothing; the lines
   // before it are in the file only, and the summary says which.
+  // The console's first bytes then are the start of the line this chunk completes (held by
+  // the splitter), so that line reaches it whole.
+  std::string line_start;
   if (s.log_fd >= 0 && !data.empty()) {
     std::string_view unwritten = data;
     if (const int err = write_all(s.log_fd, unwritten); err != 0) {
       using Kind = LogWriteFailures::Console::Kind;
       const Kind kind = s.console ? Kind::Every : s.console_allowed ? Kind::From : Kind::None;
       log_failed(s.log_path, err, unwritten.size(), {kind, s.lines});
-      if (s.console_allowed) s.console = true;
+      if (s.console_allowed && !s.console) {
+        s.console = true;
+        line_start = s.splitter.pending();
+      }
     }
   }
   std::vector<std::string> lines;
@@ -512,8 +518,9 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
   if (s.console) {
     std::vector<ConsoleMux::Write> writes;
     const auto now = Clock::now();
-    console_.feed(s.console_id, is_err ? 2 : 1, output_.no_prefix ? "" : console_prefix(node_rank_, w.global_rank, multi_node_),
-                  data, now, writes, w.interactive);
+    const std::string prefix = output_.no_prefix ? "" : console_prefix(node_rank_, w.global_rank, multi_node_);
+    if (!line_start.empty()) console_.feed(s.console_id, is_err ? 2 : 1, prefix, line_start, now, writes, w.interactive);
+    console_.feed(s.console_id, is_err ? 2 : 1, prefix, data, now, writes, w.interactive);
     if (eof) console_.close(s.console_id, now, writes);
     to_console(writes);
   }

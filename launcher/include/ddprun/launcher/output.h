@@ -25,6 +25,8 @@ class LineSplitter {
   void feed(std::string_view bytes, std::vector<std::string>& lines);
   // The unterminated rest, if any (at end of stream).
   bool flush(std::string& line);
+  // The unterminated rest, left in place.
+  const std::string& pending() const { return partial_; }
 
  private:
   size_t max_line_;
