@@ -25,6 +25,11 @@ struct Harness {
     reply.clear();
     others.clear();
     last = state.apply(c, wire::Dialect::D2, r, reply, others);
+    // A request applied in slices (ApplyResult::more) is continued, as the server does.
+    while (last.more) {
+      REQUIRE(reply.empty());
+      last = state.apply(c, wire::Dialect::D2, r, reply, others);
+    }
     return reply.flatten();
   }
 };
@@ -428,6 +433,53 @@ TEST_CASE("WaitOfManyKeysIsLinear: 64 Ki keys with duplicates in well under a se
   h.call(1, Op::Set, {"/key/" + std::to_string(48 * 1024 - 1)}, {"v"});
   REQUIRE(h.others.size() == 1);
   CHECK(h.others[0].conn == 2);
+}
+
+TEST_CASE("A WAIT of many keys is registered in slices and answers once, after its last slice", "[state][cost]") {
+  Harness h;
+  const size_t n = 3 * store::kWaitSlice + 5;
+  wire::Request wait;
+  wait.op = Op::Wait;
+  for (size_t i = 0; i < n; ++i) wait.keys.push_back("/k/" + std::to_string(i % (n - 10)));  // 10 repeats
+  h.call(1, Op::Set, {"/k/0"}, {"v"});  // there already
+  store::Reply r;
+  std::vector<store::Outgoing> others;
+  auto slice = [&] {
+    r.clear();
+    return h.state.apply(2, wire::Dialect::D2, wait, r, others);
+  };
+  int slices = 1;
+  auto res = slice();
+  // Between slices (the server lets its lock go there), every other key appears, one of them a
+  // key the WAIT already registered and one it has yet to see; nothing answers the WAIT yet.
+  while (res.more) {
+    CHECK(r.empty());
+    for (size_t i = 1; i < n - 10; ++i) h.call(3, Op::Set, {"/k/" + std::to_string(i)}, {"v"});
+    for (const auto& o : h.others) CHECK(o.conn != 2);
+    res = slice();
+    ++slices;
+  }
+  CHECK(slices == 4);
+  CHECK(others.empty());
+  // Every key existed by the last slice: the WAIT is answered by its own reply, once.
+  CHECK(r.flatten() == std::string(1, static_cast<char>(wire::kWaitStop)));
+  CHECK(h.state.num_waiting_connections() == 0);
+  h.call(3, Op::Set, {"/k/1"}, {"again"});
+  CHECK(h.others.empty());
+  CHECK(h.state.memory() == h.state.bytes());  // the keys it named are no longer counted
+}
+
+TEST_CASE("A WAIT in slices that some key still lacks is answered by the SET of that key", "[state]") {
+  Harness h;
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < 2 * store::kWaitSlice; ++i) keys.push_back("/w/" + std::to_string(i));
+  CHECK(h.call(2, Op::Wait, keys).empty());  // all slices: deferred
+  for (size_t i = 0; i + 1 < keys.size(); ++i) h.call(1, Op::Set, {keys[i]}, {"v"});
+  CHECK(h.others.empty());
+  h.call(1, Op::Set, {keys.back()}, {"v"});
+  REQUIRE(h.others.size() == 1);
+  CHECK(h.others[0].conn == 2);
+  CHECK(h.state.num_waiting_connections() == 0);
 }
 
 TEST_CASE("AppendIsAmortisedLinear: 15,000 appends grow the value in place", "[state][cost]") {

@@ -48,6 +48,7 @@ struct IoThread {
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
   std::atomic<uint64_t> requests{0};
   uint64_t batch_reply_bytes = 0;  // replies produced by the batch of requests being handled
+  bool more = false;  // the request in `req` is partly applied (store::ApplyResult::more)
 };
 
 // Who the peer is and what it has proved: the one place of a connection's authentication

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "server_core.h"
 
@@ -146,6 +147,21 @@ void ServerCore::on_input(const ConnPtr& c) {
         continue;
       }
       bad = on_store_request(t, c);
+      // A request applied in slices (a WAIT of many keys): the lock is let go between them,
+      // so other connections of its keyspace wait for one slice, not for the whole request.
+      while (bad.empty() && t.more) {
+        note_hold(std::chrono::steady_clock::now() - locked_at);
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+        locked_at = std::chrono::steady_clock::now();
+        if (c->revoked) break;  // its state is dropped when it closes (below)
+        bad = on_store_request(t, c, true);
+      }
+      if (c->revoked) {
+        revoked = true;
+        break;
+      }
       if (!bad.empty()) break;
       if (pos < c->in_size && (t.batch_reply_bytes > kYieldAfterReplyBytes ||
                                ((++served & 15) == 0 && std::chrono::steady_clock::now() - locked_at > kYieldAfterHold))) {
@@ -224,16 +240,19 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
   return false;
 }
 
-// Returns why c must be closed ("" = served).
-std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
+// Returns why c must be closed ("" = served). `continued`: the next slice of a request that
+// was partly applied (its budget check was done with its first).
+std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c, bool continued) {
   t.others.clear();
   t.reply.clear();
+  t.more = false;
   // What the request may add to the store: refused before anything changes when past the budget.
-  uint64_t incoming = 0;
-  for (const auto& k : t.req.keys) incoming += k.size();
-  for (const auto& v : t.req.values) incoming += v.size();
-  if (stores_bytes(t.req.op) && !budget.fits(incoming))
-    return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+  if (!continued && stores_bytes(t.req.op)) {
+    uint64_t incoming = 0;
+    for (const auto& k : t.req.keys) incoming += k.size();
+    for (const auto& v : t.req.values) incoming += v.size();
+    if (!budget.fits(incoming)) return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+  }
   store::ApplyResult applied;
   try {
     applied = c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
@@ -244,6 +263,7 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c) {
     t.others.clear();
   }
   if (applied.close) return std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+  t.more = applied.more;
   t.batch_reply_bytes += t.reply.wire_size();
   if (!t.reply.empty()) io.append(t, c, t.reply);
   route_locked(t, *c->ks, t.others);

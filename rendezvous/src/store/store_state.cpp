@@ -60,7 +60,7 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
     for (ConnId c : conns) {
       auto wt = waiters_.find(c);
       if (wt == waiters_.end()) continue;
-      if (--wt->second.remaining == 0) {
+      if (--wt->second.remaining == 0 && !wt->second.registering) {
         erase_waiter(wt);
         others.push_back({c, status(wire::kWaitStop)});
       }
@@ -188,32 +188,38 @@ ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::v
 
 ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
   (void)others;
-  // Duplicates removed with a hash set: O(keys) (a linear search per key made a WAIT of
-  // 64 Ki keys hold the lock for 42 s).
-  Waiter waiter;
-  std::vector<size_t> missing;  // first occurrences of keys not there yet
-  {
-    std::unordered_set<std::string_view> seen;  // views into req.keys: gone before they move
-    seen.reserve(req.keys.size());
-    for (size_t i = 0; i < req.keys.size(); ++i)
-      if (!exists(req.keys[i]) && seen.insert(req.keys[i]).second) missing.push_back(i);
+  // Registered kWaitSlice keys per call (ApplyResult::more), duplicates dropped with a hash
+  // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
+  // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
+  auto it = waiters_.find(conn);
+  if (it == waiters_.end() || !it->second.registering) {
+    remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
+    it = waiters_.emplace(conn, Waiter{}).first;
+    it->second.registering = true;
+    it->second.seen.reserve(std::min(req.keys.size(), size_t{1} << 16));
   }
-  waiter.keys.reserve(missing.size());
-  for (size_t i : missing) waiter.keys.push_back(std::move(req.keys[i]));
-  if (waiter.keys.empty()) {
-    w.u8(wire::kWaitStop);
-    return {};
-  }
-  remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
-  waiter.remaining = waiter.keys.size();
-  waiting_on_.reserve(waiting_on_.size() + waiter.keys.size());  // one rehash, not a cascade
-  for (const auto& k : waiter.keys) {
+  Waiter& waiter = it->second;
+  const size_t end = std::min(req.keys.size(), waiter.next + kWaitSlice);
+  uint64_t bytes = 0;
+  for (size_t i = waiter.next; i < end; ++i) {
+    const std::string& k = req.keys[i];
+    if (exists(k) || !waiter.seen.insert(k).second) continue;
     waiting_on_[k].push_back(conn);
-    waiter.bytes += entry_bytes(k);
+    waiter.keys.push_back(k);
+    ++waiter.remaining;
+    bytes += entry_bytes(k);
   }
-  aux_bytes_ += waiter.bytes;
-  waiters_.emplace(conn, std::move(waiter));
-  return {};  // deferred
+  waiter.bytes += bytes;
+  aux_bytes_ += bytes;
+  waiter.next = end;
+  if (end < req.keys.size()) return {.more = true};
+  waiter.registering = false;
+  waiter.seen = {};  // its views end with the request
+  if (waiter.remaining == 0) {  // every key there (or stored while the slices ran)
+    erase_waiter(it);
+    w.u8(wire::kWaitStop);
+  }
+  return {};  // else deferred
 }
 
 ApplyResult StoreState::op_delete_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
@@ -296,6 +302,7 @@ ApplyResult StoreState::op_list_keys(ConnId conn, wire::Request& req, Reply& w, 
   uint64_t size = 8;
   for (const auto& [k, _] : kv_) size += 8 + k.size();
   if (auto why = reply_too_large(size)) return refuse(*why);
+  w.reserve(static_cast<size_t>(size));  // one allocation, not a doubling cascade of copies
   w.i64(static_cast<int64_t>(kv_.size()));
   for (const auto& [k, _] : kv_) w.blob(k);
   return {};

@@ -51,6 +51,8 @@ class Reply {
   Reply& i64(int64_t v) { return u64(static_cast<uint64_t>(v)); }
   Reply& blob(std::string_view b);  // length prefix and bytes, copied
   Reply& blob(const Value& v);      // length prefix and a reference (a copy when short); null = empty
+  // Room for `bytes` more owned bytes (a reply whose size is known before it is built).
+  void reserve(size_t bytes) { own_.reserve(own_.size() + bytes); }
 
   bool empty() const { return own_.empty() && refs_.empty(); }
   // Bytes on the wire.

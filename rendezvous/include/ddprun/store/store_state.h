@@ -9,6 +9,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -50,7 +51,14 @@ struct StoreLimits {
 struct ApplyResult {
   bool close = false;  // protocol error: close the requesting connection, nothing changed
   std::string error;   // why, for the log
+  // Partly applied (a WAIT naming more than kWaitSlice keys): call apply() again with the same
+  // request, untouched, until this is false. The caller may release its lock in between, so
+  // one request never holds it long; nothing of the connection may run in between.
+  bool more = false;
 };
+
+// Keys of a WAIT registered per apply() call (a slice: about a millisecond of work).
+inline constexpr size_t kWaitSlice = 2048;
 
 class StoreState {
  public:
@@ -90,6 +98,12 @@ class StoreState {
     std::vector<std::string> keys;  // the distinct keys still missing
     size_t remaining = 0;
     uint64_t bytes = 0;  // counted in aux_bytes_
+    // While its WAIT is registered slice by slice: the next key to look at, and the keys seen
+    // (views into the request, which the caller keeps until the last slice). A key stored
+    // meanwhile counts down `remaining`, but only the last slice may answer.
+    bool registering = false;
+    size_t next = 0;
+    std::unordered_set<std::string_view> seen;
   };
   bool exists(const std::string& key) const;
   // A value for `key` was stored (SET/ADD/APPEND/...): wake waiters and notify watchers.
