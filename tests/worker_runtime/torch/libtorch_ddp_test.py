@@ -10,7 +10,9 @@ Cases:
                 without the per-forward buffer broadcast rank 1's statistics would differ.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
-                (SGD with momentum; kill_resume_adam: the same with Adam's state).
+                (SGD with momentum; kill_resume_adam, _rmsprop, _adagrad: the same with that
+                optimizer's state; for RMSprop and Adagrad, a resume with the other optimizer
+                is refused with both names).
   invariant     2 ranks x batch 8 == 1 rank x batch 16 (the model without batch norm, whose
                 per-rank batch statistics would differ by design; `aux` unused on the same steps).
   unused_error  find_unused_parameters off + a parameter unused: exit code 1 (a DdpError, no
@@ -121,10 +123,12 @@ def main():
         assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
 
-    elif a.case in ("kill_resume", "kill_resume_adam"):
+    elif a.case.startswith("kill_resume"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]
-        if a.case == "kill_resume_adam":
-            common += ["--optimizer", "adam", "--lr", "0.01"]
+        optimizer = a.case[len("kill_resume_"):] or "sgd"
+        common += {"sgd": [], "adam": ["--optimizer", "adam", "--lr", "0.01"],
+                   "rmsprop": ["--optimizer", "rmsprop", "--lr", "0.001"],
+                   "adagrad": ["--optimizer", "adagrad", "--lr", "0.01"]}[optimizer]
         want = checksum(ddprun(2, common).stdout)
         p = ddprun(2, common + ["--checkpoint-dir", T("ck"), "--checkpoint-every", "4", "--fail-at-step", "10",
                                 "--fail-rank", "1"], launcher_args=["--max_restarts=1"])

@@ -5,7 +5,14 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
 
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <typeinfo>
 
 #include "ddprun/worker/torch/ddp.h"
@@ -50,6 +57,59 @@ void check_covered(const ::torch::optim::Optimizer& opt, const ::torch::nn::Modu
                        "module whose parameters() the optimizer was built from");
 }
 
+// "torch::optim::RMSprop", not "N5torch5optim7RMSpropE".
+std::string readable_type(const std::type_info& t) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(t.name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && name ? std::string(name.get()) : std::string(t.name());
+}
+
+bool has_named_sections(const ::torch::optim::Optimizer& opt) {
+  return dynamic_cast<const ::torch::optim::SGD*>(&opt) || dynamic_cast<const ::torch::optim::Adam*>(&opt) ||
+         dynamic_cast<const ::torch::optim::AdamW*>(&opt);
+}
+
+// Any other optimizer: its own LibTorch serialization (Optimizer::save/load: the state of every
+// parameter by its place in the param groups, and the groups' options) in one section.
+void save_archive(const ::torch::optim::Optimizer& opt, Checkpoint& ckpt, const std::string& name) {
+  ::torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  std::string s = std::move(bytes).str();
+  // Optimizer::save of the base class writes nothing: an optimizer of the user's own that does
+  // not override it would resume with its state silently reset.
+  if (!opt.state().empty()) {
+    std::istringstream in(s);
+    ::torch::serialize::InputArchive check;
+    check.load_from(in);
+    if (check.keys().empty())
+      throw DdpError("checkpoint: optimizer " + readable_type(typeid(opt)) +
+                     " saves nothing through torch::optim::Optimizer::save; override save() and load() (as "
+                     "LibTorch's own optimizers do), or save its state yourself with Checkpoint::put");
+  }
+  ckpt.put(name, s.data(), s.size());
+  const std::string type = readable_type(typeid(opt));
+  ckpt.put(name + "_type", type.data(), type.size());
+}
+
+void load_archive(::torch::optim::Optimizer& opt, const Checkpoint& ckpt, const std::string& name) {
+  const std::string type = readable_type(typeid(opt));
+  const std::string saved = ckpt.has(name + "_type") ? ckpt.section(name + "_type") : "an unnamed optimizer";
+  if (saved != type)
+    throw DdpError("checkpoint: it holds the state of " + saved + ", and the optimizer to load is " + type +
+                   "; resume with the optimizer that saved it");
+  try {
+    std::istringstream in(ckpt.section(name));
+    ::torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    opt.load(archive);
+  } catch (const c10::Error& e) {
+    throw DdpError("checkpoint: the state of " + type + " in section '" + name +
+                   "' does not fit this optimizer (its parameter groups differ?): " + e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 void save_module(const ::torch::nn::Module& module, Checkpoint& ckpt, const std::string& prefix) {
@@ -65,6 +125,7 @@ void load_module(::torch::nn::Module& module, const Checkpoint& ckpt, const std:
 void save_optimizer(const ::torch::optim::Optimizer& opt, const ::torch::nn::Module& module, Checkpoint& ckpt,
                     const std::string& prefix) {
   check_covered(opt, module);
+  if (!has_named_sections(opt)) return save_archive(opt, ckpt, prefix + "optim/torch_archive");
   const auto& state = opt.state();
   for (const auto& [name, p] : named_params(module)) {
     auto it = state.find(p.unsafeGetTensorImpl());
@@ -84,8 +145,8 @@ void save_optimizer(const ::torch::optim::Optimizer& opt, const ::torch::nn::Mod
       put_tensor(ckpt, base + "exp_avg_sq", adamw->exp_avg_sq());
       if (adamw->max_exp_avg_sq().defined()) put_tensor(ckpt, base + "max_exp_avg_sq", adamw->max_exp_avg_sq());
     } else {
-      throw DdpError(std::string("checkpoint: optimizer state of type ") + typeid(*st).name() +
-                     " is not supported (SGD, Adam and AdamW are)");
+      throw DdpError("checkpoint: optimizer state of type " + readable_type(typeid(*st)) + " under optimizer " +
+                     readable_type(typeid(opt)) + " is not SGD's, Adam's or AdamW's");
     }
   }
 }
@@ -96,8 +157,19 @@ void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& m
   const bool is_sgd = dynamic_cast<const ::torch::optim::SGD*>(&opt) != nullptr;
   const bool is_adam = dynamic_cast<const ::torch::optim::Adam*>(&opt) != nullptr;
   const bool is_adamw = dynamic_cast<const ::torch::optim::AdamW*>(&opt) != nullptr;
-  if (!is_sgd && !is_adam && !is_adamw)
-    throw DdpError("checkpoint: only SGD, Adam and AdamW optimizer state can be loaded");
+  if (!is_sgd && !is_adam && !is_adamw) {
+    const std::string name = prefix + "optim/torch_archive";
+    if (ckpt.has(name)) return load_archive(opt, ckpt, name);
+    if (std::any_of(ckpt.sections.begin(), ckpt.sections.end(), [&](const auto& s) {
+          return s.first.rfind(prefix + "optim/", 0) == 0;
+        }))
+      throw DdpError("checkpoint: the checkpoint holds SGD/Adam/AdamW state, not state of " +
+                     readable_type(typeid(opt)) + "; resume with the optimizer that saved it");
+    return;  // saved before any step: no state
+  }
+  if (ckpt.has(prefix + "optim/torch_archive"))
+    throw DdpError("checkpoint: the checkpoint holds the state of another optimizer than " + readable_type(typeid(opt)) +
+                   "; resume with the optimizer that saved it");
   auto& state = opt.state();
   for (const auto& [name, p] : named_params(module)) {
     const std::string base = prefix + "optim/" + name + "/";

@@ -16,8 +16,10 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
 #include <torch/cuda.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -143,7 +145,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr);
   app.add_option("--momentum", momentum);
   app.add_option("--seed", seed);
-  app.add_option("--optimizer", optimizer, "sgd (with --momentum) | adam (--lr)")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--optimizer", optimizer, "sgd (with --momentum) | adam | rmsprop (with --momentum) | adagrad")
+      ->check(CLI::IsMember({"sgd", "adam", "rmsprop", "adagrad"}));
   app.add_option("--checkpoint-dir", checkpoint_dir, "save here and resume from the newest checkpoint");
   app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: never)");
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
@@ -234,6 +237,11 @@ int main(int argc, char** argv) {
     std::unique_ptr<torch::optim::Optimizer> opt_holder;
     if (optimizer == "adam")
       opt_holder = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(lr));
+    else if (optimizer == "rmsprop")
+      opt_holder = std::make_unique<torch::optim::RMSprop>(net->parameters(),
+                                                           torch::optim::RMSpropOptions(lr).momentum(momentum));
+    else if (optimizer == "adagrad")
+      opt_holder = std::make_unique<torch::optim::Adagrad>(net->parameters(), torch::optim::AdagradOptions(lr));
     else
       opt_holder = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
     torch::optim::Optimizer& opt = *opt_holder;

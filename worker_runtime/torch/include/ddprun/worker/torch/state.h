@@ -7,9 +7,15 @@
 //   <prefix>optim/<path>/<field>    optimizer state of the parameter at <path>:
 //       SGD:  momentum_buffer
 //       Adam / AdamW: step (i64), exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad only)
+//   <prefix>optim/torch_archive     any other optimizer (RMSprop, Adagrad, LBFGS, one of the
+//                                   program's own that overrides save/load): its
+//                                   torch::optim::Optimizer::save archive, with
+//   <prefix>optim/torch_archive_type  its C++ type name, checked on load
 // A parameter without optimizer state (no step taken for it yet) has no optim sections, and
-// loading leaves it without state. Hyperparameters (learning rate, ...) are the program's:
-// they are not saved. Other optimizers are a DdpError naming the type.
+// loading leaves it without state. For SGD, Adam and AdamW the hyperparameters (learning
+// rate, ...) are the program's: they are not saved; an archive restores its param groups'
+// options too, as Python's load_state_dict does. Loading another optimizer's state, or saving
+// one whose save() writes nothing, is a DdpError naming the types.
 // Loading needs the same module structure (a missing or mis-sized section is a WorkerError
 // naming it) and must happen before the optimizer's first step after construction.
 #pragma once
