@@ -361,3 +361,51 @@ TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadca
     for (const auto& e : errors) CHECK(e == "");
   }
 }
+
+TEST_CASE("Collectives: a peer that closes its communicator fails the other's collective with that cause, not a timeout",
+          "[collectives]") {
+  ddprun::server::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  ddprun::server::StoreServer server(so);
+  server.start();
+  const auto timeout = std::chrono::milliseconds(30000);
+  std::string error0;
+  std::atomic<bool> closed{false};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        StoreOptions co;
+        co.host = "127.0.0.1";
+        co.port = server.port();
+        co.connect_timeout = timeout;
+        auto store = connect_store(co);
+        GlooOptions go;
+        go.hostname = "127.0.0.1";
+        go.timeout = timeout;
+        go.shared_memory = false;
+        auto comm = make_gloo_communicator(*store, r, 2, go);
+        comm->barrier();  // both connected
+        if (r == 1) {
+          comm.reset();  // closes its connections, as an exiting process would
+          closed = true;
+          return;
+        }
+        while (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::vector<float> x(1024, 1.0f);
+        comm->allreduce(x.data(), x.size(), DType::F32, ReduceOp::Sum);
+      } catch (const CommError& e) {
+        if (r == 0) error0 = e.what();
+      } catch (const std::exception& e) {
+        if (r == 0) error0 = std::string("not a CommError: ") + e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  INFO(error0);
+  REQUIRE_FALSE(error0.empty());
+  CHECK(error0.find("not a CommError") == std::string::npos);
+  CHECK(error0.find("gloo allreduce failed on rank 0") != std::string::npos);
+  CHECK(error0.find("closed its connection") != std::string::npos);
+  CHECK(error0.find("timeout") == std::string::npos);
+}

@@ -26,7 +26,8 @@ got="$(grep -o 'final_param_checksum=[0-9a-f]*' "$tmp/small.log" | tail -1)"
 warnings="$(grep -c 'shared-memory all-reduce: no room' "$tmp/small.log" || true)"
 grep 'shared-memory all-reduce' "$tmp/small.log" || true
 [[ "$warnings" == 1 ]] || { echo "expected exactly one fallback warning, got $warnings"; cat "$tmp/small.log"; exit 1; }
-grep -q 'backend=gloo' "$tmp/small.log" || { echo "no train banner"; cat "$tmp/small.log"; exit 1; }
+grep -q 'backend=gloo ' "$tmp/small.log" || { echo "no train banner naming plain gloo"; cat "$tmp/small.log"; exit 1; }
+grep -q 'backend=gloo+shm ' "$tmp/normal.log" || { echo "the normal run's banner does not say gloo+shm"; cat "$tmp/normal.log"; exit 1; }
 [[ -n "$want" ]] || { echo "no checksum in the normal run"; cat "$tmp/normal.log"; exit 1; }
 [[ -n "$got" ]] || { echo "no checksum"; cat "$tmp/small.log"; exit 1; }
 echo "normal (shm): $want; 1 MiB /dev/shm (Gloo): $got"

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <spdlog/spdlog.h>
+#include "log.h"
 #include <system_error>
 
 #include "ddprun/worker/checks.h"
@@ -318,7 +318,7 @@ size_t remove_orphaned_temp_files(const std::string& dir) {
   for (const auto& n : orphans) {
     if (::unlink((dir + "/" + n).c_str()) == 0) {
       ++removed;
-      spdlog::info("removed orphaned checkpoint temp file {}/{} (its writer is gone)", dir, n);
+      detail::log().info("removed orphaned checkpoint temp file {}/{} (its writer is gone)", dir, n);
     }
   }
   return removed;
@@ -334,7 +334,7 @@ CheckpointWriter::~CheckpointWriter() {
   try {
     close();
   } catch (const std::exception& e) {
-    spdlog::error("checkpoint writer for {}: the last background write failed: {}", dir_, e.what());
+    detail::log().error("checkpoint writer for {}: the last background write failed: {}", dir_, e.what());
   }
 }
 
@@ -430,23 +430,23 @@ void CheckpointWriter::run() {
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
-    spdlog::info("checkpoint dir {} does not exist: starting fresh", dir);
+    detail::log().info("checkpoint dir {} does not exist: starting fresh", dir);
     return std::nullopt;
   }
   for (uint64_t step : list_steps(dir)) {
     const std::string path = checkpoint_path(dir, step);
     std::string bytes, why;
     if (!read_file(path, bytes, &why)) {
-      spdlog::warn("skipping checkpoint {}: {}", path, why);
+      detail::log().warn("skipping checkpoint {}: {}", path, why);
       continue;
     }
     auto c = decode_checkpoint(bytes, &why);
     if (!c) {
-      spdlog::warn("skipping checkpoint {}: {}", path, why);
+      detail::log().warn("skipping checkpoint {}: {}", path, why);
       continue;
     }
     if (c->step != step) {
-      spdlog::warn("skipping checkpoint {}: its step {} does not match its name", path, c->step);
+      detail::log().warn("skipping checkpoint {}: its step {} does not match its name", path, c->step);
       continue;
     }
     return c;

@@ -152,7 +152,9 @@ class GlooCommunicator final : public Communicator, public FusedStep {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const char* backend() const override { return "gloo"; }
+  // "gloo+shm" when the ranks' all-reduces and fused steps go through shared memory (the other
+  // collectives still go over Gloo).
+  const char* backend() const override { return shm_ ? "gloo+shm" : "gloo"; }
 
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
@@ -411,9 +413,20 @@ class GlooCommunicator final : public Communicator, public FusedStep {
       throw;
     } catch (const std::exception& e) {
       aborted_.store(true);  // a failed collective leaves the mesh unusable
-      throw CommError(std::string("gloo ") + what + " failed on rank " + std::to_string(rank_) + " (timeout " +
-                      std::to_string(timeout_.count()) + " ms): " + e.what());
+      throw CommError(describe_failure(what, e.what()));
     }
+  }
+
+  // The timeout is named only when it is what ended the collective; a peer that closed its
+  // connection (it exited or failed) is said as such.
+  std::string describe_failure(const char* what, const std::string& cause) const {
+    std::string msg = std::string("gloo ") + what + " failed on rank " + std::to_string(rank_);
+    auto has = [&](const char* s) { return cause.find(s) != std::string::npos; };
+    if (has("imed out") || has("imeout"))
+      msg += " (no progress within the timeout of " + std::to_string(timeout_.count()) + " ms)";
+    else if (has("losed") || has("reset") || has("Broken pipe") || has("EOF"))
+      msg += " (a peer rank closed its connection: it exited or failed; its own error says why)";
+    return msg + ": " + cause;
   }
 
   int rank_, size_;

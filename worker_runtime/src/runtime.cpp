@@ -1,6 +1,6 @@
 #include "ddprun/worker/runtime.h"
 
-#include <spdlog/spdlog.h>
+#include "log.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -113,7 +113,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     // One GPU per local rank, or the CPU: NCCL cannot put two ranks on one GPU.
     cuda = cuda_available() && env.local_world_size <= gpu_device_count();
     if (cuda_available() && !cuda)
-      spdlog::warn("{} local ranks but {} GPUs: using the CPU (Gloo)", env.local_world_size, gpu_device_count());
+      detail::log().warn("{} local ranks but {} GPUs: using the CPU (Gloo)", env.local_world_size, gpu_device_count());
   }
   if (cuda) {
     const int n = gpu_device_count();
@@ -174,7 +174,7 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     else if (is_loopback(env.master_addr)) go.hostname = "127.0.0.1";
     rt->comm_ = make_gloo_communicator(*store, env.rank, env.world_size, go);
   }
-  spdlog::debug("rank {}/{} (local {}/{}) backend {} attempt {}", env.rank, env.world_size, env.local_rank,
+  detail::log().debug("rank {}/{} (local {}/{}) backend {} attempt {}", env.rank, env.world_size, env.local_rank,
                 env.local_world_size, rt->comm_->backend(), env.restart_count);
   return rt;
 }
@@ -188,7 +188,7 @@ int report_fatal(const std::exception& e, const std::string& where) {
   } catch (...) {
   }
   const std::string msg = std::string(comm ? "CommError" : "Error") + ": " + e.what();
-  spdlog::error("rank {}: {}{}", env.rank, msg, where.empty() ? "" : " (in " + where + ")");
+  detail::log().error("rank {}: {}{}", env.rank, msg, where.empty() ? "" : " (in " + where + ")");
   std::string trace = "rank " + std::to_string(env.rank) + " attempt " + std::to_string(env.restart_count) +
                       (where.empty() ? "" : ": " + where) + "\n" + msg;
   write_error_file(env.error_file, msg, trace);

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <type_traits>
-#include <spdlog/spdlog.h>
+#include "log.h"
 
 #include "ddprun/worker/checks.h"
 
@@ -253,7 +253,7 @@ void* ShmGroup::open_handle(const std::string& handle, size_t bytes) {
 
 void ShmGroup::warn_fallback(int rank, const std::string& what, const std::string& handle) {
   if (rank != 0) return;  // one line for the group; every rank takes the same fallback
-  spdlog::warn("shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
+  detail::log().warn("shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
                "a larger /dev/shm (e.g. docker --shm-size=1g) for the fast path",
                what, handle.substr(5),
                what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP"

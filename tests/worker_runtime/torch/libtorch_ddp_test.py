@@ -138,6 +138,15 @@ def main():
         print(f"uninterrupted {want}, killed at step 10 and resumed {got}")
         assert got == want, "FAIL: resumed run differs"
         print("OK: bit-identical after SIGKILL + resume")
+        if optimizer in ("rmsprop", "adagrad"):
+            # Resuming with another optimizer is refused with both names, not a crash or a silent reset.
+            other = "adagrad" if optimizer == "rmsprop" else "rmsprop"
+            p = ddprun(2, ["--steps", "24", "--batch", "8", "--optimizer", other, "--checkpoint-dir", T("ck")],
+                       expect_ok=False)
+            names = {"rmsprop": "torch::optim::RMSprop", "adagrad": "torch::optim::Adagrad"}
+            assert p.returncode != 0, p.stdout
+            assert names[optimizer] in p.stdout and names[other] in p.stdout, p.stdout
+            print("OK: another optimizer's state is refused, naming both")
 
     elif a.case == "invariant":
         common = ["--steps", "12", "--bn", "0", "--unused-mode", "step", "--samples", "256"]
@@ -155,6 +164,9 @@ def main():
         print(p.stdout)
         assert p.returncode != 0, "FAIL: an unused parameter without find_unused_parameters must fail"
         assert "'aux.weight'" in p.stdout and "find_unused_parameters" in p.stdout, "FAIL: message must name it"
+        # The runtime's error goes to the worker's stderr, so ddprun's summary quotes it.
+        assert re.search(r"lines of its stderr:\n(    .*\n)*    .*'aux\.weight'", p.stdout), \
+            "FAIL: the summary does not quote the error from the worker's stderr"
         for bad in ("SIGSEGV", "SIGABRT", "terminate called", "core dumped"):
             assert bad not in p.stdout, f"FAIL: crashed ({bad})"
         assert re.search(r"exit code 1\b", p.stdout), "FAIL: expected a clean exit code 1"

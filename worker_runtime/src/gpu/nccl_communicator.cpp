@@ -12,7 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <spdlog/spdlog.h>
+#include "log.h"
 #include <thread>
 
 #include "ddprun/worker/checks.h"
@@ -286,7 +286,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void die(const std::string& msg) {
-    spdlog::error("rank {}: {}; aborting the NCCL communicator", rank_, msg);
+    detail::log().error("rank {}: {}; aborting the NCCL communicator", rank_, msg);
     abort();
     write_error_file(error_file_, "CommError: " + msg, "rank " + std::to_string(rank_) + ": nccl watchdog\n" + msg);
     std::fflush(nullptr);

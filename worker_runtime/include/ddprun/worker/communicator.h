@@ -71,6 +71,8 @@ class DDPRUN_WORKER_API Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // "gloo", "gloo+shm" (Gloo with the shared-memory all-reduce of ranks on one host), "nccl",
+  // "self" (one rank, no communication).
   virtual const char* backend() const = 0;
 
   // Blocking on host backends. On stream-ordered ones (NCCL), allreduce, allgather and
