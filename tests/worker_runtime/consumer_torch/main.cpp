@@ -10,7 +10,10 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <cstddef>
 #include <cstdio>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddprun/worker/runtime.h"
@@ -21,9 +24,16 @@ namespace dw = ddprun::worker;
 namespace dl = ddprun::worker::libtorch;
 
 // The autograd hooks are the engine's own business: a user cannot call them.
+template <class E, class = void>
+struct CallsGradReady : std::false_type {};
 template <class E>
-concept CallableHooks = requires(E& e) { e.on_grad_ready(size_t{0}); } || requires(E& e) { e.on_backward_end(); };
-static_assert(!CallableHooks<dl::DdpEngine>, "DdpEngine's autograd hook entry points are not part of its API");
+struct CallsGradReady<E, std::void_t<decltype(std::declval<E&>().on_grad_ready(size_t{0}))>> : std::true_type {};
+template <class E, class = void>
+struct CallsBackwardEnd : std::false_type {};
+template <class E>
+struct CallsBackwardEnd<E, std::void_t<decltype(std::declval<E&>().on_backward_end())>> : std::true_type {};
+static_assert(!CallsGradReady<dl::DdpEngine>::value && !CallsBackwardEnd<dl::DdpEngine>::value,
+              "DdpEngine's autograd hook entry points are not part of its API");
 
 int main() {
   return dw::run_worker_main([]() -> int {

@@ -150,6 +150,12 @@ void collect(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
   collect(out, p.first);
   collect(out, p.second);
 }
+// Whether M is a ModuleHolder (it has ptr()): a C++17 detection, as the header is used from
+// C++17 LibTorch projects.
+template <class T, class = void>
+struct is_module_holder : std::false_type {};
+template <class T>
+struct is_module_holder<T, std::void_t<decltype(std::declval<const T&>().ptr())>> : std::true_type {};
 }  // namespace detail
 
 // The wrapper. M: a module holder (TORCH_MODULE(Net) -> Net) or std::shared_ptr<NetImpl>.
@@ -178,7 +184,7 @@ class DistributedDataParallel : public DdpEngine {
 
  private:
   static std::shared_ptr<::torch::nn::Module> as_shared(const M& m) {
-    if constexpr (requires { m.ptr(); })
+    if constexpr (detail::is_module_holder<M>::value)
       return m.ptr();  // a ModuleHolder
     else
       return m;        // a shared_ptr to the module
