@@ -12,7 +12,7 @@ end with the same final_param_checksum as an uninterrupted run.
                only: no message between the agents, the ranks' agreement stops the other node
 
 "Mid-run" without racing the run's end: train --wait-for-signal-at-step blocks the chosen ranks
-after step STOP until a stop signal arrives (sigsuspend), and says so on stdout; the test signals
+after step STOP until its stop handler has run (the flag polled), and says so on stdout; the test signals
 once it has read that line. No sleeps; time bounds only guard against hangs.
 """
 import glob

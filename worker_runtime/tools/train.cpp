@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <spdlog/spdlog.h>
+#include <thread>
 #include <utility>
 
 #include "ddprun/worker/checkpoint.h"
@@ -59,19 +60,15 @@ void maybe_inject_fault(const Options& o, const dw::WorkerEnv& env, int64_t step
 
 // --wait-for-signal-at-step (tests): the chosen rank(s) block before the agreement of that step
 // until a stop signal arrived, so a test signals "mid-run" at a known step without racing the
-// run's end. Signals blocked around the check, then sigsuspend: none is lost in between.
+// run's end. The handler's flag is polled: the process has other threads (Gloo, the
+// communication thread), and a signal the main thread blocks is delivered to one of them, so
+// a sigsuspend in the main thread could miss it and wait for the next one.
 void maybe_wait_for_signal(const Options& o, const dw::WorkerEnv& env, int64_t step) {
   if (o.wait_for_signal_at_step < 0 || step != o.wait_for_signal_at_step) return;
   if (o.wait_rank >= 0 && env.rank != o.wait_rank) return;
-  sigset_t stop_set, old;
-  sigemptyset(&stop_set);
-  sigaddset(&stop_set, SIGUSR1);
-  sigaddset(&stop_set, SIGTERM);
-  ::sigprocmask(SIG_BLOCK, &stop_set, &old);
   std::printf("[train] rank %d: waiting for a stop signal after step %" PRId64 "\n", env.rank, step);
   std::fflush(stdout);
-  while (!dw::stop_requested()) ::sigsuspend(&old);
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  while (!dw::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
 int finish_preempted(const Options& o, int rank, int64_t step) {

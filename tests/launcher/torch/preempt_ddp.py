@@ -21,6 +21,7 @@ import os
 import signal
 import struct
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -38,14 +39,12 @@ def on_stop(signo, frame):
 
 
 def wait_for_signal(step, rank):
-    """Blocks until SIGUSR1/SIGTERM (blocked first, so none slips between the check and the wait)."""
-    global stop_signal
-    sigs = {signal.SIGUSR1, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    """Blocks until on_stop saw SIGUSR1/SIGTERM. Polled: torch and Gloo run threads of their own,
+    and a signal the main thread blocks (for sigwait) may be delivered to one of them instead,
+    where Python's handler takes it and sigwait never returns; on_stop always runs here."""
     print(f"rank {rank}: waiting for a stop signal after step {step}", flush=True)
-    if not stop_signal:
-        stop_signal = signal.sigwait(sigs)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+    while not stop_signal:
+        time.sleep(0.002)
 
 
 def main():
