@@ -214,6 +214,35 @@ TEST_CASE("OnlyAQuickFailureRepeatingTheSameWayIsDeterministic", "[rdzv]") {
   CHECK(second_failure_ends_job({3, 1, -1}, {3, 1, -1}));            // an older agent says no runtime
 }
 
+TEST_CASE("AConfigErrorEndsTheJobAtOnceWithRestartsLeftUnlessAskedToRetry", "[rdzv]") {
+  // The workers ran and joined their store (progress): only the worker's word makes it final.
+  auto first_failure_ends_job = [](bool config_error, bool retry) {
+    Harness h;
+    auto a = h.join_msg("a"), b = h.join_msg("b");
+    if (retry) a.set("retry_deterministic", "1"), b.set("retry_deterministic", "1");
+    h.send(1, a);
+    h.send(2, b);
+    Message m;
+    m.type = MsgType::Failure;
+    m.set("round", 0).set("global_rank", 1).set("exit_code", 78).set("runtime_ms", 5000);
+    if (config_error) m.set("config_error", "1");
+    h.out.clear();
+    h.send(1, m);
+    const auto* f = h.to(2, MsgType::JobFailed);
+    if (f) {
+      CHECK_THAT(f->msg.get("reason"), Catch::Contains("configuration error that a restart cannot fix"));
+      CHECK_THAT(f->msg.get("reason"), Catch::Contains("3 of 3 restarts are left"));
+      CHECK(from_message<JobFailed>(f->msg).fail_cause() == FailCause::ConfigError);
+    } else {
+      CHECK(h.to(2, MsgType::Restart));
+    }
+    return f != nullptr;
+  };
+  CHECK(first_failure_ends_job(true, false));
+  CHECK_FALSE(first_failure_ends_job(false, false));  // exit code 78 alone: an ordinary failure
+  CHECK_FALSE(first_failure_ends_job(true, true));    // --retry_deterministic
+}
+
 TEST_CASE("EveryRankFailingAlikeIsDeterministicWhicheverIsReportedFirst", "[rdzv]") {
   auto ends = [](const std::string& tail0, const std::string& tail1) {
     Harness h;

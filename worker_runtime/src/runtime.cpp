@@ -182,17 +182,18 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
 int report_fatal(const std::exception& e, const std::string& where) {
   const bool comm = dynamic_cast<const CommError*>(&e) != nullptr ||
                     dynamic_cast<const client::StoreError*>(&e) != nullptr;
+  const bool config = dynamic_cast<const ConfigError*>(&e) != nullptr;
   WorkerEnv env;
   try {
     env = read_worker_env();
   } catch (...) {
   }
-  const std::string msg = std::string(comm ? "CommError" : "Error") + ": " + e.what();
+  const std::string msg = std::string(comm ? "CommError" : config ? "ConfigError" : "Error") + ": " + e.what();
   detail::log().error("rank {}: {}{}", env.rank, msg, where.empty() ? "" : " (in " + where + ")");
   std::string trace = "rank " + std::to_string(env.rank) + " attempt " + std::to_string(env.restart_count) +
                       (where.empty() ? "" : ": " + where) + "\n" + msg;
   write_error_file(env.error_file, msg, trace);
-  return comm ? kExitCommFailure : kExitError;
+  return comm ? kExitCommFailure : config ? kExitConfig : kExitError;
 }
 
 int run_worker_main(const std::function<int()>& body) {

@@ -24,6 +24,7 @@
 
 #include "agent/agent_impl.h"
 #include "ddprun/client/net.h"
+#include "ddprun/launcher/error_file.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
 #include "platform/sys_util.h"
@@ -409,7 +410,11 @@ void Agent::record_failure(const Action& a) {
                                              .signal = a.status.signaled ? signal_name(a.status.code) : "",
                                              .when = wall_time(failure_->when),
                                              .stderr_tail = tail,
-                                             .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000)});
+                                             .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000),
+                                             .config_error = says_config_error(
+                                                 a.status.code, a.status.signaled,
+                                                 failure_->error_file_content ? &*failure_->error_file_content
+                                                                              : nullptr)});
 }
 
 void Agent::stop_stragglers(const Action& a) {

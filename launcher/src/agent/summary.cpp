@@ -113,6 +113,13 @@ void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
           s << "; " << left << " of " << in.max_restarts << " restarts left unused (--retry_deterministic spends them)";
         s << "\n";
         break;
+      case rdzv::FailCause::ConfigError:
+        s << "[ddprun]   not retried: the worker reported a configuration error (exit code 78, ConfigError in its "
+             "error file), which a restart would repeat";
+        if (const int64_t left = in.max_restarts - in.attempt; left > 0)
+          s << "; " << left << " of " << in.max_restarts << " restarts left unused (--retry_deterministic spends them)";
+        s << "\n";
+        break;
       case rdzv::FailCause::BudgetSpent:
         if (!in.multi_node) s << "[ddprun]   no restarts left (max_restarts " << in.max_restarts << ")\n";
         break;

@@ -265,4 +265,10 @@ std::string format_error_file(const ErrorFileReport& report) {
   return trim_right(out);
 }
 
+bool says_config_error(int exit_code, bool signaled, const std::string* error_file_content) {
+  if (signaled || exit_code != kConfigErrorExitCode || !error_file_content) return false;
+  const ErrorFileReport report = parse_error_file(*error_file_content);
+  return report.message.rfind("ConfigError", 0) == 0;
+}
+
 }  // namespace ddprun::launcher

@@ -302,6 +302,17 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   std::string what = "rank " + std::to_string(m.global_rank) + " on " + describe(node) + " failed";
   if (!m.signal.empty()) what += " (signal " + m.signal + ")";
   else what += " (exit code " + std::to_string(m.exit_code) + ")";
+  // A worker that said a restart cannot fix its failure (a ConfigError) is believed.
+  if (m.config_error && !job.retry_deterministic) {
+    const int64_t left = job.max_restarts - job.restart_count;
+    fail_job(job, what + " with a configuration error that a restart cannot fix (ConfigError in its error file), "
+                  "not retried" +
+                      (left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(job.max_restarts) +
+                                      " restarts are left (--retry_deterministic retries it)"
+                                : std::string()),
+             FailCause::ConfigError, out);
+    return;
+  }
   // A deterministic failure (an import error, a bad path) repeats: the same rank, the same
   // way, within seconds, before every worker joined the store. Only that is not retried.
   const bool quick = !this->progressed(job) && m.runtime_ms <= kQuickFailure.count();  // -1: an older agent

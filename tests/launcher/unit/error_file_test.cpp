@@ -55,3 +55,16 @@ TEST_CASE("deep nesting and huge content stay bounded", "[errorfile]") {
   CHECK(r.message.size() == 100000);
   CHECK(format_error_file(r).size() < 5000);
 }
+
+TEST_CASE("a configuration error is exit code 78 with ConfigError in the error file, both", "[errorfile]") {
+  const std::string config =
+      R"({"message": {"message": "ConfigError: DDP: the ranks built different models", "extraInfo": {}}})";
+  const std::string other = R"({"message": {"message": "Error: something else", "extraInfo": {}}})";
+  CHECK(says_config_error(78, false, &config));
+  CHECK_FALSE(says_config_error(78, false, &other));   // a script's own exit 78
+  CHECK_FALSE(says_config_error(78, false, nullptr));  // no error file
+  CHECK_FALSE(says_config_error(1, false, &config));
+  CHECK_FALSE(says_config_error(78, true, &config));   // killed by signal 78? never a config error
+  const std::string junk = "ConfigError: not JSON";
+  CHECK_FALSE(says_config_error(78, false, &junk));
+}

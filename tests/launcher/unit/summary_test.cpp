@@ -49,6 +49,19 @@ TEST_CASE("a deterministic failure says why it stopped and how many restarts wer
   CHECK_FALSE(Catch::Contains("no restarts left").match(s));
 }
 
+TEST_CASE("a configuration error says a restart would repeat it, not that it repeated", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 78;
+  in.attempt = 0;
+  in.max_restarts = 3;
+  in.failure = failure(0, 78);
+  in.job_failed = failed(rdzv::FailCause::ConfigError, 3);
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("not retried: the worker reported a configuration error (exit code 78"));
+  CHECK_THAT(s, Catch::Contains("3 of 3 restarts left unused"));
+  CHECK_FALSE(Catch::Contains("failed the same way").match(s));
+}
+
 TEST_CASE("a spent budget on one node says no restarts are left", "[summary]") {
   SummaryInput in;
   in.exit_code = 6;

@@ -15,6 +15,8 @@ Cases:
                 is refused with both names).
   invariant     2 ranks x batch 8 == 1 rank x batch 16 (the model without batch norm, whose
                 per-rank batch statistics would differ by design; `aux` unused on the same steps).
+  model_mismatch  3 ranks, rank 1 with one more channel, --max_restarts=3: a ConfigError on every
+                rank naming 'conv1.weight' and the shape of each rank, exit code 78, no restart.
   unused_error  find_unused_parameters off + a parameter unused: exit code 1 (a DdpError, no
                 signal, no abort), the message names 'aux.weight'.
   wrap_sync     ranks that start from different parameters end bit-identical to a run whose
@@ -158,6 +160,27 @@ def main():
         moved = (read_dump(T("one.0"))["param/conv1.weight"] - read_dump(T("init1.0"))["param/conv1.weight"]).norm()
         assert moved > 1e-3, f"parameters did not move ({moved})"
         print("OK: 2 ranks x 8 == 1 rank x 16")
+
+    elif a.case == "model_mismatch":
+        # Rank 1 builds one more channel: every rank stops at the wrap with a ConfigError naming
+        # the parameter and each rank's shape, and ddprun spends none of the 3 restarts on it.
+        p = ddprun(3, ["--steps", "6", "--model-differs-on-rank", "1"], expect_ok=False,
+                   launcher_args=["--max_restarts=3"])
+        print(p.stdout)
+        assert p.returncode != 0, "FAIL: different models must fail"
+        want = "ranks 0, 2: parameter 'conv1.weight' [8, 3, 3, 3] Float; rank 1: parameter 'conv1.weight' [9, 3, 3, 3] Float"
+        assert want in p.stdout, "FAIL: the error must name the parameter and each rank's shape"
+        assert "ConfigError" in p.stdout, "FAIL: expected a ConfigError"
+        assert re.search(r"exit code 78\b", p.stdout), "FAIL: expected exit code 78 (EX_CONFIG)"
+        assert "attempt 1" not in p.stdout, "FAIL: a restart was spent on a configuration error"
+        assert "restart cannot fix" in p.stdout, "FAIL: ddprun must say why it does not restart"
+        assert "not retried: the worker reported a configuration error" in p.stdout, "FAIL: the summary must say why"
+        assert "import error" not in p.stdout, "FAIL: the summary gives the wrong reason"
+        for bad in ("SIGABRT", "terminate called", "Connection reset", "segment is smaller"):
+            assert bad not in p.stdout, f"FAIL: {bad}"
+        # The check can be turned off only in code (DdpOptions); models alike pass it.
+        checksum(ddprun(3, ["--steps", "4"]).stdout)
+        print("OK: different models refused at the wrap on every rank, no restart spent")
 
     elif a.case == "unused_error":
         p = ddprun(2, ["--steps", "6", "--unused-mode", "step", "--find-unused", "0"], expect_ok=False)

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1234;
   bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
   std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd", device_flag = "cpu";
-  int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3;
+  int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
   bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false;
@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
   app.add_option("--load-init", load_init, "load the initial state from a dump");
   app.add_option("--dump-final", dump_final, "write the final state here; %r = rank");
   app.add_option("--dump-batches", dump_batches, "write each step's sample indices here; %r = rank");
+  app.add_option("--model-differs-on-rank", model_differs_on,
+                 "this rank builds one more channel than the others (the wrap must refuse it)");
   app.add_flag("--perturb-init", perturb, "ranks other than 0 start from different parameters (wrap must fix)");
   app.add_flag("--no-ddp", no_ddp, "no wrapper, no communication (the benchmark's baseline)");
   app.add_flag("--time", time_steps, "print the mean step time after --warmup steps");
@@ -208,7 +210,7 @@ int main(int argc, char** argv) {
                             "build?); run with --device cpu");
 
     torch::manual_seed(seed);
-    Net net(channels, hidden, depth, bn);
+    Net net(channels + (rank == model_differs_on ? 1 : 0), hidden, depth, bn);
     if (!load_init.empty()) load_state(load_init, *net);
     if (perturb && rank != 0) {
       torch::NoGradGuard ng;

@@ -22,4 +22,10 @@ ErrorFileReport parse_error_file(const std::string& content);
 // Lines for the failure summary (no trailing newline).
 std::string format_error_file(const ErrorFileReport& report);
 
+// Exit code 78 (EX_CONFIG) with an error file whose message begins with "ConfigError": the
+// worker says a restart cannot fix its failure (libddprun_worker's ConfigError; a Python
+// script can write the same file and exit 78). Either alone is an ordinary failure.
+inline constexpr int kConfigErrorExitCode = 78;
+bool says_config_error(int exit_code, bool signaled, const std::string* error_file_content);
+
 }  // namespace ddprun::launcher

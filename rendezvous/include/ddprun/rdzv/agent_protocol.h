@@ -140,6 +140,10 @@ struct Failure {
   std::string when;    // wall time, UTC
   std::string stderr_tail;
   int64_t runtime_ms = -1;  // how long the worker ran (-1: not said, an older agent)
+  // The worker said a restart cannot fix it: exit code 78 (EX_CONFIG) and an error file whose
+  // message begins with "ConfigError" (libddprun_worker's ConfigError, e.g. ranks whose models
+  // differ). Not retried unless the job asked for it (Join::retry_deterministic).
+  bool config_error = false;
   // filled by the server
   std::string host, node_id;
   int64_t node_rank = -1;
@@ -148,7 +152,7 @@ struct Failure {
   static void visit(S& s, V&& v) {
     v("round", s.round), v("global_rank", s.global_rank), v("local_rank", s.local_rank);
     v("exit_code", s.exit_code), v("signal", s.signal), v("when", s.when), v("stderr_tail", s.stderr_tail);
-    v("runtime_ms", s.runtime_ms);
+    v("runtime_ms", s.runtime_ms), v("config_error", s.config_error);
     v("host", s.host), v("node_id", s.node_id), v("node_rank", s.node_rank);
   }
 };
@@ -230,6 +234,7 @@ enum class FailCause : int64_t {
   Deterministic = 2,  // two attempts in a row failed the same way, quickly, before the store filled
   LostNodes = 3,      // fewer than min_nodes remain
   Timeout = 4,        // the rendezvous timed out
+  ConfigError = 5,    // a worker said no restart can fix it (Failure::config_error)
 };
 
 struct JobFailed {

@@ -74,7 +74,8 @@ class DDPRUN_WORKER_API Runtime {
 DDPRUN_WORKER_API std::unique_ptr<Runtime> init(RuntimeOptions options = {});
 
 // Last-resort error path of a worker: logs `e`, writes TORCHELASTIC_ERROR_FILE in PyTorch's
-// format and returns the exit code (kExitCommFailure for CommError, kExitError otherwise).
+// format and returns the exit code (kExitCommFailure for CommError, kExitConfig for ConfigError,
+// kExitError otherwise).
 DDPRUN_WORKER_API int report_fatal(const std::exception& e, const std::string& where = "");
 
 // Runs body() and turns any exception into report_fatal()'s exit code: the usual main().

@@ -44,7 +44,9 @@
 // device; the module's structure is fixed after wrapping; the same sequence of forward /
 // backward / no_sync happens on every rank (collectives must match). Not thread-safe: one
 // training thread per wrapper. The module and the communicator must outlive the wrapper.
-// Errors: DdpError (a ddprun::worker::WorkerError) for misuse, CommError from a collective.
+// Errors: DdpError (a ddprun::worker::WorkerError) for misuse, CommError from a collective,
+// ConfigError (exit code kExitConfig; ddprun spends no restart on it) when the ranks' models
+// differ (DdpOptions::check_same_model).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -79,6 +81,10 @@ struct DdpOptions {
   int root = 0;  // the rank whose parameters and buffers everyone starts from
   // World size 1: still bucket and all-reduce (measures the DDP machinery, as PyTorch does).
   bool force_collective = false;
+  // At construction, before anything is broadcast, the ranks compare every parameter's and
+  // buffer's name, shape and dtype (two small all-gathers): a model that differs across ranks
+  // is a ConfigError on every rank naming the first difference and each rank's version of it.
+  bool check_same_model = true;
 };
 
 // The engine behind DistributedDataParallel<M>, independent of the module's forward
