@@ -28,7 +28,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$here/build}"
 bin="$(cd "$bin" 2>/dev/null && pwd || echo "$bin")"
-first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
+. "$here/scripts/bench/benchlib.sh"  # first, port
 train="$(first "$bin/train" "$bin/worker_runtime/train")"
 ddprun="$(first "$bin/ddprun" "$bin/launcher/ddprun")"
 arbench="$(first "$bin/ddprun_allreduce_bench" "$bin/worker_runtime/ddprun_allreduce_bench")"
@@ -83,7 +83,6 @@ LD_LIBRARY_PATH="${LD_LIBRARY_PATH#:}"
 NGPU="${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)}"
 [[ "$NGPU" =~ ^[0-9]+$ && "$NGPU" -gt 0 ]] || NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 n="$NGPU"
-port() { echo $(( 20000 + RANDOM % 20000 )); }
 enabled() { [[ ",$ONLY," == *",$1,"* ]]; }
 # x LOG CMD...: run one program, bounded by STEP_TIMEOUT and by what is left of BUDGET_S, output to
 # LOG (appended), the command line to commands.txt. CMD may start with the words ddp_run or torchrun:

@@ -7,12 +7,11 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bin="${1:-$here/build}"
-first() { for f in "$@"; do [[ -x "$f" ]] && { echo "$f"; return; }; done; echo "$1"; }
+. "$here/scripts/bench/benchlib.sh"  # first, port
 train="$(first "$bin/train" "$bin/worker_runtime/train")"
 ddprun="$(first "$bin/ddprun" "$bin/launcher/ddprun")"
 PY="${PY:-python3}"; STEPS="${STEPS:-50}"; WARMUP=10
 tmp="$(mktemp -d /tmp/ddprun-gpubench-XXXXXX)"
-port() { echo $(( 20000 + RANDOM % 20000 )); }
 
 echo "== 1-rank NCCL run of the default model under ddprun"
 "$ddprun" --nproc_per_node=1 --master_port="$(port)" "$train" --device cuda 2>&1 | tail -8

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 import interop_common as ic  # noqa: E402
 from interop_common import Daemon, RawConn, blob, check, check_eq, log, run_main, u64  # noqa: E402
-from ddprun_testlib import AGENT_HELLO, agent_frame  # noqa: E402
+from ddprun_testlib import AGENT_HELLO, agent_frame, read_agent_frame  # noqa: E402
 
 JOIN, ROUND, ERROR = 1, 20, 24
 
@@ -127,24 +127,16 @@ def pump_joins(conns, quiet_s):
 
 
 def join_and_read(port, run_id, timeout_s=30.0, frame=None):
-    """One JOIN (of run_id, or `frame` as is), the socket and the reply frame's payload."""
+    """One JOIN (of run_id, or `frame` as is): the socket, and the reply's message type and
+    fields (None and {} when the connection closed first)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
     s.sendall(frame or join_bytes(run_id))
-    head = b""
-    while len(head) < 4:
-        chunk = s.recv(4 - len(head))
-        if not chunk:
-            s.close()
-            return None, b""
-        head += chunk
-    n = int.from_bytes(head, "little")
-    body = b""
-    while len(body) < n:
-        chunk = s.recv(n - len(body))
-        if not chunk:
-            break
-        body += chunk
-    return s, body
+    try:
+        msg_type, fields = read_agent_frame(s)
+    except AssertionError:
+        s.close()
+        return None, None, {}
+    return s, msg_type, fields
 
 
 def still_serves(d, what):
@@ -152,8 +144,8 @@ def still_serves(d, what):
     c.op("SET", blob(f"/alive/{what}"), blob(what))
     check_eq(c.get(f"/alive/{what}"), what.encode(), f"a TCPStore client is served after {what}")
     c.close()
-    s, body = join_and_read(d.port, f"fresh-after-{what}-{time.monotonic_ns()}", timeout_s=60.0)
-    check(s is not None and body[:1] == bytes([ROUND]), f"a fresh JOIN gets its ROUND after {what}")
+    s, kind, _ = join_and_read(d.port, f"fresh-after-{what}-{time.monotonic_ns()}", timeout_s=60.0)
+    check(s is not None and kind == ROUND, f"a fresh JOIN gets its ROUND after {what}")
     s.close()
     check(d.alive(), "ddprund alive")
 
@@ -244,30 +236,30 @@ def job_limit(binary):
     d = start_daemon(binary, ["--max-jobs", "3"])
     held = []
     for i in range(3):
-        s, body = join_and_read(d.port, f"limited-{i}")
-        check(s is not None and body[:1] == bytes([ROUND]), f"JOIN of job {i + 1} of 3 gets its ROUND")
+        s, kind, _ = join_and_read(d.port, f"limited-{i}")
+        check(s is not None and kind == ROUND, f"JOIN of job {i + 1} of 3 gets its ROUND")
         held.append(s)
-    s, body = join_and_read(d.port, "one-too-many")
-    check(body[:1] == bytes([ERROR]) and b"--max-jobs" in body, "a JOIN for a 4th job gets an ERROR naming --max-jobs")
+    s, kind, fields = join_and_read(d.port, "one-too-many")
+    check(kind == ERROR and "--max-jobs" in " ".join(fields.values()), "a JOIN for a 4th job gets an ERROR naming --max-jobs")
     if s is not None:
         s.close()
     # A job that would wait for a second node opens no store: it is counted all the same.
     two_nodes = (join_bytes("gathering").replace(blob("max_nodes") + blob("1"), blob("max_nodes") + blob("2"))
                  .replace(blob("min_nodes") + blob("1"), blob("min_nodes") + blob("2")))
-    s, body = join_and_read(d.port, None, frame=two_nodes)
-    check(body[:1] == bytes([ERROR]), "a JOIN for a 4th job still gathering its nodes gets an ERROR too")
+    s, kind, _ = join_and_read(d.port, None, frame=two_nodes)
+    check(kind == ERROR, "a JOIN for a 4th job still gathering its nodes gets an ERROR too")
     if s is not None:
         s.close()
     held.pop().close()
     # The job of the closed connection ends when the server sees the close; retry until then.
     deadline = time.monotonic() + 60
     while True:
-        s, body = join_and_read(d.port, f"after-one-ended-{time.monotonic_ns()}")
-        if body[:1] == bytes([ROUND]) or time.monotonic() > deadline:
+        s, kind, _ = join_and_read(d.port, f"after-one-ended-{time.monotonic_ns()}")
+        if kind == ROUND or time.monotonic() > deadline:
             break
         if s is not None:
             s.close()
-    check(body[:1] == bytes([ROUND]), "once a job ends, a new one is admitted")
+    check(kind == ROUND, "once a job ends, a new one is admitted")
     s.close()
     for h in held:
         h.close()

@@ -15,6 +15,7 @@
 #include "coordination/store_hosting.h"
 #include "ddprun/launcher/coordinator.h"
 #include "ddprun/rdzv/fixed_port_stores.h"
+#include "platform/sys_util.h"
 
 namespace ddprun::launcher {
 
@@ -110,9 +111,7 @@ bool RoundStoreHost::take_progress() {
 }
 
 void RoundStoreHost::set_poll(bool on) {
-  itimerspec its{};
-  if (on) its.it_interval.tv_nsec = its.it_value.tv_nsec = kProgressPoll.count() * 1000000;
-  ::timerfd_settime(timer_, 0, &its, nullptr);
+  arm_timerfd(timer_, on ? std::chrono::duration<double>(kProgressPoll).count() : 0, /*repeat=*/true);
 }
 
 }  // namespace ddprun::launcher

@@ -14,15 +14,16 @@
 
 namespace ddprun::launcher {
 
-// Arms `fd` (a timerfd) to expire once in `seconds`; 0 disarms. A tiny positive value still
-// fires (at once).
-inline void arm_timerfd(int fd, double seconds) {
+// Arms `fd` (a timerfd) to expire once in `seconds` (with `repeat`, every `seconds` from then
+// on); 0 disarms. A tiny positive value still fires (at once).
+inline void arm_timerfd(int fd, double seconds, bool repeat = false) {
   itimerspec spec{};
   if (seconds > 0) {
     auto ns = static_cast<long long>(seconds * 1e9);
     spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000LL);
     spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000LL);
     if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
+    if (repeat) spec.it_interval = spec.it_value;
   }
   DDPRUN_CHECK_SYS(::timerfd_settime(fd, 0, &spec, nullptr));
 }
