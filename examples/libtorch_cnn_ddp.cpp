@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     const auto per_epoch = static_cast<int>(sampler.num_batches(kBatch));
 
     int start = 0;
-    if (auto ck = dw::load_latest_checkpoint(ckpt_dir)) {  // every rank reads the same file
+    if (auto ck = dw::load_agreed_checkpoint(ckpt_dir, rt->comm())) {  // the newest every rank can read
       lt::load_module(*net, *ck);
       lt::load_optimizer(opt, *net, *ck);
       start = static_cast<int>(ck->step);

@@ -3,14 +3,19 @@
 // with and without the shared-memory all-reduce) at 1, 2 and 3 ranks, and over the 1-rank
 // communicator init() builds. Inputs are small integers (and halves of them), so every
 // expected result is exact in every dtype and compared bit for bit.
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <thread>
 
 #include "ddprun/server/store_server.h"
+#include "ddprun/worker/checkpoint.h"
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
 #include "ddprun/worker/runtime.h"
@@ -408,4 +413,54 @@ TEST_CASE("Collectives: a peer that closes its communicator fails the other's co
   CHECK(error0.find("gloo allreduce failed on rank 0") != std::string::npos);
   CHECK(error0.find("closed its connection") != std::string::npos);
   CHECK(error0.find("timeout") == std::string::npos);
+}
+
+TEST_CASE("Collectives: ranks agree on the newest checkpoint every one of them can read", "[collectives]") {
+  char tmpl[] = "/tmp/ddprun-agreed-ckpt-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string base = tmpl;
+  auto dir_of = [&](const std::string& name, int rank) { return base + "/" + name + "/r" + std::to_string(rank); };
+  auto write = [&](const std::string& dir, uint64_t step) {
+    Checkpoint c;
+    c.step = step;
+    c.put_u64("step_again", step);
+    save_checkpoint(dir, c, /*keep_last=*/0);
+  };
+  // Each rank's own directory (as on nodes that do not share one); what each rank loaded.
+  auto agree = [&](const std::string& name, std::vector<int64_t>& loaded) {
+    loaded.assign(2, -2);
+    return testing::on_gloo_ranks(2, /*shared_memory=*/false, std::chrono::milliseconds(20000),
+                                  [&](int rank, Communicator& comm) {
+                                    auto c = load_agreed_checkpoint(dir_of(name, rank), comm);
+                                    loaded[static_cast<size_t>(rank)] =
+                                        c ? static_cast<int64_t>(c->get_u64("step_again")) : -1;
+                                  });
+  };
+  std::vector<int64_t> loaded;
+
+  // Rank 1 lags one checkpoint behind: both resume from step 8, not 12 and 8.
+  for (uint64_t s : {4, 8, 12}) write(dir_of("lag", 0), s);
+  for (uint64_t s : {4, 8}) write(dir_of("lag", 1), s);
+  auto errors = agree("lag", loaded);
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(loaded == std::vector<int64_t>{8, 8});
+
+  // Rank 1's step 8 is torn: both go back to 4.
+  for (uint64_t s : {4, 8}) write(dir_of("torn", 0), s), write(dir_of("torn", 1), s);
+  ::truncate(checkpoint_path(dir_of("torn", 1), 8).c_str(), 20);
+  errors = agree("torn", loaded);
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(loaded == std::vector<int64_t>{4, 4});
+
+  // Nothing in common: an error on every rank, never two ranks at different steps.
+  write(dir_of("apart", 0), 4);
+  write(dir_of("apart", 1), 8);
+  errors = agree("apart", loaded);
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("can be read on every rank"));
+
+  // No checkpoint anywhere: both start fresh.
+  errors = agree("none", loaded);
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(loaded == std::vector<int64_t>{-1, -1});
+  std::filesystem::remove_all(base);
 }

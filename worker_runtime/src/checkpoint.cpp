@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
-#include "log.h"
 #include <system_error>
 
 #include "ddprun/worker/checks.h"
+#include "ddprun/worker/communicator.h"
 #include "ddprun/worker/hash.h"
+#include "log.h"
 
 namespace ddprun::worker {
 namespace {
@@ -427,6 +429,25 @@ void CheckpointWriter::run() {
   }
 }
 
+namespace {
+
+// The checkpoint of `step` in `dir`, checked whole (trailer, CRC, its step); nullopt and *why
+// when it cannot be read.
+std::optional<Checkpoint> read_checkpoint_at(const std::string& dir, uint64_t step, std::string* why) {
+  const std::string path = checkpoint_path(dir, step);
+  std::string bytes;
+  if (!read_file(path, bytes, why)) return std::nullopt;
+  auto c = decode_checkpoint(bytes, why);
+  if (!c) return std::nullopt;
+  if (c->step != step) {
+    *why = "its step " + std::to_string(c->step) + " does not match its name";
+    return std::nullopt;
+  }
+  return c;
+}
+
+}  // namespace
+
 std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
@@ -434,24 +455,58 @@ std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir) {
     return std::nullopt;
   }
   for (uint64_t step : list_steps(dir)) {
-    const std::string path = checkpoint_path(dir, step);
-    std::string bytes, why;
-    if (!read_file(path, bytes, &why)) {
-      detail::log().warn("skipping checkpoint {}: {}", path, why);
-      continue;
-    }
-    auto c = decode_checkpoint(bytes, &why);
-    if (!c) {
-      detail::log().warn("skipping checkpoint {}: {}", path, why);
-      continue;
-    }
-    if (c->step != step) {
-      detail::log().warn("skipping checkpoint {}: its step {} does not match its name", path, c->step);
-      continue;
-    }
-    return c;
+    std::string why;
+    if (auto c = read_checkpoint_at(dir, step, &why)) return c;
+    detail::log().warn("skipping checkpoint {}: {}", checkpoint_path(dir, step), why);
   }
   return std::nullopt;
+}
+
+std::optional<Checkpoint> load_agreed_checkpoint(const std::string& dir, Communicator& comm) {
+  if (comm.size() == 1) return load_latest_checkpoint(dir);
+  struct stat st {};
+  std::vector<uint64_t> steps;  // newest first
+  if (::stat(dir.c_str(), &st) == 0) steps = list_steps(dir);
+  // The agreement runs on 32-bit host all-reduces (Communicator::allreduce_max_host).
+  for (uint64_t s : steps)
+    if (s > static_cast<uint64_t>(INT32_MAX))
+      throw WorkerError("checkpoint " + checkpoint_path(dir, s) + ": steps above " + std::to_string(INT32_MAX) +
+                        " cannot be agreed on; use load_latest_checkpoint");
+  auto agreed_min = [&](int64_t v) {  // v in [-1, INT32_MAX]
+    return -static_cast<int64_t>(comm.allreduce_max_host(static_cast<int32_t>(-v)));
+  };
+  if (comm.allreduce_max_host(steps.empty() ? 0 : 1) == 0) {
+    detail::log().info("no checkpoint in {} on any rank: starting fresh", dir);
+    return std::nullopt;
+  }
+  int64_t bound = INT32_MAX;
+  for (;;) {
+    // The newest step every rank has a file of is at most the smallest of their newest ones.
+    int64_t mine = -1;
+    for (uint64_t s : steps)
+      if (static_cast<int64_t>(s) <= bound) {
+        mine = static_cast<int64_t>(s);
+        break;
+      }
+    const int64_t step = agreed_min(mine);
+    if (step < 0) {
+      std::string seen;
+      for (size_t k = 0; k < steps.size() && k < 8; ++k) seen += (k ? ", " : "") + std::to_string(steps[k]);
+      if (steps.size() > 8) seen += ", ...";
+      throw WorkerError("no checkpoint in " + dir + " can be read on every rank (rank " + std::to_string(comm.rank()) +
+                        " has " + (steps.empty() ? std::string("none") : "steps " + seen) +
+                        "): the ranks would resume from different steps. Is the directory shared by every "
+                        "node, and was the newest checkpoint copied whole?");
+    }
+    std::string why = "this rank has no file of it";
+    std::optional<Checkpoint> ck;
+    if (std::find(steps.begin(), steps.end(), static_cast<uint64_t>(step)) != steps.end())
+      ck = read_checkpoint_at(dir, static_cast<uint64_t>(step), &why);
+    if (comm.allreduce_max_host(ck ? 0 : 1) == 0) return ck;
+    detail::log().warn("checkpoint of step {} in {} is not readable on every rank{}: trying an older one", step, dir,
+                       ck ? std::string() : " (here: " + why + ")");
+    bound = step - 1;
+  }
 }
 
 }  // namespace ddprun::worker

@@ -227,7 +227,7 @@ void CpuRun::init_or_resume() {
   steps_per_epoch_ = static_cast<int64_t>(sampler_.num_batches(static_cast<size_t>(o_.batch)));
   int64_t meta[4] = {0, 0, 0, 0};  // {global step, epoch, step in epoch, momentum initialised}
   if (!o_.checkpoint_dir.empty()) {
-    if (auto ck = dw::load_latest_checkpoint(o_.checkpoint_dir)) {
+    if (auto ck = dw::load_agreed_checkpoint(o_.checkpoint_dir, comm_)) {
       if (ck->section("config") != config_fingerprint(o_))
         throw dw::WorkerError("checkpoint in " + o_.checkpoint_dir + " is for '" + ck->section("config") +
                               "', not '" + config_fingerprint(o_) + "'");

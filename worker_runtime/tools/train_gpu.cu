@@ -437,7 +437,7 @@ void GpuRun<T, G>::init_or_resume() {
   int64_t meta[4] = {0, 0, 0, 0};
   host_mom_.assign(momentum_.n, 0.f);
   if (!o_.checkpoint_dir.empty()) {
-    if (auto ck = dw::load_latest_checkpoint(o_.checkpoint_dir)) {
+    if (auto ck = dw::load_agreed_checkpoint(o_.checkpoint_dir, comm_)) {
       if (ck->section("config") != config_fingerprint(o_)) throw dw::WorkerError("checkpoint is for another model");
       ck->get_into("params", host_params_.data(), n_ * sizeof(float));
       if (momentum_.n && ck->has("momentum")) ck->get_into("momentum", host_mom_.data(), n_ * sizeof(float));

@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
 
     int start = 0;
     if (!checkpoint_dir.empty()) {
-      if (auto ck = dw::load_latest_checkpoint(checkpoint_dir)) {
+      if (auto ck = dw::load_agreed_checkpoint(checkpoint_dir, rt->comm())) {
         lt::load_module(*net, *ck);
         lt::load_optimizer(opt, *net, *ck);
         start = static_cast<int>(ck->step);

@@ -30,6 +30,8 @@
 
 namespace ddprun::worker {
 
+class Communicator;
+
 class DDPRUN_WORKER_API Checkpoint {
  public:
   uint64_t step = 0;  // optimizer steps completed; also in the file name
@@ -92,6 +94,13 @@ DDPRUN_WORKER_API void save_checkpoint(const std::string& dir, const Checkpoint&
 // corrupt one is skipped with a warning (spdlog). A missing directory or no valid file
 // returns nullopt (start fresh).
 DDPRUN_WORKER_API std::optional<Checkpoint> load_latest_checkpoint(const std::string& dir);
+
+// The same, agreed by every rank (collective: every rank calls it with its own view of `dir`):
+// the newest checkpoint that every rank has and can read whole, so that all of them resume
+// from the same step even when a node's directory lags (a file not yet copied or synced, a
+// torn one). nullopt when no rank has any; WorkerError when some rank has checkpoints but none
+// is readable everywhere (resuming would mix steps). One rank: load_latest_checkpoint.
+DDPRUN_WORKER_API std::optional<Checkpoint> load_agreed_checkpoint(const std::string& dir, Communicator& comm);
 
 // Removes temp files that writers killed mid-write left in dir: those of a dead process on
 // this host, and those of another host (only rank 0 writes, and a new group starts only after
