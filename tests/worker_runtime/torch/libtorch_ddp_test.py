@@ -108,6 +108,13 @@ def main():
         print(f"buckets {m.group(1)}, rebuilt {m.group(2)}, launched early {m.group(3)}, first bucket {m.group(4)}")
         assert int(m.group(1)) >= 2 and int(m.group(2)) == 1 and int(m.group(3)) >= 1, out
         assert m.group(4).startswith("fc."), "FAIL: the first bucket must hold the gradients backward makes first"
+        # Per rank: the parameters' checksum is the same everywhere; the whole state's is not
+        # (each rank's batch-norm statistics come from its own last batch, as in Python DDP).
+        sums = dict((int(r), (p, s_)) for r, p, s_ in
+                    re.findall(r"rank (\d) parameters_checksum=([0-9a-f]+) state_checksum=([0-9a-f]+)", out))
+        assert sorted(sums) == [0, 1], out
+        assert sums[0][0] == sums[1][0], f"FAIL: the ranks' parameters differ: {sums}"
+        assert sums[0][1] != sums[1][1], f"FAIL: the state checksum should include the per-rank buffers: {sums}"
         # The wrap broadcast made every rank start from rank 0's state.
         compare(T("init.0"), T("init.1"), rtol=0, atol=0)
         torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),

@@ -197,7 +197,7 @@ void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& m
   }
 }
 
-uint64_t state_checksum(const ::torch::nn::Module& module) {
+uint64_t state_checksum(const ::torch::nn::Module& module, StateParts parts) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
   auto add = [&](const at::Tensor& t) {
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
@@ -205,7 +205,8 @@ uint64_t state_checksum(const ::torch::nn::Module& module) {
     for (size_t k = 0; k < c.nbytes(); ++k) h = (h ^ b[k]) * 0x100000001b3ull;
   };
   for (const auto& item : module.named_parameters(true)) add(item.value());
-  for (const auto& item : module.named_buffers(true)) add(item.value());
+  if (parts == StateParts::ParametersAndBuffers)
+    for (const auto& item : module.named_buffers(true)) add(item.value());
   return h;
 }
 

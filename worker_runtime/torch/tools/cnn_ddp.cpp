@@ -332,6 +332,11 @@ int main(int argc, char** argv) {
     if (!dump_final.empty()) dump_state(per_rank(dump_final, rank), *net);
     if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f cpu_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed,
                                            1e3 * cpu_s / timed, timed);
+    // Per rank: the parameters (equal on every rank) and the whole state (batch norm's running
+    // statistics are each rank's own after the last forward).
+    std::printf("rank %d parameters_checksum=%016llx state_checksum=%016llx\n", rank,
+                static_cast<unsigned long long>(lt::state_checksum(*net, lt::StateParts::Parameters)),
+                static_cast<unsigned long long>(lt::state_checksum(*net)));
     if (rank == 0)
       std::printf("final_param_checksum=%016llx\n", static_cast<unsigned long long>(lt::state_checksum(*net)));
     return 0;

@@ -41,7 +41,15 @@ DDPRUN_WORKER_TORCH_API void save_optimizer(const ::torch::optim::Optimizer& opt
 DDPRUN_WORKER_TORCH_API void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& module,
                                             const Checkpoint& ckpt, const std::string& prefix = "model/");
 
-// FNV-1a over every parameter's and buffer's bytes in module order (bit-identity checks).
-DDPRUN_WORKER_TORCH_API uint64_t state_checksum(const ::torch::nn::Module& module);
+// What state_checksum covers. Under DDP the parameters are equal on every rank after each
+// step, but buffers need not be: batch norm's running statistics are broadcast from the root
+// at the start of each forward (broadcast_buffers) and then updated from each rank's own batch,
+// so after the last forward they differ per rank, as in Python DDP. Compare ranks with
+// Parameters; compare a run with itself (a resumed run, a repeat) with the default.
+enum class StateParts { ParametersAndBuffers, Parameters };
+
+// FNV-1a over the parameters' (and buffers') bytes in module order (bit-identity checks).
+DDPRUN_WORKER_TORCH_API uint64_t state_checksum(const ::torch::nn::Module& module,
+                                                StateParts parts = StateParts::ParametersAndBuffers);
 
 }  // namespace ddprun::worker::libtorch
