@@ -3,10 +3,13 @@
 // with and without the shared-memory all-reduce) at 1, 2 and 3 ranks, and over the 1-rank
 // communicator init() builds. Inputs are small integers (and halves of them), so every
 // expected result is exact in every dtype and compared bit for bit.
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -369,6 +372,9 @@ TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadca
 
 TEST_CASE("Collectives: a peer that closes its communicator fails the other's collective with that cause, not a timeout",
           "[collectives]") {
+  // SIGPIPE at its default, as in a C++ program: a send to the closed peer must not end the
+  // process (the communicator ignores it unless the program has a handler).
+  ::signal(SIGPIPE, SIG_DFL);
   ddprun::server::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -413,6 +419,18 @@ TEST_CASE("Collectives: a peer that closes its communicator fails the other's co
   CHECK(error0.find("gloo allreduce failed on rank 0") != std::string::npos);
   CHECK(error0.find("closed its connection") != std::string::npos);
   CHECK(error0.find("timeout") == std::string::npos);
+  struct sigaction now {};
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == SIG_IGN);
+  // The other direction, made certain: writing to a connection whose reader has gone fails the
+  // write (EPIPE) and leaves this process running.
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  ::close(sv[1]);
+  const char byte = 1;
+  CHECK(::write(sv[0], &byte, 1) == -1);
+  CHECK(errno == EPIPE);
+  ::close(sv[0]);
 }
 
 TEST_CASE("Collectives: ranks agree on the newest checkpoint every one of them can read", "[collectives]") {

@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -448,6 +449,14 @@ std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int
   if (size < 1 || rank < 0 || rank >= size)
     throw WorkerError("make_gloo_communicator: rank " + std::to_string(rank) + " of size " + std::to_string(size) +
                       " (need 0 <= rank < size)");
+  // Gloo's TCP pairs send with writev, which raises SIGPIPE when the peer has gone: its default
+  // action would end this process silently instead of failing the collective with a
+  // CommError. Ignored process-wide, as Python (and so PyTorch) does, unless the program
+  // installed a handler of its own.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO))
+    ::signal(SIGPIPE, SIG_IGN);
   return std::make_unique<GlooCommunicator>(store, rank, size, options);
 }
 
