@@ -27,6 +27,9 @@ Cases:
                 buckets are rebuilt and launched during backward, as with 2 ranks, and the result
                 is bit-identical to the run without it (an average over one rank is the identity);
                 without the option nothing is rebuilt or launched.
+Each command gets 180 s (they take seconds): past that the test says which side hung, ours
+under ddprun or the Python reference under torchrun, prints the threads' stacks of every process
+of that run (gdb) and kills them.
 """
 import argparse
 import os
@@ -41,12 +44,64 @@ import torch  # noqa: E402
 
 from ddp_reference import read_dump  # noqa: E402
 
-TIMEOUT = 600
+TIMEOUT = 180  # per command: every run here takes seconds, so reaching this is a hang
+
+
+def descendants(pid):
+    """pid and every process below it (by parent links in /proc), parents first."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(sorted(children.get(p, [])))
+    return out
+
+
+def report_hang(cmd, pid):
+    """Which side hung and where: every process of the run with its threads' stacks (gdb)."""
+    side = "the Python reference under torchrun" if "torch.distributed.run" in cmd else "the run under ddprun"
+    print(f"HANG: {side} did not exit within {TIMEOUT} s: {' '.join(cmd)}", flush=True)
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                what = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        except OSError:
+            continue
+        print(f"--- pid {p}: {what}", flush=True)
+        try:
+            bt = subprocess.run(["gdb", "-p", str(p), "-batch", "-ex", "thread apply all bt 30"],
+                                capture_output=True, text=True, timeout=60)
+            print("\n".join(l for l in bt.stdout.splitlines() if l.startswith(("#", "Thread"))), flush=True)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            print(f"(no stacks: {e})", flush=True)
+    return side
 
 
 def run(cmd, expect_ok=True, env=None):
     print("+", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        side = report_hang(cmd, proc.pid)
+        for p in reversed(descendants(proc.pid)):
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+        out, _ = proc.communicate()
+        print(out)
+        raise SystemExit(f"FAIL: {side} hung")
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, None)
     if expect_ok and p.returncode != 0:
         print(p.stdout)
         raise SystemExit(f"FAIL: exit code {p.returncode}")
