@@ -90,3 +90,23 @@ TEST_CASE("Sampler: bad rank is rejected", "[sampler]") {
   REQUIRE_THROWS_AS(DistributedSampler({10, 2, 2, true, 0, false}), WorkerError);
   REQUIRE_THROWS_AS(DistributedSampler({0, 2, 0, true, 0, false}), WorkerError);
 }
+
+TEST_CASE("Sampler: a given permutation replaces the shuffle, gets seed + epoch, and is checked", "[sampler]") {
+  std::vector<uint64_t> seeds;
+  SamplerOptions o{.dataset_size = 5, .num_replicas = 2, .rank = 1, .shuffle = true, .seed = 10};
+  o.permutation = [&](size_t n, uint64_t seed) {
+    seeds.push_back(seed);
+    std::vector<size_t> p(n);
+    for (size_t i = 0; i < n; ++i) p[i] = n - 1 - i;  // 4 3 2 1 0
+    return p;
+  };
+  DistributedSampler s(o);
+  // 4 3 2 1 0, padded with its head to 6: 4 3 2 1 0 4; rank 1 takes 3 1 4.
+  CHECK(s.indices() == std::vector<size_t>{3, 1, 4});
+  s.set_epoch(2);
+  CHECK(seeds == std::vector<uint64_t>{10, 12});
+  o.permutation = [](size_t n, uint64_t) { return std::vector<size_t>(n, 0); };  // not a permutation
+  CHECK_THROWS_AS(DistributedSampler(o), WorkerError);
+  o.shuffle = false;  // no shuffle: the permutation is not asked
+  CHECK(DistributedSampler(o).indices() == std::vector<size_t>{1, 3, 0});
+}

@@ -33,7 +33,18 @@ void DistributedSampler::rebuild() {
   const size_t n = options_.dataset_size;
   std::vector<size_t> all(n);
   std::iota(all.begin(), all.end(), size_t{0});
-  if (options_.shuffle) {
+  if (options_.shuffle && options_.permutation) {
+    all = options_.permutation(n, options_.seed + epoch_);
+    std::vector<bool> seen(n, false);
+    bool ok = all.size() == n;
+    for (size_t i = 0; ok && i < n; ++i) {
+      ok = all[i] < n && !seen[all[i]];
+      if (ok) seen[all[i]] = true;
+    }
+    if (!ok)
+      throw WorkerError("DistributedSampler: SamplerOptions::permutation did not return a permutation of [0, " +
+                        std::to_string(n) + ")");
+  } else if (options_.shuffle) {
     Rng rng{splitmix64(options_.seed + epoch_)};
     for (size_t i = n; i > 1; --i) std::swap(all[i - 1], all[rng.below(i)]);
   }

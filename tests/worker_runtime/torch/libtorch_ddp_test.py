@@ -15,6 +15,8 @@ Cases:
                 is refused with both names).
   invariant     2 ranks x batch 8 == 1 rank x batch 16 (the model without batch norm, whose
                 per-rank batch statistics would differ by design; `aux` unused on the same steps).
+  sampler_order  --pytorch-shuffle: every rank's batches over several epochs equal those of
+                torch.utils.data.DistributedSampler with the same seed (and differ without it).
   model_mismatch  3 ranks, rank 1 with one more channel, --max_restarts=3: a ConfigError on every
                 rank naming 'conv1.weight' and the shape of each rank, exit code 78, no restart.
   unused_error  find_unused_parameters off + a parameter unused: exit code 1 (a DdpError, no
@@ -222,6 +224,30 @@ def main():
         moved = (read_dump(T("one.0"))["param/conv1.weight"] - read_dump(T("init1.0"))["param/conv1.weight"]).norm()
         assert moved > 1e-3, f"parameters did not move ({moved})"
         print("OK: 2 ranks x 8 == 1 rank x 16")
+
+    elif a.case == "sampler_order":
+        # With --pytorch-shuffle the batches of every rank and epoch are PyTorch's
+        # DistributedSampler's (seed 1234, the harness's), chunked as the harness chunks them.
+        from torch.utils.data import DistributedSampler
+        samples, batch, steps = 100, 8, 20  # 6 batches of 8 per rank and epoch: 3+ epochs
+        ddprun(2, ["--steps", str(steps), "--batch", str(batch), "--samples", str(samples), "--pytorch-shuffle",
+                   "--dump-batches", T("b.%r")])
+        ddprun(2, ["--steps", str(steps), "--batch", str(batch), "--samples", str(samples),
+                   "--dump-batches", T("own.%r")])
+        for r in (0, 1):
+            got = [[int(x) for x in line.split()] for line in open(T(f"b.{r}"))]
+            s_ = DistributedSampler(range(samples), num_replicas=2, rank=r, shuffle=True, seed=1234)
+            per_epoch = len(s_) // batch
+            want = []
+            for step in range(steps):
+                s_.set_epoch(step // per_epoch)
+                order = list(s_)
+                k = step % per_epoch
+                want.append(order[k * batch:(k + 1) * batch])
+            assert got == want, f"FAIL: rank {r}: {got[:2]} vs PyTorch's {want[:2]}"
+            own = [[int(x) for x in line.split()] for line in open(T(f"own.{r}"))]
+            assert own != want, "FAIL: the comparison cannot tell the two orders apart"
+        print(f"OK: {steps} batches per rank over {steps // per_epoch + 1} epochs equal PyTorch's DistributedSampler's")
 
     elif a.case == "model_mismatch":
         # Rank 1 builds one more channel: every rank stops at the wrap with a ConfigError naming

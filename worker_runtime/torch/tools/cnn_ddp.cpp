@@ -36,6 +36,7 @@
 #include "ddprun/worker/runtime.h"
 #include "ddprun/worker/sampler.h"
 #include "ddprun/worker/torch/ddp.h"
+#include "ddprun/worker/torch/sampler.h"
 #include "ddprun/worker/torch/state.h"
 
 namespace nn = torch::nn;
@@ -132,6 +133,7 @@ int main(int argc, char** argv) {
   int steps = 20, batch = 8, accum = 1, samples = 512, channels = 8, hidden = 16, depth = 0, image = 8, threads = 1;
   double lr = 0.05, momentum = 0.9;
   uint64_t seed = 1234;
+  bool pytorch_shuffle = false;
   bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
   std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd", device_flag = "cpu";
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
@@ -177,6 +179,8 @@ int main(int argc, char** argv) {
   app.add_option("--load-init", load_init, "load the initial state from a dump");
   app.add_option("--dump-final", dump_final, "write the final state here; %r = rank");
   app.add_option("--dump-batches", dump_batches, "write each step's sample indices here; %r = rank");
+  app.add_flag("--pytorch-shuffle", pytorch_shuffle,
+               "the sampler shuffles in torch.utils.data.DistributedSampler's order (torch.randperm)");
   app.add_option("--model-differs-on-rank", model_differs_on,
                  "this rank builds one more channel than the others (the wrap must refuse it)");
   app.add_flag("--perturb-init", perturb, "ranks other than 0 start from different parameters (wrap must fix)");
@@ -248,8 +252,10 @@ int main(int argc, char** argv) {
       opt_holder = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
     torch::optim::Optimizer& opt = *opt_holder;
 
-    dw::DistributedSampler sampler({.dataset_size = static_cast<size_t>(samples), .num_replicas = world,
-                                    .rank = rank, .shuffle = shuffle, .seed = seed});
+    dw::SamplerOptions sampler_options{.dataset_size = static_cast<size_t>(samples), .num_replicas = world,
+                                       .rank = rank, .shuffle = shuffle, .seed = seed};
+    if (pytorch_shuffle) sampler_options.permutation = lt::pytorch_permutation;
+    dw::DistributedSampler sampler(sampler_options);
     const size_t per_step = static_cast<size_t>(batch) * static_cast<size_t>(accum);
     const size_t batches = sampler.num_batches(per_step, /*drop_last_batch=*/true);
     if (batches == 0) throw dw::WorkerError("--batch x --accum exceeds the per-rank dataset; lower them");

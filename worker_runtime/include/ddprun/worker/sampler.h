@@ -4,7 +4,8 @@
 //  * rank r takes indices[r], indices[r + R], indices[r + 2R], ... (disjoint shards);
 //  * the shuffle is a permutation seeded by seed + epoch (set_epoch), identical on all ranks.
 //    (Our permutation is a Fisher-Yates over SplitMix64, not torch.randperm's, so orders
-//    differ from PyTorch's while the semantics match.)
+//    differ from PyTorch's while the semantics match; SamplerOptions::permutation takes
+//    another, e.g. LibTorch's for PyTorch's exact order.)
 // Resume: batch(step, batch_size) addresses any batch of the epoch directly, so a run that
 // restarts mid-epoch continues at the step it stopped.
 // Not thread-safe; cheap to copy.
@@ -12,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ddprun/worker/export.h"
@@ -25,6 +27,10 @@ struct SamplerOptions {
   bool shuffle = true;
   uint64_t seed = 0;
   bool drop_last = false;
+  // When set, the shuffle of an epoch is permutation(dataset_size, seed + epoch), a permutation
+  // of [0, dataset_size), instead of ours. ddprun::worker::libtorch::pytorch_permutation gives
+  // torch.randperm's, so the order equals torch.utils.data.DistributedSampler's.
+  std::function<std::vector<size_t>(size_t, uint64_t)> permutation;
 };
 
 class DDPRUN_WORKER_API DistributedSampler {
