@@ -17,9 +17,9 @@
 #include <cstring>
 #include <functional>
 #include <type_traits>
-#include "log.h"
 
 #include "ddprun/worker/checks.h"
+#include "log.h"
 
 namespace ddprun::worker {
 

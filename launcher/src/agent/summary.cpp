@@ -97,6 +97,14 @@ void failure_lines(const SummaryInput& in, std::ostringstream& s) {
   }
 }
 
+// "; K of N restarts left unused (...)" when the job ended with restarts left, else "".
+std::string unused_restarts(const SummaryInput& in) {
+  const int64_t left = in.max_restarts - in.attempt;
+  if (left <= 0) return "";
+  return "; " + std::to_string(left) + " of " + std::to_string(in.max_restarts) +
+         " restarts left unused (--retry_deterministic spends them)";
+}
+
 // Why no restart followed, in the round's words when it is not the budget (which the attempt
 // line already shows).
 void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
@@ -109,16 +117,12 @@ void no_restart_lines(const SummaryInput& in, std::ostringstream& s) {
           << " failed the same way (same code, same rank or message) within "
           << rdzv::RoundState::kQuickFailure.count() / 1000
           << " s, before every worker had joined the store: deterministic (an import error or a bad path?)";
-        if (const int64_t left = in.max_restarts - in.attempt; left > 0)
-          s << "; " << left << " of " << in.max_restarts << " restarts left unused (--retry_deterministic spends them)";
-        s << "\n";
+        s << unused_restarts(in) << "\n";
         break;
       case rdzv::FailCause::ConfigError:
         s << "[ddprun]   not retried: the worker reported a configuration error (exit code 78, ConfigError in its "
-             "error file), which a restart would repeat";
-        if (const int64_t left = in.max_restarts - in.attempt; left > 0)
-          s << "; " << left << " of " << in.max_restarts << " restarts left unused (--retry_deterministic spends them)";
-        s << "\n";
+             "error file), which a restart would repeat"
+          << unused_restarts(in) << "\n";
         break;
       case rdzv::FailCause::BudgetSpent:
         if (!in.multi_node) s << "[ddprun]   no restarts left (max_restarts " << in.max_restarts << ")\n";

@@ -283,6 +283,14 @@ std::string_view last_line(std::string_view tail) {
 bool same_last_line(const std::string& a, const std::string& b) {
   return !last_line(a).empty() && last_line(a) == last_line(b);
 }
+// For a failure that ends the job with restarts left: why the budget is not used up (a reader
+// sees restarts left and no restart).
+std::string restarts_left_unused(int64_t restart_count, int64_t max_restarts) {
+  const int64_t left = max_restarts - restart_count;
+  return left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(max_restarts) +
+                        " restarts are left (--retry_deterministic retries it)"
+                  : std::string();
+}
 }  // namespace
 
 void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out) {
@@ -304,12 +312,8 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   else what += " (exit code " + std::to_string(m.exit_code) + ")";
   // A worker that said a restart cannot fix its failure (a ConfigError) is believed.
   if (m.config_error && !job.retry_deterministic) {
-    const int64_t left = job.max_restarts - job.restart_count;
     fail_job(job, what + " with a configuration error that a restart cannot fix (ConfigError in its error file), "
-                  "not retried" +
-                      (left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(job.max_restarts) +
-                                      " restarts are left (--retry_deterministic retries it)"
-                                : std::string()),
+                  "not retried" + restarts_left_unused(job.restart_count, job.max_restarts),
              FailCause::ConfigError, out);
     return;
   }
@@ -319,14 +323,10 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   const auto& prev = job.previous_quick_failure;
   if (quick && prev && !job.retry_deterministic && prev->exit_code == m.exit_code && prev->signal == m.signal &&
       (prev->global_rank == m.global_rank || same_last_line(prev->stderr_tail, m.stderr_tail))) {
-    // Say why the budget is not used up: a reader sees restarts left and no restart.
-    const int64_t left = job.max_restarts - job.restart_count;
     std::string took = m.runtime_ms >= 0 ? " after " + std::to_string(m.runtime_ms) + " ms" : std::string();
     fail_job(job, what + took + ", before every worker had joined the store, as it did in the attempt before: a "
                   "deterministic failure (an import error or a bad path?), not retried" +
-                  (left > 0 ? " although " + std::to_string(left) + " of " + std::to_string(job.max_restarts) +
-                                  " restarts are left (--retry_deterministic retries it)"
-                            : std::string()),
+                  restarts_left_unused(job.restart_count, job.max_restarts),
              FailCause::Deterministic, out);
     return;
   }

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include "log.h"
 #include <thread>
 
 #include "ddprun/worker/checks.h"
@@ -20,6 +19,7 @@
 #include "ddprun/worker/gpu_checks.h"
 #include "collective_check.h"
 #include "gpu_backend.h"
+#include "log.h"
 
 namespace ddprun::worker {
 namespace {
