@@ -155,6 +155,18 @@ class Daemon:
         return rc
 
 
+def log_says(d, text, timeout=10.0):
+    """Whether the daemon's output has a line with `text` within `timeout` s (its output is read
+    by another thread: a line written just now may not have been read yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if any(text in ln for ln in d.log_text().splitlines()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def torch_major_minor():
     import torch
 

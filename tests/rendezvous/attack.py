@@ -48,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
 import interop_common as ic  # noqa: E402
-from interop_common import Daemon, RawConn, blob, check, log, run_main, u64  # noqa: E402
+from interop_common import Daemon, RawConn, blob, check, log, log_says, run_main, u64  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from ddprun_testlib import AGENT_HELLO, agent_frame, read_agent_frame  # noqa: E402
 
@@ -83,18 +83,6 @@ def other_job_store(d):
     msg = read_frame(agent)
     check(msg is not None and msg[0] == ROUND, "the other job's agent gets its ROUND")
     return agent, int(msg[1]["store_port"])
-
-
-def log_says(d, text, timeout=10.0):
-    """Whether the daemon's output has a line with `text` within `timeout` s (its output is read
-    by another thread: a line written just now may not have been read yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if any(text in ln for ln in d.log_text().splitlines()):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
 
 
 def stopped(d):

@@ -407,8 +407,7 @@ def shared_multi_get(binary):
     p.close()
     grew = peak.growth_kb()
     check(grew < 64 * 1024, f"RSS growth for 4 pipelined 800 MiB replies: {grew // 1024} MB < 64 MB")
-    check(any("--max-connection-buffered-bytes" in ln for ln in warning_lines(d)),
-          "the close names --max-connection-buffered-bytes")
+    check(ic.log_says(d, "--max-connection-buffered-bytes"), "the close names --max-connection-buffered-bytes")
     still_serves(d, "MULTI_GETs of 800 MiB")
     check_eq(d.stop(), 0, "ddprund exit code after SIGTERM")
 
