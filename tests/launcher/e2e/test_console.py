@@ -163,9 +163,10 @@ class Sessions(unittest.TestCase):
     def test_each_worker_leads_its_own_session_and_autogroup(self):
         # torchrun starts workers with start_new_session: each worker leads a session and a
         # process group of its own, without a controlling terminal; the scheduler gives it an
-        # autogroup of its own (the shell's autogroup no longer holds every worker).
+        # autogroup of its own (the shell's autogroup no longer holds every worker). A process
+        # that never left the boot session is in the default group, whose file reads empty.
         code = ("import os\n"
-                "ag = open('/proc/self/autogroup').read().split()[0] if os.path.exists('/proc/self/autogroup') else '-'\n"
+                "ag = (open('/proc/self/autogroup').read().split() or ['default'])[0] if os.path.exists('/proc/self/autogroup') else '-'\n"
                 "print('rank', os.environ['RANK'], 'sid', os.getsid(0) == os.getpid(), 'pgrp', os.getpgrp() == os.getpid(),\n"
                 "      'autogroup', ag, flush=True)\n")
         p = run(["--nproc_per_node=2"] + worker(code))
@@ -176,9 +177,10 @@ class Sessions(unittest.TestCase):
             self.assertEqual((sid, pgrp), ("True", "True"), p.stdout)
         if os.path.exists("/proc/self/autogroup"):
             with open("/proc/self/autogroup") as f:
-                mine = f.read().split()[0]
+                mine = (f.read().split() or ["default"])[0]
             groups = {ag for *_, ag in rows}
             self.assertEqual(len(groups), 2, p.stdout)
+            self.assertNotIn("default", groups, p.stdout)
             self.assertNotIn(mine, groups, p.stdout)
 
 
