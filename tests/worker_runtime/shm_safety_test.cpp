@@ -94,8 +94,9 @@ TEST_CASE("shm: ranks issuing different collectives get an error naming the rank
       INFO("rank " << r << ": " << e);
       REQUIRE(has(e, "shm collective mismatch seen by rank " + std::to_string(r)));
       REQUIRE(has(e, "rank " + std::to_string(r) + " (this one) issued"));
-      REQUIRE(has(e, std::string("issued #2 ") + c.expect));  // rank 1's op
-      REQUIRE(has(e, "issued #2 allreduce(fp32, 10 elements, sum)"));  // rank 0's op
+      // #1: alloc_shared's barrier, #2: the matching all-reduce.
+      REQUIRE(has(e, std::string("issued #3 ") + c.expect));  // rank 1's op
+      REQUIRE(has(e, "issued #3 allreduce(fp32, 10 elements, sum)"));  // rank 0's op
       REQUIRE(has(e, "Expected every rank to issue the same collectives"));
     }
   }
@@ -430,4 +431,61 @@ TEST_CASE("shm: broadcast over one-copy memory at different places on different 
     REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 64)"));
     REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 0)"));
   }
+}
+
+// The collectives that go over Gloo take part in the shm path's op check: one rank in a shm
+// all-reduce and the other in a Gloo broadcast (or barrier) fail at once naming both, instead
+// of each waiting for the other until the timeout.
+TEST_CASE("shm: a rank in a shm all-reduce and another in a Gloo collective fail naming both ops", "[shm_safety]") {
+  struct Case {
+    const char* what;
+    std::function<void(Communicator&, std::vector<float>&)> other;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"broadcast", [](Communicator& c, std::vector<float>& a) { c.broadcast(a.data(), 16, 1); },
+       "broadcast(16 bytes from rank 1, over Gloo)"},
+      {"barrier", [](Communicator& c, std::vector<float>&) { c.barrier(); }, "barrier()"},
+      {"allgather", [](Communicator& c, std::vector<float>& a) { c.allgather(a.data(), a.data(), 4, DType::F32); },
+       "all_gather(fp32, 4 elements, over Gloo)"},
+  };
+  for (const Case& c : cases) {
+    INFO("rank 1 in " << c.what);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = testing::on_gloo_ranks(2, true, std::chrono::seconds(60), [&](int r, Communicator& comm) {
+      std::vector<float> a(8, 1.f);
+      comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);  // #1 matches
+      comm.broadcast(a.data(), 8, 0);                                 // #2 matches (over Gloo)
+      if (r == 0) {
+        comm.allreduce(a.data(), 4, DType::F32, ReduceOp::Sum);
+      } else {
+        c.other(comm, a);
+      }
+    });
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int r = 0; r < 2; ++r) {
+      const std::string& e = errors[static_cast<size_t>(r)];
+      INFO("rank " << r << ": " << e);
+      REQUIRE(has(e, "shm collective mismatch seen by rank " + std::to_string(r)));
+      REQUIRE(has(e, "issued #3 allreduce(fp32, 4 elements, sum)"));
+      REQUIRE(has(e, std::string("issued #3 ") + c.expect));
+    }
+    REQUIRE(took < 30);  // at once, not after the 60 s timeout
+  }
+}
+
+// A rank that never joins the collective (alive, elsewhere) fails the others after the
+// communicator's timeout, with where every rank is.
+TEST_CASE("shm: a collective a peer never joins fails after the timeout, saying where each rank is", "[shm_safety]") {
+  const auto errors = testing::on_gloo_ranks(2, true, std::chrono::seconds(2), [&](int r, Communicator& comm) {
+    std::vector<float> a(8, 1.f);
+    comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);
+    if (r == 0) comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Max);  // rank 1 never comes
+  });
+  const std::string& e = errors[0];
+  INFO(e);
+  REQUIRE(has(e, "shm collective on rank 0: peers did not arrive within the timeout of 2000 ms"));
+  REQUIRE(has(e, "rank 0 (this one) last issued #2 allreduce(fp32, 8 elements, max)"));
+  REQUIRE(has(e, "rank 1 last issued #1 allreduce(fp32, 8 elements, sum)"));
+  REQUIRE(errors[1].empty());
 }

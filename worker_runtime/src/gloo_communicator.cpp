@@ -194,6 +194,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     auto* mine = static_cast<unsigned char*>(out) + static_cast<size_t>(rank_) * bytes;
     if (in != mine) std::memcpy(mine, in, bytes);
     if (size_ == 1) return;
+    shm_turn(ShmGroup::TransportOp::AllGather, dtype, count, ReduceOp::Sum, 0, "allgather");
     debug_check(CollectiveOp::AllGather, dtype, count, 0);
     // In place: Gloo gathers every rank's block of `out` (ours is already there).
     guarded("allgather", [&] {
@@ -209,6 +210,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     check_alive("reduce_scatter");
     if (count == 0) return;
     refuse_single_output("reduce_scatter", out, count * dtype_size(dtype));
+    shm_turn(ShmGroup::TransportOp::ReduceScatter, dtype, count, op, 0, "reduce_scatter");
     debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     switch (dtype) {
       case DType::F32: return reduce_scatter_typed<float, float>(in, out, count, op, dtype);
@@ -264,6 +266,8 @@ class GlooCommunicator final : public Communicator, public FusedStep {
       return;
     }
     refuse_single_output("broadcast (a buffer partly in it)", buf, bytes);
+    shm_turn(ShmGroup::TransportOp::Broadcast, DType::F32, bytes, ReduceOp::Sum, static_cast<uint32_t>(root),
+             "broadcast");
     debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
     guarded("broadcast", [&] {
       gloo::BroadcastOptions o(ctx_);
@@ -277,6 +281,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
 
   void barrier() override {
     check_alive("barrier");
+    shm_turn(ShmGroup::TransportOp::Barrier, DType::F32, 0, ReduceOp::Sum, 0, "barrier");
     debug_check(CollectiveOp::Barrier, DType::F32, 0, 0);
     guarded("barrier", [&] {
       gloo::BarrierOptions o(ctx_);
@@ -377,6 +382,13 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && store.get(prefix + "host/" + std::to_string(r), timeout_) != me) same = false;
     return same;
+  }
+  // On the shared-memory path, a collective over Gloo first takes its turn in the shm op
+  // sequence (ShmGroup::check_transport_op): ranks that diverged between a shm op and a Gloo
+  // op fail at once, naming both, instead of each waiting for the other until the timeout.
+  void shm_turn(ShmGroup::TransportOp op, DType dtype, size_t count, ReduceOp rop, uint32_t extra, const char* what) {
+    if (!shm_ || size_ == 1) return;
+    guarded(what, [&] { shm_->check_transport_op(op, dtype, count, rop, extra); });
   }
   // The debug-mode signature check (collective_check.h): one small all-gather, same transport.
   void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {

@@ -46,6 +46,11 @@ enum OpKind : uint32_t {
   kReduceForStep = 4,
   kFinishStep = 5,
   kBroadcastSingle = 6,
+  // 7..10: ShmGroup::TransportOp (collectives over Gloo, checked here).
+  kGlooBroadcast = 7,
+  kGlooAllGather = 8,
+  kGlooReduceScatter = 9,
+  kGlooBarrier = 10,
 };
 // The fused ops' `extra`: n_arrays / n_segments in the low 24 bits, the one-copy arrays' mask
 // above (ranks that disagree on where an array lives would each write a different copy).
@@ -277,6 +282,7 @@ void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_
     const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     if (fd < 0) throw CommError("shm group: peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") is gone");
     pidfds_.push_back(fd);
+    pidfd_ranks_.push_back(r);
   }
 }
 
@@ -291,7 +297,11 @@ void ShmGroup::check_peers() {
   for (int fd : pidfds_) fds.push_back({fd, POLLIN, 0});
   if (::poll(fds.data(), fds.size(), 0) > 0) {
     broken_ = true;
-    throw CommError("shm all-reduce: a peer process exited in the middle of a collective");
+    std::string who;
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents) who += (who.empty() ? "" : ", ") + std::to_string(pidfd_ranks_[i]);
+    throw CommError("shm collective on rank " + std::to_string(rank_) + ": peer rank " + who +
+                    " exited while this rank waited for it in a collective (its own error says why)");
   }
 }
 
@@ -328,7 +338,10 @@ void ShmGroup::wait_all(uint32_t gen) {
     check_peers();
     if (Clock::now() > deadline) {
       broken_ = true;
-      throw CommError("shm all-reduce: peers did not arrive within " + std::to_string(timeout_.count()) + " ms");
+      throw CommError("shm collective on rank " + std::to_string(rank_) + ": peers did not arrive within the timeout of " +
+                      std::to_string(timeout_.count()) + " ms (DDPRUN_COLLECTIVE_TIMEOUT_S)" + where_ranks_are() +
+                      ". A rank that stopped issuing collectives (stuck, or in code the others do not run) "
+                      "keeps the others waiting");
     }
   }
 }
@@ -369,6 +382,24 @@ void ShmGroup::enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint
   check_sigs(mine);
 }
 
+void ShmGroup::check_transport_op(TransportOp op, DType dtype, size_t count, ReduceOp rop, uint32_t extra) {
+  enter(static_cast<uint32_t>(op), dtype, count, rop, 0, extra);
+}
+
+std::string ShmGroup::where_ranks_are() const {
+  std::string out;
+  for (int r = 0; r < size_; ++r) {
+    // The newer of the rank's two entries (by sequence number) is the collective it is in or
+    // last finished.
+    const OpSig a = ctl_->sigs[0][r], b = ctl_->sigs[1][r];
+    const OpSig& last = a.seq > b.seq ? a : b;
+    out += "; rank " + std::to_string(r) + (r == rank_ ? " (this one)" : "") +
+           (last.seq == 0 ? std::string(" has issued no collective yet")
+                          : " last issued #" + std::to_string(last.seq) + " " + describe(last));
+  }
+  return out;
+}
+
 std::string ShmGroup::describe(const OpSig& s) const {
   const char* op = s.op == static_cast<uint32_t>(ReduceOp::Sum)   ? "sum"
                    : s.op == static_cast<uint32_t>(ReduceOp::Avg) ? "avg"
@@ -395,6 +426,12 @@ std::string ShmGroup::describe(const OpSig& s) const {
     case kBroadcastSingle:
       return "broadcast(" + std::to_string(s.count) + " bytes from rank " + std::to_string(s.extra) +
              ", one-copy buffer at " + place + ")";
+    case kGlooBroadcast:
+      return "broadcast(" + std::to_string(s.count) + " bytes from rank " + std::to_string(s.extra) + ", over Gloo)";
+    case kGlooAllGather: return "all_gather(" + dt + ", " + std::to_string(s.count) + " elements, over Gloo)";
+    case kGlooReduceScatter:
+      return "reduce_scatter(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ", over Gloo)";
+    case kGlooBarrier: return "barrier()";
   }
   return "an unknown collective";
 }

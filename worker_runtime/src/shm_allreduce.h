@@ -32,6 +32,11 @@
 // region) in the control page before its first barrier; after that barrier every rank compares
 // every peer's with its own and throws CommError naming the ranks, the op and what was expected
 // (instead of reading a peer's unrelated data). All ranks see the same table, so all throw.
+// The collectives that go over Gloo take part in the same sequence (check_transport_op), so a
+// rank in a shm all-reduce and another in a Gloo broadcast fail the same way. A peer that
+// exits fails the collective at once, naming it; one that never arrives (alive elsewhere) fails
+// it after the communicator's timeout (DDPRUN_COLLECTIVE_TIMEOUT_S, 10 min by default), with
+// the collective each rank was last in.
 //
 // No /dev/shm leftovers at any moment (safety): segments never have a name. The creator opens
 // an unnamed file on /dev/shm (O_TMPFILE; memfd where /dev/shm lacks it), sizes it with
@@ -149,6 +154,14 @@ class ShmGroup {
   // root's writes before everyone's reads.
   void broadcast_single(void* buf, size_t bytes, int root);
 
+  // The communicator's other collectives (over Gloo) take their turn in the same sequence:
+  // this rank's signature is published, one barrier, every rank's compared. A rank in a shm
+  // op and another in a Gloo op (or two different Gloo ops) then fail with a CommError naming
+  // both instead of waiting for each other until the timeout. Costs one barrier (microseconds)
+  // before a collective that goes over TCP.
+  enum class TransportOp : uint32_t { Broadcast = 7, AllGather, ReduceScatter, Barrier };
+  void check_transport_op(TransportOp op, DType dtype, size_t count, ReduceOp rop, uint32_t extra);
+
  private:
   struct Control;
   struct OpSig {
@@ -173,6 +186,8 @@ class ShmGroup {
   void wait_all(uint32_t gen);
   void barrier();
   void check_peers();
+  // Where every rank is (its newest published collective), for the timeout's message.
+  std::string where_ranks_are() const;
   // Publishes this rank's op, waits for everyone (the collective's first barrier) and checks
   // that every rank issued the same one.
   void enter(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra);
@@ -211,6 +226,7 @@ class ShmGroup {
   unsigned char* slots_ = nullptr;   // size_ slots of kChunkBytes
   unsigned char* result_ = nullptr;  // kChunkBytes
   std::vector<int> pidfds_;
+  std::vector<int> pidfd_ranks_;  // the rank each pidfd watches
   std::vector<Region> regions_;
   uint64_t seq_ = 0;
   bool broken_ = false;
