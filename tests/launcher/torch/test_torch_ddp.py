@@ -16,7 +16,10 @@ HANG_GUARD = 280
 
 
 def losses(stdout, attempt=None):
-    """{attempt: [loss per epoch]} from rank 0's lines."""
+    """{attempt: [loss per epoch]} from rank 0's lines. With the overlapped restart (the
+    default), the old attempt's rank 0 may still print a line after the new attempt's first
+    one, with the same prefix: a line whose epoch is not the next one of the newest attempt
+    but is the next one of the attempt before belongs to that attempt."""
     out, current = {}, 0
     for line in stdout.splitlines():
         m = re.match(r"\[r0\]: world_size 2 attempt (\d+)", line)
@@ -25,7 +28,11 @@ def losses(stdout, attempt=None):
             out[current] = []
         m = re.match(r"\[r0\]: epoch (\d+) loss ([0-9.]+)$", line)
         if m:
-            out.setdefault(current, []).append(float(m.group(2)))
+            epoch, owner = int(m.group(1)), current
+            mine = out.setdefault(current, [])
+            if epoch != len(mine) and current - 1 in out and epoch == len(out[current - 1]):
+                owner = current - 1
+            out[owner].append(float(m.group(2)))
     return out
 
 
