@@ -5,6 +5,7 @@
 // expected result is exact in every dtype and compared bit for bit.
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -28,6 +30,8 @@
 #include "half.h"
 
 using namespace ddprun::worker;
+
+extern char** environ;
 
 namespace {
 
@@ -481,4 +485,61 @@ TEST_CASE("Collectives: ranks agree on the newest checkpoint every one of them c
   CHECK(errors == std::vector<std::string>{"", ""});
   CHECK(loaded == std::vector<int64_t>{-1, -1});
   std::filesystem::remove_all(base);
+}
+
+// Gloo throws in its own network thread when a peer's message does not fit (ranks issued
+// collectives of different sizes); the process must end as a failed collective (exit 75,
+// the cause on stderr and in the error file), not in std::terminate's SIGABRT. In a child
+// process (this binary again, running the hidden case below): the test's own process must
+// survive it.
+TEST_CASE("gloo enforce child: ranks issue all-reduces of different counts over TCP", "[.gloo_enforce_child]") {
+  testing::on_gloo_ranks(2, /*shared_memory=*/false, std::chrono::seconds(20), [](int r, Communicator& c) {
+    std::vector<float> a(64, 1.f);
+    c.allreduce(a.data(), r == 0 ? 4 : 64, DType::F32, ReduceOp::Sum);
+  });
+}
+
+TEST_CASE("Collectives: Gloo over TCP with different counts ends the rank as a failed collective, not SIGABRT",
+          "[collectives]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ddprun-enforce-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string error_file = (dir / "error.json").string();
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  // The child's environment is built before fork: only async-signal-safe calls after it.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TORCHELASTIC_ERROR_FILE=", 24) != 0) env_strings.emplace_back(*e);
+  env_strings.push_back("TORCHELASTIC_ERROR_FILE=" + error_file);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char self[] = "/proc/self/exe", tag[] = "[.gloo_enforce_child]";
+  char* argv[] = {self, tag, nullptr};
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    ::execve(self, argv, envp.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO(err);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == kExitCommFailure);
+  REQUIRE(err.find("CommError: gloo collective failed on rank") != std::string::npos);
+  REQUIRE(err.find("does not fit the collective this rank issued") != std::string::npos);
+  REQUIRE(err.find("DDPRUN_DEBUG_COLLECTIVES=1") != std::string::npos);
+  std::ifstream f(error_file);
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(json.find("does not fit the collective this rank issued") != std::string::npos);
+  fs::remove_all(dir);
 }

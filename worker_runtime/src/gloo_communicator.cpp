@@ -7,6 +7,7 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -15,19 +16,62 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <mutex>
 #include <vector>
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/error_file.h"
 #include "ddprun/worker/store.h"
 #include "half.h"
+#include "log.h"
 #include "collective_check.h"
 #include "shm_allreduce.h"
 
 namespace ddprun::worker {
 namespace {
+
+// Gloo's network thread throws gloo::EnforceNotMet when a peer's message does not fit the
+// buffer this rank posted for it: the ranks issued collectives of different sizes. Nothing
+// catches it in that thread, so it would end in std::terminate (SIGABRT, exit 134) with one
+// line of Gloo's. It cannot become an exception in the thread that waits for the collective
+// (Gloo's thread is gone and the waiter would only time out), so this handler ends the
+// process the way a failed collective ends a worker: the cause named on stderr and in
+// TORCHELASTIC_ERROR_FILE, exit 75 (kExitCommFailure). Any other exception goes on to the
+// handler that was installed before. Peers see this rank's connections close: a CommError.
+std::terminate_handler g_previous_terminate = nullptr;
+std::atomic<int> g_gloo_rank{-1};
+
+[[noreturn]] void on_terminate() {
+  if (std::exception_ptr ep = std::current_exception()) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const gloo::EnforceNotMet& e) {
+      const std::string msg =
+          "CommError: gloo collective failed on rank " + std::to_string(g_gloo_rank.load()) +
+          " in Gloo's network thread: a peer sent a message that does not fit the collective this rank issued (" +
+          e.what() + "). The ranks issued different collectives (a rank-dependent branch, a skipped step, or "
+          "different models); DDPRUN_DEBUG_COLLECTIVES=1 names the ranks and their ops";
+      detail::log().error("{}", msg);
+      detail::log().flush();
+      if (const char* path = std::getenv("TORCHELASTIC_ERROR_FILE")) write_error_file(path, msg, "");
+      std::_Exit(kExitCommFailure);
+    } catch (...) {
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+void name_gloo_enforce_failures(int rank) {
+  static std::once_flag once;
+  g_gloo_rank.store(rank);
+  std::call_once(once, [] { g_previous_terminate = std::set_terminate(on_terminate); });
+}
 
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
@@ -469,6 +513,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
       !(current.sa_flags & SA_SIGINFO))
     ::signal(SIGPIPE, SIG_IGN);
+  name_gloo_enforce_failures(rank);
   return std::make_unique<GlooCommunicator>(store, rank, size, options);
 }
 

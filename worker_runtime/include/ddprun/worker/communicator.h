@@ -11,6 +11,13 @@
 //    Avg of an integer type is the sum divided by the world size, truncated toward zero.
 //  * Failures (peer died, I/O error, timeout, abort()) throw CommError, never hang past the
 //    communicator's timeout. An unsupported argument throws WorkerError on every rank alike.
+//    Ranks that issue different collectives: on one host (Gloo's shared-memory path) every
+//    collective, shm or TCP, is checked against every rank's before it waits: a CommError
+//    naming both ops on every rank. Over Gloo's TCP path, DDPRUN_DEBUG_COLLECTIVES=1 gives the
+//    same check; without it, a size mismatch that Gloo detects in its own network thread ends
+//    the process as a failed collective (the cause on stderr and in TORCHELASTIC_ERROR_FILE,
+//    exit 75) since it cannot be thrown in the waiting thread; other mismatches wait for the
+//    timeout.
 //  * Not thread-safe: one thread issues collectives at a time (the Reducer's communication
 //    thread during backward, the caller otherwise). abort() alone may be called from any
 //    thread, at any time.
