@@ -370,6 +370,10 @@ void detail::ReducerImpl::launch(size_t b) {
   bk.launched = true;
   ++launched_;
   if (comm_.stream_ordered()) {
+    if (options_.comm_hook) {  // the hook orders its own device work (see CommHook)
+      options_.comm_hook(comm_, CommBucket{bk.base, bk.count, dtype_, b, options_.average});
+      return;
+    }
     comm_.comm_waits_for_compute();
     comm_.allreduce(bk.base, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
     return;
@@ -438,8 +442,15 @@ void detail::ReducerImpl::reduce_bucket(Bucket& bk) {
     fused_->reduce_for_step(static_cast<float*>(bk.base), bk.count);
     return;
   }
+  auto reduce = [&](void* data) {
+    if (options_.comm_hook)
+      options_.comm_hook(comm_, CommBucket{data, bk.count, dtype_, static_cast<size_t>(&bk - buckets_.data()),
+                                           options_.average});
+    else
+      comm_.allreduce(data, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
+  };
   if (bk.base) {
-    comm_.allreduce(bk.base, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
+    reduce(bk.base);
     return;
   }
   size_t off = 0;
@@ -447,7 +458,7 @@ void detail::ReducerImpl::reduce_bucket(Bucket& bk) {
     std::memcpy(bk.staging.data() + off, grads_[i].ptr, grads_[i].count * es);
     off += grads_[i].count * es;
   }
-  comm_.allreduce(bk.staging.data(), bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
+  reduce(bk.staging.data());
   off = 0;
   for (size_t i : bk.members) {
     std::memcpy(grads_[i].ptr, bk.staging.data() + off, grads_[i].count * es);
@@ -567,7 +578,7 @@ void detail::ReducerImpl::set_step_arrays(const float* grad_base, std::vector<fl
     const Bucket& bk = buckets_[b];
     if (!bk.base) continue;  // staged: the communicator never sees the real gradient
     arrays_at(bk.base, at);
-    votes[b] = fused_ && fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    votes[b] = fused_ && !options_.comm_hook && fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
     // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
     // one extends the range at the end where its predecessor lies).
     if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))
@@ -678,6 +689,11 @@ void Reducer::set_step_arrays(const float* grad_base, std::vector<float*> arrays
 }
 bool Reducer::finalize_and_step(const ElementwiseStep& step) { return impl_->finalize_and_step(step); }
 void Reducer::set_sync(bool sync) { impl_->sync_ = sync; }
+void Reducer::set_comm_hook(CommHook hook) {
+  if (impl_->in_backward_)
+    throw WorkerError("Reducer::set_comm_hook: called inside a pass (after prepare_for_backward()); set it between passes");
+  impl_->options_.comm_hook = std::move(hook);
+}
 bool Reducer::sync() const { return impl_->sync_; }
 const std::vector<std::vector<size_t>>& Reducer::buckets() const { return impl_->plan_; }
 size_t Reducer::buckets_launched_early() const { return impl_->launched_early_; }

@@ -10,6 +10,7 @@ module paths, same order of operations); the data come from the same torch gener
 """
 import argparse
 import os
+import sys
 import struct
 import time
 
@@ -123,6 +124,8 @@ def main():
                     help="1: zero_grad(set_to_none=True); 0: zero in place (gradients stay bucket views)")
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
+    ap.add_argument("--comm-hook", choices=["none", "allreduce", "fp16", "bf16"], default="none",
+                    help="register_comm_hook with default_hooks' allreduce_hook / fp16_compress_hook / bf16_compress_hook")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -159,6 +162,11 @@ def main():
     if not a.no_ddp:
         model = DDP(net, device_ids=[local] if cuda else None, find_unused_parameters=bool(a.find_unused),
                     broadcast_buffers=True, gradient_as_bucket_view=True, static_graph=a.static_graph)
+        if a.comm_hook != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, {"allreduce": default_hooks.allreduce_hook,
+                                            "fp16": default_hooks.fp16_compress_hook,
+                                            "bf16": default_hooks.bf16_compress_hook}[a.comm_hook])
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum, foreach=bool(a.foreach))
 
     per_step = a.batch * a.accum
@@ -212,7 +220,13 @@ def main():
     if a.time and timed:
         print(f"rank {rank} step_ms={1e3 * timed_s / timed:.4f} cpu_ms={1e3 * cpu_s / timed:.4f} steps={timed}",
               flush=True)
-    dist.destroy_process_group()
+    # Every rank is done, then leave without interpreter finalization: with a comm hook,
+    # PyTorch 2.11's Gloo threads sometimes abort the process at teardown ("terminate called
+    # without an active exception", SIGABRT) after everything above finished.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

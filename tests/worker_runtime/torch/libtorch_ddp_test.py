@@ -25,6 +25,9 @@ Cases:
                 ranks start alike (parameters and buffers broadcast from rank 0 at wrap time).
   no_sync       2 micro-batches of 4 (first under no_sync) == one batch of 8, 2 ranks.
   torchrun      the example under torchrun 2.11 gives the same checksum as under ddprun.
+  comm_hook_fp16, comm_hook_bf16, comm_hook_allreduce  register_comm_hook with the built-in
+                hook == Python DDP with default_hooks' same hook, bit for bit on both ranks; a second
+                registration is refused.
   force_collective  1 rank with DdpOptions::force_collective (a real 1-rank Gloo communicator):
                 buckets are rebuilt and launched during backward, as with 2 ranks, and the result
                 is bit-identical to the run without it (an average over one rank is the identity);
@@ -188,6 +191,29 @@ def main():
         print(f"without broadcast_buffers rank 1's running_mean is off by {drift.abs().max().item():.3e}")
         assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
+
+    elif a.case.startswith("comm_hook_"):
+        # register_comm_hook with a built-in hook against Python DDP with default_hooks' own,
+        # as python_ddp does; a lossy hook is still bit-identical (same casts, same sums at 2
+        # ranks) and differs from the run without a hook.
+        hook = a.case[len("comm_hook_"):]
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "none", "--find-unused", "0"]
+        ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                            "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r"), "--comm-hook", hook])
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),
+                     "--batches", T("batches.%r"), "--dump-final", T("py.%r"), "--comm-hook", hook])
+        for r in (0, 1):
+            compare(T(f"cpp.{r}"), T(f"py.{r}"), rtol=0, atol=0)
+        ddprun(2, common + ["--dump-final", T("plain.%r")])
+        diff = (read_dump(T("cpp.0"))["param/conv1.weight"] - read_dump(T("plain.0"))["param/conv1.weight"]).abs().max()
+        print(f"{hook} hook vs no hook: conv1.weight differs by up to {diff.item():.3e}")
+        if hook != "allreduce":
+            assert diff.item() > 0, "FAIL: the compression hook changed nothing (was it applied?)"
+        # Misuse: a second registration is refused.
+        p = ddprun(2, common + ["--comm-hook", hook, "--register-hook-twice"], expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "can be registered once" in said, said
+        print(f"OK: LibTorch DDP with {hook} hook == Python DDP with default_hooks' (bit for bit, both ranks)")
 
     elif a.case.startswith("kill_resume"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]

@@ -20,6 +20,7 @@
 #include <unordered_set>
 
 #include "ddprun/worker/reducer.h"
+#include "ddprun/worker/torch/collectives.h"
 
 namespace ddprun::worker::libtorch {
 
@@ -122,6 +123,8 @@ struct DdpEngine::State {
   bool flat_is_comm_memory = false;  // from FusedStep::alloc_shared (the communicator owns it)
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
+  TensorCommHook comm_hook;  // register_comm_hook
+  size_t forwards = 0;       // pre_forward calls (a hook must come before the first)
 
   // Per synced backward.
   bool armed = false;           // post_forward armed the reducer; the end callback disarms
@@ -275,11 +278,24 @@ struct DdpEngine::State {
     ro.bucket_cap_bytes = opt.bucket_cap_bytes;
     ro.first_bucket_cap_bytes = opt.first_bucket_cap_bytes;
     ro.force_collective = opt.force_collective;
+    ro.comm_hook = core_hook();
     reducer = std::make_unique<Reducer>(comm, std::move(gv), dtype, ro);
     reducer_open = false;
     layout = order;
     flat = fresh;
     views = std::move(fresh_views);
+  }
+
+  // The core Reducer's hook: the bucket as a flat tensor over its memory, to the user's hook.
+  CommHook core_hook() const {
+    if (!comm_hook) return {};
+    return [hook = comm_hook, options = grad_options](Communicator& c, const CommBucket& b) {
+      at::Tensor t = at::from_blob(b.data, {static_cast<int64_t>(b.count)}, options);
+      hook(c, t);
+      if (t.data_ptr() != b.data)
+        throw DdpError("DDP comm hook: the hook replaced the bucket tensor instead of writing into it; write the "
+                       "result in place (bucket.copy_(result))");
+    };
   }
 
   // param.grad() becomes its view (copying a gradient autograd put elsewhere, e.g. after
@@ -408,8 +424,35 @@ void DdpEngine::zero_grad() {
 
 void DdpEngine::sync_buffers() { s_->broadcast_tensors(s_->buffers); }
 
+void DdpEngine::register_comm_hook(TensorCommHook hook) {
+  if (!hook) throw DdpError("DDP register_comm_hook: the hook is empty");
+  if (s_->comm_hook) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
+  if (s_->forwards > 0)
+    throw DdpError("DDP register_comm_hook: called after the first forward; register the hook right after wrapping "
+                   "the model, on every rank");
+  s_->comm_hook = std::move(hook);
+  if (s_->reducer) s_->reducer->set_comm_hook(s_->core_hook());
+}
+
+void allreduce_hook(Communicator& comm, at::Tensor& bucket) {
+  bucket.div_(comm.size());
+  all_reduce(comm, bucket, ReduceOp::Sum);
+}
+
+namespace {
+void compress_hook(Communicator& comm, at::Tensor& bucket, at::ScalarType type) {
+  at::Tensor compressed = bucket.to(type).div_(comm.size());
+  all_reduce(comm, compressed, ReduceOp::Sum);
+  bucket.copy_(compressed);
+}
+}  // namespace
+
+void fp16_compress_hook(Communicator& comm, at::Tensor& bucket) { compress_hook(comm, bucket, at::kHalf); }
+void bf16_compress_hook(Communicator& comm, at::Tensor& bucket) { compress_hook(comm, bucket, at::kBFloat16); }
+
 void DdpEngine::pre_forward() {
   State& s = *s_;
+  ++s.forwards;
   if (s.failed)
     throw DdpError("DDP: a previous backward failed (see its error); the ranks are out of step, restart the job");
   if (s.armed) {

@@ -135,11 +135,11 @@ int main(int argc, char** argv) {
   uint64_t seed = 1234;
   bool pytorch_shuffle = false;
   bool bn = true, shuffle = true, find_unused = true, broadcast_buffers = true, optimizer_zero_grad = true;
-  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd", device_flag = "cpu";
+  std::string unused_mode = "step", checkpoint_dir, optimizer = "sgd", device_flag = "cpu", comm_hook = "none";
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
-  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false;
+  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
   app.add_option("--accum", accum, "micro-batches per step (all but the last under no_sync)")->check(CLI::PositiveNumber);
@@ -168,6 +168,9 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
   app.add_option("--depth", depth, "hidden Linear layers")->check(CLI::NonNegativeNumber);
   app.add_option("--image", image, "input height = width")->check(CLI::PositiveNumber);
+  app.add_option("--comm-hook", comm_hook, "register_comm_hook: none | allreduce | fp16 | bf16")
+      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16"}));
+  app.add_flag("--register-hook-twice", register_hook_twice, "register a second comm hook (refused)");
   app.add_option("--bucket-cap-kb", bucket_cap_kb);
   app.add_option("--first-bucket-kb", first_bucket_kb);
   app.add_option("--optimizer-zero-grad", optimizer_zero_grad,
@@ -238,6 +241,10 @@ int main(int argc, char** argv) {
     opts.force_collective = force_collective;
     std::optional<lt::DistributedDataParallel<Net>> ddp;
     if (!no_ddp) ddp.emplace(net, rt->comm(), opts);
+    if (ddp && comm_hook == "fp16") ddp->register_comm_hook(lt::fp16_compress_hook);
+    if (ddp && comm_hook == "bf16") ddp->register_comm_hook(lt::bf16_compress_hook);
+    if (ddp && comm_hook == "allreduce") ddp->register_comm_hook(lt::allreduce_hook);
+    if (ddp && register_hook_twice) ddp->register_comm_hook(lt::allreduce_hook);  // refused: a DdpError
     if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
 
     std::unique_ptr<torch::optim::Optimizer> opt_holder;

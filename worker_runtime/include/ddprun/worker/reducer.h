@@ -64,6 +64,25 @@ namespace detail {
 class ReducerImpl;  // the Reducer's state and machinery (reducer.cpp)
 }
 
+// A bucket as a communication hook sees it: its gradients as one contiguous buffer (in place;
+// a staging copy when they do not tile one range), in the Reducer's dtype, in host or device
+// memory as the communicator works.
+struct CommBucket {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+  DType dtype = DType::F32;
+  size_t index = 0;  // bucket number in launch order
+  bool average = true;  // ReducerOptions::average: whether the result should be the average
+};
+// PyTorch's register_comm_hook: replaces a bucket's all-reduce. Called on every rank for every
+// bucket, in the same order; afterwards bucket.data must hold the bucket's reduced gradients
+// (the average over ranks when bucket.average). Runs where the all-reduce would: on the
+// communication thread or the training thread (host communicators), or on the training
+// thread with the collectives queued on the communication stream (stream-ordered ones: order
+// your own device work yourself, e.g. through the tensor collectives of the LibTorch
+// component). Throwing fails the pass like a failed all-reduce (CommError from finalize()).
+using CommHook = std::function<void(Communicator&, const CommBucket&)>;
+
 struct ReducerOptions {
   size_t bucket_cap_bytes = 25u << 20;
   size_t first_bucket_cap_bytes = 1u << 20;
@@ -99,6 +118,9 @@ struct ReducerOptions {
   //    (sched_getaffinity), i.e. no core to spare for a communication thread; else Thread.
   enum class Progress { Auto, Thread, Inline };
   Progress progress = Progress::Auto;
+  // Optional: replaces each bucket's all-reduce (see CommHook). Buckets with a hook are never
+  // fused with the optimizer step (set_step_arrays steps them after the hook).
+  CommHook comm_hook;
   // Optional: the name of parameter i (registration order), used in error messages.
   std::function<std::string(size_t)> param_name;
 };
@@ -151,6 +173,8 @@ class DDPRUN_WORKER_API Reducer {
   // Gradient accumulation: while sync is off, mark_ready/finalize do no communication and
   // gradients accumulate locally (PyTorch's no_sync()).
   void set_sync(bool sync);
+  // Sets (or clears) ReducerOptions::comm_hook; not inside a pass (WorkerError).
+  void set_comm_hook(CommHook hook);
   bool sync() const;
   class NoSyncGuard {
    public:

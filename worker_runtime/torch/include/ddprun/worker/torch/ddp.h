@@ -53,6 +53,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -70,6 +71,20 @@ class DDPRUN_WORKER_TORCH_API DdpError : public WorkerError {
  public:
   using WorkerError::WorkerError;
 };
+
+// PyTorch's DDP communication hook (register_comm_hook), for LibTorch: replaces a bucket's
+// all-reduce. `bucket` is the bucket's gradients as one flat tensor (their dtype and device),
+// written in place: afterwards it must hold the bucket's gradients averaged over ranks. Called
+// on every rank for every bucket in the same order (for host communicators possibly on the
+// wrapper's communication thread); use the tensor collectives of collectives.h inside it.
+using TensorCommHook = std::function<void(Communicator& comm, at::Tensor& bucket)>;
+// The built-in hooks of torch.distributed.algorithms.ddp_comm_hooks.default_hooks, with the
+// same arithmetic: allreduce_hook (divide by the world size, then a sum), fp16_compress_hook
+// and bf16_compress_hook (cast to half / bfloat16, divide by the world size in that type, sum
+// in it, cast back into the bucket: half the bytes on the wire, at the cost of precision).
+DDPRUN_WORKER_TORCH_API void allreduce_hook(Communicator& comm, at::Tensor& bucket);
+DDPRUN_WORKER_TORCH_API void fp16_compress_hook(Communicator& comm, at::Tensor& bucket);
+DDPRUN_WORKER_TORCH_API void bf16_compress_hook(Communicator& comm, at::Tensor& bucket);
 
 struct DdpOptions {
   size_t bucket_cap_bytes = 25u << 20;
@@ -125,6 +140,9 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   void zero_grad();
   // Broadcasts the buffers from root now (collective); forward does it when enabled.
   void sync_buffers();
+  // PyTorch's register_comm_hook (see TensorCommHook): once, before the first forward, the
+  // same hook on every rank; a second call or a call after a forward is a DdpError.
+  void register_comm_hook(TensorCommHook hook);
 
   ::torch::nn::Module& module() { return *module_; }
   const std::vector<std::string>& parameter_names() const;
