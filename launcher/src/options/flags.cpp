@@ -108,6 +108,11 @@ constexpr FlagSpec kFlags[] = {
     {"numa_binding", "", true,
      "bind each local rank to the CPUs near the GPU whose index is its local rank: node, socket, "
      "exclusive or core-complex (as torchrun 2.11; needs NVIDIA GPUs)"},
+    {"metrics_port", "", true,
+     "serve Prometheus metrics (workers by state, restarts, failures, rendezvous time, each rank's CPU "
+     "and memory) at http://HOST:PORT/metrics; 0 picks a free port, logged at start"},
+    {"metrics_host", "", true, "address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 = every "
+                               "IPv4 address of this host)"},
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},

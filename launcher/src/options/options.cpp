@@ -186,6 +186,15 @@ void workers(const Given& g, LaunchOptions& o) {
   }
   if (auto s = g.get("duplicate_stdout_filters")) o.output.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = g.get("duplicate_stderr_filters")) o.output.duplicate_stderr_filters = parse_filter_list(*s);
+  if (auto s = g.get("metrics_port"))
+    o.output.metrics_port = static_cast<uint16_t>(int_in("metrics_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
+  if (auto s = g.get("metrics_host")) {
+    if (trim(*s).empty()) bad("metrics_host", *s, "an address of this host, e.g. 127.0.0.1");
+    o.output.metrics_host = trim(*s);
+    if (!o.output.metrics_port)
+      o.warnings.push_back("--metrics_host without --metrics_port: no metrics endpoint (give --metrics_port=PORT, "
+                           "0 for a free one)");
+  }
   if (auto s = g.get("numa_binding")) {
     o.platform.numa_binding = parse_numa_mode(trim(*s));
     if (!o.platform.numa_binding) bad("numa_binding", *s, kNumaModeChoices);

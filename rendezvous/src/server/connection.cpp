@@ -300,6 +300,7 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
 
 void ConnectionIo::close_for_limit(const ConnPtr& c, Warn kind, const std::string& why) {
   ++counters_.closed_bad;
+  ++(kind == Warn::MemoryLimit ? counters_.closed_memory : counters_.closed_buffers);
   warns_.warn(kind, [&] { return fmt::format("closing connection {}: {}", c->id, why); });
   close(c, "", false);
 }

@@ -47,6 +47,21 @@ struct IoThread {
   std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
   std::atomic<uint64_t> requests{0};
+  // StoreServerOptions::collect_metrics: written by this thread only (relaxed load and store,
+  // no locked instruction), read by StoreServer::metrics().
+  std::atomic<uint64_t> by_op[StoreServerMetrics::kOps] = {};
+  std::atomic<uint64_t> duration_buckets[StoreServerMetrics::kBuckets] = {};
+  std::atomic<uint64_t> duration_sum_ns{0};
+  static void bump(std::atomic<uint64_t>& a, uint64_t n = 1) {
+    a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+  void observe(size_t op, uint64_t ns) {
+    bump(by_op[op]);
+    size_t b = 0;
+    while (b < std::size(StoreServerMetrics::kBucketNs) && ns > StoreServerMetrics::kBucketNs[b]) ++b;
+    bump(duration_buckets[b]);
+    bump(duration_sum_ns, ns);
+  }
   uint64_t batch_reply_bytes = 0;  // replies produced by the batch of requests being handled
   bool more = false;  // the request in `req` is partly applied (store::ApplyResult::more)
 };
@@ -121,6 +136,8 @@ class ConnectionEvents {
 
 struct ConnectionCounters {
   std::atomic<uint64_t> open{0}, closed_bad{0}, agents{0};
+  // Closed for a limit: --max-memory; --max-connection-buffered-bytes or --max-buffered-bytes.
+  std::atomic<uint64_t> closed_memory{0}, closed_buffers{0};
   std::atomic<uint64_t> buffered{0};  // bytes of every connection's input buffer
 };
 

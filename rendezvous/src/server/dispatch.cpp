@@ -103,6 +103,16 @@ void ServerCore::on_input(const ConnPtr& c) {
   std::string bad;
   bool revoked = false, yield = false;
   t.batch_reply_bytes = 0;
+  // collect_metrics: each request's time from its parse to its reply queued (lock wait
+  // included), one clock read per request; the end of one is the start of the next.
+  const bool timed = options.collect_metrics;
+  std::chrono::steady_clock::time_point mark;
+  if (timed) mark = std::chrono::steady_clock::now();
+  const auto observe = [&](size_t op) {
+    const auto now = std::chrono::steady_clock::now();
+    t.observe(op, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count()));
+    mark = now;
+  };
   {
     std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
     std::chrono::steady_clock::time_point locked_at;
@@ -143,7 +153,9 @@ void ServerCore::on_input(const ConnPtr& c) {
         } else if (!admission.authentic_locked(*c, t.msg)) {
           continue;  // not the admitted agent's (a relay's): dropped, changing nothing
         }
-        if (forward && !on_agent_message(t, c)) break;
+        const bool go_on = !forward || on_agent_message(t, c);
+        if (timed) observe(StoreServerMetrics::kAgentOp);
+        if (!go_on) break;
         continue;
       }
       bad = on_store_request(t, c);
@@ -158,6 +170,7 @@ void ServerCore::on_input(const ConnPtr& c) {
         if (c->revoked) break;  // its state is dropped when it closes (below)
         bad = on_store_request(t, c, true);
       }
+      if (timed) observe(static_cast<size_t>(t.req.op));
       if (c->revoked) {
         revoked = true;
         break;
@@ -219,7 +232,10 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
     const size_t jobs_before = rounds.num_jobs();
     rounds.on_message(c->id, t.msg, rdzv_now_locked(), t.rdzv_out);
     // A job still gathering its nodes opens no store (open() checks the others).
-    if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) refusal = keyspaces.jobs_limit_message();
+    if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) {
+      refusal = keyspaces.jobs_limit_message();
+      ++jobs_refused;
+    }
   } catch (const std::exception& e) {
     // The job limit (open()) or no descriptor for its store: this agent is refused; its
     // connection's close makes the rounds forget what the JOIN began.
@@ -251,7 +267,10 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c, bool con
     uint64_t incoming = 0;
     for (const auto& k : t.req.keys) incoming += k.size();
     for (const auto& v : t.req.values) incoming += v.size();
-    if (!budget.fits(incoming)) return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+    if (!budget.fits(incoming)) {
+      ++counters.closed_memory;
+      return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+    }
   }
   store::ApplyResult applied;
   try {

@@ -43,6 +43,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void accept_clients();
   void stop();
   StoreServerStats stats() const;
+  StoreServerMetrics metrics();
 
   // ConnectionEvents (dispatch.cpp, store_server.cpp)
   void on_input(const ConnPtr& c) override;
@@ -59,7 +60,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   std::vector<std::unique_ptr<IoThread>> threads;  // the first also runs the rendezvous tick timer
   StateLock mu;
   ConnectionCounters counters;
-  std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0};
+  std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0}, jobs_refused{0};
   std::atomic<int64_t> longest_hold_ns{0};
   MemoryBudget budget{options.max_memory};
   ConnectionIo io{options, warns, counters, budget, *this};

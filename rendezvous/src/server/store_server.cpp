@@ -246,6 +246,33 @@ StoreServerStats ServerCore::stats() const {
   return s;
 }
 
+StoreServerMetrics ServerCore::metrics() {
+  StoreServerMetrics m;
+  m.stats = stats();
+  m.collected = options.collect_metrics;
+  for (auto& t : threads) {
+    for (size_t i = 0; i < StoreServerMetrics::kOps; ++i) m.requests_by_op[i] += t->by_op[i].load(std::memory_order_relaxed);
+    for (size_t i = 0; i < StoreServerMetrics::kBuckets; ++i)
+      m.duration_buckets[i] += t->duration_buckets[i].load(std::memory_order_relaxed);
+    m.duration_sum_ns += t->duration_sum_ns.load(std::memory_order_relaxed);
+  }
+  {
+    std::lock_guard lock(mu);
+    m.jobs = rounds.num_jobs();
+    m.agents = rounds.num_agents();
+    keyspaces.for_each([&m](Keyspace& ks) {
+      std::lock_guard ks_lock(ks.mu);
+      ++m.keyspaces;
+      m.keys += ks.state.num_keys();
+      m.stored_bytes += ks.state.memory();
+    });
+  }
+  m.refused_jobs = jobs_refused.load(std::memory_order_relaxed);
+  m.closed_for_memory = counters.closed_memory.load(std::memory_order_relaxed);
+  m.closed_for_buffers = counters.closed_buffers.load(std::memory_order_relaxed);
+  return m;
+}
+
 uint64_t min_request_bytes(const wire::Limits& l) {
   // MULTI_SET of one pair: code, count, two length prefixes.
   return 1 + 8 + 8 + l.max_key_len + 8 + l.max_value_len;
@@ -287,5 +314,6 @@ int64_t StoreServer::counter(const std::string& key) {
 }
 
 StoreServerStats StoreServer::stats() const { return impl_->stats(); }
+StoreServerMetrics StoreServer::metrics() const { return impl_->metrics(); }
 
 }  // namespace ddprun::server

@@ -4,6 +4,7 @@
 Run: test_usage.py <path to ddprun> [unittest names] (harness.py says more).
 """
 import os
+import socket
 import tempfile
 import unittest
 
@@ -51,6 +52,13 @@ class BadInput(unittest.TestCase):
             for bad_id in ("a\tb", "j" * 129):
                 self.check_usage_error(["--log_dir", logs, "--rdzv_id", bad_id], "--rdzv_id")
                 self.assertFalse(os.path.exists(logs), os.listdir(d))
+
+    def test_metrics_port_taken_names_it_and_what_to_do(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            self.check_usage_error([f"--metrics_port={port}"], f"127.0.0.1:{port}", "--metrics_port", "0 picks a free one")
 
     def test_missing_entry_point(self):
         p = run(["--nproc_per_node=2"])

@@ -151,6 +151,10 @@ struct OutputOptions {
   // "console" warns that no events are recorded.
   EventLogHandler event_log_handler = EventLogHandler::Null;
   int verbosity = 0;  // -v: debug logs
+  // --metrics_port: serve Prometheus metrics (launcher/README.md "Metrics") on
+  // metrics_host:metrics_port; 0 = a free port (logged). Unset: no endpoint.
+  std::optional<uint16_t> metrics_port;
+  std::string metrics_host = "127.0.0.1";
   // Any log files at all for `nproc` local ranks (redirects or tee).
   bool any_files(int nproc) const;
 };

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,9 @@ struct StoreServerOptions {
   // The state lock spins briefly before sleeping (an adaptive mutex); false: a plain mutex,
   // to compare in benchmarks (ddprund reads DDPRUN_STORE_LOCK for it).
   bool adaptive_lock = true;
+  // Count requests by operation and time each one (StoreServer::metrics()): a few relaxed
+  // per-thread counters and one clock read per request. Off: nothing of it on the request path.
+  bool collect_metrics = false;
 };
 
 inline constexpr int kMaxAutoIoThreads = 8;
@@ -138,6 +142,32 @@ struct StoreServerStats {
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
   uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
   uint64_t round_stores_retained = 0;  // rounds' stores that ended and are not freed yet
+};
+
+// What StoreServer::metrics() reads: the stats, plus what ddprund exports to Prometheus
+// (rendezvous/src/metrics/store_metrics.h turns it into metric families).
+struct StoreServerMetrics {
+  // Operations counted: every wire::Op, then the agents' rendezvous messages (kAgentOp).
+  static constexpr size_t kOps = 21;
+  static constexpr size_t kAgentOp = kOps - 1;
+  // Upper bounds of the request-duration histogram's buckets, in nanoseconds (+Inf after them).
+  static constexpr uint64_t kBucketNs[] = {1'000,     2'500,     5'000,      10'000,      25'000,
+                                           50'000,    100'000,   250'000,    500'000,     1'000'000,
+                                           2'500'000, 5'000'000, 10'000'000, 100'000'000, 1'000'000'000};
+  static constexpr size_t kBuckets = std::size(kBucketNs) + 1;
+  StoreServerStats stats;
+  bool collected = false;  // StoreServerOptions::collect_metrics: requests and durations below
+  uint64_t requests_by_op[kOps] = {};
+  uint64_t duration_buckets[kBuckets] = {};  // not cumulative; the last is past every bound
+  uint64_t duration_sum_ns = 0;
+  uint64_t keys = 0;         // keys (and queues) of every store: the main one, each round's
+  uint64_t stored_bytes = 0;  // bytes of their keys and values (and the keys waiters name)
+  uint64_t keyspaces = 0;    // the main store and each round's (live or retiring)
+  uint64_t jobs = 0;         // rendezvous jobs
+  uint64_t agents = 0;       // agents in those jobs
+  uint64_t refused_jobs = 0;            // --max-jobs
+  uint64_t closed_for_memory = 0;       // --max-memory
+  uint64_t closed_for_buffers = 0;      // --max-connection-buffered-bytes, --max-buffered-bytes
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.
@@ -185,6 +215,8 @@ class StoreServer {
   int64_t counter(const std::string& key);
 
   StoreServerStats stats() const;
+  // The stats and the metrics (keys and bytes: each store's lock taken briefly in turn).
+  StoreServerMetrics metrics() const;
 
  private:
   std::unique_ptr<ServerCore> impl_;
