@@ -111,6 +111,9 @@ constexpr FlagSpec kFlags[] = {
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},
+    {"no_preflight", "", false,
+     "skip the quick checks before the launch (GPUs against --nproc_per_node, /dev/shm, a loopback "
+     "rendezvous host, the token file's mode; `ddprun doctor` runs them all)"},
 };
 
 std::string dashed(std::string s) {

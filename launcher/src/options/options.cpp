@@ -186,6 +186,7 @@ void workers(const Given& g, LaunchOptions& o) {
   }
   if (auto s = g.get("duplicate_stdout_filters")) o.output.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = g.get("duplicate_stderr_filters")) o.output.duplicate_stderr_filters = parse_filter_list(*s);
+  o.platform.no_preflight = g.get("no_preflight") != nullptr;
   if (auto s = g.get("numa_binding")) {
     o.platform.numa_binding = parse_numa_mode(trim(*s));
     if (!o.platform.numa_binding) bad("numa_binding", *s, kNumaModeChoices);

@@ -1,0 +1,60 @@
+// `ddprun doctor` and the preflight, as main() calls them: parse, probe, judge, print.
+#include <cstdio>
+
+#include "ddprun/launcher/doctor.h"
+
+namespace ddprun::launcher::doctor {
+
+int run_doctor(const std::vector<std::string>& argv, const EnvMap& env) {
+  // --json is the doctor's own flag; it is taken out before the launch flags are parsed, and
+  // only before the entry point (a script's own --json is the script's).
+  std::vector<std::string> args;
+  bool json = false;
+  bool in_flags = true;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (i > 0 && in_flags && a == "--json") {
+      json = true;
+      continue;
+    }
+    if (i > 0 && (a == "--" || a.empty() || a[0] != '-')) {
+      // The first word that is not a flag may be a flag's value: only a `.py`/`--` ends flags
+      // for sure; --json after the entry point stays with the script.
+      if (a == "--" || a.size() > 3) in_flags = in_flags && !(a == "--" || a.compare(a.size() - 3, 3, ".py") == 0);
+    }
+    args.push_back(a);
+  }
+  ParseOutcome parsed = parse_command_line(args, env, probe_system(env));
+  if (!parsed.options && parsed.exit_code == kUsageExitCode && parsed.message.rfind("missing entry point", 0) == 0) {
+    // The doctor needs no entry point: without one, the workers are taken to run Python.
+    args.push_back("--");
+    args.push_back("");
+    parsed = parse_command_line(args, env, probe_system(env));
+  }
+  if (!parsed.options) {
+    if (parsed.exit_code == 0) {
+      std::fputs(parsed.message.c_str(), stdout);
+    } else {
+      std::fprintf(stderr, "ddprun doctor: error: %s\n", parsed.message.c_str());
+    }
+    return parsed.exit_code;
+  }
+  Facts facts = facts_from_options(*parsed.options, env);
+  probe_doctor_facts(facts, *parsed.options, env);
+  const auto results = evaluate(facts);
+  const std::string text = json ? format_json(results) : format_text(results);
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+  return exit_code(results);
+}
+
+void run_preflight(const LaunchOptions& opts, const EnvMap& env) {
+  Facts facts = facts_from_options(opts, env);
+  probe_preflight_facts(facts);
+  for (const auto& r : evaluate_preflight(facts)) {
+    std::fprintf(stderr, "ddprun: warning: %s: %s; fix: %s (ddprun doctor checks more)\n", r.item.c_str(),
+                 r.found.c_str(), r.fix.c_str());
+  }
+}
+
+}  // namespace ddprun::launcher::doctor
