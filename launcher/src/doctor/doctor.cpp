@@ -186,34 +186,67 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
   }
 }
 
+// The runtime's CUDA version against the driver's: a lower driver major cannot run it (CUDA
+// fails to initialise, NCCL later says "handshake failed" or "unhandled cuda error"); a lower
+// minor runs under minor version compatibility.
+void compare_cuda(const Facts& f, std::string found, const std::string& runtime_text, const std::string& fix_runtime,
+                  std::vector<CheckResult>& out) {
+  const int runtime = cuda_version_code(runtime_text);
+  const int driver = f.gpus.driver_cuda_version;
+  if (!f.gpus.driver || !runtime) {
+    out.push_back(ok("versions", found + (f.gpus.driver ? "" : "; no driver to compare with")));
+    return;
+  }
+  found += ", driver supports CUDA " + (driver ? cuda_version_text(driver) : std::string("?"));
+  if (driver && driver / 1000 < runtime / 1000) {
+    out.push_back(fail("versions", found + ": the driver is too old for this CUDA runtime (CUDA fails to initialise; NCCL " +
+                                       "cannot start)",
+                       "upgrade the NVIDIA driver to one for CUDA " + runtime_text + ", or " + fix_runtime + " " +
+                           cuda_version_text(driver) + " or older"));
+  } else if (driver && driver < runtime) {
+    out.push_back(warn("versions", found + ": runs under CUDA's minor version compatibility (no PTX JIT of newer code)",
+                       "upgrade the NVIDIA driver to one for CUDA " + runtime_text));
+  } else {
+    out.push_back(ok("versions", found));
+  }
+}
+
+void check_program_versions(const Facts& f, std::vector<CheckResult>& out) {
+  const ProgramFacts& p = f.program;
+  if (p.program.empty()) return;
+  if (!p.ran) {
+    out.push_back(warn("versions", p.program + ": its CUDA runtime and NCCL could not be read (" + p.error + ")",
+                       "ldd " + p.program + " | grep -E 'cudart|nccl' shows the libraries it loads"));
+    return;
+  }
+  if (p.cudart == "not found" || p.nccl == "not found") {
+    out.push_back(fail("versions", p.program + " links " + (p.cudart == "not found" ? "libcudart" : "libnccl") +
+                                       ", which the dynamic loader cannot find",
+                       "add its directory to LD_LIBRARY_PATH (ldd " + p.program + " shows what is missing)"));
+    return;
+  }
+  if (p.cudart.empty()) {
+    out.push_back(ok("versions", p.program + " links no CUDA runtime" + (p.nccl.empty() ? "" : " (NCCL " + p.nccl + ")")));
+    return;
+  }
+  compare_cuda(f, p.program + " loads CUDA runtime " + p.cudart + ", NCCL " + (p.nccl.empty() ? "none" : p.nccl), p.cudart,
+               "rebuild it against CUDA", out);
+}
+
 void check_versions(const Facts& f, std::vector<CheckResult>& out) {
   const PythonFacts& p = f.python;
   if (!p.needed) {
-    out.push_back(warn("versions", "the workers are a program (not Python): its CUDA runtime and NCCL are not checked",
-                       "ldd <program> | grep -E 'cudart|nccl' shows the libraries it loads"));
+    check_program_versions(f, out);
     return;
   }
   if (!p.torch) return;  // the python check says why
   std::string found = "torch " + p.torch_version + " (CUDA " + (p.torch_cuda.empty() ? "none: a CPU build" : p.torch_cuda) +
                       ", NCCL " + (p.nccl.empty() ? "none" : p.nccl) + ")";
-  if (!f.gpus.driver || p.torch_cuda.empty()) {
-    out.push_back(ok("versions", found + (f.gpus.driver ? "" : "; no driver to compare with")));
+  if (p.torch_cuda.empty()) {
+    out.push_back(ok("versions", found));
     return;
   }
-  const int runtime = cuda_version_code(p.torch_cuda);
-  const int driver = f.gpus.driver_cuda_version;
-  found += ", driver supports CUDA " + (driver ? cuda_version_text(driver) : std::string("?"));
-  if (driver && runtime && driver / 1000 < runtime / 1000) {
-    out.push_back(fail("versions", found + ": the driver is too old for this CUDA runtime (CUDA fails to initialise; NCCL " +
-                                       "cannot start)",
-                       "upgrade the NVIDIA driver to one for CUDA " + p.torch_cuda + ", or install a torch built for CUDA " +
-                           cuda_version_text(driver) + " or older"));
-  } else if (driver && runtime && driver < runtime) {
-    out.push_back(warn("versions", found + ": runs under CUDA's minor version compatibility (no PTX JIT of newer code)",
-                       "upgrade the NVIDIA driver to one for CUDA " + p.torch_cuda));
-  } else {
-    out.push_back(ok("versions", found));
-  }
+  compare_cuda(f, found, p.torch_cuda, "install a torch built for CUDA", out);
 }
 
 void check_python(const Facts& f, std::vector<CheckResult>& out) {

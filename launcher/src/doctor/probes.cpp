@@ -16,12 +16,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "ddprun/launcher/doctor.h"
+#include "ddprun/launcher/entrypoint.h"
 #include "ddprun/launcher/worker_env.h"
 #include "platform/nvml.h"
 
@@ -320,35 +323,43 @@ except BaseException:
 print("TORCH %s\t%s\t%s" % (torch.__version__, torch.version.cuda or "", nccl))
 )";
 
-void probe_python(PythonFacts& p, const EnvMap& env, int timeout_ms) {
-  if (!p.needed) return;
+// A child's stdout and stderr, read to its end or until `timeout_ms`, when it is killed.
+struct Captured {
+  bool started = false;
+  std::string error;  // why it did not start, or "no answer within N s"
+  std::string output;
+  int status = 0;     // waitpid's
+};
+
+Captured run_captured(const std::vector<std::string>& argv_s, const EnvMap& env, int timeout_ms) {
+  Captured c;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
-    p.error = std::strerror(errno);
-    return;
+    c.error = std::strerror(errno);
+    return c;
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-  std::vector<std::string> argv_s = {p.python, "-c", kPythonProbe};
+  std::vector<std::string> args = argv_s;
   std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
+  for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> envp_s = to_envp(env);
   std::vector<char*> envp;
   for (auto& e : envp_s) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, p.python.c_str(), &fa, nullptr, argv.data(), envp.data());
+  const int rc = ::posix_spawnp(&pid, args[0].c_str(), &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
-    p.error = std::strerror(rc);
-    return;
+    c.error = std::strerror(rc);
+    return c;
   }
-  std::string out;
+  c.started = true;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   bool timed_out = false;
   for (;;) {
@@ -362,17 +373,24 @@ void probe_python(PythonFacts& p, const EnvMap& env, int timeout_ms) {
     char buf[4096];
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
     if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    c.output.append(buf, static_cast<size_t>(n));
   }
   ::close(fds[0]);
   if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out) {
-    p.error = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
+  if (timed_out) c.error = "no answer within " + std::to_string(timeout_ms / 1000) + " s";
+  return c;
+}
+
+void probe_python(PythonFacts& p, const EnvMap& env, int timeout_ms) {
+  if (!p.needed) return;
+  const Captured c = run_captured({p.python, "-c", kPythonProbe}, env, timeout_ms);
+  if (!c.error.empty()) {
+    p.error = c.error;
     return;
   }
+  const std::string& out = c.output;
   const size_t at = out.rfind("TORCH ");
   const size_t no = out.rfind("NOTORCH ");
   if (no != std::string::npos) {
@@ -391,29 +409,109 @@ void probe_python(PythonFacts& p, const EnvMap& env, int timeout_ms) {
     if (t1 != std::string::npos) p.torch_cuda = line.substr(t1 + 1, t2 == std::string::npos ? std::string::npos : t2 - t1 - 1);
     if (t2 != std::string::npos) p.nccl = line.substr(t2 + 1);
   } else {
-    // exec failed in the child (posix_spawnp reports it as exit 127) or the interpreter broke.
-    std::string tail = out.substr(out.size() > 200 ? out.size() - 200 : 0);
+    // The interpreter broke before printing (a shim that failed, a broken install): its last line.
+    std::string tail = out;
     while (!tail.empty() && tail.back() == '\n') tail.pop_back();
-    p.error = WIFEXITED(status) && WEXITSTATUS(status) == 127 && tail.empty() ? "not found (exit 127)"
-              : tail.empty() ? "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status))
-                             : tail.substr(tail.rfind('\n') == std::string::npos ? 0 : tail.rfind('\n') + 1);
+    const int st = c.status;
+    p.error = !tail.empty() ? tail.substr(tail.rfind('\n') == std::string::npos ? 0 : tail.rfind('\n') + 1)
+                            : "exit status " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  }
+}
+
+// "libcudart.so.12.1.105" -> "12.1.105": the version in a library's file name after ".so.".
+std::string soname_version(const std::string& path) {
+  char resolved[PATH_MAX];
+  const std::string real = ::realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+  const size_t so = real.rfind(".so.");
+  return so == std::string::npos ? "" : real.substr(so + 4);
+}
+
+// The CUDA runtime and NCCL a program loads, as the dynamic loader resolves them (ldd).
+void probe_program(ProgramFacts& p, const EnvMap& env, int timeout_ms) {
+  if (p.program.empty()) return;
+  const Captured c = run_captured({"ldd", p.program}, env, timeout_ms);
+  if (!c.error.empty() || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0) {
+    std::string tail = c.output.substr(0, c.output.find('\n'));
+    p.error = !c.error.empty() ? "ldd: " + c.error : tail.empty() ? "ldd failed" : tail;
+    return;
+  }
+  p.ran = true;
+  size_t start = 0;
+  while (start < c.output.size()) {
+    size_t nl = c.output.find('\n', start);
+    if (nl == std::string::npos) nl = c.output.size();
+    const std::string line = c.output.substr(start, nl - start);
+    start = nl + 1;
+    const size_t arrow = line.find("=> ");
+    if (arrow == std::string::npos) continue;
+    std::string path = line.substr(arrow + 3);
+    path = path.substr(0, path.find(" ("));
+    if (line.find("libcudart.so") != std::string::npos) {
+      p.cudart = soname_version(path);
+      if (path == "not found") p.cudart = "not found";
+    } else if (line.find("libnccl.so") != std::string::npos) {
+      p.nccl = soname_version(path);
+      if (path == "not found") p.nccl = "not found";
+    }
   }
 }
 
 }  // namespace
 
+// The preflight's bounded resolution: an address literal, else the first /etc/hosts line that
+// names the host (where a 127.0.1.1 entry comes from). No DNS query: its time has no bound, and
+// DNS rarely answers loopback; `ddprun doctor` asks the resolver itself.
+void resolve_without_dns(NetworkFacts& n) {
+  in6_addr a6{};
+  in_addr a4{};
+  std::string address;
+  if (::inet_pton(AF_INET, n.host.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, n.host.c_str(), &a6) == 1) {
+    address = n.host;
+  } else {
+    std::ifstream hosts("/etc/hosts");
+    std::string line;
+    while (address.empty() && std::getline(hosts, line)) {
+      line = line.substr(0, line.find('#'));
+      std::istringstream words(line);
+      std::string addr, name;
+      words >> addr;
+      while (words >> name) {
+        if (name == n.host) {
+          address = addr;
+          break;
+        }
+      }
+    }
+  }
+  if (address.empty()) return;  // not known without DNS: nothing to say
+  n.addresses.push_back(address);
+  n.loopback = (::inet_pton(AF_INET, address.c_str(), &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
+               (::inet_pton(AF_INET6, address.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
+}
+
 void probe_preflight_facts(Facts& f) {
   f.dev_nvidia_nodes = count_dev_nvidia();
   probe_shm(f.shm);
   probe_token(f.token);
-  if (f.multi_node) resolve(f.network);
+  if (f.multi_node) resolve_without_dns(f.network);
 }
 
-void probe_doctor_facts(Facts& f, const LaunchOptions& /*opts*/, const EnvMap& env, int python_timeout_ms) {
+void probe_doctor_facts(Facts& f, const LaunchOptions& opts, const EnvMap& env, int python_timeout_ms) {
+  // What the workers really run (a program on PATH, `./a.out`, a non-executable script that
+  // Python runs), as the launch resolves it; an entry point that cannot run keeps the guess.
+  if (!opts.workers.entrypoint.empty()) {
+    try {
+      const WorkerCommand cmd = resolve_worker_command(opts.workers, env);
+      f.python.needed = !cmd.interpreter.empty();
+      if (!f.python.needed) f.program.program = cmd.executable;
+    } catch (const UsageError&) {
+    }
+  }
   f.dev_nvidia_nodes = count_dev_nvidia();
   f.gpus_probed = true;
   probe_gpus(f.gpus);
   probe_python(f.python, env, python_timeout_ms);
+  probe_program(f.program, env, 10000);
   probe_shm(f.shm);
   probe_limits(f.limits);
   if (f.multi_node) probe_network(f.network, env);

@@ -1,4 +1,5 @@
 // `ddprun doctor` and the preflight, as main() calls them: parse, probe, judge, print.
+#include <chrono>
 #include <cstdio>
 
 #include "ddprun/launcher/doctor.h"
@@ -49,11 +50,16 @@ int run_doctor(const std::vector<std::string>& argv, const EnvMap& env) {
 }
 
 void run_preflight(const LaunchOptions& opts, const EnvMap& env) {
+  const auto t0 = std::chrono::steady_clock::now();
   Facts facts = facts_from_options(opts, env);
   probe_preflight_facts(facts);
   for (const auto& r : evaluate_preflight(facts)) {
     std::fprintf(stderr, "ddprun: warning: %s: %s; fix: %s (ddprun doctor checks more)\n", r.item.c_str(),
                  r.found.c_str(), r.fix.c_str());
+  }
+  if (opts.output.verbosity > 0) {  // what scripts/bench/bench_preflight.py reads
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "ddprun: debug: preflight checks took %lld us\n", static_cast<long long>(us));
   }
 }
 

@@ -119,6 +119,15 @@ class Doctor(unittest.TestCase):
         doc = json.loads(p.stdout)
         self.assertEqual((doc["ok"], doc["exit_code"], p.returncode), (False, 1, 1))
         self.assertEqual([c["status"] for c in doc["checks"] if c["item"] == "rdzv_host"], ["fail"])
+        # Before a launch: the same finding as one warning line (from /etc/hosts, no DNS). A 0644
+        # token makes the launch stop right after the preflight, without waiting for a peer.
+        token = self.write_token(0o644)
+        p = run([f"--rdzv_token_file={token}"] + flags, prefix=["ip", "netns", "exec", ns])
+        self.assertIn(f"ddprun: warning: rdzv_host: the rendezvous host {host} resolves to 127.0.1.1, a loopback "
+                      f"address: the other nodes cannot reach it there; fix: map {host} to this node's network address "
+                      "in /etc/hosts (not 127.x), or give the rendezvous host as that address (--rdzv_endpoint or "
+                      "--master_addr) (ddprun doctor checks more)", p.stderr.splitlines())
+        self.assertEqual(p.returncode, 2, p.stderr)
 
     # ---- the token file ----
 

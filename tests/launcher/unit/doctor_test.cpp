@@ -222,3 +222,20 @@ TEST_CASE("text and JSON output", "[doctor]") {
         "\"fix\":\"\"},{\"item\":\"token\",\"status\":\"fail\",\"blocking\":true,\"found\":\"mode \\\"0644\\\"\",\"fix\":"
         "\"chmod 600 f\"}]}\n");
 }
+
+TEST_CASE("a program's CUDA runtime and NCCL, from the libraries it loads, against the driver", "[doctor]") {
+  Facts f = with_gpus(1);
+  f.python.needed = false;
+  f.program.program = "/opt/train";
+  f.program.ran = true;
+  CHECK(find(evaluate(f), "versions")->found == "/opt/train links no CUDA runtime");
+  f.program.cudart = "13.0.48";
+  f.program.nccl = "2.28.9";
+  auto rs = evaluate(f);
+  CHECK(exit_code(rs) == 1);
+  CHECK(find(rs, "versions")->found.rfind("/opt/train loads CUDA runtime 13.0.48, NCCL 2.28.9, driver supports CUDA 12.2: the "
+                                          "driver is too old", 0) == 0);
+  CHECK(find(rs, "versions")->fix == "upgrade the NVIDIA driver to one for CUDA 13.0.48, or rebuild it against CUDA 12.2 or older");
+  f.program.cudart = "not found";
+  CHECK(find(evaluate(f), "versions")->found == "/opt/train links libcudart, which the dynamic loader cannot find");
+}

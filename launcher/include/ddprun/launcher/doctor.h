@@ -63,6 +63,16 @@ struct PythonFacts {
   std::string nccl;        // "2.18.3"; empty: none
 };
 
+// A program entry point (not Python): the CUDA runtime and NCCL it loads, from the library
+// file names the dynamic loader resolves (ldd): "libcudart.so.12.1.105" -> "12.1.105".
+struct ProgramFacts {
+  std::string program;  // the executable; empty: the workers run Python
+  bool ran = false;     // ldd answered
+  std::string error;
+  std::string cudart;   // empty: not linked; "not found": linked, the loader cannot find it
+  std::string nccl;
+};
+
 struct ShmFacts {
   bool present = false;
   std::string error;
@@ -120,6 +130,7 @@ struct Facts {
   bool gpus_probed = false;  // NVML was tried (doctor only)
   GpuFacts gpus;
   PythonFacts python;
+  ProgramFacts program;
   ShmFacts shm;
   LimitsFacts limits;
   NetworkFacts network;
@@ -157,8 +168,9 @@ Facts facts_from_options(const LaunchOptions& opts, const EnvMap& env);
 // Fills the facts every doctor check needs. Runs the workers' Python (at most
 // python_timeout_ms) unless the workers do not run under Python.
 void probe_doctor_facts(Facts& facts, const LaunchOptions& opts, const EnvMap& env, int python_timeout_ms = 30000);
-// Only what the preflight needs: /dev/nvidia*, statvfs(/dev/shm), getaddrinfo of the rendezvous
-// host on multi-node, stat of the token file.
+// Only what the preflight needs, each bounded in time: /dev/nvidia*, statvfs(/dev/shm), the
+// rendezvous host on multi-node as an address literal or from /etc/hosts (no DNS query; a host
+// not found there is not judged), stat of the token file.
 void probe_preflight_facts(Facts& facts);
 
 // `ddprun doctor` from main(): argv without the "doctor" word. Returns the exit code.
