@@ -2,7 +2,8 @@
 """The cost of ddprun's preflight checks before a launch.
 
 Two figures:
-  1. the preflight itself, as `ddprun -v` reports it ("preflight checks took N us"), over many
+  1. the preflight itself, as `ddprun -v` reports it ("preflight checks took N us (CPU M us)";
+     the wall time includes being descheduled on a busy machine, the CPU time does not), over many
      launches: single node (/dev/nvidia*, statvfs(/dev/shm)) and multi-node with a token file
      (adds getaddrinfo of the rendezvous host and a stat; the launch then stops at the 0644 token,
      after the preflight, so no peer is needed);
@@ -24,11 +25,11 @@ def preflight_us(ddprun, args, runs):
     out = []
     for _ in range(runs):
         p = subprocess.run([ddprun, "-v"] + args, capture_output=True, text=True)
-        m = re.search(r"preflight checks took (\d+) us", p.stderr)
+        m = re.search(r"preflight checks took (\d+) us \(CPU (\d+) us\)", p.stderr)
         if not m:
             raise SystemExit("no preflight timing in ddprun -v's output:\n" + p.stderr)
-        out.append(int(m.group(1)))
-    return out
+        out.append((int(m.group(1)), int(m.group(2))))
+    return [w for w, _ in out], [c for _, c in out]
 
 
 def wall_ms(ddprun, runs):
@@ -52,17 +53,17 @@ def main():
     ap.add_argument("ddprun")
     ap.add_argument("--runs", type=int, default=200)
     a = ap.parse_args()
-    single = preflight_us(a.ddprun, ["--nproc_per_node=2", "--no_python", "true"], a.runs)
+    single, single_cpu = preflight_us(a.ddprun, ["--nproc_per_node=2", "--no_python", "true"], a.runs)
     with tempfile.TemporaryDirectory() as d:
         token = os.path.join(d, "token")
         with open(token, "w") as f:
             f.write("a-token-of-at-least-sixteen-bytes\n")
         os.chmod(token, 0o644)
-        multi = preflight_us(a.ddprun, ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400",
+        multi, multi_cpu = preflight_us(a.ddprun, ["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400",
                                         f"--rdzv_token_file={token}", "--nproc_per_node=2", "--no_python", "true"], a.runs)
     with_pf, without = wall_ms(a.ddprun, a.runs)
-    print(f"preflight, single node (us): {summary(single)}")
-    print(f"preflight, multi-node + token (us): {summary(multi)}")
+    print(f"preflight, single node (us): wall {summary(single)}; CPU {summary(single_cpu)}")
+    print(f"preflight, multi-node + token (us): wall {summary(multi)}; CPU {summary(multi_cpu)}")
     print(f"ddprun --nproc_per_node=2 --no_python true (ms): with preflight {summary(with_pf)}; "
           f"--no_preflight {summary(without)}")
 
