@@ -1,31 +1,43 @@
 // `ddprun doctor` and the preflight, as main() calls them: parse, probe, judge, print.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 
 #include "ddprun/launcher/doctor.h"
+#include "options/flags.h"
 
 namespace ddprun::launcher::doctor {
 
 int run_doctor(const std::vector<std::string>& argv, const EnvMap& env) {
-  // --json is the doctor's own flag; it is taken out before the launch flags are parsed, and
-  // only before the entry point (a script's own --json is the script's).
+  // --json is the doctor's own flag, taken out before the launch flags are parsed; only
+  // before the entry point (after it, it is the script's).
   std::vector<std::string> args;
   bool json = false;
-  bool in_flags = true;
-  for (size_t i = 0; i < argv.size(); ++i) {
+  size_t i = 0;
+  for (; i < argv.size(); ++i) {
     const std::string& a = argv[i];
-    if (i > 0 && in_flags && a == "--json") {
+    if (i == 0) {
+      args.push_back(a);
+      continue;
+    }
+    if (a == "--json") {
       json = true;
       continue;
     }
-    if (i > 0 && (a == "--" || a.empty() || a[0] != '-')) {
-      // The first word that is not a flag may be a flag's value: only a `.py`/`--` ends flags
-      // for sure; --json after the entry point stays with the script.
-      if (a == "--" || a.size() > 3) in_flags = in_flags && !(a == "--" || a.compare(a.size() - 3, 3, ".py") == 0);
-    }
+    if (a == "--" || a.size() < 2 || a[0] != '-') break;  // the entry point
     args.push_back(a);
+    if (a == "-r" || a == "-t") {  // short flags with a separate value
+      if (i + 1 < argv.size()) args.push_back(argv[++i]);
+      continue;
+    }
+    if (a[1] != '-' || a.find('=') != std::string::npos) continue;
+    std::string name = a.substr(2);
+    std::replace(name.begin(), name.end(), '-', '_');
+    const opt::FlagSpec* f = opt::find_flag(name);
+    if (f && f->takes_value && i + 1 < argv.size()) args.push_back(argv[++i]);
   }
+  args.insert(args.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
   ParseOutcome parsed = parse_command_line(args, env, probe_system(env));
   if (!parsed.options && parsed.exit_code == kUsageExitCode && parsed.message.rfind("missing entry point", 0) == 0) {
     // The doctor needs no entry point: without one, the workers are taken to run Python.

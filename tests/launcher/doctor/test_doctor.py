@@ -195,6 +195,12 @@ class Doctor(unittest.TestCase):
             self.assertEqual(sorted(c), ["blocking", "fix", "found", "item", "status"])
             self.assertIn(c["status"], ("ok", "warning", "fail"))
         self.assertEqual(doc["exit_code"], p.returncode)
+        # --json among the launch flags (after a flag's separate value) is the doctor's; after the
+        # entry point it is the program's.
+        p = run(["doctor", "--nproc_per_node", "2", "--json", "--no_python", "/bin/echo"])
+        self.assertEqual(json.loads(p.stdout)["exit_code"], p.returncode)
+        p = run(["doctor", "--no_python", "/bin/echo", "--json"])
+        self.assertTrue(p.stdout.endswith("warnings\n") or p.stdout.endswith("warning\n"), p.stdout)
 
 
 if __name__ == "__main__":
