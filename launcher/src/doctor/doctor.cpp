@@ -285,7 +285,7 @@ void check_shm(const Facts& f, std::vector<CheckResult>& out) {
                                   ": ddprun's shared-memory all-reduce falls back to Gloo over TCP",
                        fix));
   } else {
-    out.push_back(ok("shm", found + "; " + mib(ours + nccl) + " wanted for " + nproc));
+    out.push_back(ok("shm", ours + nccl == 0 ? found : found + "; " + mib(ours + nccl) + " wanted for " + nproc));
   }
 }
 
@@ -306,6 +306,11 @@ CheckResult loopback_check(const Facts& f) {
   if (!n.resolve_error.empty()) {
     return fail("rdzv_host", "the rendezvous host " + n.host + " does not resolve: " + n.resolve_error,
                 "fix its DNS or /etc/hosts entry, or give the rendezvous host as an address");
+  }
+  if (n.loopback && !n.addresses.empty() && n.addresses.front() == n.host) {
+    // Given as a loopback address: every node on this host (a test), or a mistake.
+    return warn("rdzv_host", "the rendezvous host is " + n.host + ", a loopback address: only nodes on this host can reach it",
+                "give the rendezvous host as this node's network address (--rdzv_endpoint or --master_addr)");
   }
   if (n.loopback) {
     return fail("rdzv_host",
@@ -445,7 +450,7 @@ std::vector<CheckResult> evaluate_preflight(const Facts& f) {
   }
   if (f.multi_node) {
     CheckResult r = loopback_check(f);
-    if (r.status != Status::Ok) out.push_back(std::move(r));
+    if (r.status == Status::Fail) out.push_back(std::move(r));  // a loopback literal was typed on purpose
   }
   if (!f.token.file.empty()) {
     CheckResult r = token_check(f.token);

@@ -184,6 +184,12 @@ TEST_CASE("multi-node: a loopback rendezvous host blocks; interfaces and reachab
   CHECK(find(rs, "rdzv_endpoint")->blocking);
   CHECK(find(rs, "interface")->found == "GLOO_SOCKET_IFNAME=eth9: no such interface on this node");
   CHECK(find(rs, "mtu")->status == Status::Warn);
+  // A loopback address typed as the host: every node on this host; a warning, and none before a launch.
+  f.network.host = "127.0.0.1";
+  f.network.addresses = {"127.0.0.1"};
+  f.network.loopback = true;
+  CHECK(find(evaluate(f), "rdzv_host")->status == Status::Warn);
+  CHECK(evaluate_preflight(f).empty());
 }
 
 TEST_CASE("token file: 0644 blocks with the chmod, 0600 passes", "[doctor]") {
