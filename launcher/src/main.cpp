@@ -2,8 +2,10 @@
 // agent (agent.h).
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include "ddprun/launcher/agent.h"
+#include "ddprun/launcher/doctor.h"
 #include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
@@ -11,6 +13,12 @@
 int main(int argc, char** argv) {
   using namespace ddprun::launcher;
   const EnvMap env = current_environment();
+  // `ddprun doctor [launch flags] [script args]`: check the machine for that launch, start nothing.
+  if (argc > 1 && std::string(argv[1]) == "doctor") {
+    std::vector<std::string> args(argv, argv + argc);
+    args.erase(args.begin() + 1);
+    return doctor::run_doctor(args, env);
+  }
   ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env,
                                            probe_system(env));
   if (!parsed.options) {
@@ -24,6 +32,7 @@ int main(int argc, char** argv) {
   const LaunchOptions& opts = *parsed.options;
   if (!opts.platform.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.platform.slurm_summary.c_str());
   for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
+  if (!opts.platform.no_preflight) doctor::run_preflight(opts, env);
   std::optional<const LaunchPlan> plan;
   try {
     plan.emplace(make_launch_plan(std::move(*parsed.options), env));

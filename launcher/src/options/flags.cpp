@@ -116,6 +116,9 @@ constexpr FlagSpec kFlags[] = {
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},
+    {"no_preflight", "", false,
+     "skip the quick checks before the launch (GPUs against --nproc_per_node, /dev/shm, a loopback "
+     "rendezvous host, the token file's mode; `ddprun doctor` runs them all)"},
 };
 
 std::string dashed(std::string s) {
@@ -183,6 +186,8 @@ void setup_options(CLI::App& app, RawOptions& raw) {
   app.description(
       "ddprun: a torchrun-compatible launcher.\n"
       "  ddprun [options] script.py|program [args...]\n"
+      "  ddprun doctor [--json] [options] [script.py|program [args...]]   check this node for that "
+      "launch (GPUs, versions, /dev/shm, network, token, Python) and start nothing\n"
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "

@@ -195,6 +195,7 @@ void workers(const Given& g, LaunchOptions& o) {
       o.warnings.push_back("--metrics_host without --metrics_port: no metrics endpoint (give --metrics_port=PORT, "
                            "0 for a free one)");
   }
+  o.platform.no_preflight = g.get("no_preflight") != nullptr;
   if (auto s = g.get("numa_binding")) {
     o.platform.numa_binding = parse_numa_mode(trim(*s));
     if (!o.platform.numa_binding) bad("numa_binding", *s, kNumaModeChoices);

@@ -198,6 +198,8 @@ struct PlatformOptions {
   // What was taken from Slurm's environment (slurm.h), one line; empty outside an srun step or
   // with --no_slurm. Printed by main().
   std::string slurm_summary;
+  // --no_preflight: main() skips the quick checks before the launch (doctor.h).
+  bool no_preflight = false;
 };
 
 struct LaunchOptions {
