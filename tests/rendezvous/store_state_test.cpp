@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
 
 #include "ddprun/store/store_state.h"
 
@@ -25,12 +28,15 @@ struct Harness {
     reply.clear();
     others.clear();
     last = state.apply(c, wire::Dialect::D2, r, reply, others);
-    // A request applied in slices (ApplyResult::more) is continued, as the server does.
+    // A request applied in slices (ApplyResult::more) is continued, as the server does; each
+    // slice may add to the reply.
+    std::string out = reply.flatten();
     while (last.more) {
-      REQUIRE(reply.empty());
+      reply.clear();
       last = state.apply(c, wire::Dialect::D2, r, reply, others);
+      out += reply.flatten();
     }
-    return reply.flatten();
+    return out;
   }
 };
 std::string blob(const std::string& s) {
@@ -563,4 +569,128 @@ TEST_CASE("ALargeReplyIsRefusedBeforeItIsBuiltWhenTheCallerHasNoRoom", "[state][
   CHECK(reply.empty());
   CHECK_FALSE(h.state.apply(2, wire::Dialect::D2, r, reply, others, 1000).close);
   CHECK(reply.wire_size() == 2 * (8 + 100));
+}
+
+namespace {
+// Applies `r` for `conn` one slice at a time, calling `between` where the server lets its lock
+// go; returns the reply of all slices and counts them.
+std::string sliced(store::StoreState& st, store::ConnId conn, wire::Request& r, int& slices,
+                   const std::function<void()>& between = {}) {
+  store::Reply reply;
+  std::vector<store::Outgoing> others;
+  std::string out;
+  slices = 0;
+  store::ApplyResult res;
+  do {
+    if (slices && between) between();
+    reply.clear();
+    res = st.apply(conn, wire::Dialect::D2, r, reply, others);
+    REQUIRE_FALSE(res.close);
+    out += reply.flatten();
+    ++slices;
+  } while (res.more);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("A MULTI_GET of many keys is answered in slices, each value in request order", "[state][cost]") {
+  Harness h;
+  const size_t n = 3 * store::kWaitSlice + 7;
+  wire::Request get;
+  get.op = Op::MultiGet;
+  std::string expected;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string k = "/g/" + std::to_string(i);
+    get.keys.push_back(k);
+    if (i % 3) {
+      const std::string v = i % 5 ? "v" + std::to_string(i) : std::string(100 + i % 200, 'x');  // inline and referenced
+      h.call(1, Op::Set, {k}, {v});
+      expected += blob(v);
+    } else {
+      expected += blob("");
+    }
+  }
+  int slices = 0;
+  CHECK(sliced(h.state, 2, get, slices) == expected);
+  CHECK(slices > 3);  // looked up in slices, then written in slices
+  CHECK(h.state.memory() == h.state.bytes());  // nothing of it held afterwards
+  // At most kWaitSlice keys: one call, as before.
+  get.keys.resize(store::kWaitSlice);
+  sliced(h.state, 2, get, slices);
+  CHECK(slices == 1);
+}
+
+TEST_CASE("A MULTI_SET of many keys is stored in slices; other clients run between them", "[state][cost]") {
+  Harness h;
+  const size_t n = 2 * store::kWaitSlice + 3;
+  wire::Request set;
+  set.op = Op::MultiSet;
+  for (size_t i = 0; i < n; ++i) {
+    set.keys.push_back("/s/" + std::to_string(i));
+    set.values.push_back(std::to_string(i));
+  }
+  // A WAIT on the last key, from another connection, is answered when the last slice stores it.
+  CHECK(h.call(3, Op::Wait, {set.keys.back()}).empty());
+  int slices = 0;
+  std::vector<std::string> seen_between;
+  sliced(h.state, 2, set, slices, [&] { seen_between.push_back(h.call(4, Op::GetNumKeys)); });
+  CHECK(slices == 6);  // 3 slices checking the limits, 3 storing
+  REQUIRE(seen_between.size() == 5);
+  CHECK(seen_between[2] == i64(0));  // checked: nothing stored yet
+  CHECK(seen_between[3] == i64(store::kWaitSlice));  // the first slice's keys, visible between slices
+  CHECK(h.state.num_keys() == n);
+  CHECK(h.call(4, Op::Get, {"/s/4000"}) == blob("4000"));
+  CHECK(h.state.num_waiting_connections() == 0);
+  CHECK(h.state.memory() == h.state.bytes());
+  // Past the key limit: refused before any key is stored.
+  store::StoreLimits lim;
+  lim.max_keys = n - 1;
+  Harness small{store::StoreState(lim)};
+  wire::Request again = set;
+  for (size_t i = 0; i < n; ++i) again.values[i] = "x";
+  store::Reply r;
+  std::vector<store::Outgoing> o;
+  store::ApplyResult res;
+  do res = small.state.apply(2, wire::Dialect::D2, again, r, o);
+  while (res.more && small.state.num_keys() == 0);
+  CHECK(res.close);
+  CHECK(res.error.find("--max-store-keys") != std::string::npos);
+  CHECK(small.state.num_keys() == 0);
+}
+
+TEST_CASE("A LIST_KEYS of a large keyspace walks it in slices and lists every key once", "[state][cost]") {
+  Harness h;
+  const size_t n = 20000;
+  for (size_t i = 0; i < n; ++i) h.call(1, Op::Set, {"/l/" + std::to_string(i)}, {"v"});
+  wire::Request list;
+  list.op = Op::ListKeys;
+  int slices = 0;
+  // Between slices other clients add keys (enough to rehash the table once) and delete some:
+  // every key present throughout is listed exactly once.
+  size_t added = 0;
+  std::string r = sliced(h.state, 2, list, slices, [&] {
+    for (int j = 0; j < 8000; ++j) h.call(3, Op::Set, {"/new/" + std::to_string(added++)}, {"v"});
+    h.call(3, Op::DeleteKey, {"/l/" + std::to_string(n - 1)});
+  });
+  CHECK(slices > 1);
+  REQUIRE(r.size() >= 8);
+  int64_t count = 0;
+  std::memcpy(&count, r.data(), 8);
+  std::map<std::string, int> listed;
+  size_t at = 8;
+  while (at < r.size()) {
+    uint64_t len = 0;
+    std::memcpy(&len, r.data() + at, 8);
+    listed[r.substr(at + 8, len)]++;
+    at += 8 + len;
+  }
+  CHECK(at == r.size());
+  size_t total = 0;
+  for (auto& [k, c] : listed) {
+    CHECK(c == 1);
+    total += c;
+  }
+  CHECK(static_cast<size_t>(count) == total);
+  for (size_t i = 0; i + 1 < n; ++i) CHECK(listed.count("/l/" + std::to_string(i)) == 1);
+  CHECK(h.state.memory() == h.state.bytes());
 }

@@ -35,6 +35,13 @@ Reply& Reply::blob(const Value& v) {
   return *this;
 }
 
+Reply& Reply::raw(const Value& v) {
+  if (!v || v->empty()) return *this;
+  refs_.push_back({own_.size(), v});
+  ref_bytes_ += v->size();
+  return *this;
+}
+
 uint64_t Reply::shared_bytes() const {
   std::vector<const std::string*> seen;
   seen.reserve(refs_.size());

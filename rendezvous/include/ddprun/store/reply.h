@@ -51,6 +51,7 @@ class Reply {
   Reply& i64(int64_t v) { return u64(static_cast<uint64_t>(v)); }
   Reply& blob(std::string_view b);  // length prefix and bytes, copied
   Reply& blob(const Value& v);      // length prefix and a reference (a copy when short); null = empty
+  Reply& raw(const Value& v);       // a reference to bytes already in wire form (no prefix)
   // Room for `bytes` more owned bytes (a reply whose size is known before it is built).
   void reserve(size_t bytes) { own_.reserve(own_.size() + bytes); }
 

@@ -51,14 +51,19 @@ struct StoreLimits {
 struct ApplyResult {
   bool close = false;  // protocol error: close the requesting connection, nothing changed
   std::string error;   // why, for the log
-  // Partly applied (a WAIT naming more than kWaitSlice keys): call apply() again with the same
-  // request, untouched, until this is false. The caller may release its lock in between, so
-  // one request never holds it long; nothing of the connection may run in between.
+  // Partly applied (a WAIT, MULTI_GET or MULTI_SET naming more than kWaitSlice keys, a LIST_KEYS
+  // of a large store): call apply() again with the same request, untouched, until this is false.
+  // The caller may release its lock in between, so one request never holds it long; nothing of
+  // the connection may run in between. A slice may already have appended part of the reply.
   bool more = false;
 };
 
-// Keys of a WAIT registered per apply() call (a slice: about a millisecond of work).
+// Keys of a WAIT, MULTI_GET or MULTI_SET handled per apply() call (a slice: about a millisecond
+// of work). A request of at most this many keys is applied at once (atomic, as in PyTorch's
+// servers); a larger one in slices, between which other clients' requests may run.
 inline constexpr size_t kWaitSlice = 2048;
+// Hash buckets of the keyspace a LIST_KEYS walks per apply() call.
+inline constexpr size_t kListSliceBuckets = 4096;
 
 class StoreState {
  public:
@@ -105,7 +110,22 @@ class StoreState {
     size_t next = 0;
     std::unordered_set<std::string_view> seen;
   };
+  // A MULTI_GET, MULTI_SET or LIST_KEYS being applied slice by slice (one per connection).
+  struct Sliced {
+    wire::Op op{};
+    bool emitting = false;  // MULTI_GET: every value found, the reply being written; MULTI_SET: checked, storing
+    size_t next = 0;        // the next key (MULTI_*), bucket (LIST_KEYS) or value to write
+    size_t buckets = 0;     // LIST_KEYS: the keyspace's bucket count when the walk began
+    uint64_t size = 0;      // reply bytes so far (MULTI_SET: bytes it adds)
+    uint64_t count = 0;     // LIST_KEYS: keys listed; MULTI_SET: keys it adds
+    std::vector<Value> found;  // MULTI_GET: the values, in request order
+    std::string listed;        // LIST_KEYS: the keys, as the reply's blobs
+    uint64_t bytes = 0;        // what it holds, counted in aux_bytes_
+  };
   bool exists(const std::string& key) const;
+  Sliced& slicing(ConnId conn, wire::Op op, bool& fresh);
+  void end_slicing(ConnId conn);
+  void charge(Sliced& s, uint64_t bytes);
   // A value for `key` was stored (SET/ADD/APPEND/...): wake waiters and notify watchers.
   void on_stored(const std::string& key, const Value* old_value, const Value& new_value,
                  std::vector<Outgoing>& others);
@@ -144,6 +164,7 @@ class StoreState {
   std::unordered_map<ConnId, std::string> barrier_of_;                // conn -> barrier key
   std::unordered_map<std::string, std::unordered_set<ConnId>> watchers_;  // D0 WATCH_KEY
   std::unordered_map<ConnId, std::vector<std::string>> watched_by_;
+  std::unordered_map<ConnId, Sliced> sliced_;
 };
 
 }  // namespace ddprun::store
