@@ -18,6 +18,10 @@
 #   repeat       two identical runs give the same checksum (the GPU run is deterministic).
 #   kill_resume  the rank SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
 #                step-8 checkpoint: the checksum of the uninterrupted run.
+#   comm_hook_fp16, comm_hook_bf16  12 steps with register_comm_hook's built-in compression hook
+#                against PyTorch's DDP with default_hooks' same hook, on the same GPU: every
+#                parameter and buffer bit-identical. (One rank: the all-reduce moves no data;
+#                the casts, the division and the hook's place in the step are what is compared.)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -111,6 +115,31 @@ c="$(checksum "$out/smoke_kill.log")"
 grep -E "injected|resumed|restart" "$out/smoke_kill.log" | head -5
 echo "killed and resumed: $c"
 [[ -n "$c" && "$c" == "$a" ]] && grep -q "resumed from step 8" "$out/smoke_kill.log"; verdict kill_resume $?
+
+# comm_hook_*: register_comm_hook with a built-in hook against PyTorch's default_hooks.
+for hook in fp16 bf16; do
+  hk=(--steps 12 --unused-mode none --find-unused 0 --comm-hook "$hook")
+  timeout 300 ddprun --nproc_per_node=1 --master_port=0 "$ex" "${small[@]}" "${hk[@]}" \
+    --dump-init "$tmp/hinit.%r" --dump-final "$tmp/hcpp.%r" --dump-batches "$tmp/hbatches.%r" > "$out/smoke_hook_$hook.log" 2>&1
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 "$root/tests/worker_runtime/torch/ddp_reference.py" \
+      --device "$dev" --deterministic --batch 16 --channels 16 --hidden 64 --depth 2 --image 16 "${hk[@]}" \
+      --load-init "$tmp/hinit.0" --batches "$tmp/hbatches.%r" --dump-final "$tmp/hpy.%r" > "$out/smoke_hook_torch_$hook.log" 2>&1
+    rc=$?
+    tail -3 "$out/smoke_hook_torch_$hook.log"
+    [[ $rc == 0 ]] && (cd "$root/tests/worker_runtime/torch" && "$PY" -c "
+import sys; sys.argv = ['x']
+from libtorch_ddp_test import compare
+w = compare('$tmp/hcpp.0', '$tmp/hpy.0', rtol=0, atol=0)
+print(f'$hook hook: worst relative difference {w:.3e}')
+")
+    rc=$?
+  else
+    tail -5 "$out/smoke_hook_$hook.log"
+  fi
+  verdict "comm_hook_$hook" $rc
+done
 rm -rf "$tmp"
 
 # The benchmark.
