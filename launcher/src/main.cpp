@@ -7,6 +7,7 @@
 #include "ddprun/launcher/agent.h"
 #include "ddprun/launcher/doctor.h"
 #include "ddprun/launcher/launch_plan.h"
+#include "ddprun/launcher/log_events.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
 
@@ -30,18 +31,23 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   const LaunchOptions& opts = *parsed.options;
-  if (!opts.platform.slurm_summary.empty()) std::fprintf(stderr, "ddprun: %s\n", opts.platform.slurm_summary.c_str());
-  for (const auto& w : opts.warnings) std::fprintf(stderr, "ddprun: warning: %s\n", w.c_str());
+  configure_logging(opts.output.log_format, opts.output.verbosity);
+  auto error = [](const char* what) {
+    write_log_line("error", "launch_refused", std::string("ddprun: error: ") + what + "\n", what);
+  };
+  if (!opts.platform.slurm_summary.empty())
+    write_log_line("info", "slurm", "ddprun: " + opts.platform.slurm_summary + "\n", opts.platform.slurm_summary);
+  for (const auto& w : opts.warnings) write_log_line("warning", "option_warning", "ddprun: warning: " + w + "\n", w);
   if (!opts.platform.no_preflight) doctor::run_preflight(opts, env);
   std::optional<const LaunchPlan> plan;
   try {
     plan.emplace(make_launch_plan(std::move(*parsed.options), env));
   } catch (const UsageError& e) {  // nothing has been started
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    error(e.what());
     return kUsageExitCode;
   } catch (const NumaError& e) {
     // torchrun fails the launch too (no worker starts) when it cannot bind.
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    error(e.what());
     return 1;
   }
   return run(*plan, env);

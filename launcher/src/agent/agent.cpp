@@ -25,6 +25,7 @@
 #include "agent/agent_impl.h"
 #include "ddprun/client/net.h"
 #include "ddprun/launcher/error_file.h"
+#include "ddprun/launcher/log_events.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
 #include "platform/sys_util.h"
@@ -62,8 +63,7 @@ int Agent::run() {
     for (const auto& a : state_.start()) perform(a);
     loop();
   } catch (const UsageError& e) {
-    spdlog::default_logger()->flush();
-    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    write_log_line("error", "launch_refused", std::string("ddprun: error: ") + e.what() + "\n", e.what());
     close_all();
     return kUsageExitCode;
   } catch (const CoordinatorInterrupted& e) {
@@ -93,9 +93,15 @@ int Agent::run() {
   }
   spdlog::default_logger()->flush();
   if (!text.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
+    std::string message = text;
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    write_log_line(exit_code_ == 0 ? "warning" : "error", "summary", text, message,
+                   {{"exit_code", int64_t{exit_code_}}});
   }
+  // JSON lines end with the agent's exit, whatever happened (text mode prints nothing here).
+  if (log_format() == LogFormat::Json)
+    write_log_line(exit_code_ == 0 ? "info" : "error", "agent_exit", "", fmt::format("ddprun exits {}", exit_code_),
+                   {{"exit_code", int64_t{exit_code_}}, {"restarts", int64_t{state_.attempt()}}});
   return exit_code_;
 }
 
@@ -150,8 +156,10 @@ void Agent::perform(const Action& a) {
       case Action::Kind::StartAttempt: start_attempt(a.attempt); break;
       case Action::Kind::ReportFailure: record_failure(a); break;
       case Action::Kind::ReportSuccess:
-        if (layout_.num_nodes > 1)
+        if (layout_.num_nodes > 1) {
+          LogEvent ev("node_succeeded", {{"workers", int64_t{opts_.nodes.nproc_per_node}}});
           spdlog::info("all {} local workers succeeded; waiting for the other nodes", opts_.nodes.nproc_per_node);
+        }
         coordinator_->report_success();
         break;
       case Action::Kind::SignalWorkers: group_->signal(a.signo); break;
@@ -159,10 +167,12 @@ void Agent::perform(const Action& a) {
       case Action::Kind::ArmTimer: arm_timerfd(timer_fd_, a.seconds); break;
       case Action::Kind::DisarmTimer: arm_timerfd(timer_fd_, 0); break;
       case Action::Kind::StopStragglers: stop_stragglers(a); break;
-      case Action::Kind::AbandonWorkers:
+      case Action::Kind::AbandonWorkers: {
+        LogEvent ev("workers_abandoned");
         spdlog::error("workers{} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no longer waiting for them",
                       group_->unreaped_pids(), kKillWaitS);
         break;
+      }
       case Action::Kind::Finish:
         done_ = true;
         exit_code_ = a.exit_code;
@@ -206,6 +216,7 @@ void Agent::on_coordinator() {
 void Agent::coordinator_lost(const std::string& what) {
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, coordinator_->fd(), nullptr);
   agent_error_ = what;  // the coordinator says what was lost and why
+  LogEvent ev("rendezvous_lost");
   spdlog::error("{}", what);
   dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
 }
@@ -216,12 +227,16 @@ void Agent::on_notice(const Notice& n) {
       if (metrics_) metrics_->rendezvous_done(std::chrono::duration<double>(Clock::now() - join_sent_).count());
       layout_ = n.layout;
       max_restarts_ = n.max_restarts;
+      set_log_node_rank(n.layout.node_rank);
       dispatch(RoundReady{n.layout.restart_count});
       break;
     case Notice::Kind::Restart:
       restart_seen_ = Clock::now();
-      if (state_.preempted()) spdlog::info("the rendezvous restarts the job ({}): not here, stopping for a preemption", n.restart.reason);
-      else spdlog::warn("restarting the job: {}", n.restart.reason);
+      {
+        LogEvent ev("restart_notice", {{"reason", n.restart.reason}, {"restart_count", static_cast<int64_t>(n.restart.restart_count)}});
+        if (state_.preempted()) spdlog::info("the rendezvous restarts the job ({}): not here, stopping for a preemption", n.restart.reason);
+        else spdlog::warn("restarting the job: {}", n.restart.reason);
+      }
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::Restart, static_cast<int>(n.restart.restart_count)});
       break;
     case Notice::Kind::JobDone:
@@ -229,8 +244,11 @@ void Agent::on_notice(const Notice& n) {
       break;
     case Notice::Kind::JobFailed:
       job_failed_ = n.failed;
-      if (state_.preempted()) spdlog::info("the rendezvous ended the job ({}): already stopping for a preemption", n.failed.reason);
-      else spdlog::error("the job ended: {}", n.failed.reason);
+      {
+        LogEvent ev("job_failed", {{"reason", n.failed.reason}});
+        if (state_.preempted()) spdlog::info("the rendezvous ended the job ({}): already stopping for a preemption", n.failed.reason);
+        else spdlog::error("the job ended: {}", n.failed.reason);
+      }
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
       break;
   }
@@ -252,11 +270,20 @@ void Agent::start_attempt(int attempt) {
   const auto t_spawned = Clock::now();
   const std::string where = fmt::format("node rank {} of {}, world size {}, workers' store {}:{}", layout_.node_rank,
                                         layout_.num_nodes, layout_.world_size, layout_.store_host, layout_.store_port);
+  const double rdzv_ms = std::chrono::duration<double, std::milli>(t0 - join_sent_).count();
+  LogEvent ev("attempt_started", {{"attempt", int64_t{attempt}},
+                                  {"run_id", layout_.run_id},
+                                  {"node_rank", int64_t{layout_.node_rank}},
+                                  {"nnodes", int64_t{layout_.num_nodes}},
+                                  {"world_size", int64_t{layout_.world_size}},
+                                  {"workers", static_cast<int64_t>(group_->current().size())},
+                                  {"rendezvous_ms", rdzv_ms},
+                                  {"spawn_ms", spawn_ms}});
   if (attempt == 0 && failures_seen_ == 0) {
     failed_since_round_ = false;
     spdlog::info("attempt 0 of job {}: {}; rendezvous {:.1f} ms, {} workers started in {:.1f} ms, ready {:.1f} ms "
                  "after launch{}{}",
-                 layout_.run_id, where, std::chrono::duration<double, std::milli>(t0 - join_sent_).count(),
+                 layout_.run_id, where, rdzv_ms,
                  group_->current().size(), spawn_ms, ms_since(t_launch_),
                  opts_.faults.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
                  start_line_note(plan_.interpreter) + gloo_note_);
@@ -288,6 +315,7 @@ void Agent::start_metrics() {
     throw UsageError(e.what());
   }
   // Tests read the URL at the end of this line.
+  LogEvent ev("metrics_endpoint", {{"url", metrics_->url()}});
   spdlog::info("metrics on {}", metrics_->url());
 }
 
@@ -303,6 +331,7 @@ void Agent::on_signalfd() {
   for (int s : others) {
     if (done_) break;
     const bool preempt = is_preempt_signal(s);
+    LogEvent ev("signal", {{"signal", std::string(signal_name(s))}, {"preemption", preempt}});
     if (preempt && state_.preempted()) {
       spdlog::info("received {} again: already stopping for a preemption", signal_name(s));
     } else if (preempt && state_.phase() == AgentState::Phase::Running) {
@@ -390,6 +419,7 @@ void Agent::worker_ended(Worker& w) {
     // Not failures: say how each worker took the preemption (one that dies of the signal
     // itself does not handle it, and wrote no checkpoint).
     const bool clean = w.status->success() || *w.status == WorkerStatus::exited(kPreemptedExitCode);
+    LogEvent ev("worker_preempted", {{"status", w.status->describe()}}, w.global_rank);
     if (!was_preempted)
       spdlog::warn("worker r{} stopped for a preemption ({}): the job stops, without a restart, and will exit {}",
                    w.global_rank, w.status->describe(), kPreemptedExitCode);
@@ -425,6 +455,15 @@ void Agent::record_failure(const Action& a) {
   const bool config_error = says_config_error(a.status.code, a.status.signaled,
                                               failure_->error_file_content ? &*failure_->error_file_content : nullptr);
   if (metrics_) metrics_->worker_failed(config_error ? "config_error" : a.status.signaled ? "signal" : "exit_code");
+  LogEvent ev("worker_failed",
+              {{"local_rank", int64_t{w->local_rank}},
+               {"pid", int64_t{w->pid}},
+               {a.status.signaled ? "signal" : "exit_code",
+                a.status.signaled ? LogFieldValue(std::string(signal_name(a.status.code))) : LogFieldValue(int64_t{a.status.code})},
+               {"after_s", failure_->after_s},
+               {"attempt", int64_t{a.attempt}},
+               {"config_error", config_error}},
+              w->global_rank);
   spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group", w->global_rank,
                w->local_rank, w->pid, a.status.describe(), failure_->after_s);
   std::string tail;
@@ -449,13 +488,16 @@ void Agent::stop_stragglers(const Action& a) {
   const Worker* first = group_->current_rank(a.local_rank);
   stragglers_ = fmt::format("r{} exited 0 and {:g} s later (--exit_barrier_timeout) still running: {}",
                             first ? first->global_rank : a.local_rank, a.seconds, ranks);
+  LogEvent ev("stragglers", {{"seconds", a.seconds}});
   spdlog::error("{}; stopping them (SIGTERM, SIGKILL after {:g} s)", stragglers_, opts_.faults.shutdown_timeout_s);
 }
 
 std::string Agent::summary() const {
   const bool logs_lost = group_ && group_->log_failures().any();
-  if (exit_code_ == 0 && failures_seen_ > 0)
+  if (exit_code_ == 0 && failures_seen_ > 0) {
+    LogEvent ev("job_succeeded", {{"restarts", int64_t{state_.attempt()}}});
     spdlog::info("all {} workers succeeded after {} restart(s)", opts_.nodes.nproc_per_node, state_.attempt());
+  }
   if (exit_code_ == 0 && !logs_lost) return "";
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
@@ -487,11 +529,7 @@ std::string Agent::summary() const {
 }
 
 int run(const LaunchPlan& plan, const EnvMap& env) {
-  // _mt: the in-process store server logs from its own thread.
-  auto logger = spdlog::stderr_logger_mt("ddprun");
-  logger->set_pattern("[ddprun] %^%l%$: %v");
-  logger->set_level(plan.options.output.verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
-  spdlog::set_default_logger(logger);
+  configure_logging(plan.options.output.log_format, plan.options.output.verbosity);
   Agent agent(plan, env);
   return agent.run();
 }

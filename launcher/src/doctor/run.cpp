@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "ddprun/launcher/doctor.h"
+#include "ddprun/launcher/log_events.h"
 #include "options/flags.h"
 
 namespace ddprun::launcher::doctor {
@@ -68,8 +69,9 @@ void run_preflight(const LaunchOptions& opts, const EnvMap& env) {
   Facts facts = facts_from_options(opts, env);
   probe_preflight_facts(facts);
   for (const auto& r : evaluate_preflight(facts)) {
-    std::fprintf(stderr, "ddprun: warning: %s: %s; fix: %s (ddprun doctor checks more)\n", r.item.c_str(),
-                 r.found.c_str(), r.fix.c_str());
+    const std::string msg = r.item + ": " + r.found + "; fix: " + r.fix + " (ddprun doctor checks more)";
+    write_log_line("warning", "preflight", "ddprun: warning: " + msg + "\n", msg,
+                   {{"check", r.item}, {"found", r.found}, {"fix", r.fix}});
   }
   if (opts.output.verbosity > 0) {  // what scripts/bench/bench_preflight.py reads
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();

@@ -113,6 +113,9 @@ constexpr FlagSpec kFlags[] = {
      "and memory) at http://HOST:PORT/metrics; 0 picks a free port, logged at start"},
     {"metrics_host", "", true, "address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 = every "
                                "IPv4 address of this host)"},
+    {"log_format", "", true,
+     "text (default) or json: ddprun's own lines on stderr as JSON lines (time, level, host, node, "
+     "rank, event, message, fields; launcher/README.md \"JSON logs\"); workers' output is unchanged"},
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},

@@ -166,6 +166,11 @@ void lifecycle(const Given& g, LaunchOptions& o) {
 void workers(const Given& g, LaunchOptions& o) {
   o.workers.virtual_local_rank = g.get("virtual_local_rank") != nullptr;
   o.output.verbosity = g.get("verbose") ? 1 : 0;
+  if (auto s = g.get("log_format")) {
+    auto f = parse_log_format(trim(*s));
+    if (!f) bad("log_format", *s, "text or json");
+    o.output.log_format = *f;
+  }
   if (auto s = g.get("role")) {
     if (trim(*s).empty()) bad("role", *s, "a non-empty name");
     o.workers.role = trim(*s);

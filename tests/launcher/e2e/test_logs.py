@@ -4,6 +4,7 @@ full log disk.
 
 Run: test_logs.py <path to ddprun> [unittest names] (harness.py says more).
 """
+import json
 import os
 import re
 import shutil
@@ -165,6 +166,89 @@ class LogDisk(unittest.TestCase):
         self.assert_nothing_lost(p, rdir, 1)
         self.assertIn("FAILED: worker rank", p.stderr)
         self.assertIn("LOGS INCOMPLETE", p.stderr)
+
+
+class JsonLogs(unittest.TestCase):
+    """--log_format=json: ddprun's own lines on stderr are JSON lines of one schema; workers'
+    lines keep their own format."""
+    MEMBERS = ["time", "level", "host", "node", "rank", "event", "message", "fields"]
+    # Rank 1 fails with exit code 3 on attempt 0; every rank succeeds on attempt 1.
+    CODE = ("import os, sys\n"
+            "print('out of', os.environ['RANK'], flush=True)\n"
+            "print('{\\\"not\\\": \\\"ours\\\"}', file=sys.stderr, flush=True)\n"
+            "if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0': sys.exit(3)\n")
+
+    def records(self, stderr):
+        """ddprun's JSON lines, checked against the schema; the workers' lines apart."""
+        ours, theirs = [], []
+        for line in stderr.splitlines():
+            if line.startswith("[r"):
+                theirs.append(line)
+                continue
+            rec = json.loads(line)  # every other line is one JSON object
+            self.assertEqual(list(rec), self.MEMBERS, line)
+            self.assertRegex(rec["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+            self.assertIn(rec["level"], ("debug", "info", "warning", "error", "critical"))
+            self.assertTrue(rec["host"])
+            self.assertTrue(rec["node"] is None or isinstance(rec["node"], int))
+            self.assertTrue(rec["rank"] is None or isinstance(rec["rank"], int))
+            self.assertIsInstance(rec["fields"], dict)
+            ours.append(rec)
+        return ours, theirs
+
+    def test_a_restarted_job_as_json_lines(self):
+        p = run(["--log_format=json", "--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=jsonjob"] + worker(self.CODE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        ours, theirs = self.records(p.stderr)
+        # The workers' lines are untouched, on both streams (rank 0's on attempt 0 may not come:
+        # it can be stopped first).
+        self.assertEqual(set(theirs), {'[r0]: {"not": "ours"}', '[r1]: {"not": "ours"}'})
+        self.assertEqual(set(p.stdout.splitlines()), {"[r0]: out of 0", "[r1]: out of 1"})
+        events = [r["event"] for r in ours]
+        started = [r for r in ours if r["event"] == "attempt_started"]
+        self.assertEqual([r["fields"]["attempt"] for r in started], [0, 1], events)
+        for r in started:
+            self.assertEqual((r["node"], r["fields"]["run_id"], r["fields"]["world_size"], r["fields"]["workers"]),
+                             (0, "jsonjob", 2, 2))
+            self.assertIsInstance(r["fields"]["rendezvous_ms"], (int, float))
+        failed = [r for r in ours if r["event"] == "worker_failed"]
+        self.assertEqual(len(failed), 1, events)
+        f = failed[0]
+        self.assertEqual((f["level"], f["rank"], f["node"], f["fields"]["exit_code"], f["fields"]["attempt"],
+                          f["fields"]["local_rank"], f["fields"]["config_error"]), ("warning", 1, 0, 3, 0, 1, False))
+        self.assertIn("worker r1", f["message"])
+        self.assertIn("restart_notice", events)
+        self.assertLess(events.index("worker_failed"), events.index("restart_notice"))
+        self.assertEqual(events[-2:], ["job_succeeded", "agent_exit"])
+        self.assertEqual(ours[-1]["fields"], {"exit_code": 0, "restarts": 1})
+
+    def test_a_failed_job_ends_with_its_summary_as_one_line(self):
+        code = "import sys; print('boom\\tdetail', file=sys.stderr, flush=True); sys.exit(7)"
+        p = run(["--log_format", "json", "--nproc_per_node=1"] + worker(code))
+        self.assertEqual(p.returncode, 7, p.stderr)
+        ours, _ = self.records(p.stderr)
+        summary = [r for r in ours if r["event"] == "summary"]
+        self.assertEqual(len(summary), 1, p.stderr)
+        self.assertEqual((summary[0]["level"], summary[0]["fields"]), ("error", {"exit_code": 7}))
+        self.assertIn("FAILED: worker rank 0", summary[0]["message"])
+        self.assertIn("boom\tdetail", summary[0]["message"])  # the worker's tail, escaped and read back
+        self.assertEqual(ours[-1]["event"], "agent_exit")
+        self.assertEqual(ours[-1]["fields"]["exit_code"], 7)
+
+    def test_text_is_the_default_and_a_bad_value_is_refused(self):
+        p = run(["--nproc_per_node=1", "--max_restarts=1"] + worker("import sys, os; sys.exit(0 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '1' else 5)"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[ddprun] info: all 1 workers succeeded after 1 restart(s)", p.stderr)
+        self.assertNotIn('{"time"', p.stderr)
+        p = run(["--log_format=yaml", "--nproc_per_node=1"] + worker("pass"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--log_format", p.stderr)
+        self.assertIn("text or json", p.stderr)
+        # Set through the environment, as every flag can be.
+        p = run(["--nproc_per_node=1"] + worker("pass"), env={"PET_LOG_FORMAT": "json"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        ours, _ = self.records(p.stderr)
+        self.assertEqual([r["event"] for r in ours][-1], "agent_exit")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ddprun/launcher/env_map.h"
+#include "ddprun/launcher/log_format.h"
 #include "ddprun/launcher/numa.h"
 
 namespace CLI {
@@ -151,6 +152,7 @@ struct OutputOptions {
   // "console" warns that no events are recorded.
   EventLogHandler event_log_handler = EventLogHandler::Null;
   int verbosity = 0;  // -v: debug logs
+  LogFormat log_format = LogFormat::Text;  // --log_format: ddprun's own lines as text or JSON lines
   // --metrics_port: serve Prometheus metrics (launcher/README.md "Metrics") on
   // metrics_host:metrics_port; 0 = a free port (logged). Unset: no endpoint.
   std::optional<uint16_t> metrics_port;

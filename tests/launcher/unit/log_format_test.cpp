@@ -1,0 +1,85 @@
+// --log_format=json: the line's schema, escaping and values (launcher/README.md "JSON logs").
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <limits>
+
+#include "ddprun/launcher/log_format.h"
+#include "ddprun/launcher/options.h"
+
+using namespace ddprun::launcher;
+
+namespace {
+std::chrono::system_clock::time_point at(int64_t us) {
+  return std::chrono::system_clock::time_point(std::chrono::microseconds(us));
+}
+}  // namespace
+
+TEST_CASE("A JSON log line has every member of the schema, in order", "[logformat]") {
+  LogRecord r;
+  r.time = at(1764780000123456);  // 2025-12-03T16:40:00.123456Z
+  r.level = "warning";
+  r.host = "node-7";
+  r.node_rank = 3;
+  r.rank = 25;
+  r.event = "worker_failed";
+  r.message = "worker r25 failed";
+  std::vector<LogField> f{{"exit_code", int64_t{1}}, {"after_s", 2.5}, {"config_error", false}, {"signal", std::string("SIGKILL")}};
+  r.fields = &f;
+  CHECK(json_log_line(r) ==
+        "{\"time\":\"2025-12-03T16:40:00.123456Z\",\"level\":\"warning\",\"host\":\"node-7\",\"node\":3,\"rank\":25,"
+        "\"event\":\"worker_failed\",\"message\":\"worker r25 failed\",\"fields\":{\"exit_code\":1,\"after_s\":2.5,"
+        "\"config_error\":false,\"signal\":\"SIGKILL\"}}\n");
+}
+
+TEST_CASE("A line without node, rank or event says null and \"log\"", "[logformat]") {
+  LogRecord r;
+  r.time = at(0);
+  r.level = "info";
+  r.host = "h";
+  r.message = "m";
+  CHECK(json_log_line(r) ==
+        "{\"time\":\"1970-01-01T00:00:00.000000Z\",\"level\":\"info\",\"host\":\"h\",\"node\":null,\"rank\":null,"
+        "\"event\":\"log\",\"message\":\"m\",\"fields\":{}}\n");
+}
+
+TEST_CASE("Strings are escaped; bytes that are not UTF-8 become U+FFFD; a line stays one line", "[logformat]") {
+  LogRecord r;
+  r.time = at(0);
+  r.level = "error";
+  r.host = "h";
+  const std::string msg = std::string("quote \" back \\ nl \n cr \r tab \t bell \x07 del \x7f caf\xc3\xa9 bad \xff end") +
+                          std::string(1, '\0') + "z";
+  r.message = msg;
+  std::vector<LogField> f{{"k\"ey", std::string("line1\nline2")}, {"nan", std::numeric_limits<double>::quiet_NaN()}};
+  r.fields = &f;
+  const std::string line = json_log_line(r);
+  CHECK(line.find("\"message\":\"quote \\\" back \\\\ nl \\n cr \\r tab \\t bell \\u0007 del \\u007f caf\xc3\xa9 bad "
+                  "\xef\xbf\xbd end\\u0000z\"") != std::string::npos);
+  CHECK(line.find("\"k\\\"ey\":\"line1\\nline2\"") != std::string::npos);
+  CHECK(line.find("\"nan\":null") != std::string::npos);
+  CHECK(line.find('\n') == line.size() - 1);
+  // Truncated and overlong sequences are not UTF-8 either.
+  r.message = "\xe2\x82";  // first two bytes of a three-byte sequence
+  CHECK(json_log_line(r).find("\"message\":\"\xef\xbf\xbd\xef\xbf\xbd\"") != std::string::npos);
+  r.message = "\xc0\xaf";  // an overlong '/'
+  CHECK(json_log_line(r).find("\"message\":\"\xef\xbf\xbd\xef\xbf\xbd\"") != std::string::npos);
+}
+
+TEST_CASE("--log_format takes text or json", "[logformat]") {
+  CHECK(parse_log_format("text") == LogFormat::Text);
+  CHECK(parse_log_format("json") == LogFormat::Json);
+  CHECK_FALSE(parse_log_format("JSON"));
+  CHECK_FALSE(parse_log_format(""));
+  auto parsed = parse_command_line({"ddprun", "--log_format=yaml", "--no_python", "true"}, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  REQUIRE_FALSE(parsed.options);
+  CHECK(parsed.exit_code == 2);
+  CHECK(parsed.message.find("log_format") != std::string::npos);
+  CHECK(parsed.message.find("text or json") != std::string::npos);
+  parsed = parse_command_line({"ddprun", "--log-format", "json", "--no_python", "true"}, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->output.log_format == LogFormat::Json);
+  parsed = parse_command_line({"ddprun", "--no_python", "true"}, {{"PET_LOG_FORMAT", "json"}}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->output.log_format == LogFormat::Json);
+}
