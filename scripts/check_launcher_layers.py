@@ -30,7 +30,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "output.h": "workers", "console.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
-    "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
+    "agent_state.h": "agent", "usage_report.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
     "doctor.h": "doctor",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

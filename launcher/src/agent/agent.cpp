@@ -84,6 +84,7 @@ int Agent::run() {
     wait_for_other_agents();
     store_->stop();
   }
+  if (opts_.output.gpu_util_warn >= 0) print_usage();
   std::string text = summary();
   if (group_) exit_code_ = final_exit_code(exit_code_, group_->log_failures().any());
   close_all();
@@ -351,20 +352,27 @@ void Agent::on_signalfd() {
 void Agent::reap_children() {
   while (true) {
     int st = 0;
-    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    struct rusage ru {};
+    pid_t pid = ::wait4(-1, &st, WNOHANG, &ru);
     if (pid <= 0) break;
     Worker* wp = group_->by_pid(pid);
     if (!wp) {
       if (group_->on_spare_reaped(pid, st)) continue;
       double ms = 0;
-      if (group_->reaped_dying(pid, ms)) spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid, ms);
-      else spdlog::debug("reaped descendant pid {}", pid);
+      if (group_->reaped_dying(pid, ms)) {
+        record_usage(nullptr, ru);
+        spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid, ms);
+      } else {
+        spdlog::debug("reaped descendant pid {}", pid);
+      }
       continue;
     }
     Worker& w = *wp;
     w.reaped = true;
     group_->close_exit_watch(w);
     const WorkerStatus status = status_of_wait(st);
+    if (!w.exit_reported) w.ended = Clock::now();
+    record_usage(&w, ru);
     if (w.exit_reported) {
       // Seen (and dispatched) as it began to exit; now it is gone.
       group_->drain(w);
@@ -477,6 +485,66 @@ void Agent::record_failure(const Action& a) {
                                              .stderr_tail = tail,
                                              .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000),
                                              .config_error = config_error});
+}
+
+// A reaped worker's rusage: the current attempt's go into the table, earlier ones are totalled.
+void Agent::record_usage(const Worker* w, const struct rusage& ru) {
+  const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                     static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  if (!w) {
+    ++earlier_workers_;
+    earlier_cpu_s_ += cpu;
+    return;
+  }
+  RankUsage u;
+  u.global_rank = w->global_rank;
+  u.local_rank = w->local_rank;
+  u.attempt = w->attempt;
+  u.wall_s = std::chrono::duration<double>(w->ended - w->started).count();
+  u.cpu_s = cpu;
+  u.peak_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // kilobytes on Linux
+  usage_.push_back(u);
+}
+
+// The end-of-run table (last attempt's workers) and the low-GPU-utilisation warning.
+void Agent::print_usage() const {
+  UsageReport r;
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  r.host = host;
+  r.gpu_util_warn = opts_.output.gpu_util_warn;
+  int last = -1;
+  for (const auto& u : usage_) last = std::max(last, u.attempt);
+  for (const auto& u : usage_) {
+    if (u.attempt == last) {
+      r.ranks.push_back(u);
+    } else {
+      ++r.earlier_workers;
+      r.earlier_cpu_s += u.cpu_s;
+    }
+  }
+  r.earlier_workers += earlier_workers_;
+  r.earlier_cpu_s += earlier_cpu_s_;
+  const std::string table = format_usage_table(r);
+  if (table.empty()) return;
+  if (log_format() == LogFormat::Json) {
+    for (const auto& u : r.ranks) {
+      std::vector<LogField> f{{"attempt", int64_t{u.attempt}},   {"local_rank", int64_t{u.local_rank}},
+                              {"wall_s", u.wall_s},              {"cpu_s", u.cpu_s},
+                              {"peak_rss_bytes", static_cast<int64_t>(u.peak_rss_bytes)}};
+      if (u.gpu_index) f.push_back({"gpu", int64_t{*u.gpu_index}});
+      if (u.gpu_seconds) f.push_back({"gpu_seconds", *u.gpu_seconds});
+      if (u.gpu_util_mean) f.push_back({"gpu_util_mean", *u.gpu_util_mean});
+      LogEvent ev("rank_usage", std::move(f), u.global_rank);
+      spdlog::info("resource use of r{}", u.global_rank);
+    }
+  } else {
+    write_log_line("info", "usage", "[ddprun] info: " + table + "\n", table);
+  }
+  if (const std::string warn = low_gpu_utilisation_warning(r); !warn.empty()) {
+    LogEvent ev("low_gpu_utilisation", {{"threshold", r.gpu_util_warn}});
+    spdlog::warn("{}", warn);
+  }
 }
 
 void Agent::stop_stragglers(const Action& a) {

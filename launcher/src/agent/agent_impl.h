@@ -3,6 +3,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/rendezvous_plan.h"
 #include "ddprun/launcher/summary.h"
+#include "ddprun/launcher/usage_report.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
 #include "metrics/agent_exporter.h"
@@ -121,6 +123,12 @@ class Agent {
   int exit_code_ = 1;
   std::optional<FailureDetails> failure_;
   int failures_seen_ = 0;
+  // Each reaped worker's use of the machine (wait4's rusage), for the end-of-run table.
+  std::vector<RankUsage> usage_;
+  int earlier_workers_ = 0;  // reaped workers of ended attempts that the group no longer knows
+  double earlier_cpu_s_ = 0;
+  void record_usage(const Worker* w, const struct rusage& ru);
+  void print_usage() const;
 };
 
 }  // namespace ddprun::launcher

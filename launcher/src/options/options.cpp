@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <cstring>
 #include <random>
@@ -166,6 +167,13 @@ void lifecycle(const Given& g, LaunchOptions& o) {
 void workers(const Given& g, LaunchOptions& o) {
   o.workers.virtual_local_rank = g.get("virtual_local_rank") != nullptr;
   o.output.verbosity = g.get("verbose") ? 1 : 0;
+  if (auto s = g.get("gpu_util_warn")) {
+    char* end = nullptr;
+    const std::string v = trim(*s);
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(d >= 0 && d <= 1)) bad("gpu_util_warn", *s, "a fraction from 0 to 1, e.g. 0.85 (0 = never warn)");
+    o.output.gpu_util_warn = d;
+  }
   if (auto s = g.get("log_format")) {
     auto f = parse_log_format(trim(*s));
     if (!f) bad("log_format", *s, "text or json");

@@ -251,5 +251,51 @@ class JsonLogs(unittest.TestCase):
         self.assertEqual([r["event"] for r in ours][-1], "agent_exit")
 
 
+class UsageTable(unittest.TestCase):
+    """The end-of-run table: each rank's wall and CPU time and peak memory, from the kernel's
+    accounting of the reaped worker."""
+    # Rank 1 touches 200 MiB and burns about half a second of CPU; rank 0 idles.
+    CODE = ("import os, time\n"
+            "if os.environ['RANK'] == '1':\n"
+            "    b = bytearray(200 << 20)\n"
+            "    for i in range(0, len(b), 4096): b[i] = 1\n"
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.5: pass\n"
+            "else:\n"
+            "    time.sleep(0.3)\n")
+
+    def test_text_table(self):
+        p = run(["--nproc_per_node=2"] + worker(self.CODE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stderr.splitlines()
+        head = [i for i, l in enumerate(lines) if l.startswith("[ddprun] info: resource use of attempt 0 on ")]
+        self.assertEqual(len(head), 1, p.stderr)
+        self.assertIn("(2 workers; no GPU sampled)", lines[head[0]])
+        cols = lines[head[0] + 1].split()
+        self.assertEqual(cols, ["rank", "wall", "CPU", "CPU/wall", "peak", "RSS"])
+        rows = {l.split()[0]: l.split() for l in lines[head[0] + 2:head[0] + 4]}
+        self.assertEqual(sorted(rows), ["r0", "r1"], p.stderr)
+        cpu1 = float(rows["r1"][3])
+        self.assertGreaterEqual(cpu1, 0.45, p.stderr)
+        self.assertLess(float(rows["r0"][3]), cpu1, p.stderr)
+        rss1 = float(rows["r1"][6]) * {"MiB": 1, "GiB": 1024}[rows["r1"][7]]
+        self.assertGreaterEqual(rss1, 200, p.stderr)
+
+    def test_json_records_and_the_threshold_flag(self):
+        p = run(["--log_format=json", "--nproc_per_node=2"] + worker(self.CODE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        recs = [json.loads(l) for l in p.stderr.splitlines() if l.startswith("{")]
+        usage = {r["rank"]: r["fields"] for r in recs if r["event"] == "rank_usage"}
+        self.assertEqual(sorted(usage), [0, 1], p.stderr)
+        self.assertGreaterEqual(usage[1]["peak_rss_bytes"], 200 << 20)
+        self.assertGreaterEqual(usage[1]["cpu_s"], 0.45)
+        self.assertGreater(usage[0]["wall_s"], 0.25)
+        self.assertNotIn("gpu_util_mean", usage[0])  # no GPU sampled here
+        for bad in ("1.5", "-0.1", "high", ""):
+            p = run([f"--gpu_util_warn={bad}", "--nproc_per_node=1"] + worker("pass"))
+            self.assertEqual(p.returncode, 2, (bad, p.stderr))
+            self.assertIn("--gpu_util_warn", p.stderr)
+
+
 if __name__ == "__main__":
     harness.main()

@@ -152,7 +152,10 @@ struct OutputOptions {
   // "console" warns that no events are recorded.
   EventLogHandler event_log_handler = EventLogHandler::Null;
   int verbosity = 0;  // -v: debug logs
-  LogFormat log_format = LogFormat::Text;  // --log_format: ddprun's own lines as text or JSON lines
+  LogFormat log_format = LogFormat::Text;
+  // --gpu_util_warn: the end-of-run table warns about ranks whose mean GPU utilisation stayed
+  // below this (0 = never).
+  double gpu_util_warn = 0.85;  // --log_format: ddprun's own lines as text or JSON lines
   // --metrics_port: serve Prometheus metrics (launcher/README.md "Metrics") on
   // metrics_host:metrics_port; 0 = a free port (logged). Unset: no endpoint.
   std::optional<uint16_t> metrics_port;
