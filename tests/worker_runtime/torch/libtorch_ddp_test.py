@@ -8,6 +8,14 @@ Cases:
                 and on others on every rank (find_unused_parameters), several buckets: every
                 parameter and buffer of every rank equals Python DDP's within 1e-5 relative;
                 without the per-forward buffer broadcast rank 1's statistics would differ.
+  bucket_view_off  gradient_as_bucket_view off: bit-identical to Python DDP with
+                gradient_as_bucket_view=False (zero_grad to none and in place), no gradient is a
+                view of a bucket (with the option on they are).
+  static_graph  static_graph, `aux` unused on every step: bit-identical to Python DDP with
+                static_graph=True, `aux` never moves, the same with or without
+                find_unused_parameters; a graph that changes is refused naming 'aux.weight'.
+  join          uneven inputs (rank 1 runs 4 steps fewer) inside join(), divide_by_initial_world_size
+                on and off: bit-identical to Python DDP's `with model.join(...)`, ranks end alike.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
                 (SGD with momentum; kill_resume_adam, _rmsprop, _adagrad: the same with that
@@ -214,6 +222,82 @@ def main():
         said = (p.stdout or "") + (p.stderr or "")
         assert p.returncode != 0 and "can be registered once" in said, said
         print(f"OK: LibTorch DDP with {hook} hook == Python DDP with default_hooks' (bit for bit, both ranks)")
+
+    elif a.case == "bucket_view_off":
+        # gradient_as_bucket_view = false: gradients of their own, copied into and out of the
+        # buckets; the same bits as Python DDP with gradient_as_bucket_view=False, with the
+        # optimizer's zero_grad (set_to_none) and with gradients zeroed in place.
+        common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank", "--find-unused", "1"]
+        buckets = ["--bucket-cap-kb", "2", "--first-bucket-kb", "1"]
+        views = r"grad_bucket_views=(\d+)/(\d+)"
+        for zero in ("1", "0"):
+            args = common + ["--optimizer-zero-grad", zero]
+            out = ddprun(2, args + buckets + ["--gradient-as-bucket-view", "0", "--dump-init", T("init.%r"),
+                                    "--dump-final", T(f"cpp{zero}.%r"), "--dump-batches", T("batches.%r")]).stdout
+            m = re.search(views, out)
+            assert m, out
+            print(f"gradient_as_bucket_view=0, zero_grad in place={zero == '0'}: {m.group(1)} of {m.group(2)} "
+                  "gradients are bucket views")
+            assert int(m.group(1)) == 0, "FAIL: with gradient_as_bucket_view off a gradient is a view of a bucket"
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *args, "--gradient-as-bucket-view", "0",
+                         "--load-init", T("init.0"), "--batches", T("batches.%r"), "--dump-final", T(f"py{zero}.%r")])
+            for r in (0, 1):
+                compare(T(f"cpp{zero}.{r}"), T(f"py{zero}.{r}"), rtol=0, atol=0)
+        # The view count has teeth: with the option on, gradients are bucket views.
+        m = re.search(views, ddprun(2, common + buckets + ["--gradient-as-bucket-view", "1"]).stdout)
+        assert m and int(m.group(1)) > 0, "FAIL: with gradient_as_bucket_view on no gradient is a bucket view"
+        print(f"gradient_as_bucket_view=1: {m.group(1)} of {m.group(2)} gradients are bucket views")
+        print("OK: gradient_as_bucket_view off == Python DDP's (bit for bit, both ranks), gradients not views")
+
+    elif a.case == "static_graph":
+        # static_graph with `aux` unused on every step: unused parameters found once, in the
+        # first iteration; `aux` is unused on every rank, so its gradient stays undefined and SGD
+        # leaves it alone, as in Python DDP with static_graph=True.
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "always", "--static-graph"]
+        buckets = ["--bucket-cap-kb", "2", "--first-bucket-kb", "1"]
+        out = ddprun(2, common + buckets + ["--find-unused", "1", "--dump-init", T("init.%r"), "--dump-final", T("cpp.%r"),
+                                  "--dump-batches", T("batches.%r")]).stdout
+        m = re.search(r"buckets=(\d+) rebuilt=(\d+) launched_early_last_step=(\d+)", out)
+        assert m and int(m.group(1)) >= 2 and int(m.group(2)) == 1 and int(m.group(3)) >= 1, out
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--find-unused", "1", "--load-init",
+                     T("init.0"), "--batches", T("batches.%r"), "--dump-final", T("py.%r")])
+        for r in (0, 1):
+            compare(T(f"cpp.{r}"), T(f"py.{r}"), rtol=0, atol=0)
+        init, final = read_dump(T("init.0")), read_dump(T("cpp.0"))
+        assert torch.equal(init["param/aux.weight"], final["param/aux.weight"]), "FAIL: the unused aux moved"
+        assert not torch.equal(init["param/fc.weight"], final["param/fc.weight"]), "FAIL: fc did not move"
+        # static_graph needs no find_unused_parameters (without either, the unused aux fails).
+        same = checksum(ddprun(2, common + buckets + ["--find-unused", "0"]).stdout)
+        assert same == checksum(out), "FAIL: static_graph with and without find_unused_parameters differ"
+        # A graph that changes (aux used in the first iteration, skipped on the third) is refused.
+        p = ddprun(2, ["--steps", "6", "--batch", "8", "--unused-mode", "step", "--static-graph", "--find-unused", "0"],
+                   expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "static_graph" in said and "'aux.weight'" in said and "graph changed" in said, said
+        print("OK: static_graph == Python DDP's (bit for bit, both ranks); a changing graph is refused")
+
+    elif a.case == "join":
+        # Uneven inputs: rank 1 runs 4 steps fewer and shadows rank 0's last 4 inside join();
+        # against Python DDP's `with model.join(divide_by_initial_world_size=...)` on the same data.
+        common = ["--steps", "12", "--uneven", "4", "--batch", "8", "--unused-mode", "none", "--find-unused", "0",
+                  "--join"]
+        finals = {}
+        for divide in ("1", "0"):
+            args = common + ["--join-divide-initial", divide]
+            ddprun(2, args + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                              "--dump-final", T(f"cpp{divide}.%r"), "--dump-batches", T("batches.%r")])
+            n = [sum(1 for _ in open(T(f"batches.{r}"))) for r in (0, 1)]
+            assert n == [12, 8], f"FAIL: steps per rank {n}"
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *args, "--load-init", T("init.0"),
+                         "--batches", T("batches.%r"), "--dump-final", T(f"py{divide}.%r")])
+            for r in (0, 1):
+                compare(T(f"cpp{divide}.{r}"), T(f"py{divide}.{r}"), rtol=0, atol=0)
+            # Every rank ends with the model of the rank that joined last.
+            compare(T(f"cpp{divide}.1"), T(f"cpp{divide}.0"), rtol=0, atol=0)
+            finals[divide] = read_dump(T(f"cpp{divide}.0"))["param/conv1.weight"]
+        # The divisor matters: the two settings give different models.
+        assert not torch.equal(finals["1"], finals["0"]), "FAIL: divide_by_initial_world_size changed nothing"
+        print("OK: join() with uneven inputs == Python DDP's model.join() (bit for bit, both ranks, both divisors)")
 
     elif a.case.startswith("kill_resume"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]

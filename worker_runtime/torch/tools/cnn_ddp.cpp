@@ -139,6 +139,8 @@ int main(int argc, char** argv) {
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
+  bool grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
+  int uneven = 0;
   bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
@@ -154,9 +156,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--bn", bn, "batch norm after conv1 (1/0)");
   app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
-                                               "rank (some steps on one rank, some on all)")
-      ->check(CLI::IsMember({"none", "step", "rank"}));
+                                               "rank (some steps on one rank, some on all) | always")
+      ->check(CLI::IsMember({"none", "step", "rank", "always"}));
   app.add_option("--find-unused", find_unused, "DdpOptions::find_unused_parameters (1/0)");
+  app.add_option("--gradient-as-bucket-view", grad_as_bucket_view, "DdpOptions::gradient_as_bucket_view (1/0)");
+  app.add_flag("--static-graph", static_graph, "DdpOptions::static_graph");
+  app.add_flag("--join", join, "train inside ddp.join() (uneven inputs, see --uneven)");
+  app.add_option("--join-divide-initial", join_divide_initial, "join(divide_by_initial_world_size) (1/0)");
+  app.add_option("--uneven", uneven, "rank r runs --steps minus r times this many steps")->check(CLI::NonNegativeNumber);
   app.add_option("--device", device_flag,
                  "cpu (Gloo / shared memory) | cuda (NCCL, one GPU per local rank) | auto (cuda when every local "
                  "rank can have a GPU); DDPRUN_DEVICE overrides it")
@@ -239,6 +246,8 @@ int main(int argc, char** argv) {
     opts.bucket_cap_bytes = bucket_cap_kb * 1024;
     opts.first_bucket_cap_bytes = first_bucket_kb * 1024;
     opts.force_collective = force_collective;
+    opts.gradient_as_bucket_view = grad_as_bucket_view;
+    opts.static_graph = static_graph;
     std::optional<lt::DistributedDataParallel<Net>> ddp;
     if (!no_ddp) ddp.emplace(net, rt->comm(), opts);
     if (ddp && comm_hook == "fp16") ddp->register_comm_hook(lt::fp16_compress_hook);
@@ -282,12 +291,16 @@ int main(int argc, char** argv) {
     auto use_aux = [&](int step) {
       if (unused_mode == "step") return step % 3 != 2;
       if (unused_mode == "rank") return !((step + rank) % 4 == 0 || step % 5 == 4);
-      return true;
+      return unused_mode != "always";
     };
     net->train();
     double timed_s = 0, cpu_s = 0;  // wall and process CPU time of the timed steps
     int timed = 0;
-    for (int step = start; step < steps; ++step) {
+    const int my_steps = steps - uneven * rank;
+    if (my_steps <= start) throw dw::WorkerError("--uneven leaves rank " + std::to_string(rank) + " no step");
+    std::optional<lt::DdpEngine::JoinGuard> join_guard;
+    if (ddp && join) join_guard.emplace(*ddp, join_divide_initial, true);
+    for (int step = start; step < my_steps; ++step) {
       if (step == fail_at_step && rank == fail_rank && rt->env().restart_count == 0) {
         std::fprintf(stderr, "injected fault: rank %d SIGKILL at step %d\n", rank, step);
         std::fflush(stderr);
@@ -335,7 +348,11 @@ int main(int argc, char** argv) {
         dw::save_checkpoint(checkpoint_dir, ck);
       }
     }
+    join_guard.reset();  // a rank out of data shadows the others' steps until every rank is done
     if (ddp && rank == 0) {
+      size_t views = 0;
+      for (size_t i = 0; i < ddp->parameter_names().size(); ++i) views += ddp->gradient_is_bucket_view(i);
+      std::printf("grad_bucket_views=%zu/%zu\n", views, ddp->parameter_names().size());
       const auto buckets = ddp->bucket_names();
       std::printf("buckets=%zu rebuilt=%zu launched_early_last_step=%zu first_bucket=", buckets.size(), ddp->rebuilds(),
                   ddp->buckets_launched_early());
