@@ -54,6 +54,32 @@ class Net(nn.Module):
         return y
 
 
+class ReferenceSyncBatchNorm(nn.BatchNorm2d):
+    """nn.SyncBatchNorm's arithmetic for the CPU, where PyTorch's own runs on CUDA only: the batch
+    statistics of every rank's batch together through torch.distributed.nn.functional.all_reduce,
+    whose backward all-reduces the gradients of the statistics, i.e. the two per-channel sums
+    that SyncBatchNorm's backward all-reduces; weight and bias gradients stay local."""
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        import torch.distributed.nn.functional as dist_nn
+        self.num_batches_tracked.add_(1)
+        dims = [0, 2, 3]
+        count = torch.tensor([x.numel() / x.size(1)], dtype=x.dtype)
+        sums = dist_nn.all_reduce(torch.cat([x.sum(dims), count]))
+        n = sums[-1]
+        mean = sums[:-1] / n
+        xmu = x - mean.view(1, -1, 1, 1)
+        var = dist_nn.all_reduce((xmu * xmu).sum(dims)) / n
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(mean, alpha=m)
+            self.running_var.mul_(1 - m).add_(var * (n / (n - 1)), alpha=m)
+        out = xmu * torch.rsqrt(var + self.eps).view(1, -1, 1, 1)
+        return out * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
 _CODES = {0: torch.float32, 1: torch.int64, 2: torch.float64}
 
 
@@ -111,6 +137,9 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--bn", type=int, default=1)
+    ap.add_argument("--sync-bn", action="store_true",
+                    help="synchronised batch norm: nn.SyncBatchNorm.convert_sync_batchnorm on CUDA, "
+                         "ReferenceSyncBatchNorm on the CPU")
     ap.add_argument("--unused-mode", default="step", choices=["none", "step", "rank", "always"])
     ap.add_argument("--find-unused", type=int, default=1)
     ap.add_argument("--channels", type=int, default=8)
@@ -157,6 +186,11 @@ def main():
             torch.cuda.synchronize(dev)
     torch.manual_seed(a.seed)
     net = Net(a.channels, a.hidden, a.depth, bool(a.bn))
+    if a.sync_bn and a.bn:
+        if cuda:
+            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        else:
+            net.bn1 = ReferenceSyncBatchNorm(a.channels)
     if a.load_init:
         load_init(a.load_init, net)
     net.to(dev)

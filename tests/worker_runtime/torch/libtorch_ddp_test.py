@@ -16,6 +16,9 @@ Cases:
                 find_unused_parameters; a graph that changes is refused naming 'aux.weight'.
   join          uneven inputs (rank 1 runs 4 steps fewer) inside join(), divide_by_initial_world_size
                 on and off: bit-identical to Python DDP's `with model.join(...)`, ranks end alike.
+  sync_batchnorm  --sync-bn (SyncBatchNorm over a communicator of its own), 2 ranks x batch 8: close to
+                Python DDP with the same arithmetic (nn.SyncBatchNorm is CUDA-only), ranks alike, and
+                2 ranks x 8 == 1 rank x 16 with batch norm (which per-rank batch norm breaks).
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
                 (SGD with momentum; kill_resume_adam, _rmsprop, _adagrad: the same with that
@@ -298,6 +301,31 @@ def main():
         # The divisor matters: the two settings give different models.
         assert not torch.equal(finals["1"], finals["0"]), "FAIL: divide_by_initial_world_size changed nothing"
         print("OK: join() with uneven inputs == Python DDP's model.join() (bit for bit, both ranks, both divisors)")
+
+    elif a.case == "sync_batchnorm":
+        # SyncBatchNorm against the same arithmetic in Python DDP (ReferenceSyncBatchNorm: PyTorch's
+        # nn.SyncBatchNorm runs on CUDA only), 2 ranks x batch 8: close, not bit-identical (the
+        # statistics are summed in another order).
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "none", "--find-unused", "0", "--sync-bn"]
+        ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                            "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r")])
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),
+                     "--batches", T("batches.%r"), "--dump-final", T("py.%r")])
+        worst = max(compare(T(f"cpp.{r}"), T(f"py.{r}"), rtol=1e-5, atol=1e-6) for r in (0, 1))
+        # Global statistics: both ranks hold the same running statistics, bit for bit.
+        compare(T("cpp.1"), T("cpp.0"), rtol=0, atol=0)
+        # 2 ranks x batch 8 == 1 rank x batch 16, now with batch norm.
+        inv = ["--steps", "12", "--unused-mode", "step", "--samples", "256"]
+        ddprun(2, inv + ["--sync-bn", "--batch", "8", "--dump-final", T("two.%r")])
+        ddprun(1, inv + ["--sync-bn", "--batch", "16", "--dump-final", T("one.%r")])
+        inv_worst = max(compare(T(f"two.{r}"), T("one.0"), rtol=1e-5, atol=1e-6) for r in (0, 1))
+        # Not vacuous: with per-rank batch norm the invariant fails.
+        ddprun(2, inv + ["--batch", "8", "--dump-final", T("local.%r")])
+        a_, b_ = read_dump(T("local.0"))["param/conv1.weight"], read_dump(T("one.0"))["param/conv1.weight"]
+        off = ((a_ - b_).norm() / b_.norm()).item()
+        print(f"per-rank batch norm, 2 x 8 vs 1 x 16: conv1.weight off by {off:.3e} (relative)")
+        assert off > 1e-4, "FAIL: the invariant cannot tell synchronised from per-rank batch norm"
+        print(f"OK: SyncBatchNorm == the reference within {worst:.3e}; 2 x 8 == 1 x 16 within {inv_worst:.3e}")
 
     elif a.case.startswith("kill_resume"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]

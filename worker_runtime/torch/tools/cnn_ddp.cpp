@@ -38,15 +38,17 @@
 #include "ddprun/worker/torch/ddp.h"
 #include "ddprun/worker/torch/sampler.h"
 #include "ddprun/worker/torch/state.h"
+#include "ddprun/worker/torch/sync_batchnorm.h"
 
 namespace nn = torch::nn;
 namespace dw = ddprun::worker;
 namespace lt = ddprun::worker::libtorch;
 
 struct NetImpl : nn::Module {
-  NetImpl(int channels, int hidden, int depth, bool bn) {
+  NetImpl(int channels, int hidden, int depth, bool bn, bool sync_bn) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(3, channels, 3).padding(1)));
-    if (bn) bn1 = register_module("bn1", nn::BatchNorm2d(channels));
+    if (bn && sync_bn) sync_bn1 = register_module("bn1", lt::SyncBatchNorm(channels));
+    else if (bn) bn1 = register_module("bn1", nn::BatchNorm2d(channels));
     conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, 2 * channels, 3).padding(1)));
     int width = 2 * channels;
     hidden_layers = register_module("hidden", nn::ModuleList());
@@ -57,6 +59,7 @@ struct NetImpl : nn::Module {
   torch::Tensor forward(torch::Tensor x, bool use_aux) {
     x = conv1->forward(x);
     if (bn1) x = bn1->forward(x);
+    if (sync_bn1) x = sync_bn1->forward(x);
     x = torch::relu(x);
     x = torch::relu(conv2->forward(x)).mean({2, 3});
     for (const auto& m : *hidden_layers) x = torch::relu(m->as<nn::Linear>()->forward(x));
@@ -66,6 +69,7 @@ struct NetImpl : nn::Module {
   }
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
   nn::BatchNorm2d bn1{nullptr};
+  lt::SyncBatchNorm sync_bn1{nullptr};  // --sync-bn: batch statistics over all ranks
   nn::ModuleList hidden_layers{nullptr};
   nn::Linear fc{nullptr}, aux{nullptr};
 };
@@ -139,7 +143,7 @@ int main(int argc, char** argv) {
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
-  bool grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
+  bool sync_bn = false, grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
   int uneven = 0;
   bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: never)");
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--bn", bn, "batch norm after conv1 (1/0)");
+  app.add_flag("--sync-bn", sync_bn, "that batch norm is a SyncBatchNorm over all ranks (CPU)");
   app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
                                                "rank (some steps on one rank, some on all) | always")
       ->check(CLI::IsMember({"none", "step", "rank", "always"}));
@@ -224,13 +229,23 @@ int main(int argc, char** argv) {
                             "build?); run with --device cpu");
 
     torch::manual_seed(seed);
-    Net net(channels + (rank == model_differs_on ? 1 : 0), hidden, depth, bn);
+    Net net(channels + (rank == model_differs_on ? 1 : 0), hidden, depth, bn, sync_bn);
     if (!load_init.empty()) load_state(load_init, *net);
     if (perturb && rank != 0) {
       torch::NoGradGuard ng;
       for (auto& p : net->parameters()) p.add_(0.125);
     }
     net->to(device);  // after the CPU-side initialisation: the same initial state on every device
+    // SyncBatchNorm's collectives get a communicator of their own (see sync_batchnorm.h).
+    std::unique_ptr<dw::Communicator> bn_comm;
+    if (sync_bn && world > 1) {
+      if (device.is_cuda()) throw dw::ConfigError("--sync-bn: the harness runs SyncBatchNorm on the CPU only");
+      if (!rt->store()) throw dw::WorkerError("--sync-bn needs the launcher's store");
+      dw::GlooOptions go;
+      go.key_prefix = "ddprun-torch-example/syncbn/";
+      bn_comm = dw::make_gloo_communicator(*rt->store(), rank, world, go);
+      lt::convert_sync_batchnorm(*net, *bn_comm);
+    }
     // Data: the same on every rank, from a generator of its own seed.
     torch::manual_seed(seed + 1);
     const auto X = torch::randn({samples, 3, image, image}).to(device);
