@@ -158,7 +158,11 @@ def main():
     ap.add_argument("--join", action="store_true", help="train inside model.join() (uneven inputs)")
     ap.add_argument("--join-divide-initial", type=int, default=1, help="join(divide_by_initial_world_size)")
     ap.add_argument("--uneven", type=int, default=0, help="rank r runs --steps minus r times this many steps")
-    ap.add_argument("--comm-hook", choices=["none", "allreduce", "fp16", "bf16"], default="none",
+    ap.add_argument("--powersgd-rank", type=int, default=1)
+    ap.add_argument("--powersgd-start", type=int, default=1000)
+    ap.add_argument("--powersgd-warm-start", type=int, default=1)
+    ap.add_argument("--powersgd-error-feedback", type=int, default=1)
+    ap.add_argument("--comm-hook", choices=["none", "allreduce", "fp16", "bf16", "powersgd"], default="none",
                     help="register_comm_hook with default_hooks' allreduce_hook / fp16_compress_hook / bf16_compress_hook")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--warmup", type=int, default=3)
@@ -202,7 +206,14 @@ def main():
         model = DDP(net, device_ids=[local] if cuda else None, find_unused_parameters=bool(a.find_unused),
                     broadcast_buffers=True, gradient_as_bucket_view=bool(a.gradient_as_bucket_view),
                     static_graph=a.static_graph)
-        if a.comm_hook != "none":
+        if a.comm_hook == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+            state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                           start_powerSGD_iter=a.powersgd_start,
+                                           use_error_feedback=bool(a.powersgd_error_feedback),
+                                           warm_start=bool(a.powersgd_warm_start), random_seed=0)
+            model.register_comm_hook(state, powerSGD.powerSGD_hook)
+        elif a.comm_hook != "none":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, {"allreduce": default_hooks.allreduce_hook,
                                             "fp16": default_hooks.fp16_compress_hook,

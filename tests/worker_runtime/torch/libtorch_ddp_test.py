@@ -19,6 +19,9 @@ Cases:
   sync_batchnorm  --sync-bn (SyncBatchNorm over a communicator of its own), 2 ranks x batch 8: close to
                 Python DDP with the same arithmetic (nn.SyncBatchNorm is CUDA-only), ranks alike, and
                 2 ranks x 8 == 1 rank x 16 with batch norm (which per-rank batch norm breaks).
+  comm_hook_powersgd  powerSGD_hook (rank 2 with warm start, rank 1 drawn anew each step, error
+                feedback, starting at the fourth step) == Python DDP with PyTorch's powerSGD_hook, bit
+                for bit on both ranks; it differs from plain averaging; start_powerSGD_iter 1 is refused.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
                 (SGD with momentum; kill_resume_adam, _rmsprop, _adagrad: the same with that
@@ -202,6 +205,32 @@ def main():
         print(f"without broadcast_buffers rank 1's running_mean is off by {drift.abs().max().item():.3e}")
         assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
+
+    elif a.case == "comm_hook_powersgd":
+        # powerSGD_hook against PyTorch's with the same settings and seed, on the default buckets
+        # (one bucket here, as PyTorch's: the hook's random Q depends on the bucket's gradients
+        # and their order): rank 2 with warm start and error feedback, and rank 1 with Q drawn
+        # anew at every step (the seed stream). Compression starts at the fourth step.
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "none", "--find-unused", "0",
+                  "--comm-hook", "powersgd", "--powersgd-start", "3"]
+        worst = 0.0
+        for name, extra in (("warm", ["--powersgd-rank", "2"]), ("cold", ["--powersgd-warm-start", "0"])):
+            ddprun(2, common + extra + ["--dump-init", T("init.%r"), "--dump-final", T(f"cpp_{name}.%r"),
+                                        "--dump-batches", T("batches.%r")])
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, *extra, "--load-init", T("init.0"),
+                         "--batches", T("batches.%r"), "--dump-final", T(f"py_{name}.%r")])
+            for r in (0, 1):
+                worst = max(worst, compare(T(f"cpp_{name}.{r}"), T(f"py_{name}.{r}"), rtol=0, atol=0))
+        # Compression changed the result against plain averaging (so the hook ran).
+        ddprun(2, common[:-4] + ["--dump-final", T("plain.%r")])
+        diff = (read_dump(T("cpp_warm.0"))["param/conv1.weight"] - read_dump(T("plain.0"))["param/conv1.weight"])
+        print(f"PowerSGD vs no hook: conv1.weight differs by up to {diff.abs().max().item():.3e}")
+        assert diff.abs().max().item() > 0, "FAIL: PowerSGD changed nothing (was it applied?)"
+        # Settings PyTorch refuses are refused: error feedback needs start_powerSGD_iter > 1.
+        p = ddprun(2, common[:-2] + ["--powersgd-start", "1"], expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "start_powerSGD_iter must be > 1" in said, said
+        print(f"OK: LibTorch DDP with powerSGD_hook == Python DDP with PyTorch's (worst {worst:.3e}, both ranks)")
 
     elif a.case.startswith("comm_hook_"):
         # register_comm_hook with a built-in hook against Python DDP with default_hooks' own,

@@ -124,6 +124,8 @@ struct DdpEngine::State {
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
   TensorCommHook comm_hook;  // register_comm_hook
+  GradBucketHook bucket_hook;  // register_comm_hook with the bucket's gradients
+  bool has_hook() const { return comm_hook || bucket_hook; }
   size_t forwards = 0;       // pre_forward calls (a hook must come before the first)
 
   // Per synced backward.
@@ -306,12 +308,30 @@ struct DdpEngine::State {
     views = std::move(fresh_views);
   }
 
-  // The core Reducer's hook: the bucket as a flat tensor over its memory, to the user's hook.
-  CommHook core_hook() const {
-    if (!comm_hook) return {};
-    return [hook = comm_hook, options = grad_options](Communicator& c, const CommBucket& b) {
-      at::Tensor t = at::from_blob(b.data, {static_cast<int64_t>(b.count)}, options);
-      hook(c, t);
+  // The core Reducer's hook: the bucket as a flat tensor over its memory, to the user's hook
+  // (with views of it for each gradient, for a GradBucketHook).
+  CommHook core_hook() {
+    if (!has_hook()) return {};
+    return [this](Communicator& c, const CommBucket& b) {
+      at::Tensor t = at::from_blob(b.data, {static_cast<int64_t>(b.count)}, grad_options);
+      if (bucket_hook) {
+        const auto& plan = reducer->buckets();
+        GradBucket gb{t, {}, b.index, b.index + 1 == plan.size()};
+        const auto esize = static_cast<int64_t>(dtype_size(dtype));
+        for (size_t k : plan[b.index]) {
+          const size_t i = layout[k];
+          const int64_t off = (static_cast<const char*>(views[i].data_ptr()) - static_cast<const char*>(b.data)) / esize;
+          if (off < 0 || off + params[i].numel() > static_cast<int64_t>(b.count))
+            throw DdpError("DDP comm hook: gradient '" + names[i] + "' lies outside its bucket (internal error)");
+          gb.gradients.push_back(t.narrow(0, off, params[i].numel()).view(params[i].sizes()));
+        }
+        bucket_hook(c, gb);
+        if (gb.buffer.data_ptr() != b.data)
+          throw DdpError("DDP comm hook: the hook replaced the bucket's buffer instead of writing into it; write the "
+                         "result in place (buffer.copy_(result))");
+        return;
+      }
+      comm_hook(c, t);
       if (t.data_ptr() != b.data)
         throw DdpError("DDP comm hook: the hook replaced the bucket tensor instead of writing into it; write the "
                        "result in place (bucket.copy_(result))");
@@ -533,9 +553,19 @@ void DdpEngine::zero_grad() {
 
 void DdpEngine::sync_buffers() { s_->broadcast_tensors(s_->buffers); }
 
+void DdpEngine::register_comm_hook(GradBucketHook hook) {
+  if (!hook) throw DdpError("DDP register_comm_hook: the hook is empty");
+  if (s_->has_hook()) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
+  if (s_->forwards > 0)
+    throw DdpError("DDP register_comm_hook: called after the first forward; register the hook right after wrapping "
+                   "the model, on every rank");
+  s_->bucket_hook = std::move(hook);
+  if (s_->reducer) s_->reducer->set_comm_hook(s_->core_hook());
+}
+
 void DdpEngine::register_comm_hook(TensorCommHook hook) {
   if (!hook) throw DdpError("DDP register_comm_hook: the hook is empty");
-  if (s_->comm_hook) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
+  if (s_->has_hook()) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
   if (s_->forwards > 0)
     throw DdpError("DDP register_comm_hook: called after the first forward; register the hook right after wrapping "
                    "the model, on every rank");
@@ -745,7 +775,7 @@ void DdpEngine::State::on_backward_end() {
   s.reducer_open = false;
   s.reducer->finalize();
   // join(divide_by_initial_world_size = false): the average over the ranks still training.
-  if (s.join_active && !s.join_divide_initial && !s.comm_hook && s.join_training > 0 &&
+  if (s.join_active && !s.join_divide_initial && !s.has_hook() && s.join_training > 0 &&
       s.join_training < s.comm.size() && s.distributed())
     s.flat.mul_(static_cast<double>(s.comm.size()) / s.join_training);
   // Used anywhere? A parameter unused on every rank keeps its gradient untouched (undefined

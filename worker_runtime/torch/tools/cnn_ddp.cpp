@@ -36,6 +36,7 @@
 #include "ddprun/worker/runtime.h"
 #include "ddprun/worker/sampler.h"
 #include "ddprun/worker/torch/ddp.h"
+#include "ddprun/worker/torch/powersgd.h"
 #include "ddprun/worker/torch/sampler.h"
 #include "ddprun/worker/torch/state.h"
 #include "ddprun/worker/torch/sync_batchnorm.h"
@@ -180,8 +181,13 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
   app.add_option("--depth", depth, "hidden Linear layers")->check(CLI::NonNegativeNumber);
   app.add_option("--image", image, "input height = width")->check(CLI::PositiveNumber);
-  app.add_option("--comm-hook", comm_hook, "register_comm_hook: none | allreduce | fp16 | bf16")
-      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16"}));
+  app.add_option("--comm-hook", comm_hook, "register_comm_hook: none | allreduce | fp16 | bf16 | powersgd")
+      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd"}));
+  lt::PowerSGDState powersgd;
+  app.add_option("--powersgd-rank", powersgd.matrix_approximation_rank, "PowerSGD matrix_approximation_rank");
+  app.add_option("--powersgd-start", powersgd.start_powerSGD_iter, "PowerSGD start_powerSGD_iter");
+  app.add_option("--powersgd-warm-start", powersgd.warm_start, "PowerSGD warm_start (1/0)");
+  app.add_option("--powersgd-error-feedback", powersgd.use_error_feedback, "PowerSGD use_error_feedback (1/0)");
   app.add_flag("--register-hook-twice", register_hook_twice, "register a second comm hook (refused)");
   app.add_option("--bucket-cap-kb", bucket_cap_kb);
   app.add_option("--first-bucket-kb", first_bucket_kb);
@@ -268,6 +274,10 @@ int main(int argc, char** argv) {
     if (ddp && comm_hook == "fp16") ddp->register_comm_hook(lt::fp16_compress_hook);
     if (ddp && comm_hook == "bf16") ddp->register_comm_hook(lt::bf16_compress_hook);
     if (ddp && comm_hook == "allreduce") ddp->register_comm_hook(lt::allreduce_hook);
+    if (ddp && comm_hook == "powersgd") {
+      powersgd.check();
+      ddp->register_comm_hook([&powersgd](dw::Communicator& c, lt::GradBucket& b) { lt::powerSGD_hook(powersgd, c, b); });
+    }
     if (ddp && register_hook_twice) ddp->register_comm_hook(lt::allreduce_hook);  // refused: a DdpError
     if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
 

@@ -86,6 +86,17 @@ using TensorCommHook = std::function<void(Communicator& comm, at::Tensor& bucket
 // and bf16_compress_hook (cast to half / bfloat16, divide by the world size in that type, sum
 // in it, cast back into the bucket: half the bytes on the wire, at the cost of precision).
 DDPRUN_WORKER_TORCH_API void allreduce_hook(Communicator& comm, at::Tensor& bucket);
+// A bucket as PyTorch's dist.GradBucket shows it, for hooks that treat each gradient on its
+// own (PowerSGD): buffer() is the flat bucket, written in place; gradients are views of it,
+// one per parameter in the bucket's order (the order backward makes them ready), shaped like
+// the parameters; index() counts buckets in launch order, is_last() marks the last one.
+struct GradBucket {
+  at::Tensor buffer;
+  std::vector<at::Tensor> gradients;
+  size_t index = 0;
+  bool is_last = false;
+};
+using GradBucketHook = std::function<void(Communicator& comm, GradBucket& bucket)>;
 DDPRUN_WORKER_TORCH_API void fp16_compress_hook(Communicator& comm, at::Tensor& bucket);
 DDPRUN_WORKER_TORCH_API void bf16_compress_hook(Communicator& comm, at::Tensor& bucket);
 
@@ -208,6 +219,8 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // PyTorch's register_comm_hook (see TensorCommHook): once, before the first forward, the
   // same hook on every rank; a second call or a call after a forward is a DdpError.
   void register_comm_hook(TensorCommHook hook);
+  // The same with the bucket's gradients too (see GradBucket; e.g. powersgd.h's hook).
+  void register_comm_hook(GradBucketHook hook);
 
   ::torch::nn::Module& module() { return *module_; }
   const std::vector<std::string>& parameter_names() const;
