@@ -15,7 +15,8 @@ Cases:
                 static_graph=True, `aux` never moves, the same with or without
                 find_unused_parameters; a graph that changes is refused naming 'aux.weight'.
   join          uneven inputs (rank 1 runs 4 steps fewer) inside join(), divide_by_initial_world_size
-                on and off: bit-identical to Python DDP's `with model.join(...)`, ranks end alike.
+                on and off, and with unused parameters: bit-identical to Python DDP's
+                `with model.join(...)`, ranks end alike.
   sync_batchnorm  --sync-bn (SyncBatchNorm over a communicator of its own), 2 ranks x batch 8: close to
                 Python DDP with the same arithmetic (nn.SyncBatchNorm is CUDA-only), ranks alike, and
                 2 ranks x 8 == 1 rank x 16 with batch norm (which per-rank batch norm breaks).
@@ -310,26 +311,29 @@ def main():
 
     elif a.case == "join":
         # Uneven inputs: rank 1 runs 4 steps fewer and shadows rank 0's last 4 inside join();
-        # against Python DDP's `with model.join(divide_by_initial_world_size=...)` on the same data.
-        common = ["--steps", "12", "--uneven", "4", "--batch", "8", "--unused-mode", "none", "--find-unused", "0",
-                  "--join"]
+        # against Python DDP's `with model.join(divide_by_initial_world_size=...)` on the same data:
+        # both divisors, and `aux` unused on some steps with find_unused_parameters (the used map).
+        common = ["--steps", "12", "--uneven", "4", "--batch", "8", "--join"]
         finals = {}
-        for divide in ("1", "0"):
-            args = common + ["--join-divide-initial", divide]
+        for name, extra in (("divide", ["--join-divide-initial", "1", "--unused-mode", "none", "--find-unused", "0"]),
+                            ("active", ["--join-divide-initial", "0", "--unused-mode", "none", "--find-unused", "0"]),
+                            ("unused", ["--join-divide-initial", "1", "--unused-mode", "rank", "--find-unused", "1"])):
+            args = common + extra
             ddprun(2, args + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
-                              "--dump-final", T(f"cpp{divide}.%r"), "--dump-batches", T("batches.%r")])
+                              "--dump-final", T(f"cpp_{name}.%r"), "--dump-batches", T("batches.%r")])
             n = [sum(1 for _ in open(T(f"batches.{r}"))) for r in (0, 1)]
             assert n == [12, 8], f"FAIL: steps per rank {n}"
             torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *args, "--load-init", T("init.0"),
-                         "--batches", T("batches.%r"), "--dump-final", T(f"py{divide}.%r")])
+                         "--batches", T("batches.%r"), "--dump-final", T(f"py_{name}.%r")])
             for r in (0, 1):
-                compare(T(f"cpp{divide}.{r}"), T(f"py{divide}.{r}"), rtol=0, atol=0)
+                compare(T(f"cpp_{name}.{r}"), T(f"py_{name}.{r}"), rtol=0, atol=0)
             # Every rank ends with the model of the rank that joined last.
-            compare(T(f"cpp{divide}.1"), T(f"cpp{divide}.0"), rtol=0, atol=0)
-            finals[divide] = read_dump(T(f"cpp{divide}.0"))["param/conv1.weight"]
+            compare(T(f"cpp_{name}.1"), T(f"cpp_{name}.0"), rtol=0, atol=0)
+            finals[name] = read_dump(T(f"cpp_{name}.0"))["param/conv1.weight"]
         # The divisor matters: the two settings give different models.
-        assert not torch.equal(finals["1"], finals["0"]), "FAIL: divide_by_initial_world_size changed nothing"
-        print("OK: join() with uneven inputs == Python DDP's model.join() (bit for bit, both ranks, both divisors)")
+        assert not torch.equal(finals["divide"], finals["active"]), "FAIL: divide_by_initial_world_size changed nothing"
+        print("OK: join() with uneven inputs == Python DDP's model.join() (bit for bit, both ranks, both divisors, "
+              "with unused parameters)")
 
     elif a.case == "sync_batchnorm":
         # SyncBatchNorm against the same arithmetic in Python DDP (ReferenceSyncBatchNorm: PyTorch's
@@ -354,6 +358,10 @@ def main():
         off = ((a_ - b_).norm() / b_.norm()).item()
         print(f"per-rank batch norm, 2 x 8 vs 1 x 16: conv1.weight off by {off:.3e} (relative)")
         assert off > 1e-4, "FAIL: the invariant cannot tell synchronised from per-rank batch norm"
+        # convert_sync_batchnorm refuses a plain BatchNorm2d it cannot swap, naming it.
+        p = ddprun(2, ["--steps", "2", "--convert-plain-bn"], expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "convert_sync_batchnorm: 'bn1' is torch::nn::BatchNorm" in said, said
         print(f"OK: SyncBatchNorm == the reference within {worst:.3e}; 2 x 8 == 1 x 16 within {inv_worst:.3e}")
 
     elif a.case.startswith("kill_resume"):

@@ -162,6 +162,7 @@ struct DdpEngine::State {
 
   // join(): inside a guard; the number of ranks still training as of the last forward.
   bool join_active = false;
+  std::vector<int32_t> last_used_map;  // the last all-reduced used map (what a joined rank adds)
   bool join_divide_initial = true;
   int join_training = 0;
 
@@ -398,8 +399,7 @@ struct DdpEngine::State {
       }
   }
   // The all-reduced map of parameters used since the last synced backward (collective).
-  std::vector<int32_t> reduce_used_map(const std::vector<uint8_t>& local) {
-    std::vector<int32_t> used(local.begin(), local.end());
+  std::vector<int32_t> reduce_used_map(std::vector<int32_t> used) {
     if (distributed() && comm.size() > 1) {
       at::Tensor t = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kInt).clone();
       if (on_cuda) t = t.to(params[0].device());
@@ -782,7 +782,10 @@ void DdpEngine::State::on_backward_end() {
   // stays undefined) so the optimizer skips it, as with PyTorch's DDP. static_graph decides
   // that once, in its first iteration.
   std::vector<int32_t> used;
-  if (s.reduces_used_map()) used = s.reduce_used_map(s.used);
+  if (s.reduces_used_map()) {
+    used = s.reduce_used_map(std::vector<int32_t>(s.used.begin(), s.used.end()));
+    s.last_used_map = used;
+  }
   if (static_first) {
     s.static_used = used;
     s.static_first_done = true;
@@ -817,8 +820,13 @@ void DdpEngine::State::shadow_backward() {
   s.reducer_open = false;
   s.reducer->finalize();
   if (s.reduces_used_map()) {
-    std::vector<uint8_t> none(s.params.size(), 0);
-    const auto used = s.reduce_used_map(none);
+    // PyTorch's joined rank all-reduces its reducer's used map in place, round after round: it
+    // contributes the last reduced map it holds (its own last synchronised step's at first,
+    // then the previous round's result), so a parameter counts as used in a round when it was
+    // used since this rank's last step. Bit for bit the same gradients need the same.
+    if (s.last_used_map.size() != s.params.size()) s.last_used_map.assign(s.params.size(), 0);
+    const auto used = s.reduce_used_map(s.last_used_map);
+    s.last_used_map = used;
     if (s.opt.static_graph && !s.static_first_done) {
       s.static_used = used;
       s.static_unused.clear();

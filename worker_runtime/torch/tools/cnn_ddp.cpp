@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
-  bool sync_bn = false, grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
+  bool sync_bn = false, convert_plain_bn = false, grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
   int uneven = 0;
   bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
@@ -161,6 +161,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--bn", bn, "batch norm after conv1 (1/0)");
   app.add_flag("--sync-bn", sync_bn, "that batch norm is a SyncBatchNorm over all ranks (CPU)");
+  app.add_flag("--convert-plain-bn", convert_plain_bn,
+               "call convert_sync_batchnorm on the model with its plain BatchNorm2d (refused)");
   app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
                                                "rank (some steps on one rank, some on all) | always")
       ->check(CLI::IsMember({"none", "step", "rank", "always"}));
@@ -244,6 +246,7 @@ int main(int argc, char** argv) {
     net->to(device);  // after the CPU-side initialisation: the same initial state on every device
     // SyncBatchNorm's collectives get a communicator of their own (see sync_batchnorm.h).
     std::unique_ptr<dw::Communicator> bn_comm;
+    if (convert_plain_bn) lt::convert_sync_batchnorm(*net, rt->comm());  // a DdpError naming 'bn1'
     if (sync_bn && world > 1) {
       if (device.is_cuda()) throw dw::ConfigError("--sync-bn: the harness runs SyncBatchNorm on the CPU only");
       if (!rt->store()) throw dw::WorkerError("--sync-bn needs the launcher's store");

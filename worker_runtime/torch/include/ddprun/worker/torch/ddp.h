@@ -170,8 +170,9 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // guard; a rank whose data ran out leaves the scope and, in the guard's destructor, shadows
   // the collectives of the ranks still training (one loop per forward of theirs: the count of
   // ranks still training, the buffer broadcast, whether backward synchronises, then the
-  // all-reduce of every bucket with zero gradients, and of the unused-parameter map) until
-  // every rank has left. Inside a guard each forward first all-reduces 1 (the count of ranks
+  // all-reduce of every bucket with zero gradients, and of the map of used parameters where it
+  // is reduced: this rank contributes the last map it reduced, as PyTorch's joined rank does,
+  // so a parameter used since its last step counts as used) until every rank has left. Inside a guard each forward first all-reduces 1 (the count of ranks
   // still training) and 1 or 0 (whether its backward synchronises), and buffers come from the
   // highest rank still training. divide_by_initial_world_size = true (PyTorch's default):
   // gradients are still divided by the world size, so a joined rank's zeros pull the average
