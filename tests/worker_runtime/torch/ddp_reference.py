@@ -9,6 +9,7 @@ The model, the loss and the step loop mirror worker_runtime/torch/tools/cnn_ddp.
 module paths, same order of operations); the data come from the same torch generator calls.
 """
 import argparse
+import contextlib
 import os
 import sys
 import struct
@@ -51,6 +52,32 @@ class Net(nn.Module):
         if use_aux:
             y = y + self.aux(x)
         return y
+
+
+class ReferenceSyncBatchNorm(nn.BatchNorm2d):
+    """nn.SyncBatchNorm's arithmetic for the CPU, where PyTorch's own runs on CUDA only: the batch
+    statistics of every rank's batch together through torch.distributed.nn.functional.all_reduce,
+    whose backward all-reduces the gradients of the statistics, i.e. the two per-channel sums
+    that SyncBatchNorm's backward all-reduces; weight and bias gradients stay local."""
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        import torch.distributed.nn.functional as dist_nn
+        self.num_batches_tracked.add_(1)
+        dims = [0, 2, 3]
+        count = torch.tensor([x.numel() / x.size(1)], dtype=x.dtype)
+        sums = dist_nn.all_reduce(torch.cat([x.sum(dims), count]))
+        n = sums[-1]
+        mean = sums[:-1] / n
+        xmu = x - mean.view(1, -1, 1, 1)
+        var = dist_nn.all_reduce((xmu * xmu).sum(dims)) / n
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(mean, alpha=m)
+            self.running_var.mul_(1 - m).add_(var * (n / (n - 1)), alpha=m)
+        out = xmu * torch.rsqrt(var + self.eps).view(1, -1, 1, 1)
+        return out * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
 
 
 _CODES = {0: torch.float32, 1: torch.int64, 2: torch.float64}
@@ -110,7 +137,10 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--bn", type=int, default=1)
-    ap.add_argument("--unused-mode", default="step", choices=["none", "step", "rank"])
+    ap.add_argument("--sync-bn", action="store_true",
+                    help="synchronised batch norm: nn.SyncBatchNorm.convert_sync_batchnorm on CUDA, "
+                         "ReferenceSyncBatchNorm on the CPU")
+    ap.add_argument("--unused-mode", default="step", choices=["none", "step", "rank", "always"])
     ap.add_argument("--find-unused", type=int, default=1)
     ap.add_argument("--channels", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=16)
@@ -124,7 +154,15 @@ def main():
                     help="1: zero_grad(set_to_none=True); 0: zero in place (gradients stay bucket views)")
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
-    ap.add_argument("--comm-hook", choices=["none", "allreduce", "fp16", "bf16"], default="none",
+    ap.add_argument("--gradient-as-bucket-view", type=int, default=1)
+    ap.add_argument("--join", action="store_true", help="train inside model.join() (uneven inputs)")
+    ap.add_argument("--join-divide-initial", type=int, default=1, help="join(divide_by_initial_world_size)")
+    ap.add_argument("--uneven", type=int, default=0, help="rank r runs --steps minus r times this many steps")
+    ap.add_argument("--powersgd-rank", type=int, default=1)
+    ap.add_argument("--powersgd-start", type=int, default=1000)
+    ap.add_argument("--powersgd-warm-start", type=int, default=1)
+    ap.add_argument("--powersgd-error-feedback", type=int, default=1)
+    ap.add_argument("--comm-hook", choices=["none", "allreduce", "fp16", "bf16", "powersgd"], default="none",
                     help="register_comm_hook with default_hooks' allreduce_hook / fp16_compress_hook / bf16_compress_hook")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--warmup", type=int, default=3)
@@ -152,6 +190,11 @@ def main():
             torch.cuda.synchronize(dev)
     torch.manual_seed(a.seed)
     net = Net(a.channels, a.hidden, a.depth, bool(a.bn))
+    if a.sync_bn and a.bn:
+        if cuda:
+            net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        else:
+            net.bn1 = ReferenceSyncBatchNorm(a.channels)
     if a.load_init:
         load_init(a.load_init, net)
     net.to(dev)
@@ -161,8 +204,16 @@ def main():
     model = net
     if not a.no_ddp:
         model = DDP(net, device_ids=[local] if cuda else None, find_unused_parameters=bool(a.find_unused),
-                    broadcast_buffers=True, gradient_as_bucket_view=True, static_graph=a.static_graph)
-        if a.comm_hook != "none":
+                    broadcast_buffers=True, gradient_as_bucket_view=bool(a.gradient_as_bucket_view),
+                    static_graph=a.static_graph)
+        if a.comm_hook == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+            state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
+                                           start_powerSGD_iter=a.powersgd_start,
+                                           use_error_feedback=bool(a.powersgd_error_feedback),
+                                           warm_start=bool(a.powersgd_warm_start), random_seed=0)
+            model.register_comm_hook(state, powerSGD.powerSGD_hook)
+        elif a.comm_hook != "none":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             model.register_comm_hook(None, {"allreduce": default_hooks.allreduce_hook,
                                             "fp16": default_hooks.fp16_compress_hook,
@@ -183,38 +234,46 @@ def main():
             return step % 3 != 2
         if a.unused_mode == "rank":
             return not ((step + rank) % 4 == 0 or step % 5 == 4)
-        return True
+        return a.unused_mode != "always"
 
     net.train()
-    timed, timed_s, cpu_s = 0, 0.0, 0.0
-    for step in range(a.steps):
-        if a.time:
-            sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        ids = torch.tensor(schedule[step], dtype=torch.long).to(dev)
-        opt.zero_grad(set_to_none=bool(a.optimizer_zero_grad))
-        for k in range(a.accum):
-            part = ids[k * a.batch:(k + 1) * a.batch]
-            x, y = X.index_select(0, part), Y.index_select(0, part)
+    stats = {"timed": 0, "timed_s": 0.0, "cpu_s": 0.0}
 
-            def fwd_bwd():
-                out = model(x, use_aux(step))
-                loss = F.cross_entropy(out, y) / a.accum
-                loss.backward()
+    def run_steps(n):
+        for step in range(n):
+            if a.time:
+                sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            ids = torch.tensor(schedule[step], dtype=torch.long).to(dev)
+            opt.zero_grad(set_to_none=bool(a.optimizer_zero_grad))
+            for k in range(a.accum):
+                part = ids[k * a.batch:(k + 1) * a.batch]
+                x, y = X.index_select(0, part), Y.index_select(0, part)
 
-            if not a.no_ddp and k + 1 < a.accum:
-                with model.no_sync():
+                def fwd_bwd():
+                    out = model(x, use_aux(step))
+                    loss = F.cross_entropy(out, y) / a.accum
+                    loss.backward()
+
+                if not a.no_ddp and k + 1 < a.accum:
+                    with model.no_sync():
+                        fwd_bwd()
+                else:
                     fwd_bwd()
-            else:
-                fwd_bwd()
-        opt.step()
-        if a.time:
-            sync()
-        dt = time.perf_counter() - t0
-        if step >= a.warmup:
-            timed += 1
-            timed_s += dt
-            cpu_s += time.process_time() - c0
+            opt.step()
+            if a.time:
+                sync()
+            dt = time.perf_counter() - t0
+            if step >= a.warmup:
+                stats["timed"] += 1
+                stats["timed_s"] += dt
+                stats["cpu_s"] += time.process_time() - c0
+
+    join = model.join(divide_by_initial_world_size=bool(a.join_divide_initial)) \
+        if a.join and not a.no_ddp else contextlib.nullcontext()
+    with join:
+        run_steps(a.steps - a.uneven * rank)
+    timed, timed_s, cpu_s = stats["timed"], stats["timed_s"], stats["cpu_s"]
     if a.dump_final:
         write_dump(per_rank(a.dump_final, rank), net)
     if a.time and timed:

@@ -8,6 +8,21 @@ Cases:
                 and on others on every rank (find_unused_parameters), several buckets: every
                 parameter and buffer of every rank equals Python DDP's within 1e-5 relative;
                 without the per-forward buffer broadcast rank 1's statistics would differ.
+  bucket_view_off  gradient_as_bucket_view off: bit-identical to Python DDP with
+                gradient_as_bucket_view=False (zero_grad to none and in place), no gradient is a
+                view of a bucket (with the option on they are).
+  static_graph  static_graph, `aux` unused on every step: bit-identical to Python DDP with
+                static_graph=True, `aux` never moves, the same with or without
+                find_unused_parameters; a graph that changes is refused naming 'aux.weight'.
+  join          uneven inputs (rank 1 runs 4 steps fewer) inside join(), divide_by_initial_world_size
+                on and off, and with unused parameters: bit-identical to Python DDP's
+                `with model.join(...)`, ranks end alike.
+  sync_batchnorm  --sync-bn (SyncBatchNorm over a communicator of its own), 2 ranks x batch 8: close to
+                Python DDP with the same arithmetic (nn.SyncBatchNorm is CUDA-only), ranks alike, and
+                2 ranks x 8 == 1 rank x 16 with batch norm (which per-rank batch norm breaks).
+  comm_hook_powersgd  powerSGD_hook (rank 2 with warm start, rank 1 drawn anew each step, error
+                feedback, starting at the fourth step) == Python DDP with PyTorch's powerSGD_hook, bit
+                for bit on both ranks; it differs from plain averaging; start_powerSGD_iter 1 is refused.
   kill_resume   rank 1 SIGKILLed at step 10 under `ddprun --max_restarts=1`, resumed from the
                 newest checkpoint (step 8): final checksum bit-identical to the uninterrupted run
                 (SGD with momentum; kill_resume_adam, _rmsprop, _adagrad: the same with that
@@ -192,6 +207,32 @@ def main():
         assert drift.abs().max().item() > 1e-4, "FAIL: the buffer check cannot tell broadcast from none"
         print("OK: LibTorch DDP == Python DDP (parameters and buffers, both ranks)")
 
+    elif a.case == "comm_hook_powersgd":
+        # powerSGD_hook against PyTorch's with the same settings and seed, on the default buckets
+        # (one bucket here, as PyTorch's: the hook's random Q depends on the bucket's gradients
+        # and their order): rank 2 with warm start and error feedback, and rank 1 with Q drawn
+        # anew at every step (the seed stream). Compression starts at the fourth step.
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "none", "--find-unused", "0",
+                  "--comm-hook", "powersgd", "--powersgd-start", "3"]
+        worst = 0.0
+        for name, extra in (("warm", ["--powersgd-rank", "2"]), ("cold", ["--powersgd-warm-start", "0"])):
+            ddprun(2, common + extra + ["--dump-init", T("init.%r"), "--dump-final", T(f"cpp_{name}.%r"),
+                                        "--dump-batches", T("batches.%r")])
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, *extra, "--load-init", T("init.0"),
+                         "--batches", T("batches.%r"), "--dump-final", T(f"py_{name}.%r")])
+            for r in (0, 1):
+                worst = max(worst, compare(T(f"cpp_{name}.{r}"), T(f"py_{name}.{r}"), rtol=0, atol=0))
+        # Compression changed the result against plain averaging (so the hook ran).
+        ddprun(2, common[:-4] + ["--dump-final", T("plain.%r")])
+        diff = (read_dump(T("cpp_warm.0"))["param/conv1.weight"] - read_dump(T("plain.0"))["param/conv1.weight"])
+        print(f"PowerSGD vs no hook: conv1.weight differs by up to {diff.abs().max().item():.3e}")
+        assert diff.abs().max().item() > 0, "FAIL: PowerSGD changed nothing (was it applied?)"
+        # Settings PyTorch refuses are refused: error feedback needs start_powerSGD_iter > 1.
+        p = ddprun(2, common[:-2] + ["--powersgd-start", "1"], expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "start_powerSGD_iter must be > 1" in said, said
+        print(f"OK: LibTorch DDP with powerSGD_hook == Python DDP with PyTorch's (worst {worst:.3e}, both ranks)")
+
     elif a.case.startswith("comm_hook_"):
         # register_comm_hook with a built-in hook against Python DDP with default_hooks' own,
         # as python_ddp does; a lossy hook is still bit-identical (same casts, same sums at 2
@@ -214,6 +255,114 @@ def main():
         said = (p.stdout or "") + (p.stderr or "")
         assert p.returncode != 0 and "can be registered once" in said, said
         print(f"OK: LibTorch DDP with {hook} hook == Python DDP with default_hooks' (bit for bit, both ranks)")
+
+    elif a.case == "bucket_view_off":
+        # gradient_as_bucket_view = false: gradients of their own, copied into and out of the
+        # buckets; the same bits as Python DDP with gradient_as_bucket_view=False, with the
+        # optimizer's zero_grad (set_to_none) and with gradients zeroed in place.
+        common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank", "--find-unused", "1"]
+        buckets = ["--bucket-cap-kb", "2", "--first-bucket-kb", "1"]
+        views = r"grad_bucket_views=(\d+)/(\d+)"
+        for zero in ("1", "0"):
+            args = common + ["--optimizer-zero-grad", zero]
+            out = ddprun(2, args + buckets + ["--gradient-as-bucket-view", "0", "--dump-init", T("init.%r"),
+                                    "--dump-final", T(f"cpp{zero}.%r"), "--dump-batches", T("batches.%r")]).stdout
+            m = re.search(views, out)
+            assert m, out
+            print(f"gradient_as_bucket_view=0, zero_grad in place={zero == '0'}: {m.group(1)} of {m.group(2)} "
+                  "gradients are bucket views")
+            assert int(m.group(1)) == 0, "FAIL: with gradient_as_bucket_view off a gradient is a view of a bucket"
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *args, "--gradient-as-bucket-view", "0",
+                         "--load-init", T("init.0"), "--batches", T("batches.%r"), "--dump-final", T(f"py{zero}.%r")])
+            for r in (0, 1):
+                compare(T(f"cpp{zero}.{r}"), T(f"py{zero}.{r}"), rtol=0, atol=0)
+        # The view count has teeth: with the option on, gradients are bucket views.
+        m = re.search(views, ddprun(2, common + buckets + ["--gradient-as-bucket-view", "1"]).stdout)
+        assert m and int(m.group(1)) > 0, "FAIL: with gradient_as_bucket_view on no gradient is a bucket view"
+        print(f"gradient_as_bucket_view=1: {m.group(1)} of {m.group(2)} gradients are bucket views")
+        print("OK: gradient_as_bucket_view off == Python DDP's (bit for bit, both ranks), gradients not views")
+
+    elif a.case == "static_graph":
+        # static_graph with `aux` unused on every step: unused parameters found once, in the
+        # first iteration; `aux` is unused on every rank, so its gradient stays undefined and SGD
+        # leaves it alone, as in Python DDP with static_graph=True.
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "always", "--static-graph"]
+        buckets = ["--bucket-cap-kb", "2", "--first-bucket-kb", "1"]
+        out = ddprun(2, common + buckets + ["--find-unused", "1", "--dump-init", T("init.%r"), "--dump-final", T("cpp.%r"),
+                                  "--dump-batches", T("batches.%r")]).stdout
+        m = re.search(r"buckets=(\d+) rebuilt=(\d+) launched_early_last_step=(\d+)", out)
+        assert m and int(m.group(1)) >= 2 and int(m.group(2)) == 1 and int(m.group(3)) >= 1, out
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--find-unused", "1", "--load-init",
+                     T("init.0"), "--batches", T("batches.%r"), "--dump-final", T("py.%r")])
+        for r in (0, 1):
+            compare(T(f"cpp.{r}"), T(f"py.{r}"), rtol=0, atol=0)
+        init, final = read_dump(T("init.0")), read_dump(T("cpp.0"))
+        assert torch.equal(init["param/aux.weight"], final["param/aux.weight"]), "FAIL: the unused aux moved"
+        assert not torch.equal(init["param/fc.weight"], final["param/fc.weight"]), "FAIL: fc did not move"
+        # static_graph needs no find_unused_parameters (without either, the unused aux fails).
+        same = checksum(ddprun(2, common + buckets + ["--find-unused", "0"]).stdout)
+        assert same == checksum(out), "FAIL: static_graph with and without find_unused_parameters differ"
+        # A graph that changes (aux used in the first iteration, skipped on the third) is refused.
+        p = ddprun(2, ["--steps", "6", "--batch", "8", "--unused-mode", "step", "--static-graph", "--find-unused", "0"],
+                   expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "static_graph" in said and "'aux.weight'" in said and "graph changed" in said, said
+        print("OK: static_graph == Python DDP's (bit for bit, both ranks); a changing graph is refused")
+
+    elif a.case == "join":
+        # Uneven inputs: rank 1 runs 4 steps fewer and shadows rank 0's last 4 inside join();
+        # against Python DDP's `with model.join(divide_by_initial_world_size=...)` on the same data:
+        # both divisors, and `aux` unused on some steps with find_unused_parameters (the used map).
+        common = ["--steps", "12", "--uneven", "4", "--batch", "8", "--join"]
+        finals = {}
+        for name, extra in (("divide", ["--join-divide-initial", "1", "--unused-mode", "none", "--find-unused", "0"]),
+                            ("active", ["--join-divide-initial", "0", "--unused-mode", "none", "--find-unused", "0"]),
+                            ("unused", ["--join-divide-initial", "1", "--unused-mode", "rank", "--find-unused", "1"])):
+            args = common + extra
+            ddprun(2, args + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                              "--dump-final", T(f"cpp_{name}.%r"), "--dump-batches", T("batches.%r")])
+            n = [sum(1 for _ in open(T(f"batches.{r}"))) for r in (0, 1)]
+            assert n == [12, 8], f"FAIL: steps per rank {n}"
+            torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *args, "--load-init", T("init.0"),
+                         "--batches", T("batches.%r"), "--dump-final", T(f"py_{name}.%r")])
+            for r in (0, 1):
+                compare(T(f"cpp_{name}.{r}"), T(f"py_{name}.{r}"), rtol=0, atol=0)
+            # Every rank ends with the model of the rank that joined last.
+            compare(T(f"cpp_{name}.1"), T(f"cpp_{name}.0"), rtol=0, atol=0)
+            finals[name] = read_dump(T(f"cpp_{name}.0"))["param/conv1.weight"]
+        # The divisor matters: the two settings give different models.
+        assert not torch.equal(finals["divide"], finals["active"]), "FAIL: divide_by_initial_world_size changed nothing"
+        print("OK: join() with uneven inputs == Python DDP's model.join() (bit for bit, both ranks, both divisors, "
+              "with unused parameters)")
+
+    elif a.case == "sync_batchnorm":
+        # SyncBatchNorm against the same arithmetic in Python DDP (ReferenceSyncBatchNorm: PyTorch's
+        # nn.SyncBatchNorm runs on CUDA only), 2 ranks x batch 8: close, not bit-identical (the
+        # statistics are summed in another order).
+        common = ["--steps", "12", "--batch", "8", "--unused-mode", "none", "--find-unused", "0", "--sync-bn"]
+        ddprun(2, common + ["--bucket-cap-kb", "2", "--first-bucket-kb", "1", "--dump-init", T("init.%r"),
+                            "--dump-final", T("cpp.%r"), "--dump-batches", T("batches.%r")])
+        torchrun(2, [os.path.join(HERE, "ddp_reference.py"), *common, "--load-init", T("init.0"),
+                     "--batches", T("batches.%r"), "--dump-final", T("py.%r")])
+        worst = max(compare(T(f"cpp.{r}"), T(f"py.{r}"), rtol=1e-5, atol=1e-6) for r in (0, 1))
+        # Global statistics: both ranks hold the same running statistics, bit for bit.
+        compare(T("cpp.1"), T("cpp.0"), rtol=0, atol=0)
+        # 2 ranks x batch 8 == 1 rank x batch 16, now with batch norm.
+        inv = ["--steps", "12", "--unused-mode", "step", "--samples", "256"]
+        ddprun(2, inv + ["--sync-bn", "--batch", "8", "--dump-final", T("two.%r")])
+        ddprun(1, inv + ["--sync-bn", "--batch", "16", "--dump-final", T("one.%r")])
+        inv_worst = max(compare(T(f"two.{r}"), T("one.0"), rtol=1e-5, atol=1e-6) for r in (0, 1))
+        # Not vacuous: with per-rank batch norm the invariant fails.
+        ddprun(2, inv + ["--batch", "8", "--dump-final", T("local.%r")])
+        a_, b_ = read_dump(T("local.0"))["param/conv1.weight"], read_dump(T("one.0"))["param/conv1.weight"]
+        off = ((a_ - b_).norm() / b_.norm()).item()
+        print(f"per-rank batch norm, 2 x 8 vs 1 x 16: conv1.weight off by {off:.3e} (relative)")
+        assert off > 1e-4, "FAIL: the invariant cannot tell synchronised from per-rank batch norm"
+        # convert_sync_batchnorm refuses a plain BatchNorm2d it cannot swap, naming it.
+        p = ddprun(2, ["--steps", "2", "--convert-plain-bn"], expect_ok=False)
+        said = (p.stdout or "") + (p.stderr or "")
+        assert p.returncode != 0 and "convert_sync_batchnorm: 'bn1' is torch::nn::BatchNorm" in said, said
+        print(f"OK: SyncBatchNorm == the reference within {worst:.3e}; 2 x 8 == 1 x 16 within {inv_worst:.3e}")
 
     elif a.case.startswith("kill_resume"):
         common = ["--steps", "20", "--batch", "8", "--unused-mode", "rank"]

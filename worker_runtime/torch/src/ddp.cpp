@@ -124,6 +124,8 @@ struct DdpEngine::State {
   std::vector<at::Tensor> views;  // by parameter index: its gradient's place in `flat`
   std::unique_ptr<Reducer> reducer;
   TensorCommHook comm_hook;  // register_comm_hook
+  GradBucketHook bucket_hook;  // register_comm_hook with the bucket's gradients
+  bool has_hook() const { return comm_hook || bucket_hook; }
   size_t forwards = 0;       // pre_forward calls (a hook must come before the first)
 
   // Per synced backward.
@@ -145,6 +147,25 @@ struct DdpEngine::State {
   size_t rebuilds = 0;
   bool require_forward_param_sync = true;
 
+  // static_graph: the first synced backward counts each parameter's hooks (and reduces at its
+  // end); later ones mark a parameter ready when its count is reached.
+  bool static_first_done = false;
+  std::vector<int32_t> hook_count;    // per parameter, from the first synced backward
+  std::vector<int32_t> hooks_left;    // per parameter, this backward
+  std::vector<size_t> static_unused;  // locally unused in the first synced backward
+  std::vector<int32_t> static_used;   // used on some rank in it (the all-reduced map)
+  bool static_first_pass() const { return opt.static_graph && !static_first_done; }
+  // Whether this synced backward all-reduces the map of used parameters.
+  bool reduces_used_map() const {
+    return opt.static_graph ? !static_first_done : opt.find_unused_parameters;
+  }
+
+  // join(): inside a guard; the number of ranks still training as of the last forward.
+  bool join_active = false;
+  std::vector<int32_t> last_used_map;  // the last all-reduced used map (what a joined rank adds)
+  bool join_divide_initial = true;
+  int join_training = 0;
+
   bool distributed() const { return comm.size() > 1 || opt.force_collective; }
 
   // The autograd hooks: a parameter's AccumulateGrad post-hook, and the end-of-backward
@@ -153,7 +174,8 @@ struct DdpEngine::State {
   void on_backward_end();
 
   // Collective: bytes of every tensor become root's. Packs into one message.
-  void broadcast_tensors(const std::vector<at::Tensor>& ts) {
+  void broadcast_tensors(const std::vector<at::Tensor>& ts) { broadcast_tensors(ts, opt.root); }
+  void broadcast_tensors(const std::vector<at::Tensor>& ts, int src) {
     if (ts.empty() || comm.size() == 1) return;
     at::NoGradGuard ng;
     std::vector<at::Tensor> bytes;
@@ -161,7 +183,7 @@ struct DdpEngine::State {
     for (const auto& t : ts) bytes.push_back(t.contiguous().reshape({-1}).view(at::kByte));
     at::Tensor packed = at::cat(bytes);
     stream_prologue();
-    comm.broadcast(packed.data_ptr(), static_cast<size_t>(packed.numel()), opt.root);
+    comm.broadcast(packed.data_ptr(), static_cast<size_t>(packed.numel()), src);
     stream_epilogue();
     int64_t off = 0;
     for (size_t i = 0; i < ts.size(); ++i) {
@@ -241,8 +263,9 @@ struct DdpEngine::State {
     const size_t esize = dtype_size(dtype);
     // The gradients' current values (they may live in the buffer about to be reordered).
     std::vector<at::Tensor> saved(n);
-    for (size_t i = 0; i < n; ++i)
-      if (params[i].grad().defined()) saved[i] = params[i].grad().clone();
+    if (opt.gradient_as_bucket_view)
+      for (size_t i = 0; i < n; ++i)
+        if (params[i].grad().defined()) saved[i] = params[i].grad().clone();
     at::Tensor fresh;
     bool shared = flat_is_comm_memory;
     if (flat.defined()) {
@@ -270,7 +293,7 @@ struct DdpEngine::State {
     for (size_t i = 0; i < n; ++i) {
       at::Tensor& g = params[i].mutable_grad();
       if (saved[i].defined()) fresh_views[i].copy_(saved[i]);
-      if (g.defined() || views.empty()) g = fresh_views[i];
+      if (opt.gradient_as_bucket_view && (g.defined() || views.empty())) g = fresh_views[i];
     }
     reducer.reset();
     flat_is_comm_memory = shared;
@@ -286,12 +309,30 @@ struct DdpEngine::State {
     views = std::move(fresh_views);
   }
 
-  // The core Reducer's hook: the bucket as a flat tensor over its memory, to the user's hook.
-  CommHook core_hook() const {
-    if (!comm_hook) return {};
-    return [hook = comm_hook, options = grad_options](Communicator& c, const CommBucket& b) {
-      at::Tensor t = at::from_blob(b.data, {static_cast<int64_t>(b.count)}, options);
-      hook(c, t);
+  // The core Reducer's hook: the bucket as a flat tensor over its memory, to the user's hook
+  // (with views of it for each gradient, for a GradBucketHook).
+  CommHook core_hook() {
+    if (!has_hook()) return {};
+    return [this](Communicator& c, const CommBucket& b) {
+      at::Tensor t = at::from_blob(b.data, {static_cast<int64_t>(b.count)}, grad_options);
+      if (bucket_hook) {
+        const auto& plan = reducer->buckets();
+        GradBucket gb{t, {}, b.index, b.index + 1 == plan.size()};
+        const auto esize = static_cast<int64_t>(dtype_size(dtype));
+        for (size_t k : plan[b.index]) {
+          const size_t i = layout[k];
+          const int64_t off = (static_cast<const char*>(views[i].data_ptr()) - static_cast<const char*>(b.data)) / esize;
+          if (off < 0 || off + params[i].numel() > static_cast<int64_t>(b.count))
+            throw DdpError("DDP comm hook: gradient '" + names[i] + "' lies outside its bucket (internal error)");
+          gb.gradients.push_back(t.narrow(0, off, params[i].numel()).view(params[i].sizes()));
+        }
+        bucket_hook(c, gb);
+        if (gb.buffer.data_ptr() != b.data)
+          throw DdpError("DDP comm hook: the hook replaced the bucket's buffer instead of writing into it; write the "
+                         "result in place (buffer.copy_(result))");
+        return;
+      }
+      comm_hook(c, t);
       if (t.data_ptr() != b.data)
         throw DdpError("DDP comm hook: the hook replaced the bucket tensor instead of writing into it; write the "
                        "result in place (bucket.copy_(result))");
@@ -311,6 +352,80 @@ struct DdpEngine::State {
       g = views[i];
     }
   }
+
+  // gradient_as_bucket_view = false: gradient i into its place in the bucket (zeros when it has
+  // none), before the bucket is reduced.
+  void stage(size_t i) {
+    const at::Tensor& g = params[i].grad();
+    if (g.defined()) views[i].copy_(g);
+    else views[i].zero_();
+  }
+  // ... and the reduced bucket back into the gradients used on some rank (`used`; all when
+  // empty); a gradient that was undefined gets a tensor laid out like its parameter.
+  void unstage(const std::vector<int32_t>& used) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!used.empty() && used[i] == 0) continue;  // unused on every rank: left untouched
+      at::Tensor& g = params[i].mutable_grad();
+      if (g.defined()) {
+        g.copy_(views[i]);
+      } else if (params[i].is_non_overlapping_and_dense()) {
+        g = at::empty_strided(params[i].sizes(), params[i].strides(), grad_options);
+        g.copy_(views[i]);
+      } else {
+        g = views[i].clone(at::MemoryFormat::Contiguous);
+      }
+    }
+  }
+  // A parameter that took no part counts as ready: zeros, or what no_sync accumulated.
+  void mark_unused_ready(size_t u) {
+    if (opt.gradient_as_bucket_view) {
+      if (!params[u].grad().defined()) attach_at_end[u] = 1;
+      bind_view(u, true);
+    } else {
+      stage(u);
+    }
+    marked[u] = 1;
+    reducer->mark_ready(reducer_index(u));
+  }
+  // Every bucket, in launch order (the first static-graph backward, and a joined rank's
+  // shadow of a backward).
+  void mark_all_in_bucket_order(bool skip_marked) {
+    for (const auto& b : reducer->buckets())
+      for (size_t k : b) {
+        const size_t i = layout[k];
+        if (skip_marked && marked[i]) continue;
+        marked[i] = 1;
+        reducer->mark_ready(k);
+      }
+  }
+  // The all-reduced map of parameters used since the last synced backward (collective).
+  std::vector<int32_t> reduce_used_map(std::vector<int32_t> used) {
+    if (distributed() && comm.size() > 1) {
+      at::Tensor t = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kInt).clone();
+      if (on_cuda) t = t.to(params[0].device());
+      stream_prologue();
+      comm.allreduce(t.data_ptr(), used.size(), DType::I32, ReduceOp::Sum);
+      stream_epilogue();
+      t = t.cpu();
+      std::memcpy(used.data(), t.data_ptr<int32_t>(), used.size() * sizeof(int32_t));
+    }
+    return used;
+  }
+  // Small collectives of join(): a one-element all-reduce on the parameters' device.
+  double join_allreduce(double value, at::ScalarType type, ReduceOp op) {
+    at::NoGradGuard ng;
+    at::Tensor t = at::full({1}, value, at::TensorOptions().dtype(type).device(params[0].device()));
+    all_reduce(comm, t, op);
+    return t.item<double>();
+  }
+  // PyTorch's _find_common_rank: the highest rank for which `candidate` holds.
+  int common_rank(bool candidate) {
+    const double r = join_allreduce(candidate ? comm.rank() : -1, at::kLong, ReduceOp::Max);
+    if (r < 0) throw DdpError("DDP join: no rank qualified as the source of the model (internal error)");
+    return static_cast<int>(r);
+  }
+  void rebuild_if_pending();
+  void shadow_backward();
 
   size_t reducer_index(size_t i) const { return pos_in_layout[i]; }
   std::vector<size_t> pos_in_layout;
@@ -374,6 +489,7 @@ DdpEngine::DdpEngine(std::shared_ptr<::torch::nn::Module> module, Communicator& 
   s.marked.assign(s.params.size(), 0);
   s.used.assign(s.params.size(), 0);
   s.attach_at_end.assign(s.params.size(), 0);
+  s.hook_count.assign(s.params.size(), 0);
 
   for (size_t i = 0; i < s.params.size(); ++i) {
     auto acc = ::torch::autograd::impl::grad_accumulator(s.params[i]);
@@ -416,17 +532,40 @@ std::vector<std::vector<std::string>> DdpEngine::bucket_names() const {
 size_t DdpEngine::rebuilds() const { return s_->rebuilds; }
 size_t DdpEngine::buckets_launched_early() const { return s_->reducer->buckets_launched_early(); }
 
+bool DdpEngine::gradient_is_bucket_view(size_t i) const {
+  if (i >= s_->params.size())
+    throw DdpError("DDP gradient_is_bucket_view: no parameter " + std::to_string(i) + " (the module has " +
+                   std::to_string(s_->params.size()) + ")");
+  const at::Tensor& g = s_->params[i].grad();
+  return g.defined() && g.data_ptr() == s_->views[i].data_ptr();
+}
+
 void DdpEngine::zero_grad() {
   at::NoGradGuard ng;
+  if (!s_->opt.gradient_as_bucket_view) {  // gradients of their own: zeroed in place
+    for (auto& p : s_->params)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    return;
+  }
   s_->flat.zero_();
   for (size_t i = 0; i < s_->params.size(); ++i) s_->params[i].mutable_grad() = s_->views[i];
 }
 
 void DdpEngine::sync_buffers() { s_->broadcast_tensors(s_->buffers); }
 
+void DdpEngine::register_comm_hook(GradBucketHook hook) {
+  if (!hook) throw DdpError("DDP register_comm_hook: the hook is empty");
+  if (s_->has_hook()) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
+  if (s_->forwards > 0)
+    throw DdpError("DDP register_comm_hook: called after the first forward; register the hook right after wrapping "
+                   "the model, on every rank");
+  s_->bucket_hook = std::move(hook);
+  if (s_->reducer) s_->reducer->set_comm_hook(s_->core_hook());
+}
+
 void DdpEngine::register_comm_hook(TensorCommHook hook) {
   if (!hook) throw DdpError("DDP register_comm_hook: the hook is empty");
-  if (s_->comm_hook) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
+  if (s_->has_hook()) throw DdpError("DDP register_comm_hook: a hook is registered already; it can be registered once");
   if (s_->forwards > 0)
     throw DdpError("DDP register_comm_hook: called after the first forward; register the hook right after wrapping "
                    "the model, on every rank");
@@ -464,7 +603,19 @@ void DdpEngine::pre_forward() {
                      "in another thread); run one backward per training forward, from one thread");
     s.armed = false;
   }
-  if (s.rebuild_pending) {
+  // Under join(): this rank still trains (the joined ranks count the ranks that do).
+  if (s.join_active) s.join_training = static_cast<int>(s.join_allreduce(1, at::kFloat, ReduceOp::Sum));
+  s.rebuild_if_pending();
+  if (s.opt.broadcast_buffers && s.require_forward_param_sync && !s.buffers.empty())
+    s.broadcast_tensors(s.buffers, s.join_active ? s.common_rank(true) : s.opt.root);
+  // Under join(): whether the backward of this forward synchronises (joined ranks shadow it).
+  if (s.join_active) s.join_allreduce(sync_ && at::GradMode::is_enabled() ? 1 : 0, at::kFloat, ReduceOp::Sum);
+}
+
+void DdpEngine::State::rebuild_if_pending() {
+  State& s = *this;
+  if (!s.rebuild_pending) return;
+  {
     s.rebuild_pending = false;
     // Arrival order of the first synced backward; never-arrived (unused) parameters last.
     std::vector<int64_t> arrival(s.params.size());
@@ -491,8 +642,8 @@ void DdpEngine::pre_forward() {
     s.index_layout();
     ++s.rebuilds;
   }
-  if (s.opt.broadcast_buffers && s.require_forward_param_sync && !s.buffers.empty()) s.broadcast_tensors(s.buffers);
 }
+
 
 void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
   State& s = *s_;
@@ -507,6 +658,14 @@ void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
   std::fill(s.marked.begin(), s.marked.end(), 0);
   std::fill(s.attach_at_end.begin(), s.attach_at_end.end(), 0);
   s.unused.clear();
+  if (s.opt.static_graph) {
+    // The first iteration's unused parameters, found at its end; no graph walk.
+    if (s.static_first_done) {
+      s.unused = s.static_unused;
+      s.hooks_left = s.hook_count;
+    }
+    return;
+  }
   if (!s.opt.find_unused_parameters) return;
   // Every node reachable from the outputs; a parameter whose AccumulateGrad is not among
   // them gets no gradient in this backward.
@@ -530,22 +689,37 @@ void DdpEngine::post_forward(const std::vector<at::Tensor>& outputs) {
 void DdpEngine::State::on_grad_ready(size_t i) {
   State& s = *this;
   at::NoGradGuard ng;
-  s.bind_view(i, false);
+  if (s.opt.gradient_as_bucket_view) s.bind_view(i, false);
   s.used[i] = 1;
   if (!s.armed) return;  // no_sync, or a forward not through the wrapper: accumulate locally
-  if (s.hooks_fired++ == 0) {
+  const bool first = s.hooks_fired++ == 0;
+  if (first) {
     // End-of-backward callback: runs once the engine finished this graph task.
     ::torch::autograd::Engine::get_default_engine().queue_callback([this] { on_backward_end(); });
     s.callback_queued = true;
-    // Unused parameters count as ready (zeros, or what no_sync accumulated) from the start.
-    for (size_t u : s.unused) {
-      if (!s.params[u].grad().defined()) s.attach_at_end[u] = 1;
-      s.bind_view(u, true);
-      s.marked[u] = 1;
-      s.reducer->mark_ready(s.reducer_index(u));
-    }
   }
-  if (s.marked[i]) {
+  if (s.static_first_pass()) {  // count only; every bucket is reduced at the end
+    ++s.hook_count[i];
+    if (s.opt.rebuild_buckets && s.distributed() && s.hook_count[i] == 1) s.arrival.push_back(i);
+    return;
+  }
+  if (first) {
+    // Unused parameters count as ready (zeros, or what no_sync accumulated) from the start.
+    for (size_t u : s.unused) s.mark_unused_ready(u);
+  }
+  if (s.opt.static_graph) {
+    if (s.hooks_left[i] == 0) {
+      s.failed = true;
+      throw DdpError("DDP static_graph: parameter '" + s.names[i] + "' got " +
+                     (s.hook_count[i] == 0 ? std::string("a gradient in this iteration but none in the first")
+                                           : "more gradients in this iteration than in the first (" +
+                                                 std::to_string(s.hook_count[i]) + ")") +
+                     ": the graph changed, which static_graph does not allow. Use the same graph in every "
+                     "iteration, or set static_graph = false (with find_unused_parameters for parameters unused "
+                     "on some steps)");
+    }
+    if (--s.hooks_left[i] != 0) return;
+  } else if (s.marked[i]) {
     s.failed = true;
     throw DdpError("DDP: parameter '" + s.names[i] +
                    "' got a gradient twice in one backward (or was found unused but still reached): pass every "
@@ -553,6 +727,7 @@ void DdpEngine::State::on_grad_ready(size_t i) {
   }
   s.marked[i] = 1;
   if (s.opt.rebuild_buckets && s.rebuilds == 0 && !s.rebuild_pending && s.distributed()) s.arrival.push_back(i);
+  if (!s.opt.gradient_as_bucket_view) s.stage(i);
   s.reducer->mark_ready(s.reducer_index(i));
 }
 
@@ -562,11 +737,36 @@ void DdpEngine::State::on_backward_end() {
   if (!s.armed) return;
   s.armed = false;
   at::NoGradGuard ng;
+  const bool static_first = s.static_first_pass();
+  if (static_first) {
+    // The first static-graph backward: what got no gradient here is unused from now on; every
+    // bucket is reduced now, in launch order.
+    s.static_unused.clear();
+    for (size_t i = 0; i < s.params.size(); ++i)
+      if (s.hook_count[i] == 0) s.static_unused.push_back(i);
+    for (const auto& b : s.reducer->buckets())
+      for (size_t k : b) {
+        const size_t i = s.layout[k];
+        if (s.hook_count[i] == 0) {
+          s.mark_unused_ready(i);
+          continue;
+        }
+        s.marked[i] = 1;
+        if (!s.opt.gradient_as_bucket_view) s.stage(i);
+        s.reducer->mark_ready(k);
+      }
+  }
   std::vector<size_t> missing;
   for (size_t i = 0; i < s.params.size(); ++i)
     if (!s.marked[i]) missing.push_back(i);
   if (!missing.empty()) {
     s.failed = true;
+    if (s.opt.static_graph)
+      throw DdpError("DDP static_graph: parameter" + std::string(missing.size() > 1 ? "s " : " ") +
+                     join_names(s.names, missing) +
+                     " got fewer gradients in this iteration than in the first: the graph changed, which "
+                     "static_graph does not allow. Use the same graph in every iteration, or set static_graph = false "
+                     "(with find_unused_parameters for parameters unused on some steps)");
     throw DdpError("DDP: parameter" + std::string(missing.size() > 1 ? "s " : " ") + join_names(s.names, missing) +
                    " received no gradient in this backward pass, so the ranks cannot reduce in step. If the model "
                    "leaves parameters unused on some steps, set DdpOptions::find_unused_parameters = true; otherwise "
@@ -574,24 +774,102 @@ void DdpEngine::State::on_backward_end() {
   }
   s.reducer_open = false;
   s.reducer->finalize();
-  if (s.opt.find_unused_parameters) {
-    // Used anywhere? A parameter unused on every rank keeps its gradient untouched (undefined
-    // stays undefined) so the optimizer skips it, as with PyTorch's DDP.
-    std::vector<int32_t> used(s.used.begin(), s.used.end());
-    if (s.distributed() && s.comm.size() > 1) {
-      at::Tensor t = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kInt).clone();
-      if (s.on_cuda) t = t.to(s.params[0].device());
-      s.stream_prologue();
-      s.comm.allreduce(t.data_ptr(), used.size(), DType::I32, ReduceOp::Sum);
-      s.stream_epilogue();
-      t = t.cpu();
-      std::memcpy(used.data(), t.data_ptr<int32_t>(), used.size() * sizeof(int32_t));
-    }
-    for (size_t i = 0; i < s.params.size(); ++i)
-      if (s.attach_at_end[i] && used[i] > 0) s.params[i].mutable_grad() = s.views[i];
+  // join(divide_by_initial_world_size = false): the average over the ranks still training.
+  if (s.join_active && !s.join_divide_initial && !s.has_hook() && s.join_training > 0 &&
+      s.join_training < s.comm.size() && s.distributed())
+    s.flat.mul_(static_cast<double>(s.comm.size()) / s.join_training);
+  // Used anywhere? A parameter unused on every rank keeps its gradient untouched (undefined
+  // stays undefined) so the optimizer skips it, as with PyTorch's DDP. static_graph decides
+  // that once, in its first iteration.
+  std::vector<int32_t> used;
+  if (s.reduces_used_map()) {
+    used = s.reduce_used_map(std::vector<int32_t>(s.used.begin(), s.used.end()));
+    s.last_used_map = used;
+  }
+  if (static_first) {
+    s.static_used = used;
+    s.static_first_done = true;
+  } else if (s.opt.static_graph) {
+    used = s.static_used;
+  }
+  if (s.opt.gradient_as_bucket_view) {
+    if (!used.empty())
+      for (size_t i = 0; i < s.params.size(); ++i)
+        if (s.attach_at_end[i] && used[i] > 0) s.params[i].mutable_grad() = s.views[i];
+  } else {
+    s.unstage(used);
   }
   std::fill(s.used.begin(), s.used.end(), 0);
   if (s.opt.rebuild_buckets && s.rebuilds == 0 && s.distributed()) s.rebuild_pending = true;
+}
+
+// A joined rank's stand-in for a synced backward of the ranks still training: the same
+// collectives (every bucket, then the map of used parameters where they reduce it), with zero
+// gradients; this rank's own gradients are restored afterwards.
+void DdpEngine::State::shadow_backward() {
+  State& s = *this;
+  at::NoGradGuard ng;
+  at::Tensor saved = s.flat.clone();
+  s.stream_prologue();
+  if (!s.reducer_open) s.reducer->prepare_for_backward();
+  s.reducer_open = true;
+  s.armed = false;
+  s.flat.zero_();
+  std::fill(s.marked.begin(), s.marked.end(), 0);
+  s.mark_all_in_bucket_order(false);
+  s.reducer_open = false;
+  s.reducer->finalize();
+  if (s.reduces_used_map()) {
+    // PyTorch's joined rank all-reduces its reducer's used map in place, round after round: it
+    // contributes the last reduced map it holds (its own last synchronised step's at first,
+    // then the previous round's result), so a parameter counts as used in a round when it was
+    // used since this rank's last step. Bit for bit the same gradients need the same.
+    if (s.last_used_map.size() != s.params.size()) s.last_used_map.assign(s.params.size(), 0);
+    const auto used = s.reduce_used_map(s.last_used_map);
+    s.last_used_map = used;
+    if (s.opt.static_graph && !s.static_first_done) {
+      s.static_used = used;
+      s.static_unused.clear();
+      s.static_first_done = true;
+    }
+  }
+  s.flat.copy_(saved);
+  if (s.opt.rebuild_buckets && s.rebuilds == 0 && s.distributed()) s.rebuild_pending = true;
+}
+
+void DdpEngine::join_begin(bool divide_by_initial_world_size) {
+  State& s = *s_;
+  if (s.join_active) throw DdpError("DDP join: a join guard is active already (guards do not nest)");
+  s.join_active = true;
+  s.join_divide_initial = divide_by_initial_world_size;
+  s.join_training = s.comm.size();
+}
+
+void DdpEngine::join_abandon() { s_->join_active = false; }
+
+void DdpEngine::join_end() {
+  State& s = *s_;
+  if (s.failed)
+    throw DdpError("DDP join: a previous backward failed (see its error); the ranks are out of step, restart the job");
+  bool last_to_join = true;
+  // One round per forward of the ranks still training (see DdpEngine::pre_forward).
+  for (;;) {
+    const double training = s.join_allreduce(0, at::kFloat, ReduceOp::Sum);
+    if (training == 0) break;
+    last_to_join = false;
+    s.rebuild_if_pending();
+    if (s.opt.broadcast_buffers && s.require_forward_param_sync && !s.buffers.empty())
+      s.broadcast_tensors(s.buffers, s.common_rank(false));
+    const bool sync_backward = s.join_allreduce(0, at::kFloat, ReduceOp::Sum) != 0;
+    s.require_forward_param_sync = sync_backward;
+    if (sync_backward) s.shadow_backward();
+  }
+  s.join_active = false;
+  // Everyone ends with the model of (the highest of) the ranks that joined last.
+  const int src = s.common_rank(last_to_join);
+  std::vector<at::Tensor> all(s.params);
+  if (s.opt.broadcast_buffers) all.insert(all.end(), s.buffers.begin(), s.buffers.end());
+  s.broadcast_tensors(all, src);
 }
 
 }  // namespace ddprun::worker::libtorch

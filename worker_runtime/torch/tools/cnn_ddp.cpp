@@ -36,17 +36,20 @@
 #include "ddprun/worker/runtime.h"
 #include "ddprun/worker/sampler.h"
 #include "ddprun/worker/torch/ddp.h"
+#include "ddprun/worker/torch/powersgd.h"
 #include "ddprun/worker/torch/sampler.h"
 #include "ddprun/worker/torch/state.h"
+#include "ddprun/worker/torch/sync_batchnorm.h"
 
 namespace nn = torch::nn;
 namespace dw = ddprun::worker;
 namespace lt = ddprun::worker::libtorch;
 
 struct NetImpl : nn::Module {
-  NetImpl(int channels, int hidden, int depth, bool bn) {
+  NetImpl(int channels, int hidden, int depth, bool bn, bool sync_bn) {
     conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(3, channels, 3).padding(1)));
-    if (bn) bn1 = register_module("bn1", nn::BatchNorm2d(channels));
+    if (bn && sync_bn) sync_bn1 = register_module("bn1", lt::SyncBatchNorm(channels));
+    else if (bn) bn1 = register_module("bn1", nn::BatchNorm2d(channels));
     conv2 = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(channels, 2 * channels, 3).padding(1)));
     int width = 2 * channels;
     hidden_layers = register_module("hidden", nn::ModuleList());
@@ -57,6 +60,7 @@ struct NetImpl : nn::Module {
   torch::Tensor forward(torch::Tensor x, bool use_aux) {
     x = conv1->forward(x);
     if (bn1) x = bn1->forward(x);
+    if (sync_bn1) x = sync_bn1->forward(x);
     x = torch::relu(x);
     x = torch::relu(conv2->forward(x)).mean({2, 3});
     for (const auto& m : *hidden_layers) x = torch::relu(m->as<nn::Linear>()->forward(x));
@@ -66,6 +70,7 @@ struct NetImpl : nn::Module {
   }
   nn::Conv2d conv1{nullptr}, conv2{nullptr};
   nn::BatchNorm2d bn1{nullptr};
+  lt::SyncBatchNorm sync_bn1{nullptr};  // --sync-bn: batch statistics over all ranks
   nn::ModuleList hidden_layers{nullptr};
   nn::Linear fc{nullptr}, aux{nullptr};
 };
@@ -139,6 +144,8 @@ int main(int argc, char** argv) {
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
+  bool sync_bn = false, convert_plain_bn = false, grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
+  int uneven = 0;
   bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
@@ -153,10 +160,18 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", checkpoint_every, "steps between checkpoints (0: never)");
   app.add_option("--threads", threads, "intra-op threads per rank")->check(CLI::PositiveNumber);
   app.add_option("--bn", bn, "batch norm after conv1 (1/0)");
+  app.add_flag("--sync-bn", sync_bn, "that batch norm is a SyncBatchNorm over all ranks (CPU)");
+  app.add_flag("--convert-plain-bn", convert_plain_bn,
+               "call convert_sync_batchnorm on the model with its plain BatchNorm2d (refused)");
   app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
-                                               "rank (some steps on one rank, some on all)")
-      ->check(CLI::IsMember({"none", "step", "rank"}));
+                                               "rank (some steps on one rank, some on all) | always")
+      ->check(CLI::IsMember({"none", "step", "rank", "always"}));
   app.add_option("--find-unused", find_unused, "DdpOptions::find_unused_parameters (1/0)");
+  app.add_option("--gradient-as-bucket-view", grad_as_bucket_view, "DdpOptions::gradient_as_bucket_view (1/0)");
+  app.add_flag("--static-graph", static_graph, "DdpOptions::static_graph");
+  app.add_flag("--join", join, "train inside ddp.join() (uneven inputs, see --uneven)");
+  app.add_option("--join-divide-initial", join_divide_initial, "join(divide_by_initial_world_size) (1/0)");
+  app.add_option("--uneven", uneven, "rank r runs --steps minus r times this many steps")->check(CLI::NonNegativeNumber);
   app.add_option("--device", device_flag,
                  "cpu (Gloo / shared memory) | cuda (NCCL, one GPU per local rank) | auto (cuda when every local "
                  "rank can have a GPU); DDPRUN_DEVICE overrides it")
@@ -168,8 +183,13 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
   app.add_option("--depth", depth, "hidden Linear layers")->check(CLI::NonNegativeNumber);
   app.add_option("--image", image, "input height = width")->check(CLI::PositiveNumber);
-  app.add_option("--comm-hook", comm_hook, "register_comm_hook: none | allreduce | fp16 | bf16")
-      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16"}));
+  app.add_option("--comm-hook", comm_hook, "register_comm_hook: none | allreduce | fp16 | bf16 | powersgd")
+      ->check(CLI::IsMember({"none", "allreduce", "fp16", "bf16", "powersgd"}));
+  lt::PowerSGDState powersgd;
+  app.add_option("--powersgd-rank", powersgd.matrix_approximation_rank, "PowerSGD matrix_approximation_rank");
+  app.add_option("--powersgd-start", powersgd.start_powerSGD_iter, "PowerSGD start_powerSGD_iter");
+  app.add_option("--powersgd-warm-start", powersgd.warm_start, "PowerSGD warm_start (1/0)");
+  app.add_option("--powersgd-error-feedback", powersgd.use_error_feedback, "PowerSGD use_error_feedback (1/0)");
   app.add_flag("--register-hook-twice", register_hook_twice, "register a second comm hook (refused)");
   app.add_option("--bucket-cap-kb", bucket_cap_kb);
   app.add_option("--first-bucket-kb", first_bucket_kb);
@@ -217,13 +237,24 @@ int main(int argc, char** argv) {
                             "build?); run with --device cpu");
 
     torch::manual_seed(seed);
-    Net net(channels + (rank == model_differs_on ? 1 : 0), hidden, depth, bn);
+    Net net(channels + (rank == model_differs_on ? 1 : 0), hidden, depth, bn, sync_bn);
     if (!load_init.empty()) load_state(load_init, *net);
     if (perturb && rank != 0) {
       torch::NoGradGuard ng;
       for (auto& p : net->parameters()) p.add_(0.125);
     }
     net->to(device);  // after the CPU-side initialisation: the same initial state on every device
+    // SyncBatchNorm's collectives get a communicator of their own (see sync_batchnorm.h).
+    std::unique_ptr<dw::Communicator> bn_comm;
+    if (convert_plain_bn) lt::convert_sync_batchnorm(*net, rt->comm());  // a DdpError naming 'bn1'
+    if (sync_bn && world > 1) {
+      if (device.is_cuda()) throw dw::ConfigError("--sync-bn: the harness runs SyncBatchNorm on the CPU only");
+      if (!rt->store()) throw dw::WorkerError("--sync-bn needs the launcher's store");
+      dw::GlooOptions go;
+      go.key_prefix = "ddprun-torch-example/syncbn/";
+      bn_comm = dw::make_gloo_communicator(*rt->store(), rank, world, go);
+      lt::convert_sync_batchnorm(*net, *bn_comm);
+    }
     // Data: the same on every rank, from a generator of its own seed.
     torch::manual_seed(seed + 1);
     const auto X = torch::randn({samples, 3, image, image}).to(device);
@@ -239,11 +270,17 @@ int main(int argc, char** argv) {
     opts.bucket_cap_bytes = bucket_cap_kb * 1024;
     opts.first_bucket_cap_bytes = first_bucket_kb * 1024;
     opts.force_collective = force_collective;
+    opts.gradient_as_bucket_view = grad_as_bucket_view;
+    opts.static_graph = static_graph;
     std::optional<lt::DistributedDataParallel<Net>> ddp;
     if (!no_ddp) ddp.emplace(net, rt->comm(), opts);
     if (ddp && comm_hook == "fp16") ddp->register_comm_hook(lt::fp16_compress_hook);
     if (ddp && comm_hook == "bf16") ddp->register_comm_hook(lt::bf16_compress_hook);
     if (ddp && comm_hook == "allreduce") ddp->register_comm_hook(lt::allreduce_hook);
+    if (ddp && comm_hook == "powersgd") {
+      powersgd.check();
+      ddp->register_comm_hook([&powersgd](dw::Communicator& c, lt::GradBucket& b) { lt::powerSGD_hook(powersgd, c, b); });
+    }
     if (ddp && register_hook_twice) ddp->register_comm_hook(lt::allreduce_hook);  // refused: a DdpError
     if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
 
@@ -282,12 +319,16 @@ int main(int argc, char** argv) {
     auto use_aux = [&](int step) {
       if (unused_mode == "step") return step % 3 != 2;
       if (unused_mode == "rank") return !((step + rank) % 4 == 0 || step % 5 == 4);
-      return true;
+      return unused_mode != "always";
     };
     net->train();
     double timed_s = 0, cpu_s = 0;  // wall and process CPU time of the timed steps
     int timed = 0;
-    for (int step = start; step < steps; ++step) {
+    const int my_steps = steps - uneven * rank;
+    if (my_steps <= start) throw dw::WorkerError("--uneven leaves rank " + std::to_string(rank) + " no step");
+    std::optional<lt::DdpEngine::JoinGuard> join_guard;
+    if (ddp && join) join_guard.emplace(*ddp, join_divide_initial, true);
+    for (int step = start; step < my_steps; ++step) {
       if (step == fail_at_step && rank == fail_rank && rt->env().restart_count == 0) {
         std::fprintf(stderr, "injected fault: rank %d SIGKILL at step %d\n", rank, step);
         std::fflush(stderr);
@@ -335,7 +376,11 @@ int main(int argc, char** argv) {
         dw::save_checkpoint(checkpoint_dir, ck);
       }
     }
+    join_guard.reset();  // a rank out of data shadows the others' steps until every rank is done
     if (ddp && rank == 0) {
+      size_t views = 0;
+      for (size_t i = 0; i < ddp->parameter_names().size(); ++i) views += ddp->gradient_is_bucket_view(i);
+      std::printf("grad_bucket_views=%zu/%zu\n", views, ddp->parameter_names().size());
       const auto buckets = ddp->bucket_names();
       std::printf("buckets=%zu rebuilt=%zu launched_early_last_step=%zu first_bucket=", buckets.size(), ddp->rebuilds(),
                   ddp->buckets_launched_early());

@@ -11,11 +11,12 @@
 //     opt.step();
 //   }
 //
-// What the wrapper does (the semantics of torch.nn.parallel.DistributedDataParallel with
-// gradient_as_bucket_view=True):
+// What the wrapper does (the semantics of torch.nn.parallel.DistributedDataParallel):
 //  * Construction (collective): every parameter and buffer becomes rank root's (broadcast).
-//    Each parameter's gradient becomes a view into one flat buffer (param.grad() aliases it),
-//    which the core Reducer all-reduces bucket by bucket (~25 MiB, a small first bucket).
+//    Each parameter's gradient gets a place in one flat buffer, which the core Reducer
+//    all-reduces bucket by bucket (~25 MiB, a small first bucket); with
+//    DdpOptions::gradient_as_bucket_view (default) param.grad() is a view of it, otherwise
+//    gradients are copied in and out.
 //  * Forward through ddp(...): buffers (batch-norm statistics) are broadcast from root first
 //    (broadcast_buffers), then the module runs; when grad mode is on and sync is on, the
 //    reducer is armed for the backward of the returned outputs.
@@ -31,6 +32,7 @@
 //    ("head.aux.weight"), thrown from backward(); the peers then fail with CommError.
 //  * no_sync(): backward accumulates gradients locally; the next synced backward reduces the
 //    sum. Forward without grad mode (evaluation) arms nothing.
+//  * static_graph (DdpOptions) and join() (uneven inputs): see there.
 //  * Devices: CPU tensors go through host communicators (Gloo, shared memory). CUDA tensors
 //    need a stream-ordered communicator (NCCL): collectives run on its side stream after an
 //    event on the current CUDA stream of the parameters' device (as of the forward), and that
@@ -53,6 +55,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -83,6 +86,17 @@ using TensorCommHook = std::function<void(Communicator& comm, at::Tensor& bucket
 // and bf16_compress_hook (cast to half / bfloat16, divide by the world size in that type, sum
 // in it, cast back into the bucket: half the bytes on the wire, at the cost of precision).
 DDPRUN_WORKER_TORCH_API void allreduce_hook(Communicator& comm, at::Tensor& bucket);
+// A bucket as PyTorch's dist.GradBucket shows it, for hooks that treat each gradient on its
+// own (PowerSGD): buffer() is the flat bucket, written in place; gradients are views of it,
+// one per parameter in the bucket's order (the order backward makes them ready), shaped like
+// the parameters; index() counts buckets in launch order, is_last() marks the last one.
+struct GradBucket {
+  at::Tensor buffer;
+  std::vector<at::Tensor> gradients;
+  size_t index = 0;
+  bool is_last = false;
+};
+using GradBucketHook = std::function<void(Communicator& comm, GradBucket& bucket)>;
 DDPRUN_WORKER_TORCH_API void fp16_compress_hook(Communicator& comm, at::Tensor& bucket);
 DDPRUN_WORKER_TORCH_API void bf16_compress_hook(Communicator& comm, at::Tensor& bucket);
 
@@ -100,6 +114,24 @@ struct DdpOptions {
   // buffer's name, shape and dtype (two small all-gathers): a model that differs across ranks
   // is a ConfigError on every rank naming the first difference and each rank's version of it.
   bool check_same_model = true;
+  // PyTorch's gradient_as_bucket_view. true (the default here; Python's default is False):
+  // param.grad() is a view into the flat bucket memory, so the all-reduce writes the averaged
+  // gradients in place and no gradient is stored twice. false: gradients stay tensors of their
+  // own; each is copied into its bucket when ready and the averaged bucket copied back when
+  // backward ends (a gradient that was undefined gets a new tensor), as Python DDP does. Same
+  // values either way (tests libtorch.python_ddp, libtorch.bucket_view_off); false costs a
+  // second copy of the gradients and two copies per step, and keeps param.grad() free of
+  // aliasing (gradient_is_bucket_view() says which).
+  bool gradient_as_bucket_view = true;
+  // PyTorch's static_graph: the promise that every training iteration runs the same graph (the
+  // same parameters used, each the same number of times). The first synced backward reduces
+  // every bucket at its end (no overlap) and records which parameters got gradients; from
+  // then on, without any graph walk, the parameters unused in it count as ready at the start of
+  // each backward, and a parameter unused on every rank in it keeps its gradient untouched (as
+  // with find_unused_parameters, which static_graph does not need and ignores). A graph that
+  // changes later is a DdpError naming the parameter. Buckets are rebuilt once, after the
+  // first iteration.
+  bool static_graph = false;
 };
 
 // The engine behind DistributedDataParallel<M>, independent of the module's forward
@@ -134,6 +166,51 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
   bool sync() const { return sync_; }
 
+  // Uneven inputs (PyTorch's `with ddp.join():`). Every rank runs its training loop inside a
+  // guard; a rank whose data ran out leaves the scope and, in the guard's destructor, shadows
+  // the collectives of the ranks still training (one loop per forward of theirs: the count of
+  // ranks still training, the buffer broadcast, whether backward synchronises, then the
+  // all-reduce of every bucket with zero gradients, and of the map of used parameters where it
+  // is reduced: this rank contributes the last map it reduced, as PyTorch's joined rank does,
+  // so a parameter used since its last step counts as used) until every rank has left. Inside a guard each forward first all-reduces 1 (the count of ranks
+  // still training) and 1 or 0 (whether its backward synchronises), and buffers come from the
+  // highest rank still training. divide_by_initial_world_size = true (PyTorch's default):
+  // gradients are still divided by the world size, so a joined rank's zeros pull the average
+  // toward zero; false: divided by the number of ranks still training in that iteration (at
+  // more than 2 ranks not bit for bit PyTorch's order of operations: the bucket's average is
+  // scaled by world size / ranks training). With a comm hook the hook divides as it does.
+  // When all have left, parameters (and buffers with broadcast_buffers) are broadcast from the
+  // highest rank among those that left last, so every rank ends with the same model.
+  // enable = false: the guard does nothing. The destructor communicates and may throw
+  // (CommError); leaving the scope by an exception skips the shadowing (as Python does).
+  // Gradients of the joined rank are left as they were. Ranks should run at least one synced
+  // step before leaving. Not nested.
+  class JoinGuard {
+   public:
+    JoinGuard(DdpEngine& e, bool divide_by_initial_world_size, bool enable)
+        : e_(e), enable_(enable), exceptions_(std::uncaught_exceptions()) {
+      if (enable_) e_.join_begin(divide_by_initial_world_size);
+    }
+    ~JoinGuard() noexcept(false) {
+      if (!enable_) return;
+      if (std::uncaught_exceptions() > exceptions_) {
+        e_.join_abandon();
+        return;
+      }
+      e_.join_end();
+    }
+    JoinGuard(const JoinGuard&) = delete;
+    JoinGuard& operator=(const JoinGuard&) = delete;
+
+   private:
+    DdpEngine& e_;
+    bool enable_;
+    int exceptions_;
+  };
+  [[nodiscard]] JoinGuard join(bool divide_by_initial_world_size = true, bool enable = true) {
+    return JoinGuard(*this, divide_by_initial_world_size, enable);
+  }
+
   // Zeroes every gradient in place, keeping them views of the flat buffer (one memset; the
   // optimizer's zero_grad(true) also works but costs a copy per parameter in backward and
   // makes unused parameters' gradients undefined, which optimizers skip).
@@ -143,6 +220,8 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // PyTorch's register_comm_hook (see TensorCommHook): once, before the first forward, the
   // same hook on every rank; a second call or a call after a forward is a DdpError.
   void register_comm_hook(TensorCommHook hook);
+  // The same with the bucket's gradients too (see GradBucket; e.g. powersgd.h's hook).
+  void register_comm_hook(GradBucketHook hook);
 
   ::torch::nn::Module& module() { return *module_; }
   const std::vector<std::string>& parameter_names() const;
@@ -152,8 +231,14 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // Buckets whose all-reduce started during the last synced backward, before its end
   // (overlap evidence; 0 with one rank unless force_collective).
   size_t buckets_launched_early() const;
+  // Whether parameter i's (parameter_names() order) gradient is now a view into the bucket
+  // memory (always false with gradient_as_bucket_view = false).
+  bool gradient_is_bucket_view(size_t i) const;
 
  private:
+  void join_begin(bool divide_by_initial_world_size);
+  void join_end();
+  void join_abandon();
   struct State;
   std::shared_ptr<::torch::nn::Module> module_;
   std::unique_ptr<State> s_;
