@@ -57,6 +57,7 @@ int Agent::run() {
     if (plan_.spares) group_->enable_spares();
     else if (opts_.spares.enabled.value_or(false))
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
+    start_status();
     start_metrics();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
@@ -144,6 +145,7 @@ void Agent::perform(const Action& a) {
     switch (a.kind) {
       case Action::Kind::JoinRound:
         join_sent_ = Clock::now();
+        if (status_) status_->joining();
         spdlog::debug("joining the next round of job {} (attempt {})", opts_.rendezvous.id, a.attempt);
         coordinator_->join();
         break;
@@ -216,6 +218,7 @@ void Agent::on_notice(const Notice& n) {
       if (metrics_) metrics_->rendezvous_done(std::chrono::duration<double>(Clock::now() - join_sent_).count());
       layout_ = n.layout;
       max_restarts_ = n.max_restarts;
+      if (status_) status_->round(n.layout.run_id, n.layout.node_rank, n.layout.num_nodes, n.max_restarts);
       dispatch(RoundReady{n.layout.restart_count});
       break;
     case Notice::Kind::Restart:
@@ -247,6 +250,11 @@ void Agent::start_attempt(int attempt) {
                         : failed_since_round_               ? "worker_failure"
                                                             : "peer_restart";
     metrics_->attempt_started(attempt, ws, cause);
+  }
+  if (status_) {
+    std::vector<StatusBoard::Worker> ws;
+    for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
+    status_->attempt_started(attempt, ws);
   }
   const double spawn_ms = ms_since(t0);
   const auto t_spawned = Clock::now();
@@ -287,8 +295,19 @@ void Agent::start_metrics() {
   } catch (const metrics::MetricsEndpointError& e) {
     throw UsageError(e.what());
   }
+  metrics_->set_gpu_sampler([s = sampler_](std::vector<RankSample>& ranks) { s->sample_gpus(ranks); });
   // Tests read the URL at the end of this line.
   spdlog::info("metrics on {}", metrics_->url());
+}
+
+// `ddprun status`: the socket, before the first round (a job still in its rendezvous shows).
+void Agent::start_status() {
+  status_ = std::make_unique<StatusBoard>(opts_.rendezvous.id, opts_.faults.max_restarts, sampler_);
+  auto xdg = env_.find("XDG_RUNTIME_DIR");
+  std::string why;
+  status_socket_ = StatusSocket::start(*status_, status_dir_path(xdg == env_.end() ? "" : xdg->second, ::geteuid()), &why);
+  if (!status_socket_) spdlog::warn("`ddprun status` cannot see this job: {}", why);
+  else spdlog::debug("status socket {}", status_socket_->path());
 }
 
 void Agent::on_signalfd() {
@@ -380,6 +399,7 @@ void Agent::worker_ended(Worker& w) {
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
   if (metrics_ && current) metrics_->worker_ended(w.local_rank, w.status->success());
+  if (status_ && current) status_->worker_ended(w.local_rank, w.status->success());
   const bool was_preempted = state_.preempted();
   std::optional<PreemptAnnouncement> said;
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
@@ -425,6 +445,9 @@ void Agent::record_failure(const Action& a) {
   const bool config_error = says_config_error(a.status.code, a.status.signaled,
                                               failure_->error_file_content ? &*failure_->error_file_content : nullptr);
   if (metrics_) metrics_->worker_failed(config_error ? "config_error" : a.status.signaled ? "signal" : "exit_code");
+  if (status_)
+    status_->failed(w->global_rank, fmt::format("r{}: {} after {:.1f} s (attempt {})", w->global_rank,
+                                                a.status.describe(), failure_->after_s, a.attempt));
   spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group", w->global_rank,
                w->local_rank, w->pid, a.status.describe(), failure_->after_s);
   std::string tail;
