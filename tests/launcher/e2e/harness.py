@@ -270,13 +270,13 @@ class StatusJob:
     (XDG_RUNTIME_DIR, removed at the test's end); its workers run `code` with one argument, the
     file that stops them (`stop`). Workers print "ready <pid> attempt <n>" (see pids())."""
 
-    def __init__(self, test, code, nproc=2, extra=(), xdg=None):
+    def __init__(self, test, code, nproc=2, extra=(), xdg=None, env=None):
         self.xdg = xdg or tempfile.mkdtemp(prefix="ddprun-status-")
         test.addCleanup(shutil.rmtree, self.xdg, True)
         self.stop = os.path.join(self.xdg, "stop")
         self.run_id = f"status-{os.getpid()}-{time.monotonic_ns()}"
         self.live = Live([f"--nproc_per_node={nproc}", f"--rdzv_id={self.run_id}", *extra]
-                         + worker(code) + [self.stop], env={"XDG_RUNTIME_DIR": self.xdg})
+                         + worker(code) + [self.stop], env=dict(env or {}, XDG_RUNTIME_DIR=self.xdg))
         test.addCleanup(self.end)
 
     def pids(self, attempt=0, n=2):

@@ -19,9 +19,10 @@ import subprocess
 import tempfile
 import time
 import unittest
+import urllib.request
 
 import harness
-from harness import HANG_GUARD, StatusJob, Tmux
+from harness import HANG_GUARD, StatusJob, Tmux, free_port
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "launcher", "README.md")
 
@@ -229,6 +230,36 @@ class StatusOtherUser(unittest.TestCase):
             while chunk := s.recv(65536):
                 data += chunk
         self.assertEqual(json.loads(data)["run_id"], job.run_id)
+
+
+class StatusGpu(unittest.TestCase):
+    """The GPU columns and the metrics' GPU series through NVML loaded at run time, here a
+    stand-in libnvidia-ml.so.1 (tests/launcher/fake_nvml) that answers from a file."""
+
+    def test_gpu_columns_and_series_from_nvml(self):
+        fake = os.environ.get("DDPRUN_TEST_FAKE_NVML_DIR") or os.path.join(
+            os.path.dirname(os.path.dirname(harness.DDPRUN)), "tests", "launcher", "fake_nvml")
+        self.assertTrue(os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")), f"build fake_nvml first: {fake}")
+        state = tempfile.NamedTemporaryFile("w", prefix="ddprun-nvml-", delete=False)
+        self.addCleanup(os.unlink, state.name)
+        port = free_port()
+        job = StatusJob(self, WAIT, extra=[f"--metrics_port={port}"],
+                        env={"LD_LIBRARY_PATH": fake, "DDPRUN_FAKE_NVML_STATE": state.name})
+        pids = job.pids()
+        # Rank 0 on GPU 0, rank 1 on GPU 1 (beside another user's process, not the job's).
+        state.write(f"gpu 0 37\ngpu 1 64\nproc 0 {pids[0]} {1 << 30}\nproc 1 {pids[1]} {2 << 30}\n"
+                    f"proc 1 {os.getpid()} 5\n")
+        state.close()
+        agent = json.loads(job.status("--json").stdout)["agents"][0]
+        got = {r["rank"]: (r["gpu_index"], r["gpu_utilization_percent"], r["gpu_memory_bytes"]) for r in agent["ranks"]}
+        self.assertEqual(got, {0: (0, 37.0, 1 << 30), 1: (1, 64.0, 2 << 30)})
+        t = job.status().stdout
+        self.assertRegex(t.splitlines()[0], r" RSS +GPU +GPU% +GPU MEM +LAST FAILURE$")
+        self.assertRegex(t, rf"\n.* 1 +{pids[1]} +running .* 1 +64% +2\.0 GiB +-\n")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=HANG_GUARD) as r:
+            metrics = r.read().decode()
+        self.assertIn('ddprun_worker_gpu_utilization_ratio{rank="0",local_rank="0"} 0.37', metrics)
+        self.assertIn(f'ddprun_worker_gpu_memory_bytes{{rank="1",local_rank="1"}} {2 << 30}', metrics)
 
 
 @unittest.skipUnless(shutil.which("tmux"), "tmux is not installed (scripts/setup_deps.sh installs it)")
