@@ -253,8 +253,8 @@ std::string format_status_table(const std::vector<AgentStatus>& agents) {
   return out;
 }
 
-std::string status_dir_path(const std::string& xdg_runtime_dir, uid_t uid) {
-  if (!xdg_runtime_dir.empty() && xdg_runtime_dir[0] == '/') return xdg_runtime_dir + "/ddprun";
+std::string status_dir_path(const std::string& xdg_runtime_dir, bool xdg_is_ours, uid_t uid) {
+  if (xdg_is_ours && !xdg_runtime_dir.empty() && xdg_runtime_dir[0] == '/') return xdg_runtime_dir + "/ddprun";
   return "/tmp/ddprun-" + std::to_string(uid);
 }
 

@@ -20,6 +20,7 @@
 
 #include "ddprun/launcher/agent_status.h"
 #include "ddprun/launcher/options.h"
+#include "status/status_server.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -43,9 +44,9 @@ const char* kHelp =
     "  --rdzv_id ID    only the job with this run id\n"
     "  -h, --help      this text\n"
     "\n"
-    "Each agent answers on an owner-only unix socket in $XDG_RUNTIME_DIR/ddprun/, or\n"
-    "/tmp/ddprun-<uid>/ without XDG_RUNTIME_DIR (directory 0700, socket 0600; the agent also\n"
-    "checks the caller's uid): no other user can read it.\n"
+    "Each agent answers on an owner-only unix socket in $XDG_RUNTIME_DIR/ddprun/, or in\n"
+    "/tmp/ddprun-<uid>/ when XDG_RUNTIME_DIR is unset or another user's (directory 0700,\n"
+    "socket 0600; the agent also checks the caller's uid): no other user can read it.\n"
     "Exit codes: 0 a job was shown, 1 none runs, 2 bad command line.\n";
 
 struct StatusArgs {
@@ -265,8 +266,7 @@ int run_status(const std::vector<std::string>& args, const EnvMap& env) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  auto xdg = env.find("XDG_RUNTIME_DIR");
-  const std::string dir = status_dir_path(xdg == env.end() ? "" : xdg->second, ::geteuid());
+  const std::string dir = status_dir(env);
   if (a.watch) return watch(dir, a);
   const Found f = collect(dir, a.run_id);
   print_once(f, a);

@@ -116,6 +116,14 @@ AgentStatus StatusBoard::snapshot() {
   return s;
 }
 
+std::string status_dir(const EnvMap& env) {
+  auto it = env.find("XDG_RUNTIME_DIR");
+  const std::string xdg = it == env.end() ? "" : it->second;
+  struct stat st {};
+  const bool ours = !xdg.empty() && ::stat(xdg.c_str(), &st) == 0 && st.st_uid == ::geteuid();
+  return status_dir_path(xdg, ours, ::geteuid());
+}
+
 bool ensure_private_dir(const std::string& dir, std::string* why) {
   if (::mkdir(dir.c_str(), 0700) == 0) return true;
   if (errno != EEXIST) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ddprun/launcher/agent_status.h"
+#include "ddprun/launcher/env_map.h"
 #include "status/rank_sampler.h"
 
 namespace ddprun::launcher {
@@ -81,6 +82,10 @@ class StatusSocket {
   int stop_fd_ = -1;  // an eventfd: the destructor wakes the thread
   std::thread thread_;
 };
+
+// This user's socket directory for this environment (status_dir_path, with XDG_RUNTIME_DIR's
+// owner looked up): the agent and `ddprun status` both ask here.
+std::string status_dir(const EnvMap& env);
 
 // Makes `dir` (mode 0700) or checks that it is a directory (not a link) of this user with no
 // group or other permissions. False and *why (what is wrong and what to do) otherwise.

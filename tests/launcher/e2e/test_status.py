@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -194,10 +195,11 @@ class StatusOtherUser(unittest.TestCase):
         sock = os.path.join(d, f"{job.live.p.pid}.sock")
         # The owner sees the job.
         self.assertIn(str(pids[0]), job.status().stdout)
-        # Another user cannot list the directory (0700).
+        # Another user's `ddprun status` never looks in this user's directory: with this
+        # XDG_RUNTIME_DIR (not theirs) it reads /tmp/ddprun-<their uid>/.
         p = job.status(user=True)
         self.assertEqual(p.returncode, 1, p.stdout)
-        self.assertIn(f"cannot read {d}: Permission denied", p.stderr)
+        self.assertIn("no running ddprun job of this user on this host (looked in /tmp/ddprun-65534", p.stderr)
         self.assertNotIn(str(pids[0]), p.stdout + p.stderr)
         # Even with the directory and the socket opened to everyone, the agent checks the
         # caller's uid (SO_PEERCRED) and answers nothing but a refusal.
@@ -218,11 +220,6 @@ class StatusOtherUser(unittest.TestCase):
         self.assertTrue(raw.stdout.startswith("refused: this ddprun agent"), raw.stdout)
         self.assertNotIn(str(pids[0]), raw.stdout)
         self.assertNotIn("ranks", raw.stdout)
-        # And ddprun status of that user reads nothing from it.
-        p = job.status("--json", user=True)
-        self.assertEqual(p.returncode, 1)
-        self.assertEqual(json.loads(p.stdout)["agents"], [])
-        self.assertRegex(p.stderr, r"served by another user \(uid 0\)|refused: this ddprun agent")
         # The same raw read as the owner gets the snapshot: the check above can fail.
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(sock)
@@ -230,6 +227,41 @@ class StatusOtherUser(unittest.TestCase):
             while chunk := s.recv(65536):
                 data += chunk
         self.assertEqual(json.loads(data)["run_id"], job.run_id)
+
+
+    def test_a_socket_of_another_user_is_not_believed(self):
+        # In nobody's own socket directory, a socket that root serves (an impostor): nobody's
+        # `ddprun status` checks who serves it (SO_PEERCRED) and reads nothing from it.
+        xdg = tempfile.mkdtemp(prefix="ddprun-status-")
+        self.addCleanup(shutil.rmtree, xdg, True)
+        d = os.path.join(xdg, "ddprun")
+        os.mkdir(d, 0o700)
+        for path in (xdg, d):
+            os.chown(path, 65534, 65534)
+        path = os.path.join(d, "1.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        self.addCleanup(srv.close)
+        srv.bind(path)
+        os.chmod(path, 0o666)
+        srv.listen()
+        fake = json.dumps({"run_id": "impostor", "node_rank": 0, "agent_pid": 1, "attempt": 0, "ranks": []})
+
+        def serve():
+            conn, _ = srv.accept()
+            with conn:
+                try:
+                    conn.sendall(fake.encode())
+                except OSError:
+                    pass  # the reader hung up first: what it should do
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        p = subprocess.run(NOBODY + [harness.DDPRUN, "status", "--json"], capture_output=True, text=True,
+                           timeout=HANG_GUARD, env=dict(os.environ, XDG_RUNTIME_DIR=xdg))
+        server.join(HANG_GUARD)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertEqual(json.loads(p.stdout)["agents"], [])
+        self.assertIn(f"{path}: served by another user (uid 0): not read", p.stderr)
+        self.assertNotIn("impostor", p.stdout)
 
 
 class StatusGpu(unittest.TestCase):
