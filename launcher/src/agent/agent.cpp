@@ -302,7 +302,7 @@ void Agent::start_metrics() {
 
 // `ddprun status`: the socket, before the first round (a job still in its rendezvous shows).
 void Agent::start_status() {
-  status_ = std::make_unique<StatusBoard>(opts_.rendezvous.id, opts_.faults.max_restarts, sampler_);
+  status_ = std::make_shared<StatusBoard>(opts_.rendezvous.id, opts_.faults.max_restarts, sampler_);
   std::string why;
   status_socket_ = StatusSocket::start(*status_, status_dir(env_), &why);
   if (!status_socket_) spdlog::warn("`ddprun status` cannot see this job: {}", why);

@@ -95,7 +95,7 @@ class Agent {
   // `ddprun status`: the board the loop records on and the owner-only socket that serves it;
   // the sampler (/proc, NVML) is shared with the metrics endpoint.
   std::shared_ptr<RankSampler> sampler_ = std::make_shared<RankSampler>();
-  std::unique_ptr<StatusBoard> status_;
+  std::shared_ptr<StatusBoard> status_;  // shared with the heartbeats that carry its snapshots
   std::unique_ptr<StatusSocket> status_socket_;
   void start_status();
   EnvMap extra_env_;  // added to every worker's environment unless already set

@@ -100,6 +100,11 @@ std::string fmt_bytes(uint64_t b) {
   return buf;
 }
 
+void sanitize(std::string& s) {
+  for (char& ch : s)
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+}
+
 std::string fmt_percent(double p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0f%%", p);
@@ -130,14 +135,14 @@ std::string status_document_json(const std::vector<AgentStatus>& agents) {
   return out + "]}";
 }
 
-std::optional<AgentStatus> status_from_json(const std::string& text, std::string* error) {
-  const auto doc = parse_json(text);
-  if (!doc || doc->type != Json::Type::Object) {
+namespace {
+std::optional<AgentStatus> status_from_object(const Json& obj, std::string* error) {
+  if (obj.type != Json::Type::Object) {
     if (error) *error = "not a JSON object";
     return std::nullopt;
   }
   AgentStatus s;
-  Reader r{*doc, error};
+  Reader r{obj, error};
   for (const char* key : {"run_id", "node_rank", "agent_pid", "attempt", "ranks"}) r.require(key);
   r.str("run_id", s.run_id);
   r.str("host", s.host);
@@ -179,6 +184,31 @@ std::optional<AgentStatus> status_from_json(const std::string& text, std::string
   }
   if (!r.ok) return std::nullopt;
   return s;
+}
+}  // namespace
+
+std::optional<AgentStatus> status_from_json(const std::string& text, std::string* error) {
+  const auto doc = parse_json(text);
+  if (!doc) {
+    if (error) *error = "not a JSON object";
+    return std::nullopt;
+  }
+  return status_from_object(*doc, error);
+}
+
+std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::string* error) {
+  std::vector<AgentStatus> out;
+  const auto doc = parse_json(text);
+  if (!doc || doc->type != Json::Type::Array) {
+    if (error) *error = "not a JSON array";
+    return out;
+  }
+  for (const Json& item : doc->items) {
+    std::string why;
+    if (auto s = status_from_object(item, &why)) out.push_back(std::move(*s));
+    else if (error && error->empty()) *error = why;
+  }
+  return out;
 }
 
 std::string format_status_table(const std::vector<AgentStatus>& agents) {
@@ -235,6 +265,11 @@ std::string format_status_table(const std::vector<AgentStatus>& agents) {
       c.push_back(i == failure_row && !a.last_failure.empty() ? a.last_failure : dash);
       rows.push_back({"", std::move(c)});
     }
+  }
+  // What agents wrote reaches a terminal: no control byte (an escape sequence) gets through.
+  for (auto& row : rows) {
+    sanitize(row.title);
+    for (auto& cell : row.cells) sanitize(cell);
   }
   std::vector<size_t> width(head.size());
   for (size_t k = 0; k < head.size(); ++k) width[k] = head[k].size();

@@ -15,21 +15,29 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <optional>
 #include <tuple>
 
+#include "ddprun/common/knobs.h"
 #include "ddprun/launcher/agent_status.h"
 #include "ddprun/launcher/options.h"
+#include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/rendezvous_client.h"
 #include "status/status_server.h"
 
 namespace ddprun::launcher {
 namespace {
 
 constexpr int kReadTimeoutMs = 3000;  // an agent answers from a thread of its own at once
+constexpr std::chrono::seconds kEndpointTimeout{5};  // to connect, and for the reply
+constexpr uint16_t kDefaultRdzvPort = 29400;         // torchrun's, for an endpoint without one
 
 const char* kHelp =
     "ddprun status: the running ddprun jobs of this user on this host, one row per worker.\n"
     "  ddprun status [--json] [--watch [--interval S]] [--rdzv_id ID]\n"
+    "  ddprun status --rdzv_endpoint HOST[:PORT] --rdzv_id ID [--rdzv_token_file F] [...]\n"
+    "                  the whole job, every node, from its rendezvous server\n"
     "\n"
     "Columns: node, rank, pid, state; attempt, and restarts used and left; uptime; CPU % (of\n"
     "one core, since the previous look; the first: since the worker started) and RSS; on\n"
@@ -42,6 +50,12 @@ const char* kHelp =
     "  --watch         redraw the table in place every --interval seconds (Ctrl-C ends it)\n"
     "  --interval S    seconds between redraws (default 1, at least 0.1)\n"
     "  --rdzv_id ID    only the job with this run id\n"
+    "  --rdzv_endpoint HOST[:PORT]\n"
+    "                  ask the job's rendezvous server (a multi-node job's endpoint, or its\n"
+    "                  --master_addr:--master_port when static; port 29400 when not given) for\n"
+    "                  the status every agent sent it (every 2 s); needs --rdzv_id\n"
+    "  --rdzv_token_file F\n"
+    "                  the job's token (else DDPRUN_RDZV_TOKEN), as the agents were given it\n"
     "  -h, --help      this text\n"
     "\n"
     "Each agent answers on an owner-only unix socket in $XDG_RUNTIME_DIR/ddprun/, or in\n"
@@ -54,6 +68,8 @@ struct StatusArgs {
   bool watch = false;
   double interval_s = 1.0;
   std::optional<std::string> run_id;
+  std::optional<std::string> endpoint;
+  std::string token_file;
   bool help = false;
 };
 
@@ -80,6 +96,8 @@ StatusArgs parse_args(const std::vector<std::string>& args) {
     else if (arg == "--watch") no_value("--watch"), a.watch = true;
     else if (arg == "-h" || arg == "--help") a.help = true;
     else if (arg == "--rdzv_id") a.run_id = take("--rdzv_id");
+    else if (arg == "--rdzv_endpoint") a.endpoint = take("--rdzv_endpoint");
+    else if (arg == "--rdzv_token_file") a.token_file = take("--rdzv_token_file");
     else if (arg == "--interval") {
       const std::string v = take("--interval");
       char* end = nullptr;
@@ -90,15 +108,51 @@ StatusArgs parse_args(const std::vector<std::string>& args) {
       throw UsageError("unknown argument " + args[i] + " (ddprun status --help lists the options)");
     }
   }
+  if (a.endpoint && !a.run_id)
+    throw UsageError("--rdzv_endpoint needs --rdzv_id (the server may hold several jobs)");
+  if (!a.token_file.empty() && !a.endpoint) throw UsageError("--rdzv_token_file goes with --rdzv_endpoint");
   return a;
 }
 
 struct Found {
   std::vector<AgentStatus> agents;
   std::vector<std::string> problems;  // one line each: a socket that could not be read
-  std::string dir;
+  std::string dir;           // where it looked: the socket directory or the endpoint
   bool dir_missing = false;
+  bool remote = false;
+  bool job_unknown = false;  // the server knows no job of that run id
+  std::string unreachable;   // why the server could not be asked
+  int64_t members = 0;       // the job's agents at the server
 };
+
+// The whole job: what every agent last sent the rendezvous server.
+Found collect_remote(const HostPort& ep, const std::string& token, const std::string& run_id) {
+  Found f;
+  f.remote = true;
+  const uint16_t port = ep.port.value_or(kDefaultRdzvPort);
+  f.dir = "the rendezvous endpoint " + ep.host + ":" + std::to_string(port);
+  try {
+    rdzv::RendezvousClient client(ep.host, port, kEndpointTimeout, std::chrono::hours(24), {}, token);
+    const rdzv::StatusReply reply = client.query_status(run_id, kEndpointTimeout);
+    f.members = reply.members;
+    if (!reply.found) {
+      f.job_unknown = true;
+      return f;
+    }
+    std::string error;
+    f.agents = statuses_from_json_array(reply.agents, &error);
+    if (!error.empty()) f.problems.push_back("an agent's status was left out: " + error);
+  } catch (const rdzv::RendezvousRefused& e) {
+    f.unreachable = e.what();
+  } catch (const rdzv::RendezvousError& e) {
+    f.unreachable = "cannot read " + f.dir + ": " + e.what() +
+                    " (a one-node job serves no rendezvous: run ddprun status on its host)";
+  }
+  std::sort(f.agents.begin(), f.agents.end(), [](const AgentStatus& a, const AgentStatus& b) {
+    return std::tie(a.node_rank, a.agent_pid) < std::tie(b.node_rank, b.agent_pid);
+  });
+  return f;
+}
 
 // The answer of the agent listening on `path`, or nullopt and *problem (empty for a stale
 // socket, which is removed).
@@ -202,6 +256,12 @@ Found collect(const std::string& dir, const std::optional<std::string>& run_id) 
 }
 
 std::string nothing_running(const Found& f, const StatusArgs& a) {
+  if (f.remote) {
+    if (!f.unreachable.empty()) return f.unreachable;
+    if (f.job_unknown) return "no job " + *a.run_id + " at " + f.dir + " (a job that ended is forgotten there)";
+    return "no agent of job " + *a.run_id + " at " + f.dir + " has sent its status yet (" +
+           std::to_string(f.members) + " joined; each sends it every 2 s)";
+  }
   std::string what = a.run_id ? "no running ddprun job with --rdzv_id " + *a.run_id : "no running ddprun job";
   return what + " of this user on this host (looked in " + f.dir +
          (f.dir_missing ? ", which does not exist" : "") +
@@ -225,10 +285,10 @@ void sleep_for(double s) {
   }
 }
 
-int watch(const std::string& dir, const StatusArgs& a) {
+int watch(const std::function<Found()>& collect_now, const StatusArgs& a) {
   if (!a.json) std::fputs("\x1b[H\x1b[2J", stdout);  // a clean screen once
   while (true) {
-    const Found f = collect(dir, a.run_id);
+    const Found f = collect_now();
     if (a.json) {
       std::printf("%s\n", status_document_json(f.agents).c_str());
     } else {
@@ -266,9 +326,24 @@ int run_status(const std::vector<std::string>& args, const EnvMap& env) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  const std::string dir = status_dir(env);
-  if (a.watch) return watch(dir, a);
-  const Found f = collect(dir, a.run_id);
+  std::function<Found()> collect_now;
+  if (a.endpoint) {
+    HostPort ep;
+    std::string token;
+    try {
+      ep = parse_host_port("rdzv_endpoint", *a.endpoint);
+      const auto from_env = knobs::get(knobs::kRdzvToken, env);
+      token = rdzv::load_token(a.token_file, from_env ? from_env->c_str() : nullptr);
+    } catch (const std::exception& e) {  // UsageError, or the token file's std::invalid_argument
+      std::fprintf(stderr, "ddprun status: error: %s\n", e.what());
+      return kUsageExitCode;
+    }
+    collect_now = [ep, token, run_id = *a.run_id] { return collect_remote(ep, token, run_id); };
+  } else {
+    collect_now = [dir = status_dir(env), run_id = a.run_id] { return collect(dir, run_id); };
+  }
+  if (a.watch) return watch(collect_now, a);
+  const Found f = collect_now();
   print_once(f, a);
   return f.agents.empty() ? 1 : 0;
 }

@@ -124,6 +124,16 @@ std::string status_dir(const EnvMap& env) {
   return status_dir_path(xdg, ours, ::geteuid());
 }
 
+std::string StatusBoard::publish_if_due() {
+  {
+    std::lock_guard lock(mu_);
+    const auto now = Clock::now();
+    if (last_publish_ && now - *last_publish_ < kPublishEvery) return "";
+    last_publish_ = now;
+  }
+  return status_to_json(snapshot());
+}
+
 bool ensure_private_dir(const std::string& dir, std::string* why) {
   if (::mkdir(dir.c_str(), 0700) == 0) return true;
   if (errno != EEXIST) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +42,10 @@ class StatusBoard {
   void failed(int global_rank, const std::string& what);  // stops the group
   // From the socket's thread: the status now, each rank sampled.
   AgentStatus snapshot();
+  // For the rendezvous server (the heartbeats of a multi-node agent): the snapshot's JSON at
+  // most every kPublishEvery, "" in between (the heartbeat then carries none).
+  std::string publish_if_due();
+  static constexpr std::chrono::seconds kPublishEvery{2};
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -57,6 +62,7 @@ class StatusBoard {
   AgentStatus base_;  // everything but the ranks
   std::vector<Rank> ranks_;
   Clock::time_point agent_started_ = Clock::now();
+  std::optional<Clock::time_point> last_publish_;
   std::map<pid_t, CpuSample> last_cpu_;  // per pid: the previous snapshot's sample
   std::shared_ptr<RankSampler> sampler_;
 };

@@ -149,6 +149,30 @@ TEST_CASE("status table: GPU columns when a rank has a GPU; an agent without wor
   CHECK(t.find("rendezvous") != std::string::npos);
 }
 
+TEST_CASE("status table: control bytes an agent wrote never reach the terminal", "[status]") {
+  AgentStatus s = two_ranks();
+  s.run_id = "evil\x1b]0;pwned\x07";
+  s.last_failure = "r3: \x1b[2Jcleared";
+  const std::string t = format_status_table({s});
+  CHECK(t.find('\x1b') == std::string::npos);
+  CHECK(t.find('\x07') == std::string::npos);
+  CHECK(t.find("job evil?]0;pwned?") != std::string::npos);
+}
+
+TEST_CASE("status JSON: an array of agents from the rendezvous server; bad entries left out", "[status]") {
+  const std::string a = status_to_json(two_ranks());
+  std::string error;
+  auto all = statuses_from_json_array("[" + a + "," + a + "]", &error);
+  CHECK(all.size() == 2);
+  CHECK(error.empty());
+  auto some = statuses_from_json_array("[" + a + ",17]", &error);
+  CHECK(some.size() == 1);
+  CHECK(error == "not a JSON object");
+  error.clear();
+  CHECK(statuses_from_json_array("{}", &error).empty());
+  CHECK(error == "not a JSON array");
+}
+
 TEST_CASE("CPU % from two samples: of one core, nothing for a bad interval or a counter that went back", "[status]") {
   CHECK(*cpu_percent(10.0, 12.0, 1.0) == Approx(200.0));
   CHECK(*cpu_percent(10.0, 10.5, 2.0) == Approx(25.0));

@@ -55,6 +55,9 @@ std::string status_to_json(const AgentStatus& s);
 std::string status_document_json(const std::vector<AgentStatus>& agents);
 // An agent object back (what the socket answers); nullopt and *error when it is not one.
 std::optional<AgentStatus> status_from_json(const std::string& text, std::string* error);
+// A JSON array of agent objects (what the rendezvous server answers for a job); the entries
+// that are not agent objects are left out, and *error says why for the first of them.
+std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::string* error);
 
 // The table, one row per rank, agents in the order given (the caller sorts: by job, then node).
 // GPU columns only when some rank has a GPU value. Ends with a newline.
