@@ -332,6 +332,7 @@ int run_status(const std::vector<std::string>& args, const EnvMap& env) {
     std::string token;
     try {
       ep = parse_host_port("rdzv_endpoint", *a.endpoint);
+      check_endpoint_host("--rdzv_endpoint", *a.endpoint, ep.host);
       const auto from_env = knobs::get(knobs::kRdzvToken, env);
       token = rdzv::load_token(a.token_file, from_env ? from_env->c_str() : nullptr);
     } catch (const std::exception& e) {  // UsageError, or the token file's std::invalid_argument

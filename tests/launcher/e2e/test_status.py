@@ -153,8 +153,16 @@ class StatusLocal(unittest.TestCase):
         self.assertIn("unknown argument --frobnicate", p.stderr)
         p = subprocess.run([harness.DDPRUN, "status", "--help"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0)
-        for word in ("--json", "--watch", "--interval", "--rdzv_id", "0700", "0600"):
+        for word in ("--json", "--watch", "--interval", "--rdzv_id", "--rdzv_endpoint", "--rdzv_token_file",
+                     "0700", "0600"):
             self.assertIn(word, p.stdout)
+        p = subprocess.run([harness.DDPRUN, "status", "--rdzv_endpoint=head:29400"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--rdzv_endpoint needs --rdzv_id", p.stderr)
+        p = subprocess.run([harness.DDPRUN, "status", "--rdzv_endpoint=::::garbage:::", "--rdzv_id=x"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("ddprun status: error: ", p.stderr)
         p = subprocess.run([harness.DDPRUN, "--help"], capture_output=True, text=True)
         self.assertIn("ddprun status [--json] [--watch]", p.stdout)
 
