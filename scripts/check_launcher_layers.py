@@ -19,9 +19,11 @@ ALLOWED = {  # layer -> the layers it may include (besides itself)
     "spares": {"platform", "options", "workers"},
     "group": {"platform", "options", "workers", "spares"},
     "coordination": {"platform", "options", "workers"},
-    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics"},
+    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics", "status"},
     "doctor": {"platform", "options", "workers", "spares"},
-    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics", "doctor"},
+    "status": {"platform", "options", "metrics"},
+    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics", "doctor",
+             "status"},
 }
 PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform", "log_format.h": "platform", "log_events.h": "platform",
@@ -31,7 +33,8 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "usage_report.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
-    "doctor.h": "doctor",
+    "doctor.h": "doctor", "json.h": "platform",
+    "agent_status.h": "status", "status_command.h": "status",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

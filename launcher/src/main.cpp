@@ -10,6 +10,7 @@
 #include "ddprun/launcher/log_events.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
+#include "ddprun/launcher/status_command.h"
 
 int main(int argc, char** argv) {
   using namespace ddprun::launcher;
@@ -20,6 +21,8 @@ int main(int argc, char** argv) {
     args.erase(args.begin() + 1);
     return doctor::run_doctor(args, env);
   }
+  // `ddprun status [--json] [--watch]`: the running jobs of this user on this host.
+  if (argc > 1 && std::string(argv[1]) == "status") return run_status(std::vector<std::string>(argv + 2, argv + argc), env);
   ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env,
                                            probe_system(env));
   if (!parsed.options) {

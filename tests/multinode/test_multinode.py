@@ -6,6 +6,7 @@ and a time bound (a hang guard, generous: these machines are shared)."""
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -600,6 +601,66 @@ def scenario_gloo_iface(args):
         run.close()
         for d in etc_dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def scenario_status(args):
+    """`ddprun status --rdzv_endpoint` on a node of a 2-node job with a token shows every rank of
+    both nodes (what each agent last sent the rendezvous server); without the token it is
+    refused; an unknown run id and an endpoint nobody serves say so."""
+    run = Run(args, 2)
+    try:
+        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120",
+               "DDPRUN_RDZV_TOKEN": TOKEN}
+        for n in (0, 1):
+            run.agent(n, dyn_flags(run, 2, 2, rid="statusjob"), extra_env=env)
+        wait_for(lambda: len(run.records()) >= 4, 40, "the four workers")
+        pids = {int(r["RANK"]): r["pid"] for r in run.records()}
+
+        def status(*extra, token=TOKEN, rid="statusjob", ep=f"{run.cluster.addr(0)}:29400"):
+            e = {k: v for k, v in os.environ.items() if k != "DDPRUN_RDZV_TOKEN"}
+            if token:
+                e["DDPRUN_RDZV_TOKEN"] = token
+            return subprocess.run(["ip", "netns", "exec", run.cluster.nodes[1], args.ddprun, "status",
+                                   f"--rdzv_endpoint={ep}", f"--rdzv_id={rid}", *extra],
+                                  capture_output=True, text=True, env=e, timeout=60)
+
+        # Each agent sends its status with a heartbeat every 2 s: wait for both nodes.
+        seen = {}
+
+        def both_nodes():
+            p = status("--json")
+            seen["doc"], seen["err"] = (json.loads(p.stdout) if p.stdout.strip() else None), p.stderr
+            return p.returncode == 0 and len(seen["doc"]["agents"]) == 2
+
+        wait_for(both_nodes, 30, "both agents' status at the rendezvous server")
+        agents = seen["doc"]["agents"]
+        assert [(a["run_id"], a["node_rank"], a["num_nodes"]) for a in agents] == \
+            [("statusjob", 0, 2), ("statusjob", 1, 2)], agents
+        got = {r["rank"]: r["pid"] for a in agents for r in a["ranks"]}
+        assert got == pids, (got, pids)
+        assert all(r["state"] == "running" for a in agents for r in a["ranks"]), agents
+        table = status()
+        assert table.returncode == 0, table.stderr
+        print(table.stdout)
+        for node in (0, 1):
+            for rank in (2 * node, 2 * node + 1):
+                assert re.search(rf"^{node} \(\S+\) +{rank} +{pids[rank]} +running ", table.stdout, re.M), table.stdout
+
+        refused = status(token=None)
+        assert refused.returncode == 1 and "rendezvous refused" in refused.stderr, refused.stderr
+        assert str(pids[0]) not in refused.stdout + refused.stderr
+        wrong = status(token="not the job's token, 16+ bytes")
+        assert wrong.returncode == 1 and "token mismatch" in wrong.stderr, wrong.stderr
+        unknown = status(rid="nojob")
+        assert unknown.returncode == 1 and "no job nojob at the rendezvous endpoint" in unknown.stderr, unknown.stderr
+        nobody = status(ep=f"{run.cluster.addr(1)}:1")
+        assert nobody.returncode == 1 and "cannot read the rendezvous endpoint" in nobody.stderr, nobody.stderr
+
+        run.release()
+        codes = [run.wait(n, 60)[0] for n in (0, 1)]
+        assert codes == [0, 0], codes
+    finally:
+        run.close()
 
 
 SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}

@@ -935,3 +935,45 @@ TEST_CASE("APastTheLimitRoundKeepsItsStoreOnTheServer", "[round][agent_store]") 
   CHECK(r.store_peers.empty());
   CHECK(stores.open_stores.size() == 1);
 }
+
+TEST_CASE("StatusQueryReturnsTheMembersLastSnapshotsByNodeRank", "[rdzv]") {
+  Harness h;
+  h.join(1, "a");
+  h.join(2, "b");
+  // Before any snapshot: the job is known, with two members and nothing to show.
+  Message q;
+  q.type = MsgType::StatusQuery;
+  q.set("run_id", "job");
+  h.send(99, q);  // a connection that never joined may ask
+  auto* r = h.to(99, MsgType::StatusReply);
+  REQUIRE(r);
+  StatusReply reply = from_message<StatusReply>(r->msg);
+  CHECK(reply.found);
+  CHECK(reply.members == 2);
+  CHECK(reply.agents == "[]");
+  CHECK_FALSE(r->close_after);
+  // Heartbeats carry the snapshots; an empty one keeps the last; node rank order (conn 1 is
+  // node rank 0: the first joiner).
+  h.send(2, to_message(Heartbeat{.status = "{\"n\":1}"}));
+  h.send(1, to_message(Heartbeat{.status = "{\"n\":0}"}));
+  h.send(1, to_message(Heartbeat{}));
+  h.send(99, q);
+  reply = from_message<StatusReply>(h.to(99, MsgType::StatusReply)->msg);
+  CHECK(reply.agents == "[{\"n\":0},{\"n\":1}]");
+  // Too long a snapshot is dropped, the previous one stays.
+  h.send(1, to_message(Heartbeat{.status = std::string(kMaxStatusBytes + 1, 'x')}));
+  h.send(99, q);
+  reply = from_message<StatusReply>(h.to(99, MsgType::StatusReply)->msg);
+  CHECK(reply.agents == "[{\"n\":0},{\"n\":1}]");
+  // A node that left takes its snapshot with it; an unknown job is not found.
+  h.out.clear();
+  h.state.on_disconnect(2, h.now, h.out);
+  h.send(99, q);
+  reply = from_message<StatusReply>(h.to(99, MsgType::StatusReply)->msg);
+  CHECK(reply.agents.find("\"n\":1") == std::string::npos);
+  q.set("run_id", "other");
+  h.send(99, q);
+  reply = from_message<StatusReply>(h.to(99, MsgType::StatusReply)->msg);
+  CHECK_FALSE(reply.found);
+  CHECK(reply.agents.empty());
+}

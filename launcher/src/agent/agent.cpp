@@ -58,6 +58,7 @@ int Agent::run() {
     if (plan_.spares) group_->enable_spares();
     else if (opts_.spares.enabled.value_or(false))
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
+    start_status();
     start_metrics();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
@@ -151,6 +152,7 @@ void Agent::perform(const Action& a) {
     switch (a.kind) {
       case Action::Kind::JoinRound:
         join_sent_ = Clock::now();
+        if (status_) status_->joining();
         spdlog::debug("joining the next round of job {} (attempt {})", opts_.rendezvous.id, a.attempt);
         coordinator_->join();
         break;
@@ -229,6 +231,7 @@ void Agent::on_notice(const Notice& n) {
       layout_ = n.layout;
       max_restarts_ = n.max_restarts;
       set_log_node_rank(n.layout.node_rank);
+      if (status_) status_->round(n.layout.run_id, n.layout.node_rank, n.layout.num_nodes, n.max_restarts);
       dispatch(RoundReady{n.layout.restart_count});
       break;
     case Notice::Kind::Restart:
@@ -266,6 +269,11 @@ void Agent::start_attempt(int attempt) {
                         : failed_since_round_               ? "worker_failure"
                                                             : "peer_restart";
     metrics_->attempt_started(attempt, ws, cause);
+  }
+  if (status_) {
+    std::vector<StatusBoard::Worker> ws;
+    for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
+    status_->attempt_started(attempt, ws);
   }
   const double spawn_ms = ms_since(t0);
   const auto t_spawned = Clock::now();
@@ -315,9 +323,19 @@ void Agent::start_metrics() {
   } catch (const metrics::MetricsEndpointError& e) {
     throw UsageError(e.what());
   }
+  metrics_->set_gpu_sampler([s = sampler_](std::vector<RankSample>& ranks) { s->sample_gpus(ranks); });
   // Tests read the URL at the end of this line.
   LogEvent ev("metrics_endpoint", {{"url", metrics_->url()}});
   spdlog::info("metrics on {}", metrics_->url());
+}
+
+// `ddprun status`: the socket, before the first round (a job still in its rendezvous shows).
+void Agent::start_status() {
+  status_ = std::make_shared<StatusBoard>(opts_.rendezvous.id, opts_.faults.max_restarts, sampler_);
+  std::string why;
+  status_socket_ = StatusSocket::start(*status_, status_dir(env_), &why);
+  if (!status_socket_) spdlog::warn("`ddprun status` cannot see this job: {}", why);
+  else spdlog::debug("status socket {}", status_socket_->path());
 }
 
 void Agent::on_signalfd() {
@@ -417,6 +435,7 @@ void Agent::worker_ended(Worker& w) {
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
   if (metrics_ && current) metrics_->worker_ended(w.local_rank, w.status->success());
+  if (status_ && current) status_->worker_ended(w.local_rank, w.status->success());
   const bool was_preempted = state_.preempted();
   std::optional<PreemptAnnouncement> said;
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
@@ -472,6 +491,9 @@ void Agent::record_failure(const Action& a) {
                {"attempt", int64_t{a.attempt}},
                {"config_error", config_error}},
               w->global_rank);
+  if (status_)
+    status_->failed(w->global_rank, fmt::format("r{}: {} after {:.1f} s (attempt {})", w->global_rank,
+                                                a.status.describe(), failure_->after_s, a.attempt));
   spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group", w->global_rank,
                w->local_rank, w->pid, a.status.describe(), failure_->after_s);
   std::string tail;

@@ -21,6 +21,8 @@
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
 #include "metrics/agent_exporter.h"
+#include "status/rank_sampler.h"
+#include "status/status_server.h"
 #include "workers/worker_group.h"
 
 namespace ddprun::launcher {
@@ -92,6 +94,12 @@ class Agent {
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<AgentExporter> metrics_;  // --metrics_port
   void start_metrics();
+  // `ddprun status`: the board the loop records on and the owner-only socket that serves it;
+  // the sampler (/proc, NVML) is shared with the metrics endpoint.
+  std::shared_ptr<RankSampler> sampler_ = std::make_shared<RankSampler>();
+  std::shared_ptr<StatusBoard> status_;  // shared with the heartbeats that carry its snapshots
+  std::unique_ptr<StatusSocket> status_socket_;
+  void start_status();
   EnvMap extra_env_;  // added to every worker's environment unless already set
   std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;

@@ -209,6 +209,8 @@ void Agent::start_coordinator() {
     // Once stopping, no send waits for a server that stopped reading.
     co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
     co.token = credentials_;
+    // `ddprun status --rdzv_endpoint`: the server keeps what the heartbeats carry.
+    if (status_) co.status_source = [board = status_] { return board->publish_if_due(); };
     coordinator_ = make_remote_coordinator(std::move(co));
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1, which other nodes

@@ -19,8 +19,10 @@ using Clock = std::chrono::steady_clock;
 std::unique_ptr<rdzv::RendezvousClient> connect_rendezvous(const RendezvousEndpoint& e,
                                                            std::chrono::milliseconds timeout) {
   try {
-    return std::make_unique<rdzv::RendezvousClient>(e.host, e.port, timeout, e.heartbeat_interval, e.interrupted,
-                                                    e.token);
+    auto c = std::make_unique<rdzv::RendezvousClient>(e.host, e.port, timeout, e.heartbeat_interval, e.interrupted,
+                                                      e.token);
+    if (e.status_source) c->set_heartbeat_status(e.status_source);
+    return c;
   } catch (const rdzv::RendezvousInterrupted& x) {
     throw CoordinatorInterrupted(x.what());
   } catch (const rdzv::RendezvousError& x) {
@@ -102,6 +104,7 @@ std::unique_ptr<rdzv::RendezvousClient> Reconnector::connect_within_budget(std::
   try {
     auto c = std::make_unique<rdzv::RendezvousClient>(endpoint_.host, endpoint_.port, connect_timeout,
                                                       endpoint_.heartbeat_interval, interrupted, endpoint_.token);
+    if (endpoint_.status_source) c->set_heartbeat_status(endpoint_.status_source);
     *connecting = false;
     return c;
   } catch (const rdzv::RendezvousInterrupted& e) {

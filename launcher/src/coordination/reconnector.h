@@ -28,6 +28,8 @@ struct RendezvousEndpoint {
   // Asked at least every 100 ms while connecting: yes gives up (CoordinatorInterrupted).
   std::function<bool()> interrupted;
   rdzv::AgentCredentials token;
+  // What the heartbeats carry (RendezvousClient::set_heartbeat_status); may be empty.
+  std::function<std::string()> status_source;
   std::string where() const { return host + ":" + std::to_string(port); }
 };
 

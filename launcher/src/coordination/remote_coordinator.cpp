@@ -32,7 +32,7 @@ int make_epoll() {
 class RemoteCoordinator final : public Coordinator {
  public:
   explicit RemoteCoordinator(RemoteCoordinatorOptions o)
-      : endpoint_{o.host, o.port, o.heartbeat_interval, o.interrupted, o.token},
+      : endpoint_{o.host, o.port, o.heartbeat_interval, o.interrupted, o.token, o.status_source},
         client_(connect_rendezvous(endpoint_, o.connect_timeout)),
         settings_(std::move(o.settings)),
         store_host_(o.host == "localhost" ? "127.0.0.1" : o.host),

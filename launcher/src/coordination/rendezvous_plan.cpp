@@ -2,8 +2,6 @@
 
 #include "ddprun/common/knobs.h"
 
-#include <arpa/inet.h>
-
 #include <cstdlib>
 
 namespace ddprun::launcher {
@@ -29,15 +27,6 @@ std::optional<bool> conf_bool(const RendezvousOptions& o, const std::string& key
   throw UsageError("--rdzv_conf " + key + "=" + v + ": expected true or false (1 or 0)");
 }
 
-// A host with a colon must be an IPv6 literal: "::::garbage:::" is nobody's address.
-void check_host(const std::string& flag, const std::string& given, const std::string& host) {
-  in6_addr a6{};
-  const bool bad = host.empty() || (host.find(':') != std::string::npos && ::inet_pton(AF_INET6, host.c_str(), &a6) != 1);
-  if (bad)
-    throw UsageError(flag + "=" + given + ": expected HOST[:PORT] (a name, an IPv4 address, or an IPv6 address in "
-                     "brackets: [::1]:29400)");
-}
-
 }  // namespace
 
 RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
@@ -46,7 +35,7 @@ RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& r
   RendezvousPlan p;
   const bool c10d = rendezvous.backend == RdzvBackend::C10d;
   p.port_from_endpoint = c10d;
-  if (c10d && !rendezvous.standalone) check_host("--rdzv_endpoint", rendezvous.endpoint, rendezvous.host);
+  if (c10d && !rendezvous.standalone) check_endpoint_host("--rdzv_endpoint", rendezvous.endpoint, rendezvous.host);
   const auto join_timeout = conf_seconds(rendezvous, "join_timeout", 600);
   const auto heartbeat_timeout = conf_seconds(rendezvous, "heartbeat_timeout", 5);
   const auto last_call = conf_seconds(rendezvous, "last_call_timeout", c10d ? 30 : 0);

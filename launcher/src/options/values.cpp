@@ -1,5 +1,7 @@
 #include "options/values.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <csignal>
@@ -208,6 +210,14 @@ std::vector<std::string> parse_filter_list(const std::string& value) {
     }
   }
   return out;
+}
+
+void check_endpoint_host(const std::string& flag, const std::string& given, const std::string& host) {
+  in6_addr a6{};
+  const bool bad = host.empty() || (host.find(':') != std::string::npos && ::inet_pton(AF_INET6, host.c_str(), &a6) != 1);
+  if (bad)
+    throw UsageError(flag + "=" + given + ": expected HOST[:PORT] (a name, an IPv4 address, or an IPv6 address in "
+                     "brackets: [::1]:29400)");
 }
 
 HostPort parse_host_port(const std::string& flag, const std::string& value) {

@@ -11,6 +11,9 @@ using nvmlDevice_t = struct nvmlDevice_st*;
 struct nvmlMemory_t {
   unsigned long long total, free, used;
 };
+struct nvmlUtilization_t {
+  unsigned int gpu, memory;
+};
 // nvmlProcessInfo_v1_t: the layout nvmlDeviceGetComputeRunningProcesses (unversioned) fills.
 struct nvmlProcessInfo_v1_t {
   unsigned int pid;
@@ -29,6 +32,7 @@ using HandleFn = nvmlReturn_t (*)(unsigned int, nvmlDevice_t*);
 using StringFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned int);
 using ModeFn = nvmlReturn_t (*)(nvmlDevice_t, int*);
 using MemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
+using UtilizationFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlUtilization_t*);
 using ProcessesFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_v1_t*);
 }  // namespace
 
@@ -44,6 +48,7 @@ struct Nvml::Api {
   ModeFn mode = nullptr;
   MemoryFn memory = nullptr;
   ProcessesFn processes = nullptr;
+  UtilizationFn utilization = nullptr;
 };
 
 const char* compute_mode_name(ComputeMode mode) {
@@ -78,6 +83,7 @@ std::unique_ptr<Nvml> Nvml::load(std::string* why) {
   api->mode = reinterpret_cast<ModeFn>(sym("nvmlDeviceGetComputeMode"));
   api->memory = reinterpret_cast<MemoryFn>(sym("nvmlDeviceGetMemoryInfo"));
   api->processes = reinterpret_cast<ProcessesFn>(sym("nvmlDeviceGetComputeRunningProcesses"));
+  api->utilization = reinterpret_cast<UtilizationFn>(sym("nvmlDeviceGetUtilizationRates"));
   if (!init || !api->shutdown || !api->count || !api->handle) {
     *why = "libnvidia-ml.so.1 lacks nvmlInit_v2 or nvmlDeviceGetCount_v2 (a driver older than 2016?)";
     ::dlclose(lib);
@@ -158,6 +164,15 @@ std::optional<uint64_t> Nvml::memory_used(int index) {
   if (!api_->memory || !d || !check(api_->memory(static_cast<nvmlDevice_t>(d), &mem), "nvmlDeviceGetMemoryInfo"))
     return std::nullopt;
   return mem.used;
+}
+
+std::optional<unsigned> Nvml::utilization(int index) {
+  void* d = device(index);
+  nvmlUtilization_t u{};
+  if (!api_->utilization || !d ||
+      !check(api_->utilization(static_cast<nvmlDevice_t>(d), &u), "nvmlDeviceGetUtilizationRates"))
+    return std::nullopt;
+  return u.gpu;
 }
 
 std::optional<std::vector<GpuProcess>> Nvml::compute_processes(int index) {

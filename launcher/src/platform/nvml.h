@@ -40,6 +40,8 @@ class Nvml {
   std::optional<std::string> uuid(int index);
   std::optional<ComputeMode> compute_mode(int index);
   std::optional<uint64_t> memory_used(int index);
+  // Percent of the last sample period (1/6 s to 1 s, by product) in which a kernel ran.
+  std::optional<unsigned> utilization(int index);
   std::optional<std::vector<GpuProcess>> compute_processes(int index);
   const std::string& last_error() const { return last_error_; }
 

@@ -14,6 +14,8 @@ const char* msg_type_name(MsgType t) {
     case MsgType::Hello: return "HELLO";
     case MsgType::Auth: return "AUTH";
     case MsgType::Progress: return "PROGRESS";
+    case MsgType::StatusQuery: return "STATUS_QUERY";
+    case MsgType::StatusReply: return "STATUS_REPLY";
     case MsgType::Challenge: return "CHALLENGE";
     case MsgType::Welcome: return "WELCOME";
     case MsgType::Round: return "ROUND";
@@ -109,6 +111,8 @@ DDPRUN_RDZV_MESSAGE(Hello)
 DDPRUN_RDZV_MESSAGE(Auth)
 DDPRUN_RDZV_MESSAGE(Challenge)
 DDPRUN_RDZV_MESSAGE(Welcome)
+DDPRUN_RDZV_MESSAGE(StatusQuery)
+DDPRUN_RDZV_MESSAGE(StatusReply)
 #undef DDPRUN_RDZV_MESSAGE
 
 void encode_message(const Message& m, std::string& out) {
@@ -144,7 +148,7 @@ wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out) {
     return r;
   };
   const uint8_t type = *p++;
-  const bool known = (type >= 1 && type <= 8) || (type >= 20 && type <= 26);
+  const bool known = (type >= 1 && type <= 9) || (type >= 20 && type <= 27);
   if (!known) return bad("unknown agent message type " + std::to_string(type));
   uint64_t n = wire::load_u64(p);
   p += 8;

@@ -47,9 +47,10 @@ RendezvousClient::RendezvousClient(std::string host, uint16_t port, std::chrono:
     std::unique_lock lk(hb_mu_);
     while (!hb_cv_.wait_for(lk, heartbeat_interval, [this] { return stopping_.load(); })) {
       // Unlocked while sending: the destructor's stop must never wait behind a stuck send.
+      auto status_source = heartbeat_status_;
       lk.unlock();
       try {
-        send(Heartbeat{}, Sender::Heartbeat);
+        send(Heartbeat{.status = status_source ? status_source() : std::string()}, Sender::Heartbeat);
       } catch (const RendezvousError&) {
         return;  // the reader sees the closed connection (or we are stopping)
       }
@@ -257,6 +258,26 @@ Round RendezvousClient::join(const Join& info, std::chrono::milliseconds timeout
       case MsgType::JobDone: throw RendezvousError("the job already finished");
       default: break;  // a RESTART that crossed our JOIN: we are joining already
     }
+  }
+}
+
+void RendezvousClient::set_heartbeat_status(std::function<std::string()> source) {
+  std::lock_guard lk(hb_mu_);
+  heartbeat_status_ = std::move(source);
+}
+
+StatusReply RendezvousClient::query_status(const std::string& run_id, std::chrono::milliseconds timeout) {
+  send(StatusQuery{.run_id = run_id});
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    if (interrupted_ && interrupted_()) throw RendezvousInterrupted("stopped while waiting for the status");
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw RendezvousError("no status reply within " + std::to_string(timeout.count()) + " ms");
+    auto m = wait_message(std::min(left, std::chrono::milliseconds(100)));
+    if (!m) continue;
+    if (m->type == MsgType::StatusReply) return from_message<StatusReply>(*m);
+    if (m->type == MsgType::Error) throw RendezvousError(printable(from_message<Error>(*m).message, kMaxReasonLen));
   }
 }
 

@@ -19,6 +19,10 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
     on_join(conn, from_message<Join>(m), now, out);
     return;
   }
+  if (m.type == MsgType::StatusQuery) {  // from any connection: `ddprun status` joins nothing
+    on_status_query(conn, from_message<StatusQuery>(m), out);
+    return;
+  }
   auto cj = conn_job_.find(conn);
   if (cj == conn_job_.end()) {
     if (dropped_.count(conn)) return;  // told why already; its connection is closing
@@ -28,7 +32,10 @@ void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now
   Job& job = jobs_.at(cj->second);
   job.members.at(conn).last_seen = now;
   switch (m.type) {
-    case MsgType::Heartbeat: break;
+    case MsgType::Heartbeat:
+      if (auto status = from_message<Heartbeat>(m).status; !status.empty() && status.size() <= kMaxStatusBytes)
+        job.members.at(conn).status = std::move(status);
+      break;
     case MsgType::Failure: on_failure(job, conn, sanitized(from_message<Failure>(m)), out); break;
     case MsgType::Succeeded: on_succeeded(job, conn, from_message<Succeeded>(m), out); break;
     case MsgType::Progress: on_progress(job, conn, from_message<Progress>(m)); break;
@@ -262,6 +269,32 @@ bool RoundState::progressed(const Job& job) {
 
 bool RoundState::is_participant(const Job& job, ConnId conn) const {
   return std::find(job.participants.begin(), job.participants.end(), conn) != job.participants.end();
+}
+
+// The snapshots travel as the agents wrote them (the launcher reads them; the server only
+// bounds their size), by node rank (the last round's; joiners after them), as one JSON array
+// within one frame.
+void RoundState::on_status_query(ConnId conn, const StatusQuery& m, std::vector<Outbound>& out) const {
+  StatusReply reply;
+  auto it = jobs_.find(m.run_id);
+  if (it != jobs_.end()) {
+    const Job& job = it->second;
+    reply.found = true;
+    reply.members = static_cast<int64_t>(job.members.size());
+    std::vector<const Node*> nodes;
+    for (const auto& [c, node] : job.members) nodes.push_back(&node);
+    std::stable_sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) {
+      return (a->last_rank < 0 ? INT64_MAX : a->last_rank) < (b->last_rank < 0 ? INT64_MAX : b->last_rank);
+    });
+    constexpr size_t kMaxReplyBytes = kMaxFrameBytes - 4096;
+    reply.agents = "[";
+    for (const Node* n : nodes) {
+      if (n->status.empty() || reply.agents.size() + n->status.size() + 2 > kMaxReplyBytes) continue;
+      reply.agents += (reply.agents.size() > 1 ? "," : "") + n->status;
+    }
+    reply.agents += "]";
+  }
+  out.push_back({conn, to_message(reply)});
 }
 
 void RoundState::on_progress(Job& job, ConnId conn, const Progress& m) {

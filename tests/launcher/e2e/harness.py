@@ -265,6 +265,45 @@ class Agent:
         return rc, err, time.monotonic() - t0
 
 
+class StatusJob:
+    """A job under ddprun for `ddprun status`, with a runtime directory of its own
+    (XDG_RUNTIME_DIR, removed at the test's end); its workers run `code` with one argument, the
+    file that stops them (`stop`). Workers print "ready <pid> attempt <n>" (see pids())."""
+
+    def __init__(self, test, code, nproc=2, extra=(), xdg=None, env=None):
+        self.xdg = xdg or tempfile.mkdtemp(prefix="ddprun-status-")
+        test.addCleanup(shutil.rmtree, self.xdg, True)
+        self.stop = os.path.join(self.xdg, "stop")
+        self.run_id = f"status-{os.getpid()}-{time.monotonic_ns()}"
+        self.live = Live([f"--nproc_per_node={nproc}", f"--rdzv_id={self.run_id}", *extra]
+                         + worker(code) + [self.stop], env=dict(env or {}, XDG_RUNTIME_DIR=self.xdg))
+        test.addCleanup(self.end)
+
+    def pids(self, attempt=0, n=2):
+        """{rank: pid} of the workers of `attempt`, once all `n` said they are ready."""
+        pat = re.compile(rf"^\[r(\d+)\]: ready (\d+) attempt {attempt}$")
+        self.live.wait_for(lambda _: sum(1 for x in self.live.lines if pat.match(x)) >= n)
+        return {int(m.group(1)): int(m.group(2)) for m in map(pat.match, self.live.lines) if m}
+
+    def status(self, *args, user=None):
+        """`ddprun status args` of this job's runtime directory; `user`: as nobody (setpriv)."""
+        cmd = (["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if user else []) + \
+            [DDPRUN, "status", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD,
+                              env=dict(os.environ, XDG_RUNTIME_DIR=self.xdg))
+
+    def end(self):
+        """Stops the workers; (ddprun's exit code, its stderr)."""
+        open(self.stop, "w").close()
+        if self.live.p.poll() is None:
+            try:
+                return self.live.finish()
+            except subprocess.TimeoutExpired:
+                self.live.p.kill()
+                self.live.p.wait()
+        return self.live.p.returncode, ""
+
+
 def main():
     """Runs the calling module's tests against the ddprun named by the first argument."""
     global DDPRUN

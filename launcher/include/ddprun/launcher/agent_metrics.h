@@ -23,6 +23,7 @@ struct RankSample {
   pid_t pid = -1;
   std::optional<double> cpu_seconds;       // user + system time of the worker's process
   std::optional<uint64_t> rss_bytes;       // its resident set
+  std::optional<int> gpu_index;            // NVML's index of the GPU its process group uses
   std::optional<double> gpu_utilization;   // 0..1, of its GPU
   std::optional<uint64_t> gpu_memory_bytes;  // GPU memory its process uses
 };

@@ -105,6 +105,9 @@ struct RemoteCoordinatorOptions {
   // The token or munge credentials (none = open) proven to the server, which must prove them
   // back (rdzv/agent_auth.h).
   rdzv::AgentCredentials token;
+  // The agent's status snapshot, sent with a heartbeat when it gives one ("" = not now): what
+  // `ddprun status --rdzv_endpoint` reads back from the server. Called on the heartbeat thread.
+  std::function<std::string()> status_source;
 };
 
 // Connects to the rendezvous server. Throws CoordinatorError when the endpoint cannot be

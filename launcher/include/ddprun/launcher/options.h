@@ -258,6 +258,9 @@ struct HostPort {
   std::optional<uint16_t> port;  // unset: none given
 };
 HostPort parse_host_port(const std::string& flag, const std::string& value);
+// Throws UsageError for a host no endpoint can have: empty, or with a colon but no IPv6
+// literal ("::::garbage:::"). `given`: the flag's whole value, for the message.
+void check_endpoint_host(const std::string& flag, const std::string& given, const std::string& host);
 // torchrun's comma_separated_list: "a,b" -> {a, b}; ",," is a literal comma; "" -> {""}.
 std::vector<std::string> parse_filter_list(const std::string& value);
 

@@ -39,6 +39,7 @@ enum class MsgType : uint8_t {
   Hello = 6,  // the first message: the agent's nonce (agent_auth.h)
   Auth = 7,   // the agent's proof that it holds the token
   Progress = 8,  // the agent hosting the round's workers' store: all of them joined it
+  StatusQuery = 9,  // `ddprun status --rdzv_endpoint`: the agents' status snapshots of a job
   // server -> agent
   Round = 20,
   Restart = 21,
@@ -47,6 +48,7 @@ enum class MsgType : uint8_t {
   Error = 24,  // the request was refused or timed out; the server closes the connection
   Challenge = 25,  // the answer to HELLO: whether a token is required, the server's nonce and proof
   Welcome = 26,    // the agent's proof was right: it may join
+  StatusReply = 27,  // the answer to STATUS_QUERY
 };
 const char* msg_type_name(MsgType t);
 
@@ -123,10 +125,29 @@ struct Join {
   }
 };
 
+// Also carries, every few beats, the agent's status snapshot (`ddprun status`'s JSON for one
+// agent, launcher/README.md "ddprun status"), which the server keeps for STATUS_QUERY: "" = no
+// new one. At most kMaxStatusBytes; a longer one is dropped.
+inline constexpr size_t kMaxStatusBytes = 64 * 1024;
 struct Heartbeat {
   static constexpr MsgType kType = MsgType::Heartbeat;
+  std::string status;
   template <class S, class V>
-  static void visit(S&, V&&) {}
+  static void visit(S& s, V&& v) {
+    v("status", s.status);
+  }
+};
+
+// Any connection that passed the handshake (with a token: one that holds it) may ask for the
+// status snapshots the agents of a job last sent; no JOIN needed. The server answers with
+// STATUS_REPLY and keeps the connection.
+struct StatusQuery {
+  static constexpr MsgType kType = MsgType::StatusQuery;
+  std::string run_id;
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("run_id", s.run_id);
+  }
 };
 
 // A worker failure, as the agent reports it; the server adds where it happened and keeps the
@@ -295,6 +316,17 @@ struct Welcome {
   static constexpr MsgType kType = MsgType::Welcome;
   template <class S, class V>
   static void visit(S&, V&&) {}
+};
+
+struct StatusReply {
+  static constexpr MsgType kType = MsgType::StatusReply;
+  bool found = false;        // the server knows a job of that run id
+  std::string agents;        // a JSON array of the snapshots of its current members, by node rank
+  int64_t members = 0;       // agents in the job (some may not have sent a snapshot yet)
+  template <class S, class V>
+  static void visit(S& s, V&& v) {
+    v("found", s.found), v("agents", s.agents), v("members", s.members);
+  }
 };
 
 struct Error {

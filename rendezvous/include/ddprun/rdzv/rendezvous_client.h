@@ -83,6 +83,13 @@ class RendezvousClient {
   // This agent hosts round `round`'s workers' store and every worker joined it (PROGRESS).
   void report_progress(int64_t round);
   void leave();  // never throws
+  // What each heartbeat carries as Heartbeat::status (the agent's status snapshot; "" = none),
+  // asked on the heartbeat thread before each beat. Thread-safe.
+  void set_heartbeat_status(std::function<std::string()> source);
+  // `ddprun status`: sends STATUS_QUERY (no JOIN needed) and waits, at most `timeout`, for the
+  // STATUS_REPLY. Throws RendezvousError on the server's ERROR, a closed connection or the
+  // timeout.
+  StatusReply query_status(const std::string& run_id, std::chrono::milliseconds timeout);
 
   // With a token: how many messages were dropped because they were not the server's (a wrong or
   // missing MAC, a replay: session_mac.h), and what the last one was. For the agent's loop.
@@ -122,6 +129,7 @@ class RendezvousClient {
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
   std::atomic<bool> stopping_{false};
+  std::function<std::string()> heartbeat_status_;  // under hb_mu_
   bool server_standing_ = false;
   // With a token, set by the handshake before the heartbeat thread starts. Its sending half is
   // used under send_mu_, its receiving half by the caller's thread (distinct fields).

@@ -127,6 +127,7 @@ class RoundState {
     int64_t last_rank = -1;
     uint64_t seq = 0;
     Clock::time_point last_seen;
+    std::string status;  // its last status snapshot (Heartbeat::status), for STATUS_QUERY
   };
   enum class Phase { Gathering, Running, Finished, Resuming };
   struct Job {
@@ -167,6 +168,7 @@ class RoundState {
   void maybe_done(Job& job, std::vector<Outbound>& out);
   void on_failure(Job& job, ConnId conn, const Failure& m, std::vector<Outbound>& out);
   void on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::vector<Outbound>& out);
+  void on_status_query(ConnId conn, const StatusQuery& m, std::vector<Outbound>& out) const;
   void on_progress(Job& job, ConnId conn, const Progress& m);
   bool progressed(const Job& job);
   void close_store(const Job& job);
