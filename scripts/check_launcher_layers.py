@@ -19,9 +19,11 @@ ALLOWED = {  # layer -> the layers it may include (besides itself)
     "spares": {"platform", "options", "workers"},
     "group": {"platform", "options", "workers", "spares"},
     "coordination": {"platform", "options", "workers"},
-    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics"},
+    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics", "hang"},
     "doctor": {"platform", "options", "workers", "spares"},
-    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics", "doctor"},
+    "hang": {"platform", "options", "workers"},
+    "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics", "doctor",
+             "hang"},
 }
 PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform",
@@ -31,7 +33,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
-    "doctor.h": "doctor",
+    "doctor.h": "doctor", "hang.h": "hang",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -6,6 +6,7 @@
 
 #include "ddprun/launcher/agent.h"
 #include "ddprun/launcher/doctor.h"
+#include "ddprun/launcher/hang.h"
 #include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/options.h"
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
     args.erase(args.begin() + 1);
     return doctor::run_doctor(args, env);
   }
+  // `ddprun dump [RUN]`: the stacks of a running job's workers, nothing stopped.
+  if (argc > 1 && std::string(argv[1]) == "dump") return run_dump(std::vector<std::string>(argv + 2, argv + argc));
   ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env,
                                            probe_system(env));
   if (!parsed.options) {

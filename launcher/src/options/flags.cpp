@@ -75,6 +75,14 @@ constexpr FlagSpec kFlags[] = {
      "ranks still running, stops them (SIGTERM, SIGKILL after --shutdown_timeout) and exits 124. "
      "0 (default): no limit. (torchrun's agent has an exit_barrier_timeout too, 300 s, not a "
      "flag: how long finished nodes wait for the others)"},
+    {"hang_timeout", "", true,
+     "seconds a worker's progress counter may stand still before it counts as hung (libddprun_worker "
+     "ticks every step; Python: `import ddprun; ddprun.progress()`); ddprun then names the stuck "
+     "ranks, saves every local rank's stack (py-spy, else eu-stack or gdb) in the run's log directory "
+     "and restarts the group as after a failure (--max_restarts). 0 (default): off"},
+    {"nccl_flight_recorder", "", false,
+     "set PyTorch's NCCL flight recorder on (TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, "
+     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE) with its dumps in <run dir>/nccl_trace/; the summary lists them"},
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
