@@ -686,7 +686,7 @@ Reducer::~Reducer() = default;
 // end of the pass puts a rank that stops before a step behind the ranks that entered it and
 // wait in its collective, so --hang_timeout names the rank that stopped.
 void Reducer::prepare_for_backward() {
-  progress();
+  ::ddprun::worker::progress();  // the free function (progress.h), not Reducer::progress()
   impl_->prepare_for_backward();
 }
 void Reducer::mark_ready(size_t index) { impl_->mark_ready(index); }
