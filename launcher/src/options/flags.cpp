@@ -196,6 +196,8 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "  ddprun [options] script.py|program [args...]\n"
       "  ddprun doctor [--json] [options] [script.py|program [args...]]   check this node for that "
       "launch (GPUs, versions, /dev/shm, network, token, Python) and start nothing\n"
+      "  ddprun dump [RUN]   print and save the stack of every worker of a running job (RUN: its log "
+      "directory or run id; none: the newest running job of yours on this host), stopping nothing\n"
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "
