@@ -28,11 +28,23 @@ fs::path runs_dir() {
 
 namespace {
 
-// Creates the runs directory 0700 when missing; false when it is not a directory of ours.
+// Creates the runs directory when missing (the default one and its parent 0700: the links name
+// this user's jobs); false when it is not a directory of ours. Existing directories keep their
+// mode: DDPRUN_RUNS_DIR may name any directory of this user.
 bool ensure_runs_dir(const fs::path& dir, std::string& why) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  if (!knobs::get(knobs::kRunsDir)) {
+    ::mkdir(dir.parent_path().c_str(), 0700);
+    ::mkdir(dir.c_str(), 0700);
+  } else {
+    fs::create_directories(dir, ec);
+  }
   struct stat st {};
+  if (!knobs::get(knobs::kRunsDir) &&
+      (::lstat(dir.parent_path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid())) {
+    why = dir.parent_path().string() + " is not a directory of this user (set DDPRUN_RUNS_DIR)";
+    return false;
+  }
   if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     why = dir.string() + " is not a directory";
     return false;
@@ -41,9 +53,6 @@ bool ensure_runs_dir(const fs::path& dir, std::string& why) {
     why = dir.string() + " belongs to another user (set DDPRUN_RUNS_DIR)";
     return false;
   }
-  ::chmod(dir.c_str(), 0700);
-  const fs::path parent = dir.parent_path();
-  if (::lstat(parent.c_str(), &st) == 0 && st.st_uid == ::getuid()) ::chmod(parent.c_str(), 0700);
   return true;
 }
 

@@ -10,6 +10,8 @@ Usage: test_hang.py <ddprun> <python with torch> <mode> [train binary]
            result as without it, no restart); with no job running it says so (exit 1)
   never:   a job that never ticks: said once, no hang, exit 0
   usage:   --hang_timeout=abc is a usage error (exit 2)
+  flight:  --nccl_flight_recorder: PyTorch's flight-recorder variables point into the run's log
+           directory (a user's own value wins), and the failure summary lists what landed there
 Exit 77 (ctest: skipped) only when that Python does not exist.
 """
 import glob
@@ -154,6 +156,38 @@ def mode_usage(ddprun, python, env, tmp):
     check(p.returncode == 2 and ">= 1" in p.stderr, "--hang_timeout=0.5: exit 2 (at least a second)")
 
 
+FLIGHT_WORKER = """
+import os
+rank = os.environ["RANK"]
+print("env", rank, os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"], os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"],
+      os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"], flush=True)
+with open(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + rank, "w") as f:
+    f.write("trace")
+if rank == "0":  # fail once rank 1 has written its file (its dump must not race the stop)
+    import time
+    while not os.path.exists(os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] + "1"):
+        time.sleep(0.01)
+    raise SystemExit(3)
+"""
+
+
+def mode_flight(ddprun, python, env, tmp):
+    log_dir = os.path.join(tmp, "logs")
+    p = run([ddprun, "--nproc_per_node=2", "--nccl_flight_recorder", "--log_dir", log_dir, "--no_python",
+             sys.executable, "-c", FLIGHT_WORKER], dict(env, TORCH_NCCL_TRACE_BUFFER_SIZE="77"))
+    run_dir = one_run_dir(log_dir)
+    trace_dir = os.path.join(run_dir, "nccl_trace")
+    check(re.search(rf"env 0 77 1 {re.escape(trace_dir)}/rank_$", p.stdout, re.M) is not None,
+          "the variables point into <run dir>/nccl_trace/ (the user's buffer size kept)")
+    check(p.returncode == 3, "the worker's failure code")
+    check(f"NCCL flight recorder dumps (2) in {trace_dir}" in p.stderr, "the summary points to the dumps")
+    check(f"{trace_dir}/rank_0" in p.stderr and f"{trace_dir}/rank_1" in p.stderr, "and lists them")
+    plain = run([ddprun, "--nproc_per_node=1", "--no_python", sys.executable, "-c",
+                 "import os; print(sorted(k for k in os.environ if k.startswith(('TORCH_NCCL_TRACE', "
+                 "'TORCH_NCCL_DUMP', 'TORCH_NCCL_DEBUG_INFO', 'DDPRUN_PROGRESS'))))"], env)
+    check("[r0]: []" in plain.stdout, "without the flags, none of these variables is set")
+
+
 def main():
     ddprun, python, mode = sys.argv[1:4]
     if not os.path.exists(python):
@@ -166,7 +200,8 @@ def main():
         if mode == "train":
             mode_train(ddprun, sys.argv[4], env, tmp)
         else:
-            {"torch": mode_torch, "dump": mode_dump, "never": mode_never, "usage": mode_usage}[mode](
+            {"torch": mode_torch, "dump": mode_dump, "never": mode_never, "usage": mode_usage,
+             "flight": mode_flight}[mode](
                 ddprun, python, env, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
