@@ -101,8 +101,8 @@ void Agent::on_hang(const HangVerdict& v) {
     const auto dumps = dump_stacks(targets, tools, dir, kStackDumpTimeoutS);
     h.stacks_dir = dir.string();
     keep_log_root_ = true;  // the stacks outlive a temporary log directory
-    spdlog::error("stacks of every local rank ({}) saved in {} in {:.1f} s", describe_stack_tools(dumps, tools),
-                  h.stacks_dir, std::chrono::duration<double>(Clock::now() - t0).count());
+    spdlog::error("stacks of every local rank saved in {} in {:.1f} s, by {}", h.stacks_dir,
+                  std::chrono::duration<double>(Clock::now() - t0).count(), describe_stack_tools(dumps, tools));
     const auto stuck = v.stuck();
     for (const auto& d : dumps) {
       if (std::find(stuck.begin(), stuck.end(), d.target.local_rank) == stuck.end()) continue;

@@ -241,8 +241,8 @@ int run_dump(const std::vector<std::string>& args) {
     std::printf("==== r%d (local rank %d, pid %d): %s%s\n%s\n", d.target.global_rank, d.target.local_rank, d.target.pid,
                 d.tool.empty() ? "no stack tool" : d.tool.c_str(), d.timed_out ? " (timed out)" : "", d.text.c_str());
   }
-  std::printf("[ddprun] stacks of run %s (attempt %d, %zu workers) by %s saved in %s\n", job->workers.run_id.c_str(),
-              job->workers.attempt, dumps.size(), describe_stack_tools(dumps, tools).c_str(), out.c_str());
+  std::printf("[ddprun] stacks of run %s (attempt %d, %zu workers) saved in %s, by %s\n", job->workers.run_id.c_str(),
+              job->workers.attempt, dumps.size(), out.c_str(), describe_stack_tools(dumps, tools).c_str());
   return 0;
 }
 

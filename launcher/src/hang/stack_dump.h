@@ -44,7 +44,8 @@ struct StackDump {
 std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, const StackTools& tools,
                                    const std::filesystem::path& out_dir, double timeout_s);
 
-// "py-spy" or "eu-stack (native stacks: py-spy is not installed)", for the agent's log line.
+// "py-spy", or "eu-stack; native stacks of Python workers: py-spy is not installed (...)": which
+// tools made `dumps`, for the log line.
 std::string describe_stack_tools(const std::vector<StackDump>& dumps, const StackTools& tools);
 
 // The first `max_lines` lines of `text` ("... (N more lines in FILE)" after them).
