@@ -92,7 +92,10 @@ void Agent::on_hang(const HangVerdict& v) {
   h.message = format_hang_message(v, hang_->identities(v), hang_->timeout_s());
   spdlog::error("{}", h.message);
   std::vector<StackTarget> targets;
-  for (const auto& r : hang_->ranks()) targets.push_back({r.local_rank, r.global_rank, r.pid, !plan_.interpreter.empty()});
+  for (const auto& r : hang_->ranks()) {
+    if (state_.alive().contains(r.local_rank))  // a rank that already exited has no stack
+      targets.push_back({r.local_rank, r.global_rank, r.pid, !plan_.interpreter.empty()});
+  }
   const char* path = std::getenv("PATH");
   const StackTools tools = find_stack_tools(plan_.interpreter.empty() ? "" : spawn_.executable, path ? path : "");
   const fs::path dir = run_log_dir_ / "stacks" / ("hang_attempt_" + std::to_string(attempt));
