@@ -6,6 +6,7 @@
 
 #include "ddprun/launcher/agent_state.h"
 #include "ddprun/launcher/hang.h"
+#include "ddprun/launcher/options.h"
 #include "ddprun/launcher/summary.h"
 
 using namespace ddprun::launcher;
@@ -182,4 +183,35 @@ TEST_CASE("the summary points to the NCCL flight recorder's dumps", "[hang][summ
   const std::string s = format_summary(in);
   CHECK(s.find("NCCL flight recorder dumps (1) in /logs/run/nccl_trace") != std::string::npos);
   CHECK(s.find("    /logs/run/nccl_trace/rank_0") != std::string::npos);
+}
+
+namespace {
+ParseOutcome parse_flags(std::vector<std::string> args, const EnvMap& env = {}) {
+  args.insert(args.begin(), "ddprun");
+  args.push_back("x");
+  return parse_command_line(args, env, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+}
+}  // namespace
+
+TEST_CASE("--hang_timeout: off by default, seconds >= 1, from PET_ too; --nccl_flight_recorder", "[hang][options]") {
+  auto get = [](std::vector<std::string> args, const EnvMap& env = {}) {
+    auto r = parse_flags(std::move(args), env);
+    INFO(r.message);
+    REQUIRE(r.options);
+    return r.options->faults;
+  };
+  CHECK(get({}).hang_timeout_s == 0);
+  CHECK_FALSE(get({}).nccl_flight_recorder);
+  CHECK(get({"--hang_timeout=30"}).hang_timeout_s == 30);
+  CHECK(get({"--hang-timeout", "2.5"}).hang_timeout_s == 2.5);
+  CHECK(get({"--hang_timeout=0"}).hang_timeout_s == 0);
+  CHECK(get({}, {{"PET_HANG_TIMEOUT", "9"}}).hang_timeout_s == 9);
+  CHECK(get({"--nccl-flight-recorder"}).nccl_flight_recorder);
+  for (const std::string bad : {"--hang_timeout=abc", "--hang_timeout=-3", "--hang_timeout=0.5"}) {
+    INFO(bad);
+    const auto r = parse_flags({bad});
+    CHECK_FALSE(r.options);
+    CHECK(r.exit_code == kUsageExitCode);
+    CHECK_THAT(r.message, Catch::Contains("--hang_timeout") && Catch::Contains("seconds"));
+  }
 }
