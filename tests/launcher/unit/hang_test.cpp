@@ -1,9 +1,12 @@
 // The hang watch's decision (hang.h) over counters and times, its messages, and what a hang
 // does in the agent's state machine.
 #include <catch2/catch.hpp>
+#include <prometheus/text_serializer.h>
 
 #include <csignal>
+#include <sstream>
 
+#include "ddprun/launcher/agent_metrics.h"
 #include "ddprun/launcher/agent_state.h"
 #include "ddprun/launcher/hang.h"
 #include "ddprun/launcher/options.h"
@@ -214,4 +217,14 @@ TEST_CASE("--hang_timeout: off by default, seconds >= 1, from PET_ too; --nccl_f
     CHECK(r.exit_code == kUsageExitCode);
     CHECK_THAT(r.message, Catch::Contains("--hang_timeout") && Catch::Contains("seconds"));
   }
+}
+
+TEST_CASE("a hang is counted among the workers' failures by cause", "[hang][metrics]") {
+  AgentSnapshot s;
+  s.failures_by_cause["hang"] = 2;
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, agent_metric_families(s));
+  const std::string t = out.str();
+  CHECK(t.find("\nddprun_worker_failures_total{cause=\"hang\"} 2\n") != std::string::npos);
+  CHECK(t.find("\nddprun_worker_failures_total{cause=\"exit_code\"} 0\n") != std::string::npos);
 }
