@@ -6,6 +6,8 @@ Usage: test_hang.py <ddprun> <python with torch> <mode> [train binary]
            one: ddprun names rank 1 (not rank 0), py-spy's stack shows the sleeping line, the
            group restarts and finishes
   train:   the worker runtime's `train --hang-at-step`: the same with native stacks
+  gdb:     `ddprun dump` of a hung `train` job (no --hang_timeout) when gdb is the only tool on
+           PATH: gdb's stacks, the hung frame in rank 1's; then the job is stopped by its signal
   dump:    `ddprun dump` on a healthy job prints every rank's stack and changes nothing (same
            result as without it, no restart); with no job running it says so (exit 1)
   never:   a job that never ticks: said once, no hang, exit 0
@@ -18,6 +20,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,6 +97,40 @@ def mode_train(ddprun, train, env, tmp):
           "native stacks, and the tool is named")
 
 
+def mode_gdb(ddprun, train, env, tmp):
+    gdb = shutil.which("gdb")
+    check(gdb is not None, "gdb is installed (scripts/setup_deps.sh)")
+    only = os.path.join(tmp, "only-gdb")
+    os.mkdir(only)
+    os.symlink(gdb, os.path.join(only, "gdb"))
+    env = dict(env, DDPRUN_RUNS_DIR=os.path.join(tmp, "runs"))
+    log_dir = os.path.join(tmp, "logs")
+    cmd = [ddprun, "--nproc_per_node=2", "--log_dir", log_dir, "--rdzv_id", "gdbjob", train, "--epochs", "1",
+           "--samples", "512", "--batch", "16", "--width", "16", "--hang-at-step", "2", "--fail-rank", "1"]
+    print("$", " ".join(cmd), flush=True)
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + GUARD
+        for line in job.stdout:
+            print(line, end="")
+            if "injected hang before step 2" in line:
+                break
+            if time.monotonic() > deadline:
+                check(False, "rank 1 reached its hang in time")
+        d = run([ddprun, "dump", "gdbjob"], dict(env, PATH=only), timeout=120)
+        check(d.returncode == 0, "ddprun dump exits 0")
+        check(re.search(r"saved in .*, by gdb$", d.stdout, re.M) is not None, "gdb took the stacks, and is named")
+        r1 = d.stdout.split("==== r1 (local rank 1")[-1]
+        check("injected_hang" in r1, "rank 1's native stack shows the hung frame")
+        job.send_signal(signal.SIGINT)
+        rest, _ = job.communicate(timeout=GUARD)
+        print(rest)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    check(job.returncode == 130, f"the job was stopped by its SIGINT, not by the dump (exit {job.returncode})")
+
+
 def mode_dump(ddprun, python, env, tmp):
     env = dict(env, DDPRUN_RUNS_DIR=os.path.join(tmp, "runs"))
     none = run([ddprun, "dump"], env)
@@ -116,7 +153,8 @@ def mode_dump(ddprun, python, env, tmp):
             out.append(line)
             if "ready" in line:
                 break
-            check(time.monotonic() < deadline, "the job got ready in time")
+            if time.monotonic() > deadline:
+                check(False, "the job got ready in time")
         d = run([ddprun, "dump"], env, timeout=60)
         check(d.returncode == 0, "ddprun dump on the running job exits 0")
         check("==== r0 (local rank 0" in d.stdout and "==== r1 (local rank 1" in d.stdout, "every rank's stack")
@@ -198,8 +236,8 @@ def main():
     env.pop("DDPRUN_DEFAULT_PYTHON", None)
     tmp = tempfile.mkdtemp(prefix="ddprun-hang-")
     try:
-        if mode == "train":
-            mode_train(ddprun, sys.argv[4], env, tmp)
+        if mode in ("train", "gdb"):
+            (mode_train if mode == "train" else mode_gdb)(ddprun, sys.argv[4], env, tmp)
         else:
             {"torch": mode_torch, "dump": mode_dump, "never": mode_never, "usage": mode_usage,
              "flight": mode_flight}[mode](
