@@ -68,9 +68,11 @@ std::optional<uint64_t> ProgressMap::ticks() const {
 }
 
 void add_progress_env(EnvMap& env, const std::string& error_file, const std::string& module_dir) {
-  const std::string path = (fs::path(error_file).parent_path() / kProgressFileName).string();
-  create_progress_file(path);
-  env[kProgressFileEnv] = path;
+  if (!error_file.empty()) {  // empty: a warm spare's environment, which gets the rank's at launch
+    const std::string path = (fs::path(error_file).parent_path() / kProgressFileName).string();
+    create_progress_file(path);
+    env[kProgressFileEnv] = path;
+  }
   if (module_dir.empty()) return;
   auto it = env.find("PYTHONPATH");
   if (it == env.end() || it->second.empty()) env["PYTHONPATH"] = module_dir;

@@ -36,7 +36,7 @@ class ProgressMap {
 };
 
 // The worker environment of --hang_timeout: DDPRUN_PROGRESS_FILE (the file beside
-// `error_file`, created here) and, when `module_dir` is not empty, PYTHONPATH with it appended
+// `error_file`, created here; none for an empty `error_file`: a warm spare's start) and, when `module_dir` is not empty, PYTHONPATH with it appended
 // (after the user's entries, which win).
 void add_progress_env(EnvMap& env, const std::string& error_file, const std::string& module_dir);
 

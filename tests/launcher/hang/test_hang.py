@@ -38,9 +38,9 @@ def check(cond, what):
     print("ok:", what)
 
 
-def run(cmd, env, timeout=GUARD):
+def run(cmd, env, timeout=GUARD, cwd=None):
     print("$", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
     print(p.stdout)
     print(p.stderr, file=sys.stderr)
     return p
@@ -79,8 +79,12 @@ def check_hang_named(p, log_dir, pattern_in_stack):
 
 def mode_torch(ddprun, python, env, tmp):
     log_dir = os.path.join(tmp, "logs")
+    cwd = os.path.join(tmp, "cwd")
+    os.mkdir(cwd)
+    # --max_restarts=1: warm spares too (their environment has no progress file of its own).
     p = run([ddprun, "--nproc_per_node=2", "--max_restarts=1", "--hang_timeout=3", "--log_dir", log_dir,
-             "--rdzv_id", "hangjob", WORKER, "--steps", "12", "--hang-rank", "1", "--hang-step", "5"], env)
+             "--rdzv_id", "hangjob", WORKER, "--steps", "12", "--hang-rank", "1", "--hang-step", "5"], env, cwd=cwd)
+    check(os.listdir(cwd) == [], f"nothing written to the working directory ({os.listdir(cwd)})")
     check_hang_named(p, log_dir, rf"hang_worker\.py:{hang_line()}\)")
     check(re.search(r"stacks of every local rank saved in .* by py-spy$", p.stderr, re.M) is not None,
           "the dump says it used py-spy")
@@ -232,6 +236,9 @@ def main():
     if not os.path.exists(python):
         print(f"SKIPPED: {python} does not exist (scripts/setup_deps.sh creates the torch 2.x venv)")
         sys.exit(77)
+    ddprun, python = os.path.abspath(ddprun), os.path.abspath(python)
+    if len(sys.argv) > 4:
+        sys.argv[4] = os.path.abspath(sys.argv[4])
     env = dict(os.environ, PYTHON_EXEC=python, PYTHONUNBUFFERED="1")
     env.pop("DDPRUN_DEFAULT_PYTHON", None)
     tmp = tempfile.mkdtemp(prefix="ddprun-hang-")
