@@ -33,6 +33,10 @@ debs+=(tmux python3-tqdm)
 # --metrics_port: prometheus-cpp (its exposer serves /metrics), and a real Prometheus server that
 # the metrics test points at ddprund and two agents.
 debs+=(prometheus-cpp-dev prometheus)
+# --hang_timeout and `ddprun dump`: native stacks (eu-stack from elfutils, gdb in batch mode);
+# py-spy (PyPI, in the torch 2.x venv below) for Python stacks.
+debs+=(elfutils gdb)
+PY_SPY_VERSION=0.4.3
 main_only=0
 [[ "${1:-}" == --main ]] && main_only=1
 ((main_only)) && debs=("${main_debs[@]}")
@@ -77,6 +81,12 @@ if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)); then
     /usr/bin/python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
+  fi
+  if [[ -x "$VENV/bin/py-spy" ]]; then
+    echo "[setup] py-spy already in $VENV"
+  else
+    echo "[setup] installing py-spy==$PY_SPY_VERSION into $VENV"
+    "$VENV/bin/pip" install -q "py-spy==$PY_SPY_VERSION"
   fi
 fi
 

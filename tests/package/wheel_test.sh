@@ -53,7 +53,7 @@ if not d.get("external_libs") and not str(d.get("overall_tag", "")).startswith("
     sys.exit("overall tag " + str(d.get("overall_tag")))
 PYCHECK
     "$pkg_venv/bin/python" -m zipfile -l "$whl" | awk 'NR > 1 {print $1}' >"$work/wheel-files.txt"
-    for f in ddprun/__init__.py ddprun/__main__.py ddprun/cmake.py ddprun/bin/ddprun ddprun/bin/ddprund ddprun/bin/train \
+    for f in ddprun/__init__.py ddprun/__main__.py ddprun/cmake.py ddprun/_progress.py ddprun/bin/ddprun ddprun/bin/ddprund ddprun/bin/train \
              ddprun/include/ddprun/worker/runtime.h ddprun/lib/cmake/ddprun_worker/ddprun_workerConfig.cmake; do
       grep -qx "$f" "$work/wheel-files.txt" || fail "the wheel has no $f"
     done

@@ -1,5 +1,7 @@
 #include "ddprun/worker/reducer.h"
 
+#include "ddprun/worker/progress.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -680,7 +682,13 @@ bool detail::ReducerImpl::finalize_and_step(const ElementwiseStep& step) {
 Reducer::Reducer(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
     : impl_(std::make_unique<detail::ReducerImpl>(comm, std::move(grads), dtype, std::move(options))) {}
 Reducer::~Reducer() = default;
-void Reducer::prepare_for_backward() { impl_->prepare_for_backward(); }
+// A pass begins: this rank has entered a step (progress.h). Ticking here rather than at the
+// end of the pass puts a rank that stops before a step behind the ranks that entered it and
+// wait in its collective, so --hang_timeout names the rank that stopped.
+void Reducer::prepare_for_backward() {
+  ::ddprun::worker::progress();  // the free function (progress.h), not Reducer::progress()
+  impl_->prepare_for_backward();
+}
 void Reducer::mark_ready(size_t index) { impl_->mark_ready(index); }
 void Reducer::mark_unused(size_t index) { impl_->mark_unused(index); }
 void Reducer::finalize() { impl_->finalize(); }

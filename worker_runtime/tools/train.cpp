@@ -41,8 +41,18 @@ namespace ex = ddprun::example;
 
 namespace train {
 
+// --hang-at-step: the rank stops making progress (no step, no tick) and sleeps until it is
+// killed; a hang watch's stack dump shows this frame.
+[[noreturn]] __attribute__((noinline)) void injected_hang(const dw::WorkerEnv& env, int64_t step) {
+  std::fprintf(stderr, "[train] rank %d attempt %d: injected hang before step %" PRId64 "\n", env.rank,
+               env.restart_count, step);
+  std::fflush(stderr);
+  while (true) ::sleep(3600);
+}
+
 void maybe_inject_fault(const Options& o, const dw::WorkerEnv& env, int64_t step) {
   if (env.rank != o.fail_rank) return;
+  if (o.hang_at_step == step && env.restart_count == (o.fail_attempt >= 0 ? o.fail_attempt : 0)) injected_hang(env, step);
   for (size_t i = 0; i < o.fail_at_step.size(); ++i) {
     const int attempt = o.fail_attempt >= 0 ? o.fail_attempt : static_cast<int>(i);
     if (o.fail_at_step[i] != step || env.restart_count != attempt) continue;
@@ -513,7 +523,9 @@ void add_flags(CLI::App& app, train::Options& o) {
   app.add_option("--keep-checkpoints", o.keep_checkpoints, "checkpoints kept (0 = all)");
   app.add_option("--fail-at-step", o.fail_at_step, "inject a fault before these global steps (i-th on attempt i)")
       ->delimiter(',');
-  app.add_option("--fail-rank", o.fail_rank, "rank that fails");
+  app.add_option("--fail-rank", o.fail_rank, "rank that fails (or hangs)");
+  app.add_option("--hang-at-step", o.hang_at_step,
+                 "tests: --fail-rank sleeps for ever before this global step, on attempt 0 (or --fail-attempt)");
   app.add_option("--fail-attempt", o.fail_attempt, "attempt (TORCHELASTIC_RESTART_COUNT) on which every fault fires");
   app.add_option("--fail-mode", o.fail_mode, "kill (SIGKILL self) | exit (error file, exit 1)")
       ->check(CLI::IsMember({"kill", "exit"}));

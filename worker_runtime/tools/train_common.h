@@ -31,6 +31,7 @@ struct Options {
   int fail_rank = 0;
   int fail_attempt = -1;
   std::string fail_mode = "kill";  // kill (SIGKILL self) | exit (error file + exit 1)
+  int64_t hang_at_step = -1;       // tests: --fail-rank sleeps for ever before this step (-1: never)
   double timeout_s = 600;          // NCCL init and every collective (PyTorch's 10 minutes)
   int64_t max_steps = 0;           // stop after this many global steps (0 = all epochs)
   int log_every = 0;               // 0 = once per epoch
@@ -59,7 +60,8 @@ inline void make_sample(uint64_t seed, int64_t i, int in, float* x, float* y) {
   y[0] = static_cast<float>(t + 0.1 * x[0] * x[(in > 1) ? 1 : 0]);
 }
 
-// Applies --fail-at-step: on the chosen rank and attempt, before global step `step` runs.
+// Applies --fail-at-step and --hang-at-step: on the chosen rank and attempt, before global step
+// `step` runs.
 void maybe_inject_fault(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);
 // Applies --wait-for-signal-at-step: blocks until stop_requested() (stop.h).
 void maybe_wait_for_signal(const Options& o, const ddprun::worker::WorkerEnv& env, int64_t step);

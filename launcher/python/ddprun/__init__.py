@@ -5,8 +5,12 @@ The programs and the library live in this package's ``bin/``, ``lib/`` and ``inc
 ``ddprun`` and ``ddprund`` on PATH, and ``python -m ddprun``, run them. A C++ project finds
 the library with ``find_package(ddprun_worker)`` after
 ``-DCMAKE_PREFIX_PATH="$(python -m ddprun.cmake)"``.
+
+A worker started by ``ddprun --hang_timeout=S`` reports its progress with
+``ddprun.progress()`` once per step (see ``ddprun._progress``: ``DDPRUN_PROGRESS_FILE``).
 """
 
 from ._paths import bin_dir, cmake_prefix_path, include_dir, lib_dir
+from ._progress import progress
 
-__all__ = ["bin_dir", "cmake_prefix_path", "include_dir", "lib_dir"]
+__all__ = ["bin_dir", "cmake_prefix_path", "include_dir", "lib_dir", "progress"]

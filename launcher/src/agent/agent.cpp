@@ -60,6 +60,7 @@ int Agent::run() {
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
     start_status();
     start_metrics();
+    start_observers();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
     loop();
@@ -77,6 +78,7 @@ int Agent::run() {
     exit_code_ = 1;
   }
   if (group_) group_->teardown();
+  stop_observers();
   if (guardian_) guardian_->release();
   reap_leftovers(kKillWaitS);
   if (coordinator_) coordinator_->leave();
@@ -126,6 +128,8 @@ void Agent::loop() {
         if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) dispatch(TimerExpired{});
       } else if (fd == group_->retire_timer_fd()) {
         group_->on_retire_timer();
+      } else if (fd == hang_timer_fd_) {
+        on_hang_timer();
       } else if (fd == group_->console_timer_fd()) {
         group_->on_console_timer();
       } else if (Worker* w = group_->by_exit_watch(fd)) {
@@ -157,7 +161,7 @@ void Agent::perform(const Action& a) {
         coordinator_->join();
         break;
       case Action::Kind::StartAttempt: start_attempt(a.attempt); break;
-      case Action::Kind::ReportFailure: record_failure(a); break;
+      case Action::Kind::ReportFailure: a.hung ? record_hang(a) : record_failure(a); break;
       case Action::Kind::ReportSuccess:
         if (layout_.num_nodes > 1) {
           LogEvent ev("node_succeeded", {{"workers", int64_t{opts_.nodes.nproc_per_node}}});
@@ -262,6 +266,7 @@ void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
   group_->start(attempt, layout_, fresh_attempt_log_dir(run_log_dir_, attempt), spawn_);
   workers_started_ = true;
+  observers_attempt_started(attempt);
   if (metrics_) {
     std::vector<AgentExporter::Worker> ws;
     for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
@@ -609,6 +614,7 @@ std::string Agent::summary() const {
   in.interpreter = plan_.interpreter;
   in.workers_started = workers_started_;
   in.stragglers = stragglers_;
+  observers_summary(in);
   if (logs_lost) {
     in.log_losses = group_->log_failures().summary_lines();
     in.log_files_failed = group_->log_failures().files();

@@ -20,6 +20,8 @@
 #include "ddprun/launcher/usage_report.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
+#include "hang/progress_files.h"
+#include "hang/run_record.h"
 #include "metrics/agent_exporter.h"
 #include "status/rank_sampler.h"
 #include "status/status_server.h"
@@ -71,6 +73,25 @@ class Agent {
   void reap_leftovers(double seconds);
   void close_all();
   std::string summary() const;
+
+  // --hang_timeout, --nccl_flight_recorder and `ddprun dump` (agent_hang.cpp).
+  void start_observers();
+  void add_observer_env(EnvMap& wenv, const std::string& error_file) const;
+  void observers_attempt_started(int attempt);
+  void on_hang_timer();
+  void on_hang(const HangVerdict& v);
+  void record_hang(const Action& a);
+  void observers_summary(SummaryInput& in) const;
+  void stop_observers();
+  struct HangRecord {
+    std::string message, stacks_dir, stacks;
+  };
+  std::unique_ptr<RunRecord> run_record_;
+  std::unique_ptr<HangMonitor> hang_;
+  int hang_timer_fd_ = -1;
+  std::string progress_module_dir_;  // appended to the Python workers' PYTHONPATH, or ""
+  std::string nccl_trace_dir_;       // --nccl_flight_recorder: <run dir>/nccl_trace
+  std::optional<HangRecord> hang_record_;
 
   const LaunchPlan& plan_;
   const LaunchOptions& opts_;  // plan_.options

@@ -102,6 +102,7 @@ void Agent::prepare_command() {
   spawn_.env = [this](const GroupLayout& g, int local_rank, const std::string& error_file) {
     EnvMap wenv = build_worker_env(env_, opts_.workers, opts_.faults, g, local_rank, error_file);
     for (const auto& [k, v] : extra_env_) wenv.emplace(k, v);  // never over the user's own
+    add_observer_env(wenv, error_file);
     return wenv;
   };
 }

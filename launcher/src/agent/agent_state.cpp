@@ -52,6 +52,7 @@ std::vector<Action> AgentState::on_event(const AgentEvent& event) {
   if (auto* s = std::get_if<SignalReceived>(&event)) return on_signal(*s);
   if (auto* r = std::get_if<RoundReady>(&event)) return on_round(*r);
   if (auto* n = std::get_if<CoordinatorNotice>(&event)) return on_notice(*n);
+  if (auto* h = std::get_if<WorkerHung>(&event)) return on_hung(*h);
   return on_timer();
 }
 
@@ -144,18 +145,7 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
       }
       return out;
     }
-    failure_ = FailureRecord{e.local_rank, attempt_, e.status};
-    failed_this_attempt_ = true;
-    barrier_armed_ = false;  // the timer is the stop's from here on
-    out.push_back({.kind = Action::Kind::ReportFailure, .attempt = attempt_, .local_rank = e.local_rank, .status = e.status});
-    // Stop the whole group, including process groups whose leader is gone.
-    out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
-    if (alive_.empty()) {
-      group_stopped(out);
-    } else {
-      phase_ = Phase::Stopping;
-      out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
-    }
+    fail(FailureRecord{e.local_rank, attempt_, e.status}, out);
     return out;
   }
   // Preempting, Stopping or Killing: wait for the rest. A group stopped for a stop signal or
@@ -168,6 +158,31 @@ std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
     out.push_back({.kind = Action::Kind::DisarmTimer});
     group_stopped(out);
   }
+  return out;
+}
+
+void AgentState::fail(const FailureRecord& f, std::vector<Action>& out) {
+  failure_ = f;
+  failed_this_attempt_ = true;
+  barrier_armed_ = false;  // the timer is the stop's from here on
+  out.push_back({.kind = Action::Kind::ReportFailure, .attempt = attempt_, .local_rank = f.local_rank, .status = f.status,
+                 .hung = f.hung});
+  // Stop the whole group, including process groups whose leader is gone.
+  out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
+  if (alive_.empty()) {
+    group_stopped(out);
+  } else {
+    phase_ = Phase::Stopping;
+    out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});
+  }
+}
+
+std::vector<Action> AgentState::on_hung(const WorkerHung& e) {
+  std::vector<Action> out;
+  // Only a live worker of the running attempt: a verdict that raced the worker's exit, a
+  // failure or a signal changes nothing.
+  if (phase_ != Phase::Running || e.attempt != attempt_ || !alive_.contains(e.local_rank)) return out;
+  fail(FailureRecord{e.local_rank, attempt_, WorkerStatus::exited(kHangExitCode), true}, out);
   return out;
 }
 

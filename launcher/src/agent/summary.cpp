@@ -71,7 +71,16 @@ void failure_lines(const SummaryInput& in, std::ostringstream& s) {
   if (in.failure && in.failure->attempt == in.attempt) {
     const auto& f = *in.failure;
     s << "[ddprun] FAILED: worker rank " << f.global_rank << " (local rank " << f.local_rank << ", pid " << f.pid
-      << ", host " << in.host << ") " << f.status.describe() << "\n";
+      << ", host " << in.host << ") " << (f.hang.empty() ? f.status.describe() : std::string("hung")) << "\n";
+    if (!f.hang.empty()) {
+      s << "[ddprun]   " << f.hang << "\n";
+      if (!f.stacks_dir.empty()) s << "[ddprun]   every local rank's stack: " << f.stacks_dir << "\n";
+      if (!f.hang_stacks.empty()) {
+        s << "[ddprun]   the stuck ranks' stacks:\n";
+        std::istringstream lines(f.hang_stacks);
+        for (std::string line; std::getline(lines, line);) s << "    " << line << "\n";
+      }
+    }
     s << "[ddprun]   at " << wall_time(f.when) << ", " << std::fixed << std::setprecision(3) << f.after_s
       << " s after it started; attempt " << f.attempt << " (max_restarts " << in.max_restarts << "), run id "
       << in.run_id << ", exit code " << in.exit_code << "\n";
@@ -170,6 +179,13 @@ std::string format_summary(const SummaryInput& in) {
   }
   failure_lines(in, s);
   no_restart_lines(in, s);
+  if (!in.nccl_trace_dir.empty()) {
+    if (in.nccl_traces.empty())
+      s << "[ddprun]   NCCL flight recorder: no dump in " << in.nccl_trace_dir << "\n";
+    else
+      s << "[ddprun]   NCCL flight recorder dumps (" << in.nccl_traces.size() << ") in " << in.nccl_trace_dir << ":\n";
+    for (const auto& f : in.nccl_traces) s << "    " << f << "\n";
+  }
   log_loss_lines(in, s);
   s << "[ddprun] " << bar << "\n";
   return s.str();

@@ -103,9 +103,10 @@ std::vector<prometheus::MetricFamily> agent_metric_families(const AgentSnapshot&
   }
   out.push_back(family("ddprun_worker_failures_total",
                        "Workers of this node that failed, by cause: exit_code (a non-zero exit), signal (killed "
-                       "by one), config_error (an exit that says the configuration is wrong).",
+                       "by one), config_error (an exit that says the configuration is wrong), hang (no progress for "
+                       "--hang_timeout).",
                        MetricType::Counter));
-  for (const char* cause : {"exit_code", "signal", "config_error"}) {
+  for (const char* cause : {"exit_code", "signal", "config_error", "hang"}) {
     auto it = s.failures_by_cause.find(cause);
     add_counter(out.back(), it == s.failures_by_cause.end() ? 0 : static_cast<double>(it->second), {{"cause", cause}});
   }

@@ -75,6 +75,14 @@ constexpr FlagSpec kFlags[] = {
      "ranks still running, stops them (SIGTERM, SIGKILL after --shutdown_timeout) and exits 124. "
      "0 (default): no limit. (torchrun's agent has an exit_barrier_timeout too, 300 s, not a "
      "flag: how long finished nodes wait for the others)"},
+    {"hang_timeout", "", true,
+     "seconds a worker's progress counter may stand still before it counts as hung (libddprun_worker "
+     "ticks every step; Python: `import ddprun; ddprun.progress()`); ddprun then names the stuck "
+     "ranks, saves every local rank's stack (py-spy, else eu-stack or gdb) in the run's log directory "
+     "and restarts the group as after a failure (--max_restarts). 0 (default): off"},
+    {"nccl_flight_recorder", "", false,
+     "set PyTorch's NCCL flight recorder on (TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, "
+     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE) with its dumps in <run dir>/nccl_trace/; the summary lists them"},
     {"overlap_restart", "", true,
      "1 (default): on a failure that is restarted, start the next attempt at once while the old "
      "workers are stopped in the background; 0: wait until every old worker exited"},
@@ -196,6 +204,8 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       "launch (GPUs, versions, /dev/shm, network, token, Python) and start nothing\n"
       "  ddprun status [--json] [--watch]   the running jobs of this user on this host, one row per "
       "worker (ddprun status --help)\n"
+      "  ddprun dump [RUN]   print and save the stack of every worker of a running job (RUN: its log "
+      "directory or run id; none: the newest running job of yours on this host), stopping nothing\n"
       "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
       "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
       "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "

@@ -159,6 +159,11 @@ void lifecycle(const Given& g, LaunchOptions& o) {
   }
   if (auto s = g.get("preempt_grace")) o.faults.preempt_grace_s = seconds("preempt_grace", *s);
   if (auto s = g.get("exit_barrier_timeout")) o.faults.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
+  if (auto s = g.get("hang_timeout")) {
+    o.faults.hang_timeout_s = seconds("hang_timeout", *s);
+    if (o.faults.hang_timeout_s > 0 && o.faults.hang_timeout_s < 1) bad("hang_timeout", *s, "0 (off) or a number of seconds >= 1");
+  }
+  o.faults.nccl_flight_recorder = g.get("nccl_flight_recorder") != nullptr;
   if (auto s = g.get("overlap_restart")) o.faults.overlap_restart = boolean("overlap_restart", *s);
   if (auto s = g.get("early_exit_watch")) o.workers.early_exit_watch = boolean("early_exit_watch", *s);
 }

@@ -36,7 +36,7 @@ struct AgentSnapshot {
   // Workers of the current attempt by state: running, succeeded, failed.
   std::map<std::string, int> workers_by_state;
   std::map<std::string, uint64_t> restarts_by_cause;  // worker_failure, peer_restart
-  std::map<std::string, uint64_t> failures_by_cause;  // exit_code, signal, config_error
+  std::map<std::string, uint64_t> failures_by_cause;  // exit_code, signal, config_error, hang
   uint64_t rendezvous_buckets[std::size(kRendezvousBuckets) + 1] = {};
   double rendezvous_seconds_sum = 0;
   double last_rendezvous_seconds = 0;

@@ -16,6 +16,9 @@
 //                        |                               JobFailed known -> Done; else Awaiting
 //                        '--Restart notice, overlap_restart--> RetireWorkers, Joining
 //
+// Hang (--hang_timeout, WorkerHung): in Running, a worker that stopped making progress fails
+// as if it had exited (report, SIGTERM -> Stopping); the failure says `hung`.
+//
 // Exit barrier (AgentConfig::exit_barrier_timeout_s): in Running, the first exit 0 while
 // others run arms the timer; when it expires first, StopStragglers + SIGTERM -> Stopping, and
 // the group's end is Done(kExitBarrierTimeoutExitCode), never a restart.
@@ -79,6 +82,13 @@ struct WorkerExited {
   // kPreemptedExitCode is then a preemption even when no preemption signal reached this agent.
   bool announced_preemption = false;
 };
+// --hang_timeout: the hang watch (hang.h) found `local_rank` stuck in `attempt` (its stacks are
+// saved). In Running it is a failure like an exit (ReportFailure with `hung`, SIGTERM to the
+// group, the round decides on a restart); otherwise (already stopping) it changes nothing.
+struct WorkerHung {
+  int local_rank = 0;
+  int attempt = 0;
+};
 struct SignalReceived {
   int signo = 0;
   bool preempt = false;  // one of --preempt_signals: ask the workers to stop, give them the grace
@@ -98,7 +108,11 @@ struct CoordinatorNotice {
   Kind kind = Kind::Restart;
   int attempt = 0;
 };
-using AgentEvent = std::variant<WorkerExited, SignalReceived, TimerExpired, RoundReady, CoordinatorNotice>;
+using AgentEvent = std::variant<WorkerExited, SignalReceived, TimerExpired, RoundReady, CoordinatorNotice, WorkerHung>;
+
+// The status a hung worker's failure is reported with (it has not exited): ddprun's exit code
+// when the job ends because of a hang.
+inline constexpr int kHangExitCode = 1;
 
 struct Action {
   enum class Kind {
@@ -107,6 +121,7 @@ struct Action {
     StartAttempt,   // (re)start every local worker; `attempt` = TORCHELASTIC_RESTART_COUNT. The
                     // round's workers' store is fresh (the coordinator saw to it).
     ReportFailure,  // `local_rank` failed with `status` in `attempt`: tell the coordinator
+                    // (`hung`: it stopped making progress and still runs)
     ReportSuccess,  // every local worker of `attempt` exited 0: tell the coordinator
     SignalWorkers,  // send `signo` to the process group of every worker of the attempt
     RetireWorkers,  // overlapped restart: every still-running worker of `attempt` (already
@@ -127,6 +142,7 @@ struct Action {
   int signo = 0;
   double seconds = 0;
   int exit_code = 0;
+  bool hung = false;
 
   bool operator==(const Action&) const = default;
 };
@@ -151,6 +167,7 @@ struct FailureRecord {
   int local_rank = -1;
   int attempt = 0;
   WorkerStatus status;
+  bool hung = false;  // --hang_timeout: it stopped making progress (status: kHangExitCode)
 };
 
 class AgentState {
@@ -180,6 +197,8 @@ class AgentState {
 
  private:
   std::vector<Action> on_exit(const WorkerExited& e);
+  std::vector<Action> on_hung(const WorkerHung& e);
+  void fail(const FailureRecord& f, std::vector<Action>& out);
   std::vector<Action> on_signal(const SignalReceived& e);
   std::vector<Action> on_timer();
   std::vector<Action> on_round(const RoundReady& r);

@@ -185,6 +185,12 @@ struct FaultOptions {
   // Retry a failure that repeats as a deterministic one (round_state.h kQuickFailure) while
   // restarts are left, instead of ending the job at its second occurrence.
   bool retry_deterministic = false;
+  // --hang_timeout: a worker whose progress counter (hang.h) has not moved for this long hangs:
+  // its stacks are saved and it fails with the cause "hang". 0: off (the default).
+  double hang_timeout_s = 0;
+  // --nccl_flight_recorder: set PyTorch's NCCL flight-recorder variables so its dumps land in
+  // the run's log directory.
+  bool nccl_flight_recorder = false;
 };
 
 // Warm spare interpreters (spare_plan.h).

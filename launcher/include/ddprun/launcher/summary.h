@@ -27,6 +27,12 @@ struct FailureDetails {
   std::deque<std::string> tail;  // its last stderr lines
   std::string error_file;
   std::optional<std::string> error_file_content;
+  // --hang_timeout: the worker did not exit, it stopped making progress (status is
+  // kHangExitCode). The hang's description (hang.h's format_hang_message), where every local
+  // rank's stack went, and the stuck ranks' stacks as dumped.
+  std::string hang;
+  std::string stacks_dir;
+  std::string hang_stacks;
 };
 
 struct SummaryInput {
@@ -57,6 +63,9 @@ struct SummaryInput {
   size_t log_files_failed = 0;
   uint64_t log_bytes_lost = 0;
   std::string log_console_note = "the console got every line";  // LogWriteFailures::console_note()
+  // --nccl_flight_recorder: the directory PyTorch's dumps go to, and the files found there.
+  std::string nccl_trace_dir;
+  std::vector<std::string> nccl_traces;
 };
 
 // The exit code of the run: `run_code` (the state machine's), except that a clean run whose

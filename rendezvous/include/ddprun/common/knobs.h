@@ -64,9 +64,15 @@ inline constexpr Knob kMungeSocket{
     "the socket of munged, for the rendezvous's munge authentication inside a Slurm step without a token "
     "(set it when munged listens elsewhere, as Slurm's AuthInfo=socket= says)"};
 
+inline constexpr Knob kRunsDir{
+    "DDPRUN_RUNS_DIR", "/tmp/ddprun-<uid>/runs", "ddprun",
+    "where each running agent of this user leaves a link to its run's log directory, so that "
+    "`ddprun dump` with no argument finds the newest running job"};
+
 inline constexpr Knob kAll[] = {kPythonExec,   kDefaultPython,    kDefaultStorePort, kSysfsRoot,
                                 kStoreLock,    kCollectiveTimeout, kStoreTimeout,    kDevice,
-                                kShm,          kDebugCollectives, kRdzvToken,        kMungeSocket};
+                                kShm,          kDebugCollectives, kRdzvToken,        kMungeSocket,
+                                kRunsDir};
 
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {
