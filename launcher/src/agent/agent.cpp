@@ -60,6 +60,8 @@ int Agent::run() {
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
     start_status();
     start_metrics();
+    // Sampled every 2 s where NVML finds GPUs (the thread ends at once elsewhere).
+    if (opts_.output.gpu_util_warn >= 0) gpu_usage_ = std::make_unique<GpuUsageRecorder>(sampler_, 2.0);
     start_observers();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
@@ -267,6 +269,11 @@ void Agent::start_attempt(int attempt) {
   group_->start(attempt, layout_, fresh_attempt_log_dir(run_log_dir_, attempt), spawn_);
   workers_started_ = true;
   observers_attempt_started(attempt);
+  if (gpu_usage_) {
+    std::vector<RankSample> ws;
+    for (const auto& w : group_->current()) ws.push_back({.local_rank = w->local_rank, .global_rank = w->global_rank, .pid = w->pid});
+    gpu_usage_->set_workers(ws);
+  }
   if (metrics_) {
     std::vector<AgentExporter::Worker> ws;
     for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
@@ -383,7 +390,7 @@ void Agent::reap_children() {
       if (group_->on_spare_reaped(pid, st)) continue;
       double ms = 0;
       if (group_->reaped_dying(pid, ms)) {
-        record_usage(nullptr, ru);
+        record_usage(nullptr, pid, ru);
         spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid, ms);
       } else {
         spdlog::debug("reaped descendant pid {}", pid);
@@ -395,7 +402,7 @@ void Agent::reap_children() {
     group_->close_exit_watch(w);
     const WorkerStatus status = status_of_wait(st);
     if (!w.exit_reported) w.ended = Clock::now();
-    record_usage(&w, ru);
+    record_usage(&w, pid, ru);
     if (w.exit_reported) {
       // Seen (and dispatched) as it began to exit; now it is gone.
       group_->drain(w);
@@ -515,10 +522,11 @@ void Agent::record_failure(const Action& a) {
 }
 
 // A reaped worker's rusage: the current attempt's go into the table, earlier ones are totalled.
-void Agent::record_usage(const Worker* w, const struct rusage& ru) {
+void Agent::record_usage(const Worker* w, pid_t pid, const struct rusage& ru) {
   const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
                      static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
   if (!w) {
+    if (gpu_usage_) gpu_usage_->take(pid);
     ++earlier_workers_;
     earlier_cpu_s_ += cpu;
     return;
@@ -530,6 +538,11 @@ void Agent::record_usage(const Worker* w, const struct rusage& ru) {
   u.wall_s = std::chrono::duration<double>(w->ended - w->started).count();
   u.cpu_s = cpu;
   u.peak_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // kilobytes on Linux
+  if (auto g = gpu_usage_ ? gpu_usage_->take(pid) : std::nullopt; g && g->sampled_s > 0) {
+    u.gpu_index = g->gpu_index;
+    u.gpu_seconds = g->gpu_seconds;
+    u.gpu_util_mean = g->gpu_seconds / g->sampled_s;
+  }
   usage_.push_back(u);
 }
 

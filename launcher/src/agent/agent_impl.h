@@ -23,6 +23,7 @@
 #include "hang/progress_files.h"
 #include "hang/run_record.h"
 #include "metrics/agent_exporter.h"
+#include "status/gpu_usage.h"
 #include "status/rank_sampler.h"
 #include "status/status_server.h"
 #include "workers/worker_group.h"
@@ -156,7 +157,9 @@ class Agent {
   std::vector<RankUsage> usage_;
   int earlier_workers_ = 0;  // reaped workers of ended attempts that the group no longer knows
   double earlier_cpu_s_ = 0;
-  void record_usage(const Worker* w, const struct rusage& ru);
+  void record_usage(const Worker* w, pid_t pid, const struct rusage& ru);
+  // Each worker's GPU use while it runs (none without NVML), for the end-of-run table.
+  std::unique_ptr<GpuUsageRecorder> gpu_usage_;
   void print_usage() const;
 };
 

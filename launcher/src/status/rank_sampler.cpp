@@ -45,6 +45,16 @@ std::optional<pid_t> RankSampler::process_group_of(pid_t pid) {
   return static_cast<pid_t>(pgrp);
 }
 
+bool RankSampler::nvml_available() {
+  std::lock_guard lock(mu_);
+  if (!tried_nvml_) {
+    tried_nvml_ = true;
+    std::string why;
+    nvml_ = platform::Nvml::load(&why);
+  }
+  return nvml_ != nullptr;
+}
+
 void RankSampler::sample_gpus(std::vector<RankSample>& ranks) {
   std::lock_guard lock(mu_);
   if (!tried_nvml_) {

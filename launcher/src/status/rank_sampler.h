@@ -25,6 +25,8 @@ class RankSampler {
   static void sample_proc(std::vector<RankSample>& ranks);
   // Fills the GPU fields (assign_gpu_samples) of the ranks with a process on a GPU.
   void sample_gpus(std::vector<RankSample>& ranks);
+  // Whether NVML could be loaded (loads it on the first call).
+  bool nvml_available();
   // The process group of `pid` from /proc/<pid>/stat; nullopt when it is gone.
   static std::optional<pid_t> process_group_of(pid_t pid);
 

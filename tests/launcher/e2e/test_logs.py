@@ -281,6 +281,36 @@ class UsageTable(unittest.TestCase):
         rss1 = float(rows["r1"][6]) * {"MiB": 1, "GiB": 1024}[rows["r1"][7]]
         self.assertGreaterEqual(rss1, 200, p.stderr)
 
+    def test_gpu_columns_and_the_low_utilisation_warning(self):
+        # NVML is a stand-in (tests/launcher/fake_nvml) answering from a file that each worker
+        # fills itself: rank 0 on GPU 0 at 40%, rank 1 on GPU 1 at 95%; sampled every 2 s.
+        fake = os.environ.get("DDPRUN_TEST_FAKE_NVML_DIR") or os.path.join(
+            os.path.dirname(os.path.dirname(harness.DDPRUN)), "tests", "launcher", "fake_nvml")
+        self.assertTrue(os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")), f"build fake_nvml first: {fake}")
+        with tempfile.TemporaryDirectory() as d:
+            state = os.path.join(d, "nvml")
+            open(state, "w").close()
+            code = ("import os, time\n"
+                    "r = int(os.environ['RANK'])\n"
+                    "with open(os.environ['DDPRUN_FAKE_NVML_STATE'], 'a') as f:\n"
+                    "    f.write(f'gpu {r} {40 if r == 0 else 95}\\nproc {r} {os.getpid()} {1 << 30}\\n')\n"
+                    "time.sleep(5)\n")
+            p = run(["--nproc_per_node=2"] + worker(code), env={"LD_LIBRARY_PATH": fake, "DDPRUN_FAKE_NVML_STATE": state})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stderr.splitlines()
+        head = [i for i, l in enumerate(lines) if "resource use of attempt 0" in l]
+        self.assertEqual(len(head), 1, p.stderr)
+        self.assertNotIn("no GPU sampled", lines[head[0]])
+        self.assertEqual(lines[head[0] + 1].split()[-5:], ["RSS", "GPU", "GPU-s", "GPU", "util"])
+        rows = {l.split()[0]: l.split() for l in lines[head[0] + 2:head[0] + 4]}
+        self.assertEqual((rows["r0"][-4], rows["r0"][-1]), ("0", "40%"), p.stderr)
+        self.assertEqual((rows["r1"][-4], rows["r1"][-1]), ("1", "95%"), p.stderr)
+        self.assertGreater(float(rows["r1"][-3]), 1.0, p.stderr)  # GPU-seconds: 0.95 x at least 2 s
+        warn = [l for l in lines if "mean GPU utilisation below 85%" in l]
+        self.assertEqual(len(warn), 1, p.stderr)
+        self.assertIn("r0 40%", warn[0])
+        self.assertNotIn("r1 ", warn[0].split(";")[0])
+
     def test_json_records_and_the_threshold_flag(self):
         p = run(["--log_format=json", "--nproc_per_node=2"] + worker(self.CODE))
         self.assertEqual(p.returncode, 0, p.stderr)
