@@ -283,27 +283,29 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int 
            int ldc, bool accumulate) {
 #ifdef DDPRUN_EXAMPLE_OPENBLAS
   if (g_impl == GemmImpl::Blas) {
-    // OpenBLAS runs single-threaded; our pool splits C's columns, each group one cblas call
-    // over the whole K. OpenBLAS's own threading gives different bits for different thread
-    // counts; a column split keeps every element's summation the same for any count.
+    // OpenBLAS runs single-threaded, one cblas call per fixed block of C's columns over the
+    // whole K; our pool hands contiguous runs of blocks to its threads. Every element is
+    // computed by the same call shape whatever the thread count, so results are
+    // bit-identical (OpenBLAS's own threading, or blocks that depend on the thread count,
+    // change the bits: its edge and small-matrix kernels sum in another order).
     static const bool single = (openblas_set_num_threads(1), true);
     (void)single;
     if (M <= 0 || N <= 0) return;
-    const auto call = [&](int j0, int j1) {
+    constexpr int kCols = 128;  // block width: whole register tiles on every OpenBLAS core
+    const auto block = [&](int b) {
+      const int j0 = b * kCols, j1 = std::min(N, j0 + kCols);
       // beta = 0 overwrites C without reading it, like the builtin path (K = 0 included).
       cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, j1 - j0,
                   K, 1.f, A, lda, trans_b ? B + static_cast<size_t>(j0) * ldb : B + j0, ldb, accumulate ? 1.f : 0.f,
                   C + j0, ldc);
     };
-    constexpr int kCols = 64;  // split granularity: whole register tiles
     const int blocks = (N + kCols - 1) / kCols;
     const int groups = std::min(blocks, pool().size());
     if (groups <= 1) {
-      call(0, N);
+      for (int b = 0; b < blocks; ++b) block(b);
     } else {
       pool().run(groups, [&](int g) {
-        const int b0 = blocks * g / groups, b1 = blocks * (g + 1) / groups;
-        call(b0 * kCols, std::min(N, b1 * kCols));
+        for (int b = blocks * g / groups; b < blocks * (g + 1) / groups; ++b) block(b);
       });
     }
     return;

@@ -47,8 +47,9 @@ void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const floa
 bool sgemm_uses_avx2();
 
 // Threads sgemm() uses (default 1), in either implementation. Each thread computes disjoint
-// tiles of C with the same summation order (with OpenBLAS: column groups of C, one
-// single-threaded cblas_sgemm each), so results are bit-identical for any thread count. Not thread-safe: set it before training; sgemm()
+// tiles of C with the same summation order (with OpenBLAS: fixed blocks of C's columns, one
+// single-threaded cblas_sgemm each, the same blocks for any count), so results are
+// bit-identical for any thread count. Not thread-safe: set it before training; sgemm()
 // itself must be called from one thread at a time.
 void set_gemm_threads(int n);
 int gemm_threads();
