@@ -144,7 +144,8 @@ void ServerCore::on_deadline(const ConnPtr& c) {
 // Under ks->mu: every TCPStore connection of `ks` stops touching state now and is closed by its
 // thread. Agents' rendezvous connections (main keyspace) stay: they belong to no round.
 void ServerCore::revoke_locked(const Keyspace* ks) {
-  for (auto& [_, c] : ks->conns) {
+  for (const auto& entry : ks->conns) {
+    const auto& c = entry.second;  // a plain name: lambdas may capture it (clang 14)
     if (c->revoked.exchange(true)) continue;
     // Whether c is an agent is decided on its thread (its first bytes): asked there.
     asio::post(c->thread->io, [this, c] {
