@@ -1,5 +1,6 @@
 // progress.h: ticks land in the progress file ddprun creates (its layout: launcher's hang.h),
-// and nothing is written to a file without the magic or when the variable is missing. Each case
+// and nothing is written to a file without the magic or when the variable is missing; the
+// Reducer's step statistics land in the words after the counter. Each case
 // runs in a child process: the mapping is made once per process.
 #include <catch2/catch.hpp>
 
@@ -10,10 +11,14 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddprun/worker/progress.h"
+#include "ddprun/worker/reducer.h"
+#include "fake_communicator.h"
 
 namespace {
 
@@ -32,7 +37,7 @@ std::string make_file(uint64_t magic) {
 
 uint64_t word(const std::string& path, int i) {
   std::ifstream in(path, std::ios::binary);
-  uint64_t w[2] = {0, 0};
+  uint64_t w[7] = {};
   in.read(reinterpret_cast<char*>(w), sizeof w);
   return w[i];
 }
@@ -75,4 +80,69 @@ TEST_CASE("progress() leaves a file that is not a progress file alone, and does 
   ::unlink(f.c_str());
   CHECK(child_ticks("", 3) == 0);
   CHECK(child_ticks("/nonexistent/progress", 3) == 0);
+}
+
+TEST_CASE("the Reducer adds its synchronised steps to the statistics words of the page", "[progress]") {
+  const std::string f = make_file(kMagic);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // One rank through a real collective (force_collective), the communication thread hiding it
+    // or not; passes: synchronised, accumulating (no_sync), synchronised, synchronised.
+    ::setenv("DDPRUN_PROGRESS_FILE", f.c_str(), 1);
+    namespace dw = ddprun::worker;
+    dw::testing::FakeGroup g(1);
+    dw::testing::FakeCommunicator c(g, 0);
+    std::vector<float> grad(4096, 1.0f);
+    dw::ReducerOptions o;
+    o.force_collective = true;
+    o.progress = dw::ReducerOptions::Progress::Thread;
+    dw::Reducer r(c, {{grad.data(), grad.size()}}, dw::DType::F32, o);
+    for (int pass = 0; pass < 4; ++pass) {
+      r.set_sync(pass != 1);
+      r.prepare_for_backward();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      r.mark_ready(0);
+      r.finalize();
+    }
+    ::_exit(0);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(word(f, 1) == 4);  // a tick per pass
+  CHECK(word(f, 2) == 1);  // the statistics' version
+  CHECK(word(f, 3) == 2);  // steps: from the end of the first synchronised pass to the third's
+  CHECK(word(f, 4) >= 15'000'000u);  // their wall time: three passes of at least 5 ms
+  CHECK(word(f, 4) < 10'000'000'000u);
+  CHECK(word(f, 5) > 0);               // the collectives' time
+  CHECK(word(f, 5) <= word(f, 4));     // within the steps
+  CHECK(word(f, 6) <= word(f, 5));     // exposed: at most all of it
+  ::unlink(f.c_str());
+}
+
+TEST_CASE("a lone rank without collectives writes no statistics", "[progress]") {
+  const std::string f = make_file(kMagic);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv("DDPRUN_PROGRESS_FILE", f.c_str(), 1);
+    namespace dw = ddprun::worker;
+    dw::testing::FakeGroup g(1);
+    dw::testing::FakeCommunicator c(g, 0);
+    std::vector<float> grad(16, 1.0f);
+    dw::Reducer r(c, {{grad.data(), grad.size()}}, dw::DType::F32);
+    for (int pass = 0; pass < 3; ++pass) {
+      r.prepare_for_backward();
+      r.mark_ready(0);
+      r.finalize();
+    }
+    ::_exit(0);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  CHECK(word(f, 1) == 3);
+  for (int i = 2; i < 7; ++i) CHECK(word(f, i) == 0);
+  ::unlink(f.c_str());
 }

@@ -19,6 +19,7 @@
 #include <sched.h>
 
 #include "ddprun/worker/checks.h"
+#include "progress_page.h"
 
 namespace ddprun::worker {
 namespace {
@@ -99,6 +100,10 @@ class ReducerImpl {
   void resolve_progress();
   // Nothing to communicate: one rank and no forced collective.
   bool solo() const { return comm_.size() == 1 && !options_.force_collective; }
+  // A synchronised pass that communicated ended: adds the step since the previous one's end to
+  // the progress page's statistics (progress_page.h), with this pass's collective time (stats_,
+  // plus `fused_ms` in the fused step's collectives, all of it after backward).
+  void record_pass(double fused_ms);
 
   Communicator& comm_;
   FusedStep* fused_;  // comm_.fused_step()
@@ -129,6 +134,8 @@ class ReducerImpl {
   bool want_inline_ = false;  // Inline asked for, or Auto with few CPUs on a splitting communicator
   bool finalize_started_ = false;  // under mu_: the training thread is in finalize()
   uint64_t pass_ = 0;                       // prepare_for_backward() calls, for messages
+  std::chrono::steady_clock::time_point last_sync_end_{};  // record_pass(): the previous one
+  bool have_sync_end_ = false;
   std::vector<unsigned char> ready_;        // per gradient, this pass
   std::vector<unsigned char> contributed_;  // per gradient, since the last synchronised pass
   size_t n_ready_ = 0;
@@ -547,6 +554,27 @@ void detail::ReducerImpl::finalize() {
                          "finalize_and_step() to end a synchronised pass");
   if (!sync_ || solo()) return;
   launch_rest_and_wait(false);
+  record_pass(0);
+}
+
+// The step boundary is the end of a synchronised pass: from one to the next, the step holds
+// everything the loop does (forward, backward, accumulation passes, the optimizer), and its
+// collectives all ran in between. The first pass only starts the clock. A stream-ordered
+// communicator (NCCL) only queues its collectives here and its time is not measured
+// (stats_.comm_ms stays 0): it reports nothing rather than a share of 0.
+void detail::ReducerImpl::record_pass(double fused_ms) {
+  if (comm_.stream_ordered()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (have_sync_end_) {
+    auto ns = [](double ms) { return static_cast<uint64_t>(std::max(0.0, ms) * 1e6); };
+    const double comm = stats_.comm_ms + fused_ms;
+    // Inline progress: the training thread ran every collective itself, nothing was hidden.
+    const double exposed = stats_.inline_progress ? comm : std::min(stats_.exposed_ms, stats_.comm_ms) + fused_ms;
+    const auto step = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_sync_end_).count();
+    record_step_stats(static_cast<uint64_t>(std::max<int64_t>(step, 0)), ns(comm), ns(exposed));
+  }
+  last_sync_end_ = now;
+  have_sync_end_ = true;
 }
 
 void detail::ReducerImpl::set_step_arrays(const float* grad_base, std::vector<float*> arrays) {
@@ -637,6 +665,12 @@ bool detail::ReducerImpl::finalize_and_step(const ElementwiseStep& step) {
   // The communication thread is idle now: this thread may issue the fused collectives, in
   // bucket order like every other rank. Every rank is past backward once all are here.
   const auto t_finish = std::chrono::steady_clock::now();
+  double fused_ms = 0;  // in allreduce_step / finish_step
+  auto timed = [&fused_ms](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    fused_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   float* at[ElementwiseStep::kMaxArrays];
   std::vector<float*> seg_grads, seg_arrays;  // split: every fused bucket in one finish_step
   std::vector<size_t> seg_counts;
@@ -666,14 +700,15 @@ bool detail::ReducerImpl::finalize_and_step(const ElementwiseStep& step) {
       ++fused_last_;
     }
     arrays_at(lo, at);
-    fused_->allreduce_step(lo, static_cast<size_t>(hi - lo), step, at);
+    timed([&] { fused_->allreduce_step(lo, static_cast<size_t>(hi - lo), step, at); });
     ++fused_calls_last_;
   }
   if (!seg_grads.empty()) {
-    fused_->finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data());
+    timed([&] { fused_->finish_step(seg_grads.size(), seg_grads.data(), seg_counts.data(), step, seg_arrays.data()); });
     ++fused_calls_last_;
   }
   stats_.finish_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_finish).count();
+  if (!solo()) record_pass(fused_ms);
   return true;
 }
 

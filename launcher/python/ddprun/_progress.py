@@ -13,8 +13,8 @@ the environment variable ``DDPRUN_PROGRESS_FILE``; ``progress()`` adds one to th
 When a rank's counter has not moved for S seconds, ddprun names the rank, saves the stacks of
 every local rank in the run's log directory and restarts the group (``--max_restarts``).
 
-Without the variable (the script runs without ddprun, or without ``--hang_timeout``) or with a
-file that is not a progress file, ``progress()`` does nothing. The first call maps the file; each
+Without the variable (the script runs without ddprun) or with a file that is not a progress
+file, ``progress()`` does nothing; without ``--hang_timeout`` nobody watches the counter. The first call maps the file; each
 later one is a single store into that page: no system call, well under a microsecond.
 
 With ``--hang_timeout``, ddprun makes this module importable in every worker: it appends a
@@ -23,7 +23,8 @@ installed into with pip (there ``import ddprun`` finds the installed package). T
 nothing but the standard library.
 
 File layout (one 4096-byte file per rank, little-endian 64-bit words): word 0 is the magic
-``DDPRPRG1`` (written by ddprun), word 1 the counter (written only by the worker).
+``DDPRPRG1`` (written by ddprun), word 1 the counter (written only by the worker); words 2-6
+hold the step statistics of the C++ worker library (see ddprun's hang.h), untouched here.
 """
 
 import mmap as _mmap

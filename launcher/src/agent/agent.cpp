@@ -543,6 +543,10 @@ void Agent::record_usage(const Worker* w, pid_t pid, const struct rusage& ru) {
     u.gpu_seconds = g->gpu_seconds;
     u.gpu_util_mean = g->gpu_seconds / g->sampled_s;
   }
+  // Its progress file outlives it: what libddprun_worker's Reducer counted there.
+  if (!w->error_file.empty())
+    if (auto s = read_step_stats((std::filesystem::path(w->error_file).parent_path() / kProgressFileName).string()))
+      add_step_stats(u, *s);
   usage_.push_back(u);
 }
 
@@ -575,6 +579,8 @@ void Agent::print_usage() const {
       if (u.gpu_index) f.push_back({"gpu", int64_t{*u.gpu_index}});
       if (u.gpu_seconds) f.push_back({"gpu_seconds", *u.gpu_seconds});
       if (u.gpu_util_mean) f.push_back({"gpu_util_mean", *u.gpu_util_mean});
+      if (u.allreduce_share) f.push_back({"allreduce_share", *u.allreduce_share});
+      if (u.allreduce_hidden) f.push_back({"allreduce_hidden", *u.allreduce_hidden});
       LogEvent ev("rank_usage", std::move(f), u.global_rank);
       spdlog::info("resource use of r{}", u.global_rank);
     }

@@ -1,5 +1,6 @@
 // The agent's part in --hang_timeout, --nccl_flight_recorder and `ddprun dump`: the workers'
-// extra environment, the record `ddprun dump` reads, the hang watch's timer and what a hang
+// extra environment (the progress file every worker gets, for the end-of-run table's step
+// statistics too), the record `ddprun dump` reads, the hang watch's timer and what a hang
 // becomes (a message, every local rank's stack in the run's log directory, a failure with the
 // cause "hang"). The decisions are hang.h's and agent_state.h's.
 #include <sys/epoll.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <system_error>
 
 #include <spdlog/spdlog.h>
 
@@ -47,7 +49,14 @@ void Agent::start_observers() {
 
 // Called for each worker's environment (spawn_.env).
 void Agent::add_observer_env(EnvMap& wenv, const std::string& error_file) const {
-  if (hang_) add_progress_env(wenv, error_file, progress_module_dir_);
+  try {
+    add_progress_env(wenv, error_file, progress_module_dir_);
+  } catch (const std::system_error& e) {
+    if (hang_) throw;  // the watch needs it
+    // Only the end-of-run table's step statistics are lost (its rank's log directory could
+    // not be made: the worker group said so).
+    spdlog::debug("{}: no step statistics for this rank", e.what());
+  }
   if (!nccl_trace_dir_.empty()) {
     std::error_code ec;
     fs::create_directories(nccl_trace_dir_, ec);

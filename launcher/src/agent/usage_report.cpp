@@ -33,6 +33,13 @@ std::string percent(double ratio) {
   return buf;
 }
 
+// A share that rounding would turn into none or all when it is neither: "<1%", ">99%".
+std::string share(double ratio) {
+  if (ratio > 0 && ratio < 0.005) return "<1%";
+  if (ratio < 1 && ratio >= 0.995) return ">99%";
+  return percent(ratio);
+}
+
 std::string row(const std::vector<std::string>& cells, const std::vector<size_t>& widths) {
   std::string out = "   ";
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -45,14 +52,24 @@ std::string row(const std::vector<std::string>& cells, const std::vector<size_t>
 
 }  // namespace
 
+void add_step_stats(RankUsage& u, const StepStats& s) {
+  if (s.steps == 0 || s.step_ns == 0) return;
+  const auto comm = static_cast<double>(s.comm_ns);
+  u.allreduce_share = std::clamp(comm / static_cast<double>(s.step_ns), 0.0, 1.0);
+  if (s.comm_ns > 0)
+    u.allreduce_hidden = std::clamp((comm - static_cast<double>(s.exposed_ns)) / comm, 0.0, 1.0);
+}
+
 std::string format_usage_table(const UsageReport& r) {
   if (r.ranks.empty()) return "";
   std::vector<RankUsage> ranks = r.ranks;
   std::sort(ranks.begin(), ranks.end(), [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });
   const bool gpu = std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.gpu_util_mean.has_value(); });
+  const bool steps = std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.allreduce_share.has_value(); });
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head = {"rank", "wall", "CPU", "CPU/wall", "peak RSS"};
   if (gpu) head.insert(head.end(), {"GPU", "GPU-s", "GPU util"});
+  if (steps) head.insert(head.end(), {"all-reduce/step", "hidden"});
   rows.push_back(head);
   for (const auto& u : ranks) {
     std::vector<std::string> c = {"r" + std::to_string(u.global_rank), seconds(u.wall_s), seconds(u.cpu_s),
@@ -61,6 +78,10 @@ std::string format_usage_table(const UsageReport& r) {
       c.push_back(u.gpu_index ? std::to_string(*u.gpu_index) : "-");
       c.push_back(u.gpu_seconds ? seconds(*u.gpu_seconds) : "-");
       c.push_back(u.gpu_util_mean ? percent(*u.gpu_util_mean) : "-");
+    }
+    if (steps) {
+      c.push_back(u.allreduce_share ? share(*u.allreduce_share) : "-");
+      c.push_back(u.allreduce_hidden ? share(*u.allreduce_hidden) : "-");
     }
     rows.push_back(std::move(c));
   }

@@ -16,6 +16,25 @@ std::vector<int> HangVerdict::stuck() const {
   return out;
 }
 
+namespace {
+uint64_t le64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+}  // namespace
+
+std::optional<StepStats> parse_step_stats(const unsigned char* page, size_t size) {
+  if (page == nullptr || size < kStepStatsEnd || le64(page) != kProgressMagic) return std::nullopt;
+  if (le64(page + kStepStatsOffset) != kStepStatsVersion) return std::nullopt;
+  StepStats s;
+  s.steps = le64(page + kStepStatsOffset + 8);
+  s.step_ns = le64(page + kStepStatsOffset + 16);
+  s.comm_ns = le64(page + kStepStatsOffset + 24);
+  s.exposed_ns = le64(page + kStepStatsOffset + 32);
+  return s;
+}
+
 HangWatch::HangWatch(double timeout_s) : timeout_s_(timeout_s) {}
 
 void HangWatch::start_attempt(double now_s, int nproc) {

@@ -67,6 +67,16 @@ std::optional<uint64_t> ProgressMap::ticks() const {
   return word->load(std::memory_order_relaxed);
 }
 
+std::optional<StepStats> read_step_stats(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  unsigned char head[kStepStatsEnd];
+  const ssize_t n = ::pread(fd, head, sizeof head, 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof head)) return std::nullopt;
+  return parse_step_stats(head, sizeof head);
+}
+
 void add_progress_env(EnvMap& env, const std::string& error_file, const std::string& module_dir) {
   if (!error_file.empty()) {  // empty: a warm spare's environment, which gets the rank's at launch
     const std::string path = (fs::path(error_file).parent_path() / kProgressFileName).string();

@@ -1,5 +1,6 @@
-// The progress files of --hang_timeout (layout in ddprun/launcher/hang.h): created by the agent
-// for each rank of an attempt, mapped read-only and read about once a second by the agent.
+// The progress files (layout in ddprun/launcher/hang.h): created by the agent for each rank of
+// every attempt; with --hang_timeout mapped read-only and their counters read about once a
+// second; the step statistics read once, when the worker is reaped.
 // The Python module `ddprun` (launcher/python/ddprun/_progress.py) is written next to the run's
 // logs for workers that cannot import an installed one.
 #pragma once
@@ -35,9 +36,14 @@ class ProgressMap {
   void* page_ = nullptr;
 };
 
-// The worker environment of --hang_timeout: DDPRUN_PROGRESS_FILE (the file beside
-// `error_file`, created here; none for an empty `error_file`: a warm spare's start) and, when `module_dir` is not empty, PYTHONPATH with it appended
-// (after the user's entries, which win).
+// The step statistics in the progress file at `path` (one read); nullopt when it cannot be
+// read or holds none (parse_step_stats).
+std::optional<StepStats> read_step_stats(const std::string& path);
+
+// A worker's progress environment: DDPRUN_PROGRESS_FILE (the file beside `error_file`, created
+// here; none for an empty `error_file`: a warm spare's start, which gets its rank's at launch)
+// and, when `module_dir` is not empty (--hang_timeout), PYTHONPATH with it appended (after the
+// user's entries, which win).
 void add_progress_env(EnvMap& env, const std::string& error_file, const std::string& module_dir);
 
 // Writes the pure-Python module `ddprun` (progress() only) as `<dir>/ddprun/__init__.py` and

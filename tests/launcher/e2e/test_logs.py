@@ -253,7 +253,9 @@ class JsonLogs(unittest.TestCase):
 
 class UsageTable(unittest.TestCase):
     """The end-of-run table: each rank's wall and CPU time and peak memory, from the kernel's
-    accounting of the reaped worker."""
+    accounting of the reaped worker, and the all-reduce's share of the step and the part of it
+    hidden behind backward, from the step statistics libddprun_worker leaves in the rank's
+    progress file."""
     # Rank 1 touches 200 MiB and burns about half a second of CPU; rank 0 idles.
     CODE = ("import os, time\n"
             "if os.environ['RANK'] == '1':\n"
@@ -310,6 +312,73 @@ class UsageTable(unittest.TestCase):
         self.assertEqual(len(warn), 1, p.stderr)
         self.assertIn("r0 40%", warn[0])
         self.assertNotIn("r1 ", warn[0].split(";")[0])
+
+    def train(self):
+        """libddprun_worker's example program (the all-reduce columns come from its Reducer)."""
+        path = os.environ.get("DDPRUN_TEST_TRAIN") or os.path.join(
+            os.path.dirname(os.path.dirname(harness.DDPRUN)), "worker_runtime", "train")
+        self.assertTrue(os.access(path, os.X_OK), f"build train first: {path}")
+        return path
+
+    @staticmethod
+    def percent(cell):
+        """'25%' -> 25; the table's '<1%' and '>99%' -> 0.5 and 99.5."""
+        return {"<1%": 0.5, ">99%": 99.5}.get(cell) or float(cell.rstrip("%"))
+
+    def table(self, stderr, workers):
+        lines = stderr.splitlines()
+        head = [i for i, l in enumerate(lines) if "resource use of attempt 0 on " in l]
+        self.assertEqual(len(head), 1, stderr)
+        cols = lines[head[0] + 1].split()
+        rows = {l.split()[0]: l.split() for l in lines[head[0] + 2:head[0] + 2 + workers]}
+        return cols, rows
+
+    def test_allreduce_columns_for_a_job_training_with_the_worker_library(self):
+        train = self.train()
+        # The shared-memory path with its fused step (here inline progress on few CPUs: nothing
+        # hidden), and Gloo over TCP with the communication thread and an unfused step.
+        for env, flags in (({}, []), ({"DDPRUN_SHM": "0"}, ["--fused-step", "0", "--progress", "thread"])):
+            p = run(["--nproc_per_node=2", train, "--epochs", "3"] + flags, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            cols, rows = self.table(p.stderr, 2)
+            self.assertEqual(cols[-2:], ["all-reduce/step", "hidden"], p.stderr)
+            self.assertEqual(sorted(rows), ["r0", "r1"], p.stderr)
+            for r in rows.values():
+                self.assertEqual(len(r), len(cols) + 2, p.stderr)  # "peak RSS" and its value are two words each
+                share, hidden = self.percent(r[-2]), self.percent(r[-1])
+                self.assertTrue(0 < share <= 100, p.stderr)
+                self.assertTrue(0 <= hidden <= 100, p.stderr)
+        # The same numbers in the JSON records, as fractions.
+        p = run(["--log_format=json", "--nproc_per_node=2", train, "--epochs", "3"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        recs = [json.loads(l) for l in p.stderr.splitlines() if l.startswith("{")]
+        usage = {r["rank"]: r["fields"] for r in recs if r["event"] == "rank_usage"}
+        self.assertEqual(sorted(usage), [0, 1], p.stderr)
+        for u in usage.values():
+            self.assertTrue(0 < u["allreduce_share"] <= 1, u)
+            self.assertTrue(0 <= u["allreduce_hidden"] <= 1, u)
+
+    def test_a_worker_that_does_not_report_shows_a_dash(self):
+        # Ranks 0 and 1 become a 2-rank `train` job of their own; rank 2 stays Python.
+        train = self.train()
+        code = ("import os, sys, time\n"
+                "if os.environ['RANK'] != '2':\n"
+                "    os.environ.update(WORLD_SIZE='2', LOCAL_WORLD_SIZE='2')\n"
+                f"    os.execv({train!r}, [{train!r}, '--epochs', '3'])\n"
+                "time.sleep(0.2)\n")
+        p = run(["--nproc_per_node=3"] + worker(code))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cols, rows = self.table(p.stderr, 3)
+        self.assertEqual(cols[-2:], ["all-reduce/step", "hidden"], p.stderr)
+        self.assertEqual(rows["r2"][-2:], ["-", "-"], p.stderr)
+        for r in ("r0", "r1"):
+            self.assertTrue(0 < self.percent(rows[r][-2]) <= 100, p.stderr)
+        # A Python job's workers get their progress file too (without --hang_timeout), and its
+        # table has no such columns (test_text_table: none at all).
+        p = run(["--nproc_per_node=1"] + worker("import os; print(os.path.basename(os.environ['DDPRUN_PROGRESS_FILE']))"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[r0]: progress", p.stdout)
+        self.assertNotIn("all-reduce/step", p.stderr)
 
     def test_json_records_and_the_threshold_flag(self):
         p = run(["--log_format=json", "--nproc_per_node=2"] + worker(self.CODE))

@@ -10,7 +10,7 @@ Usage: test_hang.py <ddprun> <python with torch> <mode> [train binary]
            PATH: gdb's stacks, the hung frame in rank 1's; then the job is stopped by its signal
   dump:    `ddprun dump` on a healthy job prints every rank's stack and changes nothing (same
            result as without it, no restart); with no job running it says so (exit 1)
-  never:   a job that never ticks: said once, no hang, exit 0
+  never:   a job that never ticks: said once, no hang, exit 0; without the flag nothing said
   usage:   --hang_timeout=abc is a usage error (exit 2)
   flight:  --nccl_flight_recorder: PyTorch's flight-recorder variables point into the run's log
            directory (a user's own value wins), and the failure summary lists what landed there
@@ -189,6 +189,16 @@ def mode_never(ddprun, python, env, tmp):
     check(p.returncode == 0, "a job that never ticks is not stopped")
     check(p.stderr.count("no worker has reported progress") == 1, "and it is said once")
     check("hang:" not in p.stderr, "no hang")
+    # Without the flag every worker still has its progress file (the end-of-run table's step
+    # statistics), but nothing watches it and nothing is said about ticks.
+    p = run([ddprun, "--nproc_per_node=1", "--no_python", python, "-c",
+             "import os, time; f = os.environ['DDPRUN_PROGRESS_FILE']; run = f.rsplit('/', 3)[0]\n"
+             "print('progress file', os.path.exists(f), "
+             "any(e.startswith(run) for e in os.environ.get('PYTHONPATH', '').split(':')), flush=True)\n"
+             "time.sleep(1.5)"], env)
+    check(p.returncode == 0 and "[r0]: progress file True False" in p.stdout,
+          "without --hang_timeout: a progress file, no PYTHONPATH entry")
+    check("no worker has reported progress" not in p.stderr, "and no word about ticks")
 
 
 def mode_usage(ddprun, python, env, tmp):
@@ -227,7 +237,7 @@ def mode_flight(ddprun, python, env, tmp):
     check(f"{trace_dir}/rank_0" in p.stderr and f"{trace_dir}/rank_1" in p.stderr, "and lists them")
     plain = run([ddprun, "--nproc_per_node=1", "--no_python", sys.executable, "-c",
                  "import os; print(sorted(k for k in os.environ if k.startswith(('TORCH_NCCL_TRACE', "
-                 "'TORCH_NCCL_DUMP', 'TORCH_NCCL_DEBUG_INFO', 'DDPRUN_PROGRESS'))))"], env)
+                 "'TORCH_NCCL_DUMP', 'TORCH_NCCL_DEBUG_INFO'))))"], env)
     check("[r0]: []" in plain.stdout, "without the flags, none of these variables is set")
 
 

@@ -4,7 +4,8 @@
 Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|resume|killed_spare|agent_killed}
   identity      probe_worker.py (2 ranks) prints what it can observe; rank 1 of attempt 0 is SIGKILLed once
                 both spares are ready: attempt 1 (from spares) must match attempt 0 (cold) but for
-                TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_ERROR_FILE and DDPRUN_PREEMPT_FILE
+                TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_ERROR_FILE, DDPRUN_PREEMPT_FILE and
+                DDPRUN_PROGRESS_FILE
   module        the same with `-m probe_worker`
   traceback     attempt 1 raises: its traceback from a spare equals a cold restart's (--warm_spares=0)
   resume        ddp_resume.py (gloo DDP with checkpoints) killed mid-run resumes from spares and ends
@@ -137,7 +138,7 @@ def probe_records(lines):
     return out
 
 
-ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_PREEMPT_FILE")
+ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_PREEMPT_FILE", "DDPRUN_PROGRESS_FILE")
 
 
 def same_but_attempt(cold, warm, rank):
@@ -159,6 +160,9 @@ def same_but_attempt(cold, warm, rank):
         check(env2.get("TORCHELASTIC_RESTART_COUNT") == "1" and env.get("TORCHELASTIC_RESTART_COUNT") == "0",
               "r%d %s: TORCHELASTIC_RESTART_COUNT is the attempt's" % (rank, key))
         check("attempt_1" in env2["TORCHELASTIC_ERROR_FILE"], "r%d %s: the error file is attempt 1's" % (rank, key))
+        check(env2.get("DDPRUN_PROGRESS_FILE") == os.path.join(os.path.dirname(env2["TORCHELASTIC_ERROR_FILE"]), "progress")
+              and os.path.exists(env2["DDPRUN_PROGRESS_FILE"]),
+              "r%d %s: the progress file is attempt 1's, beside its error file" % (rank, key))
 
 
 def kill_rank1_after_ready(run):

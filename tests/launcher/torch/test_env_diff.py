@@ -45,6 +45,13 @@ def ddprun_only_preempt_file(d, t, rank_env):
     return t is None and d is not None and d.endswith(f"/{rank_env['LOCAL_RANK']}/preempted")
 
 
+def ddprun_only_progress_file(d, t, rank_env):
+    """ddprun's own addition: the rank's progress file beside its error file, where
+    libddprun_worker leaves its step statistics for the end-of-run table and where
+    --hang_timeout reads the ticks; torchrun has no such file."""
+    return t is None and d is not None and d.endswith(f"/{rank_env['LOCAL_RANK']}/progress")
+
+
 def torchrun_only_locale(d, t, rank_env):
     """torchrun's own Python coerces a C locale (PEP 538) and its workers inherit LC_CTYPE;
     ddprun is not Python. A Python worker coerces its own locale the same way."""
@@ -72,6 +79,7 @@ ALLOWED = {
     "TORCHELASTIC_ERROR_FILE": same_shape_error_file,
     "LC_CTYPE": torchrun_only_locale,
     "DDPRUN_PREEMPT_FILE": ddprun_only_preempt_file,
+    "DDPRUN_PROGRESS_FILE": ddprun_only_progress_file,
 }
 ALLOWED_IN = {
     "c10d": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store},

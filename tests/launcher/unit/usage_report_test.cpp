@@ -1,5 +1,9 @@
-// The end-of-run resource table and the low-GPU-utilisation warning.
+// The end-of-run resource table (with the all-reduce columns from the progress page's step
+// statistics) and the low-GPU-utilisation warning.
 #include <catch2/catch.hpp>
+
+#include <utility>
+#include <vector>
 
 #include "ddprun/launcher/usage_report.h"
 
@@ -45,4 +49,85 @@ TEST_CASE("No worker, no table; human-readable sizes", "[usage]") {
   CHECK(human_bytes(1536) == "1.5 KiB");
   CHECK(human_bytes(412ull << 20) == "412 MiB");
   CHECK(human_bytes(5ull << 40) == "5.0 TiB");
+}
+
+namespace {
+// A progress page as a worker leaves it: little-endian words at their offsets (hang.h).
+std::vector<unsigned char> page_with(std::vector<std::pair<size_t, uint64_t>> words) {
+  std::vector<unsigned char> p(kProgressFileBytes, 0);
+  for (const auto& [off, v] : words)
+    for (size_t i = 0; i < 8; ++i) p[off + i] = static_cast<unsigned char>(v >> (8 * i));
+  return p;
+}
+}  // namespace
+
+TEST_CASE("The step statistics are read from their words of the progress page", "[usage]") {
+  CHECK(kStepStatsOffset == 16);
+  CHECK(kStepStatsEnd == 56);
+  const auto p = page_with({{0, kProgressMagic}, {8, 41}, {16, 1}, {24, 40}, {32, 4'000'000'000}, {40, 1'000'000'000},
+                            {48, 250'000'000}});
+  const auto s = parse_step_stats(p.data(), p.size());
+  REQUIRE(s);
+  CHECK(s->steps == 40);
+  CHECK(s->step_ns == 4'000'000'000u);
+  CHECK(s->comm_ns == 1'000'000'000u);
+  CHECK(s->exposed_ns == 250'000'000u);
+  CHECK(parse_step_stats(p.data(), kStepStatsEnd));  // the words up to the last one suffice
+  CHECK_FALSE(parse_step_stats(p.data(), kStepStatsEnd - 1));
+  CHECK_FALSE(parse_step_stats(nullptr, 0));
+  // Ticks but no statistics (a Python worker, the NCCL path): none.
+  const auto ticks_only = page_with({{0, kProgressMagic}, {8, 41}});
+  CHECK_FALSE(parse_step_stats(ticks_only.data(), ticks_only.size()));
+  // Not a progress file, or statistics of a version this agent does not know: none.
+  const auto no_magic = page_with({{0, 7}, {16, 1}, {24, 40}, {32, 4}});
+  CHECK_FALSE(parse_step_stats(no_magic.data(), no_magic.size()));
+  const auto v2 = page_with({{0, kProgressMagic}, {16, 2}, {24, 40}, {32, 4}});
+  CHECK_FALSE(parse_step_stats(v2.data(), v2.size()));
+}
+
+TEST_CASE("Step statistics become the all-reduce's share of the step and the part of it hidden", "[usage]") {
+  RankUsage u;
+  add_step_stats(u, {.steps = 40, .step_ns = 4'000'000'000, .comm_ns = 1'000'000'000, .exposed_ns = 250'000'000});
+  REQUIRE(u.allreduce_share);
+  REQUIRE(u.allreduce_hidden);
+  CHECK(*u.allreduce_share == Approx(0.25));
+  CHECK(*u.allreduce_hidden == Approx(0.75));
+  RankUsage none;
+  add_step_stats(none, {.steps = 0, .step_ns = 0, .comm_ns = 0, .exposed_ns = 0});
+  CHECK_FALSE(none.allreduce_share);
+  CHECK_FALSE(none.allreduce_hidden);
+  // No collective time measured: a share of 0 and nothing to say about hiding it.
+  RankUsage idle;
+  add_step_stats(idle, {.steps = 3, .step_ns = 3000, .comm_ns = 0, .exposed_ns = 0});
+  CHECK(idle.allreduce_share == 0.0);
+  CHECK_FALSE(idle.allreduce_hidden);
+  // Out of range totals are clamped: never above 100%, never below 0%.
+  RankUsage odd;
+  add_step_stats(odd, {.steps = 1, .step_ns = 100, .comm_ns = 200, .exposed_ns = 300});
+  CHECK(*odd.allreduce_share == 1.0);
+  CHECK(*odd.allreduce_hidden == 0.0);
+}
+
+TEST_CASE("The all-reduce columns appear when a rank reported, '-' for the ranks that did not", "[usage]") {
+  UsageReport r;
+  r.host = "n1";
+  r.ranks = {{.global_rank = 0, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.25, .allreduce_hidden = 0.75},
+             {.global_rank = 1, .wall_s = 10, .cpu_s = 1, .peak_rss_bytes = 2048},
+             {.global_rank = 2, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.003, .allreduce_hidden = 0.997},
+             {.global_rank = 3, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.0}};
+  CHECK(format_usage_table(r) ==
+        "resource use of attempt 0 on n1 (4 workers; no GPU sampled):\n"
+        "    rank  wall    CPU     CPU/wall  peak RSS  all-reduce/step  hidden\n"
+        "    r0    10.0 s  9.00 s  90%       2.0 KiB   25%              75%\n"
+        "    r1    10.0 s  1.00 s  10%       2.0 KiB   -                -\n"
+        "    r2    10.0 s  9.00 s  90%       2.0 KiB   <1%              >99%\n"
+        "    r3    10.0 s  9.00 s  90%       2.0 KiB   0%               -");
+  // With the GPU columns: after them.
+  r.ranks[1].gpu_index = 0;
+  r.ranks[1].gpu_seconds = 5;
+  r.ranks[1].gpu_util_mean = 0.5;
+  const std::string t = format_usage_table(r);
+  CHECK(t.find("rank  wall    CPU     CPU/wall  peak RSS  GPU  GPU-s   GPU util  all-reduce/step  hidden") != std::string::npos);
+  CHECK(t.find("r0    10.0 s  9.00 s  90%       2.0 KiB   -    -       -         25%              75%") != std::string::npos);
+  CHECK(t.find("r1    10.0 s  1.00 s  10%       2.0 KiB   0    5.00 s  50%       -                -") != std::string::npos);
 }

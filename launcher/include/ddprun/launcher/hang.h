@@ -1,5 +1,5 @@
-// Hangs and stragglers (--hang_timeout), the pure part: the progress page's layout, the
-// decision "which ranks are stuck" over tick counters and the times they last moved, and the
+// Hangs and stragglers (--hang_timeout), the pure part: the progress page's layout (ticks and
+// the step statistics of the end-of-run table, usage_report.h), the decision "which ranks are stuck" over tick counters and the times they last moved, and the
 // messages. No clock, no files: the agent's hang watch (src/hang/) reads the pages and the
 // clock and feeds them in; tests drive it directly.
 //
@@ -30,12 +30,41 @@
 
 namespace ddprun::launcher {
 
-// The progress file of one rank: kProgressFileBytes long, two little-endian 64-bit words.
-//   offset 0: kProgressMagic ("DDPRPRG1"), written by the agent when it creates the file
-//   offset 8: the tick counter, written only by the worker (one writer; the agent only reads)
+// The progress file of one rank: kProgressFileBytes long, little-endian 64-bit words, the rest
+// zero. The agent creates it for every worker of every attempt (with or without --hang_timeout)
+// and only reads it afterwards; every word after the magic is written only by the worker.
+//   offset 0:  kProgressMagic ("DDPRPRG1"), written by the agent when it creates the file
+//   offset 8:  the tick counter (progress(): libddprun_worker, the Python module `ddprun`)
+//   offset 16: kStepStatsVersion once libddprun_worker's Reducer wrote the step statistics
+//              below (0: none, e.g. a Python worker, a GPU communicator, a lone rank)
+//   offset 24: synchronised steps counted: the intervals between the ends of consecutive
+//              synchronised passes (finalize() / finalize_and_step() returned) that ran
+//              gradient collectives on a host communicator
+//   offset 32: those intervals' total wall time, ns
+//   offset 40: the time spent in the gradient collectives of the passes that end them, ns
+//              (Reducer::OverlapStats::comm_ms, plus the fused step's collectives)
+//   offset 48: of which exposed: not hidden behind backward (OverlapStats::exposed_ms, at most
+//              comm_ms per pass; all of it with inline progress, where the training thread
+//              itself runs the collectives), ns
+// The worker updates each word with a relaxed atomic add (no system call); the agent reads the
+// statistics when it reaps the worker (the file outlives the process).
 inline constexpr size_t kProgressFileBytes = 4096;
 inline constexpr size_t kProgressCounterOffset = 8;
 inline constexpr uint64_t kProgressMagic = 0x3147525052504444ULL;  // bytes "DDPRPRG1"
+inline constexpr size_t kStepStatsOffset = 16;  // the version word; the four totals follow
+inline constexpr uint64_t kStepStatsVersion = 1;
+inline constexpr size_t kStepStatsEnd = kStepStatsOffset + 5 * 8;
+
+// A worker's step statistics (the words at kStepStatsOffset).
+struct StepStats {
+  uint64_t steps = 0;
+  uint64_t step_ns = 0;
+  uint64_t comm_ns = 0;
+  uint64_t exposed_ns = 0;
+};
+// The statistics in the first `size` bytes of a progress file; nullopt when it is not a progress
+// file (magic), is too short, or holds none of a version this agent knows.
+std::optional<StepStats> parse_step_stats(const unsigned char* page, size_t size);
 // The environment variable that holds the path of a worker's progress file.
 inline constexpr const char* kProgressFileEnv = "DDPRUN_PROGRESS_FILE";
 // The name of the file in the rank's log directory (<run>/attempt_<n>/<local_rank>/).

@@ -1,13 +1,17 @@
 // How efficiently the workers ran: the table at the end of a run (wall time, CPU time, peak
-// memory and, where GPUs were sampled, GPU-seconds and mean utilisation per rank) and the
-// low-utilisation warning. Pure: agent.cpp gathers the numbers (wait4's rusage at each reap,
-// the GPU sampler) and prints what this returns.
+// memory, where GPUs were sampled GPU-seconds and mean utilisation, and for workers that train
+// with libddprun_worker the all-reduce's share of the step and how much of it backward hid, per
+// rank) and the low-utilisation warning. Pure: agent.cpp gathers the numbers (wait4's rusage at
+// each reap, the GPU sampler, the step statistics in each rank's progress file) and prints what
+// this returns.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "ddprun/launcher/hang.h"
 
 namespace ddprun::launcher {
 
@@ -22,7 +26,16 @@ struct RankUsage {
   std::optional<int> gpu_index;  // the GPU it used, where sampled
   std::optional<double> gpu_seconds;    // integral of its GPU's utilisation over time
   std::optional<double> gpu_util_mean;  // 0..1, over the time sampled
+  // From the worker's step statistics (hang.h's StepStats), where it wrote them: the time in
+  // gradient collectives over the steps' wall time, and the part of that time hidden behind
+  // backward, both 0..1 (hidden: none when no collective time was measured).
+  std::optional<double> allreduce_share;
+  std::optional<double> allreduce_hidden;
 };
+
+// Sets allreduce_share / allreduce_hidden from a worker's statistics; leaves them unset when
+// it counted no step (or no step time).
+void add_step_stats(RankUsage& u, const StepStats& s);
 
 struct UsageReport {
   std::vector<RankUsage> ranks;  // the last attempt's workers of this node
@@ -34,7 +47,8 @@ struct UsageReport {
 };
 
 // The table, one line per rank, as text lines (no trailing newline on the last); "" when no
-// worker ran.
+// worker ran. The GPU columns appear when some rank was sampled, the all-reduce columns when
+// some rank wrote step statistics; a rank without the values shows "-" there.
 std::string format_usage_table(const UsageReport& r);
 // "mean GPU utilisation below 85% (--gpu_util_warn=0.85): r1 41%, r3 60%; ..." or "" when every
 // sampled rank is at or above the threshold (or none was sampled).
