@@ -194,6 +194,33 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
+  if ((it == waiters_.end() || !it->second.registering) && req.keys.size() <= kSmallWait) {
+    // A few keys (PyTorch's get() is a WAIT of one): one pass, duplicates by a linear search,
+    // no waiter at all when every key is there.
+    std::vector<const std::string*> missing;
+    for (const auto& k : req.keys) {
+      if (exists(k)) continue;
+      if (std::none_of(missing.begin(), missing.end(), [&](const std::string* m) { return *m == k; }))
+        missing.push_back(&k);
+    }
+    if (missing.empty()) {
+      w.u8(wire::kWaitStop);
+      return {};
+    }
+    remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
+    Waiter waiter;
+    uint64_t bytes = 0;
+    for (const std::string* k : missing) {
+      waiting_on_[*k].push_back(conn);
+      waiter.keys.push_back(*k);
+      bytes += entry_bytes(*k);
+    }
+    waiter.remaining = missing.size();
+    waiter.bytes = bytes;
+    aux_bytes_ += bytes;
+    waiters_.emplace(conn, std::move(waiter));
+    return {};  // deferred
+  }
   if (it == waiters_.end() || !it->second.registering) {
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
