@@ -26,12 +26,19 @@ spares   Warm spares (scripts/bench/bench_spares.sh). Rank 1 is killed once past
          (torch >= 2 only). Columns, from t_kill by the workers' clocks: started, init, ready
          (every replacement past its first all_reduce: the job computes again), ratios, the
          spares' RSS/PSS. Defaults: -n 3, RUN_TIMEOUT 90 s, BUDGET 540 s.
+gpu      Warm spares on GPUs (scripts/bench/bench_spares.sh gpu): --nproc_per_node=$NPROC (default 1)
+         --max_restarts=1, NCCL, one GPU per local rank; the last rank SIGKILLed once past a first
+         all_reduce (after every spare said it is ready, for ddprun with spares). Launchers, for
+         each python in $PYS (default the venv's): ddprun --warm_spares=1 --spare_cuda=1,
+         ddprun --warm_spares=1, ddprun --warm_spares=0, torchrun. Columns as for spares, plus
+         "cuda" (every replacement's device current and a tensor on it) and the GPU memory a
+         GPU-warm spare holds (NVML, from ddprun's log). Defaults: -n 3, RUN_TIMEOUT 120 s, BUDGET 480 s.
 Runs are interleaved (round-robin, order rotated each round); whole rounds stop once the next
 would pass BUDGET; each run is killed after RUN_TIMEOUT; workers a run leaves behind are
 SIGKILLed by pid. KEEP=1 keeps the per-run logs. Tables: medians, ratios to ddprun.
 restart: DDPRUN_BEFORE=<another ddprun> adds its rows ("ddprun-before", defaults), interleaved like
 every launcher, to compare two builds in one run; NO_TORCHRUN=1 leaves torchrun's rows out.
-  usage: bench_restart.py {restart,spares} [-n N] [build-dir]     (env DDPRUN=... for a binary)
+  usage: bench_restart.py {restart,spares,gpu} [-n N] [build-dir]     (env DDPRUN=... for a binary)
 """
 import argparse
 import os
@@ -53,6 +60,9 @@ DDPRUN_NOTICE = re.compile(r"^\[ddprun\] warning: worker r1 .*failed")
 TORCHRUN_NOTICE = re.compile(r"^(?:(?:INFO|WARNING|ERROR):torch\.distributed|[IWE]\d{4} .*torch/distributed/)"
                              r".*(?:failed|FAILED|closing signal|Stopping|[Rr]estart)")
 SPARE_READY = re.compile(r"warm spare for local rank (\d+) ready: .*RSS (\d+) MiB \(PSS (\d+) MiB\)")
+SPARE_GPU = re.compile(r"GPU \d+ warm: context (\d+) ms, (?:NCCL set-up (\d+) ms|NCCL not warmed[^,]*), "
+                       r"(?:holds (\d+) MiB)?")
+NPROC = int(os.environ.get("NPROC", "1"))  # gpu mode: ranks (one GPU each); the other modes: 2
 
 
 class Launcher:
@@ -61,10 +71,10 @@ class Launcher:
         self.wait_spares = wait_spares
 
 
-def ms_after(t_kill, recs, event, key):
-    """Milliseconds from t_kill to the last of attempt 1's two `event` records, or None."""
+def ms_after(t_kill, recs, event, key, nproc=2):
+    """Milliseconds from t_kill to the last of attempt 1's `nproc` `event` records, or None."""
     r1 = [r for r in recs if r["attempt"] == 1 and r["event"] == event]
-    return (max(r[key] for r in r1) - t_kill) * 1e3 if len(r1) == 2 else None
+    return (max(r[key] for r in r1) - t_kill) * 1e3 if len(r1) == nproc else None
 
 
 def trial(mode, la, run, workdir, timeout):
@@ -76,6 +86,9 @@ def trial(mode, la, run, workdir, timeout):
     cmd = [a.replace("{PORT}", str(port)).replace("{LOGDIR}", os.path.join(d, "logs")) for a in la.cmd]
     env = dict(os.environ, BENCH_RESTART_TS=ts, BENCH_RESTART_PIDFILE=pidfile, GLOO_SOCKET_IFNAME="lo",
                PYTHONUNBUFFERED="1", PYTHON_EXEC=la.python, BENCH_KILL_AFTER="init" if mode == "restart" else "ready")
+    if mode == "gpu":
+        env["BENCH_BACKEND"] = "nccl"
+    nproc = NPROC if mode == "gpu" else 2
     res = dict(name=la.name, torch=la.torch, run=run, error=None)
     p = benchlib.Launched(cmd, env)
     deadline = p.t0 + timeout
@@ -85,13 +98,23 @@ def trial(mode, la, run, workdir, timeout):
 
     pid = None
     if la.wait_spares:
-        p.wait_for(lambda lines: len(spares_ready(lines)) == 2, deadline)
+        p.wait_for(lambda lines: len(spares_ready(lines)) == nproc, deadline)
         sr = spares_ready(p.lines)
         if sr:
             res["spare_rss_mib"] = max(v[0] for v in sr.values())
             res["spare_pss_mib"] = max(v[1] for v in sr.values())
         res["spares_ready_after_s"] = max((t for t, l in p.lines if SPARE_READY.search(l)), default=p.t0) - p.t0
-    if not la.wait_spares or len(spares_ready(p.lines)) == 2:
+        for _, l in p.lines:
+            g = SPARE_GPU.search(l) if SPARE_READY.search(l) else None
+            if g:
+                res["spare_ctx_ms"] = int(g.group(1))
+                if g.group(2):
+                    res["spare_nccl_ms"] = int(g.group(2))
+                if g.group(3):
+                    res["spare_gpu_mib"] = int(g.group(3))
+            elif "did not warm its GPU" in l:
+                res["spare_gpu_skipped"] = l.strip()
+    if not la.wait_spares or len(spares_ready(p.lines)) == nproc:
         pid = benchlib.wait_for_file_int(pidfile, deadline, alive=lambda: p.proc.poll() is None)
     t_kill = None
     if pid is None:
@@ -110,7 +133,10 @@ def trial(mode, la, run, workdir, timeout):
     p.save(os.path.join(d, "stderr.log"))
     res.update(rc=rc, wall_s=t_end - p.t0)
     if t_kill is not None:
-        (measure_restart if mode == "restart" else measure_spares)(res, la, p, recs, t_kill)
+        if mode == "restart":
+            measure_restart(res, la, p, recs, t_kill)
+        else:
+            measure_spares(res, la, p, recs, t_kill, nproc)
     if rc != 0 and not res["error"]:
         res["error"] = "launcher exit %s" % rc
     if res["error"]:
@@ -146,9 +172,10 @@ def measure_restart(res, la, p, recs, t_kill):
         res["error"] = "attempt 1 did not finish its all_reduce on both ranks"
 
 
-def measure_spares(res, la, p, recs, t_kill):
-    for event, key, out in (("start", "t_start", "started_ms"), ("init", "t_init", "init_ms"), ("ready", "t_ready", "ready_ms")):
-        v = ms_after(t_kill, recs, event, key)
+def measure_spares(res, la, p, recs, t_kill, nproc):
+    for event, key, out in (("start", "t_start", "started_ms"), ("cuda", "t_cuda", "cuda_ms"), ("init", "t_init", "init_ms"),
+                            ("ready", "t_ready", "ready_ms")):
+        v = ms_after(t_kill, recs, event, key, nproc)
         if v is not None:
             res[out] = v
     if "ready_ms" not in res and not res["error"]:
@@ -213,6 +240,68 @@ def spares_launchers(ddprun, pys, priority):
             out.append(Launcher("torchrun-" + tag, v, py, [py, "-m", "torch.distributed.run", "--monitor_interval", "0.1"]
                                 + common + [WORKER], "torchrun"))
     return out
+
+
+def gpu_launchers(ddprun, pys):
+    common = ["--nproc_per_node=%d" % NPROC, "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
+    out = []
+    for py in pys:
+        v = benchlib.torch_version(py) if os.access(py, os.X_OK) else None
+        if not v:
+            print("(no torch in %s: skipped)" % py)
+            continue
+        tag = v.rsplit(".", 1)[0]
+        out.append(Launcher("ddprun-cuda-" + tag, v, py, [ddprun] + common + [
+            "--warm_spares=1", "--spare_cuda=1", WORKER], "ddprun --warm_spares=1 --spare_cuda=1", wait_spares=True))
+        out.append(Launcher("ddprun-spares-" + tag, v, py, [ddprun, "-v"] + common + [
+            "--warm_spares=1", WORKER], "ddprun --warm_spares=1", wait_spares=True))
+        out.append(Launcher("ddprun-cold-" + tag, v, py, [ddprun] + common + ["--warm_spares=0", WORKER],
+                            "ddprun --warm_spares=0"))
+        out.append(Launcher("torchrun-" + tag, v, py, [py, "-m", "torch.distributed.run", "--monitor_interval", "0.1"]
+                            + common + [WORKER], "torchrun"))
+    return out
+
+
+def report_gpu(rs, launchers):
+    def vals(name, k):
+        return [r[k] for r in rs if r["name"] == name and (k == "started_ms" or not r["error"]) and k in r]
+    rows = []
+    for la in launchers:
+        mine = [r for r in rs if r["name"] == la.name]
+        if not mine:
+            continue
+        tag = la.name.rsplit("-", 1)[1]
+        cells = []
+        for k in ("started_ms", "cuda_ms", "init_ms", "ready_ms"):
+            m, sp = benchlib.median(vals(la.name, k)), benchlib.spread(vals(la.name, k))
+            cells.append("-" if m is None else "%.0f" % m + (" (%s)" % sp if sp else ""))
+        ready = benchlib.median(vals(la.name, "ready_ms"))
+
+        def ratio(other):
+            mo = benchlib.median(vals(other, "ready_ms"))
+            return ("%.1f×" % (mo / ready)) if ready and mo and other != la.name else "-"
+        gpu = "-"
+        held = [r["spare_gpu_mib"] for r in mine if "spare_gpu_mib" in r]
+        if held:
+            gpu = "%d" % benchlib.median(held)
+        rows.append([la.label, la.torch, "%d/%d" % (sum(not r["error"] for r in mine), len(mine))] + cells +
+                    [ratio("ddprun-spares-" + tag), ratio("ddprun-cold-" + tag), ratio("torchrun-" + tag), gpu])
+    print("\n" + benchlib.markdown_table(
+        ["launcher", "worker torch", "ok runs", "kill → replacements started (ms)", "kill → CUDA ready (ms)",
+         "kill → past init_process_group (ms)", "kill → past a first NCCL all_reduce (ms)", "vs CPU-warm spares",
+         "vs cold", "vs torchrun", "GPU memory per spare (MiB)"], rows))
+    print("\nmedians (min–max) over the runs without error; \"vs X\" = X's median ready time / this row's")
+    for k, what in (("spare_ctx_ms", "the spare's CUDA context"), ("spare_nccl_ms", "the spare's NCCL set-up")):
+        v = [r[k] for r in rs if k in r]
+        if v:
+            print("%s: %d ms (median, off the restart path: done before the kill)" % (what, benchlib.median(v)))
+    sk = [r for r in rs if "spare_gpu_skipped" in r]
+    if sk:
+        print("GPU not warmed in %d run(s): %s" % (len(sk), sk[0]["spare_gpu_skipped"][:200]))
+    for r in rs:
+        if r["name"].startswith("ddprun-") and "-cold-" not in r["name"] and r.get("from_spares") not in (
+                None, "%d/%d" % (NPROC, NPROC)):
+            print("%s run %d: only %s workers from spares" % (r["name"], r["run"], r.get("from_spares")))
 
 
 def ratio_cell(m, mb):
@@ -306,14 +395,15 @@ def report_spares(rs, launchers):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
-    ap.add_argument("mode", choices=("restart", "spares"))
+    ap.add_argument("mode", choices=("restart", "spares", "gpu"))
     ap.add_argument("-n", type=int, default=None, help="rounds (restart: 5, spares: 3)")
     ap.add_argument("build", nargs="?", default=os.path.join(HERE, "build"))
     a = ap.parse_intermixed_args()
     restart = a.mode == "restart"
     rounds = a.n or (5 if restart else 3)
-    timeout = float(os.environ.get("RUN_TIMEOUT", 45 if restart else 90))
-    budget = float(os.environ.get("BUDGET", 270 if restart else 540))
+    gpu = a.mode == "gpu"
+    timeout = float(os.environ.get("RUN_TIMEOUT", 45 if restart else 120 if gpu else 90))
+    budget = float(os.environ.get("BUDGET", 270 if restart else 480 if gpu else 540))
     ddprun = os.environ.get("DDPRUN", os.path.join(a.build, "launcher", "ddprun"))
     venv_py = os.path.join(os.environ.get("DDPRUN_VENV", os.path.join(HERE, ".venv-torch2")), "bin", "python")
     if not os.access(ddprun, os.X_OK):
@@ -327,17 +417,24 @@ def main():
             stamp = os.path.join(tmp, "bench_exec_stamp")
         if restart:
             launchers = restart_launchers(ddprun, "/usr/bin/python3", venv_py, stamp)
+        elif gpu:
+            launchers = gpu_launchers(ddprun, os.environ.get("PYS", venv_py).split())
         else:
             launchers = spares_launchers(ddprun, os.environ.get("PYS", "/usr/bin/python3 " + venv_py).split(),
                                          os.environ.get("SPARE_PRIORITY", "idle"))
         if not launchers:
             sys.exit("no python with torch found")
-        columns = ("noticed_ms", "started_ms", "init_ms") if restart else ("started_ms", "init_ms", "ready_ms")
+        columns = (("noticed_ms", "started_ms", "init_ms") if restart else
+                   ("started_ms", "cuda_ms", "init_ms", "ready_ms") if gpu else ("started_ms", "init_ms", "ready_ms"))
         if restart:
             print(benchlib.report_header("restart latency: --nproc_per_node=2 --max_restarts=1, gloo on loopback, rank 1"
                                          " SIGKILLed after init", "%d runs each, interleaved; ddprun %s" % (rounds, ddprun)))
             print("# workers started through bench_exec_stamp (exec time stamped)" if stamp else
                   "# workers started as python scripts (no C compiler here: no exec'd column)")
+        elif gpu:
+            print(benchlib.report_header("warm spares on GPUs: --nproc_per_node=%d --max_restarts=1, NCCL, rank %d"
+                                         " SIGKILLed after its first all_reduce" % (NPROC, NPROC - 1),
+                                         "%d runs each, interleaved; ddprun %s" % (rounds, ddprun)))
         else:
             print(benchlib.report_header("warm spares: --nproc_per_node=2 --max_restarts=1, gloo on loopback, rank 1"
                                          " SIGKILLed after its first all_reduce",
@@ -353,7 +450,7 @@ def main():
             results.append(res)
             print_run(res, columns)
         benchlib.run_rounds([la.name for la in launchers], rounds, budget, run_one)
-        (report_restart if restart else report_spares)(results, launchers)
+        (report_restart if restart else report_gpu if gpu else report_spares)(results, launchers)
         for r in results:
             if r["error"]:
                 print("\n%s run %d: %s\n    %s" % (r["name"], r["run"], r["error"], "\n    ".join(r.get("stderr_tail", []))))

@@ -6,8 +6,9 @@ import os
 # Worker for scripts/bench/bench_restart.py (restart latency, warm spares). The same file runs under every
 # launcher. Appends one JSON line per event to $BENCH_RESTART_TS: {rank, attempt, pid, event, ...}: "start"
 # (t_start, written before `import torch`), "init" (t_start, t_imported, t_init: past init_process_group),
-# "ready" (t_ready: past a first all_reduce), then "allreduce_error" / "done".
-# Attempt 0: rank 1 writes its pid to $BENCH_RESTART_PIDFILE once past init ($BENCH_KILL_AFTER=init) or past
+# "ready" (t_ready: past a first all_reduce), then "allreduce_error" / "done"; with BENCH_BACKEND=nccl
+# (one GPU per local rank) also "cuda" (t_cuda: its device current and a tensor on it), before "init".
+# Attempt 0: the last rank (rank 1 of 2) writes its pid to $BENCH_RESTART_PIDFILE once past init ($BENCH_KILL_AFTER=init) or past
 # a first all_reduce (=ready) and sleeps until the driver SIGKILLs it; rank 0 sits in an all_reduce that
 # cannot complete. If gloo raises (peer gone), rank 0 records it and sleeps, so the only failure the
 # launcher sees is rank 1's SIGKILL. Attempt 1: both ranks do one all_reduce and exit 0.
@@ -31,16 +32,24 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 T_IMPORTED = time.time()
-dist.init_process_group("gloo")
+NCCL = os.environ.get("BENCH_BACKEND", "gloo") == "nccl"
+if NCCL:  # the device of this local rank, a tensor on it: the CUDA context is ready
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    record(event="cuda", t_cuda=time.time())
+dist.init_process_group("nccl" if NCCL else "gloo")
 T_INIT = time.time()
 record(event="init", t_start=T_START, t_imported=T_IMPORTED, t_init=T_INIT)
-t = torch.ones(1)
+t = torch.ones(1, device="cuda" if NCCL else "cpu")
 if ATTEMPT > 0 or KILL_AFTER == "ready":
-    dist.all_reduce(t)
+    dist.all_reduce(t)  # with NCCL the communicator is created here (init_process_group is lazy)
+    if NCCL:
+        torch.cuda.synchronize()
     record(event="ready", t_ready=time.time(), value=float(t.item()))
 
 if ATTEMPT == 0:
-    if RANK == 1:
+    if RANK == int(os.environ["WORLD_SIZE"]) - 1:  # the last rank is the one killed
         pidfile = os.environ["BENCH_RESTART_PIDFILE"]
         with open(pidfile + ".tmp", "w") as f:
             f.write(str(os.getpid()))

@@ -5,5 +5,9 @@
 # On the GPU machine (binaries from scripts/bench/bundle_bin.sh):
 #   . scripts/bench/device_env.sh out/bench-bin && DDPRUN=out/bench-bin/ddprun PYS="$(which python3)" \
 #     scripts/bench/bench_spares.sh -n 3
-#   usage: scripts/bench/bench_spares.sh [-n N] [build-dir]     (N default 3)
-exec python3 "$(dirname "${BASH_SOURCE[0]}")/bench_restart.py" spares "$@"
+# "gpu" first: the same on GPUs with NCCL, ddprun --spare_cuda=1 beside CPU-warm spares, cold
+# starts and torchrun (mode "gpu" there; NPROC=<ranks>, one GPU each, default 1).
+#   usage: scripts/bench/bench_spares.sh [gpu] [-n N] [build-dir]     (N default 3)
+mode=spares
+if [[ "${1:-}" == gpu ]]; then mode=gpu; shift; fi
+exec python3 "$(dirname "${BASH_SOURCE[0]}")/bench_restart.py" "$mode" "$@"

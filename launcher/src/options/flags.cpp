@@ -100,6 +100,11 @@ constexpr FlagSpec kFlags[] = {
      "idle (default): spares import at SCHED_IDLE priority, on CPU time the job leaves unused (a preload that starts "
      "threads or needs the main thread is imported again at normal priority); "
      "normal: at the workers' priority (spares are ready sooner on a busy host)"},
+    {"spare_cuda", "", true,
+     "1: a warm spare also creates the CUDA context of its local rank's GPU (device LOCAL_RANK) and "
+     "pays NCCL's one-time set-up (a one-rank communicator, destroyed), so a restart's worker reaches "
+     "its first NCCL all_reduce sooner; each spare holds that context's GPU memory; refused on GPUs "
+     "in an exclusive compute mode; 0 (default): spares touch no GPU"},
     {"virtual_local_rank", "", false,
      "each worker sees only its own GPU as device 0 (LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=its GPU)"},
     {"duplicate_stdout_filters", "", true,

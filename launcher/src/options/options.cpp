@@ -234,6 +234,7 @@ void spares(const Given& g, LaunchOptions& o) {
       o.spares.preload.push_back(m);
     }
   }
+  if (auto s = g.get("spare_cuda")) o.spares.cuda = boolean("spare_cuda", *s);
   if (auto s = g.get("spare_priority")) {
     const std::string p = trim(*s);
     if (p != "idle" && p != "normal") bad("spare_priority", *s, "idle or normal");

@@ -1,12 +1,105 @@
 # ddprun warm spare (launcher/src/spares/spares.cpp runs this as `python -u -c <this> ...`)
-# argv: -c CTL_FD PRIORITY PRELOAD -- COLD_ARGV...   PRIORITY: idle | normal; PRELOAD: m1,m2
-# COLD_ARGV is what a cold start execs: PYTHON -u (SCRIPT | -m MODULE | -c CODE) ARGS...
-# 1. Imports the preload modules (at SCHED_IDLE in a helper thread unless PRIORITY is normal),
-#    then tells the agent "R <import seconds> <threads>" on CTL_FD and parks on it.
+# argv: -c CTL_FD PRIORITY PRELOAD GPU -- COLD_ARGV...   PRIORITY: idle | normal; PRELOAD: m1,m2;
+# GPU: cuda | -. COLD_ARGV is what a cold start execs: PYTHON -u (SCRIPT | -m MODULE | -c CODE) ARGS...
+# 1. Imports the preload modules (at SCHED_IDLE in a helper thread unless PRIORITY is normal);
+#    with GPU=cuda warms the GPU of its local rank (_warm_gpu below), on the main thread; then
+#    tells the agent "R <import seconds> <threads> <gpu report>" on CTL_FD and parks on it.
 # 2. The launch: "G" + 8-byte length with the worker's stdout and stderr attached (SCM_RIGHTS),
 #    then cwd, argv, environment (NUL-separated). It takes them, answers "A" (or "E why"),
 #    closes CTL_FD and runs the entry point in __main__ as the interpreter itself would.
 # No at-sign in this file: CMake's configure_file embeds it.
+
+
+def _warm_gpu():
+    # The CUDA context of device LOCAL_RANK (the device a worker of this local rank selects, under
+    # the same CUDA_VISIBLE_DEVICES) and NCCL's one-time set-up: a one-rank communicator, one
+    # all_reduce, then destroyed. Done through the driver API and the NCCL library that torch
+    # loaded, never through torch, so torch's state is as a cold start has it: CUDA not
+    # initialised, current device 0, an empty caching allocator, no process group, no store.
+    # The context is made current on this thread only while in use, and kept (retained) after.
+    # Returns the report for the ready line: "gpu DEV CTX_MS NCCL_MS" (NCCL_MS "-" and a reason
+    # when there is no NCCL to warm) or "nogpu WHY".
+    import ctypes
+    import os
+    import sys
+    import time
+
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(getattr(torch, "version", None), "cuda", "") is None:
+        return "nogpu this torch is built without CUDA (torch %s)" % getattr(torch, "__version__", "?")
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return "nogpu no NVIDIA driver (%s)" % str(e).split(":")[-1].strip()
+    rc = cu.cuInit(0)
+    if rc != 0:
+        return "nogpu the CUDA driver did not initialise (cuInit: error %d)" % rc
+    count = ctypes.c_int(0)
+    cu.cuDeviceGetCount(ctypes.byref(count))
+    try:
+        ordinal = int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return "nogpu LOCAL_RANK is not an integer"
+    if ordinal >= count.value:
+        return "nogpu LOCAL_RANK=%d but %d GPU(s) visible" % (ordinal, count.value)
+    dev = ctypes.c_int(0)
+    mode = ctypes.c_int(0)
+    cu.cuDeviceGet(ctypes.byref(dev), ordinal)
+    cu.cuDeviceGetAttribute(ctypes.byref(mode), 20, dev)  # CU_DEVICE_ATTRIBUTE_COMPUTE_MODE
+    if mode.value != 0:
+        name = {1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}.get(mode.value, str(mode.value))
+        return ("nogpu device %d is in %s compute mode: a context held by the spare would keep the worker "
+                "from the GPU" % (ordinal, name))
+    t0 = time.monotonic()
+    ctx = ctypes.c_void_p()
+    rc = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    if rc != 0:
+        return "nogpu device %d: no context (cuDevicePrimaryCtxRetain: error %d)" % (ordinal, rc)
+    cu.cuCtxPushCurrent_v2(ctx)
+    buf = ctypes.c_uint64(0)
+    nccl_ms = "-"
+    try:
+        rc = cu.cuMemAlloc_v2(ctypes.byref(buf), ctypes.c_size_t(4096))
+        if rc != 0:
+            return "nogpu device %d: cuMemAlloc: error %d" % (ordinal, rc)
+        cu.cuCtxSynchronize()
+        ctx_ms = (time.monotonic() - t0) * 1000
+        path = None
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "/libnccl" in line and ".so" in line:
+                    path = line.split(None, 5)[-1].strip()
+                    break
+        if path is None:
+            return "gpu %d %.1f - no NCCL library loaded by the preloads" % (ordinal, ctx_ms)
+        nccl = ctypes.CDLL(path)  # already loaded: the same library the worker's torch uses
+
+        class UniqueId(ctypes.Structure):
+            _fields_ = [("internal", ctypes.c_char * 128)]
+
+        t1 = time.monotonic()
+        uid = UniqueId()
+        comm = ctypes.c_void_p()
+        nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+        nccl.ncclAllReduce.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        steps = (("ncclGetUniqueId", lambda: nccl.ncclGetUniqueId(ctypes.byref(uid))),
+                 ("ncclCommInitRank", lambda: nccl.ncclCommInitRank(ctypes.byref(comm), 1, uid, 0)),
+                 ("ncclAllReduce", lambda: nccl.ncclAllReduce(buf, buf, 1024, 7, 0, comm, None)),  # float32, sum
+                 ("cuCtxSynchronize", lambda: cu.cuCtxSynchronize()),
+                 ("ncclCommDestroy", lambda: nccl.ncclCommDestroy(comm)))
+        for what, call in steps:
+            rc = call()
+            if rc != 0:
+                if comm.value and what != "ncclCommDestroy":
+                    nccl.ncclCommDestroy(comm)
+                return "gpu %d %.1f - NCCL's set-up failed (%s: error %d)" % (ordinal, ctx_ms, what, rc)
+        nccl_ms = "%.1f" % ((time.monotonic() - t1) * 1000)
+        return "gpu %d %.1f %s" % (ordinal, ctx_ms, nccl_ms)
+    finally:
+        if buf.value:
+            cu.cuMemFree_v2(ctypes.c_uint64(buf.value))
+        cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
 def _ddprun_spare_main():
@@ -20,7 +113,8 @@ def _ddprun_spare_main():
     ctl = int(sys.argv[1])
     priority = sys.argv[2]
     preload = [m for m in sys.argv[3].split(",") if m]
-    cold = sys.argv[5:]
+    gpu = sys.argv[4] == "cuda"
+    cold = sys.argv[6:]
 
     def path0(rest):
         # What the interpreter puts first on sys.path for this command line (nothing with -P).
@@ -116,9 +210,16 @@ def _ddprun_spare_main():
     except Exception:  # noqa: BLE001 - os.environ below still unsets what Python knows of
         clearenv = None
 
+    import_s = time.monotonic() - t0
+    report = "-"
+    if gpu:
+        try:
+            report = _warm_gpu()
+        except Exception as e:  # noqa: BLE001 - the spare still serves, CPU-warm
+            report = "nogpu %s: %s" % (type(e).__name__, e)
     sock = socket.socket(fileno=ctl)
     threads = len(tasks())
-    sock.sendall(("R %.3f %d\n" % (time.monotonic() - t0, threads)).encode())
+    sock.sendall(("R %.3f %d %s\n" % (import_s, threads, " ".join(report.split()))).encode())
 
     def recv_exact(n, got=b""):
         while len(got) < n:

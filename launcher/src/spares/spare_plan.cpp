@@ -1,6 +1,7 @@
 #include "ddprun/launcher/spare_plan.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "spare_bootstrap.h"
 
@@ -47,13 +48,48 @@ bool spares_enabled(const SpareOptions& spares, int max_restarts, bool python_en
 }
 
 std::vector<std::string> spare_argv(const std::vector<std::string>& cold_argv, int ctl_fd,
-                                    const std::string& priority, const std::vector<std::string>& preload) {
+                                    const std::string& priority, const std::vector<std::string>& preload,
+                                    bool cuda) {
   std::string mods;
   for (const auto& m : preload) mods += (mods.empty() ? "" : ",") + m;
   std::vector<std::string> argv = {cold_argv.at(0), "-u", "-c", spare_bootstrap_source(), std::to_string(ctl_fd),
-                                   priority, mods, "--"};
+                                   priority, mods, cuda ? "cuda" : "-", "--"};
   argv.insert(argv.end(), cold_argv.begin(), cold_argv.end());
   return argv;
+}
+
+std::optional<SpareReady> parse_spare_ready(const std::string& line) {
+  std::istringstream in(line);
+  std::string tag, gpu;
+  SpareReady r;
+  if (!(in >> tag >> r.import_s >> r.threads) || tag != "R") return std::nullopt;
+  if (!(in >> gpu) || gpu == "-") return r;
+  auto rest = [&] {
+    std::string s;
+    std::getline(in >> std::ws, s);
+    return s;
+  };
+  if (gpu == "nogpu") {
+    r.gpu = SpareReady::Gpu::Skipped;
+    r.why = rest();
+    if (r.why.empty()) r.why = "no reason given";
+    return r;
+  }
+  std::string nccl;
+  if (gpu != "gpu" || !(in >> r.device >> r.context_ms >> nccl) || r.device < 0) return std::nullopt;
+  r.gpu = SpareReady::Gpu::Warm;
+  if (nccl == "-") {
+    r.why = rest();
+  } else {
+    try {
+      size_t used = 0;
+      r.nccl_ms = std::stod(nccl, &used);
+      if (used != nccl.size() || r.nccl_ms < 0) return std::nullopt;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return r;
 }
 
 std::string encode_spare_launch(const std::string& cwd, const std::vector<std::string>& argv, const EnvMap& env) {

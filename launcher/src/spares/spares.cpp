@@ -15,6 +15,7 @@
 
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
+#include "platform/nvml.h"
 #include "platform/sys_util.h"
 
 namespace ddprun::launcher {
@@ -87,7 +88,7 @@ void Spares::replenish(const GroupLayout& layout, const SpawnTemplate& spawn) {
     }
     SpawnRequest req;
     req.executable = spawn.executable;
-    req.argv = spare_argv(spawn.argv, kCtlFdInSpare, spare_priority_name(opts_.priority), opts_.preload);
+    req.argv = spare_argv(spawn.argv, kCtlFdInSpare, spare_priority_name(opts_.priority), opts_.preload, opts_.cuda);
     req.envp = to_envp(s->env);
     req.stdin_fd = s->stdin_fd = spawn.stdin_for(layout.global_rank_base + lr);
     req.reset_to_default = spawn.reset_to_default;
@@ -170,15 +171,45 @@ void Spares::read_ctl(Spare& s) {
   s.ctl_buf.append(buf, static_cast<size_t>(n));
   auto nl = s.ctl_buf.find('\n');
   if (s.ready || nl == std::string::npos || s.ctl_buf[0] != 'R') return;
-  double import_s = 0;
-  int threads = 0;
-  std::sscanf(s.ctl_buf.c_str(), "R %lf %d", &import_s, &threads);
+  const std::optional<SpareReady> r = parse_spare_ready(s.ctl_buf.substr(0, nl));
   s.ctl_buf.clear();
   s.ready = true;
-  spdlog::debug("warm spare for local rank {} ready: pid {}, {} imported in {:.2f} s ({:.2f} s after its start), "
-                "{} thread(s), RSS {:.0f} MiB (PSS {:.0f} MiB)",
-                s.local_rank, s.pid, fmt::join(opts_.preload, ","), import_s, seconds_since(s.started), threads,
-                proc_mib(s.pid, "status", "VmRSS"), proc_mib(s.pid, "smaps_rollup", "Pss"));
+  const SpareReady ready = r.value_or(SpareReady{});
+  std::string gpu;
+  if (ready.gpu == SpareReady::Gpu::Warm) {
+    gpu = fmt::format("; GPU {} warm: context {:.0f} ms, ", ready.device, ready.context_ms);
+    gpu += ready.nccl_ms >= 0 ? fmt::format("NCCL set-up {:.0f} ms", ready.nccl_ms) : "NCCL not warmed (" + ready.why + ")";
+    gpu += ", " + gpu_memory_of(s.pid);
+  } else if (ready.gpu == SpareReady::Gpu::Skipped) {
+    gpu = "; GPU not warmed: " + ready.why;
+    if (!gpu_skip_said_) {
+      gpu_skip_said_ = true;
+      spdlog::warn("--spare_cuda=1: the warm spare for local rank {} did not warm its GPU: {}; it serves restarts "
+                   "without (--spare_cuda=0 stops trying)", s.local_rank, ready.why);
+    }
+  }
+  spdlog::log(ready.gpu == SpareReady::Gpu::Warm ? spdlog::level::info : spdlog::level::debug,
+              "warm spare for local rank {} ready: pid {}, {} imported in {:.2f} s ({:.2f} s after its start), "
+              "{} thread(s), RSS {:.0f} MiB (PSS {:.0f} MiB){}",
+              s.local_rank, s.pid, fmt::join(opts_.preload, ","), ready.import_s, seconds_since(s.started),
+              ready.threads, proc_mib(s.pid, "status", "VmRSS"), proc_mib(s.pid, "smaps_rollup", "Pss"), gpu);
+}
+
+std::string Spares::gpu_memory_of(pid_t pid) {
+  if (!nvml_tried_) {
+    nvml_tried_ = true;
+    nvml_ = platform::Nvml::load(&nvml_error_);
+  }
+  if (!nvml_) return "GPU memory unknown (" + nvml_error_ + ")";
+  const int count = nvml_->device_count().value_or(0);
+  for (int i = 0; i < count; ++i) {
+    for (const auto& p : nvml_->compute_processes(i).value_or(std::vector<platform::GpuProcess>{})) {
+      if (p.pid != static_cast<unsigned>(pid)) continue;
+      if (p.used_bytes == 0) return "GPU memory unknown (NVML does not say for this process)";
+      return fmt::format("holds {:.0f} MiB of GPU {} (NVML index)", static_cast<double>(p.used_bytes) / (1 << 20), i);
+    }
+  }
+  return "GPU memory unknown (NVML lists no process " + std::to_string(pid) + "; in a container it may see other pids)";
 }
 
 void Spares::drop(int local_rank, const std::string& why, bool kill) {

@@ -3,8 +3,9 @@
 // One spare per local rank: `python -u -c <bootstrap>` started like a worker (spawn_process:
 // its own process group, PR_SET_PDEATHSIG, the guardian, the rank's CPU set, the exit watch),
 // with the rank's environment, that imports the preload modules and then parks on a control
-// socket (its fd 4). It starts no CUDA context and joins no process group, so nothing in it
-// belongs to a rank. On a restart WorkerGroup::start() hands a ready spare the attempt's cwd,
+// socket (its fd 4). It joins no process group, so nothing in it belongs to a rank; with
+// --spare_cuda=1 it also creates the CUDA context of its local rank's GPU and pays NCCL's
+// one-time set-up (spare_bootstrap.py's _warm_gpu), outside torch. On a restart WorkerGroup::start() hands a ready spare the attempt's cwd,
 // argv and environment, and the write ends of the new stdout/stderr pipes (SCM_RIGHTS); the
 // spare answers and becomes the worker (same pid, same process group, same exit watch).
 //
@@ -31,6 +32,10 @@
 #include "ddprun/launcher/worker_env.h"
 
 namespace ddprun::launcher {
+
+namespace platform {
+class Nvml;
+}
 
 class Spares {
  public:
@@ -96,6 +101,8 @@ class Spares {
   void unwatch(int& fd);
   void drop(int local_rank, const std::string& why, bool kill);
   void disable(const std::string& why);
+  // "holds 512 MiB of GPU 0 (NVML index)" for a GPU-warm spare, or why that is unknown.
+  std::string gpu_memory_of(pid_t pid);
 
   const SpareOptions& opts_;
   int epoll_fd_;
@@ -106,6 +113,10 @@ class Spares {
   std::unordered_map<int, Spare*> by_fd_;             // ctl/out/err -> spare
   std::unordered_map<pid_t, int> pids_;               // pid -> local rank, until reaped (pool or dropped)
   std::map<int, std::string> loss_;                   // local rank -> why its spare is gone
+  std::unique_ptr<platform::Nvml> nvml_;  // loaded at the first GPU-warm spare (--spare_cuda)
+  bool nvml_tried_ = false;
+  std::string nvml_error_;
+  bool gpu_skip_said_ = false;  // a spare that could not warm its GPU was reported
 };
 
 }  // namespace ddprun::launcher

@@ -54,8 +54,31 @@ def fds():
     return out
 
 
+torch_state = None
+if os.environ.get("PROBE_TORCH") == "1":
+    # What a script sees of torch before and after its own first CUDA use: a GPU-warm spare's
+    # context and NCCL set-up must leave none of it (CUDA not initialised for torch, device 0
+    # current, an empty allocator, no process group).
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    torch_state = {
+        "dist_initialized": dist.is_available() and dist.is_initialized(),
+        "process_groups": len(getattr(getattr(c10d, "_world", None), "pg_map", {}) or {}),
+        "cuda_initialized_at_start": torch.cuda.is_initialized(),
+    }
+    if torch.cuda.is_available():
+        torch_state["current_device"] = torch.cuda.current_device()
+        x = torch.ones(1, device="cuda")
+        torch_state["cuda_value"] = float(x.sum().item())
+        torch_state["memory_allocated"] = torch.cuda.memory_allocated()
+        torch_state["memory_reserved"] = torch.cuda.memory_reserved()
+        del x
+
 main = sys.modules["__main__"]
 info = {
+    "torch_state": torch_state,
     "argv": sys.argv,
     "orig_argv": getattr(sys, "orig_argv", None),
     "executable": sys.executable,

@@ -7,6 +7,11 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
                 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_ERROR_FILE, DDPRUN_PREEMPT_FILE and
                 DDPRUN_PROGRESS_FILE
   module        the same with `-m probe_worker`
+  identity_cuda the same with --spare_cuda=1, the probe importing torch and using CUDA (where there is
+                a GPU) first: on a GPU host the spare of local rank 0 warms GPU 0 (its ready line says
+                so, with the memory it holds) and the worker it becomes still observes what a cold
+                one does, torch's CUDA and process-group state included; without one, each spare
+                says once why it did not warm a GPU and serves the restart as usual
   traceback     attempt 1 raises: its traceback from a spare equals a cold restart's (--warm_spares=0)
   resume        ddp_resume.py (gloo DDP with checkpoints) killed mid-run resumes from spares and ends
                 with the same weights as with --warm_spares=0
@@ -173,9 +178,22 @@ def kill_rank1_after_ready(run):
     return ready
 
 
-def identity(ddprun, python, module):
+def has_gpu():
+    try:
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        return cu.cuInit(0) == 0 and cu.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+    except OSError:
+        return False
+
+
+def identity(ddprun, python, module, cuda=False):
     logs = mkdtemp(prefix="spares-logs-")
     flags = ["--spare_priority=normal", "--log_dir", logs, "--tee=3"]
+    if cuda:
+        flags.append("--spare_cuda=1")
+        os.environ["PROBE_TORCH"] = "1"  # the probe workers inherit it through ddprun
     entry = (["-m", "probe_worker"] if module else [os.path.join(HERE, "probe_worker.py")]) + ["a", "b c"]
     run = Launch(ddprun, python, flags + (["--module"] if module else []),
                  entry[1:] if module else entry, cwd=HERE if module else None)
@@ -201,6 +219,27 @@ def identity(ddprun, python, module):
                   "r%d: attempt 1's stdout.log holds what the worker from a spare printed" % r)
     started = [l for l in run.err if re.search(r"warm spare for local rank \d started: pid", l)]
     check(len(started) == 4, "the used spares were replaced once attempt 1 ran (%d spares started)" % len(started))
+    if cuda:
+        for r in (0, 1):
+            ts = recs[(1, r)]["torch_state"]
+            check(ts is not None and not ts["dist_initialized"] and ts["process_groups"] == 0
+                  and not ts["cuda_initialized_at_start"],
+                  "r%d: no process group, CUDA not initialised for torch at the start (%s)" % (r, ts))
+        warm = [l for l in run.err if re.search(r"warm spare for local rank 0 ready: .*GPU 0 warm: context", l)]
+        skipped = [l for l in run.err if "did not warm its GPU" in l]
+        if has_gpu():
+            check(len(warm) >= 1, "the spare of local rank 0 warmed GPU 0 (%d ready lines say so)" % len(warm))
+            check(all("NCCL set-up" in l for l in warm), "its ready line times NCCL's set-up: %s" % warm[:1])
+            check(all(re.search(r"holds \d+ MiB of GPU|GPU memory unknown", l) for l in warm),
+                  "its ready line gives the GPU memory it holds: %s" % warm[:1])
+            ts = recs[(1, 0)]["torch_state"]
+            check(ts.get("current_device") == 0 and ts.get("memory_allocated", 0) > 0,
+                  "r0 from the GPU-warm spare: device 0 current, its own tensor allocated (%s)" % ts)
+        else:
+            check(not warm, "no GPU here: no spare says it warmed one")
+            check(len(skipped) == 1, "no GPU here: one warning says why the spares did not warm one (%s)" % skipped)
+            check(re.search(r"no NVIDIA driver|built without CUDA|did not initialise|GPU\(s\) visible", skipped[0]),
+                  "the warning gives the reason: " + skipped[0])
 
 
 def traceback_lines(lines):
@@ -344,6 +383,7 @@ def main():
         sys.exit(77)
     {"identity": lambda: identity(ddprun, python, False),
      "module": lambda: identity(ddprun, python, True),
+     "identity_cuda": lambda: identity(ddprun, python, False, cuda=True),
      "traceback": lambda: traceback(ddprun, python),
      "resume": lambda: resume(ddprun, python),
      "killed_spare": lambda: killed_spare(ddprun, python),

@@ -114,14 +114,17 @@ TEST_CASE("a spare serves an attempt whose environment differs only in per-attem
 TEST_CASE("the spare's command line and launch message", "[spares]") {
   const std::vector<std::string> cold = {"/usr/bin/python3", "-u", "train.py", "a b"};
   auto argv = spare_argv(cold, 4, "idle", {"torch", "numpy"});
-  REQUIRE(argv.size() == 8 + cold.size());
+  REQUIRE(argv.size() == 9 + cold.size());
   CHECK(argv[0] == "/usr/bin/python3");
   CHECK(argv[1] == "-u");
   CHECK(argv[2] == "-c");
   CHECK(std::string(argv[3]).find("ddprun warm spare") != std::string::npos);
-  CHECK(std::vector<std::string>(argv.begin() + 4, argv.begin() + 8) ==
-        std::vector<std::string>{"4", "idle", "torch,numpy", "--"});
-  CHECK(std::vector<std::string>(argv.begin() + 8, argv.end()) == cold);
+  CHECK(std::vector<std::string>(argv.begin() + 4, argv.begin() + 9) ==
+        std::vector<std::string>{"4", "idle", "torch,numpy", "-", "--"});
+  CHECK(std::vector<std::string>(argv.begin() + 9, argv.end()) == cold);
+  const auto gpu = spare_argv(cold, 5, "normal", {}, /*cuda=*/true);
+  CHECK(std::vector<std::string>(gpu.begin() + 4, gpu.begin() + 9) ==
+        std::vector<std::string>{"5", "normal", "", "cuda", "--"});
   // The bootstrap itself: embedded whole (its last statement re-raises the script's exception).
   const std::string src = spare_bootstrap_source();
   CHECK(src.find("raise\n") != std::string::npos);
@@ -129,4 +132,55 @@ TEST_CASE("the spare's command line and launch message", "[spares]") {
 
   const std::string msg = encode_spare_launch("/work", {"py", "-u", "t.py"}, {{"A", "1"}, {"B", "x=y"}});
   CHECK(msg == std::string("/work\0" "3\0" "py\0" "-u\0" "t.py\0" "A=1\0" "B=x=y\0", 29));
+}
+
+TEST_CASE("the spare's ready message", "[spares]") {
+  auto plain = parse_spare_ready("R 1.25 3 -");
+  REQUIRE(plain);
+  CHECK(plain->import_s == Approx(1.25));
+  CHECK(plain->threads == 3);
+  CHECK(plain->gpu == SpareReady::Gpu::NotAsked);
+  // An older bootstrap's line (no GPU word) is a plain ready message too.
+  auto old = parse_spare_ready("R 0.5 1");
+  REQUIRE(old);
+  CHECK(old->gpu == SpareReady::Gpu::NotAsked);
+
+  auto warm = parse_spare_ready("R 2.0 4 gpu 1 180.5 95.25");
+  REQUIRE(warm);
+  CHECK(warm->gpu == SpareReady::Gpu::Warm);
+  CHECK(warm->device == 1);
+  CHECK(warm->context_ms == Approx(180.5));
+  CHECK(warm->nccl_ms == Approx(95.25));
+
+  auto no_nccl = parse_spare_ready("R 2.0 4 gpu 0 150 - no libnccl in this process");
+  REQUIRE(no_nccl);
+  CHECK(no_nccl->gpu == SpareReady::Gpu::Warm);
+  CHECK(no_nccl->nccl_ms < 0);
+  CHECK(no_nccl->why == "no libnccl in this process");
+
+  auto skipped = parse_spare_ready("R 2.0 4 nogpu the GPU is in exclusive-process compute mode");
+  REQUIRE(skipped);
+  CHECK(skipped->gpu == SpareReady::Gpu::Skipped);
+  CHECK(skipped->why == "the GPU is in exclusive-process compute mode");
+  auto unexplained = parse_spare_ready("R 2.0 4 nogpu");
+  REQUIRE(unexplained);
+  CHECK(unexplained->why == "no reason given");
+
+  for (const char* bad : {"", "X 1 2 -", "R x 2 -", "R 1", "R 1 2 gpu", "R 1 2 gpu -1 5 6", "R 1 2 gpu 0 5 6ms",
+                          "R 1 2 gpu 0 5 -3", "R 1 2 what 0"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_spare_ready(bad));
+  }
+}
+
+TEST_CASE("--spare_cuda", "[spares]") {
+  auto def = parse({"--nproc_per_node=2", "--max_restarts=1", "train.py"});
+  REQUIRE(def.options);
+  CHECK_FALSE(def.options->spares.cuda);
+  auto on = parse({"--nproc_per_node=2", "--max_restarts=1", "--spare_cuda=1", "train.py"});
+  REQUIRE(on.options);
+  CHECK(on.options->spares.cuda);
+  auto bad = parse({"--nproc_per_node=2", "--spare_cuda=maybe", "train.py"});
+  CHECK_FALSE(bad.options);
+  CHECK(bad.message.find("--spare_cuda") != std::string::npos);
 }

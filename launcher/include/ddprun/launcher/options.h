@@ -199,6 +199,8 @@ struct SpareOptions {
   std::optional<bool> enabled;
   std::vector<std::string> preload = {"torch", "torch.distributed"};  // imported before parking
   SparePriority priority = SparePriority::Idle;
+  // --spare_cuda: the spare also warms its local rank's GPU (CUDA context, NCCL's set-up).
+  bool cuda = false;
 };
 
 // What comes from the machine and its scheduler.

@@ -11,6 +11,7 @@
 // the one it started with in the variables ddprun sets per attempt and rank.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,27 @@ bool spare_can_run(const std::vector<std::string>& argv);
 // Python entry points (`python_entry`) that spare_can_run.
 bool spares_enabled(const SpareOptions& spares, int max_restarts, bool python_entry);
 
-// The spare's command line: PYTHON -u -c <bootstrap> CTL_FD PRIORITY PRELOAD -- COLD_ARGV...
+// The spare's command line: PYTHON -u -c <bootstrap> CTL_FD PRIORITY PRELOAD GPU -- COLD_ARGV...
+// (GPU: "cuda" with --spare_cuda=1, else "-").
 std::vector<std::string> spare_argv(const std::vector<std::string>& cold_argv, int ctl_fd,
-                                    const std::string& priority, const std::vector<std::string>& preload);
+                                    const std::string& priority, const std::vector<std::string>& preload,
+                                    bool cuda = false);
+
+// The spare's "ready" message on its control socket, one line:
+//   R <import seconds> <threads> -                                   GPU not asked for
+//   R <import seconds> <threads> gpu <device> <context ms> <nccl ms> warmed (nccl ms "-": no NCCL)
+//   R <import seconds> <threads> nogpu <why, to the end of the line> asked for, not done
+struct SpareReady {
+  double import_s = 0;
+  int threads = 0;
+  enum class Gpu { NotAsked, Warm, Skipped } gpu = Gpu::NotAsked;
+  int device = -1;            // Warm: the CUDA device ordinal (under CUDA_VISIBLE_DEVICES)
+  double context_ms = 0;      // Warm: creating the context
+  double nccl_ms = -1;        // Warm: NCCL's set-up, one all_reduce and the teardown; -1: none
+  std::string why;            // Skipped: the reason; Warm without NCCL: why not
+};
+// Nullopt for a line that is not a ready message.
+std::optional<SpareReady> parse_spare_ready(const std::string& line);
 
 // The launch message's payload (after the "G" + 8-byte length header): cwd, argc, argv,
 // then "K=V" entries, each NUL-terminated.
