@@ -251,7 +251,7 @@ def gpu_launchers(ddprun, pys):
             print("(no torch in %s: skipped)" % py)
             continue
         tag = v.rsplit(".", 1)[0]
-        out.append(Launcher("ddprun-cuda-" + tag, v, py, [ddprun] + common + [
+        out.append(Launcher("ddprun-cuda-" + tag, v, py, [ddprun, "-v"] + common + [
             "--warm_spares=1", "--spare_cuda=1", WORKER], "ddprun --warm_spares=1 --spare_cuda=1", wait_spares=True))
         out.append(Launcher("ddprun-spares-" + tag, v, py, [ddprun, "-v"] + common + [
             "--warm_spares=1", WORKER], "ddprun --warm_spares=1", wait_spares=True))
