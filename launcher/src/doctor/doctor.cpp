@@ -166,15 +166,17 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
   if (!prohibited.empty()) {
     out.push_back(fail("compute_mode", join(prohibited, ", ") + " in PROHIBITED compute mode: no process may use it",
                        "nvidia-smi -i <gpu> -c DEFAULT (as root), or pick other GPUs with CUDA_VISIBLE_DEVICES"));
-  } else if (!exclusive.empty() && f.max_restarts > 0 && (f.overlap_restart || f.warm_spares)) {
-    std::string flags;
-    if (f.overlap_restart) flags += "--overlap_restart=0";
-    if (f.warm_spares) flags += std::string(flags.empty() ? "" : " ") + "--warm_spares=0";
+  } else if (!exclusive.empty() && f.max_restarts > 0 && f.overlap_restart) {
+    // CPU-warm spares hold no context: they fit an exclusive GPU (the old worker is gone first).
     out.push_back(fail("compute_mode",
-                       join(exclusive, ", ") + " in EXCLUSIVE_PROCESS compute mode: a restart's workers" +
-                           (f.warm_spares ? " and the warm spares" : "") +
-                           " cannot open it while another process holds it",
-                       "run with " + flags + ", or nvidia-smi -c DEFAULT (as root)"));
+                       join(exclusive, ", ") + " in EXCLUSIVE_PROCESS compute mode: a restart's workers cannot open it "
+                       "while the previous attempt's still hold it",
+                       "run with --overlap_restart=0, or nvidia-smi -c DEFAULT (as root)"));
+  } else if (!exclusive.empty() && f.max_restarts > 0 && f.warm_spares && f.spare_cuda) {
+    out.push_back(warn("compute_mode",
+                       join(exclusive, ", ") + " in EXCLUSIVE_PROCESS compute mode: --spare_cuda=1 cannot warm it (a "
+                       "spare's context would keep the worker out); the spares stay CPU-warm",
+                       "run with --spare_cuda=0 to say so, or nvidia-smi -c DEFAULT (as root)"));
   } else {
     out.push_back(ok("compute_mode", exclusive.empty() ? "DEFAULT" : join(exclusive, ", ") + " exclusive; no overlap on restart"));
   }
@@ -524,6 +526,7 @@ Facts facts_from_options(const LaunchOptions& o, const EnvMap& env) {
                       (o.workers.module || o.workers.run_path || ep.empty() ||
                        (ep.size() > 3 && ep.compare(ep.size() - 3, 3, ".py") == 0));
   f.warm_spares = spares_enabled(o.spares, o.faults.max_restarts, python);
+  f.spare_cuda = f.warm_spares && o.spares.cuda;
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) f.cuda_visible_devices = it->second;
   f.gpus_requested = (f.cuda_visible_devices && !f.cuda_visible_devices->empty()) || o.platform.numa_binding.has_value();
   f.python.needed = python;

@@ -146,14 +146,30 @@ def probe_records(lines):
 ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_PREEMPT_FILE", "DDPRUN_PROGRESS_FILE")
 
 
-def same_but_attempt(cold, warm, rank):
-    """Fails on any difference between two probe records but the per-attempt variables."""
+def driver_fd(desc):
+    """A close-on-exec descriptor the CUDA driver or NCCL may hold open (device files, eventfds, sockets)."""
+    return desc.endswith(" cloexec") and (desc.startswith("/dev/nvidia") or desc.split()[0] in ("anon_inode", "socket"))
+
+
+def same_but_attempt(cold, warm, rank, gpu_warm=False):
+    """Fails on any difference between two probe records but the per-attempt variables. With
+    gpu_warm (the spare made the CUDA context and ran NCCL before the script), the driver's own
+    close-on-exec descriptors and its threads are left out: how many the driver opened and
+    started depends on who initialised it (documented under --spare_cuda). Inherited
+    descriptors are still compared one by one, and every thread must run at SCHED_OTHER."""
     def strip_env(rec):
         rec = dict(rec)
         rec["environ"] = {k: v for k, v in rec["environ"].items() if k not in ALLOWED_ENV}
         for key in ("c_environ", "child_env"):
             rec[key] = sorted(kv for kv in rec[key] if kv.split("=", 1)[0] not in ALLOWED_ENV)
+        if gpu_warm:
+            rec["fds"] = {fd: d for fd, d in rec["fds"].items() if not driver_fd(d)}
+            rec["threads_sched"] = sorted(set(rec["threads_sched"]))
         return rec
+    if gpu_warm:
+        print("  r%d: the driver's descriptors: cold %d, spare %d; threads: cold %d, spare %d" % (
+            rank, sum(driver_fd(d) for d in cold["fds"].values()), sum(driver_fd(d) for d in warm["fds"].values()),
+            len(cold["threads_sched"]), len(warm["threads_sched"])))
     a, b = strip_env(cold), strip_env(warm)
     diffs = {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}
     for k, (x, y) in diffs.items():
@@ -205,7 +221,7 @@ def identity(ddprun, python, module, cuda=False):
     check(sorted(recs) == [(0, 0), (0, 1), (1, 0), (1, 1)], "four probe records (2 attempts x 2 ranks): %s" % sorted(recs))
     for r in (0, 1):
         check(recs[(1, r)]["argv"][1:] == ["a", "b c"], "r%d argv %s" % (r, recs[(1, r)]["argv"]))
-        same_but_attempt(recs[(0, r)], recs[(1, r)], r)
+        same_but_attempt(recs[(0, r)], recs[(1, r)], r, gpu_warm=cuda and has_gpu())
     # The attempt-1 workers are the spares' processes (pids seen in the ready lines).
     worker_pids = {int(m.group(1)) for m in (re.search(r"worker r\d \(pid (\d+)\) ended: exit code 0", l) for l in run.err) if m}
     check(set(ready.values()) <= worker_pids, "attempt 1 ran in the spares' processes %s (workers %s)" % (ready, worker_pids))

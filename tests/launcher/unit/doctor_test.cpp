@@ -82,7 +82,7 @@ TEST_CASE("fewer visible GPUs than --nproc_per_node blocks and names the flag", 
   CHECK(find(rs, "gpus")->fix.rfind("run with --nproc_per_node=4", 0) == 0);
 }
 
-TEST_CASE("EXCLUSIVE_PROCESS blocks only with overlapped restarts or spares, and names the flags", "[doctor]") {
+TEST_CASE("EXCLUSIVE_PROCESS blocks only overlapped restarts; GPU-warm spares are told they stay CPU-warm", "[doctor]") {
   Facts f = with_gpus(2);
   for (auto& d : f.gpus.devices) d.compute_mode = 3;
   CHECK(exit_code(evaluate(f)) == 0);  // no restarts: nothing overlaps
@@ -90,10 +90,19 @@ TEST_CASE("EXCLUSIVE_PROCESS blocks only with overlapped restarts or spares, and
   f.warm_spares = true;
   auto rs = evaluate(f);
   CHECK(exit_code(rs) == 1);
-  CHECK(find(rs, "compute_mode")->fix == "run with --overlap_restart=0 --warm_spares=0, or nvidia-smi -c DEFAULT (as root)");
-  f.overlap_restart = false;
+  CHECK(find(rs, "compute_mode")->fix == "run with --overlap_restart=0, or nvidia-smi -c DEFAULT (as root)");
+  f.overlap_restart = false;  // CPU-warm spares hold no context: they fit
+  rs = evaluate(f);
+  CHECK(exit_code(rs) == 0);
+  CHECK(find(rs, "compute_mode")->status == Status::Ok);
+  f.spare_cuda = true;
+  rs = evaluate(f);
+  CHECK(exit_code(rs) == 0);
+  CHECK(find(rs, "compute_mode")->status == Status::Warn);
+  CHECK(find(rs, "compute_mode")->found.find("the spares stay CPU-warm") != std::string::npos);
+  CHECK(find(rs, "compute_mode")->fix == "run with --spare_cuda=0 to say so, or nvidia-smi -c DEFAULT (as root)");
   f.warm_spares = false;
-  CHECK(exit_code(evaluate(f)) == 0);
+  CHECK(find(evaluate(f), "compute_mode")->status == Status::Ok);
 }
 
 TEST_CASE("other processes on the job's GPUs are a warning", "[doctor]") {

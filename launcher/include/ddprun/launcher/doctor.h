@@ -124,6 +124,7 @@ struct Facts {
   int max_restarts = 0;
   bool overlap_restart = true;
   bool warm_spares = false;
+  bool spare_cuda = false;  // warm spares that also warm their GPU (--spare_cuda=1)
   bool gpus_requested = false;  // CUDA_VISIBLE_DEVICES or --numa_binding ask for GPUs
   std::optional<std::string> cuda_visible_devices;
   int dev_nvidia_nodes = 0;  // /dev/nvidia[0-9]* (what the preflight can see without NVML)
