@@ -33,12 +33,20 @@ gpu      Warm spares on GPUs (scripts/bench/bench_spares.sh gpu): --nproc_per_no
          ddprun --warm_spares=1, ddprun --warm_spares=0, torchrun. Columns as for spares, plus
          "cuda" (every replacement's device current and a tensor on it) and the GPU memory a
          GPU-warm spare holds (NVML, from ddprun's log). Defaults: -n 3, RUN_TIMEOUT 120 s, BUDGET 480 s.
+busy     Warm spares on a host whose cores are all busy (scripts/bench/bench_spares.sh busy): as
+         "spares", but each worker of attempt 0 starts BENCH_LOAD processes that spin at normal
+         priority (default: cores / 2 each, so every core is busy), and rank 1 is killed KILL_AT
+         seconds after the launch (default 30) whether or not the spares are ready. Launchers, for
+         each python in $PYS (default /usr/bin/python3): ddprun --spare_priority=idle, =normal,
+         --warm_spares=0. Columns: when the spares were ready (after the launch), how many
+         workers the restart took from spares, kill → every replacement past a first all_reduce.
+         Defaults: -n 2, RUN_TIMEOUT 120 s, BUDGET 600 s.
 Runs are interleaved (round-robin, order rotated each round); whole rounds stop once the next
 would pass BUDGET; each run is killed after RUN_TIMEOUT; workers a run leaves behind are
 SIGKILLed by pid. KEEP=1 keeps the per-run logs. Tables: medians, ratios to ddprun.
 restart: DDPRUN_BEFORE=<another ddprun> adds its rows ("ddprun-before", defaults), interleaved like
 every launcher, to compare two builds in one run; NO_TORCHRUN=1 leaves torchrun's rows out.
-  usage: bench_restart.py {restart,spares,gpu} [-n N] [build-dir]     (env DDPRUN=... for a binary)
+  usage: bench_restart.py {restart,spares,gpu,busy} [-n N] [build-dir]     (env DDPRUN=... for a binary)
 """
 import argparse
 import os
@@ -66,9 +74,10 @@ NPROC = int(os.environ.get("NPROC", "1"))  # gpu mode: ranks (one GPU each); the
 
 
 class Launcher:
-    def __init__(self, name, torch, python, cmd, label, wait_spares=False):
+    def __init__(self, name, torch, python, cmd, label, wait_spares=False, kill_at=None):
         self.name, self.torch, self.python, self.cmd, self.label = name, torch, python, cmd, label
         self.wait_spares = wait_spares
+        self.kill_at = kill_at  # seconds after the launch (busy mode), not when the pid file appears
 
 
 def ms_after(t_kill, recs, event, key, nproc=2):
@@ -88,6 +97,8 @@ def trial(mode, la, run, workdir, timeout):
                PYTHONUNBUFFERED="1", PYTHON_EXEC=la.python, BENCH_KILL_AFTER="init" if mode == "restart" else "ready")
     if mode == "gpu":
         env["BENCH_BACKEND"] = "nccl"
+    if mode == "busy":
+        env["BENCH_LOAD"] = os.environ.get("BENCH_LOAD", str(max(1, (os.cpu_count() or 2) // 2)))
     nproc = NPROC if mode == "gpu" else 2
     res = dict(name=la.name, torch=la.torch, run=run, error=None)
     p = benchlib.Launched(cmd, env)
@@ -114,7 +125,13 @@ def trial(mode, la, run, workdir, timeout):
                     res["spare_gpu_mib"] = int(g.group(3))
             elif "did not warm its GPU" in l:
                 res["spare_gpu_skipped"] = l.strip()
-    if not la.wait_spares or len(spares_ready(p.lines)) == nproc:
+    if la.kill_at is not None:
+        pid = benchlib.wait_for_file_int(pidfile, deadline, alive=lambda: p.proc.poll() is None)
+        while pid is not None and time.time() < p.t0 + la.kill_at and p.proc.poll() is None:
+            time.sleep(0.05)
+        ready_at = sorted(t for t, l in p.lines if SPARE_READY.search(l))
+        res["spares_ready_s"] = [round(t - p.t0, 1) for t in ready_at]
+    elif not la.wait_spares or len(spares_ready(p.lines)) == nproc:
         pid = benchlib.wait_for_file_int(pidfile, deadline, alive=lambda: p.proc.poll() is None)
     t_kill = None
     if pid is None:
@@ -262,6 +279,45 @@ def gpu_launchers(ddprun, pys):
     return out
 
 
+def busy_launchers(ddprun, pys, kill_at):
+    common = ["--nproc_per_node=2", "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
+    out = []
+    for py in pys:
+        v = benchlib.torch_version(py) if os.access(py, os.X_OK) else None
+        if not v:
+            print("(no torch in %s: skipped)" % py)
+            continue
+        tag = v.rsplit(".", 1)[0]
+        for prio in ("idle", "normal"):
+            out.append(Launcher("ddprun-%s-%s" % (prio, tag), v, py, [ddprun, "-v"] + common + [
+                "--warm_spares=1", "--spare_priority=" + prio, WORKER], "ddprun --spare_priority=" + prio, kill_at=kill_at))
+        out.append(Launcher("ddprun-cold-" + tag, v, py, [ddprun] + common + ["--warm_spares=0", WORKER],
+                            "ddprun --warm_spares=0", kill_at=kill_at))
+    return out
+
+
+def report_busy(rs, launchers, kill_at):
+    rows = []
+    for la in launchers:
+        mine = [r for r in rs if r["name"] == la.name]
+        if not mine:
+            continue
+        ok = [r for r in mine if not r["error"]]
+        ready = [r["spares_ready_s"] for r in mine if r.get("spares_ready_s")]
+        ready_cell = "-" if "cold" in la.name else "; ".join(
+            ", ".join("%.1f" % t for t in x) for x in ready) or "none by the kill"
+        from_sp = ", ".join(r.get("from_spares", "0/2") for r in ok) if "cold" not in la.name else "-"
+        m, sp = benchlib.median(r["ready_ms"] for r in ok if "ready_ms" in r), \
+            benchlib.spread([r["ready_ms"] for r in ok if "ready_ms" in r])
+        rows.append([la.label, la.torch, "%d/%d" % (len(ok), len(mine)), ready_cell, from_sp,
+                     "-" if m is None else "%.0f" % m + (" (%s)" % sp if sp else "")])
+    print("\n" + benchlib.markdown_table(
+        ["launcher", "worker torch", "ok runs", "spares ready (s after the launch, each run)",
+         "restart's workers from spares", "kill → all past a first all_reduce (ms)"], rows))
+    print("\nevery core kept busy by the workers' spinning loaders (normal priority) until the kill at %.0f s;"
+          " kill → ready: median (min–max) over the runs without error" % kill_at)
+
+
 def report_gpu(rs, launchers):
     def vals(name, k):
         return [r[k] for r in rs if r["name"] == name and (k == "started_ms" or not r["error"]) and k in r]
@@ -395,15 +451,17 @@ def report_spares(rs, launchers):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
-    ap.add_argument("mode", choices=("restart", "spares", "gpu"))
+    ap.add_argument("mode", choices=("restart", "spares", "gpu", "busy"))
     ap.add_argument("-n", type=int, default=None, help="rounds (restart: 5, spares: 3)")
     ap.add_argument("build", nargs="?", default=os.path.join(HERE, "build"))
     a = ap.parse_intermixed_args()
     restart = a.mode == "restart"
-    rounds = a.n or (5 if restart else 3)
+    busy = a.mode == "busy"
+    rounds = a.n or (5 if restart else 2 if busy else 3)
+    kill_at = float(os.environ.get("KILL_AT", 30))
     gpu = a.mode == "gpu"
-    timeout = float(os.environ.get("RUN_TIMEOUT", 45 if restart else 120 if gpu else 90))
-    budget = float(os.environ.get("BUDGET", 270 if restart else 480 if gpu else 540))
+    timeout = float(os.environ.get("RUN_TIMEOUT", 45 if restart else 120 if gpu or busy else 90))
+    budget = float(os.environ.get("BUDGET", 270 if restart else 480 if gpu else 600 if busy else 540))
     ddprun = os.environ.get("DDPRUN", os.path.join(a.build, "launcher", "ddprun"))
     venv_py = os.path.join(os.environ.get("DDPRUN_VENV", os.path.join(HERE, ".venv-torch2")), "bin", "python")
     if not os.access(ddprun, os.X_OK):
@@ -419,6 +477,8 @@ def main():
             launchers = restart_launchers(ddprun, "/usr/bin/python3", venv_py, stamp)
         elif gpu:
             launchers = gpu_launchers(ddprun, os.environ.get("PYS", venv_py).split())
+        elif busy:
+            launchers = busy_launchers(ddprun, os.environ.get("PYS", "/usr/bin/python3").split(), kill_at)
         else:
             launchers = spares_launchers(ddprun, os.environ.get("PYS", "/usr/bin/python3 " + venv_py).split(),
                                          os.environ.get("SPARE_PRIORITY", "idle"))
@@ -431,6 +491,10 @@ def main():
                                          " SIGKILLed after init", "%d runs each, interleaved; ddprun %s" % (rounds, ddprun)))
             print("# workers started through bench_exec_stamp (exec time stamped)" if stamp else
                   "# workers started as python scripts (no C compiler here: no exec'd column)")
+        elif busy:
+            print(benchlib.report_header("warm spares on a busy host: --nproc_per_node=2 --max_restarts=1, gloo on loopback,"
+                                         " every core spinning, rank 1 SIGKILLed %.0f s after the launch" % kill_at,
+                                         "%d runs each, interleaved; ddprun %s" % (rounds, ddprun)))
         elif gpu:
             print(benchlib.report_header("warm spares on GPUs: --nproc_per_node=%d --max_restarts=1, NCCL, rank %d"
                                          " SIGKILLed after its first all_reduce" % (NPROC, NPROC - 1),
@@ -450,7 +514,10 @@ def main():
             results.append(res)
             print_run(res, columns)
         benchlib.run_rounds([la.name for la in launchers], rounds, budget, run_one)
-        (report_restart if restart else report_gpu if gpu else report_spares)(results, launchers)
+        if busy:
+            report_busy(results, launchers, kill_at)
+        else:
+            (report_restart if restart else report_gpu if gpu else report_spares)(results, launchers)
         for r in results:
             if r["error"]:
                 print("\n%s run %d: %s\n    %s" % (r["name"], r["run"], r["error"], "\n    ".join(r.get("stderr_tail", []))))

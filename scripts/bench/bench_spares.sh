@@ -7,7 +7,8 @@
 #     scripts/bench/bench_spares.sh -n 3
 # "gpu" first: the same on GPUs with NCCL, ddprun --spare_cuda=1 beside CPU-warm spares, cold
 # starts and torchrun (mode "gpu" there; NPROC=<ranks>, one GPU each, default 1).
-#   usage: scripts/bench/bench_spares.sh [gpu] [-n N] [build-dir]     (N default 3)
+# "busy": on a host whose cores all spin (busy data loaders), --spare_priority=idle beside normal.
+#   usage: scripts/bench/bench_spares.sh [gpu|busy] [-n N] [build-dir]     (N default 3)
 mode=spares
-if [[ "${1:-}" == gpu ]]; then mode=gpu; shift; fi
+if [[ "${1:-}" == gpu || "${1:-}" == busy ]]; then mode="$1"; shift; fi
 exec python3 "$(dirname "${BASH_SOURCE[0]}")/bench_restart.py" "$mode" "$@"
