@@ -8,7 +8,8 @@ import os
 # (t_start, written before `import torch`), "init" (t_start, t_imported, t_init: past init_process_group),
 # "ready" (t_ready: past a first all_reduce), then "allreduce_error" / "done"; with BENCH_BACKEND=nccl
 # (one GPU per local rank) also "cuda" (t_cuda: its device current and a tensor on it), before "init".
-# BENCH_LOAD=N: in attempt 0 each worker starts N processes that spin on a core (a busy data loader).
+# BENCH_LOAD=N: in attempt 0 each worker starts N processes that spin on a core (a busy data loader) first
+# thing, so the host is saturated while the spares import.
 # Attempt 0: the last rank (rank 1 of 2) writes its pid to $BENCH_RESTART_PIDFILE once past init ($BENCH_KILL_AFTER=init) or past
 # a first all_reduce (=ready) and sleeps until the driver SIGKILLs it; rank 0 sits in an all_reduce that
 # cannot complete. If gloo raises (peer gone), rank 0 records it and sleeps, so the only failure the
@@ -28,17 +29,17 @@ RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 KILL_AFTER = os.environ.get("BENCH_KILL_AFTER", "init")
 record(event="start", t_start=T_START)
+LOAD = int(os.environ.get("BENCH_LOAD", "0")) if ATTEMPT == 0 else 0
+if LOAD:  # before `import torch`: data-loader-like processes that keep cores busy at normal priority, gone with this worker
+    import subprocess
+    import sys
+    spin = "import ctypes\nctypes.CDLL(None).prctl(1, 9)\nwhile True:\n    pass\n"  # PR_SET_PDEATHSIG, SIGKILL
+    LOADERS = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(LOAD)]
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 T_IMPORTED = time.time()
-LOAD = int(os.environ.get("BENCH_LOAD", "0")) if ATTEMPT == 0 else 0
-if LOAD:  # data-loader-like processes that keep cores busy at normal priority, gone with this worker
-    import subprocess
-    import sys
-    spin = "import ctypes\nctypes.CDLL(None).prctl(1, 9)\nwhile True:\n    pass\n"  # PR_SET_PDEATHSIG, SIGKILL
-    LOADERS = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(LOAD)]
 NCCL = os.environ.get("BENCH_BACKEND", "gloo") == "nccl"
 if NCCL:  # the device of this local rank, a tensor on it: the CUDA context is ready
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

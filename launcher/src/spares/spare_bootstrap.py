@@ -51,6 +51,7 @@ def _warm_gpu():
         return ("nogpu device %d is in %s compute mode: a context held by the spare would keep the worker "
                 "from the GPU" % (ordinal, name))
     t0 = time.monotonic()
+    fds_before = set(os.listdir("/proc/self/fd"))
     ctx = ctypes.c_void_p()
     rc = cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
     if rc != 0:
@@ -100,6 +101,13 @@ def _warm_gpu():
         if buf.value:
             cu.cuMemFree_v2(ctypes.c_uint64(buf.value))
         cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        # NCCL leaves sockets and pipes open without close-on-exec: the script's subprocesses
+        # must not inherit them (a cold worker has none of them when its script starts).
+        for fd in set(os.listdir("/proc/self/fd")) - fds_before:
+            try:
+                os.set_inheritable(int(fd), False)
+            except OSError:
+                pass  # the listdir's own descriptor, closed since
 
 
 def _ddprun_spare_main():

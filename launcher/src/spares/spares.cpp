@@ -284,8 +284,13 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   }
   if (!s.ready) {
     // Kept: it finishes its import in the background and serves the next restart.
-    why = fmt::format("its spare (pid {}) is still importing ({:.1f} s after its start)", s.pid,
-                      seconds_since(s.started));
+    const double age = seconds_since(s.started);
+    why = fmt::format("its spare (pid {}) is still importing ({:.1f} s after its start)", s.pid, age);
+    // An import takes seconds; many more at idle priority mean the job keeps every core busy
+    // (data loaders) and the spare gets no CPU: it may never be ready.
+    if (opts_.priority == SparePriority::Idle && age > kIdleStarvedHintS)
+      why += " at idle priority, which gets no CPU while the job keeps every core busy: --spare_priority=normal "
+             "has spares import beside the workers";
     return std::nullopt;
   }
   if (std::string m = spare_env_mismatch(s.env, env); !m.empty()) {

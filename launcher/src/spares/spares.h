@@ -39,6 +39,8 @@ class Nvml;
 
 class Spares {
  public:
+  // A spare still importing at idle priority this long after its start is likely starved.
+  static constexpr double kIdleStarvedHintS = 15.0;
   Spares(const SpareOptions& opts, int epoll_fd, Guardian& guardian);
   ~Spares();  // closes descriptors; kills nothing (kill_all())
   Spares(const Spares&) = delete;

@@ -20,6 +20,8 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
   main_thread_import  a preload that calls signal.signal, at --spare_priority=idle: imported again on the main thread
   two_nodes     two agents (static, --nnodes=2) on this host: each node's restart starts from its spare
   bad_preload   --preload of a module that does not exist: spares turn off with the reason, the restart is cold
+  starved_idle  spares still importing at idle priority 17 s after their start: the restart is cold and its
+                line names --spare_priority=normal
   idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
                 priority, so no thread of the worker it becomes runs at SCHED_IDLE
 Waits are for events (log lines, files, exits), each bounded by a generous timeout.
@@ -146,29 +148,26 @@ def probe_records(lines):
 ALLOWED_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_PREEMPT_FILE", "DDPRUN_PROGRESS_FILE")
 
 
-def driver_fd(desc):
-    """A close-on-exec descriptor the CUDA driver or NCCL may hold open (device files, eventfds, sockets)."""
-    return desc.endswith(" cloexec") and (desc.startswith("/dev/nvidia") or desc.split()[0] in ("anon_inode", "socket"))
-
-
 def same_but_attempt(cold, warm, rank, gpu_warm=False):
     """Fails on any difference between two probe records but the per-attempt variables. With
-    gpu_warm (the spare made the CUDA context and ran NCCL before the script), the driver's own
-    close-on-exec descriptors and its threads are left out: how many the driver opened and
-    started depends on who initialised it (documented under --spare_cuda). Inherited
-    descriptors are still compared one by one, and every thread must run at SCHED_OTHER."""
+    gpu_warm (the spare made the CUDA context and ran NCCL before the script), close-on-exec
+    descriptors and the number of threads are left out: which the driver, torch and NCCL opened
+    and started, and at which numbers, depends on who initialised them first (documented under
+    --spare_cuda). Inherited descriptors (what a subprocess gets) are still compared one by
+    one, and every thread must run at SCHED_OTHER."""
     def strip_env(rec):
         rec = dict(rec)
         rec["environ"] = {k: v for k, v in rec["environ"].items() if k not in ALLOWED_ENV}
         for key in ("c_environ", "child_env"):
             rec[key] = sorted(kv for kv in rec[key] if kv.split("=", 1)[0] not in ALLOWED_ENV)
         if gpu_warm:
-            rec["fds"] = {fd: d for fd, d in rec["fds"].items() if not driver_fd(d)}
+            rec["fds"] = {fd: d for fd, d in rec["fds"].items() if not d.endswith(" cloexec")}
             rec["threads_sched"] = sorted(set(rec["threads_sched"]))
         return rec
     if gpu_warm:
-        print("  r%d: the driver's descriptors: cold %d, spare %d; threads: cold %d, spare %d" % (
-            rank, sum(driver_fd(d) for d in cold["fds"].values()), sum(driver_fd(d) for d in warm["fds"].values()),
+        print("  r%d: close-on-exec descriptors: cold %d, spare %d; threads: cold %d, spare %d" % (
+            rank, sum(d.endswith(" cloexec") for d in cold["fds"].values()),
+            sum(d.endswith(" cloexec") for d in warm["fds"].values()),
             len(cold["threads_sched"]), len(warm["threads_sched"])))
     a, b = strip_env(cold), strip_env(warm)
     diffs = {k: (a[k], b.get(k)) for k in a if a[k] != b.get(k)}
@@ -337,6 +336,23 @@ def idle_threads(ddprun, python, preload="threads_at_import"):
               "r%d: its threads (main, the module's) run at SCHED_OTHER: %s" % (r, recs[(1, r)]["threads_sched"]))
 
 
+def starved_idle(ddprun, python):
+    """Spares still importing at idle priority long after their start: the restart goes cold and
+    its line says why, and what to do (--spare_priority=normal)."""
+    run = Launch(ddprun, python, ["--preload=slow_import", "--spare_priority=idle"], [os.path.join(HERE, "probe_worker.py")])
+    pid = run.pid_of_rank(1)
+    run.wait_for("both spares started", lambda: sum("warm spare for local rank" in l and "started: pid" in l
+                                                    for l in run.err) == 2)
+    time.sleep(17)  # past the 15 s after which a spare still importing at idle priority is likely starved
+    check(not run.spares_ready(), "no spare is ready yet (their import sleeps 60 s)")
+    os.kill(pid, signal.SIGKILL)
+    rc = run.finish()
+    check(rc == 0, "ddprun exit code 0 (got %s)" % rc)
+    line = next((l for l in run.err if "restarting the worker group: attempt 1" in l), "")
+    check("started cold" in line and "still importing" in line, "the restart started cold and says why: " + line)
+    check("at idle priority" in line and "--spare_priority=normal" in line, "and names the fix: " + line)
+
+
 def bad_preload(ddprun, python):
     run = Launch(ddprun, python, ["--preload=no_such_module_for_spares", "--spare_priority=normal"],
                  [os.path.join(HERE, "probe_worker.py")])
@@ -407,7 +423,8 @@ def main():
      "idle_threads": lambda: idle_threads(ddprun, python),
      "bad_preload": lambda: bad_preload(ddprun, python),
      "two_nodes": lambda: two_nodes(ddprun, python),
-     "main_thread_import": lambda: idle_threads(ddprun, python, "signal_at_import")}[mode]()
+     "main_thread_import": lambda: idle_threads(ddprun, python, "signal_at_import"),
+     "starved_idle": lambda: starved_idle(ddprun, python)}[mode]()
 
 
 if __name__ == "__main__":
