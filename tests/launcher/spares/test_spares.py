@@ -20,6 +20,8 @@ Usage: test_spares.py <ddprun> <python with torch> {identity|module|traceback|re
   main_thread_import  a preload that calls signal.signal, at --spare_priority=idle: imported again on the main thread
   two_nodes     two agents (static, --nnodes=2) on this host: each node's restart starts from its spare
   bad_preload   --preload of a module that does not exist: spares turn off with the reason, the restart is cold
+  exclusive_cuda  --spare_cuda=1 on GPUs in EXCLUSIVE_PROCESS mode (a stand-in libcuda.so.1): no context, one
+                warning, the spares serve CPU-warm
   starved_idle  spares still importing at idle priority 17 s after their start: the restart is cold and its
                 line names --spare_priority=normal
   idle_threads  a preload that starts a thread, at --spare_priority=idle: the spare imports again at normal
@@ -353,6 +355,31 @@ def starved_idle(ddprun, python):
     check("at idle priority" in line and "--spare_priority=normal" in line, "and names the fix: " + line)
 
 
+def exclusive_cuda(ddprun, python):
+    """--spare_cuda=1 on GPUs in EXCLUSIVE_PROCESS compute mode (the stand-in libcuda.so.1 of
+    tests/launcher/fake_cuda, first on LD_LIBRARY_PATH, says so): no spare creates a context;
+    one warning says why; the spares still serve the restart, CPU-warm."""
+    fake = os.environ.get("DDPRUN_TEST_FAKE_CUDA_DIR")
+    if not fake or has_gpu():
+        print("skipped: needs the stand-in libcuda (DDPRUN_TEST_FAKE_CUDA_DIR) and no real GPU")
+        sys.exit(77)
+    os.environ["LD_LIBRARY_PATH"] = fake + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")
+    os.environ.update(DDPRUN_FAKE_CUDA_GPUS="2", DDPRUN_FAKE_CUDA_COMPUTE_MODE="3")
+    run = Launch(ddprun, python, ["--spare_priority=normal", "--spare_cuda=1"], [os.path.join(HERE, "probe_worker.py")])
+    kill_rank1_after_ready(run)
+    rc = run.finish()
+    check(rc == 0, "ddprun exit code 0 (got %s)" % rc)
+    warned = [l for l in run.err if "did not warm its GPU" in l]
+    check(len(warned) == 1, "one warning for the run (%d)" % len(warned))
+    check("is in EXCLUSIVE_PROCESS compute mode" in warned[0] and "--spare_cuda=0" in warned[0],
+          "it names the compute mode and the flag: " + warned[0])
+    ready = [l for l in run.err if re.search(r"warm spare for local rank \d ready: ", l)]
+    check(len(ready) >= 2 and all("GPU not warmed: device" in l and "EXCLUSIVE_PROCESS" in l for l in ready[:2]),
+          "both spares' ready lines say why their GPU was not warmed: %s" % ready[:2])
+    check(not any("GPU 0 warm" in l or "GPU 1 warm" in l for l in run.err), "no spare says it warmed a GPU")
+    check(any("2 of 2 from warm spares" in l for l in run.err), "the restart still used both spares")
+
+
 def bad_preload(ddprun, python):
     run = Launch(ddprun, python, ["--preload=no_such_module_for_spares", "--spare_priority=normal"],
                  [os.path.join(HERE, "probe_worker.py")])
@@ -424,7 +451,8 @@ def main():
      "bad_preload": lambda: bad_preload(ddprun, python),
      "two_nodes": lambda: two_nodes(ddprun, python),
      "main_thread_import": lambda: idle_threads(ddprun, python, "signal_at_import"),
-     "starved_idle": lambda: starved_idle(ddprun, python)}[mode]()
+     "starved_idle": lambda: starved_idle(ddprun, python),
+     "exclusive_cuda": lambda: exclusive_cuda(ddprun, python)}[mode]()
 
 
 if __name__ == "__main__":
