@@ -240,15 +240,24 @@ def restart_launchers(ddprun, python_sys, venv_py, stamp):
     return out
 
 
-def spares_launchers(ddprun, pys, priority):
-    common = ["--nproc_per_node=2", "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
-    out = []
+def common_flags(nproc):
+    return ["--nproc_per_node=%d" % nproc, "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
+
+
+def torch_pythons(pys):
+    """(python, torch version, major.minor) for each python that imports torch."""
     for py in pys:
         v = benchlib.torch_version(py) if os.access(py, os.X_OK) else None
         if not v:
             print("(no torch in %s: skipped)" % py)
             continue
-        tag = v.rsplit(".", 1)[0]
+        yield py, v, v.rsplit(".", 1)[0]
+
+
+def spares_launchers(ddprun, pys, priority):
+    common = common_flags(2)
+    out = []
+    for py, v, tag in torch_pythons(pys):
         out.append(Launcher("ddprun-spares-" + tag, v, py, [ddprun, "-v"] + common + [
             "--warm_spares=1", "--spare_priority=" + priority, WORKER], "ddprun --warm_spares=1", wait_spares=True))
         out.append(Launcher("ddprun-cold-" + tag, v, py, [ddprun] + common + ["--warm_spares=0", WORKER],
@@ -260,14 +269,9 @@ def spares_launchers(ddprun, pys, priority):
 
 
 def gpu_launchers(ddprun, pys):
-    common = ["--nproc_per_node=%d" % NPROC, "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
+    common = common_flags(NPROC)
     out = []
-    for py in pys:
-        v = benchlib.torch_version(py) if os.access(py, os.X_OK) else None
-        if not v:
-            print("(no torch in %s: skipped)" % py)
-            continue
-        tag = v.rsplit(".", 1)[0]
+    for py, v, tag in torch_pythons(pys):
         out.append(Launcher("ddprun-cuda-" + tag, v, py, [ddprun, "-v"] + common + [
             "--warm_spares=1", "--spare_cuda=1", WORKER], "ddprun --warm_spares=1 --spare_cuda=1", wait_spares=True))
         out.append(Launcher("ddprun-spares-" + tag, v, py, [ddprun, "-v"] + common + [
@@ -280,14 +284,9 @@ def gpu_launchers(ddprun, pys):
 
 
 def busy_launchers(ddprun, pys, kill_at):
-    common = ["--nproc_per_node=2", "--max_restarts=1", "--master_addr=127.0.0.1", "--master_port={PORT}"]
+    common = common_flags(2)
     out = []
-    for py in pys:
-        v = benchlib.torch_version(py) if os.access(py, os.X_OK) else None
-        if not v:
-            print("(no torch in %s: skipped)" % py)
-            continue
-        tag = v.rsplit(".", 1)[0]
+    for py, v, tag in torch_pythons(pys):
         for prio in ("idle", "normal"):
             out.append(Launcher("ddprun-%s-%s" % (prio, tag), v, py, [ddprun, "-v"] + common + [
                 "--warm_spares=1", "--spare_priority=" + prio, WORKER], "ddprun --spare_priority=" + prio, kill_at=kill_at))
