@@ -5,7 +5,8 @@
 // connection's input buffer. A request that would pass it is refused, naming the limit.
 //
 // glibc keeps freed memory in its arenas; after a large release (an attack's connections
-// closed) trim_if_due() hands it back to the system, at most once a second.
+// closed: what is held fell 32 MiB below its peak) trim_if_due() hands it back to the system,
+// at most once a second.
 //
 // Thread-safety: every method may be called from any thread; trim_if_due() with no lock held.
 #pragma once
@@ -33,19 +34,19 @@ class MemoryBudget {
     do {
       if (cur + n > cap) return false;
     } while (!used_.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+    raise_peak(cur + n);
     return true;
   }
   // What a holder may keep and still count as modest.
   static constexpr uint64_t kModestBytes = 256 * 1024;
   // Adds n whatever the limit (a few bytes an agent must get, e.g. its ERROR).
-  void charge(uint64_t n) { used_.fetch_add(n, std::memory_order_relaxed); }
-  void release(uint64_t n) {
-    used_.fetch_sub(n, std::memory_order_relaxed);
-    released_.fetch_add(n, std::memory_order_relaxed);
-  }
+  void charge(uint64_t n) { raise_peak(used_.fetch_add(n, std::memory_order_relaxed) + n); }
+  // One atomic add: every reply and read passes here, from every I/O thread.
+  void release(uint64_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
   // A holder whose size is known only as a total (a keyspace's state): its charge becomes `now`.
   void settle(uint64_t& charged, uint64_t now) {
-    if (now >= charged) charge(now - charged);
+    if (now == charged) return;  // most requests: no shared write at all
+    if (now > charged) charge(now - charged);
     else release(charged - now);
     charged = now;
   }
@@ -65,20 +66,30 @@ class MemoryBudget {
            " more would pass the limit of " + std::to_string(limit_) + " (--max-memory)";
   }
 
+  // Trims once what is held has fallen kTrimAfterBytes below its peak since the last trim
+  // (read-only while it has not: called after every batch of requests).
   void trim_if_due() {
-    if (released_.load(std::memory_order_relaxed) < kTrimAfterBytes) return;
+    const uint64_t peak = peak_.load(std::memory_order_relaxed), u = used();
+    if (peak < u + kTrimAfterBytes) return;
     const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     int64_t last = last_trim_.load(std::memory_order_relaxed);
     if (now - last < std::chrono::steady_clock::duration(std::chrono::seconds(1)).count()) return;
     if (!last_trim_.compare_exchange_strong(last, now)) return;  // another thread trims
-    released_.store(0, std::memory_order_relaxed);
+    peak_.store(u, std::memory_order_relaxed);
     ::malloc_trim(0);
   }
 
  private:
   static constexpr uint64_t kTrimAfterBytes = 32ull << 20;
+  // A load, and a write only when a new peak is reached (rare once a server is warm).
+  void raise_peak(uint64_t now) {
+    uint64_t p = peak_.load(std::memory_order_relaxed);
+    while (now > p && !peak_.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
   const uint64_t limit_;
-  std::atomic<uint64_t> used_{0}, released_{0};
+  std::atomic<uint64_t> used_{0};
+  alignas(64) std::atomic<uint64_t> peak_{0};  // its own cache line: read by every batch
   std::atomic<int64_t> last_trim_{0};
 };
 
