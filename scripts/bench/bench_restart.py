@@ -317,7 +317,10 @@ def report_busy(rs, launchers, kill_at):
           " kill → ready: median (min–max) over the runs without error" % kill_at)
 
 
-def report_gpu(rs, launchers):
+def ready_rows(rs, launchers, keys, others, last_cell):
+    """One table row per launcher: ok runs, median (min–max) of each key over the runs without
+    error ("started" over every run that got that far), the ready-time ratio of each launcher
+    named by a prefix in `others` (same torch) to this one, and last_cell(its runs)."""
     def vals(name, k):
         return [r[k] for r in rs if r["name"] == name and (k == "started_ms" or not r["error"]) and k in r]
     rows = []
@@ -327,20 +330,25 @@ def report_gpu(rs, launchers):
             continue
         tag = la.name.rsplit("-", 1)[1]
         cells = []
-        for k in ("started_ms", "cuda_ms", "init_ms", "ready_ms"):
+        for k in keys:
             m, sp = benchlib.median(vals(la.name, k)), benchlib.spread(vals(la.name, k))
             cells.append("-" if m is None else "%.0f" % m + (" (%s)" % sp if sp else ""))
         ready = benchlib.median(vals(la.name, "ready_ms"))
+        ratios = []
+        for prefix in others:
+            mo = benchlib.median(vals(prefix + tag, "ready_ms"))
+            ratios.append(("%.1f×" % (mo / ready)) if ready and mo and prefix + tag != la.name else "-")
+        rows.append([la.label, la.torch, "%d/%d" % (sum(not r["error"] for r in mine), len(mine))] + cells + ratios +
+                    [last_cell(mine)])
+    return rows
 
-        def ratio(other):
-            mo = benchlib.median(vals(other, "ready_ms"))
-            return ("%.1f×" % (mo / ready)) if ready and mo and other != la.name else "-"
-        gpu = "-"
+
+def report_gpu(rs, launchers):
+    def gpu_mib(mine):
         held = [r["spare_gpu_mib"] for r in mine if "spare_gpu_mib" in r]
-        if held:
-            gpu = "%d" % benchlib.median(held)
-        rows.append([la.label, la.torch, "%d/%d" % (sum(not r["error"] for r in mine), len(mine))] + cells +
-                    [ratio("ddprun-spares-" + tag), ratio("ddprun-cold-" + tag), ratio("torchrun-" + tag), gpu])
+        return "%d" % benchlib.median(held) if held else "-"
+    rows = ready_rows(rs, launchers, ("started_ms", "cuda_ms", "init_ms", "ready_ms"),
+                      ("ddprun-spares-", "ddprun-cold-", "torchrun-"), gpu_mib)
     print("\n" + benchlib.markdown_table(
         ["launcher", "worker torch", "ok runs", "kill → replacements started (ms)", "kill → CUDA ready (ms)",
          "kill → past init_process_group (ms)", "kill → past a first NCCL all_reduce (ms)", "vs CPU-warm spares",
@@ -410,30 +418,11 @@ def report_restart(rs, launchers):
 
 
 def report_spares(rs, launchers):
-    def vals(name, k):  # "started" counts every run that got that far (torchrun's replacements may fail later)
-        return [r[k] for r in rs if r["name"] == name and (k == "started_ms" or not r["error"]) and k in r]
-    rows = []
-    for la in launchers:
-        mine = [r for r in rs if r["name"] == la.name]
-        if not mine:
-            continue
-        tag = la.name.rsplit("-", 1)[1]
-        cells = []
-        for k in ("started_ms", "init_ms", "ready_ms"):
-            m, sp = benchlib.median(vals(la.name, k)), benchlib.spread(vals(la.name, k))
-            cells.append("-" if m is None else "%.0f" % m + (" (%s)" % sp if sp else ""))
-        ready = benchlib.median(vals(la.name, "ready_ms"))
-
-        def ratio(other):
-            mo = benchlib.median(vals(other, "ready_ms"))
-            return ("%.1f×" % (mo / ready)) if ready and mo and other != la.name else "-"
-        mem = "-"
+    def memory(mine):
         rss = [r["spare_rss_mib"] for r in mine if "spare_rss_mib" in r]
         pss = [r["spare_pss_mib"] for r in mine if "spare_pss_mib" in r]
-        if rss:
-            mem = "%d / %d" % (benchlib.median(rss), benchlib.median(pss))
-        rows.append([la.label, la.torch, "%d/%d" % (sum(not r["error"] for r in mine), len(mine))] + cells +
-                    [ratio("ddprun-cold-" + tag), ratio("torchrun-" + tag), mem])
+        return "%d / %d" % (benchlib.median(rss), benchlib.median(pss)) if rss else "-"
+    rows = ready_rows(rs, launchers, ("started_ms", "init_ms", "ready_ms"), ("ddprun-cold-", "torchrun-"), memory)
     print("\n" + benchlib.markdown_table(
         ["launcher", "worker torch", "ok runs", "kill → replacements started (ms)", "kill → all past init_process_group (ms)",
          "kill → all past a first all_reduce (ms)", "vs ddprun cold", "vs torchrun", "spare RSS / PSS (MiB)"], rows))
