@@ -194,45 +194,23 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
-  if ((it == waiters_.end() || !it->second.registering) && req.keys.size() <= kSmallWait) {
-    // A few keys (PyTorch's get() is a WAIT of one): one pass, duplicates by a linear search,
-    // no waiter at all when every key is there.
-    std::vector<const std::string*> missing;
-    for (const auto& k : req.keys) {
-      if (exists(k)) continue;
-      if (std::none_of(missing.begin(), missing.end(), [&](const std::string* m) { return *m == k; }))
-        missing.push_back(&k);
-    }
-    if (missing.empty()) {
-      w.u8(wire::kWaitStop);
-      return {};
-    }
-    remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
-    Waiter waiter;
-    uint64_t bytes = 0;
-    for (const std::string* k : missing) {
-      waiting_on_[*k].push_back(conn);
-      waiter.keys.push_back(*k);
-      bytes += entry_bytes(*k);
-    }
-    waiter.remaining = missing.size();
-    waiter.bytes = bytes;
-    aux_bytes_ += bytes;
-    waiters_.emplace(conn, std::move(waiter));
-    return {};  // deferred
-  }
   if (it == waiters_.end() || !it->second.registering) {
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
     it->second.registering = true;
-    it->second.seen.reserve(std::min(req.keys.size(), size_t{1} << 16));
+    if (req.keys.size() > kSmallWait) it->second.seen.reserve(std::min(req.keys.size(), size_t{1} << 16));
   }
+  // A few keys (PyTorch's get() is a WAIT of one) are one slice: duplicates by a search of the
+  // keys kept so far, no hash set built.
+  const bool small = req.keys.size() <= kSmallWait;
   Waiter& waiter = it->second;
   const size_t end = std::min(req.keys.size(), waiter.next + kWaitSlice);
   uint64_t bytes = 0;
   for (size_t i = waiter.next; i < end; ++i) {
     const std::string& k = req.keys[i];
-    if (exists(k) || !waiter.seen.insert(k).second) continue;
+    if (exists(k)) continue;
+    if (small ? std::find(waiter.keys.begin(), waiter.keys.end(), k) != waiter.keys.end() : !waiter.seen.insert(k).second)
+      continue;
     waiting_on_[k].push_back(conn);
     waiter.keys.push_back(k);
     ++waiter.remaining;

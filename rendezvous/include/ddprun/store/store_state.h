@@ -62,8 +62,8 @@ struct ApplyResult {
 // of work). A request of at most this many keys is applied at once (atomic, as in PyTorch's
 // servers); a larger one in slices, between which other clients' requests may run.
 inline constexpr size_t kWaitSlice = 2048;
-// A WAIT of at most this many keys is registered in one pass without a hash set (the common
-// case: PyTorch's get() waits on one key).
+// A WAIT of at most this many keys drops its duplicates without a hash set (the common case:
+// PyTorch's get() waits on one key).
 inline constexpr size_t kSmallWait = 8;
 // Hash buckets of the keyspace a LIST_KEYS walks per apply() call.
 inline constexpr size_t kListSliceBuckets = 4096;
