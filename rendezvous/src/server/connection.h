@@ -47,6 +47,7 @@ struct IoThread {
   std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
   std::atomic<uint64_t> requests{0};
+  MemoryBudget::Credit credit;  // this thread's share of the memory budget (MemoryBudget::bind_thread)
   // StoreServerOptions::collect_metrics: written by this thread only (relaxed load and store,
   // no locked instruction), read by StoreServer::metrics().
   std::atomic<uint64_t> by_op[StoreServerMetrics::kOps] = {};

@@ -195,9 +195,11 @@ void ServerCore::start() {
   if (!options.accept_later) start_accepting(&keyspaces.main());
   started = true;
   for (auto& t : threads) {
-    t->thread = std::thread([io = &t->io] {
+    t->thread = std::thread([this, io = &t->io, credit = &t->credit] {
+      budget.bind_thread(credit);
       auto guard = asio::make_work_guard(*io);
       io->run();
+      budget.unbind_thread();
     });
   }
 }
