@@ -543,3 +543,27 @@ TEST_CASE("Collectives: Gloo over TCP with different counts ends the rank as a f
   REQUIRE(json.find("does not fit the collective this rank issued") != std::string::npos);
   fs::remove_all(dir);
 }
+
+// Over Gloo's TCP pairs (no shared memory), a collective one rank never joins (it is alive,
+// elsewhere) fails the others after the communicator's timeout, saying where every rank is
+// (each rank publishes its last issued collective in the store).
+TEST_CASE("Collectives: a Gloo collective a peer never joins fails after the timeout, saying where each rank is",
+          "[collectives]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = testing::on_gloo_ranks(2, /*shared_memory=*/false, std::chrono::seconds(2),
+                                             [&](int r, Communicator& comm) {
+                                               std::vector<float> a(8, 1.f);
+                                               comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);
+                                               std::vector<uint16_t> h(3, 0);
+                                               comm.allreduce(h.data(), h.size(), DType::F16, ReduceOp::Sum);
+                                               if (r == 0) comm.broadcast(a.data(), 32, 1);  // rank 1 never comes
+                                             });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string& e = errors[0];
+  INFO(e);
+  CHECK_THAT(e, Catch::Contains("gloo broadcast failed on rank 0 (no progress within the timeout of 2000 ms)"));
+  CHECK_THAT(e, Catch::Contains("rank 0 (this one) last issued #3 broadcast(32 bytes, root 1)"));
+  CHECK_THAT(e, Catch::Contains("rank 1 last issued #2 allreduce(fp16, 3 elements, sum)"));
+  CHECK(errors[1].empty());
+  CHECK(took < 30);
+}

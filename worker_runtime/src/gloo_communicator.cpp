@@ -14,13 +14,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ddprun/worker/checks.h"
@@ -177,13 +180,23 @@ class GlooCommunicator final : public Communicator, public FusedStep {
             rank_, size_, timeout_, [&](const std::string& name) { store.set(opt.key_prefix + "shm", name); },
             [&] { return store.get(opt.key_prefix + "shm", timeout_); }, [&] { barrier(); });
       }
+      if (size_ > 1 && !shm_) start_publishing();
     } catch (const std::exception& e) {
       throw CommError(std::string("gloo: cannot form the full mesh (rank ") + std::to_string(rank) + " of " +
                       std::to_string(size) + ", local address '" + (attr.iface.empty() ? attr.hostname : attr.iface) +
                       "'): " + e.what());
     }
   }
-  ~GlooCommunicator() override = default;
+  ~GlooCommunicator() override {
+    if (publisher_.joinable()) {
+      {
+        std::lock_guard lk(pos_mu_);
+        pos_stop_ = true;
+      }
+      pos_cv_.notify_all();
+      publisher_.join();
+    }
+  }
 
   bool uses_shared_memory() const { return shm_ != nullptr; }
 
@@ -210,13 +223,13 @@ class GlooCommunicator final : public Communicator, public FusedStep {
       guarded("allreduce", [&] { shm_->allreduce(buf, count, dtype, op); });
       return;
     }
-    debug_check(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
+    enter(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
     if (is_half(dtype)) {
       // Accumulate in float, round once: exact whenever the float sum is, and the same bits
       // on every rank (every rank rounds the same float result).
       std::vector<float> wide(count);
       widen(buf, wide.data(), count, dtype);
-      allreduce(wide.data(), count, DType::F32, op);
+      allreduce_typed(wide.data(), count, op);
       narrow(wide.data(), buf, count, dtype);
       return;
     }
@@ -239,7 +252,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     if (in != mine) std::memcpy(mine, in, bytes);
     if (size_ == 1) return;
     shm_turn(ShmGroup::TransportOp::AllGather, dtype, count, ReduceOp::Sum, 0, "allgather");
-    debug_check(CollectiveOp::AllGather, dtype, count, 0);
+    enter(CollectiveOp::AllGather, dtype, count, 0);
     // In place: Gloo gathers every rank's block of `out` (ours is already there).
     guarded("allgather", [&] {
       gloo::AllgatherOptions o(ctx_);
@@ -255,7 +268,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     if (count == 0) return;
     refuse_single_output("reduce_scatter", out, count * dtype_size(dtype));
     shm_turn(ShmGroup::TransportOp::ReduceScatter, dtype, count, op, 0, "reduce_scatter");
-    debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
+    enter(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     switch (dtype) {
       case DType::F32: return reduce_scatter_typed<float, float>(in, out, count, op, dtype);
       case DType::F64: return reduce_scatter_typed<double, double>(in, out, count, op, dtype);
@@ -312,7 +325,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     refuse_single_output("broadcast (a buffer partly in it)", buf, bytes);
     shm_turn(ShmGroup::TransportOp::Broadcast, DType::F32, bytes, ReduceOp::Sum, static_cast<uint32_t>(root),
              "broadcast");
-    debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
+    enter(CollectiveOp::Broadcast, DType::F32, bytes, root);
     guarded("broadcast", [&] {
       gloo::BroadcastOptions o(ctx_);
       o.setTag(next_tag());
@@ -326,7 +339,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
   void barrier() override {
     check_alive("barrier");
     shm_turn(ShmGroup::TransportOp::Barrier, DType::F32, 0, ReduceOp::Sum, 0, "barrier");
-    debug_check(CollectiveOp::Barrier, DType::F32, 0, 0);
+    enter(CollectiveOp::Barrier, DType::F32, 0, 0);
     guarded("barrier", [&] {
       gloo::BarrierOptions o(ctx_);
       o.setTag(next_tag());
@@ -434,8 +447,15 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     if (!shm_ || size_ == 1) return;
     guarded(what, [&] { shm_->check_transport_op(op, dtype, count, rop, extra); });
   }
-  // The debug-mode signature check (collective_check.h): one small all-gather, same transport.
-  void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {
+  // A collective over Gloo's TCP pairs starts: noted as this rank's position (published for
+  // the peers' errors), then the debug-mode signature check (collective_check.h): one small
+  // all-gather, same transport.
+  void enter(CollectiveOp op, DType dtype, size_t count, int arg) {
+    {
+      std::lock_guard lk(pos_mu_);
+      position_ = CollectiveSignature{.seq = position_.seq + 1, .count = count, .op = static_cast<uint32_t>(op),
+                                      .dtype = static_cast<uint32_t>(dtype), .arg = arg};
+    }
     if (!checker_) return;
     guarded("collective check", [&] {
       checker_->check(op, dtype, count, arg, [&](const void* mine, void* all, size_t bytes) {
@@ -474,16 +494,84 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     }
   }
 
+  // Where every rank is, for the peers' errors (the pure Gloo path; the shared-memory path keeps
+  // its own table): a thread publishes this rank's last issued collective under
+  // "<prefix>pos/<rank>" in the store, at most once per period and only when it changed. The
+  // period is a quarter of the timeout (at most a second), so a rank stuck in a collective has
+  // published it long before a peer's timeout fires.
+  void start_publishing() {
+    publish(position_);  // "no collective yet": every live rank's key exists from the start
+    const auto period = std::clamp(timeout_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+    publisher_ = std::thread([this, period] {
+      std::unique_lock lk(pos_mu_);
+      uint64_t published = position_.seq;
+      while (!pos_cv_.wait_for(lk, period, [&] { return pos_stop_; })) {
+        if (position_.seq == published) continue;
+        const CollectiveSignature now = position_;
+        lk.unlock();
+        if (!publish(now)) return;  // the store is gone: the job is ending anyway
+        published = now.seq;
+        lk.lock();
+      }
+    });
+  }
+  std::string position_key(int r) const { return key_prefix_ + "pos/" + std::to_string(r); }
+  static std::string describe_position(const CollectiveSignature& s) {
+    return s.seq == 0 ? std::string(" has issued no collective yet")
+                      : " last issued #" + std::to_string(s.seq) + " " + describe_collective(s);
+  }
+  bool publish(const CollectiveSignature& s) noexcept {
+    try {
+      store_.set(position_key(rank_), std::string(reinterpret_cast<const char*>(&s), sizeof s));
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  // "; rank 0 (this one) last issued #2 allreduce(fp32, 8 elements, max); rank 1 ...", each
+  // peer's from the store (bounded: a second in all).
+  std::string where_ranks_are() const {
+    if (!publisher_.joinable()) return "";
+    CollectiveSignature mine;
+    {
+      std::lock_guard lk(pos_mu_);
+      mine = position_;
+    }
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    std::string out;
+    for (int r = 0; r < size_; ++r) {
+      out += "; rank " + std::to_string(r);
+      if (r == rank_) {
+        out += " (this one)" + describe_position(mine);
+        continue;
+      }
+      try {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        const std::string v = store_.get(position_key(r), std::max(left, std::chrono::milliseconds(1)));
+        CollectiveSignature s;
+        if (v.size() != sizeof s) throw std::runtime_error("malformed");
+        std::memcpy(&s, v.data(), sizeof s);
+        out += describe_position(s);
+      } catch (const std::exception&) {
+        out += ": where it is is unknown (it published nothing readable)";
+      }
+    }
+    return out;
+  }
+
   // The timeout is named only when it is what ended the collective; a peer that closed its
-  // connection (it exited or failed) is said as such.
+  // connection (it exited or failed) is said as such. Either way, where every rank is.
   std::string describe_failure(const char* what, const std::string& cause) const {
     std::string msg = std::string("gloo ") + what + " failed on rank " + std::to_string(rank_);
     auto has = [&](const char* s) { return cause.find(s) != std::string::npos; };
+    bool stuck = true;
     if (has("imed out") || has("imeout"))
       msg += " (no progress within the timeout of " + std::to_string(timeout_.count()) + " ms)";
     else if (has("losed") || has("reset") || has("Broken pipe") || has("EOF"))
       msg += " (a peer rank closed its connection: it exited or failed; its own error says why)";
-    return msg + ": " + cause;
+    else
+      stuck = false;
+    return msg + ": " + cause + (stuck ? where_ranks_are() : "");
   }
 
   int rank_, size_;
@@ -496,6 +584,11 @@ class GlooCommunicator final : public Communicator, public FusedStep {
   std::unique_ptr<CollectiveChecker> checker_;
   worker::Store& store_;
   std::string key_prefix_;
+  mutable std::mutex pos_mu_;
+  std::condition_variable pos_cv_;
+  CollectiveSignature position_;  // the last collective issued over Gloo (seq 0: none yet)
+  bool pos_stop_ = false;
+  std::thread publisher_;  // last member: stopped (destructor) before the rest goes
   int regions_ = 0;
 };
 
