@@ -20,6 +20,7 @@
 
 #include "ddprun/worker/checks.h"
 #include "progress_page.h"
+#include "stream_timing.h"
 
 namespace ddprun::worker {
 namespace {
@@ -107,6 +108,7 @@ class ReducerImpl {
 
   Communicator& comm_;
   FusedStep* fused_;  // comm_.fused_step()
+  detail::StreamTiming* timing_;  // a stream-ordered communicator's device timing, if it has one
   std::vector<GradView> grads_;
   DType dtype_;
   ReducerOptions options_;
@@ -191,7 +193,12 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_b
 }
 
 detail::ReducerImpl::ReducerImpl(Communicator& comm, std::vector<GradView> grads, DType dtype, ReducerOptions options)
-    : comm_(comm), fused_(comm.fused_step()), grads_(std::move(grads)), dtype_(dtype), options_(options) {
+    : comm_(comm),
+      fused_(comm.fused_step()),
+      timing_(comm.stream_ordered() ? dynamic_cast<detail::StreamTiming*>(&comm) : nullptr),
+      grads_(std::move(grads)),
+      dtype_(dtype),
+      options_(options) {
   const size_t es = dtype_size(dtype_);
   std::vector<size_t> bytes;
   bytes.reserve(grads_.size());
@@ -300,6 +307,7 @@ void detail::ReducerImpl::prepare_for_backward() {
   launched_ = 0;
   in_backward_ = true;
   for (auto& bk : buckets_) bk.started = false;
+  if (timing_ && sync_ && !solo()) timing_->timing_begin_pass();
   std::lock_guard<std::mutex> lk(mu_);
   completed_ = 0;
   comm_ms_ = 0;
@@ -519,10 +527,12 @@ void detail::ReducerImpl::launch_rest_and_wait(bool skip_fused) {
       stats_.bytes_early += bk.count * es;
     }
   }
+  if (timing_) timing_->timing_mark_backward_end();
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].launched && !(skip_fused && buckets_[b].fused && !split_)) launch(b);
   next_to_launch_ = buckets_.size();
   if (comm_.stream_ordered()) {
+    if (timing_) timing_->timing_end_pass();
     comm_.compute_waits_for_comm();
     return;
   }
@@ -560,16 +570,22 @@ void detail::ReducerImpl::finalize() {
 // The step boundary is the end of a synchronised pass: from one to the next, the step holds
 // everything the loop does (forward, backward, accumulation passes, the optimizer), and its
 // collectives all ran in between. The first pass only starts the clock. A stream-ordered
-// communicator (NCCL) only queues its collectives here and its time is not measured
-// (stats_.comm_ms stays 0): it reports nothing rather than a share of 0.
+// communicator (NCCL) only queues its collectives here: their device time comes from its
+// timing events (detail::StreamTiming), a step or two later (the totals are what count); one
+// without them reports nothing rather than a share of 0.
 void detail::ReducerImpl::record_pass(double fused_ms) {
-  if (comm_.stream_ordered()) return;
+  if (comm_.stream_ordered() && !timing_) return;
   const auto now = std::chrono::steady_clock::now();
   if (have_sync_end_) {
     auto ns = [](double ms) { return static_cast<uint64_t>(std::max(0.0, ms) * 1e6); };
-    const double comm = stats_.comm_ms + fused_ms;
-    // Inline progress: the training thread ran every collective itself, nothing was hidden.
-    const double exposed = stats_.inline_progress ? comm : std::min(stats_.exposed_ms, stats_.comm_ms) + fused_ms;
+    double comm = 0, exposed = 0;
+    if (timing_) {
+      timing_->timing_take(comm, exposed);
+    } else {
+      comm = stats_.comm_ms + fused_ms;
+      // Inline progress: the training thread ran every collective itself, nothing was hidden.
+      exposed = stats_.inline_progress ? comm : std::min(stats_.exposed_ms, stats_.comm_ms) + fused_ms;
+    }
     const auto step = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_sync_end_).count();
     record_step_stats(static_cast<uint64_t>(std::max<int64_t>(step, 0)), ns(comm), ns(exposed));
   }

@@ -2,17 +2,21 @@
 // communicator so that init and every call can be bounded, a dedicated communication stream,
 // and a watchdog thread that turns an async NCCL error or a collective older than the
 // timeout into abort + error file + exit(kExitCommFailure), so no rank hangs on a dead peer.
-// With DDPRUN_DEBUG_COLLECTIVES=1 every collective is preceded by a signature check.
+// With DDPRUN_DEBUG_COLLECTIVES=1 every collective is preceded by a signature check. The
+// collectives of a Reducer's pass are bracketed with timing events (detail::StreamTiming).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/error_file.h"
@@ -20,6 +24,7 @@
 #include "collective_check.h"
 #include "gpu_backend.h"
 #include "log.h"
+#include "stream_timing.h"
 
 namespace ddprun::worker {
 namespace {
@@ -46,7 +51,7 @@ ncclRedOp_t to_nccl(ReduceOp op) {
   return ncclSum;
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public detail::StreamTiming {
  public:
   NcclCommunicator(Store* store, int rank, int size, int device, std::chrono::milliseconds timeout,
                    std::string error_file, const std::string& key_prefix)
@@ -101,6 +106,9 @@ class NcclCommunicator final : public Communicator {
     }
     for (auto& p : pending_) cudaEventDestroy(p.event);
     for (auto e : free_events_) cudaEventDestroy(e);
+    timed_.push_back(std::move(open_pass_));
+    for (auto& p : timed_) recycle(p);
+    for (auto e : timing_free_) cudaEventDestroy(e);
     if (scratch_) cudaFree(scratch_);
     if (sig_dev_) cudaFree(sig_dev_);
     if (sig_host_) cudaFreeHost(sig_host_);
@@ -132,8 +140,10 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return;
     debug_check(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
+    const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
     wait_not_in_progress("ncclAllReduce");
+    timed_end(t0);
     track("allreduce");
   }
 
@@ -159,8 +169,10 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return;
     debug_check(CollectiveOp::AllGather, dtype, count, 0);
     comm_waits_for_compute();
+    const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclAllGather(in, out, count, to_nccl(dtype), comm_, comm_stream_));
     wait_not_in_progress("ncclAllGather");
+    timed_end(t0);
     track("allgather");
   }
 
@@ -169,8 +181,10 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return;
     debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
+    const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclReduceScatter(in, out, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
     wait_not_in_progress("ncclReduceScatter");
+    timed_end(t0);
     track("reduce_scatter");
   }
 
@@ -192,6 +206,49 @@ class NcclCommunicator final : public Communicator {
     wait_not_in_progress("barrier");
     track("barrier");
     synchronize();
+  }
+
+  // ---- detail::StreamTiming (called on the thread that issues the collectives) ----
+  void timing_begin_pass() override {
+    if (open_pass_.open) end_open_pass();
+    else abandon_pass();  // what a failed event left
+    open_pass_.open = true;
+  }
+  void timing_mark_backward_end() override {
+    if (!open_pass_.open || open_pass_.mark) return;
+    open_pass_.mark = timing_event();
+    if (open_pass_.mark && cudaEventRecord(open_pass_.mark, compute_stream_) != cudaSuccess) {
+      timing_free_.push_back(open_pass_.mark);
+      open_pass_.mark = nullptr;
+    }
+  }
+  void timing_end_pass() override {
+    if (open_pass_.open) end_open_pass();
+  }
+  void timing_take(double& comm_ms, double& exposed_ms) override {
+    while (!timed_.empty()) {
+      TimedPass& p = timed_.front();
+      if (!p.ops.empty()) {
+        const cudaEvent_t last = p.ops.back().second;
+        if (cudaEventQuery(last) == cudaErrorNotReady || (p.mark && cudaEventQuery(p.mark) == cudaErrorNotReady)) break;
+        double comm = 0;
+        bool ok = true;
+        for (auto [a, b] : p.ops) {
+          float ms = 0;
+          ok = ok && cudaEventElapsedTime(&ms, a, b) == cudaSuccess;
+          comm += ms;
+        }
+        // Exposed: from backward's end on the compute stream to the last collective's end.
+        float after = 0;
+        if (!p.mark || (ok && cudaEventElapsedTime(&after, p.mark, last) != cudaSuccess)) ok = false;
+        if (ok) {
+          comm_ms += comm;
+          exposed_ms += std::clamp(static_cast<double>(after), 0.0, comm);
+        }
+      }
+      recycle(p);
+      timed_.pop_front();
+    }
   }
 
   void synchronize() override {
@@ -319,6 +376,65 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // A Reducer pass's timed collectives (start and end events on comm_stream_) and the mark of
+  // backward's end on the compute stream.
+  struct TimedPass {
+    bool open = false;
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> ops;
+    cudaEvent_t mark = nullptr;
+  };
+  static constexpr size_t kMaxTimedPasses = 16;  // unread ones past this are dropped
+  cudaEvent_t timing_event() {
+    if (!timing_free_.empty()) {
+      cudaEvent_t e = timing_free_.back();
+      timing_free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    return cudaEventCreate(&e) == cudaSuccess ? e : nullptr;  // timing enabled
+  }
+  // Timing is best effort: an event that cannot be had or recorded leaves the pass untimed.
+  cudaEvent_t timed_start() {
+    if (!open_pass_.open) return nullptr;
+    cudaEvent_t e = timing_event();
+    if (e && cudaEventRecord(e, comm_stream_) != cudaSuccess) {
+      timing_free_.push_back(e);
+      return nullptr;
+    }
+    if (!e) abandon_pass();
+    return e;
+  }
+  void timed_end(cudaEvent_t start) {
+    if (!start) return;
+    cudaEvent_t e = timing_event();
+    if (!e || cudaEventRecord(e, comm_stream_) != cudaSuccess) {
+      if (e) timing_free_.push_back(e);
+      timing_free_.push_back(start);
+      abandon_pass();
+      return;
+    }
+    open_pass_.ops.emplace_back(start, e);
+  }
+  void end_open_pass() {
+    open_pass_.open = false;
+    timed_.push_back(std::move(open_pass_));
+    open_pass_ = TimedPass{};
+    while (timed_.size() > kMaxTimedPasses) {
+      recycle(timed_.front());
+      timed_.pop_front();
+    }
+  }
+  void abandon_pass() {
+    recycle(open_pass_);
+    open_pass_ = TimedPass{};
+  }
+  void recycle(TimedPass& p) {
+    for (auto [a, b] : p.ops) timing_free_.push_back(a), timing_free_.push_back(b);
+    if (p.mark) timing_free_.push_back(p.mark);
+    p.ops.clear();
+    p.mark = nullptr;
+  }
+
   int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
   std::string error_file_;
@@ -335,6 +451,9 @@ class NcclCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> free_events_;
+  TimedPass open_pass_;
+  std::deque<TimedPass> timed_;
+  std::vector<cudaEvent_t> timing_free_;
   bool stop_ = false;
   std::thread watchdog_;
 };
