@@ -19,6 +19,7 @@
 #include "ddprun/worker/progress.h"
 #include "ddprun/worker/reducer.h"
 #include "fake_communicator.h"
+#include "stream_timing.h"
 
 namespace {
 
