@@ -16,14 +16,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "ddprun/worker/checks.h"
@@ -33,6 +31,7 @@
 #include "half.h"
 #include "log.h"
 #include "collective_check.h"
+#include "position_board.h"
 #include "shm_allreduce.h"
 
 namespace ddprun::worker {
@@ -180,23 +179,14 @@ class GlooCommunicator final : public Communicator, public FusedStep {
             rank_, size_, timeout_, [&](const std::string& name) { store.set(opt.key_prefix + "shm", name); },
             [&] { return store.get(opt.key_prefix + "shm", timeout_); }, [&] { barrier(); });
       }
-      if (size_ > 1 && !shm_) start_publishing();
+      if (size_ > 1 && !shm_) board_ = std::make_unique<PositionBoard>(store, opt.key_prefix, rank_, size_, timeout_);
     } catch (const std::exception& e) {
       throw CommError(std::string("gloo: cannot form the full mesh (rank ") + std::to_string(rank) + " of " +
                       std::to_string(size) + ", local address '" + (attr.iface.empty() ? attr.hostname : attr.iface) +
                       "'): " + e.what());
     }
   }
-  ~GlooCommunicator() override {
-    if (publisher_.joinable()) {
-      {
-        std::lock_guard lk(pos_mu_);
-        pos_stop_ = true;
-      }
-      pos_cv_.notify_all();
-      publisher_.join();
-    }
-  }
+  ~GlooCommunicator() override = default;
 
   bool uses_shared_memory() const { return shm_ != nullptr; }
 
@@ -451,11 +441,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
   // the peers' errors), then the debug-mode signature check (collective_check.h): one small
   // all-gather, same transport.
   void enter(CollectiveOp op, DType dtype, size_t count, int arg) {
-    {
-      std::lock_guard lk(pos_mu_);
-      position_ = CollectiveSignature{.seq = position_.seq + 1, .count = count, .op = static_cast<uint32_t>(op),
-                                      .dtype = static_cast<uint32_t>(dtype), .arg = arg};
-    }
+    if (board_) board_->note(op, dtype, count, arg);
     if (!checker_) return;
     guarded("collective check", [&] {
       checker_->check(op, dtype, count, arg, [&](const void* mine, void* all, size_t bytes) {
@@ -494,71 +480,6 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     }
   }
 
-  // Where every rank is, for the peers' errors (the pure Gloo path; the shared-memory path keeps
-  // its own table): a thread publishes this rank's last issued collective under
-  // "<prefix>pos/<rank>" in the store, at most once per period and only when it changed. The
-  // period is a quarter of the timeout (at most a second), so a rank stuck in a collective has
-  // published it long before a peer's timeout fires.
-  void start_publishing() {
-    publish(position_);  // "no collective yet": every live rank's key exists from the start
-    const auto period = std::clamp(timeout_ / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
-    publisher_ = std::thread([this, period] {
-      std::unique_lock lk(pos_mu_);
-      uint64_t published = position_.seq;
-      while (!pos_cv_.wait_for(lk, period, [&] { return pos_stop_; })) {
-        if (position_.seq == published) continue;
-        const CollectiveSignature now = position_;
-        lk.unlock();
-        if (!publish(now)) return;  // the store is gone: the job is ending anyway
-        published = now.seq;
-        lk.lock();
-      }
-    });
-  }
-  std::string position_key(int r) const { return key_prefix_ + "pos/" + std::to_string(r); }
-  static std::string describe_position(const CollectiveSignature& s) {
-    return s.seq == 0 ? std::string(" has issued no collective yet")
-                      : " last issued #" + std::to_string(s.seq) + " " + describe_collective(s);
-  }
-  bool publish(const CollectiveSignature& s) noexcept {
-    try {
-      store_.set(position_key(rank_), std::string(reinterpret_cast<const char*>(&s), sizeof s));
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-  // "; rank 0 (this one) last issued #2 allreduce(fp32, 8 elements, max); rank 1 ...", each
-  // peer's from the store (bounded: a second in all).
-  std::string where_ranks_are() const {
-    if (!publisher_.joinable()) return "";
-    CollectiveSignature mine;
-    {
-      std::lock_guard lk(pos_mu_);
-      mine = position_;
-    }
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    std::string out;
-    for (int r = 0; r < size_; ++r) {
-      out += "; rank " + std::to_string(r);
-      if (r == rank_) {
-        out += " (this one)" + describe_position(mine);
-        continue;
-      }
-      try {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
-        const std::string v = store_.get(position_key(r), std::max(left, std::chrono::milliseconds(1)));
-        CollectiveSignature s;
-        if (v.size() != sizeof s) throw std::runtime_error("malformed");
-        std::memcpy(&s, v.data(), sizeof s);
-        out += describe_position(s);
-      } catch (const std::exception&) {
-        out += ": where it is is unknown (it published nothing readable)";
-      }
-    }
-    return out;
-  }
-
   // The timeout is named only when it is what ended the collective; a peer that closed its
   // connection (it exited or failed) is said as such. Either way, where every rank is.
   std::string describe_failure(const char* what, const std::string& cause) const {
@@ -571,7 +492,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
       msg += " (a peer rank closed its connection: it exited or failed; its own error says why)";
     else
       stuck = false;
-    return msg + ": " + cause + (stuck ? where_ranks_are() : "");
+    return msg + ": " + cause + (stuck && board_ ? board_->where_ranks_are() : "");
   }
 
   int rank_, size_;
@@ -584,11 +505,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
   std::unique_ptr<CollectiveChecker> checker_;
   worker::Store& store_;
   std::string key_prefix_;
-  mutable std::mutex pos_mu_;
-  std::condition_variable pos_cv_;
-  CollectiveSignature position_;  // the last collective issued over Gloo (seq 0: none yet)
-  bool pos_stop_ = false;
-  std::thread publisher_;  // last member: stopped (destructor) before the rest goes
+  std::unique_ptr<PositionBoard> board_;  // the pure Gloo path: where each rank is, for errors
   int regions_ = 0;
 };
 

@@ -24,6 +24,7 @@
 #include "collective_check.h"
 #include "gpu_backend.h"
 #include "log.h"
+#include "position_board.h"
 #include "stream_timing.h"
 
 namespace ddprun::worker {
@@ -83,6 +84,8 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
       DDPRUN_CUDA_CHECK(cudaMalloc(&sig_dev_, sizeof(CollectiveSignature) * static_cast<size_t>(size_)));
       DDPRUN_CUDA_CHECK(cudaMallocHost(&sig_host_, sizeof(CollectiveSignature) * static_cast<size_t>(size_ + 1)));
     }
+    // Where each rank is, named when a collective times out (a peer never joined it).
+    if (size_ > 1 && store) board_ = std::make_unique<PositionBoard>(*store, key_prefix, rank_, size_, timeout_);
     watchdog_ = std::thread([this] { watchdog_main(); });
   }
 
@@ -284,6 +287,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   // earlier collectives, so it waits for them too; ranks that diverged get a CommError here
   // instead of a hang or mixed data in the collective that follows.
   void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {
+    if (board_) board_->note(op, dtype, count, arg);
     if (!checker_) return;
     constexpr size_t kSig = sizeof(CollectiveSignature);
     const CollectiveSignature mine = checker_->next(op, dtype, count, arg);
@@ -370,7 +374,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
         if (q != cudaErrorNotReady) die(std::string("CUDA error while waiting for ") + p.what + ": " + cudaGetErrorString(q));
         if (Clock::now() - p.enqueued > timeout_)
           die(std::string("NCCL ") + p.what + " did not finish within " + std::to_string(timeout_.count()) +
-              " ms (a peer died or hangs)");
+              " ms (a peer died or hangs)" + (board_ ? board_->where_ranks_are() : std::string()));
         break;
       }
     }
@@ -444,6 +448,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
   void* scratch_ = nullptr;
   std::unique_ptr<CollectiveChecker> checker_;  // DDPRUN_DEBUG_COLLECTIVES=1 only
+  std::unique_ptr<PositionBoard> board_;         // more than one rank: where each is, for a timeout
   void* sig_dev_ = nullptr;                     // size_ signatures
   CollectiveSignature* sig_host_ = nullptr;     // pinned: size_ gathered + 1 staged
   std::atomic<bool> aborted_{false};
