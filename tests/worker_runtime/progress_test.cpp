@@ -60,6 +60,38 @@ int child_ticks(const std::string& path, int ticks) {
   return WEXITSTATUS(st);
 }
 
+// A one-rank stream-ordered communicator (as NCCL is) with device timing: what the Reducer
+// asks of it, in order, and per finished pass 2 ms of collectives, 0.5 ms of them exposed. A
+// pass counts as finished one timing_take() after it ended, as events complete later.
+class TimedStreamComm final : public ddprun::worker::Communicator, public ddprun::worker::detail::StreamTiming {
+ public:
+  std::string calls;
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* backend() const override { return "timed-stream"; }
+  bool stream_ordered() const override { return true; }
+  void allreduce(void*, size_t, ddprun::worker::DType, ddprun::worker::ReduceOp) override { calls += "a"; }
+  void broadcast(void*, size_t, int) override {}
+  void allgather(const void*, void*, size_t, ddprun::worker::DType) override {}
+  void reduce_scatter(const void*, void*, size_t, ddprun::worker::DType, ddprun::worker::ReduceOp) override {}
+  void barrier() override {}
+  void abort() noexcept override {}
+  void timing_begin_pass() override { calls += "["; }
+  void timing_mark_backward_end() override { calls += "|"; }
+  void timing_end_pass() override {
+    calls += "]";
+    ++ended_;
+  }
+  void timing_take(double& comm_ms, double& exposed_ms) override {
+    calls += "t";
+    for (; finished_ < ready_; ++finished_) comm_ms += 2.0, exposed_ms += 0.5;
+    ready_ = ended_;
+  }
+
+ private:
+  int ended_ = 0, ready_ = 0, finished_ = 0;
+};
+
 }  // namespace
 
 TEST_CASE("progress() counts in the progress file", "[progress]") {
@@ -145,5 +177,39 @@ TEST_CASE("a lone rank without collectives writes no statistics", "[progress]") 
   REQUIRE(::waitpid(pid, &st, 0) == pid);
   CHECK(word(f, 1) == 3);
   for (int i = 2; i < 7; ++i) CHECK(word(f, i) == 0);
+  ::unlink(f.c_str());
+}
+
+TEST_CASE("a stream-ordered communicator's device timing reaches the statistics words", "[progress]") {
+  const std::string f = make_file(kMagic);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setenv("DDPRUN_PROGRESS_FILE", f.c_str(), 1);
+    namespace dw = ddprun::worker;
+    TimedStreamComm c;
+    std::vector<float> grad(64, 1.0f);
+    dw::ReducerOptions o;
+    o.force_collective = true;
+    o.bucket_cap_bytes = o.first_bucket_cap_bytes = 128;  // a bucket per gradient
+    dw::Reducer r(c, {{grad.data(), 32}, {grad.data() + 32, 32}}, dw::DType::F32, o);
+    for (int pass = 0; pass < 4; ++pass) {  // synchronised, no_sync, synchronised, synchronised
+      r.set_sync(pass != 1);
+      r.prepare_for_backward();
+      r.mark_ready(1);
+      r.mark_ready(0);
+      r.finalize();
+    }
+    // Each synchronised pass: opened, its collectives timed, backward's end marked, closed; the
+    // figures taken at every synchronised pass after the first.
+    ::_exit(c.calls == "[aa|][aa|]t[aa|]t" ? 0 : 1);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(word(f, 3) == 2);          // steps after the first synchronised pass
+  CHECK(word(f, 5) == 4'000'000);  // two passes' 2 ms, taken a pass late
+  CHECK(word(f, 6) == 1'000'000);  // and their exposed 0.5 ms
   ::unlink(f.c_str());
 }
