@@ -141,7 +141,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   void allreduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
     check_alive("allreduce");
     if (count == 0) return;
-    debug_check(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
+    enter(CollectiveOp::AllReduce, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
     const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclAllReduce(buf, buf, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
@@ -155,7 +155,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   // of 4 bytes and a wait, fine once per step.
   int32_t allreduce_max_host(int32_t value) override {
     check_alive("allreduce_max_host");
-    debug_check(CollectiveOp::AllReduce, DType::I32, 1, static_cast<int>(ReduceOp::Max));
+    enter(CollectiveOp::AllReduce, DType::I32, 1, static_cast<int>(ReduceOp::Max));
     // From pageable memory: returns once `value` is staged, so the local may change after.
     DDPRUN_CUDA_CHECK(cudaMemcpyAsync(scratch_, &value, sizeof value, cudaMemcpyHostToDevice, comm_stream_));
     DDPRUN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclMax, comm_, comm_stream_));
@@ -170,7 +170,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   void allgather(const void* in, void* out, size_t count, DType dtype) override {
     check_alive("allgather");
     if (count == 0) return;
-    debug_check(CollectiveOp::AllGather, dtype, count, 0);
+    enter(CollectiveOp::AllGather, dtype, count, 0);
     comm_waits_for_compute();
     const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclAllGather(in, out, count, to_nccl(dtype), comm_, comm_stream_));
@@ -182,7 +182,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
     check_alive("reduce_scatter");
     if (count == 0) return;
-    debug_check(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
+    enter(CollectiveOp::ReduceScatter, dtype, count, static_cast<int>(op));
     comm_waits_for_compute();
     const cudaEvent_t t0 = timed_start();
     DDPRUN_NCCL_CHECK(ncclReduceScatter(in, out, count, to_nccl(dtype), to_nccl(op), comm_, comm_stream_));
@@ -193,7 +193,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
 
   void broadcast(void* buf, size_t bytes, int root) override {
     check_alive("broadcast");
-    debug_check(CollectiveOp::Broadcast, DType::F32, bytes, root);
+    enter(CollectiveOp::Broadcast, DType::F32, bytes, root);
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, comm_stream_));
     wait_not_in_progress("ncclBroadcast");
@@ -203,7 +203,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
 
   void barrier() override {
     check_alive("barrier");
-    debug_check(CollectiveOp::Barrier, DType::F32, 0, 0);
+    enter(CollectiveOp::Barrier, DType::F32, 0, 0);
     comm_waits_for_compute();
     DDPRUN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, comm_stream_));
     wait_not_in_progress("barrier");
@@ -214,7 +214,6 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   // ---- detail::StreamTiming (called on the thread that issues the collectives) ----
   void timing_begin_pass() override {
     if (open_pass_.open) end_open_pass();
-    else abandon_pass();  // what a failed event left
     open_pass_.open = true;
   }
   void timing_mark_backward_end() override {
@@ -281,12 +280,13 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
     if (aborted_.load()) throw CommError(std::string("nccl ") + what + ": communicator aborted");
   }
 
-  // The debug-mode signature check (collective_check.h): this rank's 32-byte signature goes
+  // A collective is issued: noted as this rank's position (PositionBoard), then the debug-mode
+  // signature check (collective_check.h): this rank's 32-byte signature goes
   // into its slot of a device table, an in-place ncclAllGather on the communication stream
   // fills the others, and the host waits for the copy back before comparing. Queued behind
   // earlier collectives, so it waits for them too; ranks that diverged get a CommError here
   // instead of a hang or mixed data in the collective that follows.
-  void debug_check(CollectiveOp op, DType dtype, size_t count, int arg) {
+  void enter(CollectiveOp op, DType dtype, size_t count, int arg) {
     if (board_) board_->note(op, dtype, count, arg);
     if (!checker_) return;
     constexpr size_t kSig = sizeof(CollectiveSignature);
