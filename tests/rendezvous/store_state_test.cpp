@@ -109,6 +109,23 @@ TEST_CASE("WaitIsDeferredUntilEveryKeyExists", "[state]") {
   CHECK(h.call(2, Op::Wait, {}) == std::string(1, '\0'));
 }
 
+TEST_CASE("A WAIT whose keys are all there answers at once, registers nothing and drops an earlier wait", "[state]") {
+  Harness h;
+  h.call(1, Op::Set, {"a"}, {"1"});
+  const uint64_t before = h.state.memory();
+  CHECK(h.call(2, Op::Wait, {"a", "a"}) == std::string(1, '\0'));
+  CHECK(h.state.num_waiting_connections() == 0);
+  CHECK(h.state.memory() == before);
+  // An earlier WAIT of the same connection still pending: replaced, as by any WAIT.
+  CHECK(h.call(2, Op::Wait, {"b"}).empty());
+  CHECK(h.state.num_waiting_connections() == 1);
+  CHECK(h.call(2, Op::Wait, {"a"}) == std::string(1, '\0'));
+  CHECK(h.state.num_waiting_connections() == 0);
+  CHECK(h.state.memory() == before);
+  h.call(1, Op::Set, {"b"}, {"1"});
+  CHECK(h.others.empty());  // no stray 00 for the replaced wait
+}
+
 TEST_CASE("EveryWritingOpWakesWaiters", "[state]") {
   for (Op op : {Op::Set, Op::Add, Op::Append, Op::MultiSet, Op::CompareSet}) {
     Harness h;

@@ -133,8 +133,8 @@ void ServerCore::on_input(const ConnPtr& c) {
       if (c->session.agent && !c->session.admitted) {
         // The handshake step outside the rounds lock (a munge credential is checked by munged).
         if (lock.owns_lock()) {
-          note_hold(std::chrono::steady_clock::now() - locked_at);
           lock.unlock();
+          note_hold(std::chrono::steady_clock::now() - locked_at);
         }
         step = admission.handshake_step(*c, t.msg);
       }
@@ -158,31 +158,35 @@ void ServerCore::on_input(const ConnPtr& c) {
         if (!go_on) break;
         continue;
       }
-      bad = on_store_request(t, c);
+      bool ok = on_store_request(t, c, bad);
       // A request applied in slices (a WAIT of many keys): the lock is let go between them,
       // so other connections of its keyspace wait for one slice, not for the whole request.
-      while (bad.empty() && t.more) {
-        note_hold(std::chrono::steady_clock::now() - locked_at);
+      while (ok && t.more) {
         lock.unlock();
+        note_hold(std::chrono::steady_clock::now() - locked_at);
         std::this_thread::yield();
         lock.lock();
         locked_at = std::chrono::steady_clock::now();
         if (c->revoked) break;  // its state is dropped when it closes (below)
-        bad = on_store_request(t, c, true);
+        ok = on_store_request(t, c, bad, true);
       }
       if (timed) observe(static_cast<size_t>(t.req.op));
       if (c->revoked) {
         revoked = true;
         break;
       }
-      if (!bad.empty()) break;
+      if (!ok) break;
       if (pos < c->in_size && (t.batch_reply_bytes > kYieldAfterReplyBytes ||
                                ((++served & 15) == 0 && std::chrono::steady_clock::now() - locked_at > kYieldAfterHold))) {
         yield = true;
         break;
       }
     }
-    if (lock.owns_lock()) note_hold(std::chrono::steady_clock::now() - locked_at);
+    // The hold is read once the lock is let go (one clock read fewer inside it).
+    if (lock.owns_lock()) {
+      lock.unlock();
+      note_hold(std::chrono::steady_clock::now() - locked_at);
+    }
   }
   io.flush_pending(t);
   if (!bad.empty()) {
@@ -256,9 +260,9 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
   return false;
 }
 
-// Returns why c must be closed ("" = served). `continued`: the next slice of a request that
-// was partly applied (its budget check was done with its first).
-std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c, bool continued) {
+// Serves the request in t.req; false: c must be closed, `bad` says why. `continued`: the next
+// slice of a request that was partly applied (its budget check was done with its first).
+bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued) {
   t.others.clear();
   t.reply.clear();
   t.more = false;
@@ -269,20 +273,29 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c, bool con
     for (const auto& v : t.req.values) incoming += v.size();
     if (!budget.fits(incoming)) {
       ++counters.closed_memory;
-      return std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+      bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+      return false;
     }
   }
-  store::ApplyResult applied;
+  bool out_of_memory = false;
   try {
-    applied = c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
+    const store::ApplyResult applied =
+        c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
     budget.settle(c->ks->charged, c->ks->state.memory());
+    if (applied.close) {
+      bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+      return false;
+    }
+    t.more = applied.more;
   } catch (const std::bad_alloc&) {
-    applied = {true, "out of memory while serving it"};
+    out_of_memory = true;
+  }
+  if (out_of_memory) {
     t.reply = store::Reply();
     t.others.clear();
+    bad = std::string(wire::op_name(t.req.op)) + ": out of memory while serving it";
+    return false;
   }
-  if (applied.close) return std::string(wire::op_name(t.req.op)) + ": " + applied.error;
-  t.more = applied.more;
   t.batch_reply_bytes += t.reply.wire_size();
   if (!t.reply.empty()) io.append(t, c, t.reply);
   route_locked(t, *c->ks, t.others);
@@ -290,7 +303,7 @@ std::string ServerCore::on_store_request(IoThread& t, const ConnPtr& c, bool con
   // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
   if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
   else t.reply.clear();
-  return "";
+  return true;
 }
 
 // Under ks.mu: wake-ups of ks's own connections.

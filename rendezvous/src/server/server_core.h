@@ -93,7 +93,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Under mu. Each returns false when c must stop reading (refused, draining).
   bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
-  std::string on_store_request(IoThread& t, const ConnPtr& c, bool continued = false);
+  bool on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued = false);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();

@@ -188,29 +188,51 @@ ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::v
   return {};
 }
 
+// A WAIT of a few keys (PyTorch's get() waits on one): one pass, duplicates found by a search
+// of the keys kept so far, no hash set; nothing registered when every key is there.
+ApplyResult StoreState::small_wait(ConnId conn, wire::Request& req, Reply& w, bool had_waiter) {
+  Waiter waiter;
+  for (auto& k : req.keys) {
+    if (exists(k) || std::find(waiter.keys.begin(), waiter.keys.end(), k) != waiter.keys.end()) continue;
+    waiter.keys.push_back(std::move(k));  // the request is not read after it is applied
+  }
+  if (had_waiter || !barrier_of_.empty()) remove_waiter(conn);  // a client never has two WAITs outstanding
+  if (waiter.keys.empty()) {
+    w.u8(wire::kWaitStop);
+    return {};
+  }
+  for (const auto& k : waiter.keys) {
+    waiting_on_[k].push_back(conn);
+    waiter.bytes += entry_bytes(k);
+  }
+  waiter.remaining = waiter.keys.size();
+  aux_bytes_ += waiter.bytes;
+  waiters_.emplace(conn, std::move(waiter));
+  return {};  // deferred
+}
+
 ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
   (void)others;
   // Registered kWaitSlice keys per call (ApplyResult::more), duplicates dropped with a hash
   // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
-  if (it == waiters_.end() || !it->second.registering) {
+  const bool first = it == waiters_.end() || !it->second.registering;
+  if (first && req.keys.size() <= kSmallWait) return small_wait(conn, req, w, it != waiters_.end());
+  if (first) {
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
     it->second.registering = true;
-    if (req.keys.size() > kSmallWait) it->second.seen.reserve(std::min(req.keys.size(), size_t{1} << 16));
+    it->second.seen = std::make_unique<std::unordered_set<std::string_view>>();
+    it->second.seen->reserve(std::min(req.keys.size(), size_t{1} << 16));
   }
-  // A few keys (PyTorch's get() is a WAIT of one) are one slice: duplicates by a search of the
-  // keys kept so far, no hash set built.
-  const bool small = req.keys.size() <= kSmallWait;
   Waiter& waiter = it->second;
   const size_t end = std::min(req.keys.size(), waiter.next + kWaitSlice);
   uint64_t bytes = 0;
   for (size_t i = waiter.next; i < end; ++i) {
     const std::string& k = req.keys[i];
     if (exists(k)) continue;
-    if (small ? std::find(waiter.keys.begin(), waiter.keys.end(), k) != waiter.keys.end() : !waiter.seen.insert(k).second)
-      continue;
+    if (!waiter.seen->insert(k).second) continue;
     waiting_on_[k].push_back(conn);
     waiter.keys.push_back(k);
     ++waiter.remaining;
@@ -221,7 +243,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   waiter.next = end;
   if (end < req.keys.size()) return {.more = true};
   waiter.registering = false;
-  waiter.seen = {};  // its views end with the request
+  waiter.seen.reset();  // its views end with the request
   if (waiter.remaining == 0) {  // every key there (or stored while the slices ran)
     erase_waiter(it);
     w.u8(wire::kWaitStop);

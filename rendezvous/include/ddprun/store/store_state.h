@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -111,7 +112,7 @@ class StoreState {
     // meanwhile counts down `remaining`, but only the last slice may answer.
     bool registering = false;
     size_t next = 0;
-    std::unordered_set<std::string_view> seen;
+    std::unique_ptr<std::unordered_set<std::string_view>> seen;
   };
   // A MULTI_GET, MULTI_SET or LIST_KEYS being applied slice by slice (one per connection).
   struct Sliced {
@@ -142,6 +143,7 @@ class StoreState {
   ApplyResult op_compare_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult op_add(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult small_wait(ConnId conn, wire::Request& req, Reply& w, bool had_waiter);
   ApplyResult op_delete_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult op_append(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult op_multi_get(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
