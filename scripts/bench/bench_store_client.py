@@ -23,6 +23,63 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
+def run_op(store, idx, op, n, tag, start, deadline):
+    """One client's closed loop of `op` from `start` to `deadline` (CLOCK_MONOTONIC seconds);
+    returns the latency of every operation in ns. `wait` is a ring of the n clients."""
+    while time.monotonic() < start:
+        pass
+    lat = []
+    clock = time.perf_counter_ns  # == CLOCK_MONOTONIC on Linux
+    if op == "get":
+        k = f"{tag}/key"
+        while True:
+            t0 = clock()
+            if t0 * 1e-9 > deadline:
+                break
+            store.get(k)
+            lat.append(clock() - t0)
+    elif op == "add":
+        k = f"{tag}/ctr"
+        while True:
+            t0 = clock()
+            if t0 * 1e-9 > deadline:
+                break
+            store.add(k, 1)
+            lat.append(clock() - t0)
+    elif op == "compare_set":
+        k, cur = f"{tag}/cas/{idx}", b"x"
+        while True:
+            t0 = clock()
+            if t0 * 1e-9 > deadline:
+                break
+            want = b"y" if cur == b"x" else b"x"
+            got = store.compare_set(k, cur, want)
+            if got != want:
+                raise RuntimeError(f"compare_set returned {got!r}, expected {want!r}")
+            cur = want
+            lat.append(clock() - t0)
+    elif op == "wait":
+        succ = (idx + 1) % n
+        r = 0
+        while True:
+            if time.monotonic() > deadline:
+                # Release a successor blocked on this round or the next one.
+                store.set(f"{tag}/w/{r}/{succ}", "stop")
+                store.set(f"{tag}/w/{r + 1}/{succ}", "stop")
+                break
+            store.set(f"{tag}/w/{r}/{succ}", str(clock()))
+            v = store.get(f"{tag}/w/{r}/{idx}")
+            now = clock()
+            if v == b"stop":
+                store.set(f"{tag}/w/{r + 1}/{succ}", "stop")
+                break
+            lat.append(now - int(v))
+            r += 1
+    else:
+        raise ValueError(f"unknown op {op}")
+    return lat
+
+
 def child(idx, args, q):
     store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=60))
     n = args.clients
@@ -36,53 +93,7 @@ def child(idx, args, q):
         start = float(store.get(f"{t}/{op}/go"))
         while time.monotonic() < start:
             pass
-        deadline = start + args.seconds
-        lat = []
-        if op == "get":
-            k = f"{t}/key"
-            while True:
-                t0 = time.perf_counter_ns()
-                if t0 * 1e-9 > deadline:  # perf_counter == CLOCK_MONOTONIC on Linux
-                    break
-                store.get(k)
-                lat.append(time.perf_counter_ns() - t0)
-        elif op == "add":
-            k = f"{t}/ctr"
-            while True:
-                t0 = time.perf_counter_ns()
-                if t0 * 1e-9 > deadline:
-                    break
-                store.add(k, 1)
-                lat.append(time.perf_counter_ns() - t0)
-        elif op == "compare_set":
-            k, cur = f"{t}/cas/{idx}", b"x"
-            while True:
-                t0 = time.perf_counter_ns()
-                if t0 * 1e-9 > deadline:
-                    break
-                want = b"y" if cur == b"x" else b"x"
-                got = store.compare_set(k, cur, want)
-                assert got == want, (got, want)
-                cur = want
-                lat.append(time.perf_counter_ns() - t0)
-        elif op == "wait":
-            succ = (idx + 1) % n
-            r = 0
-            while True:
-                if time.monotonic() > deadline:
-                    # Release a successor blocked on this round or the next one.
-                    store.set(f"{t}/w/{r}/{succ}", "stop")
-                    store.set(f"{t}/w/{r + 1}/{succ}", "stop")
-                    break
-                store.set(f"{t}/w/{r}/{succ}", str(time.perf_counter_ns()))
-                v = store.get(f"{t}/w/{r}/{idx}")
-                now = time.perf_counter_ns()
-                if v == b"stop":
-                    store.set(f"{t}/w/{r + 1}/{succ}", "stop")
-                    break
-                lat.append(now - int(v))
-                r += 1
-        q.put((op, idx, lat))
+        q.put((op, idx, run_op(store, idx, op, n, t, start, start + args.seconds)))
 
 
 def pct(v, p):

@@ -25,13 +25,15 @@ import multiprocessing as mp
 import os
 import re
 import resource
-import select
-import signal
 import statistics
 import subprocess
 import sys
 import time
 from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_store_client import run_op  # noqa: E402  (one closed loop per op for both drivers)
+from bench_store_main import ServerProcess  # noqa: E402
 
 PT = "pytorch"
 
@@ -69,61 +71,6 @@ def client_loop(idx, conn):
         except Exception as e:  # reported, the trial counts as failed
             stores.pop(port, None)
             conn.send(("error", f"client {idx}: {e!r}"))
-
-
-def run_op(store, idx, op, n, tag, start, deadline):
-    while time.monotonic() < start:
-        pass
-    lat = []
-    clock = time.perf_counter_ns  # == CLOCK_MONOTONIC on Linux
-    if op == "get":
-        k = f"{tag}/key"
-        while True:
-            t0 = clock()
-            if t0 * 1e-9 > deadline:
-                break
-            store.get(k)
-            lat.append(clock() - t0)
-    elif op == "add":
-        k = f"{tag}/ctr"
-        while True:
-            t0 = clock()
-            if t0 * 1e-9 > deadline:
-                break
-            store.add(k, 1)
-            lat.append(clock() - t0)
-    elif op == "compare_set":
-        k, cur = f"{tag}/cas/{idx}", b"x"
-        while True:
-            t0 = clock()
-            if t0 * 1e-9 > deadline:
-                break
-            want = b"y" if cur == b"x" else b"x"
-            got = store.compare_set(k, cur, want)
-            if got != want:
-                raise RuntimeError(f"compare_set returned {got!r}, expected {want!r}")
-            cur = want
-            lat.append(clock() - t0)
-    elif op == "wait":
-        succ = (idx + 1) % n
-        r = 0
-        while True:
-            if time.monotonic() > deadline:
-                # Release a successor blocked on this round or the next one.
-                store.set(f"{tag}/w/{r}/{succ}", "stop")
-                store.set(f"{tag}/w/{r + 1}/{succ}", "stop")
-                break
-            store.set(f"{tag}/w/{r}/{succ}", str(clock()))
-            v = store.get(f"{tag}/w/{r}/{idx}")
-            now = clock()
-            if v == b"stop":
-                store.set(f"{tag}/w/{r + 1}/{succ}", "stop")
-                break
-            lat.append(now - int(v))
-            r += 1
-    else:
-        raise ValueError(f"unknown op {op}")
-    return lat
 
 
 class Clients:
@@ -184,46 +131,6 @@ class Clients:
 
 
 # ---- servers --------------------------------------------------------------------------------
-
-def read_line(proc, deadline_s, what):
-    buf = b""
-    end = time.monotonic() + deadline_s
-    while b"\n" not in buf:
-        left = end - time.monotonic()
-        if left <= 0:
-            raise RuntimeError(f"{what}: no line within {deadline_s}s")
-        r, _, _ = select.select([proc.stdout], [], [], left)
-        if r:
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                raise RuntimeError(f"{what} exited before printing its port (got {buf!r})")
-            buf += chunk
-    return buf.split(b"\n")[0].decode()
-
-
-class Server:
-    def __init__(self, name, cmd):
-        self.name = name
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.port = int(re.search(r":(\d+)", read_line(self.proc, 60, name)).group(1))
-
-    def cpu_s(self):
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return 0.0
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 def generator_trial(bench, port, op, n, seconds, tag, threads):
     cmd = [bench, "ops", "--port", str(port), "--op", op, "--clients", str(n), "--seconds", str(seconds),
@@ -374,7 +281,7 @@ def main():
     try:
         for rnd in range(1, a.rounds + 1):
             rot = order[(rnd - 1) % len(order):] + order[:(rnd - 1) % len(order)]
-            servers = {name: Server(name, commands[name]) for name in rot}
+            servers = {name: ServerProcess(name, commands[name]) for name in rot}
             clients.reset()
             drivers = ["pytorch-clients"] + (["generator"] if a.bench else [])
             try:

@@ -49,21 +49,16 @@ def read_line(proc, deadline_s, what):
     return buf.split(b"\n")[0].decode()
 
 
-class Server:
-    def __init__(self, kind, a):
-        self.kind = kind
-        if kind == "ddprund":
-            cmd = [a.ddprund, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
-                   "--threads", str(a.ddprund_threads)]
-        elif kind == "pt211":
-            cmd = [a.py211, os.path.join(a.here, "bench_store_server.py"), "--libuv", "1"]
-        elif kind == "pt113":
-            cmd = [a.py113, os.path.join(a.here, "bench_store_server.py"), "--libuv", "0"]
+class ServerProcess:
+    """A store server process that prints its port on its first line; stopped by SIGTERM."""
+
+    def __init__(self, name, cmd):
+        self.kind = name
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL)
-        line = read_line(self.proc, 60, kind)
+        line = read_line(self.proc, 60, name)
         self.port = int(re.search(r":(\d+)", line).group(1))
-        log(f"[bench] {kind} up on 127.0.0.1:{self.port} ({line})")
+        log(f"[bench] {name} up on 127.0.0.1:{self.port} ({line})")
 
     def rss_kb(self):
         try:
@@ -94,6 +89,15 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return hwm
+
+
+def server_command(kind, a):
+    if kind == "ddprund":
+        return [a.ddprund, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
+                "--threads", str(a.ddprund_threads)]
+    if kind == "pt211":
+        return [a.py211, os.path.join(a.here, "bench_store_server.py"), "--libuv", "1"]
+    return [a.py113, os.path.join(a.here, "bench_store_server.py"), "--libuv", "0"]
 
 
 def parse(line):
@@ -173,7 +177,7 @@ def main():
     # ---- phase 1: PyTorch's own client processes
     for kind in ("ddprund", "pt211") if 1 in phases else ():
         for n in CLIENTS:
-            s = Server(kind, a)
+            s = ServerProcess(kind, server_command(kind, a))
             log(f"[bench] python clients x{n} -> {kind}")
             for r in run_results([a.py211, os.path.join(a.here, "bench_store_client.py"), "--port", str(s.port),
                                   "--clients", str(n), "--seconds", str(secs), "--ops", ",".join(OPS)],
@@ -184,7 +188,7 @@ def main():
     # ---- phase 2: C++ load generator
     kinds = ["ddprund", "pt211"] + ([] if a.skip_pt113 else ["pt113"])
     for kind in kinds if 2 in phases else ():
-        s = Server(kind, a)
+        s = ServerProcess(kind, server_command(kind, a))
         dialect = "D0" if kind == "pt113" else "D2"
         for op in OPS:
             for n in CLIENTS:
@@ -212,7 +216,7 @@ def main():
             for kind in order:
                 if kind in gave_up:
                     continue
-                s = Server(kind, a)
+                s = ServerProcess(kind, server_command(kind, a))
                 log(f"[bench] join storm N={n} -> {kind} (run {rep + 1})")
                 for r in run_results([a.bench, "storm", "--port", str(s.port), "--clients", str(n), "--timeout",
                                       str(a.storm_timeout), "--tag", f"storm{n}", "--threads", str(a.gen_threads),
