@@ -11,9 +11,10 @@ PositionBoard::PositionBoard(Store& store, std::string key_prefix, int rank, int
     : store_(store), prefix_(std::move(key_prefix)), rank_(rank), size_(size) {
   publish(position_);
   const auto period = std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
-  publisher_ = std::thread([this, period] {
+  // What the store holds now, as of this constructor: the thread may start after the first
+  // collectives were noted, and must publish them then.
+  publisher_ = std::thread([this, period, published = position_.seq]() mutable {
     std::unique_lock lk(mu_);
-    uint64_t published = position_.seq;
     while (!cv_.wait_for(lk, period, [&] { return stop_; })) {
       if (position_.seq == published) continue;
       const CollectiveSignature now = position_;
