@@ -12,10 +12,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 namespace {
-// Reads start small (thousands of mostly idle connections cost little) and grow to the large
-// chunk while a connection keeps filling its buffer.
-constexpr size_t kSmallReadChunk = 4 * 1024;
-constexpr size_t kReadChunk = 64 * 1024;
 // Bytes for at most this many other threads' connections, produced by one batch of requests,
 // are sent by the producing thread itself; more are handed to the connections' threads.
 constexpr size_t kMaxDirectSends = 16;
@@ -93,18 +89,11 @@ void ConnectionIo::pause_input(const ConnPtr& c) {
   });
 }
 
-void ConnectionIo::consumed(const ConnPtr& c, size_t pos) {
-  if (pos > 0) {
-    std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
-    c->in_size -= pos;
-    // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
-  }
-  if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) {
-    counters_.buffered -= c->in.size() - kReadChunk;
-    budget_.release(c->in.size() - kReadChunk);
-    c->in.resize(kReadChunk);
-    c->in.shrink_to_fit();
-  }
+void ConnectionIo::shrink_input(const ConnPtr& c) {
+  counters_.buffered -= c->in.size() - kReadChunk;
+  budget_.release(c->in.size() - kReadChunk);
+  c->in.resize(kReadChunk);
+  c->in.shrink_to_fit();
 }
 
 // ---- the outbox (under a keyspace lock or the rounds lock) ----

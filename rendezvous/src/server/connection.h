@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 #include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <cstdint>
@@ -173,8 +174,20 @@ class ConnectionIo {
   void close_for_limit(const ConnPtr& c, Warn kind, const std::string& why);
   // From any thread: c's thread closes it.
   void post_close(const ConnPtr& c);
+  // Reads start small (thousands of mostly idle connections cost little) and grow to the large
+  // chunk while a connection keeps filling its buffer.
+  static constexpr size_t kSmallReadChunk = 4 * 1024;
+  static constexpr size_t kReadChunk = 64 * 1024;
+
   // On c's thread, after its requests were handled: drops what was parsed, shrinks the buffer.
-  void consumed(const ConnPtr& c, size_t pos);
+  void consumed(const ConnPtr& c, size_t pos) {
+    if (pos > 0) {
+      if (pos < c->in_size) std::memmove(c->in.data(), c->in.data() + pos, c->in_size - pos);
+      c->in_size -= pos;
+      // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
+    }
+    if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) shrink_input(c);
+  }
   // On c's thread, from on_input: the rest of c's buffered requests are handled after the
   // thread's other ready work, and no read is issued until then (a read in flight would land
   // where consumed() has moved the buffer since).
@@ -183,6 +196,7 @@ class ConnectionIo {
  private:
   void on_exception(const ConnPtr& c, const std::exception& e);
   void read_some(const ConnPtr& c);
+  void shrink_input(const ConnPtr& c);
   bool reserve_input(const ConnPtr& c, size_t want);
   bool admit_bytes(const ConnPtr& target, uint64_t size, bool budgeted);
   void drop_outbox(const ConnPtr& c);  // out_mu held

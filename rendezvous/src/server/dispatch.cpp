@@ -76,130 +76,185 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   return Sniffed::Go;
 }
 
-wire::ParseResult ServerCore::next_request(const ConnPtr& c, std::span<const uint8_t> rest) {
-  IoThread& t = *c->thread;
-  if (c->session.agent) return rdzv::parse_message(rest, t.msg);
-  // Frame first, resuming where the last read stopped; parse once the request is whole.
-  // Parsing from its start on every read made a 64 MiB request cost 21 s of CPU.
-  auto framed = c->framer.scan(rest, c->session.dialect, options.limits);
-  if (framed.status != wire::ParseStatus::Ok) return framed;
-  c->framer.reset();
-  auto res = wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
-  if (res.status == wire::ParseStatus::NeedMore) res = {wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"};
-  return res;
-}
+namespace {
+// collect_metrics: each request's time from its parse to its reply queued (lock wait
+// included), one clock read per request; the end of one is the start of the next.
+class RequestClock {
+ public:
+  explicit RequestClock(bool timed) : timed_(timed) {
+    if (timed_) mark_ = std::chrono::steady_clock::now();
+  }
+  void observe(IoThread& t, size_t op) {
+    if (!timed_) return;
+    const auto now = std::chrono::steady_clock::now();
+    t.observe(op, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark_).count()));
+    mark_ = now;
+  }
+
+ private:
+  const bool timed_;
+  std::chrono::steady_clock::time_point mark_;
+};
+}  // namespace
+
+// A state lock taken and let go around a batch; each hold is noted once the lock is let go
+// (one clock read fewer inside it).
+class ServerCore::Hold {
+ public:
+  Hold(ServerCore& core, StateLock& m) : core_(core), lock_(m, std::defer_lock) {}
+  ~Hold() { release(); }
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+  void acquire() {
+    if (lock_.owns_lock()) return;
+    lock_.lock();
+    at_ = std::chrono::steady_clock::now();
+  }
+  void release() {
+    if (!lock_.owns_lock()) return;
+    lock_.unlock();
+    core_.note_hold(std::chrono::steady_clock::now() - at_);
+  }
+  bool longer_than(std::chrono::steady_clock::duration d) const { return std::chrono::steady_clock::now() - at_ > d; }
+
+ private:
+  ServerCore& core_;
+  std::unique_lock<StateLock> lock_;
+  std::chrono::steady_clock::time_point at_;
+};
 
 // Parses every complete request in the buffer and applies them under one acquisition of one
 // lock: its keyspace's for a TCPStore client, the rounds lock for an agent.
 void ServerCore::on_input(const ConnPtr& c) {
   if (c->closed || c->draining || c->in_size < c->need_total) return;
   c->need_total = 0;
-  IoThread& t = *c->thread;
-  size_t pos = 0;
+  Batch b;
   if (!c->session.decided()) {
-    const Sniffed s = sniff(c, pos);
+    const Sniffed s = sniff(c, b.pos);
     if (s != Sniffed::Go) return;
   }
-  std::string bad;
-  bool revoked = false, yield = false;
-  t.batch_reply_bytes = 0;
-  // collect_metrics: each request's time from its parse to its reply queued (lock wait
-  // included), one clock read per request; the end of one is the start of the next.
-  const bool timed = options.collect_metrics;
-  std::chrono::steady_clock::time_point mark;
-  if (timed) mark = std::chrono::steady_clock::now();
-  const auto observe = [&](size_t op) {
-    const auto now = std::chrono::steady_clock::now();
-    t.observe(op, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count()));
-    mark = now;
-  };
-  {
-    std::unique_lock lock(c->session.agent ? mu : c->ks->mu, std::defer_lock);
-    std::chrono::steady_clock::time_point locked_at;
-    uint32_t served = 0;
-    while (pos < c->in_size) {
-      auto res = next_request(c, {c->in.data() + pos, c->in_size - pos});
-      if (res.status == wire::ParseStatus::NeedMore) {
-        c->need_total = res.need_total;
-        break;
-      }
-      if (res.status == wire::ParseStatus::Bad) {
-        bad = res.error;
-        break;
-      }
-      pos += res.consumed;
-      t.requests.fetch_add(1, std::memory_order_relaxed);
-      std::optional<rdzv::ServerHandshake::Step> step;
-      if (c->session.agent && !c->session.admitted) {
-        // The handshake step outside the rounds lock (a munge credential is checked by munged).
-        if (lock.owns_lock()) {
-          lock.unlock();
-          note_hold(std::chrono::steady_clock::now() - locked_at);
-        }
-        step = admission.handshake_step(*c, t.msg);
-      }
-      if (!lock.owns_lock()) {
-        lock.lock();
-        locked_at = std::chrono::steady_clock::now();
-      }
-      if (!c->session.agent && c->revoked) {
-        revoked = true;
-        break;
-      }
-      if (c->session.agent) {
-        bool forward = true;
-        if (step) {
-          if (!on_handshake_message(t, c, *step, forward)) break;
-        } else if (!admission.authentic_locked(*c, t.msg)) {
-          continue;  // not the admitted agent's (a relay's): dropped, changing nothing
-        }
-        const bool go_on = !forward || on_agent_message(t, c);
-        if (timed) observe(StoreServerMetrics::kAgentOp);
-        if (!go_on) break;
-        continue;
-      }
-      bool ok = on_store_request(t, c, bad);
-      // A request applied in slices (a WAIT of many keys): the lock is let go between them,
-      // so other connections of its keyspace wait for one slice, not for the whole request.
-      while (ok && t.more) {
-        lock.unlock();
-        note_hold(std::chrono::steady_clock::now() - locked_at);
-        std::this_thread::yield();
-        lock.lock();
-        locked_at = std::chrono::steady_clock::now();
-        if (c->revoked) break;  // its state is dropped when it closes (below)
-        ok = on_store_request(t, c, bad, true);
-      }
-      if (timed) observe(static_cast<size_t>(t.req.op));
-      if (c->revoked) {
-        revoked = true;
-        break;
-      }
-      if (!ok) break;
-      if (pos < c->in_size && (t.batch_reply_bytes > kYieldAfterReplyBytes ||
-                               ((++served & 15) == 0 && std::chrono::steady_clock::now() - locked_at > kYieldAfterHold))) {
-        yield = true;
-        break;
-      }
-    }
-    // The hold is read once the lock is let go (one clock read fewer inside it).
-    if (lock.owns_lock()) {
-      lock.unlock();
-      note_hold(std::chrono::steady_clock::now() - locked_at);
-    }
-  }
-  io.flush_pending(t);
-  if (!bad.empty()) {
-    io.close(c, bad, true);
+  if (c->session.agent) agent_batch(c, b);
+  else store_batch(c, b);
+  io.flush_pending(*c->thread);
+  if (!b.bad.empty()) {
+    io.close(c, b.bad, true);
     return;
   }
-  if (revoked) {
+  if (b.revoked) {
     io.close(c, "", false);
     return;
   }
-  io.consumed(c, pos);
+  io.consumed(c, b.pos);
   budget.trim_if_due();
-  if (yield) io.pause_input(c);
+  if (b.yield) io.pause_input(c);
+}
+
+bool ServerCore::take_request(const ConnPtr& c, Batch& b) {
+  IoThread& t = *c->thread;
+  const std::span<const uint8_t> rest{c->in.data() + b.pos, c->in_size - b.pos};
+  // Each result is read where it is made (a ParseResult carries a string: no moves of it).
+  auto took = [&](const wire::ParseResult& res) {
+    if (res.status == wire::ParseStatus::NeedMore) {
+      c->need_total = res.need_total;
+      return false;
+    }
+    if (res.status == wire::ParseStatus::Bad) {
+      b.bad = res.error;
+      return false;
+    }
+    b.pos += res.consumed;
+    IoThread::bump(t.requests);
+    return true;
+  };
+  if (c->session.agent) return took(rdzv::parse_message(rest, t.msg));
+  // Frame first, resuming where the last read stopped; parse once the request is whole.
+  // Parsing from its start on every read made a 64 MiB request cost 21 s of CPU.
+  const wire::ParseResult framed = c->framer.scan(rest, c->session.dialect, options.limits);
+  if (framed.status != wire::ParseStatus::Ok) return took(framed);
+  c->framer.reset();
+  const wire::ParseResult parsed = wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
+  if (parsed.status == wire::ParseStatus::NeedMore) return took({wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"});
+  return took(parsed);
+}
+
+void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
+  IoThread& t = *c->thread;
+  RequestClock clock(options.collect_metrics);
+  Hold hold(*this, mu);
+  while (b.pos < c->in_size && take_request(c, b)) {
+    bool forward = true;
+    if (!c->session.admitted) {
+      // The handshake step outside the rounds lock (a munge credential is checked by munged).
+      hold.release();
+      auto step = admission.handshake_step(*c, t.msg);
+      hold.acquire();
+      if (!on_handshake_message(t, c, step, forward)) break;
+    } else {
+      hold.acquire();
+      if (!admission.authentic_locked(*c, t.msg)) continue;  // not the admitted agent's (a relay's): dropped
+    }
+    const bool go_on = !forward || on_agent_message(t, c);
+    clock.observe(t, StoreServerMetrics::kAgentOp);
+    if (!go_on) break;
+  }
+}
+
+// The reply of the batch's last request is queued once the keyspace's lock is let go: with one
+// request per read (every PyTorch client) nothing of the outbox is done under the lock. The
+// reply's references keep its values alive (and unshared, so no APPEND grows them) meanwhile.
+void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
+  IoThread& t = *c->thread;
+  RequestClock clock(options.collect_metrics);
+  Hold hold(*this, c->ks->mu);
+  t.batch_reply_bytes = 0;
+  uint32_t served = 0;
+  bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
+  while (b.pos < c->in_size && take_request(c, b)) {
+    hold.acquire();
+    if (c->revoked) {
+      b.revoked = true;
+      break;
+    }
+    bool ok = on_store_request(t, c, b.bad);
+    // A request applied in slices (a WAIT of many keys): the lock is let go between them,
+    // so other connections of its keyspace wait for one slice, not for the whole request.
+    while (ok && t.more) {
+      send_reply(t, c);
+      hold.release();
+      std::this_thread::yield();
+      hold.acquire();
+      if (c->revoked) break;  // its state is dropped when it closes (below)
+      ok = on_store_request(t, c, b.bad, true);
+    }
+    if (c->revoked) {
+      t.reply.clear();
+      b.revoked = true;
+      break;
+    }
+    if (!ok) break;
+    if (b.pos == c->in_size) {
+      last_reply = true;
+      break;
+    }
+    send_reply(t, c);
+    clock.observe(t, static_cast<size_t>(t.req.op));
+    if (t.batch_reply_bytes > kYieldAfterReplyBytes || ((++served & 15) == 0 && hold.longer_than(kYieldAfterHold))) {
+      b.yield = true;
+      break;
+    }
+  }
+  hold.release();
+  if (last_reply) {
+    send_reply(t, c);
+    clock.observe(t, static_cast<size_t>(t.req.op));
+  }
+}
+
+// Queues t.reply for c and empties it (dropping its references).
+void ServerCore::send_reply(IoThread& t, const ConnPtr& c) {
+  if (!t.reply.empty()) io.append(t, c, t.reply);
+  if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();  // a LIST_KEYS grew it
+  else t.reply.clear();
 }
 
 // The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
@@ -263,11 +318,11 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
 // Serves the request in t.req; false: c must be closed, `bad` says why. `continued`: the next
 // slice of a request that was partly applied (its budget check was done with its first).
 bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued) {
-  t.others.clear();
-  t.reply.clear();
+  t.others.clear();  // t.reply is empty between requests (send_reply)
   t.more = false;
   // What the request may add to the store: refused before anything changes when past the budget.
-  if (!continued && stores_bytes(t.req.op)) {
+  // A request is at most max_request_bytes: while that fits, nothing needs adding up.
+  if (!continued && !budget.fits(options.limits.max_request_bytes) && stores_bytes(t.req.op)) {
     uint64_t incoming = 0;
     for (const auto& k : t.req.keys) incoming += k.size();
     for (const auto& v : t.req.values) incoming += v.size();
@@ -283,6 +338,7 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
         c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
     budget.settle(c->ks->charged, c->ks->state.memory());
     if (applied.close) {
+      t.reply.clear();
       bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
       return false;
     }
@@ -297,12 +353,8 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
     return false;
   }
   t.batch_reply_bytes += t.reply.wire_size();
-  if (!t.reply.empty()) io.append(t, c, t.reply);
   route_locked(t, *c->ks, t.others);
   t.others.clear();
-  // Drop references now (a value replaced later is freed) and memory a LIST_KEYS grew.
-  if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();
-  else t.reply.clear();
   return true;
 }
 

@@ -88,11 +88,23 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // ---- dispatch.cpp ----
   enum class Sniffed { Go, NeedMore, Closed };
   Sniffed sniff(const ConnPtr& c, size_t& pos);
-  // Frames and parses the next request of c at `rest` (into t.req or t.msg).
-  wire::ParseResult next_request(const ConnPtr& c, std::span<const uint8_t> rest);
+  // How far a batch of c's buffered requests got, and how it ended.
+  struct Batch {
+    size_t pos = 0;   // bytes of c->in handled
+    std::string bad;  // c sent something it must be closed for
+    bool revoked = false, yield = false;
+  };
+  class Hold;
+  void agent_batch(const ConnPtr& c, Batch& b);
+  void store_batch(const ConnPtr& c, Batch& b);
+  // Frames and parses the next request at b.pos (into c's thread's t.req or t.msg); false: none
+  // is whole yet (c->need_total says how much it needs), or it is bad (b.bad).
+  bool take_request(const ConnPtr& c, Batch& b);
+  void send_reply(IoThread& t, const ConnPtr& c);
   // Under mu. Each returns false when c must stop reading (refused, draining).
   bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
+  // Leaves c's reply in t.reply (send_reply queues it); wake-ups of others are queued.
   bool on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued = false);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);

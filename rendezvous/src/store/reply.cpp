@@ -53,12 +53,6 @@ uint64_t Reply::shared_bytes() const {
   return n;
 }
 
-void Reply::clear() {
-  own_.clear();
-  refs_.clear();
-  ref_bytes_ = 0;
-}
-
 std::string Reply::flatten() const {
   std::string out;
   out.reserve(wire_size());

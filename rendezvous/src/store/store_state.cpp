@@ -39,12 +39,16 @@ std::optional<std::string> StoreState::over_limit(uint64_t new_keys, uint64_t mo
 }
 
 void StoreState::set_value(const std::string& key, Value value, std::vector<Outgoing>& others) {
-  auto it = kv_.find(key);
-  if (it == kv_.end()) {
+  set_value_at(kv_.find(key), key, std::move(value), others);
+}
+
+void StoreState::set_value_at(KvEntry found, const std::string& key, Value value, std::vector<Outgoing>& others) {
+  if (found == kv_.end()) {
     bytes_ += key.size() + value->size();
     auto [ins, _] = kv_.emplace(key, std::move(value));
     on_stored(key, nullptr, ins->second, others);
   } else {
+    auto it = kv_.erase(found, found);  // the same entry, writable
     // The old value is replaced, never written over: replies in flight still hold it.
     bytes_ = bytes_ - it->second->size() + value->size();
     Value old = std::exchange(it->second, std::move(value));
@@ -147,7 +151,10 @@ std::optional<std::string> StoreState::reply_too_large(uint64_t size) const {
 
 // Room for storing a value of `value_size` bytes under `key` (replacing what is there).
 std::optional<std::string> StoreState::room_for(const std::string& key, size_t value_size) const {
-  auto it = kv_.find(key);
+  return room_at(kv_.find(key), key, value_size);
+}
+
+std::optional<std::string> StoreState::room_at(KvEntry it, const std::string& key, size_t value_size) const {
   if (it == kv_.end()) return over_limit(1, key.size() + value_size);
   return over_limit(0, value_size > it->second->size() ? value_size - it->second->size() : 0);
 }
@@ -156,13 +163,13 @@ ApplyResult StoreState::op_compare_set(ConnId conn, wire::Request& req, Reply& w
   (void)conn;
   const std::string& key = req.keys[0];
   std::string& expected = req.values[0];
-  if (auto why = room_for(key, req.values[1].size())) return refuse(*why);
+  auto it = kv_.find(key);
+  if (auto why = room_at(it, key, req.values[1].size())) return refuse(*why);
   auto store_desired = [&] {
     Value desired = make_value(std::move(req.values[1]));
-    set_value(key, desired, others);
+    set_value_at(it, key, desired, others);
     w.blob(desired);
   };
-  auto it = kv_.find(key);
   if (it == kv_.end()) {
     if (expected.empty()) store_desired();
     else w.blob(make_value(std::move(expected)));  // PyTorch's servers "pretend": nothing stored, expected echoed
@@ -180,10 +187,10 @@ ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::v
   auto it = kv_.find(req.keys[0]);
   if (it != kv_.end() && !parse_integer(*it->second, current))
     return {true, "ADD on key whose value is not an integer"};
-  if (auto why = room_for(req.keys[0], 20)) return refuse(*why);
+  if (auto why = room_at(it, req.keys[0], 20)) return refuse(*why);
   // Two's-complement wrap, as the int64 arithmetic of PyTorch's servers.
   int64_t next = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(req.number));
-  set_value(req.keys[0], make_value(std::to_string(next)), others);
+  set_value_at(it, req.keys[0], make_value(std::to_string(next)), others);
   w.i64(next);
   return {};
 }
@@ -466,10 +473,12 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
     case Op::Ping:
       w.u32(req.u32);
       return {};
-    case Op::Set:
-      if (auto why = room_for(req.keys[0], req.values[0].size())) return refuse(*why);
-      set_value(req.keys[0], make_value(std::move(req.values[0])), others);
+    case Op::Set: {
+      const auto it = kv_.find(req.keys[0]);
+      if (auto why = room_at(it, req.keys[0], req.values[0].size())) return refuse(*why);
+      set_value_at(it, req.keys[0], make_value(std::move(req.values[0])), others);
       return {};
+    }
     case Op::CompareSet:
       return op_compare_set(conn, req, w, others);
     case Op::Get: {

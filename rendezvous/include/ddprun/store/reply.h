@@ -64,7 +64,11 @@ class Reply {
   uint64_t shared_bytes() const;
   size_t num_refs() const { return refs_.size(); }
   // Empties it, keeping the buffer's capacity (a server reuses one per thread).
-  void clear();
+  void clear() {
+    own_.clear();
+    refs_.clear();
+    ref_bytes_ = 0;
+  }
   // The wire bytes in one string (tests, small replies).
   std::string flatten() const;
   // f(std::string_view) for each contiguous piece, in wire order.
