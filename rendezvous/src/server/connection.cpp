@@ -36,8 +36,7 @@ void ConnectionIo::start(const ConnPtr& c) {
 }
 
 // Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes.
-bool ConnectionIo::reserve_input(const ConnPtr& c, size_t want) {
-  if (c->in.size() >= c->in_size + want) return true;
+bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
   const size_t grow = c->in_size + want - c->in.size();
   if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
     counters_.buffered -= grow;

@@ -197,7 +197,8 @@ class ConnectionIo {
   void on_exception(const ConnPtr& c, const std::exception& e);
   void read_some(const ConnPtr& c);
   void shrink_input(const ConnPtr& c);
-  bool reserve_input(const ConnPtr& c, size_t want);
+  bool reserve_input(const ConnPtr& c, size_t want) { return c->in.size() >= c->in_size + want || grow_input(c, want); }
+  bool grow_input(const ConnPtr& c, size_t want);
   bool admit_bytes(const ConnPtr& target, uint64_t size, bool budgeted);
   void drop_outbox(const ConnPtr& c);  // out_mu held
   void wake(IoThread& self, const ConnPtr& target);

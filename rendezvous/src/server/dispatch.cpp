@@ -353,8 +353,10 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
     return false;
   }
   t.batch_reply_bytes += t.reply.wire_size();
-  route_locked(t, *c->ks, t.others);
-  t.others.clear();
+  if (!t.others.empty()) {
+    route_locked(t, *c->ks, t.others);
+    t.others.clear();
+  }
   return true;
 }
 

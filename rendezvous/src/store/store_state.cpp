@@ -198,15 +198,17 @@ ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::v
 // A WAIT of a few keys (PyTorch's get() waits on one): one pass, duplicates found by a search
 // of the keys kept so far, no hash set; nothing registered when every key is there.
 ApplyResult StoreState::small_wait(ConnId conn, wire::Request& req, Reply& w, bool had_waiter) {
-  Waiter waiter;
-  for (auto& k : req.keys) {
-    if (exists(k) || std::find(waiter.keys.begin(), waiter.keys.end(), k) != waiter.keys.end()) continue;
-    waiter.keys.push_back(std::move(k));  // the request is not read after it is applied
-  }
   if (had_waiter || !barrier_of_.empty()) remove_waiter(conn);  // a client never has two WAITs outstanding
-  if (waiter.keys.empty()) {
+  const auto first_missing = std::find_if(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return !exists(k); });
+  if (first_missing == req.keys.end()) {
     w.u8(wire::kWaitStop);
     return {};
+  }
+  Waiter waiter;
+  waiter.keys.push_back(std::move(*first_missing));  // the request is not read after it is applied
+  for (auto k = first_missing + 1; k != req.keys.end(); ++k) {
+    if (exists(*k) || std::find(waiter.keys.begin(), waiter.keys.end(), *k) != waiter.keys.end()) continue;
+    waiter.keys.push_back(std::move(*k));
   }
   for (const auto& k : waiter.keys) {
     waiting_on_[k].push_back(conn);
