@@ -160,10 +160,11 @@ class ConnectionIo {
       on_exception(c, e);
     }
   }
-  // Under a state lock (keyspace or rounds), on `self`: appends to `target`'s outbox (a string_view is copied, a
-  // Reply's values referenced) and makes sure it is written once the lock is released
-  // (flush_pending). Past --max-connection-buffered-bytes the outbox is dropped and target
-  // closed. With `close_after`, target is closed once this is written.
+  // On `self`, under a state lock (keyspace or rounds) or after it (a batch's last reply to
+  // its own connection): appends to `target`'s outbox (a string_view is copied, a Reply's
+  // values referenced) and makes sure it is written by the next flush_pending. Past
+  // --max-connection-buffered-bytes the outbox is dropped and target closed. With
+  // `close_after`, target is closed once this is written.
   void append(IoThread& self, const ConnPtr& target, std::string_view bytes, bool close_after = false);
   void append(IoThread& self, const ConnPtr& target, const store::Reply& bytes);
   // Outside the lock, on `t`: write what the requests just handled left for connections.
