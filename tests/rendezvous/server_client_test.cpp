@@ -165,6 +165,64 @@ TEST_CASE("ByteByByteFragmentationIsParsed", "[server]") {
   CHECK(wire::load_u64(reinterpret_cast<const uint8_t*>(bytes.data())) == 41);
 }
 
+TEST_CASE("PipelinedRequestsAreAnsweredInOrderTheLastOneToo", "[server]") {
+  const int io_threads = GENERATE(1, 4);
+  auto srv = start_server({}, io_threads);
+  Raw r(srv->port());
+  std::string req = validate();
+  wire::Request set;
+  set.op = wire::Op::Set;
+  set.keys = {"/pipe/value"};
+  set.values = {"v"};
+  wire::encode_request(wire::Dialect::D2, set, req);
+  constexpr int kAdds = 40;
+  for (int i = 0; i < kAdds; ++i) {
+    wire::Request add;
+    add.op = wire::Op::Add;
+    add.keys = {"/pipe/ctr"};
+    add.number = 1;
+    wire::encode_request(wire::Dialect::D2, add, req);
+  }
+  wire::Request get;
+  get.op = wire::Op::Get;
+  get.keys = {"/pipe/value"};
+  wire::encode_request(wire::Dialect::D2, get, req);
+  r.send(req);
+  const size_t want = kAdds * 8 + 8 + 1;
+  auto [bytes, eof] = r.recv_for(5s, want);
+  REQUIRE(bytes.size() == want);
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (int i = 0; i < kAdds; ++i) CHECK(wire::load_u64(p + 8 * i) == static_cast<uint64_t>(i + 1));
+  CHECK(wire::load_u64(p + 8 * kAdds) == 1);
+  CHECK(bytes.back() == 'v');
+}
+
+TEST_CASE("AReplyComesBeforeTheWatchEventItsOwnRequestCaused", "[server]") {
+  // A 1.13 (D0) connection watching a key writes it itself: its COMPARE_SET's reply, then the
+  // event, as a server that applies requests one by one sends them.
+  auto srv = start_server();
+  Raw r(srv->port());
+  wire::Request watch;
+  watch.op = wire::Op::WatchKey;
+  watch.keys = {"/watched"};
+  std::string req;
+  wire::encode_request(wire::Dialect::D0, watch, req);
+  r.send(req);
+  auto [ack, eof] = r.recv_for(5s, 1);
+  REQUIRE(ack == std::string(1, '\3'));
+  wire::Request cas;
+  cas.op = wire::Op::CompareSet;
+  cas.keys = {"/watched"};
+  cas.values = {"", "v1"};
+  req.clear();
+  wire::encode_request(wire::Dialect::D0, cas, req);
+  r.send(req);
+  std::string expected;
+  wire::Writer(expected).blob("v1").u8(wire::kWatchKeyCreated).blob("/watched").blob("").blob("v1");
+  auto [bytes, eof2] = r.recv_for(5s, expected.size());
+  CHECK(bytes == expected);
+}
+
 TEST_CASE("HostileClientsLoseOnlyTheirOwnConnection", "[server][robustness]") {
   wire::Limits lim;
   lim.max_key_len = 1024;

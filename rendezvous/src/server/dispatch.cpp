@@ -201,7 +201,10 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
 
 // The reply of the batch's last request is queued once the keyspace's lock is let go: with one
 // request per read (every PyTorch client) nothing of the outbox is done under the lock. The
-// reply's references keep its values alive (and unshared, so no APPEND grows them) meanwhile.
+// reply's references keep its values alive (and shared, so no APPEND grows them in place)
+// meanwhile. Nothing else can be queued for c in between that its reply must precede: a reply
+// whose request woke or notified anyone was queued under the lock (on_store_request), and so
+// is a WATCH_KEY's.
 void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   IoThread& t = *c->thread;
   RequestClock clock(options.collect_metrics);
@@ -232,7 +235,8 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
       break;
     }
     if (!ok) break;
-    if (b.pos == c->in_size) {
+    // A WATCH_KEY's acknowledgement goes before any event of the key it registered.
+    if (b.pos == c->in_size && t.req.op != wire::Op::WatchKey) {
       last_reply = true;
       break;
     }
@@ -354,6 +358,9 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
   }
   t.batch_reply_bytes += t.reply.wire_size();
   if (!t.others.empty()) {
+    // c's reply before the events its request caused (a D0 watcher that wrote a key it
+    // watches reads them in that order); only a reply that caused nothing waits for the unlock.
+    send_reply(t, c);
     route_locked(t, *c->ks, t.others);
     t.others.clear();
   }

@@ -104,7 +104,8 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Under mu. Each returns false when c must stop reading (refused, draining).
   bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
-  // Leaves c's reply in t.reply (send_reply queues it); wake-ups of others are queued.
+  // Leaves c's reply in t.reply for send_reply, unless the request woke or notified anyone: then
+  // the reply and those events are queued, in that order.
   bool on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued = false);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
