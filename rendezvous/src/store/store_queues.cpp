@@ -1,5 +1,6 @@
 // StoreState's queues, barriers and watches: the requests that park a connection or wake
-// others by name (QUEUE_PUSH/POP, BARRIER, WATCH_KEY). The rest: store_state.cpp.
+// others by name (QUEUE_PUSH/POP, BARRIER, WATCH_KEY). The rest: store_state.cpp and
+// store_slices.cpp.
 #include <string>
 
 #include "ddprun/store/store_state.h"
