@@ -44,13 +44,12 @@ void StoreState::set_value(const std::string& key, Value value, std::vector<Outg
   set_value_at(kv_.find(key), key, std::move(value), others);
 }
 
-void StoreState::set_value_at(KvEntry found, const std::string& key, Value value, std::vector<Outgoing>& others) {
-  if (found == kv_.end()) {
+void StoreState::set_value_at(KvEntry it, const std::string& key, Value value, std::vector<Outgoing>& others) {
+  if (it == kv_.end()) {
     bytes_ += key.size() + value->size();
     auto [ins, _] = kv_.emplace(key, std::move(value));
     on_stored(key, nullptr, ins->second, others);
   } else {
-    auto it = kv_.erase(found, found);  // the same entry, writable
     // The old value is replaced, never written over: replies in flight still hold it.
     bytes_ = bytes_ - it->second->size() + value->size();
     Value old = std::exchange(it->second, std::move(value));
@@ -156,7 +155,8 @@ std::optional<std::string> StoreState::room_for(const std::string& key, size_t v
   return room_at(kv_.find(key), key, value_size);
 }
 
-std::optional<std::string> StoreState::room_at(KvEntry it, const std::string& key, size_t value_size) const {
+std::optional<std::string> StoreState::room_at(std::unordered_map<std::string, Value>::const_iterator it,
+                                               const std::string& key, size_t value_size) const {
   if (it == kv_.end()) return over_limit(1, key.size() + value_size);
   return over_limit(0, value_size > it->second->size() ? value_size - it->second->size() : 0);
 }

@@ -136,12 +136,13 @@ class StoreState {
   void on_queue_push(const std::string& key, std::vector<Outgoing>& others);
   void remove_waiter(ConnId conn);
   void erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it);
-  using KvEntry = std::unordered_map<std::string, Value>::const_iterator;
+  using KvEntry = std::unordered_map<std::string, Value>::iterator;
   void set_value(const std::string& key, Value value, std::vector<Outgoing>& others);
   // The same, where `it` is kv_.find(key), already looked up (one hash of the key per request).
   void set_value_at(KvEntry it, const std::string& key, Value value, std::vector<Outgoing>& others);
   std::optional<std::string> room_for(const std::string& key, size_t value_size) const;
-  std::optional<std::string> room_at(KvEntry it, const std::string& key, size_t value_size) const;
+  std::optional<std::string> room_at(std::unordered_map<std::string, Value>::const_iterator it, const std::string& key,
+                                     size_t value_size) const;
   std::optional<std::string> reply_too_large(uint64_t size) const;
   // One operation each (apply() dispatches): reply to `w`, events for others to `others`.
   ApplyResult op_compare_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
