@@ -34,7 +34,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "usage_report.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
-    "doctor.h": "doctor", "json.h": "platform",
+    "doctor.h": "doctor", "json.h": "platform", "runtime_dir.h": "platform",
     "agent_status.h": "status", "status_command.h": "status", "hang.h": "hang",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -28,7 +28,7 @@ constexpr int kFlightRecorderEntries = 2000;
 // After the run's log directory exists, before the first round.
 void Agent::start_observers() {
   run_record_ = std::make_unique<RunRecord>(run_log_dir_, opts_.rendezvous.id,
-                                            plan_.interpreter.empty() ? std::string() : spawn_.executable);
+                                            plan_.interpreter.empty() ? std::string() : spawn_.executable, env_);
   if (opts_.faults.nccl_flight_recorder) nccl_trace_dir_ = (run_log_dir_ / "nccl_trace").string();
   if (opts_.faults.hang_timeout_s <= 0) return;
   if (!plan_.interpreter.empty()) {
@@ -107,11 +107,14 @@ void Agent::on_hang(const HangVerdict& v) {
   }
   const char* path = std::getenv("PATH");
   const StackTools tools = find_stack_tools(plan_.interpreter.empty() ? "" : spawn_.executable, path ? path : "");
-  const fs::path dir = run_log_dir_ / "stacks" / ("hang_attempt_" + std::to_string(attempt));
+  if (!tools.refused.empty()) spdlog::warn("{}", tools.refused);
+  StackDir dir;
   try {
     const auto t0 = Clock::now();
+    dir = make_stack_dir(run_log_dir_, "hang_attempt_" + std::to_string(attempt));
     const auto dumps = dump_stacks(targets, tools, dir, kStackDumpTimeoutS);
-    h.stacks_dir = dir.string();
+    close_stack_dir(dir);
+    h.stacks_dir = dir.path;
     keep_log_root_ = true;  // the stacks outlive a temporary log directory
     spdlog::error("stacks of every local rank saved in {} in {:.1f} s, by {}", h.stacks_dir,
                   std::chrono::duration<double>(Clock::now() - t0).count(), describe_stack_tools(dumps, tools));
@@ -128,6 +131,7 @@ void Agent::on_hang(const HangVerdict& v) {
       std::fflush(stderr);
     }
   } catch (const std::exception& e) {
+    close_stack_dir(dir);
     spdlog::error("stacks not saved: {}", e.what());
   }
   hang_record_ = std::move(h);

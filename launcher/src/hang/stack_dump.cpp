@@ -6,11 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <set>
+#include <stdexcept>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "ddprun/launcher/process.h"
+#include "platform/private_files.h"
 
 extern char** environ;
 
@@ -71,13 +73,26 @@ pid_t spawn_tool(const std::vector<std::string>& argv, int fd) {
   return rc == 0 ? pid : -1;
 }
 
-std::string read_after_header(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string header;
-  std::getline(in, header);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+constexpr size_t kMaxStackText = 4 << 20;  // what is read back of one rank's file
+
+// The file's text after its header line (`header` bytes), at most kMaxStackText.
+std::string read_after_header(int fd, size_t header) {
+  std::string out;
+  char buf[16384];
+  auto off = static_cast<off_t>(header);
+  while (out.size() < kMaxStackText) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    off += n;
+  }
+  if (out.size() > kMaxStackText) out.resize(kMaxStackText);
+  return out;
+}
+
+void write_text(int fd, const std::string& text) {
+  if (fd >= 0) (void)!::write(fd, text.data(), text.size());
 }
 
 }  // namespace
@@ -85,8 +100,9 @@ std::string read_after_header(const std::string& path) {
 StackTools find_stack_tools(const std::string& python_exec, const std::string& path_var) {
   StackTools t;
   if (!python_exec.empty() && python_exec.find('/') != std::string::npos) {
-    const fs::path beside = fs::path(python_exec).parent_path() / "py-spy";
-    if (::access(beside.c_str(), X_OK) == 0) t.py_spy = beside.string();
+    std::string why;
+    t.py_spy = trusted_program(fs::path(python_exec).parent_path().string(), "py-spy", &why);
+    if (!why.empty()) t.refused = "the py-spy beside " + python_exec + " is not run: " + why;
   }
   if (!t.py_spy) t.py_spy = find_executable("py-spy", path_var);
   t.eu_stack = find_executable("eu-stack", path_var);
@@ -94,11 +110,33 @@ StackTools find_stack_tools(const std::string& python_exec, const std::string& p
   return t;
 }
 
+StackDir make_stack_dir(const fs::path& run_dir, const std::string& name) {
+  std::string why;
+  UniqueFd run(open_own_dir_at(AT_FDCWD, run_dir.string(), run_dir.string(), &why));
+  if (!run) throw std::runtime_error(why);
+  const fs::path stacks = run_dir / "stacks";
+  UniqueFd st(make_own_dir_at(run.get(), "stacks", stacks.string(), &why));
+  if (!st) throw std::runtime_error(why);
+  std::string made;
+  UniqueFd out = make_fresh_dir_at(st.get(), name, &made);
+  StackDir d;
+  d.path = (stacks / made).string();
+  d.fd = ::dup(out.get());
+  if (d.fd < 0) throw std::system_error(errno, std::generic_category(), "dup");
+  return d;
+}
+
+void close_stack_dir(StackDir& dir) {
+  if (dir.fd >= 0) ::close(dir.fd);
+  dir.fd = -1;
+}
+
 std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, const StackTools& tools,
-                                   const fs::path& out_dir, double timeout_s) {
-  fs::create_directories(out_dir);
+                                   const StackDir& out, double timeout_s) {
   std::vector<StackDump> dumps;
   std::vector<pid_t> pids;
+  std::vector<UniqueFd> files;
+  std::vector<size_t> headers;
   char when[40];
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -107,28 +145,26 @@ std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, cons
   for (const auto& t : targets) {
     StackDump d;
     d.target = t;
-    d.file = (out_dir / fmt::format("r{}.txt", t.global_rank)).string();
+    const std::string name = fmt::format("r{}.txt", t.global_rank);
+    d.file = out.path + "/" + name;
     const auto argv = command_for(tools, t, d.tool);
     pid_t pid = -1;
-    const int fd = ::open(d.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      const std::string header = fmt::format("# r{} (local rank {}, pid {}) at {}: {}\n", t.global_rank, t.local_rank,
-                                             t.pid, when, argv.empty() ? "no stack tool found" : d.tool);
-      (void)!::write(fd, header.data(), header.size());
-      if (argv.empty()) {
-        const std::string why = "install py-spy (pip) for Python stacks, or elfutils (eu-stack) or gdb for native ones\n";
-        (void)!::write(fd, why.data(), why.size());
-      } else {
-        pid = spawn_tool(argv, fd);
-        if (pid < 0) {
-          const std::string why = "could not start " + argv[0] + ": " + std::strerror(errno) + "\n";
-          (void)!::write(fd, why.data(), why.size());
-        }
-      }
-      ::close(fd);
+    // A new file: nothing there is followed or overwritten.
+    UniqueFd fd(::openat(out.fd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_APPEND | O_CLOEXEC, 0600));
+    if (!fd) d.text = "could not create " + d.file + ": " + std::strerror(errno) + "\n";
+    const std::string header = fmt::format("# r{} (local rank {}, pid {}) at {}: {}\n", t.global_rank, t.local_rank,
+                                           t.pid, when, argv.empty() ? "no stack tool found" : d.tool);
+    write_text(fd.get(), header);
+    if (fd && argv.empty()) {
+      write_text(fd.get(), "install py-spy (pip) for Python stacks, or elfutils (eu-stack) or gdb for native ones\n");
+    } else if (fd) {
+      pid = spawn_tool(argv, fd.get());
+      if (pid < 0) write_text(fd.get(), "could not start " + argv[0] + ": " + std::strerror(errno) + "\n");
     }
     dumps.push_back(std::move(d));
     pids.push_back(pid);
+    files.push_back(std::move(fd));
+    headers.push_back(header.size());
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::set<size_t> running;
@@ -151,14 +187,16 @@ std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, cons
         // A tracer killed while it held the worker stopped leaves it stopped: let it go on.
         ::kill(dumps[i].target.pid, SIGCONT);
         dumps[i].timed_out = true;
-        std::ofstream(dumps[i].file, std::ios::app)
-            << fmt::format("\n(stopped: {} gave no complete answer within {:g} s)\n", dumps[i].tool, timeout_s);
+        write_text(files[i].get(),
+                   fmt::format("\n(stopped: {} gave no complete answer within {:g} s)\n", dumps[i].tool, timeout_s));
       }
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (auto& d : dumps) d.text = read_after_header(d.file);
+  for (size_t i = 0; i < dumps.size(); ++i) {
+    if (files[i]) dumps[i].text = read_after_header(files[i].get(), headers[i]);
+  }
   return dumps;
 }
 

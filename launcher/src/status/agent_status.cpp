@@ -288,11 +288,6 @@ std::string format_status_table(const std::vector<AgentStatus>& agents) {
   return out;
 }
 
-std::string status_dir_path(const std::string& xdg_runtime_dir, bool xdg_is_ours, uid_t uid) {
-  if (xdg_is_ours && !xdg_runtime_dir.empty() && xdg_runtime_dir[0] == '/') return xdg_runtime_dir + "/ddprun";
-  return "/tmp/ddprun-" + std::to_string(uid);
-}
-
 std::optional<double> cpu_percent(double cpu_s_before, double cpu_s_now, double wall_s) {
   if (!(wall_s > 0) || cpu_s_now < cpu_s_before) return std::nullopt;
   return 100.0 * (cpu_s_now - cpu_s_before) / wall_s;

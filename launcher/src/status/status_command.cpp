@@ -24,6 +24,7 @@
 #include "ddprun/launcher/options.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/rendezvous_client.h"
+#include "platform/private_files.h"
 #include "status/status_server.h"
 
 namespace ddprun::launcher {
@@ -60,8 +61,9 @@ const char* kHelp =
     "\n"
     "Each agent answers on an owner-only unix socket in $XDG_RUNTIME_DIR/ddprun/, or in\n"
     "/tmp/ddprun-<uid>/ when XDG_RUNTIME_DIR is unset or another user's (directory 0700,\n"
-    "socket 0600; the agent also checks the caller's uid): no other user can read it.\n"
-    "Exit codes: 0 a job was shown, 1 none runs, 2 bad command line.\n";
+    "socket 0600; the agent also checks the caller's uid): no other user can read it. A\n"
+    "directory another user made (or open to others) is not read: the error says how to fix it.\n"
+    "Exit codes: 0 a job was shown, 1 none runs (or the directory is refused), 2 bad command line.\n";
 
 struct StatusArgs {
   bool json = false;
@@ -119,6 +121,7 @@ struct Found {
   std::vector<std::string> problems;  // one line each: a socket that could not be read
   std::string dir;           // where it looked: the socket directory or the endpoint
   bool dir_missing = false;
+  std::string refused;       // why the socket directory is not read (another user's, open to others)
   bool remote = false;
   bool job_unknown = false;  // the server knows no job of that run id
   std::string unreachable;   // why the server could not be asked
@@ -215,17 +218,25 @@ std::optional<std::string> ask(const std::string& path, std::string* problem) {
 Found collect(const std::string& dir, const std::optional<std::string>& run_id) {
   Found f;
   f.dir = dir;
-  DIR* d = ::opendir(dir.c_str());
+  // Only a directory of this user that no one else can change is read (and only there are
+  // stale sockets removed).
+  std::string real, why;
+  switch (check_private_dir(dir, &real, &why)) {
+    case DirState::missing: f.dir_missing = true; return f;
+    case DirState::refused: f.refused = why; return f;
+    case DirState::ok: break;
+  }
+  DIR* d = ::opendir(real.c_str());
   if (!d) {
     if (errno == ENOENT) f.dir_missing = true;
-    else f.problems.push_back("cannot read " + dir + ": " + std::strerror(errno) +
+    else f.problems.push_back("cannot read " + real + ": " + std::strerror(errno) +
                               " (each user sees only the agents of their own uid)");
     return f;
   }
   std::vector<std::string> sockets;
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) sockets.push_back(dir + "/" + name);
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) sockets.push_back(real + "/" + name);
   }
   ::closedir(d);
   std::sort(sockets.begin(), sockets.end());
@@ -262,6 +273,7 @@ std::string nothing_running(const Found& f, const StatusArgs& a) {
     return "no agent of job " + *a.run_id + " at " + f.dir + " has sent its status yet (" +
            std::to_string(f.members) + " joined; each sends it every 2 s)";
   }
+  if (!f.refused.empty()) return f.refused;
   std::string what = a.run_id ? "no running ddprun job with --rdzv_id " + *a.run_id : "no running ddprun job";
   return what + " of this user on this host (looked in " + f.dir +
          (f.dir_missing ? ", which does not exist" : "") +
@@ -276,7 +288,8 @@ void print_once(const Found& f, const StatusArgs& a) {
   } else if (!f.agents.empty()) {
     std::fputs(format_status_table(f.agents).c_str(), stdout);
   }
-  if (f.agents.empty()) std::fprintf(stderr, "ddprun status: %s\n", nothing_running(f, a).c_str());
+  if (f.agents.empty())
+    std::fprintf(stderr, "ddprun status: %s%s\n", f.refused.empty() ? "" : "error: ", nothing_running(f, a).c_str());
 }
 
 void sleep_for(double s) {

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "platform/private_files.h"
+
 namespace ddprun::launcher {
 
 namespace {
@@ -116,13 +118,7 @@ AgentStatus StatusBoard::snapshot() {
   return s;
 }
 
-std::string status_dir(const EnvMap& env) {
-  auto it = env.find("XDG_RUNTIME_DIR");
-  const std::string xdg = it == env.end() ? "" : it->second;
-  struct stat st {};
-  const bool ours = !xdg.empty() && ::stat(xdg.c_str(), &st) == 0 && st.st_uid == ::geteuid();
-  return status_dir_path(xdg, ours, ::geteuid());
-}
+std::string status_dir(const EnvMap& env) { return runtime_dir(env); }
 
 std::string StatusBoard::publish_if_due() {
   {
@@ -134,37 +130,9 @@ std::string StatusBoard::publish_if_due() {
   return status_to_json(snapshot());
 }
 
-bool ensure_private_dir(const std::string& dir, std::string* why) {
-  if (::mkdir(dir.c_str(), 0700) == 0) return true;
-  if (errno != EEXIST) {
-    *why = "cannot create " + dir + ": " + std::strerror(errno);
-    return false;
-  }
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) {
-    *why = "cannot read " + dir + ": " + std::strerror(errno);
-    return false;
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    *why = dir + " is not a directory: remove it";
-    return false;
-  }
-  if (st.st_uid != ::geteuid()) {
-    *why = dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
-           std::to_string(::geteuid()) + "): remove it";
-    return false;
-  }
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-    *why = dir + " has mode " + mode + ", open to other users: chmod 700 " + dir;
-    return false;
-  }
-  return true;
-}
-
-std::unique_ptr<StatusSocket> StatusSocket::start(StatusBoard& board, const std::string& dir, std::string* why) {
-  if (!ensure_private_dir(dir, why)) return nullptr;
+std::unique_ptr<StatusSocket> StatusSocket::start(StatusBoard& board, const std::string& wanted, std::string* why) {
+  std::string dir;
+  if (!ensure_private_dir(wanted, /*make_parents=*/false, &dir, why)) return nullptr;
   const std::string path = dir + "/" + std::to_string(::getpid()) + ".sock";
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

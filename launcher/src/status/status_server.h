@@ -70,8 +70,9 @@ class StatusBoard {
 class StatusSocket {
  public:
   // Binds <dir>/<agent pid>.sock (mode 0600) in `dir`, which is created with mode 0700 or must
-  // already be a directory of this user without group or other permissions, and starts the
-  // thread. nullptr and *why when that cannot be done (the agent runs without it).
+  // already be a private directory of this user under directories only root or this user can
+  // change (ensure_private_dir, platform/private_files.h), and starts the thread. nullptr and
+  // *why when that cannot be done (the agent runs without it).
   static std::unique_ptr<StatusSocket> start(StatusBoard& board, const std::string& dir, std::string* why);
   ~StatusSocket();  // stops the thread, removes the socket file
   StatusSocket(const StatusSocket&) = delete;
@@ -89,12 +90,8 @@ class StatusSocket {
   std::thread thread_;
 };
 
-// This user's socket directory for this environment (status_dir_path, with XDG_RUNTIME_DIR's
-// owner looked up): the agent and `ddprun status` both ask here.
+// This user's socket directory for this environment (runtime_dir, platform/private_files.h):
+// the agent and `ddprun status` both ask here.
 std::string status_dir(const EnvMap& env);
-
-// Makes `dir` (mode 0700) or checks that it is a directory (not a link) of this user with no
-// group or other permissions. False and *why (what is wrong and what to do) otherwise.
-bool ensure_private_dir(const std::string& dir, std::string* why);
 
 }  // namespace ddprun::launcher

@@ -219,9 +219,3 @@ TEST_CASE("GPU samples: no devices (no driver) leave every GPU field empty", "[s
   CHECK_FALSE(ranks[0].gpu_utilization);
 }
 
-TEST_CASE("the socket directory: XDG_RUNTIME_DIR/ddprun when it is this user's, else /tmp/ddprun-<uid>", "[status]") {
-  CHECK(status_dir_path("/run/user/1000", true, 1000) == "/run/user/1000/ddprun");
-  CHECK(status_dir_path("/run/user/1000", false, 0) == "/tmp/ddprun-0");  // another user's (after su)
-  CHECK(status_dir_path("", false, 1000) == "/tmp/ddprun-1000");
-  CHECK(status_dir_path("relative", true, 0) == "/tmp/ddprun-0");  // not absolute: ignored
-}

@@ -63,11 +63,6 @@ std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::
 // GPU columns only when some rank has a GPU value. Ends with a newline.
 std::string format_status_table(const std::vector<AgentStatus>& agents);
 
-// The directory of this user's agent sockets: $XDG_RUNTIME_DIR/ddprun when the variable names
-// an absolute path that belongs to this user (`xdg_is_ours`: a shell after `su` or `sudo -E`
-// keeps another user's), else /tmp/ddprun-<uid>.
-std::string status_dir_path(const std::string& xdg_runtime_dir, bool xdg_is_ours, uid_t uid);
-
 // CPU % of one core between two samples of a process's CPU seconds `wall_s` apart; nullopt
 // when the interval is not positive or the counter went back (another process with that pid).
 std::optional<double> cpu_percent(double cpu_s_before, double cpu_s_now, double wall_s);

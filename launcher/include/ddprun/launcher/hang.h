@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "ddprun/launcher/env_map.h"
+
 namespace ddprun::launcher {
 
 // The progress file of one rank: kProgressFileBytes long, little-endian 64-bit words, the rest
@@ -136,9 +138,10 @@ std::string format_hang_message(const HangVerdict& v, const std::vector<RankIden
 // The one line said when a job never ticks.
 std::string format_never_ticked_message(double timeout_s);
 
-// `ddprun dump [RUN]` (src/hang/run_record.cpp, in the launcher's I/O library): prints and saves
-// the stacks of a running job's workers; `args` are the arguments after "dump". Returns the exit
-// code: 0, 1 when no running job matches, 2 for bad usage.
-int run_dump(const std::vector<std::string>& args);
+// `ddprun dump [RUN]` (src/hang/dump_command.cpp, in the launcher's I/O library): prints and
+// saves the stacks of a running job's workers; `args` are the arguments after "dump", `env` the
+// environment (XDG_RUNTIME_DIR, DDPRUN_RUNS_DIR, PATH). Returns the exit code: 0, 1 when no
+// running job matches or what it found is not this user's, 2 for bad usage.
+int run_dump(const std::vector<std::string>& args, const EnvMap& env);
 
 }  // namespace ddprun::launcher

@@ -65,9 +65,10 @@ inline constexpr Knob kMungeSocket{
     "(set it when munged listens elsewhere, as Slurm's AuthInfo=socket= says)"};
 
 inline constexpr Knob kRunsDir{
-    "DDPRUN_RUNS_DIR", "/tmp/ddprun-<uid>/runs", "ddprun",
+    "DDPRUN_RUNS_DIR", "$XDG_RUNTIME_DIR/ddprun/runs, else /tmp/ddprun-<uid>/runs", "ddprun",
     "where each running agent of this user leaves a link to its run's log directory, so that "
-    "`ddprun dump` with no argument finds the newest running job"};
+    "`ddprun dump` with no argument finds the newest running job (a directory of this user, "
+    "mode 0700, made when missing)"};
 
 inline constexpr Knob kAll[] = {kPythonExec,   kDefaultPython,    kDefaultStorePort, kSysfsRoot,
                                 kStoreLock,    kCollectiveTimeout, kStoreTimeout,    kDevice,
