@@ -307,8 +307,12 @@ void probe_gpus(GpuFacts& g) {
 }
 
 // What the workers' interpreter says about torch: one line, "TORCH version\tcuda\tnccl" or
-// "NOTORCH error".
+// "NOTORCH error". `python -c` puts the working directory first on sys.path: it goes before
+// anything is imported, so a torch.py there (another user's, in a shared directory) is never
+// run. The rest of the path (PYTHONPATH, the user's site directory) stays: the workers see it.
 constexpr const char* kPythonProbe = R"(import sys
+if sys.path[:1] == [""]:
+    del sys.path[0]
 try:
     import torch
 except BaseException as e:

@@ -131,7 +131,8 @@ std::optional<std::string> resolve_python_shim(const std::string& shim) {
       ::dup2(devnull, STDIN_FILENO);
       ::dup2(devnull, STDERR_FILENO);
     }
-    const char* argv[] = {shim.c_str(), "-c", "import sys; sys.stdout.write(sys.executable)", nullptr};
+    // Isolated (-I): nothing from the working directory, PYTHONPATH or the user's site directory.
+    const char* argv[] = {shim.c_str(), "-I", "-c", "import sys; sys.stdout.write(sys.executable)", nullptr};
     ::execv(shim.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
   }

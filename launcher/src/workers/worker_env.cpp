@@ -99,8 +99,11 @@ std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvM
   } else if (opts.module) {
     argv = {python, "-u", "-m", opts.entrypoint};
   } else if (opts.run_path) {
+    // runpy itself is never taken from the working directory (first on sys.path under -c); the
+    // script then sees the path as before.
     argv = {python, "-u", "-c",
-            "import runpy, sys; sys.argv = sys.argv[1:]; "
+            "import sys; cwd = sys.path[:1] == ['']; cwd and sys.path.pop(0); import runpy; "
+            "cwd and sys.path.insert(0, ''); sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')",
             opts.entrypoint};
   } else if (with_python) {

@@ -28,11 +28,12 @@ def driver_here():
         return False
 
 
-def run(args, env=None, prefix=(), timeout=120):
+def run(args, env=None, prefix=(), timeout=120, cwd=None):
     full = dict(os.environ)
     full.pop("CUDA_VISIBLE_DEVICES", None)
     full.update(env or {})
-    return subprocess.run(list(prefix) + [DDPRUN] + args, capture_output=True, text=True, env=full, timeout=timeout)
+    return subprocess.run(list(prefix) + [DDPRUN] + args, capture_output=True, text=True, env=full, timeout=timeout,
+                          cwd=cwd)
 
 
 # /dev/shm of 8 MiB, in a mount namespace of its own (unshare -m makes mounts private).
@@ -174,6 +175,22 @@ class Doctor(unittest.TestCase):
         self.assertTrue(any(l.startswith(f"{OK} python: the workers' Python {sys.executable} imports torch ")
                             for l in self.lines(p)), p.stdout)
         self.assertEqual(p.returncode, 0, p.stdout)
+
+    def test_python_probe_ignores_the_working_directory(self):
+        # Root's `ddprun doctor` in a shared directory where another user left a torch.py: the
+        # probe imports torch from the workers' Python's own path, never from there.
+        shared = self.tmpdir()
+        os.chmod(shared, 0o1777)
+        marker = os.path.join(shared, "torch.py-ran")
+        planted = os.path.join(shared, "torch.py")
+        with open(planted, "w") as f:
+            f.write(f"open({marker!r}, 'w').close()\n__version__ = 'planted'\n")
+        os.chown(planted, 65534, 65534)
+        p = run(["doctor", "--nproc_per_node=1", "train.py"], env={"PYTHON_EXEC": sys.executable}, cwd=shared)
+        self.assertFalse(os.path.exists(marker), p.stdout + p.stderr)
+        self.assertNotIn("planted", p.stdout)
+        self.assertTrue(any(l.startswith(f"{OK} python: the workers' Python {sys.executable} imports torch ") or
+                            "No module named 'torch'" in l for l in self.lines(p)), p.stdout)
 
     def test_missing_python(self):
         p = run(["doctor", "train.py"], env={"PYTHON_EXEC": "/nonexistent/python"})

@@ -4,8 +4,10 @@ torchrun 2.11 behaviours ddprun matches.
 
 Run: test_environment.py <path to ddprun> [unittest names] (harness.py says more).
 """
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,23 @@ import unittest
 
 import harness
 from harness import PY, run, run_dir, worker, read_text
+
+
+def unfrozen_runpy_python():
+    """A Python whose `import runpy` searches sys.path (not frozen), or None."""
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    older = sorted(glob.glob(os.path.join(glob.escape(pyenv), "versions", "3.*", "bin", "python3")), reverse=True)
+    for candidate in [PY] + [shutil.which(f"python3.{minor}") for minor in (10, 9, 8)] + older:
+        if not candidate:
+            continue
+        try:
+            p = subprocess.run([candidate, "-I", "-c", "import runpy, sys; sys.stdout.write(str(runpy.__spec__.origin))"],
+                               capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if p.returncode == 0 and p.stdout.endswith(".py"):
+            return candidate
+    return None
 
 
 class Environment(unittest.TestCase):
@@ -108,6 +127,27 @@ class Environment(unittest.TestCase):
             p = run(["--run_path", script, "b"], env={"PYTHON_EXEC": PY})
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn(f"[r0]: run_path __main__ ['{script}', 'b']", p.stdout)
+
+    def test_run_path_takes_runpy_from_python_not_the_working_directory(self):
+        # Python 3.11+ imports its frozen runpy before looking at sys.path: an older Python (or
+        # one with frozen modules off) finds a runpy.py in the working directory first.
+        python = unfrozen_runpy_python()
+        if python is None:
+            self.skipTest("no Python here whose runpy is imported from sys.path (3.10 or older)")
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "job")
+            with open(script, "w") as f:
+                f.write("import sys; print('run_path ran', sys.path[0] == '')\n")
+            shared = os.path.join(d, "shared")
+            os.mkdir(shared)
+            marker = os.path.join(d, "runpy-ran")
+            with open(os.path.join(shared, "runpy.py"), "w") as f:
+                f.write(f"open({marker!r}, 'w').close()\n")
+            p = run(["--run_path", script], env={"PYTHON_EXEC": python}, cwd=shared)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertFalse(os.path.exists(marker), f"the runpy.py of the working directory ran ({python})")
+            # The script itself sees the path as before (the working directory first).
+            self.assertIn("[r0]: run_path ran True", p.stdout)
 
     def test_module_entry_point(self):
         with tempfile.TemporaryDirectory() as d:

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -147,4 +148,26 @@ TEST_CASE("a Python shim is resolved to the interpreter it runs; anything else i
   CHECK_FALSE(resolve_python_shim(d.file("says_hi", "#!/bin/sh\necho hi\n", true)));   // not a path
   CHECK_FALSE(resolve_python_shim(d.file("fails", "#!/bin/sh\nexit 3\n", true)));      // no answer
   CHECK_FALSE(resolve_python_shim(d.file("names_a_script", "#!/bin/sh\nprintf %s " + shim + "\n", true)));
+}
+
+TEST_CASE("a Python shim is asked in isolated mode: nothing from the working directory or PYTHONPATH runs",
+          "[entrypoint]") {
+  TempDir d;
+  const auto shim = d.file("bin/python3", "#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n", true);
+  // What a shared directory could hold: code Python runs at start-up when its directory is on
+  // the path (PYTHONPATH, or the working directory through it).
+  const std::string marker = (d.path() / "ran").string();
+  d.file("shared/sitecustomize.py", "open('" + marker + "', 'w').close()\n", false);
+  d.file("shared/sys.py", "open('" + marker + "', 'w').close()\n", false);
+  const char* old_pp = std::getenv("PYTHONPATH");
+  const std::string saved_pp = old_pp ? old_pp : "";
+  const fs::path saved_cwd = fs::current_path();
+  ::setenv("PYTHONPATH", ".", 1);
+  fs::current_path(d.path() / "shared");
+  const auto got = resolve_python_shim(shim);
+  fs::current_path(saved_cwd);
+  if (old_pp) ::setenv("PYTHONPATH", saved_pp.c_str(), 1);
+  else ::unsetenv("PYTHONPATH");
+  CHECK(got == std::optional<std::string>("/usr/bin/python3"));
+  CHECK_FALSE(fs::exists(marker));
 }
