@@ -134,7 +134,7 @@ std::optional<Found> load_job(const std::string& dir, std::string* why, bool* qu
   *quiet = !alive(w->agent_pid);
   if (!why->empty()) return std::nullopt;
   struct stat st {};
-  ::fstat(fd.get(), &st);
+  if (::fstat(fd.get(), &st) != 0) st.st_mtim = timespec{};  // only orders the jobs
   return Found{dir, *w, st.st_mtim};
 }
 
@@ -189,9 +189,11 @@ std::optional<Found> find_job(const std::optional<std::string>& run, const EnvMa
   std::error_code ec;
   const auto given = run ? fs::symlink_status(*run, ec) : fs::file_status();
   if (run && (fs::is_directory(given) || fs::is_symlink(given))) {
+    // A link typed on the command line is followed; where it leads must be the caller's.
+    const fs::path real = fs::weakly_canonical(*run, ec);
     std::string why;
     bool quiet = false;
-    auto job = load_job(*run, &why, &quiet);
+    auto job = load_job(ec ? *run : real.string(), &why, &quiet);
     if (!job) std::fprintf(stderr, "ddprun dump: error: %s is not the log directory of a running job of this user: %s\n",
                            run->c_str(), why.c_str());
     return job;

@@ -110,6 +110,10 @@ def refusals(ddprun, uid, planted, env):
     d = run(uid, [ddprun, "dump", "/tmp/evil/job_fake"], env)
     check(d.returncode == 1 and f"/tmp/evil/job_fake belongs to uid {ATTACKER}" in d.stderr,
           "a run directory of another user given on the command line is not read")
+    os.symlink("/tmp/evil/job_fake", "/tmp/evil/latest")
+    d = run(uid, [ddprun, "dump", "/tmp/evil/latest"], env)
+    check(d.returncode == 1 and f"/tmp/evil/job_fake belongs to uid {ATTACKER}" in d.stderr,
+          "a link given on the command line is followed, and where it leads is checked")
     s = run(uid, [ddprun, "status"], env)
     check(s.returncode == 1, "ddprun status refuses (exit 1)")
     check(f"ddprun status: error: {top} belongs to uid {ATTACKER}, not to this user (uid {uid})" in s.stderr,
@@ -184,6 +188,10 @@ def real_job(ddprun, uid, planted, home):
               "a pid that is not the agent's child is left out, and said so")
         check("==== r9" not in d.stdout, "and not dumped")
         check(not planted.markers(), "the interpreter named in the file is not where the tools come from")
+        latest = os.path.join(home, "latest")
+        os.symlink(run_dirs[0], latest)
+        d = run(uid, [ddprun, "dump", latest], env)
+        check(d.returncode == 0 and "==== r0 (local rank 0" in d.stdout, "a link to the victim's own run directory")
         s = run(uid, [ddprun, "status"], env)
         check(s.returncode == 0 and "job mine" in s.stdout, "ddprun status shows the job")
         job.send_signal(signal.SIGTERM)
