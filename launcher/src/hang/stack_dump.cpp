@@ -95,9 +95,25 @@ void write_text(int fd, const std::string& text) {
   if (fd >= 0) (void)!::write(fd, text.data(), text.size());
 }
 
+// PATH without its relative entries ("" and "." are the working directory, which may be a
+// directory another user can write).
+std::string absolute_entries(const std::string& path_var) {
+  std::string out;
+  size_t start = 0;
+  while (start <= path_var.size()) {
+    size_t end = path_var.find(':', start);
+    if (end == std::string::npos) end = path_var.size();
+    const std::string dir = path_var.substr(start, end - start);
+    if (!dir.empty() && dir[0] == '/') out += (out.empty() ? "" : ":") + dir;
+    start = end + 1;
+  }
+  return out.empty() ? "/usr/local/bin:/usr/bin:/bin" : out;
+}
+
 }  // namespace
 
-StackTools find_stack_tools(const std::string& python_exec, const std::string& path_var) {
+StackTools find_stack_tools(const std::string& python_exec, const std::string& path_in) {
+  const std::string path_var = absolute_entries(path_in);
   StackTools t;
   if (!python_exec.empty() && python_exec.find('/') != std::string::npos) {
     std::string why;

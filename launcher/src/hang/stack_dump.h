@@ -30,7 +30,8 @@ struct StackTools {
 };
 
 // Finds the tools: py-spy in the directory of `python_exec` (when given, and trusted_program
-// there: platform/private_files.h) and on `path_var`; eu-stack and gdb on `path_var`.
+// there: platform/private_files.h) and on `path_var`; eu-stack and gdb on `path_var`. Only the
+// absolute directories of `path_var` are searched.
 StackTools find_stack_tools(const std::string& python_exec, const std::string& path_var);
 
 // A new directory for one dump: <run_dir>/stacks/<name> (or <name>-2, ... when taken), mode

@@ -39,9 +39,9 @@ def as_uid(uid, cmd):
     return cmd if uid == 0 else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] + cmd
 
 
-def run(uid, cmd, env, timeout=GUARD):
+def run(uid, cmd, env, timeout=GUARD, cwd="/"):
     print(f"$ (uid {uid})", " ".join(cmd), flush=True)
-    p = subprocess.run(as_uid(uid, cmd), capture_output=True, text=True, env=env, timeout=timeout, cwd="/")
+    p = subprocess.run(as_uid(uid, cmd), capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
     print(p.stdout)
     print(p.stderr, file=sys.stderr)
     return p
@@ -181,13 +181,15 @@ def real_job(ddprun, uid, planted, home):
         os.chown(workers + ".new", uid, uid)
         os.chmod(workers + ".new", 0o600)
         os.rename(workers + ".new", workers)
-        d = run(uid, [ddprun, "dump"], env)
+        # From the attacker's directory, with the working directory on PATH (an empty entry).
+        d = run(uid, [ddprun, "dump"], dict(env, PATH=":" + SAFE_PATH), cwd="/tmp/evil/bin")
         check(d.returncode == 0, "the victim's own job is dumped (exit 0)")
         check("==== r0 (local rank 0" in d.stdout, "its worker's stack is shown")
         check(f"r9 (pid {planted.worker}) is not a live worker of agent" in d.stderr,
               "a pid that is not the agent's child is left out, and said so")
         check("==== r9" not in d.stdout, "and not dumped")
-        check(not planted.markers(), "the interpreter named in the file is not where the tools come from")
+        check(not planted.markers(), "the interpreter named in the file is not where the tools come from, nor "
+                                     "a relative PATH entry")
         latest = os.path.join(home, "latest")
         os.symlink(run_dirs[0], latest)
         d = run(uid, [ddprun, "dump", latest], env)
