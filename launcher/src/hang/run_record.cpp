@@ -1,5 +1,6 @@
 #include "hang/run_record.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,12 +12,14 @@
 #include <ctime>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/hang.h"
+#include "ddprun/launcher/worker_files.h"
 
 namespace ddprun::launcher {
 namespace fs = std::filesystem;
@@ -89,12 +92,17 @@ RunRecord::~RunRecord() {
 void RunRecord::attempt_started(int attempt, const std::vector<StackTarget>& ranks) noexcept {
   try {
     const fs::path tmp = run_dir_ / "workers.tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << "agent_pid " << ::getpid() << "\nrun_id " << run_id_ << "\nattempt " << attempt << "\npython " << python_
-          << "\n";
-      for (const auto& r : ranks) out << "rank " << r.local_rank << " " << r.global_rank << " " << r.pid << "\n";
-    }
+    std::ostringstream out;
+    out << "agent_pid " << ::getpid() << "\nrun_id " << run_id_ << "\nattempt " << attempt << "\npython " << python_
+        << "\n";
+    for (const auto& r : ranks) out << "rank " << r.local_rank << " " << r.global_rank << " " << r.pid << "\n";
+    // In the run's log directory, which the workers can write: made anew, never opened as found.
+    const int fd = create_worker_file(tmp.string(), O_WRONLY, 0600);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), tmp.string());
+    const std::string text = out.str();
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) throw std::system_error(EIO, std::generic_category(), tmp.string());
     fs::rename(tmp, run_dir_ / "workers");
   } catch (const std::exception& e) {
     spdlog::debug("cannot write {}: {}", (run_dir_ / "workers").string(), e.what());

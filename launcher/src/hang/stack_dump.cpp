@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -18,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "ddprun/launcher/process.h"
+#include "ddprun/launcher/worker_files.h"
 
 extern char** environ;
 
@@ -71,13 +71,12 @@ pid_t spawn_tool(const std::vector<std::string>& argv, int fd) {
   return rc == 0 ? pid : -1;
 }
 
+// The stack file without its header line; at most kMaxStackFileBytes of it (the file sits in
+// the run's log directory, which the workers can write: worker_files.h).
 std::string read_after_header(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string header;
-  std::getline(in, header);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const std::string text = read_worker_file(path, kMaxStackFileBytes).value_or("");
+  const size_t nl = text.find('\n');
+  return nl == std::string::npos ? std::string() : text.substr(nl + 1);
 }
 
 }  // namespace
@@ -110,7 +109,7 @@ std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, cons
     d.file = (out_dir / fmt::format("r{}.txt", t.global_rank)).string();
     const auto argv = command_for(tools, t, d.tool);
     pid_t pid = -1;
-    const int fd = ::open(d.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    const int fd = create_worker_file(d.file, O_WRONLY | O_APPEND);  // what was there is removed, never opened
     if (fd >= 0) {
       const std::string header = fmt::format("# r{} (local rank {}, pid {}) at {}: {}\n", t.global_rank, t.local_rank,
                                              t.pid, when, argv.empty() ? "no stack tool found" : d.tool);
@@ -151,8 +150,11 @@ std::vector<StackDump> dump_stacks(const std::vector<StackTarget>& targets, cons
         // A tracer killed while it held the worker stopped leaves it stopped: let it go on.
         ::kill(dumps[i].target.pid, SIGCONT);
         dumps[i].timed_out = true;
-        std::ofstream(dumps[i].file, std::ios::app)
-            << fmt::format("\n(stopped: {} gave no complete answer within {:g} s)\n", dumps[i].tool, timeout_s);
+        if (const int fd = open_worker_file(dumps[i].file, O_WRONLY | O_APPEND); fd >= 0) {
+          const std::string why = fmt::format("\n(stopped: {} gave no complete answer within {:g} s)\n", dumps[i].tool, timeout_s);
+          (void)!::write(fd, why.data(), why.size());
+          ::close(fd);
+        }
       }
       break;
     }

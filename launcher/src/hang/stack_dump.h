@@ -30,11 +30,14 @@ struct StackTools {
 // eu-stack and gdb on `path_var`.
 StackTools find_stack_tools(const std::string& python_exec, const std::string& path_var);
 
+// What is read back of one stack file (its text, below): a tool's output is far smaller.
+inline constexpr size_t kMaxStackFileBytes = 4 * 1024 * 1024;
+
 struct StackDump {
   StackTarget target;
   std::string tool;  // "py-spy", "eu-stack", "gdb", or "" when none could read it
   std::string file;  // where it was saved
-  std::string text;  // what the tool printed (after the file's header line)
+  std::string text;  // what the tool printed (after the file's header line; kMaxStackFileBytes at most)
   bool timed_out = false;
 };
 
