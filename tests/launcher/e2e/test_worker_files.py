@@ -149,6 +149,18 @@ class WorkerFiles(unittest.TestCase):
         self.assert_failed(rc, err, 3)
         self.assertNotIn("content (not JSON)", err, err[-3000:])
 
+    def test_a_flood_of_flight_recorder_files_is_counted_not_listed(self):
+        code = ("d = os.path.join(run_dir, 'nccl_trace')\n"
+                "for i in range(5000):\n"
+                "    open(os.path.join(d, f'junk_{i:05}'), 'w').close()\n"
+                "sys.exit(3)\n")
+        a = self.ddprun(["--nccl_flight_recorder"], code)
+        rc, err = a.finish()
+        self.assert_failed(rc, err, 3)
+        self.assertIn("NCCL flight recorder dumps (5000)", err, err[-3000:])
+        self.assertIn(f"... and {5000 - 64} more", err, err[-3000:])
+        self.assertLess(err.count("junk_"), 100, err[-3000:])
+
 
 if __name__ == "__main__":
     harness.main()
