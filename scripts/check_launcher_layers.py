@@ -31,6 +31,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "options.h": "options", "slurm.h": "options",
     "worker_env.h": "workers", "worker_status.h": "workers", "entrypoint.h": "workers", "process.h": "workers",
     "output.h": "workers", "console.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
+    "worker_files.h": "workers",
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
     "agent_state.h": "agent", "usage_report.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +27,7 @@
 #include "ddprun/launcher/log_events.h"
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/spare_plan.h"
+#include "ddprun/launcher/worker_files.h"
 #include "platform/sys_util.h"
 
 namespace ddprun::launcher {
@@ -484,12 +484,8 @@ void Agent::record_failure(const Action& a) {
   f.error_file = w->error_file;
   failure_seen_ = w->ended;
   failed_since_round_ = true;
-  if (std::ifstream in(w->error_file, std::ios::binary); in) {
-    std::string content(kMaxErrorFileBytes, '\0');
-    in.read(content.data(), static_cast<std::streamsize>(content.size()));
-    content.resize(static_cast<size_t>(in.gcount()));
-    f.error_file_content = std::move(content);
-  }
+  // The worker's file (worker_files.h): never followed, never blocked on, at most 1 MiB.
+  f.error_file_content = read_worker_file(w->error_file, kMaxErrorFileBytes);
   failure_ = std::move(f);
   const bool config_error = says_config_error(a.status.code, a.status.signaled,
                                               failure_->error_file_content ? &*failure_->error_file_content : nullptr);

@@ -178,7 +178,11 @@ void Agent::observers_summary(SummaryInput& in) const {
   if (nccl_trace_dir_.empty()) return;
   in.nccl_trace_dir = nccl_trace_dir_;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(nccl_trace_dir_, ec)) in.nccl_traces.push_back(e.path().string());
+  // The workers can fill the directory: names only, the first kMaxListedTraces met, the rest counted.
+  for (fs::directory_iterator it(nccl_trace_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    if (in.nccl_traces.size() < kMaxListedTraces) in.nccl_traces.push_back(it->path().string());
+    else ++in.nccl_traces_more;
+  }
   std::sort(in.nccl_traces.begin(), in.nccl_traces.end());
 }
 

@@ -183,8 +183,10 @@ std::string format_summary(const SummaryInput& in) {
     if (in.nccl_traces.empty())
       s << "[ddprun]   NCCL flight recorder: no dump in " << in.nccl_trace_dir << "\n";
     else
-      s << "[ddprun]   NCCL flight recorder dumps (" << in.nccl_traces.size() << ") in " << in.nccl_trace_dir << ":\n";
+      s << "[ddprun]   NCCL flight recorder dumps (" << in.nccl_traces.size() + in.nccl_traces_more << ") in "
+        << in.nccl_trace_dir << ":\n";
     for (const auto& f : in.nccl_traces) s << "    " << f << "\n";
+    if (in.nccl_traces_more) s << "    ... and " << in.nccl_traces_more << " more\n";
   }
   log_loss_lines(in, s);
   s << "[ddprun] " << bar << "\n";

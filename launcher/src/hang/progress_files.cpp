@@ -1,10 +1,8 @@
 #include "hang/progress_files.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -12,6 +10,8 @@
 #include <system_error>
 
 #include <fmt/format.h>
+
+#include "ddprun/launcher/worker_files.h"
 
 #include "progress_module.h"  // generated: kProgressModuleSource
 
@@ -37,7 +37,7 @@ std::string wall_hms(double ago_s) {
 }  // namespace
 
 void create_progress_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = create_worker_file(path, O_RDWR, 0600);
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create the progress file " + path);
   unsigned char page[kProgressFileBytes] = {};
   std::memcpy(page, &kProgressMagic, sizeof kProgressMagic);
@@ -48,33 +48,32 @@ void create_progress_file(const std::string& path) {
     throw std::system_error(n < 0 ? err : EIO, std::generic_category(), "cannot write the progress file " + path);
 }
 
-ProgressMap::ProgressMap(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  void* p = ::mmap(nullptr, kProgressFileBytes, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p != MAP_FAILED) page_ = p;
+ProgressReader::ProgressReader(const std::string& path) : fd_(open_worker_file(path, O_RDONLY)) {}
+
+ProgressReader::~ProgressReader() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
-ProgressMap::~ProgressMap() {
-  if (page_) ::munmap(page_, kProgressFileBytes);
-}
-
-std::optional<uint64_t> ProgressMap::ticks() const {
-  if (!page_) return std::nullopt;
-  // One aligned 64-bit word written by the worker: an atomic load sees either value, never a torn one.
-  const auto* word = reinterpret_cast<const std::atomic<uint64_t>*>(static_cast<const char*>(page_) + kProgressCounterOffset);
-  return word->load(std::memory_order_relaxed);
+std::optional<uint64_t> ProgressReader::ticks() {
+  if (fd_ < 0) return std::nullopt;
+  // The worker adds to one aligned 64-bit word of its shared mapping; pread copies it from the
+  // same page of the page cache. A torn copy would only look like one more move.
+  unsigned char word[8];
+  ssize_t n;
+  do {
+    n = ::pread(fd_, word, sizeof word, kProgressCounterOffset);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof word)) return last_.value_or(0);  // cut short: no move
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | word[i];
+  last_ = v;
+  return v;
 }
 
 std::optional<StepStats> read_step_stats(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  unsigned char head[kStepStatsEnd];
-  const ssize_t n = ::pread(fd, head, sizeof head, 0);
-  ::close(fd);
-  if (n != static_cast<ssize_t>(sizeof head)) return std::nullopt;
-  return parse_step_stats(head, sizeof head);
+  const auto head = read_worker_file(path, kStepStatsEnd);
+  if (!head) return std::nullopt;
+  return parse_step_stats(reinterpret_cast<const unsigned char*>(head->data()), head->size());
 }
 
 void add_progress_env(EnvMap& env, const std::string& error_file, const std::string& module_dir) {
@@ -102,15 +101,15 @@ std::string write_progress_module(const fs::path& dir) {
 void HangMonitor::attempt_started(int attempt, const std::vector<WatchedRank>& ranks) {
   attempt_ = attempt;
   ranks_ = ranks;
-  maps_.clear();
-  for (const auto& r : ranks_) maps_.push_back(std::make_unique<ProgressMap>(r.progress_file));
+  readers_.clear();
+  for (const auto& r : ranks_) readers_.push_back(std::make_unique<ProgressReader>(r.progress_file));
   watch_.start_attempt(now_s(), static_cast<int>(ranks_.size()));
 }
 
 HangVerdict HangMonitor::poll(const std::vector<bool>& alive) {
-  std::vector<std::optional<uint64_t>> ticks(maps_.size());
-  for (size_t i = 0; i < maps_.size(); ++i) {
-    if (i < alive.size() && alive[i]) ticks[i] = maps_[i]->ticks();
+  std::vector<std::optional<uint64_t>> ticks(readers_.size());
+  for (size_t i = 0; i < readers_.size(); ++i) {
+    if (i < alive.size() && alive[i]) ticks[i] = readers_[i]->ticks();
   }
   return watch_.observe(now_s(), ticks);
 }

@@ -1,6 +1,8 @@
 // The progress files (layout in ddprun/launcher/hang.h): created by the agent for each rank of
-// every attempt; with --hang_timeout mapped read-only and their counters read about once a
-// second; the step statistics read once, when the worker is reaped.
+// every attempt; with --hang_timeout opened once per attempt and their counters read (pread)
+// about once a second; the step statistics read once, when the worker is reaped. The worker
+// maps its file and may do anything to it (truncate it, replace it: worker_files.h): the agent
+// never maps it, so nothing the worker does to the file can fault the agent.
 // The Python module `ddprun` (launcher/python/ddprun/_progress.py) is written next to the run's
 // logs for workers that cannot import an installed one.
 #pragma once
@@ -19,25 +21,30 @@
 
 namespace ddprun::launcher {
 
-// Creates (or empties) the progress file at `path`: kProgressFileBytes, the magic, counter 0.
-// Throws std::system_error naming the path.
+// Creates the progress file at `path` anew (whatever was there is removed first):
+// kProgressFileBytes, the magic, counter 0. Throws std::system_error naming the path.
 void create_progress_file(const std::string& path);
 
-// A read-only mapping of one progress file. ticks(): nullopt when it could not be mapped.
-class ProgressMap {
+// One progress file, opened once (open_worker_file: no link followed, regular files only).
+// ticks(): the counter now; nullopt when the file could not be opened (missing, a link, not a
+// regular file). Once the file is cut short (truncated by the worker), the last counter read
+// (0 before any): a rank that broke its own file counts as making no progress, and the watch
+// still sees it stall.
+class ProgressReader {
  public:
-  explicit ProgressMap(const std::string& path);
-  ~ProgressMap();
-  ProgressMap(const ProgressMap&) = delete;
-  ProgressMap& operator=(const ProgressMap&) = delete;
-  std::optional<uint64_t> ticks() const;
+  explicit ProgressReader(const std::string& path);
+  ~ProgressReader();
+  ProgressReader(const ProgressReader&) = delete;
+  ProgressReader& operator=(const ProgressReader&) = delete;
+  std::optional<uint64_t> ticks();
 
  private:
-  void* page_ = nullptr;
+  int fd_ = -1;
+  std::optional<uint64_t> last_;
 };
 
-// The step statistics in the progress file at `path` (one read); nullopt when it cannot be
-// read or holds none (parse_step_stats).
+// The step statistics in the progress file at `path` (one bounded read, read_worker_file);
+// nullopt when it cannot be read or holds none (parse_step_stats).
 std::optional<StepStats> read_step_stats(const std::string& path);
 
 // A worker's progress environment: DDPRUN_PROGRESS_FILE (the file beside `error_file`, created
@@ -58,7 +65,7 @@ struct WatchedRank {
   std::string progress_file;
 };
 
-// The agent's side of the watch: the pure HangWatch over the mapped files, and the wall times
+// The agent's side of the watch: the pure HangWatch over the progress files, and the wall times
 // the messages need.
 class HangMonitor {
  public:
@@ -76,7 +83,7 @@ class HangMonitor {
   HangWatch watch_;
   int attempt_ = 0;
   std::vector<WatchedRank> ranks_;
-  std::vector<std::unique_ptr<ProgressMap>> maps_;
+  std::vector<std::unique_ptr<ProgressReader>> readers_;
 };
 
 }  // namespace ddprun::launcher

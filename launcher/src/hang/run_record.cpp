@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/common/knobs.h"
+#include "ddprun/launcher/worker_files.h"
 #include "platform/private_files.h"
 
 namespace ddprun::launcher {
@@ -82,7 +83,8 @@ void RunRecord::attempt_started(int attempt, const std::vector<StackTarget>& ran
     out << "agent_pid " << ::getpid() << "\nrun_id " << run_id_ << "\nattempt " << attempt << "\npython " << python_
         << "\n";
     for (const auto& r : ranks) out << "rank " << r.local_rank << " " << r.global_rank << " " << r.pid << "\n";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    // In the run's log directory, which the workers can write: made anew, never opened as found.
+    const int fd = create_worker_file(tmp.string(), O_WRONLY, 0600);
     if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + tmp.string());
     try {
       write_all(fd, out.str());

@@ -165,8 +165,17 @@ const FlagSpec* find_flag(const std::string& name) {
 }
 
 // An empty `--flag=` would make CLI11 take the next argument as the value (`--log_dir= x.py`
-// ran with log_dir "x.py"). It is a usage error, except for the duplicate filters, where an
-// empty value means "every line" (torchrun's): those are passed on as an explicit "".
+// ran with log_dir "x.py"). torchrun 2.11 runs with these flags empty (argparse passes "" on);
+// the others it refuses (int(""), choices) or fails on later (an empty backend, host or
+// handler name), and so does ddprun, here.
+bool empty_value_allowed(const std::string& name) {
+  static constexpr const char* kAllowed[] = {"rdzv_endpoint",      "rdzv_id",    "rdzv_conf",
+                                             "role",               "log_dir",    "local_ranks_filter",
+                                             "local_addr",         "signals_to_handle",
+                                             "duplicate_stdout_filters", "duplicate_stderr_filters"};
+  return std::find(std::begin(kAllowed), std::end(kAllowed), name) != std::end(kAllowed);
+}
+
 // Scans only ddprun's own flags, up to the entry point.
 void check_empty_values(std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
@@ -186,13 +195,13 @@ void check_empty_values(std::vector<std::string>& args) {
       continue;
     }
     if (eq + 1 < a.size()) continue;
-    if (name == "duplicate_stdout_filters" || name == "duplicate_stderr_filters") {
+    if (empty_value_allowed(name)) {
       args[i] = a.substr(0, eq);
       args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, "");
       ++i;
       continue;
     }
-    throw UsageError(a + ": an empty value; give --" + f->name + "=VALUE, or leave the flag out");
+    throw UsageError(a + ": an empty value; give --" + f->name + "=VALUE, or leave the flag out (its default)");
   }
 }
 

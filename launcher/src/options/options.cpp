@@ -58,6 +58,12 @@ Given gather(const RawOptions& raw, const EnvMap& env, SystemInfo& host, LaunchO
       g.v[f.name] = f.takes_value ? it->second : "1";
     }
   }
+  // torchrun's default for these is empty, or an empty value means "not given" there: the
+  // flag is left out (and Slurm may supply it, below). The other flags' empty values are taken
+  // up where they are parsed.
+  for (const char* name : {"rdzv_endpoint", "rdzv_conf", "log_dir", "local_addr", "local_ranks_filter"}) {
+    if (auto it = g.v.find(name); it != g.v.end() && it->second.empty()) g.v.erase(it);
+  }
   // Inside an srun step, Slurm's environment supplies the flags still missing.
   if (!g.v.count("no_slurm")) {
     SlurmDerivation slurm = derive_from_slurm(env, g.v);
@@ -117,7 +123,12 @@ void topology(const Given& g, const SystemInfo& host, LaunchOptions& o) {
     }
   }
   if (auto s = g.get("rdzv_id")) {
-    o.rendezvous.id = trim(*s).empty() ? "none" : trim(*s);
+    // Empty: a random id, as torchrun draws one (its default is "none", an id like any other).
+    o.rendezvous.id = trim(*s).empty() ? random_run_id() : trim(*s);
+    if (trim(*s).empty() && o.nodes.max_nodes > 1)
+      o.warnings.push_back("--rdzv_id= (empty): this node runs as job " + o.rendezvous.id +
+                           ", a random id of its own, as torchrun; nodes with other ids never join it: give every "
+                           "node the same --rdzv_id");
     // The rendezvous's own rule (a JOIN with another id is refused), checked before anything
     // (a log directory, a store) is created.
     if (!rdzv::is_clean_name(o.rendezvous.id, rdzv::kMaxRunIdLen, true)) {
@@ -144,7 +155,13 @@ void lifecycle(const Given& g, LaunchOptions& o) {
     std::string m = trim(*s);
     if (m != "spawn" && m != "fork" && m != "forkserver") bad("start_method", *s, "spawn, fork or forkserver");
   }
-  if (auto s = g.get("signals_to_handle")) {
+  if (auto s = g.get("signals_to_handle"); s && trim(*s).empty()) {
+    // torchrun then handles no signal, and its workers find the variable empty.
+    o.faults.signals_to_handle.clear();
+    o.faults.signals_to_handle_text.clear();
+    o.warnings.push_back("--signals_to_handle= (empty): ddprun handles no signal, as torchrun: SIGTERM, SIGINT, SIGHUP "
+                         "or SIGQUIT ends it at once, its workers with it (SIGKILL), without a summary");
+  } else if (s) {
     o.faults.signals_to_handle = parse_signals(*s);
     o.faults.signals_to_handle_text = trim(*s);
   } else {
@@ -184,10 +201,7 @@ void workers(const Given& g, LaunchOptions& o) {
     if (!f) bad("log_format", *s, "text or json");
     o.output.log_format = *f;
   }
-  if (auto s = g.get("role")) {
-    if (trim(*s).empty()) bad("role", *s, "a non-empty name");
-    o.workers.role = trim(*s);
-  }
+  if (auto s = g.get("role")) o.workers.role = trim(*s);  // empty: ROLE_NAME is empty, as under torchrun
   if (auto s = g.get("log_dir")) o.output.log_dir = *s;
   if (auto s = g.get("redirects")) o.output.redirects = parse_std_streams("redirects", *s);
   if (auto s = g.get("tee")) o.output.tee = parse_std_streams("tee", *s);

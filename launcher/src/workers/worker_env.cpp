@@ -1,9 +1,9 @@
 #include "ddprun/launcher/worker_env.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "ddprun/common/knobs.h"
+#include "ddprun/launcher/worker_files.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -72,9 +72,12 @@ std::string preempt_file_for(const std::string& error_file) {
 }
 
 std::optional<PreemptAnnouncement> read_preempt_announcement(const std::string& error_file) {
-  std::ifstream f(preempt_file_for(error_file));
-  if (!f) return std::nullopt;
+  // The worker's file: a FIFO, a link to /dev/zero or a huge file must neither block nor flood
+  // the agent (worker_files.h). Longer than kMaxPreemptFileBytes: only its start is read.
+  const auto text = read_worker_file(preempt_file_for(error_file), kMaxPreemptFileBytes);
+  if (!text) return std::nullopt;
   PreemptAnnouncement a;
+  std::istringstream f(*text);
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("checkpoint", 0) == 0) {

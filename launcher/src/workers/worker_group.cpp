@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ddprun/launcher/signal_names.h"
+#include "ddprun/launcher/worker_files.h"
 #include "platform/sys_util.h"
 
 namespace ddprun::launcher {
@@ -192,7 +193,8 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
     // A file that cannot be made (a full disk) is a loss like a failed write, not the run's
     // end: the console gets the stream (below) and the summary names the file.
     s.log_path = (dir / (bit == kStreamOut ? "stdout.log" : "stderr.log")).string();
-    s.log_fd = dir_ok ? ::open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
+    // Made anew: whatever a worker left at this path (a FIFO, a link) is removed, not opened.
+    s.log_fd = dir_ok ? create_worker_file(s.log_path, O_WRONLY) : -1;
     if (s.log_fd < 0)
       log_failed(s.log_path, dir_ok ? errno : dir_errno, 0,
                  {console_allowed ? LogWriteFailures::Console::Kind::Every : LogWriteFailures::Console::Kind::None});
@@ -203,7 +205,7 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
   s.filter = DuplicateFilter(bit == kStreamOut ? output_.duplicate_stdout_filters : output_.duplicate_stderr_filters);
   if (s.filter.enabled()) {  // the file exists with filters given, as torchrun makes it
     s.filtered_path = (attempt_dir / (bit == kStreamOut ? "filtered_stdout.log" : "filtered_stderr.log")).string();
-    s.filtered_fd = ::open(s.filtered_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    s.filtered_fd = open_worker_file(s.filtered_path, O_WRONLY | O_CREAT | O_APPEND);  // shared by the ranks
     if (s.filtered_fd < 0) log_failed(s.filtered_path, errno, 0);
     if (!s.filter.applies_to(tee, bit, console_allowed) && s.filtered_fd >= 0) {
       ::close(s.filtered_fd);

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -302,6 +303,90 @@ class StatusJob:
                 self.live.p.kill()
                 self.live.p.wait()
         return self.live.p.returncode, ""
+
+
+GUARD = 45.0          # Guarded: a hang is the failure; nothing is timed otherwise
+# Guarded: the agent's resident memory stays far below this, sanitized builds included (a
+# flood passes it within a second). No RLIMIT_AS: ASan and TSan reserve terabytes of address space.
+RSS_CAP = 512 << 20
+
+
+class Guarded:
+    """ddprun in the background, its stdout and stderr collected, its resident memory sampled;
+    killed (and the test failed) when it outlives GUARD or passes RSS_CAP."""
+
+    def __init__(self, test, args, env=None):
+        self.test = test
+        self.p = subprocess.Popen([DDPRUN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=dict(os.environ, **(env or {})))
+        test.addCleanup(self.close)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=self._drain, args=(s, buf), daemon=True)
+                        for s, buf in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+        self.peak_rss = 0
+
+    @staticmethod
+    def _drain(stream, buf):
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            buf.append(chunk)
+
+    def stdout(self):
+        return b"".join(self.out).decode(errors="replace")
+
+    def stderr(self):
+        return b"".join(self.err).decode(errors="replace")
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+    def close(self):
+        self.kill()
+        for t in self.readers:
+            t.join(timeout=GUARD)
+        self.p.stdout.close()
+        self.p.stderr.close()
+
+    def _sample(self):
+        try:
+            with open(f"/proc/{self.p.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+
+    def wait_for(self, text):
+        deadline = time.monotonic() + GUARD
+        while text not in self.stdout():
+            self._check(deadline, f"{text!r} on stdout")
+            time.sleep(0.02)
+
+    def _check(self, deadline, what):
+        self._sample()
+        if self.peak_rss > RSS_CAP:
+            self.kill()
+            self.test.fail(f"the agent's memory passed {RSS_CAP >> 20} MiB ({self.peak_rss >> 20} MiB) waiting for "
+                           f"{what}; stderr: {self.stderr()[-2000:]}")
+        if time.monotonic() > deadline:
+            self.kill()
+            self.test.fail(f"the agent still runs after {GUARD:g} s waiting for {what} (blocked?); "
+                           f"stderr: {self.stderr()[-2000:]}")
+
+    def finish(self):
+        """(exit code, stderr) once the agent ends within GUARD with its memory small."""
+        deadline = time.monotonic() + GUARD
+        while self.p.poll() is None:
+            self._check(deadline, "its end")
+            time.sleep(0.02)
+        for t in self.readers:
+            t.join(timeout=GUARD)
+        err = self.stderr()
+        self.test.assertGreaterEqual(self.p.returncode, 0, f"the agent died of a signal; stderr: {err[-2000:]}")
+        return self.p.returncode, err
 
 
 def main():

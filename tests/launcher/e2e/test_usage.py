@@ -43,8 +43,21 @@ class BadInput(unittest.TestCase):
         self.check_usage_error(["--overlap_restart=maybe"], "--overlap_restart", "maybe")
 
     def test_empty_flag_value_is_refused_not_taken_from_the_next_argument(self):
-        for flag in ("--rdzv_token_file=", "--rdzv_id=", "--log_dir="):
+        for flag in ("--rdzv_token_file=", "--master_port=", "--nnodes=", "--rdzv_backend="):
             self.check_usage_error([flag], flag, "empty value")
+
+    def test_empty_flag_values_torchrun_runs_with_run_here_too(self):
+        # torchrun 2.11 runs with these empty; the next argument stays the entry point.
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "started")
+            p = run(["--rdzv_conf=", "--rdzv_id=", "--log_dir=", "--local_addr=", "--rdzv_endpoint=",
+                     "--local_ranks_filter=", "--role=", "--no_python", "sh", "-c",
+                     'echo "$TORCHELASTIC_RUN_ID/$ROLE_NAME/$MASTER_ADDR" > "$0"', marker])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            run_id, role, master = harness.read_text(marker).strip().split("/")
+            self.assertEqual(len(run_id), 36, run_id)  # a random id, as torchrun draws one
+            self.assertEqual(role, "")
+            self.assertEqual(master, "127.0.0.1")
 
     def test_bad_rdzv_id_is_refused_before_the_log_directory_is_made(self):
         with tempfile.TemporaryDirectory() as d:

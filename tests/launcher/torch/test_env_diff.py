@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """A worker's whole environment under ddprun and under torchrun 2.11, same flags, diffed.
 
-Usage: test_env_diff.py <ddprun> <torch 2.11 venv python> {static|static2|c10d|standalone}
+Usage: test_env_diff.py <ddprun> <torch 2.11 venv python> {static|static2|c10d|standalone|empty}
   static      one node, --nproc_per_node=2 --master_port=P
   static2     two static nodes on loopback (--nnodes=2 --node_rank=0|1, one worker each)
   c10d        one node, --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:P
   standalone  --standalone --nproc_per_node=2
+  empty       static, with every flag torchrun runs with empty given as `--flag=`
 
 Every worker dumps os.environ to a file; the environments of the same rank must be equal but
 for the differences listed in ALLOWED / ALLOWED_IN (each with its reason; launcher/README.md
@@ -75,6 +76,19 @@ def random_run_id(d, t, rank_env):
     return bool(UUID.match(d or "") and UUID.match(t or ""))
 
 
+def random_run_id_each(d, t, rank_env):
+    """--rdzv_id= (empty) draws a random run id under both: uuid4 as text under ddprun, its
+    integer under torchrun."""
+    return bool(UUID.match(d or "") and (t or "").isdigit())
+
+
+def torchrun_only_inductor_cache(d, t, rank_env):
+    """With --signals_to_handle= (empty), torchrun 2.11's agent sets TORCHINDUCTOR_CACHE_DIR in
+    its own environment (a side effect of its failed lookup of the signal named ''), and its
+    workers inherit it; ddprun sets nothing of the kind."""
+    return d is None and bool(t) and os.path.basename(t).startswith("torchinductor_")
+
+
 ALLOWED = {
     "TORCHELASTIC_ERROR_FILE": same_shape_error_file,
     "LC_CTYPE": torchrun_only_locale,
@@ -84,7 +98,11 @@ ALLOWED = {
 ALLOWED_IN = {
     "c10d": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store},
     "standalone": {"MASTER_PORT": a_port_each, "MASTER_ADDR": host_of_store, "TORCHELASTIC_RUN_ID": random_run_id},
+    "empty": {"TORCHELASTIC_RUN_ID": random_run_id_each, "TORCHINDUCTOR_CACHE_DIR": torchrun_only_inductor_cache},
 }
+# torchrun 2.11 runs with these flags empty (the others it refuses or fails on).
+EMPTY_FLAGS = ["--rdzv_endpoint=", "--rdzv_id=", "--rdzv_conf=", "--role=", "--log_dir=", "--local_ranks_filter=",
+               "--local_addr=", "--signals_to_handle=", "--duplicate_stdout_filters=", "--duplicate_stderr_filters="]
 
 
 def launch(cmds, env):
@@ -112,6 +130,8 @@ def flags_for(mode, port):
         return [["--nproc_per_node=2", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]]
     if mode == "standalone":
         return [["--standalone", "--nproc_per_node=2"]]
+    if mode == "empty":
+        return [["--nproc_per_node=2", f"--master_port={port}"] + EMPTY_FLAGS]
     raise SystemExit(f"unknown mode {mode}")
 
 

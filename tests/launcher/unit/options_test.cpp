@@ -345,7 +345,12 @@ TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[op
 }
 
 TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a swallowed argument", "[options]") {
-  for (const std::string flag : {"--rdzv_token_file=", "--rdzv_id=", "--log_dir=", "--log-dir=", "--master_port="}) {
+  // The flags torchrun 2.11 refuses empty (int(""), choices) or fails on (an empty backend,
+  // host, handler or plugin name), and ddprun's own.
+  for (const std::string flag : {"--rdzv_token_file=", "--master_port=", "--master-addr=", "--nnodes=", "--nproc_per_node=",
+                                 "--node_rank=", "--rdzv_backend=", "--max_restarts=", "--monitor_interval=",
+                                 "--start_method=", "--event_log_handler=", "--logs_specs=", "--redirects=", "--tee=",
+                                 "--numa_binding=", "--hang_timeout=", "--preempt_signals=", "--stdin_rank="}) {
     INFO(flag);
     CHECK_THAT(error_of({flag, "--no_python", "x"}), Catch::Contains(flag) && Catch::Contains("empty value"));
     CHECK_THAT(error_of({flag, "x"}), Catch::Contains(flag));
@@ -360,6 +365,42 @@ TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a s
   CHECK(ok({"--role", "--log_dir=", "x"}).workers.role == "--log_dir=");
   CHECK(ok({"x", "--log_dir="}).workers.args == std::vector<std::string>{"--log_dir="});
   CHECK(ok({"-r", "3", "x", "--rdzv_id="}).workers.args == std::vector<std::string>{"--rdzv_id="});
+}
+
+TEST_CASE("--flag= empty where torchrun 2.11 runs with it: what torchrun makes of it", "[options]") {
+  // The next argument is never the value.
+  auto o = ok({"--rdzv_endpoint=", "--rdzv_conf=", "--log_dir=", "--local_addr=", "--local_ranks_filter=", "--no_python", "x"});
+  CHECK(o.workers.no_python);
+  CHECK(o.workers.entrypoint == "x");
+  CHECK(o.warnings.empty());
+  // "" is torchrun's default for these, or means "not given" there.
+  const auto d = ok({"x"});
+  CHECK(o.rendezvous.endpoint == d.rendezvous.endpoint);
+  CHECK(o.rendezvous.host == d.rendezvous.host);
+  CHECK(o.rendezvous.conf.empty());
+  CHECK(o.output.log_dir.empty());  // a temporary directory, as without the flag
+  CHECK(o.rendezvous.local_addr.empty());
+  CHECK_FALSE(o.output.local_ranks_filter);
+  // The command line's empty value wins over PET_<FLAG>, as any value does.
+  CHECK(ok({"--log-dir=", "x"}, {{"PET_LOG_DIR", "/elsewhere"}}).output.log_dir.empty());
+  CHECK(ok({"x"}, {{"PET_LOCAL_RANKS_FILTER", ""}}).output.local_ranks_filter == std::nullopt);
+  // --rdzv_id=: a random id (torchrun's default "none" is an id like any other).
+  const auto a = ok({"--rdzv_id=", "x"}), b = ok({"--rdzv-id=", "x"});
+  CHECK(a.rendezvous.id.size() == 36);
+  CHECK(a.rendezvous.id != b.rendezvous.id);
+  CHECK(a.warnings.empty());
+  CHECK_THAT(ok({"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=h:1", "--rdzv_id=", "x"}).warnings.at(0),
+             Catch::Contains("--rdzv_id=") && Catch::Contains("same --rdzv_id"));
+  CHECK(ok({"x"}, {{"PET_RDZV_ID", ""}}).rendezvous.id.size() == 36);
+  // --role=: ROLE_NAME is empty.
+  CHECK(ok({"--role=", "x"}).workers.role.empty());
+  CHECK(ok({"--role", "", "x"}).workers.role.empty());
+  // --signals_to_handle=: no signal handled, TORCHELASTIC_SIGNALS_TO_HANDLE empty; said.
+  const auto n = ok({"--signals_to_handle=", "x"});
+  CHECK(n.faults.signals_to_handle.empty());
+  CHECK(n.faults.signals_to_handle_text.empty());
+  CHECK_THAT(n.warnings.at(0), Catch::Contains("handles no signal"));
+  CHECK(n.faults.preempt_signals == std::vector<int>{SIGUSR1});  // a preemption is still one
 }
 
 TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]") {

@@ -158,3 +158,20 @@ TEST_CASE("lost log output makes a clean run's summary and exit code say so", "[
   CHECK_THAT(s, Catch::Contains("LOGS INCOMPLETE"));
   CHECK_FALSE(Catch::Contains("the workers succeeded").match(s));
 }
+
+TEST_CASE("the flight recorder's dumps: the first ones listed, how many more counted", "[summary]") {
+  SummaryInput in;
+  in.exit_code = 1;
+  in.attempt = 0;
+  in.run_id = "none";
+  in.host = "h";
+  in.failure = failure(0, 1);
+  in.nccl_trace_dir = "/run/nccl_trace";
+  in.nccl_traces = {"/run/nccl_trace/rank_0", "/run/nccl_trace/rank_1"};
+  in.nccl_traces_more = 99998;
+  const auto s = format_summary(in);
+  CHECK_THAT(s, Catch::Contains("NCCL flight recorder dumps (100000) in /run/nccl_trace:\n    /run/nccl_trace/rank_0\n"
+                                "    /run/nccl_trace/rank_1\n    ... and 99998 more\n"));
+  in.nccl_traces_more = 0;
+  CHECK_FALSE(Catch::Contains("more").match(format_summary(in)));
+}

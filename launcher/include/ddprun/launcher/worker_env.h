@@ -2,6 +2,7 @@
 // launcher/README.md, on top of the parent's) and its argv. Pure: no I/O.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <functional>
@@ -41,6 +42,9 @@ struct PreemptAnnouncement {
   bool checkpoint = false;
   std::string what;  // the checkpoint line's text
 };
+// nullopt when the file is missing, a symbolic link or not a regular file; only its first
+// kMaxPreemptFileBytes are read.
+inline constexpr size_t kMaxPreemptFileBytes = 64 * 1024;
 std::optional<PreemptAnnouncement> read_preempt_announcement(const std::string& error_file);
 
 // argv of a worker: -m -> {python, -u, -m, mod, ...}; --run_path -> python runs the file
