@@ -89,8 +89,13 @@ class WorkerFiles(unittest.TestCase):
         self.assertNotEqual(rc, 0, err)
         run_dir = os.listdir(self.log_dir)
         self.assertEqual(len(run_dir), 1, run_dir)
-        dump = os.path.join(self.log_dir, run_dir[0], "stacks", "hang_attempt_0", "r0.txt")
+        # The planted directory is left alone: the stacks go into a new one beside it.
+        stacks = os.path.join(self.log_dir, run_dir[0], "stacks")
+        made = sorted(d for d in os.listdir(stacks) if d.startswith("hang_attempt_0-"))
+        self.assertEqual(len(made), 1, os.listdir(stacks))
+        dump = os.path.join(stacks, made[0], "r0.txt")
         self.assertTrue(os.path.isfile(dump) and not os.path.islink(dump), dump)
+        self.assertIn(os.path.join("stacks", made[0]), err)  # the summary names where they went
         with open(dump) as f:
             self.assertTrue(f.readline().startswith("# r0 (local rank 0"), dump)
 
