@@ -139,8 +139,8 @@ bool Admission::authentic_locked(Connection& c, rdzv::Message& m) {
   if (v == rdzv::SessionMac::Verdict::Ok) return true;
   ++agents_refused_;
   warns_.warn(Warn::AgentRefused, [&] {
-    return fmt::format("dropped {} from agent connection {} ({}): {}", rdzv::msg_type_name(m.type), c.id,
-                       c.session.peer.to_string(), rdzv::SessionMac::describe(v));
+    return fmt::format("dropped {} from agent connection {} ({}): {}; closed the connection",
+                       rdzv::msg_type_name(m.type), c.id, c.session.peer.to_string(), rdzv::SessionMac::describe(v));
   });
   return false;
 }

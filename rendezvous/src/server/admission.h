@@ -60,7 +60,8 @@ class Admission {
   // Then under the lock: what the step changes in the register. A refusal is counted and logged.
   void on_handshake_locked(Connection& c, rdzv::ServerHandshake::Step& step);
   // Under the lock: whether a message of an admitted agent is its own (its MAC and sequence
-  // number check, when its session has them); one that is not is counted, logged, dropped.
+  // number check, when its session has them); one that is not is counted, logged, dropped, and
+  // the caller closes the connection.
   bool authentic_locked(Connection& c, rdzv::Message& m);
   // Under the lock: the agent c is gone.
   void forget_locked(const Connection& c);

@@ -140,7 +140,7 @@ void ServerCore::on_input(const ConnPtr& c) {
     io.close(c, b.bad, true);
     return;
   }
-  if (b.revoked) {
+  if (b.revoked || b.tampered) {
     io.close(c, "", false);
     return;
   }
@@ -191,7 +191,13 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
       if (!on_handshake_message(t, c, step, forward)) break;
     } else {
       hold.acquire();
-      if (!admission.authentic_locked(*c, t.msg)) continue;  // not the admitted agent's (a relay's): dropped
+      // Not the admitted agent's (a relay's, or one it altered): dropped, and the connection
+      // closed, since nothing after it would pass the sequence check (an agent of a standing
+      // server reconnects and joins again).
+      if (!admission.authentic_locked(*c, t.msg)) {
+        b.tampered = true;
+        break;
+      }
     }
     const bool go_on = !forward || on_agent_message(t, c);
     clock.observe(t, StoreServerMetrics::kAgentOp);

@@ -93,6 +93,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
     size_t pos = 0;   // bytes of c->in handled
     std::string bad;  // c sent something it must be closed for
     bool revoked = false, yield = false;
+    bool tampered = false;  // an agent's message failed its MAC or sequence check: close it
   };
   class Hold;
   void agent_batch(const ConnPtr& c, Batch& b);
