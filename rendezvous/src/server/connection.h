@@ -72,7 +72,8 @@ struct IoThread {
 // state. The protocol is decided by its first bytes (wire::sniff_protocol); an agent then goes
 // through the token handshake, and nothing of it reaches the rounds before `admitted`.
 struct Session {
-  boost::asio::ip::address peer;  // plain_address of the remote end, set at accept
+  boost::asio::ip::address peer;  // plain_address of the remote end, as accept gave it
+  uint16_t peer_port = 0;
   wire::Protocol protocol = wire::Protocol::Unknown;
   wire::Dialect dialect = wire::Dialect::Unknown;  // TCPStore clients
   // Read under its keyspace lock by revoke(): set once by the connection's thread.

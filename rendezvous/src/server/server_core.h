@@ -79,7 +79,8 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   boost::asio::io_context& control() { return threads.front()->io; }
   void check_limits() const;
   void listen_main();
-  void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, size_t thread_index);
+  void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, const boost::asio::ip::tcp::endpoint& from,
+                 size_t thread_index);
   uint64_t descriptors_in_use() const { return counters.open + keyspaces.listener_descriptors(); }
   // On c's thread: on_deadline(c) after `after` (replacing the one set before), unless closed.
   void arm_deadline(const ConnPtr& c, std::chrono::milliseconds after);

@@ -56,18 +56,17 @@ std::unique_ptr<Listener> ServerCore::make_listener(const std::string& name) {
 }
 
 void ServerCore::start_accepting(Keyspace* ks) {
-  ks->listener->start([this, ks](tcp::socket sock, size_t i) { on_socket(ks, std::move(sock), i); });
+  ks->listener->start([this, ks](tcp::socket sock, const tcp::endpoint& from, size_t i) {
+    on_socket(ks, std::move(sock), from, i);
+  });
 }
 
-void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) {
-  asio::ip::address peer;
-  {
-    boost::system::error_code e;
-    const auto ep = sock.remote_endpoint(e);
-    if (!e) peer = plain_address(ep.address());
-  }
+// `from`: the peer as accept gave it (asking the socket later fails once the peer reset).
+void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& from, size_t thread_index) {
+  const asio::ip::address peer = plain_address(from.address());
   auto c = std::make_shared<Connection>(std::move(sock), ks, threads[thread_index].get());
   c->session.peer = peer;
+  c->session.peer_port = from.port();
   bool refused = false, stranger = false;
   {
     std::lock_guard lock(mu);
