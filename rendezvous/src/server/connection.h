@@ -81,6 +81,10 @@ struct Session {
   std::optional<rdzv::ServerHandshake> handshake;  // agents
   bool admitted = false;                           // under the rounds lock
   bool counted_stranger = false;                   // under the rounds lock (Admission)
+  // Under the rounds lock (Admission): proved nothing yet, so its slot may be taken; closed for
+  // a new connection whose slot it was, the close on its way.
+  bool unproven = false, replaced = false;
+  bool served = false;  // a TCPStore client made a request (VALIDATE is none); its thread only
   // Admitted with a token (or munge): every later message is opened and sealed with it
   // (rdzv/session_mac.h). Under the rounds lock.
   std::optional<rdzv::SessionMac> mac;

@@ -69,7 +69,8 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
       return Sniffed::Closed;
     }
   }
-  if (c->deadline) c->deadline->cancel();
+  // The first-bytes deadline stays until its first request (first_request): VALIDATE alone
+  // proves nothing, and a client that sends no more is closed at it.
   c->session.protocol = wire::Protocol::TcpStore;
   c->session.dialect = det.dialect;
   pos = det.consumed;
@@ -219,6 +220,7 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
   while (b.pos < c->in_size && take_request(c, b)) {
+    if (!c->session.served) first_request(c);  // the batch's first request: no lock held yet
     hold.acquire();
     if (c->revoked) {
       b.revoked = true;
@@ -258,6 +260,13 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
     send_reply(t, c);
     clock.observe(t, static_cast<size_t>(t.req.op));
   }
+}
+
+void ServerCore::first_request(const ConnPtr& c) {
+  c->session.served = true;
+  if (c->deadline) c->deadline->cancel();
+  std::lock_guard lock(mu);
+  admission.proven_locked(*c);
 }
 
 // Queues t.reply for c and empties it (dropping its references).

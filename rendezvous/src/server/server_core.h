@@ -53,7 +53,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   std::unique_ptr<Listener> make_listener(const std::string& name) override;
   void start_accepting(Keyspace* ks) override;
   size_t num_jobs_locked() const override { return rounds.num_jobs(); }
-  std::optional<std::string> no_descriptors_for(size_t n) const override;
+  std::optional<std::string> no_descriptors_for(size_t n) override;
 
   StoreServerOptions options;
   WarnLimiter warns;
@@ -81,6 +81,8 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void listen_main();
   void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, const boost::asio::ip::tcp::endpoint& from,
                  size_t thread_index);
+  // On c's thread, at its first request: a TCPStore client, no longer unproven.
+  void first_request(const ConnPtr& c);
   uint64_t descriptors_in_use() const { return counters.open + keyspaces.listener_descriptors(); }
   // On c's thread: on_deadline(c) after `after` (replacing the one set before), unless closed.
   void arm_deadline(const ConnPtr& c, std::chrono::milliseconds after);
