@@ -205,7 +205,8 @@ TEST_CASE("AMessageToTheServerThatFailsItsMacClosesTheConnectionAtOnce", "[rdzv]
   Job job;
   const auto refused_before = job.srv->stats().agents_refused;
   SECTION("a plain FAILURE in the agent's name") {
-    job.relay.inject(true, frame(rdzv::to_message(rdzv::Failure{.round = job.ra.round, .global_rank = 0, .exit_code = 1})));
+    const auto failure = rdzv::Failure{.round = job.ra.round, .global_rank = 0, .exit_code = 1};
+    job.relay.inject(true, frame(rdzv::to_message(failure)));
   }
   SECTION("a FAILURE sealed under a guessed key") {
     rdzv::SessionMac guess(kToken, rdzv::random_nonce(), rdzv::random_nonce(), rdzv::SessionMac::Side::Agent);

@@ -69,8 +69,9 @@ void Admission::refuse(bool over_total, uint64_t in_use, const Connection& c) {
   if (over_total) {
     ++refused_over_limit_;
     warns_.warn(Warn::ConnectionLimit, [&] {
-      return fmt::format("{} descriptors in use by connections and listeners, the limit (--max-connections {} within "
-                         "the descriptor limit), none of them unproven for {} ms or more: closed a new connection from {}",
+      return fmt::format("{} descriptors in use by connections and listeners, the limit (--max-connections {} "
+                         "within the descriptor limit), none of them unproven for {} ms or more: closed a new "
+                         "connection from {}",
                          in_use, max_conns_, kReplaceableAfter.count(), from);
     });
     return;
@@ -78,7 +79,8 @@ void Admission::refuse(bool over_total, uint64_t in_use, const Connection& c) {
   ++strangers_refused_;
   warns_.warn(Warn::ConnectionLimit, [&] {
     return fmt::format("{} connections open from hosts with no admitted agent, the limit "
-                       "(--max-stranger-connections {}), none of them unproven for {} ms or more: closed a new one from {}",
+                       "(--max-stranger-connections {}), none of them unproven for {} ms or more: closed a new one "
+                       "from {}",
                        strangers_open_, max_strangers_, kReplaceableAfter.count(), from);
   });
 }

@@ -12,7 +12,7 @@
 // kReplaceableAfter, which is closed. So connections that prove nothing (silent, half-open,
 // VALIDATE only, a wrong token) cannot keep out an agent that proves the token, from any host,
 // loopback or not; only a burst of more new connections within kReplaceableAfter than there
-// are slots is refused, and the agent's reconnect comes after it.
+// are unproven slots is refused (a connection flood).
 //
 // Locking: the *_locked methods and the register are under the server's rounds lock; the
 // counters are atomic; may_connect() may be called from any thread.
@@ -128,7 +128,9 @@ class Admission {
   };
   // By id, which is in order of accept: the first is the oldest.
   using UnprovenMap = std::map<rdzv::ConnId, Unproven>;
-  UnprovenMap& unproven_of(const Connection& c) { return c.session.counted_stranger ? unproven_strangers_ : unproven_others_; }
+  UnprovenMap& unproven_of(const Connection& c) {
+    return c.session.counted_stranger ? unproven_strangers_ : unproven_others_;
+  }
 
   const StoreServerOptions& options_;
   WarnLimiter& warns_;
