@@ -90,11 +90,12 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--max-stranger-connections", o.max_stranger_connections,
                  "connections open at once from hosts that are neither loopback nor an admitted agent's; past it "
-                 "a stranger's new one is closed, so members always find slots (0 = half of --max-connections)")
+                 "a stranger's new one takes the slot of the stranger's oldest unproven connection (open 1 s or "
+                 "more) or is closed, so members and token agents always find slots (0 = half of --max-connections)")
       ->capture_default_str();
   app.add_option("--first-bytes-timeout-ms", o.first_bytes_timeout_ms,
-                 "a connection that has not sent enough to tell its protocol this long after connecting is closed "
-                 "(0 = never)")
+                 "a connection that has not sent enough to tell its protocol, or a TCPStore client that has made "
+                 "no request after VALIDATE, this long after connecting is closed (0 = never)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--handshake-timeout-ms", o.handshake_timeout_ms,

@@ -35,9 +35,10 @@ TEST_CASE("AnAdmittedAgentNoLongerCountsAgainstTheStrangersLimit", "[server][adm
   Peers p;
   auto agent = p.from("192.0.2.1");
   auto other = p.from("192.0.2.2");
-  REQUIRE(a.may_connect_locked(0, *agent));
-  REQUIRE(a.may_connect_locked(0, *other));
-  CHECK_FALSE(a.may_connect_locked(0, *p.from("192.0.2.3")));  // two strangers: the limit
+  const auto now = std::chrono::steady_clock::now();
+  REQUIRE(a.may_connect_locked(0, agent, now).ok);
+  REQUIRE(a.may_connect_locked(0, other, now).ok);
+  CHECK_FALSE(a.may_connect_locked(0, p.from("192.0.2.3"), now).ok);  // two strangers: the limit
   CHECK(a.strangers_refused() == 1);
 
   a.begin_agent(*agent);
@@ -47,10 +48,141 @@ TEST_CASE("AnAdmittedAgentNoLongerCountsAgainstTheStrangersLimit", "[server][adm
   a.on_handshake_locked(*agent, step);
   REQUIRE(step.admitted);
   CHECK_FALSE(agent->session.counted_stranger);
-  CHECK(a.may_connect_locked(0, *p.from("192.0.2.4")));  // the member's slot is free again
-  CHECK_FALSE(a.may_connect_locked(0, *p.from("192.0.2.5")));
+  CHECK(a.may_connect_locked(0, p.from("192.0.2.4"), now).ok);  // the member's slot is free again
+  CHECK_FALSE(a.may_connect_locked(0, p.from("192.0.2.5"), now).ok);
   // The member's host is trusted: its further connections are not strangers.
-  CHECK(a.may_connect_locked(0, *p.from("192.0.2.1")));
+  CHECK(a.may_connect_locked(0, p.from("192.0.2.1"), now).ok);
   a.closed_locked(*agent);  // closing a member gives back no stranger's slot it did not hold
-  CHECK_FALSE(a.may_connect_locked(0, *p.from("192.0.2.6")));
+  CHECK_FALSE(a.may_connect_locked(0, p.from("192.0.2.6"), now).ok);
+}
+
+namespace {
+rdzv::ServerHandshake::Step admit_open(Admission& a, const ConnPtr& c) {
+  a.begin_agent(*c);
+  rdzv::Message join;
+  join.type = rdzv::MsgType::Join;
+  auto step = a.handshake_step(*c, join);  // an open rendezvous admits at JOIN
+  a.on_handshake_locked(*c, step);
+  return step;
+}
+}  // namespace
+
+// A stranger holding the strangers' whole share with connections that prove nothing used to
+// keep out every agent of a host not admitted yet (a new job's nodes, all nodes after a
+// restart). Now a new stranger takes the slot of the oldest unproven one once that had its
+// time; a burst within that time is still refused, and proven connections keep their slots.
+TEST_CASE("ANewStrangerTakesTheSlotOfTheOldestUnprovenStranger", "[server][admission]") {
+  StoreServerOptions o;
+  o.max_connections = 100;
+  o.max_stranger_connections = 3;
+  WarnLimiter warns;
+  Admission a(o, warns);
+  a.size_to_descriptors();
+  Peers p;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<ConnPtr> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(p.from("198.51.100.7"));
+    REQUIRE(a.may_connect_locked(0, held.back(), t0).ok);
+  }
+  // Within kReplaceableAfter: a burst past the share is refused, as before.
+  CHECK_FALSE(a.may_connect_locked(0, p.from("203.0.113.1"), t0 + kReplaceableAfter / 2).ok);
+  CHECK(a.strangers_refused() == 1);
+
+  // Later, an agent of a new host gets the oldest one's slot; that one is to be closed.
+  const auto t1 = t0 + 2 * kReplaceableAfter;
+  auto agent = p.from("203.0.113.1");
+  auto admit = a.may_connect_locked(0, agent, t1);
+  REQUIRE(admit.ok);
+  REQUIRE(admit.replaces == held[0]);
+  CHECK(held[0]->session.replaced);
+  CHECK_FALSE(held[0]->session.counted_stranger);
+  CHECK(a.replaced() == 1);
+  a.closed_locked(*held[0]);  // its close, on its thread
+
+  // Once admitted, the agent proved itself: it is never replaced, and no longer a stranger.
+  REQUIRE(admit_open(a, agent).admitted);
+  CHECK_FALSE(agent->session.unproven);
+  auto fresh = p.from("198.51.100.7");  // the agent's slot is free again
+  auto more = a.may_connect_locked(0, fresh, t1);
+  REQUIRE(more.ok);
+  CHECK_FALSE(more.replaces);
+  // A stranger's TCPStore client that made a request (proven) keeps its slot: of the three,
+  // only held[2] can be replaced.
+  a.proven_locked(*held[1]);
+  auto next = a.may_connect_locked(0, p.from("198.51.100.7"), t1);
+  REQUIRE(next.ok);
+  CHECK(next.replaces == held[2]);
+  a.closed_locked(*held[2]);
+  // Now the share holds a proven client and two connections that are not old enough: refused.
+  CHECK_FALSE(a.may_connect_locked(0, p.from("198.51.100.8"), t1).ok);
+  CHECK(a.strangers_refused() == 2);
+}
+
+// --max-connections filled with connections that prove nothing (silent, VALIDATE only, loopback
+// or not) used to lock every agent out until they closed. Now a new connection takes the slot
+// of the oldest unproven one, whatever its address; proven connections are never replaced, and
+// no more than kMaxReplacing replaced ones wait for their close at once.
+TEST_CASE("AtTheConnectionLimitANewConnectionTakesTheSlotOfTheOldestUnprovenOne", "[server][admission]") {
+  StoreServerOptions o;
+  o.max_connections = 1000;
+  WarnLimiter warns;
+  Admission a(o, warns);
+  a.size_to_descriptors();
+  REQUIRE(a.max_connections() == 1000);
+  Peers p;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto client = p.from("127.0.0.1");
+  REQUIRE(a.may_connect_locked(0, client, t0).ok);
+  a.proven_locked(*client);  // a TCPStore client that made a request: a client for good
+  std::vector<ConnPtr> idle;
+  for (int i = 0; i < 40; ++i) {
+    idle.push_back(p.from("127.0.0.1"));
+    REQUIRE(a.may_connect_locked(1 + i, idle.back(), t0 + std::chrono::milliseconds(i)).ok);
+  }
+  const uint64_t full = a.max_connections();
+  CHECK_FALSE(a.may_connect_locked(full, p.from("127.0.0.1"), t0 + kReplaceableAfter / 2).ok);
+  CHECK(a.refused_over_limit() == 1);
+
+  const auto t1 = t0 + 2 * kReplaceableAfter;
+  std::vector<ConnPtr> replaced;
+  for (uint64_t i = 0; i < kMaxReplacing; ++i) {
+    auto admit = a.may_connect_locked(full, p.from(i % 2 ? "127.0.0.1" : "192.0.2.9"), t1);
+    REQUIRE(admit.ok);
+    CHECK(admit.replaces == idle[i]);  // the oldest first; never the proven client
+    replaced.push_back(admit.replaces);
+  }
+  // The closes have not run yet: no more descriptors past the limit than that.
+  CHECK_FALSE(a.may_connect_locked(full, p.from("127.0.0.1"), t1).ok);
+  for (auto& c : replaced) a.closed_locked(*c);
+  auto admit = a.may_connect_locked(full, p.from("127.0.0.1"), t1);
+  REQUIRE(admit.ok);
+  CHECK(admit.replaces == idle[kMaxReplacing]);
+  CHECK(a.replaced() == kMaxReplacing + 1);
+  CHECK_FALSE(client->session.replaced);
+}
+
+// A round's store needs listening descriptors: when unproven connections fill the limit, they
+// make room for it as for a new connection, instead of the JOIN getting an ERROR.
+TEST_CASE("AJobsStoreTakesTheSlotsOfUnprovenConnections", "[server][admission]") {
+  StoreServerOptions o;
+  o.max_connections = 100;
+  WarnLimiter warns;
+  Admission a(o, warns);
+  a.size_to_descriptors();
+  Peers p;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<ConnPtr> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(p.from("::1"));
+    REQUIRE(a.may_connect_locked(i, idle.back(), t0).ok);
+  }
+  const uint64_t full = a.max_connections();
+  CHECK_FALSE(a.make_room_locked(full, 2, t0).ok);  // none had its time yet
+  auto room = a.make_room_locked(full, 2, t0 + 2 * kReplaceableAfter);
+  REQUIRE(room.ok);
+  REQUIRE(room.replaced.size() == 2);
+  CHECK(room.replaced[0] == idle[0]);
+  CHECK(room.replaced[1] == idle[1]);
+  CHECK_FALSE(a.make_room_locked(full, 2, t0 + 2 * kReplaceableAfter).ok);  // one unproven left
 }

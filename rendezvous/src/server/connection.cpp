@@ -261,10 +261,8 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   if (bad_input) {
     ++counters_.closed_bad;
     warns_.warn(Warn::BadInput, [&] {
-      boost::system::error_code e;
-      auto ep = c->socket.remote_endpoint(e);
-      const std::string peer = e ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
-      return fmt::format("closing connection {} from {}: {}", c->id, peer, why);
+      return fmt::format("closing connection {} from {}:{}: {}", c->id, c->session.peer.to_string(),
+                         c->session.peer_port, why);
     });
   }
   {

@@ -72,7 +72,8 @@ struct IoThread {
 // state. The protocol is decided by its first bytes (wire::sniff_protocol); an agent then goes
 // through the token handshake, and nothing of it reaches the rounds before `admitted`.
 struct Session {
-  boost::asio::ip::address peer;  // plain_address of the remote end, set at accept
+  boost::asio::ip::address peer;  // plain_address of the remote end, as accept gave it
+  uint16_t peer_port = 0;
   wire::Protocol protocol = wire::Protocol::Unknown;
   wire::Dialect dialect = wire::Dialect::Unknown;  // TCPStore clients
   // Read under its keyspace lock by revoke(): set once by the connection's thread.
@@ -80,6 +81,10 @@ struct Session {
   std::optional<rdzv::ServerHandshake> handshake;  // agents
   bool admitted = false;                           // under the rounds lock
   bool counted_stranger = false;                   // under the rounds lock (Admission)
+  // Under the rounds lock (Admission): proved nothing yet, so its slot may be taken; closed for
+  // a new connection whose slot it was, the close on its way.
+  bool unproven = false, replaced = false;
+  bool served = false;  // a TCPStore client made a request (VALIDATE is none); its thread only
   // Admitted with a token (or munge): every later message is opened and sealed with it
   // (rdzv/session_mac.h). Under the rounds lock.
   std::optional<rdzv::SessionMac> mac;

@@ -69,7 +69,8 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
       return Sniffed::Closed;
     }
   }
-  if (c->deadline) c->deadline->cancel();
+  // The first-bytes deadline stays until its first request (first_request): VALIDATE alone
+  // proves nothing, and a client that sends no more is closed at it.
   c->session.protocol = wire::Protocol::TcpStore;
   c->session.dialect = det.dialect;
   pos = det.consumed;
@@ -140,7 +141,7 @@ void ServerCore::on_input(const ConnPtr& c) {
     io.close(c, b.bad, true);
     return;
   }
-  if (b.revoked) {
+  if (b.revoked || b.tampered) {
     io.close(c, "", false);
     return;
   }
@@ -191,7 +192,13 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
       if (!on_handshake_message(t, c, step, forward)) break;
     } else {
       hold.acquire();
-      if (!admission.authentic_locked(*c, t.msg)) continue;  // not the admitted agent's (a relay's): dropped
+      // Not the admitted agent's (a relay's, or one it altered): dropped, and the connection
+      // closed, since nothing after it would pass the sequence check (an agent of a standing
+      // server reconnects and joins again).
+      if (!admission.authentic_locked(*c, t.msg)) {
+        b.tampered = true;
+        break;
+      }
     }
     const bool go_on = !forward || on_agent_message(t, c);
     clock.observe(t, StoreServerMetrics::kAgentOp);
@@ -213,6 +220,7 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
   while (b.pos < c->in_size && take_request(c, b)) {
+    if (!c->session.served) first_request(c);  // the batch's first request: no lock held yet
     hold.acquire();
     if (c->revoked) {
       b.revoked = true;
@@ -252,6 +260,13 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
     send_reply(t, c);
     clock.observe(t, static_cast<size_t>(t.req.op));
   }
+}
+
+void ServerCore::first_request(const ConnPtr& c) {
+  c->session.served = true;
+  if (c->deadline) c->deadline->cancel();
+  std::lock_guard lock(mu);
+  admission.proven_locked(*c);
 }
 
 // Queues t.reply for c and empties it (dropping its references).

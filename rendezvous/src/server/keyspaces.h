@@ -54,9 +54,9 @@ class KeyspaceHost {
   virtual void start_accepting(Keyspace* ks) = 0;
   // Jobs the rounds run now.
   virtual size_t num_jobs_locked() const = 0;
-  // Whether `n` more descriptors fit the connection limit (connections and listeners count);
-  // else why not.
-  virtual std::optional<std::string> no_descriptors_for(size_t n) const = 0;
+  // Under the rounds lock: whether `n` more descriptors fit the connection limit (connections
+  // and listeners count), once unproven connections made room (Admission); else why not.
+  virtual std::optional<std::string> no_descriptors_for(size_t n) = 0;
 };
 
 class Keyspaces final : public rdzv::WorkerStores {

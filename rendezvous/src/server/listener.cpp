@@ -140,6 +140,7 @@ void Listener::listen(int backlog) {
 
 void Listener::start(OnSocket on_socket) {
   on_socket_ = std::move(on_socket);
+  peers_.resize(acceptors_.size());
   for (size_t i = 0; i < ios_.size() && i < acceptors_.size(); ++i) asio::post(*ios_[i], [this, i] { do_accept(i); });
 }
 
@@ -159,7 +160,7 @@ void Listener::stop() {
 // On thread i: accepts into that thread's io_context, for good.
 void Listener::do_accept(size_t i) {
   if (!acceptors_[i]->is_open()) return;  // closed by stop() (on this thread): no new handler
-  acceptors_[i]->async_accept([this, i](boost::system::error_code ec, tcp::socket sock) {
+  acceptors_[i]->async_accept(peers_[i], [this, i](boost::system::error_code ec, tcp::socket sock) {
     try {
       on_accept(i, ec, std::move(sock));
     } catch (const std::exception& e) {
@@ -212,7 +213,7 @@ void Listener::on_accept(size_t i, boost::system::error_code ec, tcp::socket soc
     }
     return;
   }
-  on_socket_(std::move(sock), i);
+  on_socket_(std::move(sock), peers_[i], i);
   retake_reserve_if_missing();
   do_accept(i);
 }

@@ -26,8 +26,9 @@ namespace ddprun::server {
 class Listener {
  public:
   using tcp = boost::asio::ip::tcp;
-  // A new connection on the socket of thread `thread_index`.
-  using OnSocket = std::function<void(tcp::socket socket, size_t thread_index)>;
+  // A new connection on the socket of thread `thread_index`, from `peer` as accept returned it
+  // (the socket's remote_endpoint() fails once the peer reset).
+  using OnSocket = std::function<void(tcp::socket socket, const tcp::endpoint& peer, size_t thread_index)>;
 
   // `ios`: one io_context per I/O thread (the first also resolves names); `name` for messages.
   Listener(std::vector<boost::asio::io_context*> ios, std::string name, WarnLimiter& warns,
@@ -65,6 +66,7 @@ class Listener {
   WarnLimiter& warns_;
   std::atomic<uint64_t>& accept_errors_;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors_;  // [i] belongs to ios_[i]
+  std::vector<tcp::endpoint> peers_;                       // [i]: the peer of acceptors_[i]'s accept
   OnSocket on_socket_;
   tcp::endpoint endpoint_;
   uint16_t port_ = 0;

@@ -53,7 +53,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   std::unique_ptr<Listener> make_listener(const std::string& name) override;
   void start_accepting(Keyspace* ks) override;
   size_t num_jobs_locked() const override { return rounds.num_jobs(); }
-  std::optional<std::string> no_descriptors_for(size_t n) const override;
+  std::optional<std::string> no_descriptors_for(size_t n) override;
 
   StoreServerOptions options;
   WarnLimiter warns;
@@ -79,7 +79,10 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   boost::asio::io_context& control() { return threads.front()->io; }
   void check_limits() const;
   void listen_main();
-  void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, size_t thread_index);
+  void on_socket(Keyspace* ks, boost::asio::ip::tcp::socket sock, const boost::asio::ip::tcp::endpoint& from,
+                 size_t thread_index);
+  // On c's thread, at its first request: a TCPStore client, no longer unproven.
+  void first_request(const ConnPtr& c);
   uint64_t descriptors_in_use() const { return counters.open + keyspaces.listener_descriptors(); }
   // On c's thread: on_deadline(c) after `after` (replacing the one set before), unless closed.
   void arm_deadline(const ConnPtr& c, std::chrono::milliseconds after);
@@ -93,6 +96,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
     size_t pos = 0;   // bytes of c->in handled
     std::string bad;  // c sent something it must be closed for
     bool revoked = false, yield = false;
+    bool tampered = false;  // an agent's message failed its MAC or sequence check: close it
   };
   class Hold;
   void agent_batch(const ConnPtr& c, Batch& b);

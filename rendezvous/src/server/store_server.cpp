@@ -56,27 +56,32 @@ std::unique_ptr<Listener> ServerCore::make_listener(const std::string& name) {
 }
 
 void ServerCore::start_accepting(Keyspace* ks) {
-  ks->listener->start([this, ks](tcp::socket sock, size_t i) { on_socket(ks, std::move(sock), i); });
+  ks->listener->start([this, ks](tcp::socket sock, const tcp::endpoint& from, size_t i) {
+    on_socket(ks, std::move(sock), from, i);
+  });
 }
 
-void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) {
-  asio::ip::address peer;
-  {
-    boost::system::error_code e;
-    const auto ep = sock.remote_endpoint(e);
-    if (!e) peer = plain_address(ep.address());
-  }
+// `from`: the peer as accept gave it (asking the socket later fails once the peer reset).
+void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& from, size_t thread_index) {
   auto c = std::make_shared<Connection>(std::move(sock), ks, threads[thread_index].get());
-  c->session.peer = peer;
+  c->session.peer = plain_address(from.address());
+  c->session.peer_port = from.port();
   bool refused = false, stranger = false;
+  ConnPtr replaced;
   {
     std::lock_guard lock(mu);
-    refused = ks->discarded || !admission.may_connect_locked(descriptors_in_use(), *c);
+    c->id = next_id++;
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
-    if (!refused && !keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, peer, rounds))
+    if (ks->discarded) refused = true;
+    else if (!keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, c->session.peer, rounds))
       refused = stranger = true;
-    if (!refused) c->id = next_id++;
+    if (!refused) {
+      auto admit = admission.may_connect_locked(descriptors_in_use(), c, std::chrono::steady_clock::now());
+      refused = !admit.ok;
+      replaced = std::move(admit.replaces);
+    }
   }
+  if (replaced) io.post_close(replaced);  // its slot is c's
   if (!refused) {
     // Not inside mu: the rounds lock never waits for a keyspace's. A round closed meanwhile set
     // `discarded` before it took ks->mu to revoke its connections: this one is refused, or
@@ -93,18 +98,22 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     return;
   }
   // Closed before it reads a byte.
-  if (c->session.counted_stranger) {
+  {
     std::lock_guard lock(mu);
     admission.closed_locked(*c);
   }
-  if (stranger) admission.refused_store_client(ks->name, peer, false);
+  if (stranger) admission.refused_store_client(ks->name, c->session.peer, false);
   boost::system::error_code ignored;
   c->socket.close(ignored);
 }
 
-std::optional<std::string> ServerCore::no_descriptors_for(size_t n) const {
+std::optional<std::string> ServerCore::no_descriptors_for(size_t n) {
   const uint64_t in_use = descriptors_in_use();
   if (in_use + n <= admission.max_connections()) return std::nullopt;
+  // A round's store, like a connection, may take the slots of unproven connections.
+  auto room = admission.make_room_locked(in_use, n, std::chrono::steady_clock::now());
+  for (const auto& c : room.replaced) io.post_close(c);
+  if (room.ok) return std::nullopt;
   return std::to_string(in_use) + " descriptors in use by connections and listeners, " + std::to_string(n) +
          " more would pass the limit of " + std::to_string(admission.max_connections()) +
          " (--max-connections within the descriptor limit)";
@@ -122,8 +131,8 @@ void ServerCore::arm_deadline(const ConnPtr& c, std::chrono::milliseconds after)
 }
 
 // A connection still unauthenticated at its deadline: silent (or too little to tell its
-// protocol), or an agent not through the token handshake. Half-open connections cannot hold
-// slots that agents need.
+// protocol), a TCPStore client that sent VALIDATE and no request, or an agent not through the
+// token handshake. Half-open connections cannot hold slots that agents need.
 void ServerCore::on_deadline(const ConnPtr& c) {
   const char* what = nullptr;
   if (!c->session.decided()) {
@@ -131,6 +140,8 @@ void ServerCore::on_deadline(const ConnPtr& c) {
   } else if (c->session.agent) {
     std::lock_guard lock(mu);
     if (!c->session.admitted) what = "did not finish the rendezvous handshake";
+  } else if (!c->session.served) {
+    what = "made no request after VALIDATE";
   }
   if (!what) return;
   ++deadline_closed;

@@ -60,13 +60,15 @@ struct StoreServerOptions {
   // Open connections of every keyspace together; past it (or past the descriptor limit less a
   // reserve) a new connection is closed at once.
   uint64_t max_connections = kDefaultMaxConnections;
-  // Connections from addresses that are neither loopback nor the host of an admitted agent,
-  // open at once; 0 = half of max_connections. Past it a stranger's new connection is closed
-  // at once, so admitted agents' hosts (members) always find slots.
+  // Connections from addresses that are neither loopback nor the host of an admitted agent
+  // (nor a store peer), open at once; 0 = half of max_connections. Past it a stranger's new
+  // connection takes the slot of the stranger's oldest unproven connection, or is closed at once
+  // (admission.h "Slots"), so admitted agents' hosts (members) always find slots.
   uint64_t max_stranger_connections = 0;
-  // A connection that has not sent enough to tell its protocol this long after it connected is
-  // closed; so is an agent that has not finished the token handshake within handshake_timeout
-  // of connecting. 0 = no deadline.
+  // A connection that has not sent enough to tell its protocol, or a TCPStore client that has
+  // made no request after VALIDATE, this long after it connected is closed; so is an agent that
+  // has not finished the token handshake within handshake_timeout of announcing itself.
+  // 0 = no deadline.
   std::chrono::milliseconds first_bytes_timeout = kDefaultFirstBytesTimeout;
   std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
   // Rendezvous jobs at once; a JOIN that would create one more gets an ERROR.
