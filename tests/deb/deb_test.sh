@@ -110,7 +110,7 @@ snapshot >"$work/before"
 cp /etc/passwd /etc/group /etc/shadow /etc/gshadow "$work/"
 step "dpkg -i"
 DEBIAN_FRONTEND=noninteractive dpkg -i "${debs[@]}" || die "dpkg -i failed"
-dpkg-query -L "${packages[@]}" | LC_ALL=C sort -u >"$work/package_files"
+dpkg-query -L "${packages[@]}" | grep -vx "/\." | LC_ALL=C sort -u >"$work/package_files"
 while read -r f; do
   [[ -e $f ]] || die "dpkg -i did not install $f"
 done <"$work/contents"
