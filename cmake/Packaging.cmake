@@ -11,13 +11,17 @@
 # `cmake --install` (it would write to /etc).
 
 # ---- --version (cmake/DdprunVersion.cmake) ---------------------------------------------------
-# On the two files that print it only: a new commit recompiles those, not the libraries.
+# A header forced into the two files that print it (-include): the flags stay the same from one
+# commit to the next, so a new version recompiles those two files only (a changed definition
+# on the command line would recompile every file of their targets).
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/gen/ddprun_version_def.h @ONLY
+     CONTENT "#define DDPRUN_VERSION \"@DDPRUN_VERSION_PEP440@\"\n")
 if(TARGET ddprun_launcher_core)
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/launcher/src/options/flags.cpp
-    TARGET_DIRECTORY ddprun_launcher_core PROPERTIES COMPILE_DEFINITIONS DDPRUN_VERSION="${DDPRUN_VERSION_PEP440}")
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/launcher/src/options/flags.cpp TARGET_DIRECTORY ddprun_launcher_core
+    PROPERTIES COMPILE_OPTIONS "-include;${PROJECT_BINARY_DIR}/gen/ddprun_version_def.h")
 endif()
-set_source_files_properties(${PROJECT_SOURCE_DIR}/rendezvous/tools/ddprund_main.cpp
-  TARGET_DIRECTORY ddprund PROPERTIES COMPILE_DEFINITIONS DDPRUN_VERSION="${DDPRUN_VERSION_PEP440}")
+set_source_files_properties(${PROJECT_SOURCE_DIR}/rendezvous/tools/ddprund_main.cpp TARGET_DIRECTORY ddprund
+  PROPERTIES COMPILE_OPTIONS "-include;${PROJECT_BINARY_DIR}/gen/ddprun_version_def.h")
 # For scripts (scripts/build_wheel.sh --from-build) and the Python package (ddprun.__version__,
 # component ddprun_python: the wheel installs it into the package).
 file(WRITE ${PROJECT_BINARY_DIR}/ddprun-version.txt "${DDPRUN_VERSION_PEP440}\n")
