@@ -71,7 +71,9 @@ for deb in "$work"/old/*.deb; do
   t=$work/tree.$(basename "$deb")
   dpkg-deb -R "$deb" "$t"
   name=$(dpkg-deb -f "$deb" Package)
-  sed -i "s/$(sed 's/[.+~]/\\&/g' <<<"$old_deb")/$new_deb/g" "$t/DEBIAN/control" "$t"/DEBIAN/shlibs 2>/dev/null
+  for f in "$t/DEBIAN/control" "$t/DEBIAN/shlibs"; do  # (a literal replacement: + and ~ are no pattern)
+    [[ -f $f ]] && OLD=$old_deb NEW=$new_deb perl -pi -e 's/\Q$ENV{OLD}\E/$ENV{NEW}/g' "$f"
+  done
   cl=$t/usr/share/doc/$name/changelog.gz
   { printf 'ddprun (%s) unstable; urgency=medium\n\n  * The next commit.\n\n -- %s  %s\n\n' "$new_deb" \
       "$(dpkg-deb -f "$deb" Maintainer)" "$(date -R -u)"; zcat "$cl"; } | gzip -9n >"$cl.new"
