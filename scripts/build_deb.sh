@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds ddprun (scripts/build.sh, into ${DDPRUN_BUILD_DIR:-build}) and its Debian package:
-#   scripts/build_deb.sh [cmake configure args...]   ->  <build>/packages/ddprun_<version>_<arch>.deb
-# Install it with: sudo apt install ./build/packages/ddprun_*.deb   (docs/ADMIN.md)
+#   scripts/build_deb.sh [cmake configure args...]   ->  <build>/packages/{ddprun,libddprun-worker0,libddprun-worker-dev}_<version>_<arch>.deb
+# Install them with: sudo apt install ./build/packages/*.deb   (docs/ADMIN.md)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDPRUN_BUILD_DIR:-$here/build}"
@@ -11,4 +11,4 @@ command -v help2man >/dev/null || {
 }
 "$here/scripts/build.sh" "$@"
 cpack --config "$build/CPackConfig.cmake" -B "$build/packages"
-ls -l "$build"/packages/ddprun_*.deb
+ls -l "$build"/packages/*.deb

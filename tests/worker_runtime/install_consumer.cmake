@@ -2,7 +2,7 @@
 # temporary prefix, then configures, builds and runs an out-of-tree consumer against it.
 #   cmake -DBUILD_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=... [-DCOMPONENTS=a|b] [-DLAUNCH=cmd|args]
 #         [-DCONFIGURE_ARGS=-Dx=y|...] -P install_consumer.cmake
-# COMPONENTS: install components ('|'-separated; default ddprun_worker). LAUNCH: a command
+# COMPONENTS: install components ('|'-separated; default ddprun_worker|ddprun_worker_dev). LAUNCH: a command
 # ('|'-separated) the consumer program is run under, e.g. a launcher starting several ranks.
 foreach(v BUILD_DIR CONSUMER_DIR WORK_DIR)
   if(NOT DEFINED ${v})
@@ -10,7 +10,7 @@ foreach(v BUILD_DIR CONSUMER_DIR WORK_DIR)
   endif()
 endforeach()
 if(NOT DEFINED COMPONENTS)
-  set(COMPONENTS ddprun_worker)
+  set(COMPONENTS ddprun_worker ddprun_worker_dev)
 endif()
 string(REPLACE "|" ";" COMPONENTS "${COMPONENTS}")
 string(REPLACE "|" ";" LAUNCH "${LAUNCH}")

@@ -13,4 +13,9 @@ A worker started by ``ddprun --hang_timeout=S`` reports its progress with
 from ._paths import bin_dir, cmake_prefix_path, include_dir, lib_dir
 from ._progress import progress
 
-__all__ = ["bin_dir", "cmake_prefix_path", "include_dir", "lib_dir", "progress"]
+try:  # written by the build into the installed package (cmake/DdprunVersion.cmake)
+    from ._version import __version__
+except ImportError:  # the source tree itself
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["__version__", "bin_dir", "cmake_prefix_path", "include_dir", "lib_dir", "progress"]

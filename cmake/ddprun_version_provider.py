@@ -1,0 +1,26 @@
+"""The package's version for scikit-build-core (pyproject.toml), from the same place as CMake's:
+``cmake -P cmake/DdprunVersion.cmake`` (git, else an sdist's PKG-INFO, else 0.0.0+unknown;
+the environment's DDPRUN_VERSION overrides it)."""
+
+import os
+import shutil
+import subprocess
+
+__all__ = ["dynamic_metadata"]
+
+
+def dynamic_metadata(field, settings=None):
+    if field != "version":
+        raise RuntimeError("ddprun_version_provider only gives the version")
+    if settings:
+        raise RuntimeError("ddprun_version_provider takes no settings")
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("cmake is not on PATH; it is needed to build ddprun (apt-get install cmake)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([cmake, "-DDDPRUN_SOURCE_DIR=" + root, "-P", os.path.join(root, "cmake", "DdprunVersion.cmake")],
+                         check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
+    for line in out.splitlines():
+        if line.startswith("pep440="):
+            return line[len("pep440="):]
+    raise RuntimeError("cmake/DdprunVersion.cmake printed no version: " + out)
