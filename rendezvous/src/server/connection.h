@@ -96,7 +96,7 @@ struct Connection {
   IoThread* thread;     // the one thread that reads and writes the socket
   Session session;
   // I/O thread only:
-  std::vector<uint8_t> in;        // its size counts in ConnectionIo's buffered total
+  std::vector<uint8_t> in;        // its capacity counts in ConnectionIo's buffered total and the budget
   wire::RequestFramer framer;     // how far the request at the start of `in` has been framed
   bool draining = false;          // refused: its last reply is queued, it reads nothing more
   size_t in_size = 0;
@@ -187,7 +187,7 @@ class ConnectionIo {
       c->in_size -= pos;
       // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
     }
-    if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) shrink_input(c);
+    if (c->in.capacity() > 4 * kReadChunk && c->in_size < kReadChunk) shrink_input(c);
   }
   // On c's thread, from on_input: the rest of c's buffered requests are handled after the
   // thread's other ready work, and no read is issued until then (a read in flight would land

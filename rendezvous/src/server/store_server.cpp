@@ -32,6 +32,7 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
   warns.set_sink(options.peer_warning);
   warns.set_prefix(options.log_prefix);
   tick_timer.emplace(control());
+  trim_timer.emplace(control());
   rounds.set_tick_period(kHeartbeatCheckPeriod);
   keyspaces.main().listener = make_listener("main");
 }
@@ -46,6 +47,7 @@ ServerCore::~ServerCore() {
   }
   keyspaces.destroy();
   tick_timer.reset();
+  trim_timer.reset();
   for (auto& t : threads) t.reset();
 }
 
@@ -65,6 +67,10 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     boost::system::error_code e;
     const auto ep = sock.remote_endpoint(e);
     if (!e) peer = plain_address(ep.address());
+    if (options.socket_buffer_bytes > 0) {
+      sock.set_option(asio::socket_base::send_buffer_size(options.socket_buffer_bytes), e);
+      sock.set_option(asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), e);
+    }
   }
   auto c = std::make_shared<Connection>(std::move(sock), ks, threads[thread_index].get());
   c->session.peer = peer;
@@ -154,6 +160,15 @@ void ServerCore::revoke_locked(const Keyspace* ks) {
   }
 }
 
+void ServerCore::schedule_trim() {
+  trim_timer->expires_after(kIdleTrimPeriod);
+  trim_timer->async_wait([this](boost::system::error_code ec) {
+    if (ec || stopped) return;
+    budget.trim_if_due();
+    schedule_trim();
+  });
+}
+
 void ServerCore::check_limits() const {
   const auto& l = options.limits;
   if (l.max_request_bytes < min_request_bytes(l))
@@ -194,6 +209,7 @@ void ServerCore::start() {
   keyspaces.main_listening();
   if (!options.accept_later) start_accepting(&keyspaces.main());
   started = true;
+  schedule_trim();
   for (auto& t : threads) {
     t->thread = std::thread([this, io = &t->io, credit = &t->credit] {
       budget.bind_thread(credit);
@@ -218,6 +234,7 @@ void ServerCore::stop() {
     asio::post(control(), [this] {
       std::lock_guard l(mu);
       tick_timer->cancel();
+      trim_timer->cancel();
     });
     keyspaces.for_each([this](Keyspace& ks) {
       std::lock_guard ks_lock(ks.mu);
