@@ -23,8 +23,11 @@ them to the peak it reports.
                      next request)
 
 The attacks run in this order against one ddprund: big_sets, big_wait_keys, many_connections,
-queue_non_readers, idle_trim. After each: ddprund alive, no OOM kill in the cgroup, the attack was refused (connections
-closed, a line naming --max-memory), and an honest client is served.
+queue_non_readers, idle_trim. After each: ddprund alive, no OOM kill in the cgroup, the attack
+was refused (connections closed, a line naming --max-memory), and an honest client is served.
+Idle connections (about 9 KiB each in the cgroup) are charged to the budget too; the tens of
+thousands it takes to fill 512 MiB pass the descriptor limit a test can have here, so
+rendezvous.server_client checks that (IdleConnectionsCountInTheMemoryBudget).
 
 Needs root (cgroups, the spare uid); fails, never skips, without them.
 usage: attack_memory.py --ddprund PATH [--only ATTACK]... [--args "MORE DDPRUND FLAGS"]

@@ -288,7 +288,7 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   c->socket.shutdown(tcp::socket::shutdown_both, ignored);
   c->socket.close(ignored);
   counters_.buffered -= c->in.capacity();
-  budget_.release(c->in.capacity());
+  budget_.release(c->in.capacity() + (c->budgeted ? kConnectionBytes : 0));
   std::vector<uint8_t>().swap(c->in);
   --counters_.open;
   if (c->session.agent) --counters_.agents;

@@ -108,6 +108,7 @@ struct Connection {
   store::Outbox writing;          // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;
+  bool budgeted = false;          // ConnectionIo::kConnectionBytes charged for it (released at close)
   // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
   std::optional<boost::asio::steady_timer> deadline;
   // Set under ks->mu when its keyspace was reset or dropped, for every connection of it (an
@@ -178,6 +179,11 @@ class ConnectionIo {
   // Reads start small (thousands of mostly idle connections cost little) and grow to the large
   // chunk while a connection keeps filling its buffer.
   static constexpr size_t kSmallReadChunk = 4 * 1024;
+  // What one connection costs beyond its buffers, charged to the budget while it is open: the
+  // kernel's socket and the server's own objects (about 5 KiB measured for an idle one), with
+  // room to spare. Tens of thousands of idle connections are refused at accept past the budget
+  // instead of outgrowing a small memory limit.
+  static constexpr uint64_t kConnectionBytes = 8 * 1024;
   static constexpr size_t kReadChunk = 64 * 1024;
 
   // On c's thread, after its requests were handled: drops what was parsed, shrinks the buffer.

@@ -2,8 +2,9 @@
 // --max-memory): what every keyspace holds (keys, values, queued items, the keys its waiters
 // and watchers name), the bytes queued for every connection (replies and events in flight,
 // counted by their wire size, so a value held only by a reply still counts), and every
-// connection's input buffer (by capacity), and the parsed copy of a large request while it is
-// applied. A request that would pass it is refused, naming the limit.
+// connection's input buffer (by capacity), the parsed copy of a large request while it is
+// applied, and a fixed cost per open connection. A request that would pass it is refused,
+// naming the limit.
 //
 // What it does not count (the allocator's slack, socket buffers, threads, the program) is what
 // the default --max-memory leaves room for under a cgroup memory limit (memory_limit.h).

@@ -83,6 +83,9 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
       refused = stranger = true;
     if (!refused) c->id = next_id++;
   }
+  // A fresh connection is small: it may use the reserve of connections that stay small.
+  const bool over_budget = !refused && !budget.try_charge(ConnectionIo::kConnectionBytes, true);
+  refused = refused || over_budget;
   if (!refused) {
     // Not inside mu: the rounds lock never waits for a keyspace's. A round closed meanwhile set
     // `discarded` before it took ks->mu to revoke its connections: this one is refused, or
@@ -90,8 +93,10 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     std::lock_guard ks_lock(ks->mu);
     refused = ks->discarded;
     if (!refused) ks->conns.emplace(c->id, c);
+    else budget.release(ConnectionIo::kConnectionBytes);
   }
   if (!refused) {
+    c->budgeted = true;
     ++accepted;
     ++counters.open;
     io.start(c);
@@ -104,6 +109,13 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, size_t thread_index) 
     admission.closed_locked(*c);
   }
   if (stranger) admission.refused_store_client(ks->name, peer, false);
+  if (over_budget) {
+    ++counters.closed_memory;
+    warns.warn(Warn::MemoryLimit, [&] {
+      return fmt::format("refused a connection from {}: {}", peer.to_string(),
+                         budget.refusal(ConnectionIo::kConnectionBytes));
+    });
+  }
   boost::system::error_code ignored;
   c->socket.close(ignored);
 }
