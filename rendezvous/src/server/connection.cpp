@@ -36,8 +36,8 @@ void ConnectionIo::start(const ConnPtr& c) {
 }
 
 // Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes. What is
-// counted is its capacity: it grows by half at least, up to the longest request (a request
-// arriving in reads of 64 KiB copies O(its size) in all), and is allocated to the byte.
+// counted is its capacity: it doubles at least, up to the longest request (a request arriving
+// in reads of 64 KiB copies O(its size) in all), and is allocated to the byte.
 bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
   const size_t size = c->in_size + want;
   if (size <= c->in.capacity()) {
@@ -45,7 +45,7 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
     return true;
   }
   const size_t capacity =
-      std::max<size_t>(size, std::min<uint64_t>(c->in.capacity() + c->in.capacity() / 2, options_.limits.max_request_bytes));
+      std::max<size_t>(size, std::min<uint64_t>(2 * c->in.capacity(), options_.limits.max_request_bytes));
   const size_t grow = capacity - c->in.capacity();
   if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
     counters_.buffered -= grow;
