@@ -117,8 +117,8 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--max-memory", o.max_memory,
                  "bytes the whole daemon may hold: every store's data, the keys waiters and watchers name, replies "
-                 "queued for every connection (by wire size), requests being received and parsed, socket buffers; a "
-                 "request past it is refused (default: 4 GiB, or " +
+                 "queued for every connection (by wire size), requests being received and parsed, 8 KiB per "
+                 "connection; a request past it is refused (default: 4 GiB, or " +
                      std::to_string(ddprun::server::kLimitShareNum) + "/" + std::to_string(ddprun::server::kLimitShareDen) +
                      " of this process's cgroup memory limit less " +
                      std::to_string(ddprun::server::kLimitReserveBytes >> 20) +
