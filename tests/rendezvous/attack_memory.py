@@ -36,6 +36,7 @@ usage: attack_memory.py --ddprund PATH [--only ATTACK]... [--args "MORE DDPRUND 
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -163,14 +164,21 @@ class MemoryCgroup:
         return 0
 
     def close(self):
-        if self.dir and os.path.isdir(self.dir):
-            for _ in range(50):
+        """Removes the cgroup, killing what is left in it (only this test's processes are)."""
+        if not self.dir or not os.path.isdir(self.dir):
+            return
+        for _ in range(50):
+            for pid in self.read("cgroup.procs").split():
                 try:
-                    os.rmdir(self.dir)
-                    return
+                    os.kill(int(pid), signal.SIGKILL)
                 except OSError:
-                    time.sleep(0.1)
-            log(f"could not remove {self.dir}")
+                    pass
+            try:
+                os.rmdir(self.dir)
+                return
+            except OSError:
+                time.sleep(0.1)
+        log(f"could not remove {self.dir}")
 
 
 class ServiceDaemon(ic.Daemon):
