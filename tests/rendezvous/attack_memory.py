@@ -408,6 +408,8 @@ def main():
         ic.kill_children()
         cg.close()
         shutil.rmtree(work, ignore_errors=True)
+        if d:
+            os.unlink(d.stderr_file.name)
 
 
 if __name__ == "__main__":
