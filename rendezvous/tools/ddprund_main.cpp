@@ -1,4 +1,5 @@
 // ddprund: a standing TCPStore-compatible store daemon (PyTorch 1.13 .. 2.11 clients).
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -17,6 +18,7 @@
 #include "ddprun/metrics/exposition.h"
 #include "ddprun/metrics/store_metrics.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/server/memory_limit.h"
 #include "ddprun/server/store_server.h"
 
 #ifndef DDPRUN_VERSION  // set by the build (cmake/Packaging.cmake) from the project's version
@@ -116,9 +118,13 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
   app.add_option("--max-memory", o.max_memory,
                  "bytes the whole daemon may hold: every store's data, the keys waiters and watchers name, replies "
-                 "queued for every connection (by wire size), partly received requests; a request past it is refused")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+                 "queued for every connection (by wire size), requests being received and parsed, 8 KiB per "
+                 "connection; a request past it is refused (default: 4 GiB, or " +
+                     std::to_string(ddprun::server::kLimitShareNum) + "/" + std::to_string(ddprun::server::kLimitShareDen) +
+                     " of this process's cgroup memory limit less " +
+                     std::to_string(ddprun::server::kLimitReserveBytes >> 20) +
+                     " MiB when that is less, e.g. under systemd's MemoryMax=)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-watches-per-connection", o.max_watches,
                  "distinct keys one PyTorch 1.13 client may watch (WATCH_KEY)")
       ->check(CLI::PositiveNumber)
@@ -151,9 +157,60 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->capture_default_str();
 }
 
+// Blocks of this size or more are mapped on their own and unmapped when freed. glibc's default
+// raises the threshold to the largest block freed so far (up to 32 MiB), after which the large
+// values and buffers of an attack stay in its arenas, held and fragmented, once freed: with it,
+// the attacks of rendezvous.attack_memory peaked at 1.5x the budget, 1.1-1.25x without. (A
+// lower threshold costs large values their speed: 256 KiB SET+GET ran at half the rate with
+// 128 KiB.)
+constexpr int kMmapThresholdBytes = 1 << 20;
+// Fixing the threshold fixes this one too, at 128 KiB: the heap's top would be handed back and
+// faulted in again on every large request. What it keeps is handed back when the server is idle
+// (MemoryBudget::trim_if_due).
+constexpr int kTrimThresholdBytes = 8 << 20;
+
+// --max-memory: as given, else 4 GiB or what leaves room under this process's cgroup memory
+// limit (systemd's MemoryMax=, a container's limit), whichever is less; never less than one
+// request and one reply. `note`: what to log once the first line is out (a warning when
+// `warn`).
+struct MemoryChoice {
+  uint64_t bytes = 0;
+  std::string note;
+  bool warn = false;
+};
+
+MemoryChoice resolve_max_memory(const DaemonOptions& o, uint64_t least) {
+  namespace srv = ddprun::server;
+  const auto cg = srv::read_cgroup_memory_limit();
+  const uint64_t safe = cg ? srv::budget_under_limit(cg->bytes) : o.max_memory;
+  const std::string limit = cg ? fmt::format("the memory limit of {} bytes ({})", cg->bytes, cg->file) : "";
+  if (o.memory_given) {
+    if (cg && o.max_memory > safe)
+      return {o.max_memory,
+              fmt::format("--max-memory {} leaves too little room under {}: the kernel may kill ddprund before it "
+                          "refuses a request; give at most {}, or raise the limit",
+                          o.max_memory, limit, safe),
+              true};
+    return {o.max_memory};
+  }
+  const uint64_t budget = std::min(o.max_memory, safe);
+  if (budget >= least)
+    return {budget, cg && budget < o.max_memory ? fmt::format("--max-memory {} bytes: room left under {}", budget, limit) : ""};
+  if (cg && safe < least)
+    return {least,
+            fmt::format("{} leaves room for less than one request and one reply ({} bytes, the least --max-memory): "
+                        "the kernel may kill ddprund before it refuses a request; raise the limit or lower "
+                        "--max-request-bytes and --max-reply-bytes",
+                        limit, least),
+            true};
+  return {least};
+}
+
 int run(const DaemonOptions& o) {
   spdlog::set_level(spdlog::level::from_str(o.log_level));
   spdlog::set_pattern("[%H:%M:%S.%e] [%l] %v");
+  ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+  ::mallopt(M_TRIM_THRESHOLD, kTrimThresholdBytes);
   ddprun::server::raise_fd_limit();
   ddprun::server::StoreServerOptions so;
   so.host = o.host;
@@ -178,8 +235,8 @@ int run(const DaemonOptions& o) {
   so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
                                                          : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
   so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
-  so.max_memory = o.memory_given ? o.max_memory
-                                 : std::max(o.max_memory, so.limits.max_request_bytes + so.store.max_reply_bytes);
+  const MemoryChoice memory = resolve_max_memory(o, so.limits.max_request_bytes + so.store.max_reply_bytes);
+  so.max_memory = memory.bytes;
   so.store.max_watches_per_connection = o.max_watches;
   so.io_threads = o.threads;
   so.standing = true;
@@ -235,6 +292,7 @@ int run(const DaemonOptions& o) {
   std::printf("ddprund listening on %s:%u\n", o.host.empty() ? "*" : o.host.c_str(), server.port());
   if (metrics) std::printf("ddprund metrics on %s\n", metrics->url().c_str());
   spdlog::info("[ddprund] {} I/O threads", server.io_threads());
+  if (!memory.note.empty()) spdlog::log(memory.warn ? spdlog::level::warn : spdlog::level::info, "[ddprund] {}", memory.note);
   if (so.rdzv_token.empty())
     spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
                  "DDPRUN_RDZV_TOKEN (the same on every agent) to require a token");

@@ -462,3 +462,46 @@ TEST_CASE("APortInUseFailsWithEaddrinuseWhateverTheThreadCount", "[server][threa
   client::StoreClient c(client_opts(first->port()));  // the first one still serves
   CHECK(c.add("k", 1) == 1);
 }
+
+// An idle connection costs about 9 KiB in a memory cgroup (the kernel's socket, the server's
+// objects, its first input buffer), and a client may open tens of thousands: each is charged
+// to the memory budget while open, so past it new ones are refused at accept rather than
+// outgrowing a memory limit. A 1 MiB budget (and its reserve of an eighth for small holders)
+// holds fewer than 100 at 12 KiB each; their input buffers alone (4 KiB) would let 288 in.
+TEST_CASE("IdleConnectionsCountInTheMemoryBudget", "[server][memory]") {
+  server::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.limits.max_key_len = 1024;
+  o.limits.max_value_len = 1024;
+  o.limits.max_request_bytes = 4096;
+  o.store.max_reply_bytes = 4096;
+  o.max_memory = 1 << 20;
+  server::StoreServer srv(o);
+  srv.start();
+  std::vector<std::unique_ptr<Raw>> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(std::make_unique<Raw>(srv.port()));
+    idle.back()->send(validate());
+  }
+  // Every connection was accepted or refused once the server has read all the VALIDATEs:
+  // a client connecting last is answered or refused after them (a hang guard, not a timing).
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (srv.stats().connections_accepted + srv.metrics().closed_for_memory < 200 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  const uint64_t refused = srv.metrics().closed_for_memory;
+  CHECK(refused > 100);
+  size_t closed = 0;  // the refused ones: their end is closed by now (loopback)
+  for (auto& r : idle) {
+    pollfd p{r->fd, POLLIN, 0};
+    char byte;
+    closed += ::poll(&p, 1, 0) == 1 && ::recv(r->fd, &byte, 1, 0) <= 0;
+  }
+  CHECK(closed == refused);
+  idle.clear();
+  // Once they go, the budget is free again.
+  client::StoreClient c(client_opts(srv.port()));
+  c.set("after", "ok");
+  CHECK(c.get("after") == "ok");
+}

@@ -35,9 +35,18 @@ void ConnectionIo::start(const ConnPtr& c) {
   guarded(c, [&] { read_some(c); });
 }
 
-// Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes.
+// Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes. What is
+// counted is its capacity: it doubles at least, up to the longest request (a request arriving
+// in reads of 64 KiB copies O(its size) in all), and is allocated to the byte.
 bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
-  const size_t grow = c->in_size + want - c->in.size();
+  const size_t size = c->in_size + want;
+  if (size <= c->in.capacity()) {
+    c->in.resize(size);
+    return true;
+  }
+  const size_t capacity =
+      std::max<size_t>(size, std::min<uint64_t>(2 * c->in.capacity(), options_.limits.max_request_bytes));
+  const size_t grow = capacity - c->in.capacity();
   if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
     counters_.buffered -= grow;
     close_for_limit(c, Warn::BufferLimit,
@@ -45,12 +54,13 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
                                 options_.max_buffered_bytes));
     return false;
   }
-  if (!budget_.try_charge(grow, c->in_size + want <= MemoryBudget::kModestBytes)) {
+  if (!budget_.try_charge(grow, capacity <= MemoryBudget::kModestBytes)) {
     counters_.buffered -= grow;
     close_for_limit(c, Warn::MemoryLimit, "its request: " + budget_.refusal(grow));
     return false;
   }
-  c->in.resize(c->in_size + want);
+  c->in.reserve(capacity);  // exactly that
+  c->in.resize(size);
   return true;
 }
 
@@ -89,10 +99,11 @@ void ConnectionIo::pause_input(const ConnPtr& c) {
 }
 
 void ConnectionIo::shrink_input(const ConnPtr& c) {
-  counters_.buffered -= c->in.size() - kReadChunk;
-  budget_.release(c->in.size() - kReadChunk);
+  const size_t held = c->in.capacity();
   c->in.resize(kReadChunk);
   c->in.shrink_to_fit();
+  counters_.buffered -= held - c->in.capacity();
+  budget_.release(held - c->in.capacity());
 }
 
 // ---- the outbox (under a keyspace lock or the rounds lock) ----
@@ -274,8 +285,8 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   boost::system::error_code ignored;
   c->socket.shutdown(tcp::socket::shutdown_both, ignored);
   c->socket.close(ignored);
-  counters_.buffered -= c->in.size();
-  budget_.release(c->in.size());
+  counters_.buffered -= c->in.capacity();
+  budget_.release(c->in.capacity() + (c->budgeted ? kConnectionBytes : 0));
   std::vector<uint8_t>().swap(c->in);
   --counters_.open;
   if (c->session.agent) --counters_.agents;

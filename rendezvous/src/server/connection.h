@@ -101,7 +101,7 @@ struct Connection {
   IoThread* thread;     // the one thread that reads and writes the socket
   Session session;
   // I/O thread only:
-  std::vector<uint8_t> in;        // its size counts in ConnectionIo's buffered total
+  std::vector<uint8_t> in;        // its capacity counts in ConnectionIo's buffered total and the budget
   wire::RequestFramer framer;     // how far the request at the start of `in` has been framed
   bool draining = false;          // refused: its last reply is queued, it reads nothing more
   size_t in_size = 0;
@@ -113,6 +113,7 @@ struct Connection {
   store::Outbox writing;          // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;
+  bool budgeted = false;          // ConnectionIo::kConnectionBytes charged for it (released at close)
   // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
   std::optional<boost::asio::steady_timer> deadline;
   // Set under ks->mu when its keyspace was reset or dropped, for every connection of it (an
@@ -183,6 +184,11 @@ class ConnectionIo {
   // Reads start small (thousands of mostly idle connections cost little) and grow to the large
   // chunk while a connection keeps filling its buffer.
   static constexpr size_t kSmallReadChunk = 4 * 1024;
+  // What one connection costs beyond its buffers, charged to the budget while it is open: the
+  // kernel's socket and the server's own objects (about 5 KiB measured for an idle one), with
+  // room to spare. Tens of thousands of idle connections are refused at accept past the budget
+  // instead of outgrowing a small memory limit.
+  static constexpr uint64_t kConnectionBytes = 8 * 1024;
   static constexpr size_t kReadChunk = 64 * 1024;
 
   // On c's thread, after its requests were handled: drops what was parsed, shrinks the buffer.
@@ -192,7 +198,7 @@ class ConnectionIo {
       c->in_size -= pos;
       // need_total is relative to the unparsed rest, which now starts at 0: keep it as is.
     }
-    if (c->in.size() > 4 * kReadChunk && c->in_size < kReadChunk) shrink_input(c);
+    if (c->in.capacity() > 4 * kReadChunk && c->in_size < kReadChunk) shrink_input(c);
   }
   // On c's thread, from on_input: the rest of c's buffered requests are handled after the
   // thread's other ready work, and no read is issued until then (a read in flight would land

@@ -19,6 +19,10 @@ constexpr uint64_t kYieldAfterReplyBytes = 1 << 20;
 // Likewise a batch that held its keyspace's lock this long (checked every 16 requests): a deep
 // pipeline of small requests is served in slices, so the lock is never held for long.
 constexpr auto kYieldAfterHold = std::chrono::milliseconds(2);
+// A parsed request is a copy of its bytes, which the input buffer keeps until its batch ends: one
+// this large is counted in the memory budget while it is applied (smaller ones are in the slack
+// the budget leaves under the memory limit).
+constexpr uint64_t kCountedCopyBytes = 64 * 1024;
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
 
 // Whether a request of `op` may make its keyspace hold more (values, queued items, keys that
@@ -32,6 +36,16 @@ bool stores_bytes(wire::Op op) {
     default:
       return false;
   }
+}
+
+// What applying `req` may add to its store, at most: its keys and values; a WAIT or WATCH_KEY
+// keeps each key twice with an entry of its own (store_state_detail.h entry_bytes).
+uint64_t stored_growth(const wire::Request& req) {
+  const bool names_keys = req.op == wire::Op::Wait || req.op == wire::Op::WatchKey;
+  uint64_t bytes = 0;
+  for (const auto& k : req.keys) bytes += names_keys ? 2 * k.size() + 64 : k.size();
+  for (const auto& v : req.values) bytes += v.size();
+  return bytes;
 }
 }  // namespace
 
@@ -78,6 +92,30 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
 }
 
 namespace {
+// The budget's charge for `req`, the parsed copy of a request of `bytes` (kCountedCopyBytes and
+// more), held while it is applied; then what is left of the copy goes (the thread's scratch
+// request would keep it until its next request).
+class ParsedCopy {
+ public:
+  ParsedCopy(MemoryBudget& budget, uint64_t bytes, wire::Request& req)
+      : budget_(budget), req_(req), bytes_(bytes >= kCountedCopyBytes ? bytes : 0),
+        ok_(bytes_ == 0 || budget.try_charge(bytes_)) {}
+  ~ParsedCopy() {
+    if (bytes_ == 0) return;
+    req_ = wire::Request{.op = req_.op};  // the batch still reads which operation it was
+    if (ok_) budget_.release(bytes_);
+  }
+  ParsedCopy(const ParsedCopy&) = delete;
+  ParsedCopy& operator=(const ParsedCopy&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  MemoryBudget& budget_;
+  wire::Request& req_;
+  const uint64_t bytes_;
+  const bool ok_;
+};
+
 // collect_metrics: each request's time from its parse to its reply queued (lock wait
 // included), one clock read per request; the end of one is the start of the next.
 class RequestClock {
@@ -219,7 +257,13 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   t.batch_reply_bytes = 0;
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
-  while (b.pos < c->in_size && take_request(c, b)) {
+  for (size_t at = b.pos; b.pos < c->in_size && take_request(c, b); at = b.pos) {
+    const ParsedCopy copy(budget, b.pos - at, t.req);
+    if (!copy.ok()) {
+      ++counters.closed_memory;
+      b.bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(b.pos - at);
+      break;
+    }
     if (!c->session.served) first_request(c);  // the batch's first request: no lock held yet
     hold.acquire();
     if (c->revoked) {
@@ -340,14 +384,12 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
   t.others.clear();  // t.reply is empty between requests (send_reply)
   t.more = false;
   // What the request may add to the store: refused before anything changes when past the budget.
-  // A request is at most max_request_bytes: while that fits, nothing needs adding up.
-  if (!continued && !budget.fits(options.limits.max_request_bytes) && stores_bytes(t.req.op)) {
-    uint64_t incoming = 0;
-    for (const auto& k : t.req.keys) incoming += k.size();
-    for (const auto& v : t.req.values) incoming += v.size();
-    if (!budget.fits(incoming)) {
+  // It adds at most twice its bytes (a waiter or watcher keeps each key it names in two places):
+  // while that fits, nothing needs adding up.
+  if (!continued && !budget.fits(2 * options.limits.max_request_bytes) && stores_bytes(t.req.op)) {
+    if (!budget.fits(stored_growth(t.req))) {
       ++counters.closed_memory;
-      bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+      bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(stored_growth(t.req));
       return false;
     }
   }

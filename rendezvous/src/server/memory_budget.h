@@ -2,11 +2,16 @@
 // --max-memory): what every keyspace holds (keys, values, queued items, the keys its waiters
 // and watchers name), the bytes queued for every connection (replies and events in flight,
 // counted by their wire size, so a value held only by a reply still counts), and every
-// connection's input buffer. A request that would pass it is refused, naming the limit.
+// connection's input buffer (by capacity), the parsed copy of a large request while it is
+// applied, and a fixed cost per open connection. A request that would pass it is refused,
+// naming the limit.
+//
+// What it does not count (the allocator's slack, socket buffers, threads, the program) is what
+// the default --max-memory leaves room for under a cgroup memory limit (memory_limit.h).
 //
 // glibc keeps freed memory in its arenas; after a large release (an attack's connections
 // closed: what is held fell 32 MiB below its peak) trim_if_due() hands it back to the system,
-// at most once a second.
+// at most once a second: after requests and closes, and from a timer while the server is idle.
 //
 // Each I/O thread keeps a little credit of its own (bind_thread): its charges and releases move
 // the shared counter only in steps of a slack (64 KiB, less for small limits), so threads do

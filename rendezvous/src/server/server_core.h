@@ -33,6 +33,9 @@ namespace ddprun::server {
 // While agents are connected, the rounds tick at least this often (heartbeat expiry); a longer
 // gap between ticks is this server's own stall (RoundState::set_tick_period).
 inline constexpr std::chrono::milliseconds kHeartbeatCheckPeriod{200};
+// How often an idle server looks whether memory it freed should go back to the system
+// (MemoryBudget::trim_if_due; requests and closes look too, as they come).
+inline constexpr std::chrono::seconds kIdleTrimPeriod{1};
 
 class ServerCore final : public ConnectionEvents, public KeyspaceHost {
  public:
@@ -68,6 +71,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   Keyspaces keyspaces{options, *this, budget};
   rdzv::RoundState rounds{keyspaces};
   std::optional<boost::asio::steady_timer> tick_timer;
+  std::optional<boost::asio::steady_timer> trim_timer;  // on the first thread
   std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu
   // The rounds' clock: steady time. The rounds themselves find this server's own stalls in the
   // gaps between its ticks (RoundState::on_tick), so no agent is blamed for them.
@@ -87,6 +91,9 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // On c's thread: on_deadline(c) after `after` (replacing the one set before), unless closed.
   void arm_deadline(const ConnPtr& c, std::chrono::milliseconds after);
   void on_deadline(const ConnPtr& c);
+  // Every kIdleTrimPeriod until stopped, on the first thread: freed memory goes back to the
+  // system without waiting for a request.
+  void schedule_trim();
 
   // ---- dispatch.cpp ----
   enum class Sniffed { Go, NeedMore, Closed };

@@ -32,6 +32,7 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
   warns.set_sink(options.peer_warning);
   warns.set_prefix(options.log_prefix);
   tick_timer.emplace(control());
+  trim_timer.emplace(control());
   rounds.set_tick_period(kHeartbeatCheckPeriod);
   keyspaces.main().listener = make_listener("main");
 }
@@ -46,6 +47,7 @@ ServerCore::~ServerCore() {
   }
   keyspaces.destroy();
   tick_timer.reset();
+  trim_timer.reset();
   for (auto& t : threads) t.reset();
 }
 
@@ -63,17 +65,24 @@ void ServerCore::start_accepting(Keyspace* ks) {
 
 // `from`: the peer as accept gave it (asking the socket later fails once the peer reset).
 void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& from, size_t thread_index) {
+  if (options.socket_buffer_bytes > 0) {
+    boost::system::error_code e;
+    sock.set_option(asio::socket_base::send_buffer_size(options.socket_buffer_bytes), e);
+    sock.set_option(asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), e);
+  }
   auto c = std::make_shared<Connection>(std::move(sock), ks, threads[thread_index].get());
   c->session.peer = plain_address(from.address());
   c->session.peer_port = from.port();
-  bool refused = false, stranger = false;
+  // A fresh connection is small: it may use the reserve of connections that stay small.
+  const bool over_budget = !budget.try_charge(ConnectionIo::kConnectionBytes, true);
+  bool refused = over_budget, stranger = false;
   ConnPtr replaced;
   {
     std::lock_guard lock(mu);
     c->id = next_id++;
+    if (!refused && ks->discarded) refused = true;
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
-    if (ks->discarded) refused = true;
-    else if (!keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, c->session.peer, rounds))
+    if (!refused && !keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, c->session.peer, rounds))
       refused = stranger = true;
     if (!refused) {
       auto admit = admission.may_connect_locked(descriptors_in_use(), c, std::chrono::steady_clock::now());
@@ -81,6 +90,7 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
       replaced = std::move(admit.replaces);
     }
   }
+  if (refused && !over_budget) budget.release(ConnectionIo::kConnectionBytes);
   if (replaced) io.post_close(replaced);  // its slot is c's
   if (!refused) {
     // Not inside mu: the rounds lock never waits for a keyspace's. A round closed meanwhile set
@@ -89,8 +99,10 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
     std::lock_guard ks_lock(ks->mu);
     refused = ks->discarded;
     if (!refused) ks->conns.emplace(c->id, c);
+    else budget.release(ConnectionIo::kConnectionBytes);
   }
   if (!refused) {
+    c->budgeted = true;
     ++accepted;
     ++counters.open;
     io.start(c);
@@ -103,6 +115,13 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
     admission.closed_locked(*c);
   }
   if (stranger) admission.refused_store_client(ks->name, c->session.peer, false);
+  if (over_budget) {
+    ++counters.closed_memory;
+    warns.warn(Warn::MemoryLimit, [&] {
+      return fmt::format("refused a connection from {}: {}", c->session.peer.to_string(),
+                         budget.refusal(ConnectionIo::kConnectionBytes));
+    });
+  }
   boost::system::error_code ignored;
   c->socket.close(ignored);
 }
@@ -165,6 +184,15 @@ void ServerCore::revoke_locked(const Keyspace* ks) {
   }
 }
 
+void ServerCore::schedule_trim() {
+  trim_timer->expires_after(kIdleTrimPeriod);
+  trim_timer->async_wait([this](boost::system::error_code ec) {
+    if (ec || stopped) return;
+    budget.trim_if_due();
+    schedule_trim();
+  });
+}
+
 void ServerCore::check_limits() const {
   const auto& l = options.limits;
   if (l.max_request_bytes < min_request_bytes(l))
@@ -205,6 +233,7 @@ void ServerCore::start() {
   keyspaces.main_listening();
   if (!options.accept_later) start_accepting(&keyspaces.main());
   started = true;
+  schedule_trim();
   for (auto& t : threads) {
     t->thread = std::thread([this, io = &t->io, credit = &t->credit] {
       budget.bind_thread(credit);
@@ -229,6 +258,7 @@ void ServerCore::stop() {
     asio::post(control(), [this] {
       std::lock_guard l(mu);
       tick_timer->cancel();
+      trim_timer->cancel();
     });
     keyspaces.for_each([this](Keyspace& ks) {
       std::lock_guard ks_lock(ks.mu);

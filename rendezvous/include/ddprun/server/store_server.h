@@ -48,6 +48,7 @@ inline constexpr uint64_t kDefaultMaxJobs = 1024;
 inline constexpr uint64_t kDefaultMaxConnectionBufferedBytes = 256ull * 1024 * 1024;
 inline constexpr uint64_t kDefaultMaxBufferedBytes = 1ull << 30;
 inline constexpr uint64_t kDefaultMaxMemory = 4ull << 30;
+inline constexpr int kDefaultSocketBufferBytes = 128 * 1024;
 inline constexpr std::chrono::milliseconds kDefaultFirstBytesTimeout{30000};
 inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{5000};
 
@@ -85,6 +86,10 @@ struct StoreServerOptions {
   // connection whose queued replies stay small may use a reserve of an eighth past it, so
   // clients that read their replies stay served.
   uint64_t max_memory = kDefaultMaxMemory;
+  // SO_SNDBUF and SO_RCVBUF of every connection (the kernel doubles them for its bookkeeping):
+  // what the kernel holds for one peer is bounded (its autotuning goes to 4 MiB sent and 32 MiB
+  // received per connection on common settings), outside the budget. 0: the kernel's autotuning.
+  int socket_buffer_bytes = kDefaultSocketBufferBytes;
   // Meaning of the legacy codes 7 and 8 (TCPSTORE §6.2): D0 (1.13/2.0) or D1 (2.1).
   wire::Dialect legacy_dialect = wire::Dialect::D0;
   // Serve the agents' rendezvous rounds (docs/RENDEZVOUS.md) on the same port. Each round
