@@ -105,6 +105,11 @@ struct Connection {
   // A batch of its requests yielded the thread with input left (ConnectionIo::pause_input): no
   // read is in flight, so nothing writes into `in` while what is left is handled later.
   bool input_paused = false;
+  // A request applied in slices (store::ApplyResult::more): kept here from its first slice to
+  // its last, each slice run after the thread's other ready work (ServerCore::store_batch); its
+  // memory is charged to the budget as `sliced_charge`. Input stays paused meanwhile.
+  std::unique_ptr<wire::Request> sliced;
+  uint64_t sliced_charge = 0;
   store::Outbox writing;          // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
-#include <thread>
+#include <utility>
 
 #include "server_core.h"
 
@@ -205,6 +205,11 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
 // meanwhile. Nothing else can be queued for c in between that its reply must precede: a reply
 // whose request woke or notified anyone was queued under the lock (on_store_request), and so
 // is a WATCH_KEY's.
+//
+// A request applied in slices (a WAIT of many keys) is parked on c after each slice and the
+// batch yields the thread (Batch::yield): its next slice runs after the other ready work of
+// every connection of the thread, whatever their keyspace, so none waits for more than a slice
+// of it. c's later requests wait for its last slice (c reads nothing meanwhile).
 void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   IoThread& t = *c->thread;
   RequestClock clock(options.collect_metrics);
@@ -212,36 +217,31 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   t.batch_reply_bytes = 0;
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
-  while (b.pos < c->in_size && take_request(c, b)) {
+  wire::Op op{};
+  while (c->sliced || (b.pos < c->in_size && take_request(c, b))) {
     hold.acquire();
     if (c->revoked) {
       b.revoked = true;
       break;
     }
-    bool ok = on_store_request(t, c, b.bad);
-    // A request applied in slices (a WAIT of many keys): the lock is let go between them,
-    // so other connections of its keyspace wait for one slice, not for the whole request.
-    while (ok && t.more) {
-      send_reply(t, c);
-      hold.release();
-      std::this_thread::yield();
-      hold.acquire();
-      if (c->revoked) break;  // its state is dropped when it closes (below)
-      ok = on_store_request(t, c, b.bad, true);
-    }
-    if (c->revoked) {
-      t.reply.clear();
-      b.revoked = true;
+    wire::Request& req = c->sliced ? *c->sliced : t.req;
+    op = req.op;
+    const bool ok = on_store_request(t, c, req, b.bad, c->sliced != nullptr);
+    if (ok && t.more) {
+      if (!c->sliced) park(t, c);
+      send_reply(t, c);  // what the slice wrote of the reply (a MULTI_GET's values)
+      b.yield = true;
       break;
     }
+    if (c->sliced) unpark(c);
     if (!ok) break;
     // A WATCH_KEY's acknowledgement goes before any event of the key it registered.
-    if (b.pos == c->in_size && t.req.op != wire::Op::WatchKey) {
+    if (b.pos == c->in_size && op != wire::Op::WatchKey) {
       last_reply = true;
       break;
     }
     send_reply(t, c);
-    clock.observe(t, static_cast<size_t>(t.req.op));
+    clock.observe(t, static_cast<size_t>(op));
     if (t.batch_reply_bytes > kYieldAfterReplyBytes || ((++served & 15) == 0 && hold.longer_than(kYieldAfterHold))) {
       b.yield = true;
       break;
@@ -250,8 +250,26 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   hold.release();
   if (last_reply) {
     send_reply(t, c);
-    clock.observe(t, static_cast<size_t>(t.req.op));
+    clock.observe(t, static_cast<size_t>(op));
   }
+}
+
+// The request in t.req is partly applied: it moves to c, charged to the budget (the bytes of
+// its input buffer, released once consumed, move to it).
+void ServerCore::park(IoThread& t, const ConnPtr& c) {
+  uint64_t bytes = sizeof(wire::Request);
+  for (const auto& k : t.req.keys) bytes += sizeof(std::string) + k.capacity();
+  for (const auto& v : t.req.values) bytes += sizeof(std::string) + v.capacity();
+  c->sliced = std::make_unique<wire::Request>(std::move(t.req));
+  t.req = wire::Request();
+  c->sliced_charge = bytes;
+  budget.charge(bytes);
+}
+
+void ServerCore::unpark(const ConnPtr& c) {
+  if (!c->sliced) return;
+  c->sliced.reset();
+  budget.release(std::exchange(c->sliced_charge, 0));
 }
 
 // Queues t.reply for c and empties it (dropping its references).
@@ -319,31 +337,31 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
   return false;
 }
 
-// Serves the request in t.req; false: c must be closed, `bad` says why. `continued`: the next
+// Serves `req` (t.req, or a request parked on c); false: c must be closed, `bad` says why. `continued`: the next
 // slice of a request that was partly applied (its budget check was done with its first).
-bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued) {
+bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued) {
   t.others.clear();  // t.reply is empty between requests (send_reply)
   t.more = false;
   // What the request may add to the store: refused before anything changes when past the budget.
   // A request is at most max_request_bytes: while that fits, nothing needs adding up.
-  if (!continued && !budget.fits(options.limits.max_request_bytes) && stores_bytes(t.req.op)) {
+  if (!continued && !budget.fits(options.limits.max_request_bytes) && stores_bytes(req.op)) {
     uint64_t incoming = 0;
-    for (const auto& k : t.req.keys) incoming += k.size();
-    for (const auto& v : t.req.values) incoming += v.size();
+    for (const auto& k : req.keys) incoming += k.size();
+    for (const auto& v : req.values) incoming += v.size();
     if (!budget.fits(incoming)) {
       ++counters.closed_memory;
-      bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(incoming);
+      bad = std::string(wire::op_name(req.op)) + ": " + budget.refusal(incoming);
       return false;
     }
   }
   bool out_of_memory = false;
   try {
     const store::ApplyResult applied =
-        c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
+        c->ks->state.apply(c->id, c->session.dialect, req, t.reply, t.others, budget.room(true));
     budget.settle(c->ks->charged, c->ks->state.memory());
     if (applied.close) {
       t.reply.clear();
-      bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+      bad = std::string(wire::op_name(req.op)) + ": " + applied.error;
       return false;
     }
     t.more = applied.more;
@@ -353,7 +371,7 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
   if (out_of_memory) {
     t.reply = store::Reply();
     t.others.clear();
-    bad = std::string(wire::op_name(t.req.op)) + ": out of memory while serving it";
+    bad = std::string(wire::op_name(req.op)) + ": out of memory while serving it";
     return false;
   }
   t.batch_reply_bytes += t.reply.wire_size();
@@ -429,6 +447,7 @@ void ServerCore::on_tick() {
 // c was closed on its thread: the rounds or its keyspace forget it.
 void ServerCore::on_closed(const ConnPtr& c) {
   IoThread& t = *c->thread;
+  unpark(c);
   {
     std::lock_guard lock(mu);
     admission.closed_locked(*c);

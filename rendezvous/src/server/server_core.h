@@ -106,7 +106,10 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   bool on_agent_message(IoThread& t, const ConnPtr& c);
   // Leaves c's reply in t.reply for send_reply, unless the request woke or notified anyone: then
   // the reply and those events are queued, in that order.
-  bool on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued = false);
+  bool on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued);
+  // A request applied in slices is kept on c from its first slice (park) to its last (unpark).
+  void park(IoThread& t, const ConnPtr& c);
+  void unpark(const ConnPtr& c);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();
