@@ -1,10 +1,13 @@
 #include "connection.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace ddprun::server {
 
@@ -19,7 +22,41 @@ constexpr size_t kMaxDirectSends = 16;
 // rounds rather than with one buffer table of its whole length), and to one sendmsg.
 constexpr size_t kWritePieces = 1024;
 constexpr size_t kSendPieces = 64;
+// An input buffer of at least this size is mapped memory (InputBuffer).
+constexpr size_t kMappedInput = 1 << 20;
 }  // namespace
+
+void InputBuffer::resize(size_t n, size_t keep) {
+  keep = std::min({keep, n, size_});
+  if (n == size_) return;
+  if (mapped_ && n >= kMappedInput) {  // the kernel moves the pages: no copy
+    void* p = ::mremap(data_, size_, n, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<uint8_t*>(p);
+    size_ = n;
+    return;
+  }
+  void* p = nullptr;
+  if (n >= kMappedInput) {
+    p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+  } else if (n > 0 && !(p = std::malloc(n))) {
+    throw std::bad_alloc();
+  }
+  if (keep > 0) std::memcpy(p, data_, keep);
+  reset();
+  data_ = static_cast<uint8_t*>(p);
+  size_ = n;
+  mapped_ = n >= kMappedInput;
+}
+
+void InputBuffer::reset() {
+  if (mapped_) ::munmap(data_, size_);
+  else std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = false;
+}
 
 void ConnectionIo::on_exception(const ConnPtr& c, const std::exception& e) {
   try {
@@ -50,7 +87,7 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
     close_for_limit(c, Warn::MemoryLimit, "its request: " + budget_.refusal(grow));
     return false;
   }
-  c->in.resize(c->in_size + want);
+  c->in.resize(c->in_size + want, c->in_size);
   return true;
 }
 
@@ -91,8 +128,7 @@ void ConnectionIo::pause_input(const ConnPtr& c) {
 void ConnectionIo::shrink_input(const ConnPtr& c) {
   counters_.buffered -= c->in.size() - kReadChunk;
   budget_.release(c->in.size() - kReadChunk);
-  c->in.resize(kReadChunk);
-  c->in.shrink_to_fit();
+  c->in.resize(kReadChunk, c->in_size);
 }
 
 // ---- the outbox (under a keyspace lock or the rounds lock) ----
@@ -278,7 +314,7 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   c->socket.close(ignored);
   counters_.buffered -= c->in.size();
   budget_.release(c->in.size());
-  std::vector<uint8_t>().swap(c->in);
+  c->in.reset();
   --counters_.open;
   if (c->session.agent) --counters_.agents;
   events_.on_closed(c);

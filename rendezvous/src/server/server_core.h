@@ -107,7 +107,8 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Leaves c's reply in t.reply for send_reply, unless the request woke or notified anyone: then
   // the reply and those events are queued, in that order.
   bool on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued);
-  // A request applied in slices is kept on c from its first slice (park) to its last (unpark).
+  // A request parsed in steps or applied in slices is kept on c (park) until its last slice (unpark).
+  wire::Request* next_request(IoThread& t, const ConnPtr& c, Batch& b);
   void park(IoThread& t, const ConnPtr& c);
   void unpark(const ConnPtr& c);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
