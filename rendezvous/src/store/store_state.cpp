@@ -238,7 +238,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
     it->second.seen->reserve(std::min(req.keys.size(), size_t{1} << 16));
   }
   Waiter& waiter = it->second;
-  const size_t end = std::min(req.keys.size(), waiter.next + kWaitSlice);
+  const size_t end = slice_end(req.keys, waiter.next);
   uint64_t bytes = 0;
   for (size_t i = waiter.next; i < end; ++i) {
     const std::string& k = req.keys[i];
@@ -333,11 +333,8 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
     }
     case Op::Add:
       return op_add(conn, req, w, others);
-    case Op::Check: {
-      bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return exists(k); });
-      w.u8(ready ? wire::kCheckReady : wire::kCheckNotReady);
-      return {};
-    }
+    case Op::Check:
+      return op_check(conn, req, w);
     case Op::Wait:
       return op_wait(conn, req, w, others);
     case Op::GetNumKeys:

@@ -52,17 +52,20 @@ struct StoreLimits {
 struct ApplyResult {
   bool close = false;  // protocol error: close the requesting connection, nothing changed
   std::string error;   // why, for the log
-  // Partly applied (a WAIT, MULTI_GET or MULTI_SET naming more than kWaitSlice keys, a LIST_KEYS
+  // Partly applied (a CHECK, WAIT, MULTI_GET or MULTI_SET of more than one slice, a LIST_KEYS
   // of a large store): call apply() again with the same request, untouched, until this is false.
   // The caller may release its lock in between, so one request never holds it long; nothing of
   // the connection may run in between. A slice may already have appended part of the reply.
   bool more = false;
 };
 
-// Keys of a WAIT, MULTI_GET or MULTI_SET handled per apply() call (a slice: about a millisecond
-// of work). A request of at most this many keys is applied at once (atomic, as in PyTorch's
-// servers); a larger one in slices, between which other clients' requests may run.
+// Keys of a CHECK, WAIT, MULTI_GET or MULTI_SET handled per apply() call (a slice: about a
+// millisecond of work), and the most bytes of keys a slice looks up (2048 keys of 480 bytes
+// took 9-17 ms on a loaded 2-core machine). A request that fits one slice is applied at once
+// (atomic, as in PyTorch's servers); a larger one in slices, between which other clients'
+// requests may run.
 inline constexpr size_t kWaitSlice = 2048;
+inline constexpr size_t kSliceBytes = 256 * 1024;
 // A WAIT of at most this many keys drops its duplicates without a hash set (the common case:
 // PyTorch's get() waits on one key).
 inline constexpr size_t kSmallWait = 8;
@@ -114,7 +117,7 @@ class StoreState {
     size_t next = 0;
     std::unique_ptr<std::unordered_set<std::string_view>> seen;
   };
-  // A MULTI_GET, MULTI_SET or LIST_KEYS being applied slice by slice (one per connection).
+  // A CHECK, MULTI_GET, MULTI_SET or LIST_KEYS being applied slice by slice (one per connection).
   struct Sliced {
     wire::Op op{};
     bool emitting = false;  // MULTI_GET: every value found, the reply being written; MULTI_SET: checked, storing
@@ -147,6 +150,7 @@ class StoreState {
   // One operation each (apply() dispatches): reply to `w`, events for others to `others`.
   ApplyResult op_compare_set(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult op_add(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
+  ApplyResult op_check(ConnId conn, wire::Request& req, Reply& w);
   ApplyResult op_wait(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);
   ApplyResult small_wait(ConnId conn, wire::Request& req, Reply& w, bool had_waiter);
   ApplyResult op_delete_key(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others);

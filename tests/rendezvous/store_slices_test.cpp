@@ -1,0 +1,75 @@
+// How large requests are cut into slices (ApplyResult::more): by keys and by bytes of keys, and
+// CHECK too. Each slice is a turn of the server's I/O thread, so its size bounds what the
+// thread's other connections wait.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "ddprun/store/store_state.h"
+
+using namespace ddprun;
+using wire::Op;
+
+namespace {
+// Applies `r` from connection 1 slice by slice; returns the number of apply() calls, the reply in `out`.
+int slices(store::StoreState& s, wire::Request r, std::string& out) {
+  store::Reply reply;
+  std::vector<store::Outgoing> others;
+  int calls = 0;
+  store::ApplyResult res;
+  out.clear();
+  do {
+    reply.clear();
+    res = s.apply(1, wire::Dialect::D2, r, reply, others);
+    out += reply.flatten();
+    ++calls;
+    REQUIRE(!res.close);
+  } while (res.more);
+  return calls;
+}
+
+std::vector<std::string> keys(size_t n, size_t len) {
+  std::vector<std::string> k;
+  for (size_t i = 0; i < n; ++i) {
+    std::string key = "/k/" + std::to_string(i) + "/";
+    key.resize(std::max(len, key.size()), 'x');
+    k.push_back(std::move(key));
+  }
+  return k;
+}
+}  // namespace
+
+TEST_CASE("ASliceEndsAtItsKeyCountOrItsBytesOfKeys", "[store][slices]") {
+  store::StoreState s;
+  std::string out;
+  wire::Request mset{.op = Op::MultiSet, .keys = keys(600, 1024), .values = std::vector<std::string>(600, "v")};
+  // 600 keys of 1 KiB: 256 per slice by bytes; checked in 3 slices, then stored in 3.
+  CHECK(slices(s, mset, out) == 6);
+  CHECK(s.num_keys() == 600);
+  wire::Request get{.op = Op::MultiGet, .keys = keys(600, 1024)};
+  CHECK(slices(s, get, out) == 3);  // looked up in 3; the last also writes the 600 values
+  CHECK(out.size() == 600 * 9);
+  wire::Request small{.op = Op::MultiGet, .keys = keys(600, 16)};
+  CHECK(slices(s, small, out) == 1);  // 600 short keys: one slice, atomic
+  wire::Request wait{.op = Op::Wait, .keys = keys(600, 1024)};
+  CHECK(slices(s, wait, out) == 3);
+  CHECK(out == std::string(1, static_cast<char>(wire::kWaitStop)));
+}
+
+TEST_CASE("ALargeCheckIsAppliedInSlicesAndStopsAtAMissingKey", "[store][slices]") {
+  store::StoreState s;
+  std::string out;
+  const auto k = keys(5000, 16);
+  wire::Request mset{.op = Op::MultiSet, .keys = k, .values = std::vector<std::string>(k.size(), "v")};
+  slices(s, mset, out);
+  wire::Request check{.op = Op::Check, .keys = k};
+  CHECK(slices(s, check, out) == 3);  // 2048 + 2048 + 904
+  CHECK(out == std::string(1, static_cast<char>(wire::kCheckReady)));
+  check.keys[3000] = "/absent";
+  CHECK(slices(s, check, out) == 2);  // not ready at the slice that found it missing
+  CHECK(out == std::string(1, static_cast<char>(wire::kCheckNotReady)));
+  wire::Request few{.op = Op::Check, .keys = {k[0], "/absent"}};
+  CHECK(slices(s, few, out) == 1);
+  CHECK(out == std::string(1, static_cast<char>(wire::kCheckNotReady)));
+}
