@@ -73,3 +73,33 @@ TEST_CASE("ALargeCheckIsAppliedInSlicesAndStopsAtAMissingKey", "[store][slices]"
   CHECK(slices(s, few, out) == 1);
   CHECK(out == std::string(1, static_cast<char>(wire::kCheckNotReady)));
 }
+
+TEST_CASE("ALargeWaiterIsForgottenASliceAtATime", "[store][slices]") {
+  // Its connection closing, a CANCEL_WAIT or a new WAIT: a slice of its keys per call, during
+  // which nothing wakes it; then it is gone and a SET of its keys answers nobody.
+  for (const Op op : {Op::CancelWait, Op::Wait}) {
+    store::StoreState s;
+    std::string out;
+    const auto k = keys(5000, 16);
+    CHECK(slices(s, wire::Request{.op = Op::Wait, .keys = k}, out) == 3);
+    CHECK(out.empty());  // deferred
+    CHECK(s.num_waiting_connections() == 1);
+    const auto missing = keys(1, 30);
+    const int calls = slices(s, wire::Request{.op = op, .keys = op == Op::Wait ? missing : std::vector<std::string>{}}, out);
+    CHECK(calls >= 3);  // 2048 + 2048 + 904 keys forgotten, then the request itself
+    CHECK(out == (op == Op::Wait ? "" : std::string(1, static_cast<char>(wire::kWaitCanceled))));
+    store::Reply reply;
+    std::vector<store::Outgoing> others;
+    wire::Request set{.op = Op::Set, .keys = {k[4999]}, .values = {"v"}};
+    s.apply(2, wire::Dialect::D2, set, reply, others);
+    CHECK(others.empty());
+  }
+  store::StoreState s;
+  std::string out;
+  slices(s, wire::Request{.op = Op::Wait, .keys = keys(5000, 16)}, out);
+  int calls = 1;
+  while (s.disconnect(1)) ++calls;
+  CHECK(calls == 3);
+  CHECK(s.num_waiting_connections() == 0);
+  CHECK(s.memory() == 0);
+}

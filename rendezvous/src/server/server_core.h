@@ -111,10 +111,12 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   wire::Request* next_request(IoThread& t, const ConnPtr& c, Batch& b);
   void park(IoThread& t, const ConnPtr& c);
   void unpark(const ConnPtr& c);
+  void discard(IoThread& t, std::shared_ptr<ParkedRequest> p);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();
   void on_tick();
+  void forget(const ConnPtr& c);
   void note_hold(std::chrono::steady_clock::duration held);
 };
 

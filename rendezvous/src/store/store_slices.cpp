@@ -131,6 +131,7 @@ ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, 
       end_slicing(conn);
       return refuse(*why);
     }
+    kv_.reserve(kv_.size() + s.count);  // one rehash now, not one in a slice of the stores
     s.emitting = true;
     s.next = 0;
     return {.more = true};

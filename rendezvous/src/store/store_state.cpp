@@ -64,7 +64,7 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
     waiting_on_.erase(w);
     for (ConnId c : conns) {
       auto wt = waiters_.find(c);
-      if (wt == waiters_.end()) continue;
+      if (wt == waiters_.end() || wt->second.removing) continue;
       if (--wt->second.remaining == 0 && !wt->second.registering) {
         erase_waiter(wt);
         others.push_back({c, status(wire::kWaitStop)});
@@ -89,16 +89,32 @@ void StoreState::erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
 }
 
 void StoreState::remove_waiter(ConnId conn) {
-  auto wt = waiters_.find(conn);
-  if (wt != waiters_.end()) {
-    for (const auto& k : wt->second.keys) {
-      auto w = waiting_on_.find(k);
-      if (w == waiting_on_.end()) continue;
-      erase_conn(w->second, conn);
-      if (w->second.empty()) waiting_on_.erase(w);
-    }
-    erase_waiter(wt);
+  while (remove_waiter_step(conn)) {
   }
+  leave_barrier(conn);
+}
+
+// Forgets a slice of conn's waiter (slice_end of its keys): true while some of it is left.
+bool StoreState::remove_waiter_step(ConnId conn) {
+  auto wt = waiters_.find(conn);
+  if (wt == waiters_.end()) return false;
+  Waiter& w = wt->second;
+  w.removing = true;
+  const size_t end = slice_end(w.keys, w.removed);
+  for (size_t i = w.removed; i < end; ++i) {
+    if (auto on = waiting_on_.find(w.keys[i]); on != waiting_on_.end()) {
+      erase_conn(on->second, conn);
+      if (on->second.empty()) waiting_on_.erase(on);
+    }
+    std::string().swap(w.keys[i]);  // its memory goes with its slice
+  }
+  w.removed = end;
+  if (end < w.keys.size()) return true;
+  erase_waiter(wt);
+  return false;
+}
+
+void StoreState::leave_barrier(ConnId conn) {
   if (auto b = barrier_of_.find(conn); b != barrier_of_.end()) {
     auto bw = barrier_waiting_.find(b->second);
     if (bw != barrier_waiting_.end()) {
@@ -109,8 +125,9 @@ void StoreState::remove_waiter(ConnId conn) {
   }
 }
 
-void StoreState::disconnect(ConnId conn) {
-  remove_waiter(conn);
+bool StoreState::disconnect(ConnId conn) {
+  if (remove_waiter_step(conn)) return true;
+  leave_barrier(conn);
   end_slicing(conn);
   if (auto w = watched_by_.find(conn); w != watched_by_.end()) {
     for (const auto& k : w->second) {
@@ -122,6 +139,7 @@ void StoreState::disconnect(ConnId conn) {
     }
     watched_by_.erase(w);
   }
+  return false;
 }
 
 void StoreState::clear() {
@@ -234,8 +252,11 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
     it->second.registering = true;
-    it->second.seen = std::make_unique<std::unordered_set<std::string_view>>();
-    it->second.seen->reserve(std::min(req.keys.size(), size_t{1} << 16));
+    it->second.seen = std::make_unique<SeenKeys>();
+    // Both tables sized once, now: grown while the slices ran, a rehash of them all took one
+    // slice 54 ms.
+    it->second.seen->keys.reserve(req.keys.size());
+    waiting_on_.reserve(waiting_on_.size() + req.keys.size());
   }
   Waiter& waiter = it->second;
   const size_t end = slice_end(req.keys, waiter.next);
@@ -243,7 +264,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   for (size_t i = waiter.next; i < end; ++i) {
     const std::string& k = req.keys[i];
     if (exists(k)) continue;
-    if (!waiter.seen->insert(k).second) continue;
+    if (!waiter.seen->keys.insert(k).second) continue;
     waiting_on_[k].push_back(conn);
     waiter.keys.push_back(k);
     ++waiter.remaining;
@@ -311,6 +332,11 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
                               std::vector<Outgoing>& others, uint64_t reply_room) {
   (void)d;
   reply_room_ = reply_room;
+  // WAIT, CANCEL_WAIT and BARRIER replace conn's waiter: a large one is forgotten slice by slice first.
+  if (req.op == Op::Wait || req.op == Op::CancelWait || req.op == Op::Barrier) {
+    auto wt = waiters_.find(conn);
+    if (wt != waiters_.end() && !wt->second.registering && remove_waiter_step(conn)) return {.more = true};
+  }
   Reply& w = reply;
   switch (req.op) {
     case Op::Validate:

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -87,8 +88,10 @@ class StoreState {
   ApplyResult apply(ConnId conn, wire::Dialect d, wire::Request& req, Reply& reply, std::vector<Outgoing>& others,
                     uint64_t reply_room = UINT64_MAX);
 
-  // The connection went away: forget its waiter, barrier wait and watches.
-  void disconnect(ConnId conn);
+  // The connection went away: forget its waiter, barrier wait and watches. A waiter of more
+  // than one slice of keys is forgotten one slice per call: true while some is left (call
+  // again; nothing wakes it meanwhile).
+  bool disconnect(ConnId conn);
 
   // Drops every key, queue, waiter and watch (a fresh keyspace).
   void clear();
@@ -106,6 +109,12 @@ class StoreState {
   std::optional<int64_t> integer(const std::string& key) const;
 
  private:
+  // The distinct keys of a WAIT being registered, in an arena: freed at once (not one node at
+  // a time: 128 Ki of them took tens of milliseconds).
+  struct SeenKeys {
+    std::pmr::monotonic_buffer_resource arena;
+    std::pmr::unordered_set<std::string_view> keys{&arena};
+  };
   struct Waiter {
     std::vector<std::string> keys;  // the distinct keys still missing
     size_t remaining = 0;
@@ -115,7 +124,10 @@ class StoreState {
     // meanwhile counts down `remaining`, but only the last slice may answer.
     bool registering = false;
     size_t next = 0;
-    std::unique_ptr<std::unordered_set<std::string_view>> seen;
+    // Being forgotten a slice at a time (remove_waiter_step): keys before `removed` are.
+    bool removing = false;
+    size_t removed = 0;
+    std::unique_ptr<SeenKeys> seen;
   };
   // A CHECK, MULTI_GET, MULTI_SET or LIST_KEYS being applied slice by slice (one per connection).
   struct Sliced {
@@ -138,6 +150,8 @@ class StoreState {
                  std::vector<Outgoing>& others);
   void on_queue_push(const std::string& key, std::vector<Outgoing>& others);
   void remove_waiter(ConnId conn);
+  bool remove_waiter_step(ConnId conn);
+  void leave_barrier(ConnId conn);
   void erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it);
   using KvEntry = std::unordered_map<std::string, Value>::iterator;
   void set_value(const std::string& key, Value value, std::vector<Outgoing>& others);
