@@ -19,7 +19,6 @@ usage: attack_fairness.py --ddprund PATH [--only SECTION]
 import argparse
 import fcntl
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attack  # noqa: E402
 from attack import JoinProber, Prober, other_job_store, p99_report, stopped  # noqa: E402
-from interop_common import Daemon, RawConn, blob, check, log, run_main, spawn, u64  # noqa: E402
+from interop_common import D2, Daemon, RawConn, blob, check, log, run_main, spawn, u64  # noqa: E402
 
 KEYS = 128 * 1024
 # Round trips of a client on the same thread while the big request is applied: about one per
@@ -50,7 +49,7 @@ def recv_exactly(conn, n):
         if not k:
             raise EOFError(f"connection closed after {got} of {n} bytes")
         got += k
-    return bytes(buf)
+    return buf
 
 
 def wait_read(sock):
@@ -75,7 +74,7 @@ def applied_with(conn, request, reply_size, prober, what):
     (a client on the same I/O thread) made round trips while the request was applied: from its
     last byte to the first byte of its answer. All of it but its last byte is buffered by the
     server first, so what is counted is the apply."""
-    conn.send(request[:-1])
+    conn.send(memoryview(request)[:-1])  # no copy: the probing thread needs the GIL meanwhile
     wait_read(conn.sock)
     wait_round_trips(prober, 300)  # one I/O thread that served 300 round trips has read the rest
     before, t0 = len(prober.samples), time.monotonic()
@@ -87,28 +86,27 @@ def applied_with(conn, request, reply_size, prober, what):
     log(f"{what}: applied in {took:.2f} s, {during} round trips of the other client meanwhile")
     check(during >= MIN_ROUND_TRIPS, f"{what}: the other client made {during} round trips while it was "
           f"applied (>= {MIN_ROUND_TRIPS})")
-    return int.from_bytes(reply[-8:], "little"), reply[:-8]
+    return int.from_bytes(reply[-8:], "little"), memoryview(reply)[:-8]
 
 
-def big_wait(d, port, prober, what):
-    keys = big_keys(KEYS)
-    a = RawConn(d.host, port, timeout=120.0)
-    request = bytes([a.codes["WAIT"]]) + u64(len(keys)) + b"".join(blob(k) for k in keys)
-    log(f"{what}: WAIT of {len(keys)} keys, {len(request) / (1 << 20):.0f} MiB")
-    n, _ = applied_with(a, request, 0, prober, what)
-    check(n == 0, f"{what}: the request after the WAIT is answered after it (the WAIT is pending)")
-    return a
+def wait_request(conn):
+    """A WAIT of 128 Ki keys of 480 bytes (built before any probing: building it holds the GIL)."""
+    return bytes([conn.codes["WAIT"]]) + u64(KEYS) + b"".join(blob(k) for k in big_keys(KEYS))
 
 
 def wait_sections(threads):
     def section(binary):
         d = Daemon(binary, ["--threads", str(threads)] if threads else [])
         victim, store_port = other_job_store(d)
+        a = RawConn(d.host, d.port, timeout=120.0)
+        request = wait_request(a)
+        what = f"WAIT of {KEYS} keys ({len(request) / (1 << 20):.0f} MiB), --threads {threads or 'default'}"
         joins = JoinProber(d.port)
         with Prober(store_port) as p:
             joins.start()
             time.sleep(0.2)
-            a = big_wait(d, d.port, p, f"WAIT of 61 MiB, --threads {threads or 'default'}")
+            n, _ = applied_with(a, request, 0, p, what)
+            check(n == 0, f"{what}: the request after the WAIT is answered after it (the WAIT is pending)")
             time.sleep(0.3)
             joins.stop_flag.set()
             joins.join(timeout=30)
@@ -126,20 +124,21 @@ def multi_61mib_one_thread(binary):
     d = Daemon(binary, ["--threads", "1"])
     n = 64 * 1024
     keys, value = big_keys(n), b"v" * 480
-    multi_set = u64(n) + b"".join(blob(k) + blob(value) for k in keys)
-    multi_get = u64(n) + b"".join(blob(k) for k in keys)
+    a = RawConn(d.host, d.port, timeout=120.0)
+    # Built before any probing (building them holds the GIL).
+    multi_set = bytes([a.codes["MULTI_SET"]]) + u64(n) + b"".join(blob(k) + blob(value) for k in keys)
+    multi_get = bytes([a.codes["MULTI_GET"]]) + u64(n) + b"".join(blob(k) for k in keys)
     victim, store_port = other_job_store(d)
     with Prober(store_port) as p:
         time.sleep(0.2)
-        a = RawConn(d.host, d.port, timeout=120.0)
         what = f"MULTI_SET of {n} keys ({len(multi_set) / (1 << 20):.0f} MiB)"
-        got, _ = applied_with(a, bytes([a.codes["MULTI_SET"]]) + multi_set, 0, p, what)
+        got, _ = applied_with(a, multi_set, 0, p, what)
         check(got == n, f"{what}: the request after it sees every key ({got})")
         what = f"MULTI_GET of {n} keys ({n * (len(value) + 8) / (1 << 20):.0f} MiB reply)"
-        got, reply = applied_with(a, bytes([a.codes["MULTI_GET"]]) + multi_get, n * (len(value) + 8), p, what)
-        check(got == n and reply == (u64(len(value)) + value) * n, f"{what}: every value, then the next reply")
+        got, reply = applied_with(a, multi_get, n * (len(value) + 8), p, what)
         time.sleep(0.3)
     p.report("another job's store client")
+    check(got == n and reply == (u64(len(value)) + value) * n, f"{what}: every value, then the next reply")
     a.close()
     victim.close()
     check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
@@ -153,6 +152,7 @@ def hosted_store_one_thread(binary):
     """The agent hosts the workers' store with one I/O thread (single node)."""
     ddprun = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(binary))), "launcher", "ddprun")
     check(os.access(ddprun, os.X_OK), f"ddprun is built next to ddprund ({ddprun})")
+    request = bytes([D2["WAIT"]]) + u64(KEYS) + b"".join(blob(k) for k in big_keys(KEYS))
     with tempfile.TemporaryDirectory(prefix="ddprun-fairness-") as tmp:
         env = dict(os.environ, ATTACK_DIR=tmp,
                    ATTACK_INTEROP_DIR=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
@@ -166,13 +166,12 @@ def hosted_store_one_thread(binary):
                 time.sleep(0.1)
             with open(os.path.join(tmp, "port")) as f:
                 port = int(f.read())
-            keys = big_keys(KEYS)
             a = RawConn("127.0.0.1", port, timeout=120.0)
             t0 = time.monotonic()
-            a.op("WAIT", u64(len(keys)) + b"".join(blob(k) for k in keys))
+            a.send(request)
             a.op("GETNUMKEYS")
             check(a.recv_i64() >= 2, "the request after the WAIT on the job's store is answered")
-            log(f"WAIT of {len(keys)} keys (61 MiB) on the agent's store applied within {time.monotonic() - t0:.2f} s")
+            log(f"WAIT of {KEYS} keys (61 MiB) on the agent's store applied within {time.monotonic() - t0:.2f} s")
             time.sleep(0.5)
             open(os.path.join(tmp, "stop"), "w").close()
             rc = agent.wait(timeout=60)
