@@ -246,8 +246,12 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
-  const bool first = it == waiters_.end() || !it->second.registering;
-  if (first && req.keys.size() <= kSmallWait) return small_wait(conn, req, w, it != waiters_.end());
+  if (it != waiters_.end() && !it->second.registering) {  // an earlier WAIT's (a client never has two)
+    if (remove_waiter_step(conn)) return {.more = true};   // a large one: a slice per call
+    it = waiters_.end();
+  }
+  const bool first = it == waiters_.end();
+  if (first && req.keys.size() <= kSmallWait) return small_wait(conn, req, w, false);
   if (first) {
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
@@ -332,11 +336,10 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
                               std::vector<Outgoing>& others, uint64_t reply_room) {
   (void)d;
   reply_room_ = reply_room;
-  // WAIT, CANCEL_WAIT and BARRIER replace conn's waiter: a large one is forgotten slice by slice first.
-  if (req.op == Op::Wait || req.op == Op::CancelWait || req.op == Op::Barrier) {
-    auto wt = waiters_.find(conn);
-    if (wt != waiters_.end() && !wt->second.registering && remove_waiter_step(conn)) return {.more = true};
-  }
+  // CANCEL_WAIT and BARRIER (and WAIT: op_wait) replace conn's waiter: a large one is forgotten
+  // slice by slice first.
+  if ((req.op == Op::CancelWait || req.op == Op::Barrier) && !waiters_.empty() && remove_waiter_step(conn))
+    return {.more = true};
   Reply& w = reply;
   switch (req.op) {
     case Op::Validate:
