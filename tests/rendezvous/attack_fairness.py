@@ -40,16 +40,14 @@ def big_keys(n, size=480):
     return [f"/big/{i:07d}/".encode().ljust(size, b"k") for i in range(n)]
 
 
-def recv_exactly(conn, n):
-    """n bytes (a large reply: into one buffer, not by concatenation)."""
-    buf, got = bytearray(n), 0
-    view = memoryview(buf)
-    while got < n:
-        k = conn.sock.recv_into(view[got:], n - got)
+def recv_into(conn, view):
+    """Fills `view` (a large reply: into one buffer, not by concatenation)."""
+    got = 0
+    while got < len(view):
+        k = conn.sock.recv_into(view[got:], len(view) - got)
         if not k:
-            raise EOFError(f"connection closed after {got} of {n} bytes")
+            raise EOFError(f"connection closed after {got} of {len(view)} bytes")
         got += k
-    return buf
 
 
 def wait_read(sock):
@@ -77,11 +75,13 @@ def applied_with(conn, request, reply_size, prober, what):
     conn.send(memoryview(request)[:-1])  # no copy: the probing thread needs the GIL meanwhile
     wait_read(conn.sock)
     wait_round_trips(prober, 300)  # one I/O thread that served 300 round trips has read the rest
+    reply = bytearray(reply_size + 8)  # allocated (and zeroed) before: that holds the GIL
+    view = memoryview(reply)
     before, t0 = len(prober.samples), time.monotonic()
     conn.send(request[-1:] + bytes([conn.codes["GETNUMKEYS"]]))
-    first = recv_exactly(conn, 1)  # the rest of a large reply is written over many turns anyway
+    recv_into(conn, view[:1])  # the rest of a large reply is written over many turns anyway
     during = len(prober.samples) - before
-    reply = first + recv_exactly(conn, reply_size + 7)
+    recv_into(conn, view[1:])
     took = time.monotonic() - t0
     log(f"{what}: applied in {took:.2f} s, {during} round trips of the other client meanwhile")
     check(during >= MIN_ROUND_TRIPS, f"{what}: the other client made {during} round trips while it was "
