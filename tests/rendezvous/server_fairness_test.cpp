@@ -25,9 +25,9 @@ namespace {
 
 constexpr size_t kKeys = 120'000;
 // Round trips of the other job's client from the big request's last byte to the first byte of
-// its answer. Served between its slices (59 for the WAIT, 117 for MULTI_SET, 59 before MULTI_GET
-// writes its first value), it gets one per two slices on an idle machine, 14-30 on a loaded
-// 2-core one; applied back to back, the slices let in 0-1.
+// its answer. Served between the big request's parse steps and slices (about 50 MiB: some 50
+// steps, then 200-400 slices of 256 KiB of keys), it got 50-210 on a loaded 2-core machine;
+// parsed and applied at once, the request let in 0-2.
 constexpr int kMinRoundTrips = 8;
 
 // A blocking loopback connection speaking D2 bytes.
