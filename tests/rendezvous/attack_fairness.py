@@ -9,6 +9,8 @@ same thread), and stay under 50 ms at p99 (reported with p50 and max).
                              keyspace; another job's store client and a JOIN prober meanwhile.
   multi_61mib_one_thread     ddprund --threads 1: MULTI_SET then MULTI_GET of 64 Ki keys and
                              values (61 MiB each way).
+  wait_answered_one_thread   ddprund --threads 1: the WAIT answered by a MULTI_SET of its keys
+                             from another connection, then its connection closed.
   wait_61mib_default_threads the same WAIT with ddprund's default thread count.
   hosted_store_one_thread    a single-node ddprun job whose agent hosts the workers' store
                              in-process (one I/O thread): the WAIT goes to that store while the
@@ -144,6 +146,29 @@ def multi_61mib_one_thread(binary):
     check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
+def wait_answered_one_thread(binary):
+    """The 61 MiB WAIT answered by a MULTI_SET of its keys: its waiter's copies are let go."""
+    d = Daemon(binary, ["--threads", "1"])
+    a, b = RawConn(d.host, d.port, timeout=120.0), RawConn(d.host, d.port, timeout=120.0)
+    wait = wait_request(a)
+    multi_set = bytes([b.codes["MULTI_SET"]]) + u64(KEYS) + b"".join(blob(k) + blob(b"v") for k in big_keys(KEYS))
+    victim, store_port = other_job_store(d)
+    with Prober(store_port) as p:
+        time.sleep(0.2)
+        a.send(wait)
+        a.op("GETNUMKEYS")
+        check(a.recv_i64() == 0, "the WAIT is pending")
+        what = f"MULTI_SET of the WAIT's {KEYS} keys ({len(multi_set) / (1 << 20):.0f} MiB)"
+        got, _ = applied_with(b, multi_set, 0, p, what)
+        check(got == KEYS and a.recv_exact(1) == b"\x00", f"{what}: the WAIT is answered")
+        a.close()  # and its connection closed
+        time.sleep(0.3)
+    p.report("another job's store client")
+    b.close()
+    victim.close()
+    check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
+
+
 HOSTED_WORKER = attack.JOB_WORKER.replace(
     'c.op("SET"', 'open(os.path.join(d, "port"), "w").write(os.environ["MASTER_PORT"])\nc.op("SET"')
 
@@ -194,7 +219,8 @@ def hosted_store_one_thread(binary):
 
 
 SECTIONS = {"wait_61mib_one_thread": wait_sections(1), "multi_61mib_one_thread": multi_61mib_one_thread,
-            "wait_61mib_default_threads": wait_sections(0), "hosted_store_one_thread": hosted_store_one_thread}
+            "wait_answered_one_thread": wait_answered_one_thread, "wait_61mib_default_threads": wait_sections(0),
+            "hosted_store_one_thread": hosted_store_one_thread}
 
 
 def main():

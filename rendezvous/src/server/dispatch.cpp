@@ -442,6 +442,11 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, wire::Request& 
 // Under ks.mu: wake-ups of ks's own connections.
 void ServerCore::route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others) {
   for (auto& o : others) {
+    if (!o.dropped.empty()) {  // freed in steps, after the lock
+      auto p = std::make_shared<ParkedRequest>();
+      p->req.keys = std::move(o.dropped);
+      boost::asio::post(self.io, [this, &self, p]() mutable { discard(self, std::move(p)); });
+    }
     auto it = ks.conns.find(o.conn);
     if (it == ks.conns.end() || it->second->revoked) continue;
     io.append(self, it->second, o.reply);

@@ -65,10 +65,8 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
     for (ConnId c : conns) {
       auto wt = waiters_.find(c);
       if (wt == waiters_.end() || wt->second.removing) continue;
-      if (--wt->second.remaining == 0 && !wt->second.registering) {
-        erase_waiter(wt);
-        others.push_back({c, status(wire::kWaitStop)});
-      }
+      if (--wt->second.remaining == 0 && !wt->second.registering)
+        others.push_back({c, status(wire::kWaitStop), finish_waiter(wt)});
     }
   }
   if (auto ws = watchers_.find(key); ws != watchers_.end()) {
@@ -86,6 +84,13 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
 void StoreState::erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
   aux_bytes_ -= it->second.bytes;
   waiters_.erase(it);
+}
+
+std::vector<std::string> StoreState::finish_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
+  std::vector<std::string> keys;
+  if (it->second.keys.size() > kWaitSlice) keys = std::move(it->second.keys);  // 128 Ki took 26 ms to free
+  erase_waiter(it);
+  return keys;
 }
 
 void StoreState::remove_waiter(ConnId conn) {
@@ -281,7 +286,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   waiter.registering = false;
   waiter.seen.reset();  // its views end with the request
   if (waiter.remaining == 0) {  // every key there (or stored while the slices ran)
-    erase_waiter(it);
+    req.values = finish_waiter(it);  // freed with the request (a WAIT has no values)
     w.u8(wire::kWaitStop);
   }
   return {};  // else deferred

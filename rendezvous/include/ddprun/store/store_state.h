@@ -28,6 +28,9 @@ using ConnId = uint64_t;
 struct Outgoing {
   ConnId conn;
   Reply reply;
+  // What the state let go of in producing it (the keys of a large waiter it answers): for the
+  // caller to free at its own pace (a server: a slice per turn of its thread).
+  std::vector<std::string> dropped = {};
 };
 
 // What one keyspace (a job's round store, or ddprund's main store) may hold and answer. A
@@ -153,6 +156,8 @@ class StoreState {
   bool remove_waiter_step(ConnId conn);
   void leave_barrier(ConnId conn);
   void erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it);
+  // A waiter answered: erased; a large one's keys are returned, not freed (Outgoing::dropped).
+  std::vector<std::string> finish_waiter(std::unordered_map<ConnId, Waiter>::iterator it);
   using KvEntry = std::unordered_map<std::string, Value>::iterator;
   void set_value(const std::string& key, Value value, std::vector<Outgoing>& others);
   // The same, where `it` is kv_.find(key), already looked up (one hash of the key per request).
