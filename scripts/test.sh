@@ -83,15 +83,16 @@ main_suite() {
 #     daemon's descriptors, where UBSan's vptr check cannot probe memory (it needs a pipe) and
 #     reports a false "invalid vptr"; the server's request handling runs under ASan in the
 #     fuzz stage and in rendezvous.server_client (it runs under TSan, below);
-#   - rendezvous.attack: it asserts other clients' p99 latency (< 50 ms) and RSS under the
-#     memory budget, which the sanitizers' slowdown and shadow memory decide instead of the
-#     code; the requests it sends run under ASan in the fuzz stage and rendezvous.server_client;
+#   - rendezvous.attack and rendezvous.attack_fairness: they assert other clients' p99 latency
+#     (< 50 ms) and RSS under the memory budget, which the sanitizers' slowdown and shadow
+#     memory decide instead of the code; the requests they send run under ASan in the fuzz
+#     stage and rendezvous.server_client (its fairness case counts, it does not time);
 #   - rendezvous.attack_memory: it runs ddprund in a memory cgroup sized for the plain build
 #     and asserts the kernel never kills it, which ASan's shadow memory and quarantine would;
 #   - worker.install: it builds an out-of-tree consumer of the installed library, which the
 #     sanitizer runtime is not linked into (packaging, not memory).
 # DDPRUN_ASAN_EXCLUDE (a ctest -E regex) replaces the list.
-asan_exclude='^(rendezvous\.(resource_limits|attack|attack_memory)|worker\.install)$'
+asan_exclude='^(rendezvous\.(resource_limits|attack|attack_memory|attack_fairness)|worker\.install)$'
 asan_suite() {
   local dir="${DDPRUN_ASAN_BUILD_DIR:-$here/build-asan}"
   DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=address,undefined -DDDPRUN_WITH_CUDA=OFF \
@@ -108,15 +109,15 @@ asan_suite() {
 # the ASan stage). tests/worker_runtime/tsan_catch.supp suppresses races inside Catch2's own
 # assertion counters (tests that assert in rank threads), nothing of ours. What TSan cannot
 # see: two processes writing one shared-memory segment (the barriers and disjoint slices keep
-# that apart; tests compare bits). worker.install, rendezvous.attack and rendezvous.attack_memory:
-# as in the ASan stage.
+# that apart; tests compare bits). worker.install, rendezvous.attack, rendezvous.attack_memory and
+# rendezvous.attack_fairness: as in the ASan stage.
 tsan_suite() {
   local dir="${DDPRUN_TSAN_BUILD_DIR:-$here/build-tsan}"
   DDPRUN_BUILD_DIR="$dir" "$here/scripts/build.sh" -DDDPRUN_SANITIZE=thread -DDDPRUN_BUILD_WORKER_RUNTIME=ON \
     -DDDPRUN_WITH_CUDA=OFF -DDDPRUN_WITH_LIBTORCH=OFF "${san_flags[@]}" &&
   (cd "$dir" && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/worker_runtime/tsan_catch.supp" \
      ctest --output-on-failure --timeout 1800 -j "$jobs" -R '^(rendezvous\.|launcher\.(unit|e2e|process)|worker\.)' \
-       -E '^(worker\.install|rendezvous\.attack(_memory)?)$')
+       -E '^(worker\.install|rendezvous\.attack(_memory|_fairness)?)$')
 }
 
 start=$SECONDS

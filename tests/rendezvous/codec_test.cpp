@@ -274,3 +274,49 @@ TEST_CASE("FramerResumesWhereItStopped", "[codec][framer]") {
   CHECK(res.consumed == wire.size());
   CHECK(calls <= 2 * r.keys.size() + 3);
 }
+
+TEST_CASE("StepParserAgreesWithParserStepByStep", "[codec][steps]") {
+  // Each step parses about step_bytes of the request; together they give what parse_request
+  // gives, for the ops that name a list of keys and for the others (parsed whole at once).
+  Request wait{.op = Op::Wait}, mset{.op = Op::MultiSet}, set{.op = Op::Set, .keys = {"/k"}, .values = {"v"}};
+  for (int i = 0; i < 300; ++i) {
+    wait.keys.push_back("/wait/" + std::to_string(i) + std::string(i % 40, 'w'));
+    mset.keys.push_back("/set/" + std::to_string(i));
+    mset.values.push_back(std::string(i % 70, 'v'));
+  }
+  for (const Request& req : {wait, mset, set}) {
+    std::string wire;
+    REQUIRE(encode_request(Dialect::D2, req, wire));
+    const size_t step_bytes = GENERATE(1, 100, 4096, 1 << 20);
+    StepParser parser;
+    Request out;
+    ParseResult res;
+    int steps = 0;
+    do {
+      res = parser.step(bytes(wire), Dialect::D2, Limits{}, out, step_bytes);
+      ++steps;
+      REQUIRE(steps <= 1000);
+    } while (res.status == ParseStatus::Partial);
+    REQUIRE(res.status == ParseStatus::Ok);
+    CHECK(res.consumed == wire.size());
+    CHECK(parser.parsed_bytes() <= wire.size());
+    CHECK(out.op == req.op);
+    CHECK(out.keys == req.keys);
+    CHECK(out.values == req.values);
+    if (req.keys.size() > 1) CHECK(steps >= static_cast<int>(wire.size() / (step_bytes + 8 + 110)));
+    if (req.keys.size() > 1 && step_bytes == 1) CHECK(steps == static_cast<int>(req.keys.size()));
+  }
+}
+
+TEST_CASE("StepParserRefusesWhatParseRequestRefuses", "[codec][steps]") {
+  Limits lim;
+  lim.max_keys = 4;
+  Request wait{.op = Op::Wait, .keys = {"a", "b", "c", "d", "e"}};
+  std::string wire;
+  REQUIRE(encode_request(Dialect::D2, wait, wire));
+  StepParser parser;
+  Request out;
+  CHECK(parser.step(bytes(wire), Dialect::D2, lim, out, 1).status == ParseStatus::Bad);
+  StepParser unknown;
+  CHECK(unknown.step(bytes(hex_bytes({0x7f})), Dialect::D2, Limits{}, out, 1).status == ParseStatus::Bad);
+}

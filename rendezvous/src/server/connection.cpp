@@ -1,10 +1,13 @@
 #include "connection.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace ddprun::server {
 
@@ -19,7 +22,41 @@ constexpr size_t kMaxDirectSends = 16;
 // rounds rather than with one buffer table of its whole length), and to one sendmsg.
 constexpr size_t kWritePieces = 1024;
 constexpr size_t kSendPieces = 64;
+// An input buffer of at least this size is mapped memory (InputBuffer).
+constexpr size_t kMappedInput = 1 << 20;
 }  // namespace
+
+void InputBuffer::resize(size_t n, size_t keep) {
+  keep = std::min({keep, n, size_});
+  if (n == size_) return;
+  if (mapped_ && n >= kMappedInput) {  // the kernel moves the pages: no copy
+    void* p = ::mremap(data_, size_, n, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<uint8_t*>(p);
+    size_ = n;
+    return;
+  }
+  void* p = nullptr;
+  if (n >= kMappedInput) {
+    p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+  } else if (n > 0 && !(p = std::malloc(n))) {
+    throw std::bad_alloc();
+  }
+  if (keep > 0) std::memcpy(p, data_, keep);
+  reset();
+  data_ = static_cast<uint8_t*>(p);
+  size_ = n;
+  mapped_ = n >= kMappedInput;
+}
+
+void InputBuffer::reset() {
+  if (mapped_) ::munmap(data_, size_);
+  else std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = false;
+}
 
 void ConnectionIo::on_exception(const ConnPtr& c, const std::exception& e) {
   try {
@@ -36,17 +73,11 @@ void ConnectionIo::start(const ConnPtr& c) {
 }
 
 // Grows c's input buffer to hold `want` more bytes, within --max-buffered-bytes. What is
-// counted is its capacity: it doubles at least, up to the longest request (a request arriving
-// in reads of 64 KiB copies O(its size) in all), and is allocated to the byte.
+// counted is all it holds: an InputBuffer is allocated to the byte, and read_some() asks for
+// doubling what is buffered, so a long request is copied O(its size) in all (above 1 MiB it is
+// mapped memory, grown by mremap without a copy).
 bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
-  const size_t size = c->in_size + want;
-  if (size <= c->in.capacity()) {
-    c->in.resize(size);
-    return true;
-  }
-  const size_t capacity =
-      std::max<size_t>(size, std::min<uint64_t>(2 * c->in.capacity(), options_.limits.max_request_bytes));
-  const size_t grow = capacity - c->in.capacity();
+  const size_t grow = c->in_size + want - c->in.size();
   if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
     counters_.buffered -= grow;
     close_for_limit(c, Warn::BufferLimit,
@@ -54,13 +85,12 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
                                 options_.max_buffered_bytes));
     return false;
   }
-  if (!budget_.try_charge(grow, capacity <= MemoryBudget::kModestBytes)) {
+  if (!budget_.try_charge(grow, c->in_size + want <= MemoryBudget::kModestBytes)) {
     counters_.buffered -= grow;
     close_for_limit(c, Warn::MemoryLimit, "its request: " + budget_.refusal(grow));
     return false;
   }
-  c->in.reserve(capacity);  // exactly that
-  c->in.resize(size);
+  c->in.resize(c->in_size + want, c->in_size);
   return true;
 }
 
@@ -99,11 +129,9 @@ void ConnectionIo::pause_input(const ConnPtr& c) {
 }
 
 void ConnectionIo::shrink_input(const ConnPtr& c) {
-  const size_t held = c->in.capacity();
-  c->in.resize(kReadChunk);
-  c->in.shrink_to_fit();
-  counters_.buffered -= held - c->in.capacity();
-  budget_.release(held - c->in.capacity());
+  counters_.buffered -= c->in.size() - kReadChunk;
+  budget_.release(c->in.size() - kReadChunk);
+  c->in.resize(kReadChunk, c->in_size);
 }
 
 // ---- the outbox (under a keyspace lock or the rounds lock) ----
@@ -285,9 +313,9 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   boost::system::error_code ignored;
   c->socket.shutdown(tcp::socket::shutdown_both, ignored);
   c->socket.close(ignored);
-  counters_.buffered -= c->in.capacity();
-  budget_.release(c->in.capacity() + (c->budgeted ? kConnectionBytes : 0));
-  std::vector<uint8_t>().swap(c->in);
+  counters_.buffered -= c->in.size();
+  budget_.release(c->in.size() + (c->budgeted ? kConnectionBytes : 0));
+  c->in.reset();
   --counters_.open;
   if (c->session.agent) --counters_.agents;
   events_.on_closed(c);

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
-#include <thread>
+#include <utility>
 
 #include "server_core.h"
 
@@ -16,6 +16,9 @@ constexpr size_t kKeptReplyBytes = 1 << 20;
 // rest is handled after the other connections' ready work (a client asking for large replies
 // cannot monopolise the connections that share its thread).
 constexpr uint64_t kYieldAfterReplyBytes = 1 << 20;
+// A request larger than this is parsed in steps of about this many bytes (StepParser), each in
+// its own turn of the thread: a parse of 64 MiB at once took 71 ms.
+constexpr size_t kParseStepBytes = 1 << 20;
 // Likewise a batch that held its keyspace's lock this long (checked every 16 requests): a deep
 // pipeline of small requests is served in slices, so the lock is never held for long.
 constexpr auto kYieldAfterHold = std::chrono::milliseconds(2);
@@ -211,6 +214,11 @@ bool ServerCore::take_request(const ConnPtr& c, Batch& b) {
   const wire::ParseResult framed = c->framer.scan(rest, c->session.dialect, options.limits);
   if (framed.status != wire::ParseStatus::Ok) return took(framed);
   c->framer.reset();
+  if (framed.consumed > kParseStepBytes) {  // parsed in steps by next_request
+    c->parked = std::make_unique<ParkedRequest>();
+    c->parked->framed = framed.consumed;
+    return true;
+  }
   const wire::ParseResult parsed = wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
   if (parsed.status == wire::ParseStatus::NeedMore) return took({wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"});
   return took(parsed);
@@ -250,6 +258,12 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
 // meanwhile. Nothing else can be queued for c in between that its reply must precede: a reply
 // whose request woke or notified anyone was queued under the lock (on_store_request), and so
 // is a WATCH_KEY's.
+//
+// A request applied in slices (a WAIT of many keys) is parked on c after each slice and the
+// batch yields the thread (Batch::yield): its next slice runs after the other ready work of
+// every connection of the thread, whatever their keyspace, so none waits for more than a slice
+// of it; a request of more than kParseStepBytes is parsed in steps the same way. c's later
+// requests wait for its last slice (c reads nothing meanwhile).
 void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   IoThread& t = *c->thread;
   RequestClock clock(options.collect_metrics);
@@ -257,43 +271,42 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   t.batch_reply_bytes = 0;
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
-  for (size_t at = b.pos; b.pos < c->in_size && take_request(c, b); at = b.pos) {
-    const ParsedCopy copy(budget, b.pos - at, t.req);
+  wire::Op op{};
+  for (size_t at = b.pos;; at = b.pos) {
+    wire::Request* req = next_request(t, c, b);
+    if (!req) break;
+    // A large request parsed whole in this turn is charged while it is applied (a parked one
+    // carries its own charge).
+    const ParsedCopy copy(budget, req == &t.req ? b.pos - at : 0, t.req);
     if (!copy.ok()) {
       ++counters.closed_memory;
-      b.bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(b.pos - at);
+      b.bad = std::string(wire::op_name(req->op)) + ": " + budget.refusal(b.pos - at);
       break;
     }
-    if (!c->session.served) first_request(c);  // the batch's first request: no lock held yet
+    if (!c->session.served) first_request(c);  // its first request: no lock held yet
     hold.acquire();
     if (c->revoked) {
       b.revoked = true;
       break;
     }
-    bool ok = on_store_request(t, c, b.bad);
-    // A request applied in slices (a WAIT of many keys): the lock is let go between them,
-    // so other connections of its keyspace wait for one slice, not for the whole request.
-    while (ok && t.more) {
-      send_reply(t, c);
-      hold.release();
-      std::this_thread::yield();
-      hold.acquire();
-      if (c->revoked) break;  // its state is dropped when it closes (below)
-      ok = on_store_request(t, c, b.bad, true);
-    }
-    if (c->revoked) {
-      t.reply.clear();
-      b.revoked = true;
+    op = req->op;
+    const bool ok = on_store_request(t, c, *req, b.bad, c->parked && c->parked->applying);
+    if (ok && t.more) {
+      if (!c->parked) park(t, c);
+      c->parked->applying = true;
+      send_reply(t, c);  // what the slice wrote of the reply (a MULTI_GET's values)
+      b.yield = true;
       break;
     }
+    if (c->parked) unpark(c);
     if (!ok) break;
     // A WATCH_KEY's acknowledgement goes before any event of the key it registered.
-    if (b.pos == c->in_size && t.req.op != wire::Op::WatchKey) {
+    if (b.pos == c->in_size && op != wire::Op::WatchKey) {
       last_reply = true;
       break;
     }
     send_reply(t, c);
-    clock.observe(t, static_cast<size_t>(t.req.op));
+    clock.observe(t, static_cast<size_t>(op));
     if (t.batch_reply_bytes > kYieldAfterReplyBytes || ((++served & 15) == 0 && hold.longer_than(kYieldAfterHold))) {
       b.yield = true;
       break;
@@ -302,7 +315,7 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   hold.release();
   if (last_reply) {
     send_reply(t, c);
-    clock.observe(t, static_cast<size_t>(t.req.op));
+    clock.observe(t, static_cast<size_t>(op));
   }
 }
 
@@ -311,6 +324,69 @@ void ServerCore::first_request(const ConnPtr& c) {
   if (c->deadline) c->deadline->cancel();
   std::lock_guard lock(mu);
   admission.proven_locked(*c);
+}
+
+// The next request of c to apply: its parked one, else the next whole one of its input (in
+// t.req). Null when none is whole yet, when c sent something bad (b.bad), or when a step of a
+// large request's parse was done in this turn (b.yield).
+wire::Request* ServerCore::next_request(IoThread& t, const ConnPtr& c, Batch& b) {
+  if (!c->parked && (b.pos >= c->in_size || !take_request(c, b))) return nullptr;
+  if (!c->parked) return &t.req;
+  ParkedRequest& p = *c->parked;
+  if (p.framed == 0) return &p.req;  // parsed, partly applied
+  const wire::ParseResult res =
+      p.parser.step({c->in.data() + b.pos, p.framed}, c->session.dialect, options.limits, p.req, kParseStepBytes);
+  // What it holds so far: its bytes, and the strings they went to.
+  const uint64_t holds = p.parser.parsed_bytes() + sizeof(std::string) * (p.req.keys.size() + p.req.values.size());
+  if (holds > p.charge && !budget.try_charge(holds - p.charge)) {
+    ++counters.closed_memory;
+    b.bad = "its request: " + budget.refusal(holds - p.charge);
+    return nullptr;
+  }
+  p.charge = std::max(p.charge, holds);
+  if (res.status == wire::ParseStatus::Partial) {
+    b.yield = true;
+    return nullptr;
+  }
+  if (res.status != wire::ParseStatus::Ok || res.consumed != p.framed) {
+    b.bad = res.status == wire::ParseStatus::Bad ? res.error : "request framing and parsing disagree";
+    return nullptr;
+  }
+  b.pos += p.framed;
+  p.framed = 0;
+  IoThread::bump(t.requests);
+  return &p.req;
+}
+
+// The request in t.req is partly applied: it moves to c, charged to the budget (the bytes of
+// its input buffer, released once consumed, move to it).
+void ServerCore::park(IoThread& t, const ConnPtr& c) {
+  c->parked = std::make_unique<ParkedRequest>();
+  ParkedRequest& p = *c->parked;
+  p.charge = sizeof(ParkedRequest);
+  for (const auto& k : t.req.keys) p.charge += sizeof(std::string) + k.capacity();
+  for (const auto& v : t.req.values) p.charge += sizeof(std::string) + v.capacity();
+  p.req = std::move(t.req);
+  t.req = wire::Request();
+  budget.charge(p.charge);
+}
+
+void ServerCore::unpark(const ConnPtr& c) {
+  if (!c->parked) return;
+  std::shared_ptr<ParkedRequest> p(std::move(c->parked));
+  discard(*c->thread, std::move(p));
+}
+
+// Frees a request's keys and values a slice per turn of the thread (128 Ki keys of 480 bytes
+// took tens of milliseconds at once), then its charge.
+void ServerCore::discard(IoThread& t, std::shared_ptr<ParkedRequest> p) {
+  for (size_t n = 0; n < store::kWaitSlice && !p->req.keys.empty(); ++n) p->req.keys.pop_back();
+  for (size_t n = 0; n < store::kWaitSlice && !p->req.values.empty(); ++n) p->req.values.pop_back();
+  if (p->req.keys.empty() && p->req.values.empty()) {
+    budget.release(p->charge);
+    return;
+  }
+  boost::asio::post(t.io, [this, &t, p = std::move(p)]() mutable { discard(t, std::move(p)); });
 }
 
 // Queues t.reply for c and empties it (dropping its references).
@@ -378,29 +454,29 @@ bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
   return false;
 }
 
-// Serves the request in t.req; false: c must be closed, `bad` says why. `continued`: the next
+// Serves `req` (t.req, or a request parked on c); false: c must be closed, `bad` says why. `continued`: the next
 // slice of a request that was partly applied (its budget check was done with its first).
-bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued) {
+bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued) {
   t.others.clear();  // t.reply is empty between requests (send_reply)
   t.more = false;
   // What the request may add to the store: refused before anything changes when past the budget.
   // It adds at most twice its bytes (a waiter or watcher keeps each key it names in two places):
   // while that fits, nothing needs adding up.
-  if (!continued && !budget.fits(2 * options.limits.max_request_bytes) && stores_bytes(t.req.op)) {
-    if (!budget.fits(stored_growth(t.req))) {
+  if (!continued && !budget.fits(2 * options.limits.max_request_bytes) && stores_bytes(req.op)) {
+    if (!budget.fits(stored_growth(req))) {
       ++counters.closed_memory;
-      bad = std::string(wire::op_name(t.req.op)) + ": " + budget.refusal(stored_growth(t.req));
+      bad = std::string(wire::op_name(req.op)) + ": " + budget.refusal(stored_growth(req));
       return false;
     }
   }
   bool out_of_memory = false;
   try {
     const store::ApplyResult applied =
-        c->ks->state.apply(c->id, c->session.dialect, t.req, t.reply, t.others, budget.room(true));
+        c->ks->state.apply(c->id, c->session.dialect, req, t.reply, t.others, budget.room(true));
     budget.settle(c->ks->charged, c->ks->state.memory());
     if (applied.close) {
       t.reply.clear();
-      bad = std::string(wire::op_name(t.req.op)) + ": " + applied.error;
+      bad = std::string(wire::op_name(req.op)) + ": " + applied.error;
       return false;
     }
     t.more = applied.more;
@@ -410,7 +486,7 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
   if (out_of_memory) {
     t.reply = store::Reply();
     t.others.clear();
-    bad = std::string(wire::op_name(t.req.op)) + ": out of memory while serving it";
+    bad = std::string(wire::op_name(req.op)) + ": out of memory while serving it";
     return false;
   }
   t.batch_reply_bytes += t.reply.wire_size();
@@ -427,6 +503,11 @@ bool ServerCore::on_store_request(IoThread& t, const ConnPtr& c, std::string& ba
 // Under ks.mu: wake-ups of ks's own connections.
 void ServerCore::route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others) {
   for (auto& o : others) {
+    if (!o.dropped.empty()) {  // freed in steps, after the lock
+      auto p = std::make_shared<ParkedRequest>();
+      p->req.keys = std::move(o.dropped);
+      boost::asio::post(self.io, [this, &self, p]() mutable { discard(self, std::move(p)); });
+    }
     auto it = ks.conns.find(o.conn);
     if (it == ks.conns.end() || it->second->revoked) continue;
     io.append(self, it->second, o.reply);
@@ -486,6 +567,7 @@ void ServerCore::on_tick() {
 // c was closed on its thread: the rounds or its keyspace forget it.
 void ServerCore::on_closed(const ConnPtr& c) {
   IoThread& t = *c->thread;
+  unpark(c);
   {
     std::lock_guard lock(mu);
     admission.closed_locked(*c);
@@ -498,11 +580,23 @@ void ServerCore::on_closed(const ConnPtr& c) {
     rounds.on_disconnect(c->id, rdzv_now_locked(), t.rdzv_out);
     route_locked(t, t.rdzv_out);
   }
+  forget(c);
+}
+
+// c's keyspace forgets what c left in its state, one slice per turn of c's thread (a waiter of
+// 128 Ki keys took 133 ms at once). c stays in the keyspace's connections until then, so that
+// a retired keyspace is not freed meanwhile; nothing is sent to it (its socket is closed).
+void ServerCore::forget(const ConnPtr& c) {
   std::lock_guard lock(c->ks->mu);
+  if (!c->session.agent && !c->revoked) {
+    const bool more = c->ks->state.disconnect(c->id);
+    budget.settle(c->ks->charged, c->ks->state.memory());  // its waiter's and watches' keys
+    if (more) {
+      boost::asio::post(c->thread->io, [this, c] { forget(c); });
+      return;
+    }
+  }
   c->ks->conns.erase(c->id);
-  if (c->session.agent || c->revoked) return;
-  c->ks->state.disconnect(c->id);
-  budget.settle(c->ks->charged, c->ks->state.memory());  // its waiter's and watches' keys
 }
 
 }  // namespace ddprun::server

@@ -117,11 +117,17 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   bool on_agent_message(IoThread& t, const ConnPtr& c);
   // Leaves c's reply in t.reply for send_reply, unless the request woke or notified anyone: then
   // the reply and those events are queued, in that order.
-  bool on_store_request(IoThread& t, const ConnPtr& c, std::string& bad, bool continued = false);
+  bool on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued);
+  // A request parsed in steps or applied in slices is kept on c (park) until its last slice (unpark).
+  wire::Request* next_request(IoThread& t, const ConnPtr& c, Batch& b);
+  void park(IoThread& t, const ConnPtr& c);
+  void unpark(const ConnPtr& c);
+  void discard(IoThread& t, std::shared_ptr<ParkedRequest> p);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
   void schedule_tick_locked();
   void on_tick();
+  void forget(const ConnPtr& c);
   void note_hold(std::chrono::steady_clock::duration held);
 };
 

@@ -18,11 +18,8 @@ void StoreState::on_queue_push(const std::string& key, std::vector<Outgoing>& ot
     ConnId c = w->second.front();
     w->second.erase(w->second.begin());
     auto wt = waiters_.find(c);
-    if (wt == waiters_.end()) continue;
-    if (--wt->second.remaining == 0) {
-      erase_waiter(wt);
-      others.push_back({c, status(wire::kWaitStop)});
-    }
+    if (wt == waiters_.end() || wt->second.removing) continue;
+    if (--wt->second.remaining == 0) others.push_back({c, status(wire::kWaitStop), finish_waiter(wt)});
     break;
   }
   if (w->second.empty()) waiting_on_.erase(w);

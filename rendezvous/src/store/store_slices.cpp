@@ -1,5 +1,5 @@
-// StoreState's requests that are applied in slices when they are large (MULTI_GET, MULTI_SET,
-// LIST_KEYS: ApplyResult::more), with the lock let go between slices. The rest:
+// StoreState's requests that are applied in slices when they are large (CHECK, MULTI_GET,
+// MULTI_SET, LIST_KEYS: ApplyResult::more), with the lock let go between slices. The rest:
 // store_state.cpp and store_queues.cpp.
 #include <algorithm>
 #include <string>
@@ -36,6 +36,23 @@ void StoreState::charge(Sliced& s, uint64_t bytes) {
   aux_bytes_ += bytes;
 }
 
+ApplyResult StoreState::op_check(ConnId conn, wire::Request& req, Reply& w) {
+  // Many keys: looked up in slices; ready when each key existed when its slice ran (as
+  // separate CHECKs would say), not ready at the first one missing.
+  const size_t n = req.keys.size();
+  bool fresh = false;
+  Sliced* s = slice_end(req.keys, 0) == n ? nullptr : &slicing(conn, Op::Check, fresh);
+  const size_t from = s ? s->next : 0, end = s ? slice_end(req.keys, from) : n;
+  const bool missing = std::any_of(req.keys.begin() + from, req.keys.begin() + end, [&](const std::string& k) { return !exists(k); });
+  if (s && !missing && end < n) {
+    s->next = end;
+    return {.more = true};
+  }
+  if (s) end_slicing(conn);
+  w.u8(missing ? wire::kCheckNotReady : wire::kCheckReady);
+  return {};
+}
+
 ApplyResult StoreState::op_multi_get(ConnId conn, wire::Request& req, Reply& w, std::vector<Outgoing>& others) {
   (void)others;
   // The reply references each value (memory O(keys)); its wire size is still bounded, so a
@@ -43,7 +60,7 @@ ApplyResult StoreState::op_multi_get(ConnId conn, wire::Request& req, Reply& w, 
   // (shared references) size the reply, then fill it. Many keys: both steps in slices, so the
   // values of a large MULTI_GET are each read at its own moment, as separate GETs would be.
   const size_t n = req.keys.size();
-  if (n <= kWaitSlice) {
+  if (slice_end(req.keys, 0) == n) {
     std::vector<Value> found;
     found.reserve(n);
     uint64_t size = 0;
@@ -60,7 +77,7 @@ ApplyResult StoreState::op_multi_get(ConnId conn, wire::Request& req, Reply& w, 
   Sliced& s = slicing(conn, Op::MultiGet, fresh);
   if (fresh) s.found.reserve(n);
   if (!s.emitting) {
-    const size_t end = std::min(n, s.next + kWaitSlice);
+    const size_t end = slice_end(req.keys, s.next);
     for (size_t i = s.next; i < end; ++i) {
       auto it = kv_.find(req.keys[i]);
       s.found.push_back(it == kv_.end() ? Value() : it->second);
@@ -96,7 +113,7 @@ ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, 
       more += req.keys[i].size() + req.values[i].size();  // an upper bound: replaced values not subtracted
     }
   };
-  if (n <= kWaitSlice) {
+  if (slice_end(req.keys, 0) == n) {
     uint64_t new_keys = 0, more = 0;
     check(0, n, new_keys, more);
     if (auto why = over_limit(new_keys, more)) return refuse(*why);
@@ -105,7 +122,7 @@ ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, 
   }
   bool fresh = false;
   Sliced& s = slicing(conn, Op::MultiSet, fresh);
-  const size_t end = std::min(n, s.next + kWaitSlice);
+  const size_t end = slice_end(req.keys, s.next);
   if (!s.emitting) {  // counting the keys it adds
     check(s.next, end, s.count, s.size);
     s.next = end;
@@ -114,6 +131,7 @@ ApplyResult StoreState::op_multi_set(ConnId conn, wire::Request& req, Reply& w, 
       end_slicing(conn);
       return refuse(*why);
     }
+    kv_.reserve(kv_.size() + s.count);  // one rehash now, not one in a slice of the stores
     s.emitting = true;
     s.next = 0;
     return {.more = true};

@@ -64,11 +64,9 @@ void StoreState::on_stored(const std::string& key, const Value* old_value, const
     waiting_on_.erase(w);
     for (ConnId c : conns) {
       auto wt = waiters_.find(c);
-      if (wt == waiters_.end()) continue;
-      if (--wt->second.remaining == 0 && !wt->second.registering) {
-        erase_waiter(wt);
-        others.push_back({c, status(wire::kWaitStop)});
-      }
+      if (wt == waiters_.end() || wt->second.removing) continue;
+      if (--wt->second.remaining == 0 && !wt->second.registering)
+        others.push_back({c, status(wire::kWaitStop), finish_waiter(wt)});
     }
   }
   if (auto ws = watchers_.find(key); ws != watchers_.end()) {
@@ -88,17 +86,40 @@ void StoreState::erase_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
   waiters_.erase(it);
 }
 
+std::vector<std::string> StoreState::finish_waiter(std::unordered_map<ConnId, Waiter>::iterator it) {
+  std::vector<std::string> keys;
+  if (it->second.keys.size() > kWaitSlice) keys = std::move(it->second.keys);  // 128 Ki took 26 ms to free
+  erase_waiter(it);
+  return keys;
+}
+
 void StoreState::remove_waiter(ConnId conn) {
-  auto wt = waiters_.find(conn);
-  if (wt != waiters_.end()) {
-    for (const auto& k : wt->second.keys) {
-      auto w = waiting_on_.find(k);
-      if (w == waiting_on_.end()) continue;
-      erase_conn(w->second, conn);
-      if (w->second.empty()) waiting_on_.erase(w);
-    }
-    erase_waiter(wt);
+  while (remove_waiter_step(conn)) {
   }
+  leave_barrier(conn);
+}
+
+// Forgets a slice of conn's waiter (slice_end of its keys): true while some of it is left.
+bool StoreState::remove_waiter_step(ConnId conn) {
+  auto wt = waiters_.find(conn);
+  if (wt == waiters_.end()) return false;
+  Waiter& w = wt->second;
+  w.removing = true;
+  const size_t end = slice_end(w.keys, w.removed);
+  for (size_t i = w.removed; i < end; ++i) {
+    if (auto on = waiting_on_.find(w.keys[i]); on != waiting_on_.end()) {
+      erase_conn(on->second, conn);
+      if (on->second.empty()) waiting_on_.erase(on);
+    }
+    std::string().swap(w.keys[i]);  // its memory goes with its slice
+  }
+  w.removed = end;
+  if (end < w.keys.size()) return true;
+  erase_waiter(wt);
+  return false;
+}
+
+void StoreState::leave_barrier(ConnId conn) {
   if (auto b = barrier_of_.find(conn); b != barrier_of_.end()) {
     auto bw = barrier_waiting_.find(b->second);
     if (bw != barrier_waiting_.end()) {
@@ -109,8 +130,9 @@ void StoreState::remove_waiter(ConnId conn) {
   }
 }
 
-void StoreState::disconnect(ConnId conn) {
-  remove_waiter(conn);
+bool StoreState::disconnect(ConnId conn) {
+  if (remove_waiter_step(conn)) return true;
+  leave_barrier(conn);
   end_slicing(conn);
   if (auto w = watched_by_.find(conn); w != watched_by_.end()) {
     for (const auto& k : w->second) {
@@ -122,6 +144,7 @@ void StoreState::disconnect(ConnId conn) {
     }
     watched_by_.erase(w);
   }
+  return false;
 }
 
 void StoreState::clear() {
@@ -228,22 +251,29 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // set: O(keys) in all, a few milliseconds per call (a linear search per key made a WAIT of
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
-  const bool first = it == waiters_.end() || !it->second.registering;
-  if (first && req.keys.size() <= kSmallWait) return small_wait(conn, req, w, it != waiters_.end());
+  if (it != waiters_.end() && !it->second.registering) {  // an earlier WAIT's (a client never has two)
+    if (remove_waiter_step(conn)) return {.more = true};   // a large one: a slice per call
+    it = waiters_.end();
+  }
+  const bool first = it == waiters_.end();
+  if (first && req.keys.size() <= kSmallWait) return small_wait(conn, req, w, false);
   if (first) {
     remove_waiter(conn);  // a client never has two WAITs outstanding; be safe anyway
     it = waiters_.emplace(conn, Waiter{}).first;
     it->second.registering = true;
-    it->second.seen = std::make_unique<std::unordered_set<std::string_view>>();
-    it->second.seen->reserve(std::min(req.keys.size(), size_t{1} << 16));
+    it->second.seen = std::make_unique<SeenKeys>();
+    // Both tables sized once, now: grown while the slices ran, a rehash of them all took one
+    // slice 54 ms.
+    it->second.seen->keys.reserve(req.keys.size());
+    waiting_on_.reserve(waiting_on_.size() + req.keys.size());
   }
   Waiter& waiter = it->second;
-  const size_t end = std::min(req.keys.size(), waiter.next + kWaitSlice);
+  const size_t end = slice_end(req.keys, waiter.next);
   uint64_t bytes = 0;
   for (size_t i = waiter.next; i < end; ++i) {
     const std::string& k = req.keys[i];
     if (exists(k)) continue;
-    if (!waiter.seen->insert(k).second) continue;
+    if (!waiter.seen->keys.insert(k).second) continue;
     waiting_on_[k].push_back(conn);
     waiter.keys.push_back(k);
     ++waiter.remaining;
@@ -256,7 +286,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   waiter.registering = false;
   waiter.seen.reset();  // its views end with the request
   if (waiter.remaining == 0) {  // every key there (or stored while the slices ran)
-    erase_waiter(it);
+    req.values = finish_waiter(it);  // freed with the request (a WAIT has no values)
     w.u8(wire::kWaitStop);
   }
   return {};  // else deferred
@@ -311,6 +341,10 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
                               std::vector<Outgoing>& others, uint64_t reply_room) {
   (void)d;
   reply_room_ = reply_room;
+  // CANCEL_WAIT and BARRIER (and WAIT: op_wait) replace conn's waiter: a large one is forgotten
+  // slice by slice first.
+  if ((req.op == Op::CancelWait || req.op == Op::Barrier) && !waiters_.empty() && remove_waiter_step(conn))
+    return {.more = true};
   Reply& w = reply;
   switch (req.op) {
     case Op::Validate:
@@ -333,11 +367,8 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
     }
     case Op::Add:
       return op_add(conn, req, w, others);
-    case Op::Check: {
-      bool ready = std::all_of(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return exists(k); });
-      w.u8(ready ? wire::kCheckReady : wire::kCheckNotReady);
-      return {};
-    }
+    case Op::Check:
+      return op_check(conn, req, w);
     case Op::Wait:
       return op_wait(conn, req, w, others);
     case Op::GetNumKeys:

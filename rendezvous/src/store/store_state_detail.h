@@ -1,4 +1,5 @@
-// Helpers that the parts of StoreState share (store_state.cpp, store_queues.cpp); private.
+// Helpers that the parts of StoreState share (store_state.cpp, store_queues.cpp,
+// store_slices.cpp); private.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +33,18 @@ inline uint64_t entry_bytes(const std::string& key) { return 2 * key.size() + 64
 inline void erase_conn(std::vector<ConnId>& v, ConnId c) { v.erase(std::remove(v.begin(), v.end(), c), v.end()); }
 
 inline ApplyResult refuse(const std::string& why) { return ApplyResult{true, why}; }
+
+// Where the slice of `keys` that begins at `from` ends: after kWaitSlice keys, or sooner once
+// it holds kSliceBytes of keys (each is hashed about once per lookup).
+inline size_t slice_end(const std::vector<std::string>& keys, size_t from) {
+  const size_t last = std::min(keys.size(), from + kWaitSlice);
+  size_t bytes = 0;
+  for (size_t i = from; i < last; ++i) {
+    bytes += keys[i].size();
+    if (bytes >= kSliceBytes) return i + 1;
+  }
+  return last;
+}
 
 inline Reply status(uint8_t byte) {
   Reply r;

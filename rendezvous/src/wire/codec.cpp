@@ -246,6 +246,39 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
   return r.ok();
 }
 
+ParseResult StepParser::step(std::span<const uint8_t> request, Dialect d, const Limits& limits, Request& out,
+                             size_t step_bytes) {
+  if (pos_ == 0) {
+    const auto op = request.empty() ? std::nullopt : op_from_code(d, request[0]);
+    const bool listed = op && (*op == Op::Check || *op == Op::Wait || *op == Op::MultiGet || *op == Op::MultiSet);
+    if (!listed) return parse_request(request, d, limits, out);
+    Reader r(request, limits);
+    r.skip(1);
+    uint64_t n = 0;
+    if (!r.count(n)) return r.result;
+    // Every key needs at least its 8-byte length (and a MULTI_SET value its own): reject before
+    // allocating for a lie.
+    if (n * (*op == Op::MultiSet ? 16 : 8) > limits.max_request_bytes) {
+      r.bad("key count too large for the request limit");
+      return r.result;
+    }
+    out = Request{.op = *op};
+    out.keys.resize(n);
+    if (*op == Op::MultiSet) out.values.resize(n);
+    count_ = n;
+    pos_ = r.pos();
+  }
+  Reader r(request, limits);
+  r.skip(pos_);
+  const size_t stop = pos_ + step_bytes;
+  const bool values = out.op == Op::MultiSet;
+  for (; next_ < count_ && r.pos() < stop; ++next_)
+    if (!r.key(out.keys[next_]) || (values && !r.value(out.values[next_]))) return r.result;
+  pos_ = r.pos();
+  if (next_ < count_) return {ParseStatus::Partial, 0, 0, {}};
+  return r.ok();
+}
+
 namespace {
 ParseResult need(size_t total) {
   ParseResult r;

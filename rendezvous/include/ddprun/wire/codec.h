@@ -54,7 +54,8 @@ struct Request {
   uint32_t u32 = 0;                 // VALIDATE magic; PING nonce
 };
 
-enum class ParseStatus { Ok, NeedMore, Bad };
+// Partial: StepParser::step parsed a part of the request; call it again.
+enum class ParseStatus { Ok, NeedMore, Bad, Partial };
 
 struct ParseResult {
   ParseStatus status = ParseStatus::NeedMore;
@@ -67,6 +68,24 @@ struct ParseResult {
 // parsed) per call, so calling it again on every read of a large request that arrives in
 // pieces is quadratic: servers frame with RequestFramer first and parse once it is whole.
 ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits& limits, Request& out);
+
+// parse_request in steps, for a request the framer found whole: each step() copies about
+// `step_bytes` more of its keys and values, so a server can serve its other clients between
+// the steps of a 64 MiB request. A request that names no list of keys (not CHECK, WAIT,
+// MULTI_GET or MULTI_SET) is parsed whole by the first step.
+class StepParser {
+ public:
+  // `request`: exactly the framed request, the same bytes at every call (they may move in
+  // between), and the same `out`. Ok: `out` holds it (consumed = its length); Partial: call
+  // again; Bad: error.
+  ParseResult step(std::span<const uint8_t> request, Dialect d, const Limits& limits, Request& out, size_t step_bytes);
+  size_t parsed_bytes() const { return pos_; }
+
+ private:
+  size_t pos_ = 0;      // bytes of the request parsed so far (0: not begun)
+  uint64_t count_ = 0;  // keys it names
+  uint64_t next_ = 0;   // the next key to parse
+};
 
 // Finds where one request ends by walking its length prefixes only, resuming where the last
 // call stopped: feeding it the growing buffer of one request costs O(length fields) in all,
