@@ -12,6 +12,10 @@
 # Where the descriptor limit cannot hold N agents + N x P workers in one process (and in
 # ddprund), the workers are not simulated for that N (the row says so).
 #   scripts/bench/bench_scale.sh [N ...]      (default: 256 1024 4096 16000)
+# STORE=agent: every agent offers a workers' store, as the agents of a standing ddprund do, and
+# node rank 0's is used (up to 8,192 nodes; past that ddprund keeps the store): a second
+# ddprund, listening on every address, stands for node rank 0's agent; its CPU and RSS get
+# their own columns. STORE=daemon (default): the agents offer none, ddprund hosts the store.
 # Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
 # DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
 set -euo pipefail
@@ -29,13 +33,15 @@ ulimit -n "$(ulimit -Hn)"
 fd_limit="$(ulimit -n)"
 log="$(mktemp)"
 tokdir="$(mktemp -d)"
-pid=
-trap 'rm -rf "$log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true' EXIT
+store_log="$(mktemp)"
+pid= spid=
+trap 'rm -rf "$log" "$store_log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null; [[ -n "$spid" ]] && kill "$spid" 2>/dev/null || true' EXIT
+store_mode="${STORE:-daemon}"
 token="scale-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
 (umask 077; printf '%s\n' "$token" >"$tokdir/token")
-echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads"
-printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) |\n'
-printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode"
+printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) | store host CPU (s) | store host peak RSS (MiB) |\n'
+printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 get() { sed -nE "s/.* $1=([^ ]+).*/\\1/p" <<<" $2"; }
 for n in "${sizes[@]}"; do
   extra=()
@@ -46,16 +52,27 @@ for n in "${sizes[@]}"; do
   pid=$!
   for _ in $(seq 200); do grep -q listening "$log" && break; sleep 0.05; done
   port="$(grep -oE 'listening on [0-9.]+:[0-9]+' "$log" | head -n1 | sed 's/.*://')"
+  if [[ $store_mode == agent && -z "${extra[*]}" ]]; then
+    "$ddprund" --port 0 --threads "${DDPRUND_THREADS:-0}" --max-connections $((n * nproc_per + 1024)) >"$store_log" 2>&1 &
+    spid=$!
+    for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
+    extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')" --store-pid "$spid")
+  fi
   line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
             --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
+  store_cpu= store_rss=
+  if [[ " ${extra[*]} " == *" --offer-store "* ]]; then
+    store_cpu="$(get store_host_cpu_s "$line")" store_rss="$(get store_host_peak_rss_mib "$line")"
+  fi
   hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"
   if [[ "$(get ok "$line")" != 1 ]]; then
     printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"
     continue
   fi
-  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s |\n' "$n" "$workers" "$(get connect_ms "$line")" \
+  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s | %s | %s |\n' "$n" "$workers" "$(get connect_ms "$line")" \
     "$(get round_ms "$line")" "$(get workers_joined_ms "$line")" "$(get barrier_ms "$line")" "$(get done_ms "$line")" \
     "$(get server_cpu_s "$line")" "$(get server_peak_rss_mib "$line")" "${hold:--}" \
-    "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")"
+    "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")" "${store_cpu:--}" "${store_rss:--}"
 done

@@ -2,6 +2,7 @@
 // real rendezvous server (sim.h says what each does), from thousands of sockets per thread.
 //   ddprun_scale_sim --port P --agents N [--nproc 8] [--token T] [--threads K]
 //                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
+//                    [--offer-store PORT --store-pid PID]
 // Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
 // store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
 // Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
@@ -68,6 +69,12 @@ int main(int argc, char** argv) {
   app.add_flag("--gloo", o.gloo, "also Gloo's full-mesh address exchange (world^2 reads: small worlds only)");
   app.add_flag("!--one-source", o.source_ips, "connect every socket from 127.0.0.1, not one address per node");
   app.add_option("--server-pid", server_pids, "a server process to report CPU time and peak RSS of");
+  int store_pid = 0;
+  app.add_option("--offer-store", o.store_offer_port,
+                 "every agent offers a workers' store on this port, as agents of a standing ddprund do; node "
+                 "rank 0's address must reach it (a ddprund listening on every address, say)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--store-pid", store_pid, "the process serving --offer-store: its CPU time and peak RSS");
   app.add_flag("--probe", probe, "another job's GETs on the server's own port meanwhile (latency p50/p99)");
   CLI11_PARSE(app, argc, argv);
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
   const int64_t t_connected = s.now_ns();
   std::vector<ProcStats> before;
   for (int pid : server_pids) before.push_back(proc_stats(pid));
+  const ProcStats store_before = store_pid ? proc_stats(store_pid) : ProcStats{};
   std::unique_ptr<Probe> prober;
   std::thread probe_thread;
   std::atomic<bool> probe_stop{false};
@@ -137,6 +145,7 @@ int main(int argc, char** argv) {
   if (probe_thread.joinable()) probe_thread.join();
   std::vector<ProcStats> after;
   for (int pid : server_pids) after.push_back(proc_stats(pid));
+  const ProcStats store_after = store_pid ? proc_stats(store_pid) : ProcStats{};
   s.stop.store(true);
   for (auto& l : loops) l->wake();
   for (auto& t : threads) t.join();
@@ -150,14 +159,14 @@ int main(int argc, char** argv) {
   std::printf("RESULT agents=%d nproc=%d world=%lld token=%d threads=%d connect_ms=%s round_ms=%s "
               "workers_joined_ms=%s barrier_ms=%s done_ms=%s rounds=%lld workers_done=%lld dup_ranks=%lld "
               "errors=%lld server_cpu_s=%.2f server_peak_rss_mib=%.1f probe_ops=%zu probe_p50_us=%.0f "
-              "probe_p99_us=%.0f ok=%d\n",
+              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f ok=%d\n",
               o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads,
               ms(0, t_connected).c_str(), ms(j0, s.t_last_round.load()).c_str(), ms(j0, s.t_last_joined.load()).c_str(),
               ms(j0, s.t_last_barrier.load()).c_str(), ms(j0, s.t_last_done.load()).c_str(),
               static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_done.load()),
               static_cast<long long>(s.duplicate_ranks.load()), static_cast<long long>(s.errors.load()), cpu, rss,
               prober ? prober->ops() : 0, prober ? prober->quantile(0.5) : -1.0, prober ? prober->quantile(0.99) : -1.0,
-              ok ? 1 : 0);
+              store_after.cpu_s - store_before.cpu_s, store_after.peak_rss_mib, ok ? 1 : 0);
   if (!ok)
     std::fprintf(stderr, "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
                  "workers joined, %lld past the barrier, %lld done\n",

@@ -31,6 +31,7 @@ struct Options {
   uint16_t port = 29400;
   int agents = 64, nproc = 8, threads = 1;
   int heartbeat_ms = 1000;
+  int store_offer_port = 0;  // every JOIN offers a workers' store on this port (node rank 0's hosts it)
   bool workers = true, gloo = false, source_ips = true;
   double timeout_s = 120;
 };

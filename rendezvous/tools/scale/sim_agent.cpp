@@ -64,7 +64,8 @@ void Agent::send_join(Loop& loop) {
                                           .max_nodes = s_.o.agents,
                                           .last_call_ms = 30000,
                                           .join_timeout_ms = 600000,
-                                          .heartbeat_timeout_ms = 120000}));
+                                          .heartbeat_timeout_ms = 120000,
+                                          .store_offer_port = s_.o.store_offer_port}));
 }
 
 void Agent::heartbeat(Loop& loop) {
