@@ -62,8 +62,8 @@ def main():
         try:
             sim = subprocess.run(
                 [a.sim, "--port", str(port), "--agents", str(a.agents), "--nproc", str(a.nproc), "--token", token,
-                 "--server-pid", str(daemon.pid), "--probe", "--timeout", "50"],
-                capture_output=True, text=True, timeout=90)
+                 "--server-pid", str(daemon.pid), "--probe", "--timeout", "100"],
+                capture_output=True, text=True, timeout=150)
             print(sim.stdout + sim.stderr)
             fields = dict(re.findall(r"(\w+)=(\S+)", sim.stdout.split("RESULT", 1)[-1]))
             world = a.agents * a.nproc

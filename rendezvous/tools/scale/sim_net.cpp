@@ -33,8 +33,9 @@ Loop::Loop() {
 }
 
 Loop::~Loop() {
-  for (Endpoint* e : by_fd_)
-    if (e && e->fd >= 0) ::close(e->fd);
+  // The endpoints may be gone already: the table's index is the descriptor.
+  for (size_t fd = 0; fd < by_fd_.size(); ++fd)
+    if (by_fd_[fd]) ::close(static_cast<int>(fd));
   ::close(wake_fd_);
   ::close(ep_);
 }
