@@ -483,6 +483,11 @@ const std::vector<ConnId>& RoundState::participants(const std::string& run_id) c
   return it == jobs_.end() ? none : it->second.participants;
 }
 
+bool RoundState::in_round(const std::string& run_id, ConnId conn) const {
+  auto it = jobs_.find(run_id);
+  return it != jobs_.end() && it->second.in_round.count(conn) > 0;
+}
+
 bool RoundState::is_participant(ConnId conn) const {
   auto cj = conn_job_.find(conn);
   if (cj == conn_job_.end()) return false;

@@ -113,6 +113,8 @@ class RoundState {
   const std::vector<ConnId>& participants(const std::string& run_id) const;
   // Whether `conn` is an agent in its job's current (or last) round.
   bool is_participant(ConnId conn) const;
+  // Whether `conn` is among participants(run_id).
+  bool in_round(const std::string& run_id, ConnId conn) const;
 
   size_t num_jobs() const { return jobs_.size(); }
   size_t num_agents() const { return conn_job_.size(); }
