@@ -10,7 +10,10 @@
 //   4. optionally (--gloo) Gloo's connectFullMesh: every rank SETs its pair addresses, one
 //      per peer, under its rank, then WAITs and GETs every other rank's (O(world^2) reads by
 //      design, so only for small worlds).
-// Counters and timestamps are shared by the loop threads (atomics).
+// Between its ROUND and its workers a real agent does no store work of its own: node rank 0's
+// hosts the workers' store when the agents offered one (--offer-store: a separate server
+// stands in for it) and reads its init/ counter in-process; the PROGRESS it then sends is not
+// simulated. Counters and timestamps are shared by the loop threads (atomics).
 #pragma once
 
 #include <atomic>
