@@ -49,7 +49,7 @@ def main():
     need = a.agents * (a.nproc + 1) + 256
     if hard != resource.RLIM_INFINITY and hard < need:
         print(f"SKIP: {need} descriptors needed, the hard limit is {hard}")
-        return 0
+        return 77
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the daemon inherits it
     with tempfile.TemporaryDirectory(prefix="ddprun-scale-") as tmp:
         token = secrets.token_hex(24)
