@@ -116,12 +116,13 @@ DDPRUN_RDZV_MESSAGE(StatusReply)
 #undef DDPRUN_RDZV_MESSAGE
 
 void encode_message(const Message& m, std::string& out) {
-  std::string payload;
-  wire::Writer w(payload);
-  w.u8(static_cast<uint8_t>(m.type)).u64(m.fields.size());
+  // Sized first, written once: every ROUND of a large job and every MAC encodes a message.
+  size_t len = 1 + 8;
+  for (const auto& [k, v] : m.fields) len += 8 + k.size() + 8 + v.size();
+  out.reserve(out.size() + 4 + len);
+  wire::Writer w(out);
+  w.u32(static_cast<uint32_t>(len)).u8(static_cast<uint8_t>(m.type)).u64(m.fields.size());
   for (const auto& [k, v] : m.fields) w.blob(k).blob(v);
-  wire::Writer(out).u32(static_cast<uint32_t>(payload.size()));
-  out += payload;
 }
 
 wire::ParseResult parse_message(std::span<const uint8_t> buf, Message& out) {

@@ -31,20 +31,23 @@ void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, C
                    true});
     return;
   }
-  for (ConnId c : job.participants)
-    if (job.members.at(c).last_rank == m.resume_node_rank && c != conn) {
+  if (auto h = job.resumed_rank.find(m.resume_node_rank); h != job.resumed_rank.end() && h->second != conn &&
+                                                           job.in_round.count(h->second)) {
+    if (const Node& other = job.members.at(h->second); other.last_rank == m.resume_node_rank) {
       out.push_back({conn, error_msg("cannot resume node rank " + std::to_string(m.resume_node_rank) + " of job " +
-                                         job.run_id + ": " + describe(job.members.at(c)) + " resumed it already"),
+                                         job.run_id + ": " + describe(other) + " resumed it already"),
                      true});
       if (created) jobs_.erase(job.run_id);
       return;
     }
-  Node& node = job.members[conn];
+  }
+  Node& node = add_member(job, conn, m.local_world_size);
   node.conn = conn;
   node.node_id = m.node_id;
   node.host = m.host;
-  node.local_world_size = m.local_world_size;
   node.fixed_rank = m.node_rank;
+  if (m.node_rank >= 0) job.rank_holder[m.node_rank] = conn;
+  job.resumed_rank[m.resume_node_rank] = conn;
   node.prefer_rank0 = m.prefer_rank0;
   node.store_offer = m.store_offer_port;
   node.seen_from = m.seen_from;
@@ -52,7 +55,7 @@ void RoundState::on_resume(Job& job, ConnId conn, const Join& m, bool created, C
   node.last_seen = now;
   node.seq = job.seq++;
   conn_job_[conn] = job.run_id;
-  job.participants.push_back(conn);
+  add_participant(job, conn);
   if (m.resume_succeeded) job.succeeded.insert(conn);
   if (job.agent_store && m.resume_node_rank == 0 && m.resume_progressed) job.agent_progress = true;
   if (static_cast<int64_t>(job.participants.size()) < job.resume_nnodes) return;

@@ -102,18 +102,20 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     if (created) jobs_.erase(it);
     return;
   }
-  if (fixed >= 0) {
-    for (const auto& [c, n] : job.members)
-      if (c != conn && n.fixed_rank == fixed) {
-        out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is already taken by " + describe(n)), true});
-        return;
-      }
+  if (auto h = fixed >= 0 ? job.rank_holder.find(fixed) : job.rank_holder.end();
+      h != job.rank_holder.end() && h->second != conn) {
+    if (auto n = job.members.find(h->second); n != job.members.end() && n->second.fixed_rank == fixed) {
+      out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is already taken by " +
+                                         describe(n->second)),
+                     true});
+      return;
+    }
   }
   {
     // The world size of any round these members can form stays an int, far from overflow.
-    int64_t total = m.local_world_size;
-    for (const auto& [c, n] : job.members)
-      if (c != conn) total += n.local_world_size;
+    const auto self = job.members.find(conn);
+    const int64_t total =
+        job.member_workers - (self == job.members.end() ? 0 : self->second.local_world_size) + m.local_world_size;
     if (total > kMaxWorldSize) {
       out.push_back({conn, error_msg("JOIN refused: job " + run_id + " would have " + std::to_string(total) +
                                          " workers, more than " + std::to_string(kMaxWorldSize)),
@@ -126,13 +128,13 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     on_resume(job, conn, m, created, now, out);
     return;
   }
-  Node& node = job.members[conn];
+  Node& node = add_member(job, conn, m.local_world_size);
   const bool new_member = node.conn == 0;
   node.conn = conn;
   node.node_id = m.node_id;
   node.host = m.host;
-  node.local_world_size = m.local_world_size;
   node.fixed_rank = fixed;
+  if (fixed >= 0) job.rank_holder[fixed] = conn;
   node.prefer_rank0 = m.prefer_rank0;
   node.store_offer = m.store_offer_port;
   node.seen_from = m.seen_from;
@@ -141,9 +143,7 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   conn_job_[conn] = run_id;
   job.waiting.insert(conn);
 
-  const bool is_participant =
-      std::find(job.participants.begin(), job.participants.end(), conn) != job.participants.end();
-  if (job.phase == Phase::Running && !is_participant) {
+  if (job.phase == Phase::Running && !job.in_round.count(conn)) {
     if (static_cast<int64_t>(job.participants.size()) < job.max_nodes) {
       restart(job, "node " + describe(node) + " joined: scale-up to a new round", /*spends_budget=*/false, now, out);
     }
@@ -159,8 +159,14 @@ void RoundState::maybe_complete(Job& job, Clock::time_point now, std::vector<Out
   bool complete = n >= job.max_nodes;
   if (!complete && n >= job.min_nodes && job.round >= 0) {
     // A re-round: don't wait for the last call once every survivor of the last round is back.
-    complete = std::all_of(job.participants.begin(), job.participants.end(),
-                           [&](ConnId c) { return !job.members.count(c) || job.waiting.count(c); });
+    // While the job gathers, a participant back (waiting) or gone stays so: the scan resumes
+    // where it stopped, one pass over the participants per round.
+    while (job.survivors_back < job.participants.size()) {
+      const ConnId c = job.participants[job.survivors_back];
+      if (job.members.count(c) && !job.waiting.count(c)) break;
+      ++job.survivors_back;
+    }
+    complete = job.survivors_back == job.participants.size();
   }
   if (!complete && n >= job.min_nodes) {
     if (!job.last_call_deadline) job.last_call_deadline = now + job.last_call;
@@ -184,13 +190,15 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
 
   if (job.round >= 0) close_store(job);
   ++job.round;
-  job.participants.clear();
+  std::vector<ConnId> conns;
+  conns.reserve(nodes.size());
   job.world_size = 0;
   for (Node* n : nodes) {
-    job.participants.push_back(n->conn);
+    conns.push_back(n->conn);
     job.waiting.erase(n->conn);
     job.world_size += n->local_world_size;
   }
+  set_participants(job, std::move(conns));
   // Node rank 0's own store when every node offered one (then every node reads store_host):
   // the workers' store outlives a restart of this server.
   job.agent_store = !job.fixed_store_port && static_cast<int64_t>(nodes.size()) <= kMaxAgentStoreNodes &&
@@ -243,6 +251,7 @@ void RoundState::restart(Job& job, const std::string& reason, bool spends_budget
   for (ConnId c : job.participants)
     if (job.members.count(c)) out.push_back({c, m});
   job.phase = Phase::Gathering;
+  job.survivors_back = 0;
   job.last_call_deadline.reset();
   job.join_deadline = now + job.join_timeout;
   maybe_complete(job, now, out);
@@ -267,8 +276,25 @@ bool RoundState::progressed(const Job& job) {
   return job.agent_store ? job.agent_progress : stores_.progressed(job.run_id, job.round, job.world_size);
 }
 
-bool RoundState::is_participant(const Job& job, ConnId conn) const {
-  return std::find(job.participants.begin(), job.participants.end(), conn) != job.participants.end();
+bool RoundState::is_participant(const Job& job, ConnId conn) const { return job.in_round.count(conn) > 0; }
+
+void RoundState::set_participants(Job& job, std::vector<ConnId> conns) {
+  job.participants = std::move(conns);
+  job.in_round = std::unordered_set<ConnId>(job.participants.begin(), job.participants.end());
+  job.survivors_back = 0;
+}
+
+void RoundState::add_participant(Job& job, ConnId conn) {
+  job.participants.push_back(conn);
+  job.in_round.insert(conn);
+  job.survivors_back = 0;
+}
+
+RoundState::Node& RoundState::add_member(Job& job, ConnId conn, int64_t local_world_size) {
+  Node& n = job.members[conn];
+  job.member_workers += local_world_size - (n.conn == 0 ? 0 : n.local_world_size);
+  n.local_world_size = local_world_size;
+  return n;
 }
 
 // The snapshots travel as the agents wrote them (the launcher reads them; the server only
@@ -384,6 +410,7 @@ void RoundState::on_succeeded(Job& job, ConnId conn, const Succeeded& m, std::ve
 }
 
 void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
+  if (job.succeeded.size() < job.participants.size()) return;  // not all yet: no walk per SUCCEEDED
   for (ConnId c : job.participants)
     if (!job.succeeded.count(c)) return;
   const Message done = to_message(JobDone{.round = job.round, .restart_count = job.restart_count});
@@ -395,14 +422,16 @@ void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
 void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now,
                            std::vector<Outbound>& out) {
   const Node node = job.members.at(conn);
-  const bool was_participant =
-      std::find(job.participants.begin(), job.participants.end(), conn) != job.participants.end();
+  const bool was_participant = job.in_round.count(conn) > 0;
+  job.member_workers -= node.local_world_size;
   job.members.erase(conn);
   job.waiting.erase(conn);
   if (job.phase == Phase::Finished) return;
   if (job.phase == Phase::Resuming) {
     // Not back after all: the round waits for the others until join_timeout.
     std::erase(job.participants, conn);
+    job.in_round.erase(conn);
+    job.survivors_back = 0;
     job.succeeded.erase(conn);
     return;
   }
@@ -454,11 +483,16 @@ const std::vector<ConnId>& RoundState::participants(const std::string& run_id) c
   return it == jobs_.end() ? none : it->second.participants;
 }
 
+bool RoundState::in_round(const std::string& run_id, ConnId conn) const {
+  auto it = jobs_.find(run_id);
+  return it != jobs_.end() && it->second.in_round.count(conn) > 0;
+}
+
 bool RoundState::is_participant(ConnId conn) const {
   auto cj = conn_job_.find(conn);
   if (cj == conn_job_.end()) return false;
-  const auto& p = participants(cj->second);
-  return std::find(p.begin(), p.end(), conn) != p.end();
+  auto it = jobs_.find(cj->second);
+  return it != jobs_.end() && it->second.in_round.count(conn) > 0;
 }
 
 }  // namespace ddprun::rdzv

@@ -152,27 +152,23 @@ void Admission::closed_locked(const Connection& c) {
 void Admission::forget_locked(const Connection& c) {
   auto it = admitted_.find(c.id);
   if (it == admitted_.end()) return;
-  auto h = member_hosts_.find(it->second);
-  if (h != member_hosts_.end() && --h->second == 0) member_hosts_.erase(h);
+  if (auto h = member_hosts_.find(it->second); h != member_hosts_.end()) {
+    std::erase(h->second, c.id);
+    if (h->second.empty()) member_hosts_.erase(h);
+  }
   admitted_.erase(it);
-}
-
-bool Admission::admitted_agent_at(rdzv::ConnId id, const asio::ip::address& peer) const {
-  auto it = admitted_.find(id);
-  return it != admitted_.end() && it->second == peer;
 }
 
 bool Admission::store_client_allowed_locked(const Keyspace& ks, bool main, const asio::ip::address& peer,
                                             const rdzv::RoundState& rounds) const {
   if (is_loopback(peer)) return true;
-  if (!main) {
-    for (rdzv::ConnId id : rounds.participants(ks.run_id))
-      if (admitted_agent_at(id, peer)) return true;
-    return false;
-  }
-  if (std::find(store_peers_.begin(), store_peers_.end(), peer) != store_peers_.end()) return true;
-  for (const auto& [id, at] : admitted_)
-    if (at == peer && rounds.is_participant(id)) return true;
+  if (main && std::find(store_peers_.begin(), store_peers_.end(), peer) != store_peers_.end()) return true;
+  // The agents admitted at this address only: a job's every worker connection must not walk
+  // the whole job.
+  auto at = member_hosts_.find(peer);
+  if (at == member_hosts_.end()) return false;
+  for (rdzv::ConnId id : at->second)
+    if (main ? rounds.is_participant(id) : rounds.in_round(ks.run_id, id)) return true;
   return false;
 }
 
@@ -208,7 +204,7 @@ void Admission::on_handshake_locked(Connection& c, rdzv::ServerHandshake::Step& 
   }
   c.session.admitted = step.admitted;
   c.session.mac = std::move(step.session);
-  if (step.admitted && admitted_.emplace(c.id, c.session.peer).second) ++member_hosts_[c.session.peer];
+  if (step.admitted && admitted_.emplace(c.id, c.session.peer).second) member_hosts_[c.session.peer].push_back(c.id);
   if (step.admitted) proven_locked(c);
   if (step.admitted && c.session.counted_stranger) {
     // A member now: its slot no longer counts against the strangers' limit (a job with more

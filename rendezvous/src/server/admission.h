@@ -112,7 +112,6 @@ class Admission {
   uint64_t replaced() const { return replaced_; }
 
  private:
-  bool admitted_agent_at(rdzv::ConnId id, const boost::asio::ip::address& peer) const;
   bool is_stranger(const boost::asio::ip::address& peer) const;
   // The oldest unproven connection (only strangers: `strangers_only`) open since kReplaceableAfter.
   ConnPtr oldest_replaceable(bool strangers_only, std::chrono::steady_clock::time_point now);
@@ -136,7 +135,8 @@ class Admission {
   WarnLimiter& warns_;
   uint64_t max_conns_ = 0, max_strangers_ = 0, strangers_open_ = 0, replacing_ = 0;
   UnprovenMap unproven_strangers_, unproven_others_;
-  std::map<boost::asio::ip::address, uint64_t> member_hosts_;  // admitted agents per address
+  // The admitted agents at each address: a store client's check looks up its own address.
+  std::map<boost::asio::ip::address, std::vector<rdzv::ConnId>> member_hosts_;
   std::unordered_map<rdzv::ConnId, boost::asio::ip::address> admitted_;  // admitted agents' peers
   std::vector<boost::asio::ip::address> store_peers_;
   std::atomic<uint64_t> refused_over_limit_{0}, agents_refused_{0}, store_strangers_{0}, strangers_refused_{0},

@@ -40,6 +40,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ddprun/rdzv/agent_protocol.h"
@@ -111,6 +113,8 @@ class RoundState {
   const std::vector<ConnId>& participants(const std::string& run_id) const;
   // Whether `conn` is an agent in its job's current (or last) round.
   bool is_participant(ConnId conn) const;
+  // Whether `conn` is among participants(run_id).
+  bool in_round(const std::string& run_id, ConnId conn) const;
 
   size_t num_jobs() const { return jobs_.size(); }
   size_t num_agents() const { return conn_job_.size(); }
@@ -160,6 +164,13 @@ class RoundState {
     // rank 0 reported that every worker joined it.
     bool agent_store = false;
     bool agent_progress = false;
+    // Kept beside members and participants so that no message walks the whole job: a round
+    // of N agents costs O(N log N), not O(N^2).
+    int64_t member_workers = 0;                        // the members' local_world_size, summed
+    std::unordered_map<int64_t, ConnId> rank_holder;   // --node_rank -> its member (checked on read)
+    std::unordered_map<int64_t, ConnId> resumed_rank;  // resumed node rank -> its member (checked on read)
+    std::unordered_set<ConnId> in_round;               // the participants, as a set
+    size_t survivors_back = 0;  // maybe_complete: participants[0, this) are back or gone
   };
 
   void on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out);
@@ -173,6 +184,11 @@ class RoundState {
   bool progressed(const Job& job);
   void close_store(const Job& job);
   bool is_participant(const Job& job, ConnId conn) const;
+  // Every change of job.participants goes through these two (in_round follows it).
+  static void set_participants(Job& job, std::vector<ConnId> conns);
+  static void add_participant(Job& job, ConnId conn);
+  // A node enters or leaves job.members (member_workers follows it).
+  static Node& add_member(Job& job, ConnId conn, int64_t local_world_size);
   void node_lost(Job& job, ConnId conn, const std::string& why, Clock::time_point now, std::vector<Outbound>& out);
   void maybe_complete(Job& job, Clock::time_point now, std::vector<Outbound>& out);
   void complete_round(Job& job, std::vector<Outbound>& out);

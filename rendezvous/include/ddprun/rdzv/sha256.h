@@ -20,6 +20,9 @@ class Sha256 {
   Sha256();
   Sha256& update(std::string_view data);
   Digest finish();  // the object is spent afterwards
+  // The x86 SHA extensions are used where the CPU has them. Tests turn them off (false) to
+  // compare both; returns whether the CPU has them.
+  static bool use_accelerated(bool on);
 
  private:
   void block(const uint8_t* p);

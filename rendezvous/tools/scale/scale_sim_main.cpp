@@ -1,0 +1,179 @@
+// ddprun_scale_sim: N simulated agents and their N x P simulated PyTorch workers against a
+// real rendezvous server (sim.h says what each does), from thousands of sockets per thread.
+//   ddprun_scale_sim --port P --agents N [--nproc 8] [--token T] [--threads K]
+//                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
+//                    [--offer-store PORT --store-pid PID]
+// Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
+// store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
+// Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
+// through with a unique rank and nothing went wrong.
+#include <arpa/inet.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "sim.h"
+#include "sim_probe.h"
+
+using namespace ddprun::scale;
+
+namespace {
+
+// One loop thread: its share of the agents (every threads-th), and their workers.
+void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents, const sockaddr_in& server) {
+  for (auto& a : agents) a->start(loop, server);
+  bool joined = false;
+  auto next_beat = Clock::now();
+  const auto beat = std::chrono::milliseconds(s.o.heartbeat_ms);
+  while (!s.stop.load()) {
+    if (!joined && s.go_join.load()) {
+      for (auto& a : agents)
+        if (a->handshaken()) a->send_join(loop);
+      joined = true;
+      next_beat = Clock::now() + beat;
+    }
+    if (joined && Clock::now() >= next_beat) {
+      for (auto& a : agents) a->heartbeat(loop);
+      next_beat += beat;
+    }
+    loop.poll(joined ? 10 : 5);
+  }
+}
+
+std::string ms(int64_t ns_from, int64_t ns_to) {
+  if (!ns_to) return "-1";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", static_cast<double>(ns_to - ns_from) / 1e6);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  std::vector<int> server_pids;
+  bool probe = false;
+  CLI::App app{"simulate N agents and their N x P PyTorch workers against a ddprun rendezvous server"};
+  app.add_option("--host", o.host, "the rendezvous server's IPv4 address");
+  app.add_option("--port", o.port, "the rendezvous server's port");
+  app.add_option("--agents", o.agents, "simulated agents (nodes)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--nproc", o.nproc, "workers per agent")->check(CLI::Range(1, 1024));
+  app.add_option("--run-id", o.run_id);
+  app.add_option("--token", o.token, "the rendezvous token: handshake and a MAC on every message");
+  app.add_option("--threads", o.threads, "event-loop threads")->check(CLI::Range(1, 256));
+  app.add_option("--heartbeat-ms", o.heartbeat_ms, "each agent's heartbeat period")->check(CLI::Range(10, 600000));
+  app.add_option("--timeout", o.timeout_s, "give up after this many seconds")->check(CLI::Range(1.0, 3600.0));
+  app.add_flag("!--no-workers", o.workers, "agents only: stop once every agent has its ROUND");
+  app.add_flag("--gloo", o.gloo, "also Gloo's full-mesh address exchange (world^2 reads: small worlds only)");
+  app.add_flag("!--one-source", o.source_ips, "connect every socket from 127.0.0.1, not one address per node");
+  app.add_option("--server-pid", server_pids, "a server process to report CPU time and peak RSS of");
+  int store_pid = 0;
+  app.add_option("--offer-store", o.store_offer_port,
+                 "every agent offers a workers' store on this port, as agents of a standing ddprund do; node "
+                 "rank 0's address must reach it (a ddprund listening on every address, say)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--store-pid", store_pid, "the process serving --offer-store: its CPU time and peak RSS");
+  app.add_flag("--probe", probe, "another job's GETs on the server's own port meanwhile (latency p50/p99)");
+  CLI11_PARSE(app, argc, argv);
+  const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
+  if (o.gloo && world > 4096) {
+    std::fprintf(stderr, "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "
+                 "(world^2); use it with at most 4096 workers\n", static_cast<long long>(world),
+                 static_cast<long long>(world * world));
+    return 2;
+  }
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  const int64_t need = o.agents + (o.workers ? world : 0) + 64;
+  if (static_cast<int64_t>(rl.rlim_cur) < need) {
+    std::fprintf(stderr, "ddprun_scale_sim: %lld agents with %d workers each need %lld file descriptors, the limit "
+                 "(ulimit -Hn) is %llu; raise it or simulate fewer (--agents, --nproc, --no-workers)\n",
+                 static_cast<long long>(o.agents), o.workers ? o.nproc : 0, static_cast<long long>(need),
+                 static_cast<unsigned long long>(rl.rlim_cur));
+    return 2;
+  }
+  sockaddr_in server{};
+  server.sin_family = AF_INET;
+  server.sin_port = htons(o.port);
+  if (inet_pton(AF_INET, o.host.c_str(), &server.sin_addr) != 1) {
+    std::fprintf(stderr, "ddprun_scale_sim: --host %s is no IPv4 address\n", o.host.c_str());
+    return 2;
+  }
+
+  Shared s(o);
+  s.rank_seen.reset(new std::atomic<uint8_t>[static_cast<size_t>(world)]());
+  std::vector<std::unique_ptr<Loop>> loops;
+  std::vector<std::vector<std::unique_ptr<Agent>>> shares(static_cast<size_t>(o.threads));
+  for (int i = 0; i < o.threads; ++i) loops.push_back(std::make_unique<Loop>());
+  for (int64_t i = 0; i < o.agents; ++i)
+    shares[static_cast<size_t>(i % o.threads)].push_back(std::make_unique<Agent>(s, i));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < o.threads; ++i)
+    threads.emplace_back(run_loop, std::ref(s), std::ref(*loops[static_cast<size_t>(i)]),
+                         std::ref(shares[static_cast<size_t>(i)]), std::cref(server));
+
+  const auto deadline = Clock::now() + std::chrono::duration<double>(o.timeout_s);
+  auto wait_for = [&](auto done) {
+    while (!done() && s.errors.load() == 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+  bool ok = wait_for([&] { return s.handshaken.load() == o.agents; });
+  const int64_t t_connected = s.now_ns();
+  std::vector<ProcStats> before;
+  for (int pid : server_pids) before.push_back(proc_stats(pid));
+  const ProcStats store_before = store_pid ? proc_stats(store_pid) : ProcStats{};
+  std::unique_ptr<Probe> prober;
+  std::thread probe_thread;
+  std::atomic<bool> probe_stop{false};
+  if (ok && probe) {
+    prober = std::make_unique<Probe>(o.host, o.port);
+    if (!prober->connected()) s.error("the probe could not connect to the server's own store");
+    else probe_thread = std::thread([&] { prober->run(probe_stop); });
+  }
+  if (ok) {
+    s.go_join.store(true);
+    for (auto& l : loops) l->wake();
+    ok = wait_for([&] { return o.workers ? s.workers_done.load() == world : s.rounds.load() == o.agents; });
+  }
+  const int64_t t_end = s.now_ns();
+  probe_stop.store(true);
+  if (probe_thread.joinable()) probe_thread.join();
+  std::vector<ProcStats> after;
+  for (int pid : server_pids) after.push_back(proc_stats(pid));
+  const ProcStats store_after = store_pid ? proc_stats(store_pid) : ProcStats{};
+  s.stop.store(true);
+  for (auto& l : loops) l->wake();
+  for (auto& t : threads) t.join();
+
+  const int64_t j0 = s.t_first_join.load();
+  double cpu = 0, rss = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    cpu += after[i].cpu_s - before[i].cpu_s;
+    rss += after[i].peak_rss_mib;
+  }
+  std::printf("RESULT agents=%d nproc=%d world=%lld token=%d threads=%d connect_ms=%s round_ms=%s "
+              "workers_joined_ms=%s barrier_ms=%s done_ms=%s rounds=%lld workers_done=%lld dup_ranks=%lld "
+              "errors=%lld server_cpu_s=%.2f server_peak_rss_mib=%.1f probe_ops=%zu probe_p50_us=%.0f "
+              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f ok=%d\n",
+              o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads,
+              ms(0, t_connected).c_str(), ms(j0, s.t_last_round.load()).c_str(), ms(j0, s.t_last_joined.load()).c_str(),
+              ms(j0, s.t_last_barrier.load()).c_str(), ms(j0, s.t_last_done.load()).c_str(),
+              static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_done.load()),
+              static_cast<long long>(s.duplicate_ranks.load()), static_cast<long long>(s.errors.load()), cpu, rss,
+              prober ? prober->ops() : 0, prober ? prober->quantile(0.5) : -1.0, prober ? prober->quantile(0.99) : -1.0,
+              store_after.cpu_s - store_before.cpu_s, store_after.peak_rss_mib, ok ? 1 : 0);
+  if (!ok)
+    std::fprintf(stderr, "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
+                 "workers joined, %lld past the barrier, %lld done\n",
+                 s.errors.load() ? "stopped on an error" : "timed out", static_cast<double>(t_end) / 1e9,
+                 static_cast<long long>(s.handshaken.load()), o.agents, static_cast<long long>(s.rounds.load()),
+                 static_cast<long long>(s.workers_joined.load()), static_cast<long long>(world),
+                 static_cast<long long>(s.barrier_passed.load()), static_cast<long long>(s.workers_done.load()));
+  const bool clean = ok && s.errors.load() == 0 && s.duplicate_ranks.load() == 0 && (!prober || !prober->failed());
+  return clean ? 0 : 1;
+}

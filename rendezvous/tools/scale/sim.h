@@ -1,0 +1,113 @@
+// The scale simulator's actors: N agents speaking the agent protocol to a rendezvous server
+// (token handshake, MACs, heartbeats, JOIN, ROUND), and for each ROUND the node's P workers
+// doing what PyTorch 2.x does with the workers' store the round names:
+//   1. TCPStore(..., world_size, is_master=False): connect, VALIDATE + PING, ADD "init/" 1
+//      (every client counts itself; the server side reads it as "every worker joined");
+//   2. the store-based barrier of init_process_group (TORCH_DIST_INIT_BARRIER=1): ADD k 1,
+//      ADD k 0, the rank that sees world_size SETs k:last_worker, every rank WAITs for it;
+//   3. ProcessGroupNCCL's unique-id broadcast: rank 0 SETs the 128-byte id, the others WAIT
+//      and GET it (PrefixStore keys "default_pg/0//cuda//0");
+//   4. optionally (--gloo) Gloo's connectFullMesh: every rank SETs its pair addresses, one
+//      per peer, under its rank, then WAITs and GETs every other rank's (O(world^2) reads by
+//      design, so only for small worlds).
+// Between its ROUND and its workers a real agent does no store work of its own: node rank 0's
+// hosts the workers' store when the agents offered one (--offer-store: a separate server
+// stands in for it) and reads its init/ counter in-process; the PROGRESS it then sends is not
+// simulated. Counters and timestamps are shared by the loop threads (atomics).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/wire/codec.h"
+#include "sim_net.h"
+
+namespace ddprun::scale {
+
+struct Options {
+  std::string host = "127.0.0.1", run_id = "scale", token;
+  uint16_t port = 29400;
+  int agents = 64, nproc = 8, threads = 1;
+  int heartbeat_ms = 1000;
+  int store_offer_port = 0;  // every JOIN offers a workers' store on this port (node rank 0's hosts it)
+  bool workers = true, gloo = false, source_ips = true;
+  double timeout_s = 120;
+};
+
+// What every thread adds to. Times are ns since the run's start (0: not yet).
+struct Shared {
+  explicit Shared(const Options& o);
+  const Options& o;
+  Clock::time_point start = Clock::now();
+  std::atomic<bool> go_join{false}, stop{false};
+  std::atomic<int64_t> handshaken{0}, rounds{0}, workers_joined{0}, barrier_passed{0}, workers_done{0}, errors{0};
+  std::atomic<int64_t> t_first_join{0}, t_last_round{0}, t_last_joined{0}, t_last_barrier{0}, t_last_done{0};
+  std::atomic<int64_t> world_size{-1};
+  std::unique_ptr<std::atomic<uint8_t>[]> rank_seen;  // per global rank: how many workers had it
+  std::atomic<int64_t> duplicate_ranks{0};
+  int64_t now_ns() const;
+  void mark(std::atomic<int64_t>& t) const;  // t = max(t, now)
+  void error(const std::string& what);
+};
+
+class Worker;
+
+class Agent : public Endpoint {
+ public:
+  Agent(Shared& s, int64_t index) : s_(s), index_(index) {}
+  void start(Loop& loop, const sockaddr_in& server);
+  void send_join(Loop& loop);
+  void heartbeat(Loop& loop);
+  void on_connected(Loop& loop) override;
+  void on_readable(Loop& loop) override;
+  void on_failed(Loop& loop, int err) override;
+  bool handshaken() const { return handshaken_; }
+  std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
+
+ private:
+  void on_message(Loop& loop, const rdzv::Message& m);
+  void on_round(Loop& loop, const rdzv::Round& r);
+  void write(Loop& loop, rdzv::Message m);
+
+  Shared& s_;
+  int64_t index_;
+  sockaddr_in server_{};
+  std::optional<rdzv::ClientHandshake> hs_;
+  std::optional<rdzv::SessionMac> mac_;
+  bool handshaken_ = false, got_round_ = false;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+class Worker : public Endpoint {
+ public:
+  Worker(Shared& s, int64_t rank, int64_t world, uint32_t source) : s_(s), rank_(rank), world_(world), source_(source) {}
+  void start(Loop& loop, const sockaddr_in& store);
+  void on_connected(Loop& loop) override;
+  void on_readable(Loop& loop) override;
+  void on_failed(Loop& loop, int err) override;
+
+ private:
+  enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done };
+  void request(Loop& loop, const std::string& bytes, Step next);
+  void on_reply(Loop& loop, const uint8_t* p, size_t n);
+  void nccl(Loop& loop);
+  void gloo_next(Loop& loop);
+  void finish();
+
+  Shared& s_;
+  int64_t rank_, world_;
+  uint32_t source_;
+  Step step_ = Step::Ping;
+  int64_t gloo_peer_ = 0;
+};
+
+// Bytes of one encoded TCPStore request (dialect D2, PyTorch 2.x).
+std::string store_request(wire::Op op, std::vector<std::string> keys, std::vector<std::string> values = {},
+                          int64_t number = 0, uint32_t u32 = 0);
+
+}  // namespace ddprun::scale

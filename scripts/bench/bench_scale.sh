@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A job of N nodes, simulated against a real ddprund with a rendezvous token (every agent
+# handshakes, every message carries a MAC): N agents and N x P PyTorch-like workers from one
+# process (ddprun_scale_sim). For each N a fresh ddprund; one table row per N:
+#   connect   all N agents connected and handshaken (concurrently), from the start
+#   round     first JOIN -> every agent has its ROUND
+#   joined    first JOIN -> every worker connected to the round's store (VALIDATE, PING, ADD init/)
+#   barrier   first JOIN -> every worker past the store-based barrier (ADD, ADD 0, WAIT last_worker)
+#   done      first JOIN -> every worker has the NCCL unique id (rank 0 SET, the others WAIT + GET)
+#   ddprund's CPU seconds from the first JOIN to the end, its peak RSS, its longest state-lock
+#   hold, and another job's GET latency on ddprund's own port meanwhile (p50/p99).
+# Where the descriptor limit cannot hold N agents + N x P workers in one process (and in
+# ddprund), the workers are not simulated for that N (the row says so).
+#   scripts/bench/bench_scale.sh [N ...]      (default: 256 1024 4096 16000)
+# STORE=agent: every agent offers a workers' store, as the agents of a standing ddprund do, and
+# node rank 0's is used (up to 8,192 nodes; past that ddprund keeps the store): a second
+# ddprund, listening on every address, stands for node rank 0's agent; its CPU and RSS get
+# their own columns. STORE=daemon (default): the agents offer none, ddprund hosts the store.
+# Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
+# DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${DDPRUN_BUILD_DIR:-$here/build}"
+ddprund="$build/rendezvous/ddprund"
+sim="$build/rendezvous/ddprun_scale_sim"
+[[ -x "$ddprund" && -x "$sim" ]] || { echo "build first: cmake --build build --target ddprund ddprun_scale_sim" >&2; exit 2; }
+sizes=("$@")
+((${#sizes[@]})) || sizes=(256 1024 4096 16000)
+nproc_per="${NPROC:-8}"
+cores="$(nproc)"
+sim_threads="${SIM_THREADS:-$(( cores / 2 > 0 ? cores / 2 : 1 ))}"
+ulimit -n "$(ulimit -Hn)"
+fd_limit="$(ulimit -n)"
+log="$(mktemp)"
+tokdir="$(mktemp -d)"
+store_log="$(mktemp)"
+pid= spid=
+trap 'rm -rf "$log" "$store_log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null; [[ -n "$spid" ]] && kill "$spid" 2>/dev/null || true' EXIT
+store_mode="${STORE:-daemon}"
+token="scale-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
+(umask 077; printf '%s\n' "$token" >"$tokdir/token")
+echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode"
+printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) | store host CPU (s) | store host peak RSS (MiB) |\n'
+printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+get() { sed -nE "s/.* $1=([^ ]+).*/\\1/p" <<<" $2"; }
+for n in "${sizes[@]}"; do
+  extra=()
+  workers=$((n * nproc_per))
+  if (( n * (nproc_per + 1) + 256 > fd_limit )); then extra=(--no-workers); workers="not run (descriptors)"; fi
+  "$ddprund" --host 127.0.0.1 --port 0 --threads "${DDPRUND_THREADS:-0}" --rdzv_token_file "$tokdir/token" \
+    --max-connections $((n * (nproc_per + 1) + 1024)) >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do grep -q listening "$log" && break; sleep 0.05; done
+  port="$(grep -oE 'listening on [0-9.]+:[0-9]+' "$log" | head -n1 | sed 's/.*://')"
+  if [[ $store_mode == agent && -z "${extra[*]}" ]]; then
+    "$ddprund" --port 0 --threads "${DDPRUND_THREADS:-0}" --max-connections $((n * nproc_per + 1024)) >"$store_log" 2>&1 &
+    spid=$!
+    for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
+    extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')" --store-pid "$spid")
+  fi
+  line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
+            --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
+  store_cpu= store_rss=
+  if [[ " ${extra[*]} " == *" --offer-store "* ]]; then
+    store_cpu="$(get store_host_cpu_s "$line")" store_rss="$(get store_host_peak_rss_mib "$line")"
+  fi
+  hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"
+  if [[ "$(get ok "$line")" != 1 ]]; then
+    printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"
+    continue
+  fi
+  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s | %s | %s |\n' "$n" "$workers" "$(get connect_ms "$line")" \
+    "$(get round_ms "$line")" "$(get workers_joined_ms "$line")" "$(get barrier_ms "$line")" "$(get done_ms "$line")" \
+    "$(get server_cpu_s "$line")" "$(get server_peak_rss_mib "$line")" "${hold:--}" \
+    "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")" "${store_cpu:--}" "${store_rss:--}"
+done
