@@ -103,6 +103,7 @@ PY
   ddprund)
     # The standing store daemon from the wheel, used by PyTorch's own TCPStore client.
     mkdir -p "$work/home" "$work/cwd"
+    : >"$work/ddprund.log"  # there before the loop reads it (the background shell opens it later)
     (cd "$work/cwd" && exec env -i HOME="$work/home" PATH="$venv/bin:/usr/bin:/bin" LANG=C.UTF-8 \
        ddprund --port 0 --host 127.0.0.1) >"$work/ddprund.log" 2>&1 &
     pid=$!  # ddprund itself: the subshell, env and the console command each exec the next

@@ -220,7 +220,8 @@ TEST_CASE("--version prints the version and is not an error; after the entry poi
   auto r = parse({"--version"});
   CHECK_FALSE(r.options);
   CHECK(r.exit_code == 0);
-  CHECK_THAT(r.message, Catch::Matches("ddprun [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+  // X.Y.Z at a release, X.Y.Z.devN+g<hash> after it, 0.0.0+unknown without git (PEP 440).
+  CHECK_THAT(r.message, Catch::Matches("ddprun [0-9]+\\.[0-9]+\\.[0-9]+(\\.dev[0-9]+)?(\\+[0-9a-z.]+)?\n"));
   CHECK(ok({"train.py", "--version"}).workers.args == std::vector<std::string>{"--version"});
 }
 
