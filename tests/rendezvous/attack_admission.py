@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Admission under attack: connections that prove nothing must not keep out an agent that
-proves the token, and a tampered agent message ends its connection at once. ddprund runs as a
-separate process; the agents are real ddprun agents where the section says so.
+proves the token, and a tampered agent message ends its connection at once (token or munge).
+ddprund runs as a separate process; the agents are real ddprun agents where the section says so.
 
   new_hosts_past_stranger_share  a stranger holds all its --max-stranger-connections slots from
                       one host (network namespaces; re-opening every connection that is
@@ -18,6 +18,13 @@ separate process; the agents are real ddprun agents where the section says so.
                       the server dropped it and kept the connection, so the agent waited for a
                       ROUND until its join timeout. Now the server closes the connection at
                       once, the agent reconnects, and the job finishes with no restart spent.
+  tampered_join_munge the same with agents that prove their srun step with munge credentials
+                      (no token; a private munged; the MAC key is the secret the credential
+                      carries): the hosting agent's server closes the connection at once, the
+                      agent ends at once instead of at its join timeout (an agent reconnects
+                      only to a standing ddprund, and munge admits only to an agent-hosted
+                      rendezvous), and started again it joins and the job finishes. Left out,
+                      with one line saying why, where munge or ddprun's munge support is missing.
   refused_peer_address  a client that connects to a round's store from a stranger's address and
                       resets at once was logged as "0.0.0.0": the address is now the one accept
                       returned.
@@ -40,6 +47,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "multinode"))
 from attack import (ROUND, daemon_on_any_address, join, non_loopback_address, other_job_store,  # noqa: E402
                     read_frame, stopped)
+import admission_munge as munge  # noqa: E402
 from interop_common import Daemon, RawConn, blob, check, log, log_says, run_main  # noqa: E402
 from netns import Cluster  # noqa: E402
 
@@ -341,6 +349,65 @@ def tampered_join(binary):
         check(stopped(d) == 0, "ddprund exits 0 on SIGTERM")
 
 
+def munge_agent(endpoint, run_id, is_host, env, node, nnodes=2):
+    argv = [DDPRUN, f"--nnodes={nnodes}", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}",
+            f"--rdzv_id={run_id}", "--max_restarts=0",
+            f"--rdzv_conf=is_host={is_host},join_timeout=60,last_call_timeout=1", WORKER]
+    return subprocess.Popen(argv, env=dict(env, DDPT_NODE=str(node)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def tampered_join_munge(_binary):
+    """tampered_join with agents that prove their srun step with munge credentials (no token).
+    Only an agent hosts such a rendezvous, and an agent reconnects only to a standing ddprund:
+    the joining agent ends at once (not at its join timeout), and the same agent started again
+    joins the hosting agent, whose job then runs as if nothing happened."""
+    why = munge.left_out(DDPRUN)
+    if why:
+        log(f"tampered_join_munge left out: {why}")
+        return
+    with tempfile.TemporaryDirectory(prefix="ddprun-admission-") as tmp, munge.PrivateMunged() as md:
+        env = munge.step_env(agent_env(tmp), md.socket, 2)
+        port = munge.free_port()
+        host = munge_agent(f"127.0.0.1:{port}", "tampered-munge", 1, env, 0)
+        hlines, relay, agents = [], None, []
+        threading.Thread(target=lambda: hlines.extend(iter(host.stdout.readline, "")), daemon=True).start()
+        try:
+            wait_lines(hlines, "hosting the rendezvous for job", 1, 30, "an agent hosts the rendezvous")
+            check(any("admits only the agents of Slurm job" in ln for ln in hlines),
+                  "the hosting agent admits agents by their munge credentials")
+            relay = CorruptingRelay(port)
+            relay.start()
+            agents.append(munge_agent(f"127.0.0.1:{relay.port}", "tampered-munge", 0, env, 1))
+            deadline = time.monotonic() + 60
+            while relay.closed_at is None and time.monotonic() < deadline and agents[0].poll() is None:
+                if relay.tampered_at is not None and time.monotonic() - relay.tampered_at > 15:
+                    break
+                time.sleep(0.05)
+            check(relay.tampered_at is not None, "the relay altered the munge-authenticated agent's JOIN")
+            # Generous: before, the connection stayed open until the agent's join timeout.
+            check(relay.closed_at is not None and relay.closed_at - relay.tampered_at < 10.0,
+                  "the hosting agent's server closes the connection of the altered JOIN at once")
+            log(f"it closed it {(relay.closed_at - relay.tampered_at) * 1e3:.1f} ms after the altered JOIN")
+            rc, out = finish(agents[0], "the agent whose JOIN was altered", timeout=20)
+            check("admits only the agents of Slurm job" in out, "the joining agent proves itself with munge")
+            check(rc != 0 and "closed the connection" in out, "that agent ends at once: its rendezvous closed")
+            agents.append(munge_agent(f"127.0.0.1:{relay.port}", "tampered-munge", 0, env, 1))
+            rc, out = finish(agents[1], "the agent started again", timeout=90)
+            hrc, _ = finish(host, "the hosting agent", timeout=30)
+        finally:
+            for p in agents + [host]:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if relay is not None:
+                relay.lsock.close()
+        check(rc == 0 and hrc == 0,
+              f"started again, it joins and the job finishes rc 0 on both nodes (got {rc}, {hrc})")
+        check(len(records(tmp)) == 2, "each node's worker ran once: no restart spent")
+        check(any("closed the connection" in ln for ln in hlines), "the hosting agent says it closed the connection")
+
+
 def wait_stopped(pid):
     """Until every thread of `pid` is stopped (a signal is delivered asynchronously)."""
     deadline = time.monotonic() + 10
@@ -379,7 +446,7 @@ def refused_peer_address(binary):
 
 
 SECTIONS = {f.__name__: f for f in (new_hosts_past_stranger_share, idle_validate_only, tampered_join,
-                                     refused_peer_address)}
+                                     tampered_join_munge, refused_peer_address)}
 
 
 def main():
