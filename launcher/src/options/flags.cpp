@@ -45,6 +45,10 @@ constexpr FlagSpec kFlags[] = {
     {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch; a later round of the same attempt, after a scale-up: attempt_<n>.<k>/)"},
     {"redirects", "r", true, "streams to redirect to log files only: 0-3 or 0:3,1:0 per rank"},
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
+    {"log_line_prefix_template", "", true,
+     "the prefix of each worker line on the console, a template of ${rank}, ${local_rank}, "
+     "${role_name} and ${hostname} ($$ is a $), e.g. '${hostname}:${rank}: ' (as torchrun 2.15; "
+     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE when not given); default [r3]: or [n1 r3]:"},
     {"local_ranks_filter", "", true, "only these local ranks print to the console, e.g. 0,2"},
     {"no_prefix", "", false,
      "show the workers' output without the rank prefix ([r3]: one node, [n1 r3]: across nodes)"},
@@ -135,6 +139,9 @@ constexpr FlagSpec kFlags[] = {
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},
+    {"print_completion", "", true,
+     "print ddprun's bash completion script and exit (bash; zsh and tcsh, which torchrun 2.15 also "
+     "names, are refused: in zsh, load it with bashcompinit)"},
     {"no_preflight", "", false,
      "skip the quick checks before the launch (GPUs against --nproc_per_node, /dev/shm, a loopback "
      "rendezvous host, the token file's mode; `ddprun doctor` runs them all)"},
@@ -171,7 +178,7 @@ const FlagSpec* find_flag(const std::string& name) {
 bool empty_value_allowed(const std::string& name) {
   static constexpr const char* kAllowed[] = {"rdzv_endpoint",      "rdzv_id",    "rdzv_conf",
                                              "role",               "log_dir",    "local_ranks_filter",
-                                             "local_addr",         "signals_to_handle",
+                                             "local_addr",         "signals_to_handle",        "log_line_prefix_template",
                                              "duplicate_stdout_filters", "duplicate_stderr_filters"};
   return std::find(std::begin(kAllowed), std::end(kAllowed), name) != std::end(kAllowed);
 }

@@ -14,6 +14,7 @@
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/slurm.h"
 #include "options/flags.h"
+#include "bash_completion.h"
 #include "options/values.h"
 #include "ddprun/rdzv/validate.h"
 
@@ -25,6 +26,16 @@ namespace ddprun::launcher {
 using namespace opt;
 
 namespace {
+
+// --print_completion SHELL (torchrun 2.15's flag): the script for bash; zsh and tcsh, which
+// torchrun also offers, are refused with what to do instead.
+std::string completion_script(const std::string& shell) {
+  if (trim(shell) == "bash") return generated::kBashCompletion;
+  if (trim(shell) == "zsh" || trim(shell) == "tcsh")
+    throw UsageError("--print_completion=" + shell + ": ddprun has a bash completion only; give "
+                     "--print_completion=bash (torchrun's zsh and tcsh scripts are not made)");
+  throw UsageError("--print_completion=" + shell + ": give bash");
+}
 
 std::string random_run_id() {
   std::random_device rd;
@@ -61,8 +72,15 @@ Given gather(const RawOptions& raw, const EnvMap& env, SystemInfo& host, LaunchO
   // torchrun's default for these is empty, or an empty value means "not given" there: the
   // flag is left out (and Slurm may supply it, below). The other flags' empty values are taken
   // up where they are parsed.
-  for (const char* name : {"rdzv_endpoint", "rdzv_conf", "log_dir", "local_addr", "local_ranks_filter"}) {
+  for (const char* name :
+       {"rdzv_endpoint", "rdzv_conf", "log_dir", "local_addr", "local_ranks_filter", "log_line_prefix_template"}) {
     if (auto it = g.v.find(name); it != g.v.end() && it->second.empty()) g.v.erase(it);
+  }
+  // torchrun's own variables for two flags it reads there when the flag is not given.
+  for (const auto& [flag, var] : {std::pair{"log_line_prefix_template", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"},
+                                  std::pair{"shutdown_timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}}) {
+    auto it = env.find(var);
+    if (it != env.end() && !it->second.empty()) g.v.emplace(flag, it->second);
   }
   // Inside an srun step, Slurm's environment supplies the flags still missing.
   if (!g.v.count("no_slurm")) {
@@ -207,6 +225,7 @@ void workers(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("tee")) o.output.tee = parse_std_streams("tee", *s);
   if (auto s = g.get("local_ranks_filter")) o.output.local_ranks_filter = parse_local_ranks_filter(*s);
   o.output.no_prefix = g.get("no_prefix") != nullptr;
+  if (auto s = g.get("log_line_prefix_template")) o.output.line_prefix = {*s, o.workers.role};
   if (auto s = g.get("stdin_rank")) {
     if (trim(*s) == "none") {
       o.output.stdin_rank = OutputOptions::kNoStdinRank;
@@ -395,6 +414,11 @@ ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvM
     app.parse(args);
     raw.rest = app.remaining();
     if (!raw.rest.empty() && raw.rest.front() == "--") raw.rest.erase(raw.rest.begin());
+    if (auto it = raw.given.find("print_completion"); it != raw.given.end()) {
+      out.message = completion_script(it->second);
+      out.exit_code = 0;
+      return out;
+    }
     out.options = finalize_options(raw, env, sys);
   } catch (const CLI::CallForHelp&) {
     out.message = app.help();

@@ -1,14 +1,62 @@
 #include "ddprun/launcher/output.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 namespace ddprun::launcher {
 
 std::string console_prefix(int node_rank, int global_rank, bool multi_node) {
   if (multi_node) return "[n" + std::to_string(node_rank) + " r" + std::to_string(global_rank) + "]: ";
   return "[r" + std::to_string(global_rank) + "]: ";
+}
+
+namespace {
+
+bool identifier_char(char c, bool first) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return c == '_' || std::isalpha(u) || (!first && std::isdigit(u));
+}
+
+// The value of one macro, or nullopt for a name the template does not know.
+std::optional<std::string> macro_value(std::string_view name, const LinePrefixFields& f) {
+  if (name == "rank") return std::to_string(f.rank);
+  if (name == "local_rank") return std::to_string(f.local_rank);
+  if (name == "role_name") return std::string(f.role_name);
+  if (name == "hostname") return std::string(f.hostname);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string render_line_prefix(std::string_view tmpl, const LinePrefixFields& fields) {
+  std::string out;
+  size_t i = 0;
+  while (i < tmpl.size()) {
+    if (tmpl[i] != '$' || i + 1 == tmpl.size()) {
+      out.push_back(tmpl[i++]);
+      continue;
+    }
+    if (tmpl[i + 1] == '$') {
+      out.push_back('$');
+      i += 2;
+      continue;
+    }
+    const bool braced = tmpl[i + 1] == '{';
+    size_t start = i + (braced ? 2 : 1), end = start;
+    while (end < tmpl.size() && identifier_char(tmpl[end], end == start)) ++end;
+    const bool closed = !braced || (end < tmpl.size() && tmpl[end] == '}');
+    const auto value = end > start && closed ? macro_value(tmpl.substr(start, end - start), fields) : std::nullopt;
+    if (!value) {  // not a macro: the '$' stays, the rest is read on as text
+      out.push_back(tmpl[i++]);
+      continue;
+    }
+    out += *value;
+    i = end + (braced ? 1 : 0);
+  }
+  return out;
 }
 
 void LineSplitter::feed(std::string_view bytes, std::vector<std::string>& lines) {

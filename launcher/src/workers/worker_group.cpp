@@ -16,6 +16,7 @@
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/worker_files.h"
 #include "platform/sys_util.h"
+#include "ddprun/client/net.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -60,6 +61,13 @@ bool same_console() {
   struct stat a {}, b {};
   return ::fstat(1, &a) == 0 && ::fstat(2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
          a.st_rdev == b.st_rdev;
+}
+
+// "[r3]: ", or --log_line_prefix_template rendered for this worker.
+std::string line_prefix(const OutputOptions& output, int node_rank, const Worker& w, bool multi_node) {
+  if (output.line_prefix.text.empty()) return console_prefix(node_rank, w.global_rank, multi_node);
+  static const std::string host = client::hostname();
+  return render_line_prefix(output.line_prefix.text, {w.global_rank, w.local_rank, output.line_prefix.role, host});
 }
 
 }  // namespace
@@ -153,6 +161,7 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
     w->attempt = attempt;
     w->local_rank = lr;
     w->global_rank = layout.global_rank_base + lr;
+    w->prefix = line_prefix(output_, node_rank_, *w, multi_node_);
     open_logs(*w, attempt_dir);
     Pending& p = run.pending[static_cast<size_t>(lr)];
     p.env = spawn.env(layout, lr, w->error_file);
@@ -520,7 +529,7 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
   if (s.console) {
     std::vector<ConsoleMux::Write> writes;
     const auto now = Clock::now();
-    const std::string prefix = output_.no_prefix ? "" : console_prefix(node_rank_, w.global_rank, multi_node_);
+    const std::string prefix = output_.no_prefix ? "" : w.prefix;
     if (!line_start.empty()) console_.feed(s.console_id, is_err ? 2 : 1, prefix, line_start, now, writes, w.interactive);
     console_.feed(s.console_id, is_err ? 2 : 1, prefix, data, now, writes, w.interactive);
     if (eof) console_.close(s.console_id, now, writes);
@@ -528,7 +537,7 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
   }
   if (lines.empty()) return;
   std::string filtered;
-  const std::string prefix = console_prefix(node_rank_, w.global_rank, multi_node_);
+  const std::string& prefix = w.prefix;
   for (const auto& line : lines) {
     if (is_err) w.tail.push(ConsoleMux::visible(line));
     if (s.filtered_fd >= 0 && s.filter.matches(line)) filtered += prefix + line + '\n';

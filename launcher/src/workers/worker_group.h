@@ -56,6 +56,7 @@ struct Worker {
   bool exit_reported = false;
   bool from_spare = false;  // started from a warm spare (spares.h), not exec'd
   bool interactive = false;  // it reads ddprun's terminal (--stdin_rank)
+  std::string prefix;  // of its lines on the console and in the filtered logs
   int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
   Stream out;
   Stream err;

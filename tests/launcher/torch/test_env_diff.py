@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A worker's whole environment under ddprun and under torchrun 2.11, same flags, diffed.
+"""A worker's whole environment under ddprun and under a torchrun 2.x (2.11, 2.15), same flags, diffed.
 
-Usage: test_env_diff.py <ddprun> <torch 2.11 venv python> {static|static2|c10d|standalone|empty}
+Usage: test_env_diff.py <ddprun> <torch 2.x venv python> {static|static2|c10d|standalone|empty}
   static      one node, --nproc_per_node=2 --master_port=P
   static2     two static nodes on loopback (--nnodes=2 --node_rank=0|1, one worker each)
   c10d        one node, --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:P
@@ -160,7 +160,7 @@ def main():
     ddprun, python, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         if os.environ.get("CI", "").lower() == "true":
-            print(f"FAIL: the torch 2.11 venv interpreter {python} is missing (CI=true: not skipping)")
+            print(f"FAIL: the torch venv interpreter {python} is missing (CI=true: not skipping)")
             return 1
         print(f"SKIP: venv missing ({python}); run scripts/setup_deps.sh to create it")
         return 77

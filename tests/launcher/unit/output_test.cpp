@@ -13,6 +13,45 @@ TEST_CASE("console prefix names the global rank, and the node when multi-node", 
   CHECK(console_prefix(1, 11, true) == "[n1 r11]: ");
 }
 
+TEST_CASE("a log line prefix template renders as Python's safe_substitute", "[output]") {
+  const LinePrefixFields f{12, 3, "trainer", "r12i0n8"};
+  CHECK(render_line_prefix("${hostname}:${rank}: ", f) == "r12i0n8:12: ");
+  CHECK(render_line_prefix("[${role_name}${local_rank}]:", f) == "[trainer3]:");
+  CHECK(render_line_prefix("$rank-$local_rank ", f) == "12-3 ");
+  // $$ is one $; unknown names, an unclosed brace and a lone $ stay as written.
+  CHECK(render_line_prefix("$$rank $ranks ${nope} ${rank $", f) == "$rank $ranks ${nope} ${rank $");
+  CHECK(render_line_prefix("", f).empty());
+}
+
+TEST_CASE("options: --log_line_prefix_template, its variable, and --shutdown_timeout's", "[output]") {
+  auto parse = [](std::vector<std::string> argv, EnvMap env = {}) {
+    argv.insert(argv.begin(), "ddprun");
+    argv.insert(argv.end(), {"--no_python", "true"});
+    return parse_command_line(argv, env, SystemInfo{});
+  };
+  auto p = parse({"--role=t", "--log-line-prefix-template=${rank}> "});
+  REQUIRE(p.options);
+  CHECK(p.options->output.line_prefix.text == "${rank}> ");
+  CHECK(p.options->output.line_prefix.role == "t");
+  p = parse({}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${rank}>"}, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}});
+  REQUIRE(p.options);
+  CHECK(p.options->output.line_prefix.text == "<${rank}>");
+  CHECK(p.options->faults.shutdown_timeout_s == 7.0);
+  p = parse({"--shutdown_timeout=5", "--log_line_prefix_template="}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}});
+  REQUIRE(p.options);
+  CHECK(p.options->faults.shutdown_timeout_s == 5.0);
+  CHECK(p.options->output.line_prefix.text.empty());
+}
+
+TEST_CASE("--print_completion prints the bash completion and starts nothing", "[output]") {
+  auto p = parse_command_line({"ddprun", "--print-completion", "bash"}, {}, SystemInfo{});
+  CHECK(p.exit_code == 0);
+  CHECK(p.message.find("complete -o bashdefault -o default -F _ddprun_complete ddprun") != std::string::npos);
+  p = parse_command_line({"ddprun", "--print_completion=zsh"}, {}, SystemInfo{});
+  CHECK(p.exit_code == 2);
+  CHECK(p.message.find("--print_completion=bash") != std::string::npos);
+}
+
 TEST_CASE("lines are split across reads", "[output]") {
   LineSplitter s;
   std::vector<std::string> lines;

@@ -135,6 +135,12 @@ struct OutputOptions {
   StdStreamSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
   bool no_prefix = false;  // --no_prefix: worker lines reach the console without "[r3]: "
+  // --log_line_prefix_template: the console prefix rendered from `text` (output.h's
+  // render_line_prefix; `role` for ${role_name}). Empty text: the default prefix.
+  struct LinePrefix {
+    std::string text;
+    std::string role;
+  } line_prefix;
   // --stdin_rank: the global rank that gets ddprun's stdin (the others /dev/null); kNoStdinRank
   // ("none"): no rank. Unset: rank 0 when stdin is a terminal, else every worker inherits it.
   static constexpr int kNoStdinRank = -1;

@@ -16,6 +16,17 @@ namespace ddprun::launcher {
 // "[r3]: " on a single node, "[n1 r3]: " when the job spans nodes.
 std::string console_prefix(int node_rank, int global_rank, bool multi_node);
 
+// --log_line_prefix_template (torchrun 2.15's): `tmpl` with $name or ${name} replaced for
+// rank, local_rank, role_name and hostname, and $$ by $; any other $ is kept as written (as
+// Python's string.Template.safe_substitute, which torchrun uses).
+struct LinePrefixFields {
+  int rank = 0;
+  int local_rank = 0;
+  std::string_view role_name;
+  std::string_view hostname;
+};
+std::string render_line_prefix(std::string_view tmpl, const LinePrefixFields& fields);
+
 // Splits a stream into lines (the '\n' is kept off). A line longer than `max_line` is cut
 // into pieces so memory stays bounded.
 class LineSplitter {
