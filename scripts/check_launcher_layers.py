@@ -48,7 +48,7 @@ def layer_of(rel):
         return PUBLIC.get(parts[-1])
     if rel == "src/main.cpp":
         return "main"
-    if parts[1] == "workers" and parts[-1].startswith("worker_group."):
+    if parts[1] == "workers" and parts[-1].startswith(("worker_group.", "worker_group_")):
         return "group"
     return parts[1] if parts[1] in ALLOWED else None
 
