@@ -69,8 +69,11 @@ def parse(argv):
     p.add_argument("--last-call", type=float, default=5.0,
                    help="rendezvous last_call_timeout, s (default 5; both launchers get it)")
     p.add_argument("--timeout", type=float, default=300.0, help="bound of every wait, s (default 300)")
+    p.add_argument("--round-timeout", type=float, default=60.0,
+                   help="kill phase: how long to wait for the survivors' new round, s (default 60)")
     p.add_argument("--build-dir", default=os.environ.get("DDPRUN_BUILD_DIR", os.path.join(ROOT, "build")))
-    p.add_argument("--torch-venv", default=os.path.join(ROOT, ".venv-torch2"))
+    p.add_argument("--torch-venv", default=os.environ.get("DDPRUN_TORCH_VENV", os.path.join(ROOT, ".venv-torch2")),
+                   help="the PyTorch venv whose torchrun runs (default .venv-torch2 of this tree)")
     p.add_argument("--check", action="store_true", help="assert correctness (exit 1 on a violation)")
     p.add_argument("--keep-going", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -112,8 +115,9 @@ def preflight(a):
         need.append(train_exe(a))
     for f in need:
         if not os.access(f, os.X_OK):
-            raise SystemExit(fail_line(f"{f} is missing: build it (cmake --build build --target ddprun ddprund "
-                                       "train) or pass --build-dir / --torch-venv"))
+            how = ("create the PyTorch venv (scripts/setup_deps.sh) or pass --torch-venv" if "venv" in f else
+                   "build it (cmake --build build --target ddprun ddprund train) or pass --build-dir")
+            raise SystemExit(fail_line(f"{f} is missing: {how}"))
 
 
 def skip(msg):
@@ -128,6 +132,15 @@ def fail_line(msg):
 
 def train_exe(a):
     return os.path.join(a.build_dir, "worker_runtime", "train")
+
+
+def proc_pss(pid):
+    """Proportional set size in MiB (shared pages split among their users), None when gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("Pss:")) / 1024
+    except (OSError, StopIteration):
+        return None
 
 
 def proc_cpu_rss(pid):
@@ -151,6 +164,11 @@ class Env:
         self.tmp = tempfile.mkdtemp(prefix="ddprun-netns-")
         os.chmod(self.tmp, 0o755)
         self.cluster = Cluster(f"nc{os.getpid() % 100000}")
+        self.anchor = None
+
+    def setup(self):
+        """Separate from __init__ so that close() can undo a set-up cut short (Ctrl-C, an error)."""
+        a = self.a
         self.cluster.add_node()  # namespace 0: the anchor (ddprund or the TCPStore)
         for _ in range(a.nodes):
             i = self.cluster.add_node()
@@ -173,9 +191,11 @@ class Env:
         else:
             argv = [os.path.join(self.a.torch_venv, "bin", "python"), "-c", STORE_PY, str(PORT)]
         p = self.cluster.spawn(0, argv)
-        line = p.stdout.readline()
-        if "listening" not in line:
-            raise Fail(f"the anchor did not start: {line.strip()} {p.stdout.read()[-2000:]}")
+        said = []
+        while not said or "listening" not in said[-1]:
+            said.append(p.stdout.readline())
+            if not said[-1]:
+                raise Fail(f"the anchor did not start: {''.join(said)[-2000:]}")
         threading.Thread(target=p.stdout.read, daemon=True).start()  # keep its pipe drained
         return p
 
@@ -247,15 +267,16 @@ class Phase:
                 rows.append((float(t) - self.wall0, rank, world, att, grank, int(node)))
         return rows
 
-    def wait_for(self, pred, what):
-        deadline = time.monotonic() + self.a.timeout
+    def wait_for(self, pred, what, bound=None):
+        bound = bound or self.a.timeout
+        deadline = time.monotonic() + bound
         while time.monotonic() < deadline:
             if pred():
                 return time.monotonic() - self.t0
-            if self.a.launcher == "ddprun" and not self.held_agents_alive():
+            if not self.held_agents_alive():
                 break
             time.sleep(0.02)
-        raise Fail(f"{self.name}: no {what} within {self.a.timeout:g}s; agents exited: {self.exits}")
+        raise Fail(f"{self.name}: no {what} within {bound:g}s; agents exited: {self.exits}")
 
     def held_agents_alive(self):
         return any(n not in self.exits for n in self.agents if n not in getattr(self, "killed", ()))
@@ -328,8 +349,9 @@ def kill_phase(env, report, errors):
     ph.wait_for(lambda: len(ph.records()) >= world, f"{world} worker starts")
     rss = [proc_cpu_rss(p.pid) for p in ph.agents.values()]
     rss = [x[1] for x in rss if x]
-    if rss:
-        report["agent peak RSS, max / sum (MiB)"] = f"{max(rss):.0f} / {sum(rss):.0f}"
+    pss = [x for x in (proc_pss(p.pid) for p in ph.agents.values()) if x]
+    if rss and pss:
+        report["agent peak RSS max (MiB); PSS sum of all agents (MiB)"] = f"{max(rss):.0f}; {sum(pss):.0f}"
     victim = a.nodes
     ph.killed = {victim}
     t_kill = time.monotonic() - ph.t0
@@ -345,7 +367,8 @@ def kill_phase(env, report, errors):
         return [r for r in ph.records() if r[0] > 0 and r[2] == str(new_world) and r[3] != "0"]
     t_round = None
     try:
-        t_round = ph.wait_for(lambda: len(new_round()) >= new_world, f"new round of {new_world} workers")
+        t_round = ph.wait_for(lambda: len(new_round()) >= new_world, f"new round of {new_world} workers",
+                              a.round_timeout)
         report["node killed -> survivors' new round, every worker started (s)"] = f"{t_round - t_kill:.2f}"
     except Fail as e:
         report["node killed -> survivors' new round"] = f"none ({e})"
@@ -373,9 +396,9 @@ def main(argv):
         signal.signal(s, stop)
     report, errors = {}, []
     t_setup = time.monotonic()
-    env = None
+    env = Env(a)
     try:
-        env = Env(a)
+        env.setup()
         report["cluster set-up (s)"] = f"{time.monotonic() - t_setup:.2f}"
         anchor0 = proc_cpu_rss(env.anchor.pid)
         for phase in a.phases:
@@ -388,8 +411,7 @@ def main(argv):
                 report[f"{phase}: anchor CPU (s) / peak RSS (MiB)"] = f"{now[0] - anchor0[0]:.2f} / {now[1]:.1f}"
                 anchor0 = now
     finally:
-        if env:
-            env.close()
+        env.close()
     title = (f"{a.launcher}, {a.nodes} nodes x {a.nproc} workers ({a.worker}), "
              f"netem {a.netem_delay or 'none'}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     print(f"# {title}")
