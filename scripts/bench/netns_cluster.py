@@ -75,7 +75,6 @@ def parse(argv):
     p.add_argument("--torch-venv", default=os.environ.get("DDPRUN_TORCH_VENV", os.path.join(ROOT, ".venv-torch2")),
                    help="the PyTorch venv whose torchrun runs (default .venv-torch2 of this tree)")
     p.add_argument("--check", action="store_true", help="assert correctness (exit 1 on a violation)")
-    p.add_argument("--keep-going", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.nodes < 2:
         p.error("N must be 2 or more (the kill phase needs a survivor)")
@@ -201,7 +200,8 @@ class Env:
 
     def close(self):
         self.cluster.close()
-        if not os.environ.get("NC_KEEP"): shutil.rmtree(self.tmp, ignore_errors=True)
+        if not os.environ.get("NC_KEEP"):  # NC_KEEP=1 keeps the workers' records to read
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class Phase:
