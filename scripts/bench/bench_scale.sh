@@ -16,6 +16,9 @@
 # node rank 0's is used (up to 8,192 nodes; past that ddprund keeps the store): a second
 # ddprund, listening on every address, stands for node rank 0's agent; its CPU and RSS get
 # their own columns. STORE=daemon (default): the agents offer none, ddprund hosts the store.
+# STORE=torch (STORE=torch-nolibuv): the same workers use PyTorch's own TCPStore server (libuv,
+# or the older one), a fresh one per N, from DDPRUN_VENV (default .venv-torch2) instead of the
+# round's (ddprun_scale_sim --store-at); its CPU and RSS go into the store host columns.
 # Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
 # DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
 set -euo pipefail
@@ -37,6 +40,20 @@ store_log="$(mktemp)"
 pid= spid=
 trap 'rm -rf "$log" "$store_log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null; [[ -n "$spid" ]] && kill "$spid" 2>/dev/null || true' EXIT
 store_mode="${STORE:-daemon}"
+# PyTorch's TCPStore server looks up a name for every connection it accepts: where the resolver
+# does not answer (an offline host), each lookup waits for its timeout and that, not the store,
+# decides the times. So with STORE=torch* the bench runs in a network namespace of its own
+# (root), where the lookup fails at once, as it answers at once where DNS works.
+if [[ $store_mode == torch* && -z "${BENCH_SCALE_NETNS:-}" && $(id -u) == 0 ]] && command -v unshare ip >/dev/null; then
+  exec unshare -n env BENCH_SCALE_NETNS=1 bash -c 'ip link set lo up && exec "$@"' _ "$0" "$@"
+fi
+case "$store_mode" in
+  daemon|agent) ;;
+  torch|torch-nolibuv)
+    torch_py="${DDPRUN_VENV:-$here/.venv-torch2}/bin/python"
+    [[ -x "$torch_py" ]] || { echo "STORE=$store_mode needs PyTorch: set DDPRUN_VENV to a venv with torch (no $torch_py)" >&2; exit 2; } ;;
+  *) echo "STORE=$store_mode: use daemon, agent, torch or torch-nolibuv" >&2; exit 2 ;;
+esac
 token="scale-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
 (umask 077; printf '%s\n' "$token" >"$tokdir/token")
 echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode"
@@ -58,12 +75,20 @@ for n in "${sizes[@]}"; do
     for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
     extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')" --store-pid "$spid")
   fi
+  if [[ $store_mode == torch* && -z "${extra[*]}" ]]; then
+    torch_args=(); [[ $store_mode == torch-nolibuv ]] && torch_args=(--no-libuv)
+    "$torch_py" "$here/scripts/bench/torch_store_server.py" "${torch_args[@]}" >"$store_log" 2>&1 &
+    spid=$!
+    for _ in $(seq 600); do grep -q listening "$store_log" && break; sleep 0.05; done
+    grep -q listening "$store_log" || { echo "PyTorch's TCPStore did not start: $(tail -n3 "$store_log")" >&2; exit 1; }
+    extra=(--store-at "$(grep -oE 'listening on [0-9.]+:[0-9]+' "$store_log" | head -n1 | sed 's/listening on //')" --store-pid "$spid")
+  fi
   line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
             --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
   if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
   store_cpu= store_rss=
-  if [[ " ${extra[*]} " == *" --offer-store "* ]]; then
+  if [[ " ${extra[*]} " == *" --store-pid "* ]]; then
     store_cpu="$(get store_host_cpu_s "$line")" store_rss="$(get store_host_peak_rss_mib "$line")"
   fi
   hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"

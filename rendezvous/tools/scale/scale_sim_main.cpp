@@ -2,7 +2,7 @@
 // real rendezvous server (sim.h says what each does), from thousands of sockets per thread.
 //   ddprun_scale_sim --port P --agents N [--nproc 8] [--token T] [--threads K]
 //                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
-//                    [--offer-store PORT --store-pid PID]
+//                    [--offer-store PORT | --store-at HOST:PORT] [--store-pid PID]
 // Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
 // store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
 // Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "sim.h"
@@ -74,9 +75,25 @@ int main(int argc, char** argv) {
                  "every agent offers a workers' store on this port, as agents of a standing ddprund do; node "
                  "rank 0's address must reach it (a ddprund listening on every address, say)")
       ->check(CLI::Range(1, 65535));
-  app.add_option("--store-pid", store_pid, "the process serving --offer-store: its CPU time and peak RSS");
+  std::string store_at;
+  app.add_option("--store-at", store_at,
+                 "HOST:PORT: the workers use this store, not the round's (PyTorch's own TCPStore server, say)");
+  app.add_option("--store-pid", store_pid, "the process serving the workers' store (--offer-store, --store-at): its "
+                 "CPU time and peak RSS");
   app.add_flag("--probe", probe, "another job's GETs on the server's own port meanwhile (latency p50/p99)");
   CLI11_PARSE(app, argc, argv);
+  if (!store_at.empty()) {
+    const auto colon = store_at.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos) port = std::atoi(store_at.c_str() + colon + 1);
+    if (colon == std::string::npos || port < 1 || port > 65535) {
+      std::fprintf(stderr, "ddprun_scale_sim: --store-at %s: give HOST:PORT, an IPv4 address and a port (127.0.0.1:29500)\n",
+                   store_at.c_str());
+      return 2;
+    }
+    o.store_at_host = store_at.substr(0, colon);
+    o.store_at_port = port;
+  }
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
   if (o.gloo && world > 4096) {
     std::fprintf(stderr, "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "

@@ -35,6 +35,10 @@ struct Options {
   int agents = 64, nproc = 8, threads = 1;
   int heartbeat_ms = 1000;
   int store_offer_port = 0;  // every JOIN offers a workers' store on this port (node rank 0's hosts it)
+  // --store-at: the workers go to this store instead of the one the ROUND names (another
+  // server, PyTorch's own TCPStore say). Port 0: the ROUND's.
+  std::string store_at_host;
+  int store_at_port = 0;
   bool workers = true, gloo = false, source_ips = true;
   double timeout_s = 120;
 };

@@ -142,9 +142,11 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
   // The workers reach the store where the ROUND says: node rank 0's agent (store_host) or the
   // rendezvous server's address.
   sockaddr_in store = server_;
-  store.sin_port = htons(static_cast<uint16_t>(r.store_port));
-  if (!r.store_host.empty() && inet_pton(AF_INET, r.store_host.c_str(), &store.sin_addr) != 1) {
-    s_.error("agent " + std::to_string(index_) + ": store host " + r.store_host + " is no IPv4 address");
+  const bool elsewhere = s_.o.store_at_port > 0;
+  const std::string& host = elsewhere ? s_.o.store_at_host : r.store_host;
+  store.sin_port = htons(static_cast<uint16_t>(elsewhere ? s_.o.store_at_port : r.store_port));
+  if (!host.empty() && inet_pton(AF_INET, host.c_str(), &store.sin_addr) != 1) {
+    s_.error("agent " + std::to_string(index_) + ": store host " + host + " is no IPv4 address");
     return;
   }
   const uint32_t source = s_.o.source_ips ? node_address(index_) : 0;
