@@ -19,6 +19,10 @@
 # STORE=torch (STORE=torch-nolibuv): the same workers use PyTorch's own TCPStore server (libuv,
 # or the older one), a fresh one per N, from DDPRUN_VENV (default .venv-torch2) instead of the
 # round's (ddprun_scale_sim --store-at); its CPU and RSS go into the store host columns.
+# Then a second table: the same N, and one node dies once every worker is through (FAILURES=0:
+# not run; STORE=daemon only: a fixed store would keep the last round's keys): from its death,
+# every survivor told (RESTART), every survivor's new ROUND, and the surviving workers joined,
+# past the barrier and done on the new round's store.
 # Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
 # DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
 set -euo pipefail
@@ -60,7 +64,8 @@ echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per
 printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) | store host CPU (s) | store host peak RSS (MiB) |\n'
 printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 get() { sed -nE "s/.* $1=([^ ]+).*/\\1/p" <<<" $2"; }
-for n in "${sizes[@]}"; do
+run_row() {
+  local n="$1" kill="$2" line hold workers store_cpu store_rss
   extra=()
   workers=$((n * nproc_per))
   if (( n * (nproc_per + 1) + 256 > fd_limit )); then extra=(--no-workers); workers="not run (descriptors)"; fi
@@ -83,6 +88,7 @@ for n in "${sizes[@]}"; do
     grep -q listening "$store_log" || { echo "PyTorch's TCPStore did not start: $(tail -n3 "$store_log")" >&2; exit 1; }
     extra=(--store-at "$(grep -oE 'listening on [0-9.]+:[0-9]+' "$store_log" | head -n1 | sed 's/listening on //')" --store-pid "$spid")
   fi
+  [[ $kill == 1 ]] && extra+=(--kill-one --min-nodes $(( n / 2 > 0 ? n / 2 : 1 )))
   line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
             --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
@@ -94,10 +100,26 @@ for n in "${sizes[@]}"; do
   hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"
   if [[ "$(get ok "$line")" != 1 ]]; then
     printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"
-    continue
+    return
+  fi
+  if [[ $kill == 1 ]]; then
+    printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "$workers" "$(get round_ms "$line")" \
+      "$(get kill_restart_ms "$line")" "$(get kill_round_ms "$line")" "$(get kill_joined_ms "$line")" \
+      "$(get kill_barrier_ms "$line")" "$(get kill_done_ms "$line")" "$(get server_cpu_s "$line")" "${hold:--}"
+    return
   fi
   printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s | %s | %s |\n' "$n" "$workers" "$(get connect_ms "$line")" \
     "$(get round_ms "$line")" "$(get workers_joined_ms "$line")" "$(get barrier_ms "$line")" "$(get done_ms "$line")" \
     "$(get server_cpu_s "$line")" "$(get server_peak_rss_mib "$line")" "${hold:--}" \
     "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")" "${store_cpu:--}" "${store_rss:--}"
-done
+}
+for n in "${sizes[@]}"; do run_row "$n" 0; done
+# One node of N dies once every worker is through (ddprun_scale_sim --kill-one): its agent's
+# and workers' connections close, no LEAVE; min_nodes is N/2, so the job goes on without it.
+if [[ ${FAILURES:-1} == 1 && $store_mode == daemon ]]; then
+  echo
+  echo "# one node of N dies (no LEAVE); times from its death"
+  printf '| agents | workers | first round (ms) | every survivor told (ms) | every survivor'"'"'s new ROUND (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU, both rounds (s) | longest lock hold (ms) |\n'
+  printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+  for n in "${sizes[@]}"; do run_row "$n" 1; done
+fi

@@ -134,9 +134,10 @@ int main(int argc, char** argv) {
                  static_cast<long long>(world * world));
     return 2;
   }
-  if (kill_one && (o.min_nodes == 0 || o.min_nodes >= o.agents || o.store_at_port)) {
+  if (kill_one && (o.min_nodes == 0 || o.min_nodes >= o.agents || o.store_at_port || o.store_offer_port)) {
     std::fprintf(stderr, "ddprun_scale_sim: --kill-one needs --min-nodes below --agents (else the job ends with the "
-                 "node) and the round's own store (no --store-at: a fixed store keeps the last round's keys)\n");
+                 "node) and the round's own store on the server (no --store-at or --offer-store: one store for both rounds "
+                 "keeps the first one's keys)\n");
     return 2;
   }
   rlimit rl{};
