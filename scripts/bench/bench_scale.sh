@@ -16,6 +16,13 @@
 # node rank 0's is used (up to 8,192 nodes; past that ddprund keeps the store): a second
 # ddprund, listening on every address, stands for node rank 0's agent; its CPU and RSS get
 # their own columns. STORE=daemon (default): the agents offer none, ddprund hosts the store.
+# STORE=torch (STORE=torch-nolibuv): the same workers use PyTorch's own TCPStore server (libuv,
+# or the older one), a fresh one per N, from DDPRUN_VENV (default .venv-torch2) instead of the
+# round's (ddprun_scale_sim --store-at); its CPU and RSS go into the store host columns.
+# Then a second table: the same N, and one node dies once every worker is through (FAILURES=0:
+# not run; STORE=daemon only: a fixed store would keep the last round's keys): from its death,
+# every survivor told (RESTART), every survivor's new ROUND, and the surviving workers joined,
+# past the barrier and done on the new round's store.
 # Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
 # DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
 set -euo pipefail
@@ -37,13 +44,28 @@ store_log="$(mktemp)"
 pid= spid=
 trap 'rm -rf "$log" "$store_log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null; [[ -n "$spid" ]] && kill "$spid" 2>/dev/null || true' EXIT
 store_mode="${STORE:-daemon}"
+# PyTorch's TCPStore server looks up a name for every connection it accepts: where the resolver
+# does not answer (an offline host), each lookup waits for its timeout and that, not the store,
+# decides the times. So with STORE=torch* the bench runs in a network namespace of its own
+# (root), where the lookup fails at once, as it answers at once where DNS works.
+if [[ $store_mode == torch* && -z "${BENCH_SCALE_NETNS:-}" && $(id -u) == 0 ]] && command -v unshare ip >/dev/null; then
+  exec unshare -n env BENCH_SCALE_NETNS=1 bash -c 'ip link set lo up && exec "$@"' _ "$0" "$@"
+fi
+case "$store_mode" in
+  daemon|agent) ;;
+  torch|torch-nolibuv)
+    torch_py="${DDPRUN_VENV:-$here/.venv-torch2}/bin/python"
+    [[ -x "$torch_py" ]] || { echo "STORE=$store_mode needs PyTorch: set DDPRUN_VENV to a venv with torch (no $torch_py)" >&2; exit 2; } ;;
+  *) echo "STORE=$store_mode: use daemon, agent, torch or torch-nolibuv" >&2; exit 2 ;;
+esac
 token="scale-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
 (umask 077; printf '%s\n' "$token" >"$tokdir/token")
 echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode"
 printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) | store host CPU (s) | store host peak RSS (MiB) |\n'
 printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 get() { sed -nE "s/.* $1=([^ ]+).*/\\1/p" <<<" $2"; }
-for n in "${sizes[@]}"; do
+run_row() {
+  local n="$1" kill="$2" line hold workers store_cpu store_rss
   extra=()
   workers=$((n * nproc_per))
   if (( n * (nproc_per + 1) + 256 > fd_limit )); then extra=(--no-workers); workers="not run (descriptors)"; fi
@@ -58,21 +80,46 @@ for n in "${sizes[@]}"; do
     for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
     extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')" --store-pid "$spid")
   fi
+  if [[ $store_mode == torch* && -z "${extra[*]}" ]]; then
+    torch_args=(); [[ $store_mode == torch-nolibuv ]] && torch_args=(--no-libuv)
+    "$torch_py" "$here/scripts/bench/torch_store_server.py" "${torch_args[@]}" >"$store_log" 2>&1 &
+    spid=$!
+    for _ in $(seq 600); do grep -q listening "$store_log" && break; sleep 0.05; done
+    grep -q listening "$store_log" || { echo "PyTorch's TCPStore did not start: $(tail -n3 "$store_log")" >&2; exit 1; }
+    extra=(--store-at "$(grep -oE 'listening on [0-9.]+:[0-9]+' "$store_log" | head -n1 | sed 's/listening on //')" --store-pid "$spid")
+  fi
+  [[ $kill == 1 ]] && extra+=(--kill-one --min-nodes $(( n / 2 > 0 ? n / 2 : 1 )))
   line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
             --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
   if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
   store_cpu= store_rss=
-  if [[ " ${extra[*]} " == *" --offer-store "* ]]; then
+  if [[ " ${extra[*]} " == *" --store-pid "* ]]; then
     store_cpu="$(get store_host_cpu_s "$line")" store_rss="$(get store_host_peak_rss_mib "$line")"
   fi
   hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"
   if [[ "$(get ok "$line")" != 1 ]]; then
     printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"
-    continue
+    return
+  fi
+  if [[ $kill == 1 ]]; then
+    printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "$workers" "$(get round_ms "$line")" \
+      "$(get kill_restart_ms "$line")" "$(get kill_round_ms "$line")" "$(get kill_joined_ms "$line")" \
+      "$(get kill_barrier_ms "$line")" "$(get kill_done_ms "$line")" "$(get server_cpu_s "$line")" "${hold:--}"
+    return
   fi
   printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s/%s | %s | %s |\n' "$n" "$workers" "$(get connect_ms "$line")" \
     "$(get round_ms "$line")" "$(get workers_joined_ms "$line")" "$(get barrier_ms "$line")" "$(get done_ms "$line")" \
     "$(get server_cpu_s "$line")" "$(get server_peak_rss_mib "$line")" "${hold:--}" \
     "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")" "${store_cpu:--}" "${store_rss:--}"
-done
+}
+for n in "${sizes[@]}"; do run_row "$n" 0; done
+# One node of N dies once every worker is through (ddprun_scale_sim --kill-one): its agent's
+# and workers' connections close, no LEAVE; min_nodes is N/2, so the job goes on without it.
+if [[ ${FAILURES:-1} == 1 && $store_mode == daemon ]]; then
+  echo
+  echo "# one node of N dies (no LEAVE); times from its death"
+  printf '| agents | workers | first round (ms) | every survivor told (ms) | every survivor'"'"'s new ROUND (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU, both rounds (s) | longest lock hold (ms) |\n'
+  printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+  for n in "${sizes[@]}"; do run_row "$n" 1; done
+fi

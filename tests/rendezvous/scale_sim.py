@@ -5,7 +5,11 @@ agent gets its ROUND, every worker gets through the barrier and the NCCL id broa
 rank no other worker has, nothing goes wrong (no ERROR, no closed connection, no MAC that
 does not check), and the daemon is still alive afterwards.
 
-usage: scale_sim.py --ddprund PATH --sim PATH [--agents N] [--nproc P]
+--kill-one: then one agent's node dies (its connections close, no LEAVE; min_nodes is half
+the agents): every survivor gets RESTART, joins again and gets a new ROUND, and every
+surviving worker gets through the new round's store, again with unique ranks.
+
+usage: scale_sim.py --ddprund PATH --sim PATH [--agents N] [--nproc P] [--kill-one]
 """
 import argparse
 import os
@@ -44,6 +48,7 @@ def main():
     ap.add_argument("--sim", required=True)
     ap.add_argument("--agents", type=int, default=1024)
     ap.add_argument("--nproc", type=int, default=8)
+    ap.add_argument("--kill-one", action="store_true")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = a.agents * (a.nproc + 1) + 256
@@ -62,7 +67,8 @@ def main():
         try:
             sim = subprocess.run(
                 [a.sim, "--port", str(port), "--agents", str(a.agents), "--nproc", str(a.nproc), "--token", token,
-                 "--server-pid", str(daemon.pid), "--probe", "--timeout", "100"],
+                 "--server-pid", str(daemon.pid), "--probe", "--timeout", "100"]
+                + (["--kill-one", "--min-nodes", str(max(1, a.agents // 2))] if a.kill_one else []),
                 capture_output=True, text=True, timeout=150)
             print(sim.stdout + sim.stderr)
             fields = dict(re.findall(r"(\w+)=(\S+)", sim.stdout.split("RESULT", 1)[-1]))
@@ -70,7 +76,11 @@ def main():
             failures = []
             if sim.returncode != 0:
                 failures.append(f"the simulator exited {sim.returncode}")
-            for key, want in (("rounds", a.agents), ("workers_done", world), ("dup_ranks", 0), ("errors", 0), ("ok", 1)):
+            want = {"rounds": a.agents, "workers_done": world, "dup_ranks": 0, "errors": 0, "ok": 1}
+            if a.kill_one:  # the survivors' second round, on top of the first
+                want.update(rounds=2 * a.agents - 1, workers_done=world + (a.agents - 1) * a.nproc,
+                            restarts=a.agents - 1)
+            for key, want in want.items():
                 if int(fields.get(key, -1)) != want:
                     failures.append(f"{key}={fields.get(key)} (want {want})")
             if daemon.poll() is not None:
@@ -87,7 +97,8 @@ def main():
                 print("ddprund's log (tail):\n" + "".join(f.readlines()[-30:]))
             print("FAIL: " + "; ".join(failures))
             return 1
-    print(f"OK: {a.agents} agents, {world} workers past the barrier with unique ranks, no error")
+    print(f"OK: {a.agents} agents, {world} workers past the barrier with unique ranks, no error"
+          + (f"; after one node's death, {a.agents - 1} agents and their workers through a new round" if a.kill_one else ""))
     return 0
 
 

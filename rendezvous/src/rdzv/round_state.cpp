@@ -1,6 +1,7 @@
 #include "ddprun/rdzv/round_state.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string_view>
 
 #include "ddprun/rdzv/validate.h"
@@ -176,16 +177,25 @@ void RoundState::maybe_complete(Job& job, Clock::time_point now, std::vector<Out
 }
 
 void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
+  // Sorted by a key copied out of each node: fixed ranks first, in order; then the endpoint
+  // host; then previous ranks; then arrival (no pointer chased per comparison).
+  using Key = std::tuple<bool, int64_t, bool, int64_t, uint64_t>;
+  std::vector<std::pair<Key, Node*>> keyed;
+  keyed.reserve(job.waiting.size());
+  // Both ordered by connection: one walk over the members, not a lookup per node.
+  auto member = job.members.begin();
+  for (ConnId c : job.waiting) {
+    while (member != job.members.end() && member->first < c) ++member;
+    if (member == job.members.end() || member->first != c) throw std::logic_error("a waiting node is no member");
+    Node* n = &member->second;
+    keyed.emplace_back(Key{n->fixed_rank < 0, n->fixed_rank, !n->prefer_rank0,
+                           n->last_rank < 0 ? INT64_MAX : n->last_rank, n->seq},
+                       n);
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Node*> nodes;
-  for (ConnId c : job.waiting) nodes.push_back(&job.members.at(c));
-  std::sort(nodes.begin(), nodes.end(), [](const Node* a, const Node* b) {
-    auto key = [](const Node* n) {
-      // fixed ranks first, in order; then the endpoint host; then previous ranks; then arrival
-      return std::make_tuple(n->fixed_rank < 0, n->fixed_rank, !n->prefer_rank0,
-                             n->last_rank < 0 ? INT64_MAX : n->last_rank, n->seq);
-    };
-    return key(a) < key(b);
-  });
+  nodes.reserve(keyed.size());
+  for (const auto& k : keyed) nodes.push_back(k.second);
   if (static_cast<int64_t>(nodes.size()) > job.max_nodes) nodes.resize(job.max_nodes);
 
   if (job.round >= 0) close_store(job);
@@ -193,11 +203,13 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
   std::vector<ConnId> conns;
   conns.reserve(nodes.size());
   job.world_size = 0;
+  const bool everyone = nodes.size() == job.waiting.size();
   for (Node* n : nodes) {
     conns.push_back(n->conn);
-    job.waiting.erase(n->conn);
+    if (!everyone) job.waiting.erase(n->conn);
     job.world_size += n->local_world_size;
   }
+  if (everyone) job.waiting.clear();
   set_participants(job, std::move(conns));
   // Node rank 0's own store when every node offered one (then every node reads store_host):
   // the workers' store outlives a restart of this server.
@@ -221,22 +233,24 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
     port = stores_.open(job.run_id, job.round, job.fixed_store_port);
   }
   int64_t base = 0;
+  out.reserve(out.size() + nodes.size());
   for (size_t r = 0; r < nodes.size(); ++r) {
     Node* n = nodes[r];
     n->last_rank = static_cast<int64_t>(r);
-    const Round m{.run_id = job.run_id,
-                  .round = job.round,
-                  .restart_count = job.restart_count,
-                  .max_restarts = job.max_restarts,
-                  .node_rank = static_cast<int64_t>(r),
-                  .nnodes = static_cast<int64_t>(nodes.size()),
-                  .world_size = job.world_size,
-                  .base_rank = base,
-                  .store_port = port,
-                  .store_host = store_host,
-                  .store_peers = r == 0 ? store_peers : std::string()};
+    Round m{.run_id = job.run_id,
+            .round = job.round,
+            .restart_count = job.restart_count,
+            .max_restarts = job.max_restarts,
+            .node_rank = static_cast<int64_t>(r),
+            .nnodes = static_cast<int64_t>(nodes.size()),
+            .world_size = job.world_size,
+            .base_rank = base,
+            .store_port = port,
+            .store_host = store_host,
+            .store_peers = r == 0 ? store_peers : std::string()};
     base += n->local_world_size;
-    out.push_back({n->conn, to_message(m)});
+    if (deferred_rounds_) out.push_back({n->conn, Message{MsgType::Round, {}}, false, std::move(m)});
+    else out.push_back({n->conn, to_message(m)});
   }
   job.phase = Phase::Running;
   job.succeeded.clear();
@@ -280,7 +294,9 @@ bool RoundState::is_participant(const Job& job, ConnId conn) const { return job.
 
 void RoundState::set_participants(Job& job, std::vector<ConnId> conns) {
   job.participants = std::move(conns);
-  job.in_round = std::unordered_set<ConnId>(job.participants.begin(), job.participants.end());
+  job.in_round.clear();
+  job.in_round.reserve(job.participants.size());
+  job.in_round.insert(job.participants.begin(), job.participants.end());
   job.survivors_back = 0;
 }
 

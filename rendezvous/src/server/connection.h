@@ -13,6 +13,7 @@
 #include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,7 @@ namespace ddprun::server {
 struct Connection;
 using ConnPtr = std::shared_ptr<Connection>;
 struct Keyspace;
+struct SealBatch;
 
 // One I/O thread: its io_context and the scratch of the requests handled on it.
 struct IoThread {
@@ -47,6 +49,7 @@ struct IoThread {
   std::vector<rdzv::Outbound> rdzv_out;
   std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
+  std::vector<std::shared_ptr<SealBatch>> to_seal;  // messages to agents made under the rounds lock (ServerCore::seal_pending)
   std::atomic<uint64_t> requests{0};
   MemoryBudget::Credit credit;  // this thread's share of the memory budget (MemoryBudget::bind_thread)
   // StoreServerOptions::collect_metrics: written by this thread only (relaxed load and store,
@@ -122,6 +125,23 @@ struct ParkedRequest {
   uint64_t charge = 0;   // its memory, charged to the budget
 };
 
+// The order of an agent's messages: each gets a ticket under the rounds lock, in the order the
+// rounds made it, and is sealed (sequence number, MAC), encoded and appended to the outbox after
+// the lock, strictly in ticket order, by whichever thread holds it (ServerCore::seal_pending):
+// a frame sealed outside the lock neither overtakes nor is overtaken by another to the agent.
+struct SealOrder {
+  uint64_t issued = 0;  // tickets handed out, under the rounds lock
+  std::mutex mu;        // guards what follows; taken outside the rounds lock only, before out_mu
+  uint64_t sealed = 0;  // tickets sealed and appended
+  std::map<uint64_t, rdzv::Outbound> early;  // tickets that came before their turn
+};
+
+// The messages of one hold of the rounds lock, with each one's agent and ticket.
+struct SealBatch {
+  std::vector<rdzv::Outbound> out;
+  std::vector<std::pair<ConnPtr, uint64_t>> to;  // parallel to `out`; null: the agent is gone
+};
+
 struct Connection {
   Connection(boost::asio::ip::tcp::socket sock, Keyspace* k, IoThread* t)
       : socket(std::move(sock)), fd(socket.native_handle()), ks(k), thread(t) {}
@@ -131,6 +151,7 @@ struct Connection {
   Keyspace* ks;         // its state is used under ks->mu, and only while !revoked
   IoThread* thread;     // the one thread that reads and writes the socket
   Session session;
+  SealOrder seals;  // agents
   // I/O thread only:
   InputBuffer in;                 // its size counts in ConnectionIo's buffered total and the budget
   wire::RequestFramer framer;     // how far the request at the start of `in` has been framed

@@ -128,6 +128,14 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void discard(IoThread& t, std::shared_ptr<ParkedRequest> p);
   void route_locked(IoThread& self, Keyspace& ks, std::vector<store::Outgoing>& others);
   void route_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
+  // ---- agent_seal.cpp ----
+  // Under mu: a ticket for each of `out` (SealOrder); they go onto self.to_seal.
+  void queue_locked(IoThread& self, std::vector<rdzv::Outbound>& out);
+  // After mu is let go, on `self`: what self queued is sealed, encoded and appended; a large
+  // batch (a round's broadcast) is spread over the agents' own threads.
+  void seal_pending(IoThread& self);
+  void seal_in_turn(IoThread& self, const ConnPtr& c, uint64_t ticket, rdzv::Outbound& o);
+  void seal_one(IoThread& self, const ConnPtr& c, rdzv::Outbound& o);
   void schedule_tick_locked();
   void on_tick();
   void forget(const ConnPtr& c);

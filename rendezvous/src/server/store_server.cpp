@@ -34,6 +34,7 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
   tick_timer.emplace(control());
   trim_timer.emplace(control());
   rounds.set_tick_period(kHeartbeatCheckPeriod);
+  rounds.set_deferred_rounds(true);  // a round's ROUNDs are made after the lock (agent_seal.cpp)
   keyspaces.main().listener = make_listener("main");
 }
 

@@ -2,7 +2,7 @@
 // real rendezvous server (sim.h says what each does), from thousands of sockets per thread.
 //   ddprun_scale_sim --port P --agents N [--nproc 8] [--token T] [--threads K]
 //                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
-//                    [--offer-store PORT --store-pid PID]
+//                    [--offer-store PORT | --store-at HOST:PORT] [--store-pid PID]
 // Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
 // store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
 // Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "sim.h"
@@ -24,7 +25,7 @@ namespace {
 // One loop thread: its share of the agents (every threads-th), and their workers.
 void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents, const sockaddr_in& server) {
   for (auto& a : agents) a->start(loop, server);
-  bool joined = false;
+  bool joined = false, killed = false;
   auto next_beat = Clock::now();
   const auto beat = std::chrono::milliseconds(s.o.heartbeat_ms);
   while (!s.stop.load()) {
@@ -34,12 +35,39 @@ void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents
       joined = true;
       next_beat = Clock::now() + beat;
     }
+    if (!killed && s.kill_index.load() >= 0) {
+      killed = true;
+      for (auto& a : agents)
+        if (a->index() == s.kill_index.load()) a->die(loop);
+    }
     if (joined && Clock::now() >= next_beat) {
       for (auto& a : agents) a->heartbeat(loop);
       next_beat += beat;
     }
     loop.poll(joined ? 10 : 5);
   }
+}
+
+// --kill-one: the middle agent's node dies once every worker is through; the survivors get a
+// RESTART, JOIN again, and their workers go through the new round's store. Returns when that
+// happened (ok) or the deadline passed; the time of the death.
+int64_t failure_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, Clock::time_point deadline, bool& ok) {
+  const Options& o = s.o;
+  const int64_t rounds0 = s.rounds.load(), done0 = s.workers_done.load();
+  const int64_t survivors = o.agents - 1, world = survivors * o.nproc;
+  // Every worker of the last round is done: nobody reads these until the next ROUND.
+  s.rank_seen.reset(new std::atomic<uint8_t>[static_cast<size_t>(world)]());
+  s.world_size.store(-1);
+  const int64_t t_kill = s.now_ns();
+  s.kill_index.store(o.agents / 2);
+  for (auto& l : loops) l->wake();
+  auto through = [&] {
+    return s.rounds.load() == rounds0 + survivors && (!o.workers || s.workers_done.load() == done0 + world);
+  };
+  while (!through() && s.errors.load() == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ok = through();
+  return t_kill;
 }
 
 std::string ms(int64_t ns_from, int64_t ns_to) {
@@ -74,14 +102,42 @@ int main(int argc, char** argv) {
                  "every agent offers a workers' store on this port, as agents of a standing ddprund do; node "
                  "rank 0's address must reach it (a ddprund listening on every address, say)")
       ->check(CLI::Range(1, 65535));
-  app.add_option("--store-pid", store_pid, "the process serving --offer-store: its CPU time and peak RSS");
+  std::string store_at;
+  app.add_option("--store-at", store_at,
+                 "HOST:PORT: the workers use this store, not the round's (PyTorch's own TCPStore server, say)");
+  app.add_option("--store-pid", store_pid, "the process serving the workers' store (--offer-store, --store-at): its "
+                 "CPU time and peak RSS");
+  bool kill_one = false;
+  app.add_flag("--kill-one", kill_one,
+               "once every worker is through, one agent's node dies (its connections close, no LEAVE): time until "
+               "every survivor has its new ROUND and every surviving worker is through again (needs --min-nodes "
+               "below --agents)");
+  app.add_option("--min-nodes", o.min_nodes, "the JOINs' min_nodes (default: --agents)")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--probe", probe, "another job's GETs on the server's own port meanwhile (latency p50/p99)");
   CLI11_PARSE(app, argc, argv);
+  if (!store_at.empty()) {
+    const auto colon = store_at.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos) port = std::atoi(store_at.c_str() + colon + 1);
+    if (colon == std::string::npos || port < 1 || port > 65535) {
+      std::fprintf(stderr, "ddprun_scale_sim: --store-at %s: give HOST:PORT, an IPv4 address and a port (127.0.0.1:29500)\n",
+                   store_at.c_str());
+      return 2;
+    }
+    o.store_at_host = store_at.substr(0, colon);
+    o.store_at_port = port;
+  }
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
   if (o.gloo && world > 4096) {
     std::fprintf(stderr, "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "
                  "(world^2); use it with at most 4096 workers\n", static_cast<long long>(world),
                  static_cast<long long>(world * world));
+    return 2;
+  }
+  if (kill_one && (o.min_nodes == 0 || o.min_nodes >= o.agents || o.store_at_port || o.store_offer_port)) {
+    std::fprintf(stderr, "ddprun_scale_sim: --kill-one needs --min-nodes below --agents (else the job ends with the "
+                 "node) and the round's own store on the server (no --store-at or --offer-store: one store for both rounds "
+                 "keeps the first one's keys)\n");
     return 2;
   }
   rlimit rl{};
@@ -140,6 +196,13 @@ int main(int argc, char** argv) {
     for (auto& l : loops) l->wake();
     ok = wait_for([&] { return o.workers ? s.workers_done.load() == world : s.rounds.load() == o.agents; });
   }
+  // Phase 1's marks, before a failure raises them.
+  const int64_t p1_round = s.t_last_round.load(), p1_joined = s.t_last_joined.load(),
+                p1_barrier = s.t_last_barrier.load(), p1_done = s.t_last_done.load();
+  int64_t t_kill = 0;
+  if (ok && kill_one) {
+    t_kill = failure_phase(s, loops, std::chrono::time_point_cast<Clock::duration>(deadline), ok);
+  }
   const int64_t t_end = s.now_ns();
   probe_stop.store(true);
   if (probe_thread.joinable()) probe_thread.join();
@@ -159,14 +222,22 @@ int main(int argc, char** argv) {
   std::printf("RESULT agents=%d nproc=%d world=%lld token=%d threads=%d connect_ms=%s round_ms=%s "
               "workers_joined_ms=%s barrier_ms=%s done_ms=%s rounds=%lld workers_done=%lld dup_ranks=%lld "
               "errors=%lld server_cpu_s=%.2f server_peak_rss_mib=%.1f probe_ops=%zu probe_p50_us=%.0f "
-              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f ok=%d\n",
+              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f", 
               o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads,
-              ms(0, t_connected).c_str(), ms(j0, s.t_last_round.load()).c_str(), ms(j0, s.t_last_joined.load()).c_str(),
-              ms(j0, s.t_last_barrier.load()).c_str(), ms(j0, s.t_last_done.load()).c_str(),
+              ms(0, t_connected).c_str(), ms(j0, p1_round).c_str(), ms(j0, p1_joined).c_str(),
+              ms(j0, p1_barrier).c_str(), ms(j0, p1_done).c_str(),
               static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_done.load()),
               static_cast<long long>(s.duplicate_ranks.load()), static_cast<long long>(s.errors.load()), cpu, rss,
               prober ? prober->ops() : 0, prober ? prober->quantile(0.5) : -1.0, prober ? prober->quantile(0.99) : -1.0,
-              store_after.cpu_s - store_before.cpu_s, store_after.peak_rss_mib, ok ? 1 : 0);
+              store_after.cpu_s - store_before.cpu_s, store_after.peak_rss_mib);
+  // After a death (--kill-one), from it: every survivor told (RESTART), every survivor's new
+  // ROUND, every surviving worker joined the new store, past its barrier, done.
+  if (kill_one)
+    std::printf(" kill_restart_ms=%s kill_round_ms=%s kill_joined_ms=%s kill_barrier_ms=%s kill_done_ms=%s restarts=%lld",
+                ms(t_kill, s.t_last_restart.load()).c_str(), ms(t_kill, s.t_last_round.load()).c_str(),
+                ms(t_kill, s.t_last_joined.load()).c_str(), ms(t_kill, s.t_last_barrier.load()).c_str(),
+                ms(t_kill, s.t_last_done.load()).c_str(), static_cast<long long>(s.restarts.load()));
+  std::printf(" ok=%d\n", ok ? 1 : 0);
   if (!ok)
     std::fprintf(stderr, "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
                  "workers joined, %lld past the barrier, %lld done\n",

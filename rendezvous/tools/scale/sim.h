@@ -35,7 +35,12 @@ struct Options {
   int agents = 64, nproc = 8, threads = 1;
   int heartbeat_ms = 1000;
   int store_offer_port = 0;  // every JOIN offers a workers' store on this port (node rank 0's hosts it)
+  // --store-at: the workers go to this store instead of the one the ROUND names (another
+  // server, PyTorch's own TCPStore say). Port 0: the ROUND's.
+  std::string store_at_host;
+  int store_at_port = 0;
   bool workers = true, gloo = false, source_ips = true;
+  int min_nodes = 0;  // the JOINs' min_nodes (0: --agents; below it, a lost node ends the job)
   double timeout_s = 120;
 };
 
@@ -50,6 +55,9 @@ struct Shared {
   std::atomic<int64_t> world_size{-1};
   std::unique_ptr<std::atomic<uint8_t>[]> rank_seen;  // per global rank: how many workers had it
   std::atomic<int64_t> duplicate_ranks{0};
+  // --kill-one: the agent whose loop closes it (and its workers) without a LEAVE, as if its
+  // node died; the survivors' RESTARTs counted, the time of the last one.
+  std::atomic<int64_t> kill_index{-1}, restarts{0}, t_last_restart{0};
   int64_t now_ns() const;
   void mark(std::atomic<int64_t>& t) const;  // t = max(t, now)
   void error(const std::string& what);
@@ -61,8 +69,11 @@ class Agent : public Endpoint {
  public:
   Agent(Shared& s, int64_t index) : s_(s), index_(index) {}
   void start(Loop& loop, const sockaddr_in& server);
-  void send_join(Loop& loop);
+  void send_join(Loop& loop, bool again = false);
   void heartbeat(Loop& loop);
+  int64_t index() const { return index_; }
+  // Its node dies: the agent's and its workers' connections close, nothing is said.
+  void die(Loop& loop);
   void on_connected(Loop& loop) override;
   void on_readable(Loop& loop) override;
   void on_failed(Loop& loop, int err) override;
@@ -72,6 +83,9 @@ class Agent : public Endpoint {
  private:
   void on_message(Loop& loop, const rdzv::Message& m);
   void on_round(Loop& loop, const rdzv::Round& r);
+  // What the launcher's agent does on RESTART: stop its workers, JOIN again.
+  void on_restart(Loop& loop);
+  void stop_workers(Loop& loop);
   void write(Loop& loop, rdzv::Message m);
 
   Shared& s_;
@@ -79,7 +93,7 @@ class Agent : public Endpoint {
   sockaddr_in server_{};
   std::optional<rdzv::ClientHandshake> hs_;
   std::optional<rdzv::SessionMac> mac_;
-  bool handshaken_ = false, got_round_ = false;
+  bool handshaken_ = false, got_round_ = false, dead_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

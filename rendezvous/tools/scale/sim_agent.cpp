@@ -53,15 +53,16 @@ void Agent::write(Loop& loop, rdzv::Message m) {
   loop.send(*this, b);
 }
 
-void Agent::send_join(Loop& loop) {
+void Agent::send_join(Loop& loop, bool again) {
   const std::string host = s_.o.source_ips ? address_text(node_address(index_)) : std::string("127.0.0.1");
-  s_.mark(s_.t_first_join);  // the first agent's mark is the earliest; later ones only raise it
+  if (!again) s_.mark(s_.t_first_join);  // the first agent's mark is the earliest; later ones only raise it
   write(loop, rdzv::to_message(rdzv::Join{.run_id = s_.o.run_id,
                                           .node_id = "sim" + std::to_string(index_),
                                           .host = host,
                                           .local_world_size = s_.o.nproc,
-                                          .min_nodes = s_.o.agents,
+                                          .min_nodes = s_.o.min_nodes > 0 ? s_.o.min_nodes : s_.o.agents,
                                           .max_nodes = s_.o.agents,
+                                          .max_restarts = 3,
                                           .last_call_ms = 30000,
                                           .join_timeout_ms = 600000,
                                           .heartbeat_timeout_ms = 120000,
@@ -119,6 +120,10 @@ void Agent::on_message(Loop& loop, const rdzv::Message& m) {
     on_round(loop, rdzv::from_message<rdzv::Round>(opened));
     return;
   }
+  if (opened.type == rdzv::MsgType::Restart) {
+    on_restart(loop);
+    return;
+  }
   if (opened.type == rdzv::MsgType::Error) {
     s_.error("agent " + std::to_string(index_) + ": ERROR: " + rdzv::from_message<rdzv::Error>(opened).message);
     return;
@@ -142,9 +147,11 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
   // The workers reach the store where the ROUND says: node rank 0's agent (store_host) or the
   // rendezvous server's address.
   sockaddr_in store = server_;
-  store.sin_port = htons(static_cast<uint16_t>(r.store_port));
-  if (!r.store_host.empty() && inet_pton(AF_INET, r.store_host.c_str(), &store.sin_addr) != 1) {
-    s_.error("agent " + std::to_string(index_) + ": store host " + r.store_host + " is no IPv4 address");
+  const bool elsewhere = s_.o.store_at_port > 0;
+  const std::string& host = elsewhere ? s_.o.store_at_host : r.store_host;
+  store.sin_port = htons(static_cast<uint16_t>(elsewhere ? s_.o.store_at_port : r.store_port));
+  if (!host.empty() && inet_pton(AF_INET, host.c_str(), &store.sin_addr) != 1) {
+    s_.error("agent " + std::to_string(index_) + ": store host " + host + " is no IPv4 address");
     return;
   }
   const uint32_t source = s_.o.source_ips ? node_address(index_) : 0;
@@ -154,8 +161,27 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
   }
 }
 
+void Agent::stop_workers(Loop& loop) {
+  for (auto& w : workers_) loop.close(*w);
+  workers_.clear();
+}
+
+void Agent::die(Loop& loop) {
+  dead_ = true;
+  stop_workers(loop);
+  loop.close(*this);
+}
+
+void Agent::on_restart(Loop& loop) {
+  s_.restarts.fetch_add(1);
+  s_.mark(s_.t_last_restart);
+  stop_workers(loop);
+  got_round_ = false;
+  send_join(loop, true);
+}
+
 void Agent::on_failed(Loop&, int err) {
-  if (s_.stop.load()) return;
+  if (s_.stop.load() || dead_) return;
   s_.error("agent " + std::to_string(index_) + ": connection " +
            (err ? std::string("failed: ") + std::strerror(err) : std::string("closed by the server")));
 }

@@ -161,7 +161,9 @@ void Worker::finish() {
 }
 
 void Worker::on_failed(Loop&, int err) {
-  if (s_.stop.load()) return;
+  // After a node's death (--kill-one) the server closes the round's store before its RESTARTs
+  // arrive: the workers of a real node would be stopped by their agent then.
+  if (s_.stop.load() || s_.kill_index.load() >= 0) return;
   s_.error("worker " + std::to_string(rank_) + ": store connection " +
            (err ? std::string("failed: ") + std::strerror(err) : std::string("closed by the server")));
 }

@@ -55,6 +55,17 @@ struct Outbound {
   ConnId conn;
   Message msg;
   bool close_after = false;  // close the connection once the message is written
+  // RoundState::set_deferred_rounds: a ROUND still to be made into `msg` (Outbound::message),
+  // so that a server makes thousands of them after its lock, not under it.
+  std::optional<Round> round = std::nullopt;
+  // `msg`, made from `round` first where that is set.
+  Message& message() {
+    if (round) {
+      msg = to_message(*round);
+      round.reset();
+    }
+    return msg;
+  }
 };
 
 // Where the workers of a round keep their keys: a fresh, empty store per round.
@@ -98,6 +109,8 @@ class RoundState {
   // period, a gap over half a job's heartbeat timeout is a stall (S = gap) for that job.
   void on_tick(Clock::time_point now, std::vector<Outbound>& out);
   void set_tick_period(Clock::duration period) { tick_period_ = period; }
+  // A round's ROUND messages come out as Outbound::round, to be made by Outbound::message().
+  void set_deferred_rounds(bool on) { deferred_rounds_ = on; }
   static constexpr Clock::duration kStallSlack = std::chrono::milliseconds(100);
   // A failure this quick (the worker's runtime), before every worker joined the store, and
   // the same as the attempt before's (rank, exit code or signal) is deterministic: not retried
@@ -208,6 +221,7 @@ class RoundState {
 
   std::optional<Clock::time_point> last_tick_;  // unset while no job exists
   std::optional<Clock::duration> tick_period_;
+  bool deferred_rounds_ = false;
   Clock::duration last_stall_{};
 };
 
