@@ -22,6 +22,11 @@ constexpr const char* kCudaMajor = DDPRUN_STR(DDPRUN_CUDA_MAJOR);
 constexpr const char* kWheelDirs[] = {"nvidia/nccl/lib", "nvidia/cu" DDPRUN_STR(DDPRUN_CUDA_MAJOR) "/lib",
                                       "nvidia/cublas/lib"};
 
+// What packaging tools look for to tell the files that load these libraries at run time
+// (scripts/build_wheel.sh: their RUNPATH to the nvidia-* wheels, and the wheel's variant).
+[[gnu::used]] constexpr char kLoadsGpuLibsMarker[] =
+    "ddprun-loads-gpu-libs: libnccl.so.2 libcublas.so." DDPRUN_STR(DDPRUN_CUDA_MAJOR);
+
 struct Loaded {
   std::once_flag once;
   std::vector<void*> handles;  // in gpu_lib_sonames() order; empty when loading failed
