@@ -85,8 +85,9 @@ wheel unpack -d "$work/unpacked" "$whl" >/dev/null
 tree="$(ls -d "$work"/unpacked/*/)"
 patched=0
 while IFS= read -r -d '' f; do
-  if patchelf --print-needed "$f" 2>/dev/null | grep -qE '^lib(cudart|nccl|cublas|cublasLt)\.so' ||
-     grep -qa 'ddprun-loads-gpu-libs: ' "$f"; then
+  # (the list is read whole: grep -q ending a pipe early fails it under pipefail)
+  needed="$(patchelf --print-needed "$f" 2>/dev/null || true)"
+  if grep -qE '^lib(cudart|nccl|cublas|cublasLt)\.so' <<<"$needed" || grep -qa 'ddprun-loads-gpu-libs: ' "$f"; then
     rpath="$(patchelf --print-rpath "$f")"
     missing=""
     IFS=: read -ra want <<<"$nvidia_rpath"
