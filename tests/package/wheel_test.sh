@@ -59,8 +59,8 @@ hide_system_cuda() {
 }
 # Runs the rest of this step in a private mount namespace (root only), as STEP_inside.
 in_private_mounts() {
-  if [[ "$(id -u)" != 0 ]] || ! command -v unshare >/dev/null; then
-    echo "SKIP: needs root and unshare (a private mount namespace hides the system's CUDA)"
+  if [[ "$(id -u)" != 0 ]] || ! unshare -m --propagation private true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m (a private mount namespace hides the system's CUDA)"
     exit 77
   fi
   exec unshare -m --propagation private "$0" "${step}_inside" "$src" "$build" "$work"

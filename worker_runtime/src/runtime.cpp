@@ -83,7 +83,8 @@ std::chrono::milliseconds env_seconds(const knobs::Knob& knob, std::chrono::mill
 
 }  // namespace
 
-bool cuda_available() { return gpu_backend_available() && gpu_device_count() > 0; }
+// The device first: NCCL is loaded only where there is a GPU to use it on.
+bool cuda_available() { return gpu_device_count() > 0 && gpu_backend_available(); }
 
 std::unique_ptr<Runtime> init(RuntimeOptions options) {
   auto rt = std::make_unique<RuntimeImpl>();
