@@ -297,6 +297,8 @@ print('TCPStore set/get/add against the wheel ddprund on port $port: ok')"
     run_logged visible_train_cuda env LD_DEBUG=libs ddprun-train --epochs 1 --device cuda
     if ((rc != 0)); then
       grep -q 'no CUDA device visible' "$work/visible_train_cuda.log" || fail "ddprun-train --device cuda failed before the device"
+    else  # a GPU host
+      grep -q '^\[train\] epoch 0 done' "$work/visible_train_cuda.log" || fail "ddprun-train --device cuda did not train"
     fi
     ! grep -q 'was not found' "$work/visible_train_cuda.log" || fail "a library was not found"
     for lib in nccl/lib/libnccl.so.2 "cu13/lib/libcublas.so.13"; do
