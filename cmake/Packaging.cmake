@@ -127,8 +127,9 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_VERSION ${DDPRUN_VERSION_DEB})
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${DDPRUN_DEB_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
-# Depends from the libraries the binaries link (dpkg-shlibdeps). CUDA and NCCL, linked when
-# the build found them, belong to no Debian package and are left out: install them first.
+# Depends from the libraries the binaries link (dpkg-shlibdeps). A CUDA build links the CUDA
+# runtime statically and loads NCCL when a worker asks for the GPU: neither is a dependency
+# (no Debian package has them); GPU machines install NVIDIA's (docs/ADMIN.md).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 string(CONCAT _about_programs

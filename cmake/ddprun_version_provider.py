@@ -1,8 +1,11 @@
 """The package's version for scikit-build-core (pyproject.toml), from the same place as CMake's:
 ``cmake -P cmake/DdprunVersion.cmake`` (git, else an sdist's PKG-INFO, else 0.0.0+unknown;
-the environment's DDPRUN_VERSION overrides it)."""
+the environment's DDPRUN_VERSION overrides it). A CPU-only wheel (CMAKE_ARGS holds
+-DDDPRUN_WITH_CUDA=OFF) gets the local version label ``cpu`` (X.Y.Z+cpu, X.Y.Z.devN+g<hash>.cpu),
+so its name differs from the CUDA wheel's (docs/INSTALL.md says why a local label)."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -22,5 +25,15 @@ def dynamic_metadata(field, settings=None):
                          check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
     for line in out.splitlines():
         if line.startswith("pep440="):
-            return line[len("pep440="):]
+            return with_variant(line[len("pep440="):], os.environ.get("CMAKE_ARGS", ""))
     raise RuntimeError("cmake/DdprunVersion.cmake printed no version: " + out)
+
+
+def with_variant(version, cmake_args):
+    """``version`` with the local label ``cpu`` when ``cmake_args`` turns CUDA off."""
+    off = re.findall(r"-DDDPRUN_WITH_CUDA(?::BOOL)?=(\S+)", cmake_args)
+    if not off or off[-1].upper() not in ("OFF", "0", "FALSE", "NO", "N"):
+        return version
+    if re.search(r"[+.]cpu$", version):
+        return version
+    return version + (".cpu" if "+" in version else "+cpu")

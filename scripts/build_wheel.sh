@@ -5,11 +5,14 @@
 #                                             CMAKE_ARGS=-DDDPRUN_WITH_CUDA=OFF)
 #   scripts/build_wheel.sh --from-build DIR   packs an existing build folder (scripts/build.sh's)
 #                                             without compiling anything
+# A build with CUDA makes the CUDA wheel (ddprun-X.Y.Z-...whl, extra [cuda13]); one without makes
+# the CPU-only wheel, whose version has the local label +cpu (ddprun-X.Y.Z+cpu-...whl).
 # Then auditwheel repair copies into the wheel (ddprun.libs/) every library the programs link
 # that is not on the manylinux list of system libraries (Gloo, spdlog, fmt, OpenBLAS, ...) and
-# gives it the manylinux tag. CUDA, cuBLAS and NCCL are never bundled: they come from the
-# nvidia-* wheels that PyTorch installs in the same environment, else from the system; their
-# folders are put back on RUNPATH after auditwheel (cmake/DdprunInstallRpath.cmake lists them).
+# gives it the manylinux tag. The CUDA runtime is linked statically; cuBLAS and NCCL are never
+# bundled: loaded on the GPU path only, they come from the nvidia-* wheels that PyTorch (or the
+# extra [cuda13]) installs in the same environment, else from the system; their folders are put
+# back on RUNPATH after auditwheel (cmake/DdprunInstallRpath.cmake lists them).
 # The tools come from $DDPRUN_PKG_VENV (default .venv-pkg), which scripts/setup_deps.sh makes.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +22,7 @@ from_build=""
 while (($#)); do
   case "$1" in
     --from-build) from_build="$(cd "${2:?--from-build needs a build folder}" && pwd)"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "build_wheel.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +44,16 @@ if [[ -n "$from_build" ]]; then
     DDPRUN_VERSION="$(cat "$from_build/ddprun-version.txt")"
     export DDPRUN_VERSION
   fi
+  # CPU-only or CUDA: the version provider labels a CPU-only wheel from CMAKE_ARGS.
+  if [[ ! -f "$from_build/ddprun-wheel-variant.txt" ]]; then
+    echo "build_wheel.sh: $from_build/ddprun-wheel-variant.txt is missing: configure that build folder again (cmake -S . -B $from_build)" >&2
+    exit 2
+  fi
+  if [[ "$(cat "$from_build/ddprun-wheel-variant.txt")" == cpu ]]; then
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DDDPRUN_WITH_CUDA=OFF"
+  else
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DDDPRUN_WITH_CUDA=ON"
+  fi
   cfg=(--config-settings=cmake.source-dir=cmake/wheel_from_build
        --config-settings=cmake.define.DDPRUN_FROM_BUILD="$from_build"
        --config-settings=build-dir="$work/skbuild")
@@ -60,8 +73,11 @@ for l in "${cuda_libs[@]}"; do excludes+=(--exclude "$l"); done
 echo "[wheel] auditwheel repair"
 auditwheel repair -w "$work/repaired" "${excludes[@]}" "$work"/raw/*.whl
 
-# 3. RUNPATH to the nvidia-* wheels' folders for what links CUDA or NCCL, where it lacks them
-#    (auditwheel may drop entries that point outside the wheel; a --from-build tree has none).
+# 3. RUNPATH to the nvidia-* wheels' folders for what loads cuBLAS or NCCL at run time (its
+#    marker, worker_runtime/src/gpu/gpu_libs.cpp) or links CUDA, where it lacks them (auditwheel
+#    may drop entries that point outside the wheel; a --from-build tree has none).
+#    libddprun_worker and train also look in those folders themselves; the RUNPATH keeps the
+#    order LD_LIBRARY_PATH, the environment's nvidia-* wheels, the system.
 # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker, not the shell
 nvidia_rpath='$ORIGIN/../../nvidia/nccl/lib:$ORIGIN/../../nvidia/cu13/lib:$ORIGIN/../../nvidia/cuda_runtime/lib:$ORIGIN/../../nvidia/cublas/lib'
 whl="$(ls "$work"/repaired/*.whl)"
@@ -69,7 +85,9 @@ wheel unpack -d "$work/unpacked" "$whl" >/dev/null
 tree="$(ls -d "$work"/unpacked/*/)"
 patched=0
 while IFS= read -r -d '' f; do
-  if patchelf --print-needed "$f" 2>/dev/null | grep -qE '^lib(cudart|nccl|cublas|cublasLt)\.so'; then
+  # (the list is read whole: grep -q ending a pipe early fails it under pipefail)
+  needed="$(patchelf --print-needed "$f" 2>/dev/null || true)"
+  if grep -qE '^lib(cudart|nccl|cublas|cublasLt)\.so' <<<"$needed" || grep -qa 'ddprun-loads-gpu-libs: ' "$f"; then
     rpath="$(patchelf --print-rpath "$f")"
     missing=""
     IFS=: read -ra want <<<"$nvidia_rpath"
@@ -82,7 +100,26 @@ while IFS= read -r -d '' f; do
     fi
   fi
 done < <(find "$tree/ddprun/bin" "$tree/ddprun/lib" -maxdepth 1 -type f -print0)
-((patched)) && echo "[wheel] $patched file(s) link CUDA/NCCL: RUNPATH to the nvidia-* wheels put back"
+((patched)) && echo "[wheel] $patched file(s) load CUDA/NCCL: RUNPATH to the nvidia-* wheels put back"
+
+# The wheel's variant, from what it holds: the CUDA wheel's library loads NCCL. Its version must
+# say so (+cpu for the CPU-only one, cmake/ddprun_version_provider.py); the CPU-only wheel offers
+# no [cuda13] extra, and ddprun.__version__ is the wheel's version.
+meta="$(ls "$tree"/*.dist-info/METADATA)"
+version="$(sed -n 's/^Version: //p' "$meta")"
+if grep -qa 'ddprun-loads-gpu-libs: libnccl' "$tree"/ddprun/lib/libddprun_worker.so.*; then
+  [[ ! "$version" =~ [+.]cpu$ ]] || { echo "build_wheel.sh: a CUDA build, but its version $version says +cpu" >&2; exit 1; }
+  variant=CUDA
+else
+  [[ "$version" =~ [+.]cpu$ ]] ||
+    { echo "build_wheel.sh: a CPU-only build, but its version $version lacks +cpu: set CMAKE_ARGS=-DDDPRUN_WITH_CUDA=OFF" >&2; exit 1; }
+  sed -i -e '/^Provides-Extra: cuda[0-9]*$/d' -e '/; extra == "cuda[0-9]*"$/d' "$meta"
+  variant=CPU-only
+fi
+if [[ -f "$tree/ddprun/_version.py" ]]; then
+  printf '# Written by scripts/build_wheel.sh (the wheel'"'"'s version).\n__version__ = "%s"\n' "$version" >"$tree/ddprun/_version.py"
+fi
+echo "[wheel] $variant wheel, version $version"
 
 # 4. The license of each library auditwheel bundled (ddprun.libs/libX-<hash>.so.N): the
 #    copyright file of the Debian package the build machine has it from, into the dist-info's

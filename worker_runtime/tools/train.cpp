@@ -579,9 +579,13 @@ int main(int argc, char** argv) {
     ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;
     ro.timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000));
     ro.real_communicator_at_world_size_1 = o.force_collective;
+#ifdef DDPRUN_TRAIN_HAVE_CUDA
+    if (ro.device == dw::DeviceKind::Cuda) train::require_cublas();  // before the NCCL bootstrap
+#endif
     auto rt = dw::init(ro);
     if (rt->on_cuda()) {
 #ifdef DDPRUN_TRAIN_HAVE_CUDA
+      train::require_cublas();
       // On the GPU each agreement makes the host wait for the step's communication: every 10
       // steps by default there, so the host keeps running ahead of the GPU in between.
       if (app.count("--stop-check-every") == 0) o.stop_check_every = 10;

@@ -71,6 +71,8 @@ int finish_preempted(const Options& o, int rank, int64_t step);
 
 #ifdef DDPRUN_TRAIN_HAVE_CUDA
 int run_gpu(const Options& o, ddprun::worker::Runtime& rt);
+// Loads cuBLAS (at run time: tools/cublas_loader.cpp) or throws the line that says what to install.
+void require_cublas();
 #endif
 
 }  // namespace train

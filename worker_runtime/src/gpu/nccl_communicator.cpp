@@ -23,6 +23,7 @@
 #include "ddprun/worker/gpu_checks.h"
 #include "collective_check.h"
 #include "gpu_backend.h"
+#include "gpu_libs.h"
 #include "log.h"
 #include "position_board.h"
 #include "stream_timing.h"
@@ -465,7 +466,16 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
 
 }  // namespace
 
-bool gpu_backend_available() { return true; }
+bool gpu_backend_available() { return detail::gpu_lib_loadable(detail::GpuLib::Nccl); }
+
+std::string gpu_backend_problem() {
+  try {
+    detail::require_gpu_lib(detail::GpuLib::Nccl);
+    return {};
+  } catch (const WorkerError& e) {
+    return e.what();
+  }
+}
 
 int gpu_device_count() {
   int n = 0;
@@ -476,11 +486,22 @@ int gpu_device_count() {
   return n;
 }
 
+std::string gpu_no_device_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return n > 0 ? std::string() : "no GPU";
+  cudaGetLastError();
+  std::string why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+  if (e == cudaErrorInsufficientDriver) why += "; no NVIDIA driver (libcuda.so.1) new enough for CUDA " + std::to_string(CUDART_VERSION / 1000);
+  return why;
+}
+
 void gpu_set_device(int device) { DDPRUN_CUDA_CHECK(cudaSetDevice(device)); }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Store* store, int rank, int size, int device,
                                                      std::chrono::milliseconds timeout, const std::string& error_file,
                                                      const std::string& key_prefix) {
+  detail::require_gpu_lib(detail::GpuLib::Nccl);  // or the line that says what to install
   try {
     return std::make_unique<NcclCommunicator>(store, rank, size, device, timeout, error_file, key_prefix);
   } catch (const CommError& e) {

@@ -44,7 +44,7 @@ struct RuntimeOptions {
   bool real_communicator_at_world_size_1 = false;
 };
 
-// True when this build has the CUDA/NCCL backend and a GPU is visible.
+// True when this build has the CUDA/NCCL backend, a GPU is visible and NCCL loads.
 DDPRUN_WORKER_API bool cuda_available();
 
 class DDPRUN_WORKER_API Runtime {
