@@ -228,7 +228,10 @@ void check_program_versions(const Facts& f, std::vector<CheckResult>& out) {
     return;
   }
   if (p.cudart.empty()) {
-    out.push_back(ok("versions", p.program + " links no CUDA runtime" + (p.nccl.empty() ? "" : " (NCCL " + p.nccl + ")")));
+    // ddprun's own GPU programs link the CUDA runtime statically and load NCCL when a GPU path
+    // asks for it, so ldd shows neither: only a shared runtime can be compared with the driver.
+    out.push_back(ok("versions", p.program + " loads no shared CUDA runtime (CPU-only, or linked in statically)" +
+                                     (p.nccl.empty() ? "" : " (NCCL " + p.nccl + ")")));
     return;
   }
   compare_cuda(f, p.program + " loads CUDA runtime " + p.cudart + ", NCCL " + (p.nccl.empty() ? "none" : p.nccl), p.cudart,

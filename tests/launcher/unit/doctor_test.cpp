@@ -243,7 +243,7 @@ TEST_CASE("a program's CUDA runtime and NCCL, from the libraries it loads, again
   f.python.needed = false;
   f.program.program = "/opt/train";
   f.program.ran = true;
-  CHECK(find(evaluate(f), "versions")->found == "/opt/train links no CUDA runtime");
+  CHECK(find(evaluate(f), "versions")->found == "/opt/train loads no shared CUDA runtime (CPU-only, or linked in statically)");
   f.program.cudart = "13.0.48";
   f.program.nccl = "2.28.9";
   auto rs = evaluate(f);
