@@ -23,7 +23,7 @@ namespace mux = wire::mux;
 namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 
-// One worker's connection: one session upstream.
+// One worker's connection: one channel upstream.
 struct Client {
   Client(tcp::socket s, uint32_t i) : sock(std::move(s)), id(i), buf(kReadChunk) {}
   tcp::socket sock;
@@ -60,7 +60,7 @@ struct StoreRelay::Impl {
   void read_client(const ClientPtr& c);
   void write_client(const ClientPtr& c);
   void close_client(const ClientPtr& c, bool tell_store);
-  void send_up(uint32_t session, mux::Kind kind, std::span<const uint8_t> bytes = {});
+  void send_up(uint32_t channel, mux::Kind kind, std::span<const uint8_t> bytes = {});
   void write_up();
   void read_up();
   void on_frame(const mux::Frame& f);
@@ -157,7 +157,7 @@ void StoreRelay::Impl::write_client(const ClientPtr& c) {
   });
 }
 
-// `tell_store`: the worker went (or was dropped), so the store ends its session too.
+// `tell_store`: the worker went (or was dropped), so the store ends its channel too.
 void StoreRelay::Impl::close_client(const ClientPtr& c, bool tell_store) {
   if (c->closed) return;
   c->closed = true;
@@ -170,9 +170,9 @@ void StoreRelay::Impl::close_client(const ClientPtr& c, bool tell_store) {
   if (tell_store && !up_lost) send_up(c->id, mux::Kind::Close);
 }
 
-void StoreRelay::Impl::send_up(uint32_t session, mux::Kind kind, std::span<const uint8_t> bytes) {
+void StoreRelay::Impl::send_up(uint32_t channel, mux::Kind kind, std::span<const uint8_t> bytes) {
   if (up_lost) return;
-  mux::append_frame(up_out, session, kind, bytes);
+  mux::append_frame(up_out, channel, kind, bytes);
   if (up_out.size() + up_writing.size() > opts.max_upstream_buffered) {
     return lose_upstream(fmt::format("more than {} bytes queued for a store that does not read them",
                                      opts.max_upstream_buffered));
@@ -217,14 +217,14 @@ void StoreRelay::Impl::read_up() {
 }
 
 void StoreRelay::Impl::on_frame(const mux::Frame& f) {
-  const auto it = clients.find(f.session);
+  const auto it = clients.find(f.channel);
   if (it == clients.end()) return;  // a worker that went meanwhile (its CLOSE is on its way)
   const ClientPtr c = it->second;
   if (f.kind == mux::Kind::Close) {
     c->close_after = true;  // what the store sent before its CLOSE still reaches the worker
     return write_client(c);
   }
-  if (f.kind != mux::Kind::Data) return lose_upstream("the store opened a session");
+  if (f.kind != mux::Kind::Data) return lose_upstream("the store opened a channel");
   if (c->out_bytes + f.payload.size() > opts.max_client_buffered) {
     ++dropped_slow;
     spdlog::debug("store relay: dropped worker connection {}: more than {} bytes queued for it, unread", c->id,
