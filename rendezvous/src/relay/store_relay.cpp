@@ -43,6 +43,7 @@ struct StoreRelay::Impl {
   tcp::acceptor acceptor{io};
   tcp::socket up{io};
   asio::steady_timer retry{io};
+  asio::steady_timer accept_pause{io};
   std::thread thread;
   std::chrono::steady_clock::time_point give_up;
   std::unordered_map<uint32_t, ClientPtr> clients;
@@ -104,7 +105,15 @@ void StoreRelay::Impl::on_connect_error(const boost::system::error_code& ec) {
 void StoreRelay::Impl::accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    if (ec) {  // out of descriptors and the like: accept again a little later, not in a busy loop
+      spdlog::warn("store relay: accepting a worker connection: {}", ec.message());
+      accept_pause.expires_after(std::chrono::milliseconds(100));
+      accept_pause.async_wait([this](boost::system::error_code e) {
+        if (!e) accept();
+      });
+      return;
+    }
+    {
       boost::system::error_code e;
       const auto peer = s.remote_endpoint(e);
       const char* refuse = nullptr;
@@ -211,7 +220,10 @@ void StoreRelay::Impl::read_up() {
     if (up_lost) return;
     up_in.erase(up_in.begin(), up_in.begin() + static_cast<std::ptrdiff_t>(pos));
     up_in_size -= pos;
-    if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) up_in.resize(kReadChunk), up_in.shrink_to_fit();
+    if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) {
+      up_in.resize(kReadChunk);
+      up_in.shrink_to_fit();
+    }
     read_up();
   });
 }
