@@ -100,9 +100,11 @@ def read_line_with_deadline(stream, deadline_s, what):
 
 
 class Daemon:
-    """ddprund as a separate process on 127.0.0.1, port 0."""
+    """ddprund as a separate process on 127.0.0.1, port 0. With `relay` (ddprun_store_relay's
+    path), clients are given a store relay's port in front of it instead (host/port); the
+    daemon's own port is store_port."""
 
-    def __init__(self, binary, extra=()):
+    def __init__(self, binary, extra=(), relay=None):
         self.stderr_file = tempfile.NamedTemporaryFile(prefix="ddprund-", suffix=".log", delete=False)
         self.proc = spawn([binary, "--host", "127.0.0.1", "--port", "0", *extra],
                           stdout=subprocess.PIPE, stderr=self.stderr_file)
@@ -117,6 +119,17 @@ class Daemon:
         self._drain = threading.Thread(target=self._drain_stdout, daemon=True)
         self._drain.start()
         log(f"ddprund pid {self.proc.pid} listening on {self.host}:{self.port}")
+        self.store_port = self.port
+        self.relay = None
+        if relay:
+            self.relay_log = tempfile.NamedTemporaryFile(prefix="relay-", suffix=".log", delete=False)
+            self.relay = spawn([relay, "--upstream", f"127.0.0.1:{self.store_port}"], stdout=subprocess.PIPE,
+                               stderr=self.relay_log)
+            line = read_line_with_deadline(self.relay.stdout, 30, "ddprun_store_relay")
+            if not line.startswith("store relay listening on "):
+                raise TestFailure(f"unexpected first line from ddprun_store_relay: {line!r}")
+            self.port = int(line.rsplit(":", 1)[1])
+            log(f"store relay pid {self.relay.pid} on {self.host}:{self.port} in front of ddprund")
 
     def _drain_stdout(self):
         fd = self.proc.stdout.fileno()
@@ -140,6 +153,23 @@ class Daemon:
         with open(self.stderr_file.name, "rb") as f:
             err = f.read()
         return (b"".join(self._stdout_chunks) + err).decode(errors="replace")
+
+    def stop_relay(self):
+        """Stops the relay (if any); returns its exit code and log."""
+        if not self.relay:
+            return 0, ""
+        if self.relay.poll() is None:
+            self.relay.send_signal(signal.SIGTERM)
+            try:
+                self.relay.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
+                self.relay.wait(timeout=5)
+                raise TestFailure("ddprun_store_relay did not stop within 10s of SIGTERM")
+        with open(self.relay_log.name, "rb") as f:
+            text = f.read().decode(errors="replace")
+        os.unlink(self.relay_log.name)
+        return self.relay.returncode, text
 
     def stop(self):
         if self.proc.poll() is None:

@@ -2,7 +2,8 @@
 """PyTorch's own TCPStore client (1.13 or 2.11, whichever interpreter runs this) against ddprund,
 every method that version exposes.
 
-usage: pytorch_client_vs_ddprund.py --ddprund PATH
+usage: pytorch_client_vs_ddprund.py --ddprund PATH [--relay PATH]
+(--relay: every client goes through a store relay, ddprun_store_relay, in front of ddprund)
 (helper modes, started by the test itself: --helper waiter|pusher|joiner ...)
 """
 import argparse
@@ -247,6 +248,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ddprund")
     ap.add_argument("--probe")  # passed to every interop script; unused here
+    ap.add_argument("--relay")
     ap.add_argument("--helper")
     ap.add_argument("--port", type=int)
     ap.add_argument("--key", default="")
@@ -257,7 +259,8 @@ def main():
         return
     version = torch_major_minor()
     log(f"torch {version} client against ddprund {args.ddprund}")
-    d = Daemon(args.ddprund)
+    d = Daemon(args.ddprund, relay=args.relay)
+    relay_rc, relay_log = None, ""
     try:
         store = client(d.port)
         test_basic(d, store, version)
@@ -270,9 +273,17 @@ def main():
         check(d.alive(), "ddprund still running")
         del store
     finally:
+        relay_rc, relay_log = d.stop_relay()
         rc = d.stop()
     check_eq(rc, 0, "ddprund exit code after SIGTERM")
     check("closing connection" not in d.log_text(), "ddprund closed no connection for bad input")
+    if args.relay:
+        log(relay_log.strip())
+        check_eq(relay_rc, 0, "relay exit code after SIGTERM")
+        check("lost the store" not in relay_log and "refused" not in relay_log.split("stopping")[0],
+              "the relay kept its store connection and refused no client")
+        check("(0 connections relayed" not in relay_log and "connections relayed" in relay_log,
+              "the clients went through the relay")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
 #include "ddprun/rdzv/fixed_port_stores.h"
 #include "ddprun/rdzv/round_state.h"
 #include "ddprun/rdzv/validate.h"
@@ -913,16 +917,16 @@ TEST_CASE("ResumingAnAgentHostedRoundReopensNoStore", "[round][agent_store][resu
   }
 }
 
-TEST_CASE("APastTheLimitRoundKeepsItsStoreOnTheServer", "[round][agent_store]") {
-  // ROUND to node rank 0 would carry every node's addresses: past kMaxAgentStoreNodes it
-  // would outgrow a frame, so the server keeps the store.
-  FakeStores stores;
+namespace {
+// A round of n nodes that each offered a store, node i at address(i); ROUND to node rank 0.
+// Each node seen from its own address too, with `seen_from`.
+Round round_of_offering_nodes(FakeStores& stores, int64_t n, const std::function<std::string(int64_t)>& address,
+                              bool seen_from_another = false) {
   RoundState state{stores};
   std::vector<Outbound> out;
   const auto now = Clock::time_point{} + 1000s;
-  const int64_t n = kMaxAgentStoreNodes + 1;
   for (int64_t i = 0; i < n; ++i) {
-    Join j = from_message<Join>(offer_msg("10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256), 40000));
+    Join j = from_message<Join>(offer_msg(address(i), 40000, seen_from_another ? "fd01" + address(i).substr(4) : ""));
     j.node_id = "n" + std::to_string(i);
     j.local_world_size = 1;
     j.min_nodes = j.max_nodes = n;
@@ -930,7 +934,35 @@ TEST_CASE("APastTheLimitRoundKeepsItsStoreOnTheServer", "[round][agent_store]") 
     state.on_message(static_cast<ConnId>(i + 1), to_message(j), now, out);
   }
   REQUIRE(out.size() == static_cast<size_t>(n));
-  const auto r = from_message<Round>(out[0].msg);
+  return from_message<Round>(out[0].msg);
+}
+}  // namespace
+
+TEST_CASE("ARoundOf16000NodesHasItsStoreOnNodeRankZero", "[round][agent_store]") {
+  // One IPv4 address per node: 16,000 of them fit ROUND's store_peers, so node rank 0 hosts the
+  // workers' store (each node's workers reach it through their node's relay, one connection).
+  FakeStores stores;
+  const int64_t n = 16000;
+  const auto r = round_of_offering_nodes(stores, n, [](int64_t i) {
+    return "10." + std::to_string(i / 65536) + "." + std::to_string(i / 256 % 256) + "." + std::to_string(i % 256);
+  });
+  CHECK(r.store_host == "10.0.0.0");
+  CHECK(std::count(r.store_peers.begin(), r.store_peers.end(), ',') == n - 1);
+  CHECK(r.store_peers.size() <= kMaxStorePeersLen);
+  CHECK_FALSE(check_round(r, 1).has_value());
+  CHECK(stores.open_stores.empty());
+}
+
+TEST_CASE("ARoundWhoseAddressesOutgrowRoundKeepsItsStoreOnTheServer", "[round][agent_store]") {
+  // Past kMaxStorePeersLen ROUND to node rank 0 would outgrow a frame: the server keeps the store.
+  FakeStores stores;
+  const int64_t n = 12000;  // two IPv6 addresses of about 38 characters each: past 768 KiB
+  const auto r = round_of_offering_nodes(stores, n, [](int64_t i) {
+    char a[64];
+    std::snprintf(a, sizeof a, "fd00:aaaa:bbbb:cccc:dddd:eeee:%x:%x", static_cast<unsigned>(i / 65536 + 1),
+                  static_cast<unsigned>(i % 65536));
+    return std::string(a);
+  }, true);
   CHECK(r.store_host.empty());
   CHECK(r.store_peers.empty());
   CHECK(stores.open_stores.size() == 1);

@@ -235,6 +235,7 @@ void Agent::on_notice(const Notice& n) {
     case Notice::Kind::Round:
       if (metrics_) metrics_->rendezvous_done(std::chrono::duration<double>(Clock::now() - join_sent_).count());
       layout_ = n.layout;
+      relay_store();
       max_restarts_ = n.max_restarts;
       set_log_node_rank(n.layout.node_rank);
       if (status_) status_->round(n.layout.run_id, n.layout.node_rank, n.layout.num_nodes, n.max_restarts);

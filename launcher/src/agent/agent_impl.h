@@ -18,6 +18,7 @@
 #include "ddprun/launcher/rendezvous_plan.h"
 #include "ddprun/launcher/summary.h"
 #include "ddprun/launcher/usage_report.h"
+#include "ddprun/relay/store_relay.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
 #include "hang/progress_files.h"
@@ -63,6 +64,7 @@ class Agent {
   void perform(const Action& a);
   void on_coordinator();
   void on_notice(const Notice& n);
+  void relay_store();  // agent_setup.cpp
   void coordinator_lost(const std::string& what);
   void start_attempt(int attempt);
   void on_signalfd();
@@ -125,6 +127,8 @@ class Agent {
   EnvMap extra_env_;  // added to every worker's environment unless already set
   std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;
+  // This round's store relay (--store_relay): the workers' MASTER_ADDR:MASTER_PORT when set.
+  std::unique_ptr<relay::StoreRelay> store_relay_;
   int max_restarts_ = 0;  // the job's, as the round says
   std::optional<rdzv::JobFailed> job_failed_;
   std::string agent_error_;

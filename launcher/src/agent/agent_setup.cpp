@@ -286,4 +286,24 @@ void Agent::close_all() {
   }
 }
 
+// A multi-node round's workers reach their store through this node's relay (--store_relay): the
+// store then holds one connection per node. A new relay per round, as each round's store is new.
+void Agent::relay_store() {
+  store_relay_.reset();
+  if (!store_relay_for(opts_.rendezvous.store_relay, layout_.num_nodes)) return;
+  auto r = std::make_unique<relay::StoreRelay>(
+      relay::StoreRelayOptions{.upstream_host = layout_.store_host, .upstream_port = layout_.store_port});
+  try {
+    const uint16_t port = r->start();
+    spdlog::info("the workers reach their store {}:{} through this node's store relay on 127.0.0.1:{}",
+                 layout_.store_host, layout_.store_port, port);
+    layout_.store_host = "127.0.0.1";
+    layout_.store_port = port;
+    store_relay_ = std::move(r);
+  } catch (const std::exception& e) {
+    spdlog::warn("{}; the workers connect to their store {}:{} directly", e.what(), layout_.store_host,
+                 layout_.store_port);
+  }
+}
+
 }  // namespace ddprun::launcher

@@ -62,6 +62,10 @@ constexpr FlagSpec kFlags[] = {
      "must prove they hold it (HMAC challenge-response, both ways) to join a multi-node job; the "
      "same on every node and on a standing ddprund. Without it, DDPRUN_RDZV_TOKEN; without "
      "either the rendezvous is open to anyone who can reach it"},
+    {"store_relay", "", true,
+     "auto (default), on or off: each node's workers reach their store through a relay on their "
+     "node (MASTER_ADDR=127.0.0.1, MASTER_PORT=its port), so the store holds one connection per node "
+     "instead of one per worker. auto: for rounds of 64 nodes or more; never for one node"},
     {"signals_to_handle", "", true,
      "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},

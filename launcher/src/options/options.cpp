@@ -155,6 +155,13 @@ void topology(const Given& g, const SystemInfo& host, LaunchOptions& o) {
   }
   if (auto s = g.get("rdzv_conf")) o.rendezvous.conf = parse_rdzv_conf(*s);
   if (auto s = g.get("local_addr")) o.rendezvous.local_addr = trim(*s);
+  if (auto s = g.get("store_relay")) {
+    const std::string v = trim(*s);
+    if (v == "auto") o.rendezvous.store_relay = StoreRelayMode::Auto;
+    else if (v == "on") o.rendezvous.store_relay = StoreRelayMode::On;
+    else if (v == "off") o.rendezvous.store_relay = StoreRelayMode::Off;
+    else bad("store_relay", *s, "auto, on or off");
+  }
   if (auto s = g.get("rdzv_token_file")) {
     if (trim(*s).empty()) bad("rdzv_token_file", *s, "the path of a file holding the token");
     o.rendezvous.token_file = *s;

@@ -176,6 +176,23 @@ void RoundState::maybe_complete(Job& job, Clock::time_point now, std::vector<Out
   if (complete) complete_round(job, out);
 }
 
+namespace {
+// Every address node rank 0's store admits (ROUND's store_peers): each node's, as seen by this
+// server and as it claims, once each.
+template <class Nodes>
+std::string store_peers_of(const Nodes& nodes) {
+  std::string peers;
+  std::set<std::string> seen;
+  auto add = [&](const std::string& a) {
+    // A comma would split one claimed address into several.
+    if (a.empty() || a.find(',') != std::string::npos || !seen.insert(a).second) return;
+    peers += (peers.empty() ? "" : ",") + a;
+  };
+  for (const auto* n : nodes) add(n->seen_from), add(n->host);
+  return peers;
+}
+}  // namespace
+
 void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
   // Sorted by a key copied out of each node: fixed ranks first, in order; then the endpoint
   // host; then previous ranks; then arrival (no pointer chased per comparison).
@@ -212,24 +229,22 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
   if (everyone) job.waiting.clear();
   set_participants(job, std::move(conns));
   // Node rank 0's own store when every node offered one (then every node reads store_host):
-  // the workers' store outlives a restart of this server.
-  job.agent_store = !job.fixed_store_port && static_cast<int64_t>(nodes.size()) <= kMaxAgentStoreNodes &&
-                    std::all_of(nodes.begin(), nodes.end(), [](const Node* n) { return n->store_offer > 0; });
+  // the workers' store outlives a restart of this server. ROUND tells node rank 0 every node's
+  // addresses (store_peers): a round whose addresses do not fit keeps its store on the server
+  // (some 49,000 nodes of one IPv4 address each fit; 8,192 of two IPv6 addresses at worst).
+  const bool offered = !job.fixed_store_port &&
+                       std::all_of(nodes.begin(), nodes.end(), [](const Node* n) { return n->store_offer > 0; });
+  std::string store_peers = offered ? store_peers_of(nodes) : std::string();
+  job.agent_store = offered && store_peers.size() <= kMaxStorePeersLen;
   job.agent_progress = false;
   job.deferred_failure.reset();
   uint16_t port = 0;
-  std::string store_host, store_peers;
+  std::string store_host;
   if (job.agent_store) {
     port = static_cast<uint16_t>(nodes.front()->store_offer);
     store_host = nodes.front()->host;
-    std::set<std::string> seen;
-    auto add = [&](const std::string& a) {
-      // A comma would split one claimed address into several.
-      if (a.empty() || a.find(',') != std::string::npos || !seen.insert(a).second) return;
-      store_peers += (store_peers.empty() ? "" : ",") + a;
-    };
-    for (const Node* n : nodes) add(n->seen_from), add(n->host);
   } else {
+    store_peers.clear();
     port = stores_.open(job.run_id, job.round, job.fixed_store_port);
   }
   int64_t base = 0;

@@ -1,5 +1,7 @@
 #include "connection.h"
 
+#include "ddprun/wire/mux.h"
+
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -96,6 +98,10 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
 
 void ConnectionIo::read_some(const ConnPtr& c) {
   if (c->closed) return;
+  if (c->is_channel()) {  // its bytes come from its relay connection, which reads for it
+    events_.on_channel_resumed(c);
+    return;
+  }
   // A request announces its length before its bytes: grow towards it only as bytes arrive
   // (doubling what is buffered), so announced-but-unsent megabytes cost nothing.
   const size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
@@ -217,6 +223,10 @@ void ConnectionIo::flush_pending(IoThread& t) {
 // it (out_mu held, so c's thread neither writes nor closes the descriptor meanwhile). What
 // does not go now, a close after the flush, or an error, is left to c's thread.
 void ConnectionIo::send_from_here(const ConnPtr& c) {
+  if (c->is_channel()) {  // framed into its relay connection's outbox by its own thread
+    asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
+    return;
+  }
   {
     std::lock_guard out_lock(c->out_mu);
     if (c->fd_closed || c->out.empty() || c->writer_busy) return;  // a busy writer flushes again
@@ -241,6 +251,10 @@ void ConnectionIo::send_from_here(const ConnPtr& c) {
 // ---- writing and closing (the connection's thread) ----
 void ConnectionIo::flush(const ConnPtr& c) {
   if (c->closed) return;
+  if (c->is_channel()) {
+    flush_channel(c);
+    return;
+  }
   bool close_now = false;
   {
     std::lock_guard out_lock(c->out_mu);
@@ -310,17 +324,69 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
     drop_outbox(c);  // nothing more goes out: let go of the values it references
   }
   if (c->deadline) c->deadline->cancel();
-  boost::system::error_code ignored;
-  c->socket.shutdown(tcp::socket::shutdown_both, ignored);
-  c->socket.close(ignored);
+  if (!c->is_channel()) {
+    boost::system::error_code ignored;
+    c->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    c->socket.close(ignored);
+  }
   counters_.buffered -= c->in.size();
   budget_.release(c->in.size() + (c->budgeted ? kConnectionBytes : 0));
   c->in.reset();
-  --counters_.open;
+  --(c->is_channel() ? counters_.channels : counters_.open);
   if (c->session.agent) --counters_.agents;
   events_.on_closed(c);
   flush_pending(*c->thread);
   budget_.trim_if_due();
+}
+
+// ---- relay channels (wire/mux.h), on the relay connection's thread ----
+bool ConnectionIo::feed(const ConnPtr& c, std::span<const uint8_t> bytes) {
+  if (c->closed) return false;
+  // Grows by doubling what is buffered, as read_some does: a long request is copied O(its size).
+  const size_t want = std::max({bytes.size(), c->in_size, kSmallReadChunk});
+  if (c->in.size() < c->in_size + bytes.size() && !grow_input(c, want)) return false;
+  std::memcpy(c->in.data() + c->in_size, bytes.data(), bytes.size());
+  c->in_size += bytes.size();
+  return true;
+}
+
+void ConnectionIo::flush_channel(const ConnPtr& c) {
+  store::Outbox taken;
+  bool close_now = false;
+  {
+    std::lock_guard out_lock(c->out_mu);
+    taken.swap(c->out);
+    close_now = c->close_when_flushed;
+  }
+  const uint64_t size = taken.wire_bytes();
+  std::string bytes;
+  bytes.reserve(size);
+  while (!taken.empty()) {
+    size_t n = 0;
+    taken.front_pieces(kWritePieces, [&](const char* p, size_t len) {
+      bytes.append(p, len);
+      n += len;
+    });
+    taken.consume(n);
+  }
+  budget_.release(size);  // charged again as the relay connection's
+  const ConnPtr relay = c->mux_parent.lock();
+  if (!bytes.empty() && relay) {
+    std::string frames;
+    wire::mux::append_data(frames, c->mux_channel, bytes);
+    send_frames(relay, frames);
+  }
+  if (close_now || !relay || relay->closed) close(c, "", false);
+}
+
+void ConnectionIo::send_frames(const ConnPtr& relay, const std::string& frames) {
+  if (relay->closed) return;
+  {
+    std::lock_guard out_lock(relay->out_mu);
+    if (!admit_bytes(relay, frames.size(), false)) return;
+    relay->out.append(frames);
+  }
+  flush(relay);
 }
 
 void ConnectionIo::close_for_limit(const ConnPtr& c, Warn kind, const std::string& why) {

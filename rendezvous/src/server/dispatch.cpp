@@ -53,11 +53,13 @@ uint64_t stored_growth(const wire::Request& req) {
 // restricted main keyspace must pass the stranger filter then.
 ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   Keyspace& main = keyspaces.main();
-  const bool serves_agents = c->ks == &main && options.enable_rendezvous;
+  const bool serves_agents = c->ks == &main && options.enable_rendezvous && !c->is_channel();
   auto det = wire::sniff_protocol({c->in.data(), c->in_size}, serves_agents, options.legacy_dialect, options.limits);
   if (det.status == wire::ParseStatus::NeedMore) return Sniffed::NeedMore;
-  if (det.status == wire::ParseStatus::Bad) {
-    io.close(c, "first message is VALIDATE with a wrong magic", true);
+  if (det.status == wire::ParseStatus::Bad || (det.protocol == wire::Protocol::Mux && c->is_channel())) {
+    io.close(c, det.status == wire::ParseStatus::Bad ? "first message is VALIDATE with a wrong magic"
+                                                     : "a relay channel announced a relay",
+             true);
     return Sniffed::Closed;
   }
   if (det.protocol == wire::Protocol::Agent) {
@@ -85,9 +87,13 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   }
   // The first-bytes deadline stays until its first request (first_request): VALIDATE alone
   // proves nothing, and a client that sends no more is closed at it.
+  pos = det.consumed;
+  if (det.protocol == wire::Protocol::Mux) {
+    begin_relay(c);
+    return Sniffed::Go;
+  }
   c->session.protocol = wire::Protocol::TcpStore;
   c->session.dialect = det.dialect;
-  pos = det.consumed;
   return Sniffed::Go;
 }
 
@@ -171,6 +177,10 @@ void ServerCore::on_input(const ConnPtr& c) {
   if (!c->session.decided()) {
     const Sniffed s = sniff(c, b.pos);
     if (s != Sniffed::Go) return;
+  }
+  if (c->mux) {
+    relay_input(c, b.pos);
+    return;
   }
   if (c->session.agent) {
     agent_batch(c, b);
@@ -497,6 +507,8 @@ void ServerCore::on_tick() {
 // c was closed on its thread: the rounds or its keyspace forget it.
 void ServerCore::on_closed(const ConnPtr& c) {
   IoThread& t = *c->thread;
+  if (c->is_channel()) channel_closed(c);
+  if (c->mux) close_channels(c);
   unpark(c);
   {
     std::lock_guard lock(mu);

@@ -1,4 +1,5 @@
 #include "ddprun/wire/codec.h"
+#include "ddprun/wire/mux.h"
 
 #include <cstring>
 
@@ -397,6 +398,12 @@ SniffResult sniff_protocol(std::span<const uint8_t> buf, bool agents, Dialect le
   if (agents && buf.size() >= 5 && buf[0] == 0 && load_u32(buf.data() + 1) == kAgentHelloMagic) {
     res.status = ParseStatus::Ok;
     res.protocol = Protocol::Agent;
+    res.consumed = 5;
+    return res;
+  }
+  if (buf.size() >= 5 && buf[0] == 0 && load_u32(buf.data() + 1) == mux::kMuxMagic) {
+    res.status = ParseStatus::Ok;
+    res.protocol = Protocol::Mux;
     res.consumed = 5;
     return res;
   }

@@ -96,6 +96,15 @@ struct NodeOptions {
 };
 
 // Where the job meets: the store and the rendezvous.
+enum class StoreRelayMode { Auto, On, Off };
+// Rounds of this many nodes and more get a store relay under --store_relay auto: below it the
+// workers' direct connections cost the store little, and MASTER_ADDR stays the store's address.
+inline constexpr int kStoreRelayAutoNodes = 64;
+// Whether a round of `nnodes` nodes relays its workers' store connections (never one node).
+inline bool store_relay_for(StoreRelayMode m, int nnodes) {
+  return nnodes > 1 && (m == StoreRelayMode::On || (m == StoreRelayMode::Auto && nnodes >= kStoreRelayAutoNodes));
+}
+
 struct RendezvousOptions {
   RdzvBackend backend = RdzvBackend::Static;
   std::string master_addr = "127.0.0.1";
@@ -112,6 +121,9 @@ struct RendezvousOptions {
   std::string local_addr;
   // --rdzv_token_file ("" = none given): the launch plan loads it, or DDPRUN_RDZV_TOKEN.
   std::string token_file;
+  // --store_relay: whether a multi-node round's workers reach their store through a relay on
+  // their own node (relay/store_relay.h), one connection per node (store_relay_for).
+  StoreRelayMode store_relay = StoreRelayMode::Auto;
 };
 
 // What each worker is started as.

@@ -23,7 +23,8 @@
 //    by join_timeout, the nodes that came back restart without spending budget (at least
 //    MIN), or the job fails.
 //  - Agent-hosted stores: when every node of a round offered a store of its own
-//    (Join::store_offer_port; not with fixed_store_port, at most kMaxAgentStoreNodes nodes),
+//    (Join::store_offer_port; not with fixed_store_port, nor when their addresses outgrow
+//    kMaxStorePeersLen),
 //    node rank 0's hosts the round's workers' store: ROUND names its address and port, and
 //    tells node rank 0 whom to admit. The server opens no store for that round; its progress
 //    is what node rank 0 reports (PROGRESS), and a restart of the server leaves it untouched.

@@ -30,12 +30,10 @@ inline constexpr size_t kMaxNameLen = 255;   // node_id, host
 inline constexpr size_t kMaxShortLen = 64;   // signal, when
 inline constexpr size_t kMaxTailLen = 8192;  // a failure's stderr tail
 inline constexpr size_t kMaxReasonLen = 4096;  // RESTART/JOB_FAILED reasons, ERROR messages
-// Round::store_peers: room for every address of a round whose workers' store an agent hosts.
+// Round::store_peers: room for every address of a round whose workers' store an agent hosts
+// (within one agent frame). A round whose addresses do not fit keeps its store on the server:
+// some 49,000 nodes of one IPv4 address each fit, 8,192 of two IPv6 addresses at worst.
 inline constexpr size_t kMaxStorePeersLen = 768 * 1024;
-// The most nodes of a round whose workers' store node rank 0's agent hosts: two addresses of
-// up to 45 characters each per node fit in kMaxStorePeersLen. Larger rounds keep the store on
-// the server.
-inline constexpr int64_t kMaxAgentStoreNodes = 8192;
 
 // `s` made safe to print: ANSI escape sequences (CSI, OSC, two-byte ESC sequences) and the C1
 // controls removed; other control bytes and invalid UTF-8 become '?'; at most `max_bytes`

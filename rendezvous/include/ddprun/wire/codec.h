@@ -128,7 +128,8 @@ DetectResult detect_dialect(std::span<const uint8_t> buf, Dialect legacy_dialect
 inline constexpr uint32_t kAgentHelloMagic = 0x52504444u;
 
 // What a connection speaks, decided by its first bytes.
-enum class Protocol : uint8_t { Unknown = 0, TcpStore = 1, Agent = 2 };
+// Mux: a store relay's multiplexed connection (wire/mux.h), on every listener.
+enum class Protocol : uint8_t { Unknown = 0, TcpStore = 1, Agent = 2, Mux = 3 };
 struct SniffResult {
   ParseStatus status = ParseStatus::NeedMore;
   Protocol protocol = Protocol::Unknown;
