@@ -10,9 +10,9 @@ namespace mux = ddprun::wire::mux;
 namespace {
 std::span<const uint8_t> bytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
 std::string text(std::span<const uint8_t> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
-std::string header(uint32_t session, uint8_t kind, uint32_t len) {
+std::string header(uint32_t channel, uint8_t kind, uint32_t len) {
   std::string s;
-  Writer(s).u32(session).u8(kind).u32(len);
+  Writer(s).u32(channel).u8(kind).u32(len);
   return s;
 }
 }  // namespace
@@ -49,7 +49,7 @@ TEST_CASE("MuxFramesMergedAndSplit", "[mux]") {
   }
   REQUIRE(got.size() == 3);
   CHECK(got[0].kind == mux::Kind::Open);
-  CHECK((got[1].kind == mux::Kind::Data && got[1].session == 7 && text(got[1].payload) == "abc"));
+  CHECK((got[1].kind == mux::Kind::Data && got[1].channel == 7 && text(got[1].payload) == "abc"));
   CHECK(got[2].kind == mux::Kind::Close);
   // Split: every prefix of the DATA frame asks for more, with its total once the header is in.
   const std::string data = wire.substr(mux::kHeaderSize, mux::kHeaderSize + 3);
@@ -83,7 +83,7 @@ TEST_CASE("MuxBadFrames", "[mux]") {
   auto bad = [](const std::string& w) { return mux::decode_frame(bytes(w)).status == ParseStatus::Bad; };
   CHECK(bad(header(1, 0, 0)));                             // unknown kind
   CHECK(bad(header(1, 4, 0)));
-  CHECK(bad(header(0, 1, 0)));                             // session 0
+  CHECK(bad(header(0, 1, 0)));                             // channel 0
   CHECK(bad(header(1, 2, mux::kMaxPayload + 1)));          // oversize, told from the header alone
   CHECK(bad(header(1, 1, 1) + "x"));                       // OPEN with a payload
   CHECK(bad(header(1, 3, 2) + "xy"));                      // CLOSE with a payload

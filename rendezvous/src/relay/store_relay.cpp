@@ -23,7 +23,7 @@ namespace mux = wire::mux;
 namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 
-// One worker's connection: one session upstream.
+// One worker's connection: one channel upstream.
 struct Client {
   Client(tcp::socket s, uint32_t i) : sock(std::move(s)), id(i), buf(kReadChunk) {}
   tcp::socket sock;
@@ -43,6 +43,7 @@ struct StoreRelay::Impl {
   tcp::acceptor acceptor{io};
   tcp::socket up{io};
   asio::steady_timer retry{io};
+  asio::steady_timer accept_pause{io};
   std::thread thread;
   std::chrono::steady_clock::time_point give_up;
   std::unordered_map<uint32_t, ClientPtr> clients;
@@ -60,7 +61,7 @@ struct StoreRelay::Impl {
   void read_client(const ClientPtr& c);
   void write_client(const ClientPtr& c);
   void close_client(const ClientPtr& c, bool tell_store);
-  void send_up(uint32_t session, mux::Kind kind, std::span<const uint8_t> bytes = {});
+  void send_up(uint32_t channel, mux::Kind kind, std::span<const uint8_t> bytes = {});
   void write_up();
   void read_up();
   void on_frame(const mux::Frame& f);
@@ -104,7 +105,15 @@ void StoreRelay::Impl::on_connect_error(const boost::system::error_code& ec) {
 void StoreRelay::Impl::accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    if (ec) {  // out of descriptors and the like: accept again a little later, not in a busy loop
+      spdlog::warn("store relay: accepting a worker connection: {}", ec.message());
+      accept_pause.expires_after(std::chrono::milliseconds(100));
+      accept_pause.async_wait([this](boost::system::error_code e) {
+        if (!e) accept();
+      });
+      return;
+    }
+    {
       boost::system::error_code e;
       const auto peer = s.remote_endpoint(e);
       const char* refuse = nullptr;
@@ -157,7 +166,7 @@ void StoreRelay::Impl::write_client(const ClientPtr& c) {
   });
 }
 
-// `tell_store`: the worker went (or was dropped), so the store ends its session too.
+// `tell_store`: the worker went (or was dropped), so the store ends its channel too.
 void StoreRelay::Impl::close_client(const ClientPtr& c, bool tell_store) {
   if (c->closed) return;
   c->closed = true;
@@ -170,9 +179,9 @@ void StoreRelay::Impl::close_client(const ClientPtr& c, bool tell_store) {
   if (tell_store && !up_lost) send_up(c->id, mux::Kind::Close);
 }
 
-void StoreRelay::Impl::send_up(uint32_t session, mux::Kind kind, std::span<const uint8_t> bytes) {
+void StoreRelay::Impl::send_up(uint32_t channel, mux::Kind kind, std::span<const uint8_t> bytes) {
   if (up_lost) return;
-  mux::append_frame(up_out, session, kind, bytes);
+  mux::append_frame(up_out, channel, kind, bytes);
   if (up_out.size() + up_writing.size() > opts.max_upstream_buffered) {
     return lose_upstream(fmt::format("more than {} bytes queued for a store that does not read them",
                                      opts.max_upstream_buffered));
@@ -211,20 +220,23 @@ void StoreRelay::Impl::read_up() {
     if (up_lost) return;
     up_in.erase(up_in.begin(), up_in.begin() + static_cast<std::ptrdiff_t>(pos));
     up_in_size -= pos;
-    if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) up_in.resize(kReadChunk), up_in.shrink_to_fit();
+    if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) {
+      up_in.resize(kReadChunk);
+      up_in.shrink_to_fit();
+    }
     read_up();
   });
 }
 
 void StoreRelay::Impl::on_frame(const mux::Frame& f) {
-  const auto it = clients.find(f.session);
+  const auto it = clients.find(f.channel);
   if (it == clients.end()) return;  // a worker that went meanwhile (its CLOSE is on its way)
   const ClientPtr c = it->second;
   if (f.kind == mux::Kind::Close) {
     c->close_after = true;  // what the store sent before its CLOSE still reaches the worker
     return write_client(c);
   }
-  if (f.kind != mux::Kind::Data) return lose_upstream("the store opened a session");
+  if (f.kind != mux::Kind::Data) return lose_upstream("the store opened a channel");
   if (c->out_bytes + f.payload.size() > opts.max_client_buffered) {
     ++dropped_slow;
     spdlog::debug("store relay: dropped worker connection {}: more than {} bytes queued for it, unread", c->id,

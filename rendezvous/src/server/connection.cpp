@@ -98,8 +98,8 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
 
 void ConnectionIo::read_some(const ConnPtr& c) {
   if (c->closed) return;
-  if (c->is_session()) {  // its bytes come from its relay connection, which reads for it
-    events_.on_session_resumed(c);
+  if (c->is_channel()) {  // its bytes come from its relay connection, which reads for it
+    events_.on_channel_resumed(c);
     return;
   }
   // A request announces its length before its bytes: grow towards it only as bytes arrive
@@ -223,7 +223,7 @@ void ConnectionIo::flush_pending(IoThread& t) {
 // it (out_mu held, so c's thread neither writes nor closes the descriptor meanwhile). What
 // does not go now, a close after the flush, or an error, is left to c's thread.
 void ConnectionIo::send_from_here(const ConnPtr& c) {
-  if (c->is_session()) {  // framed into its relay connection's outbox by its own thread
+  if (c->is_channel()) {  // framed into its relay connection's outbox by its own thread
     asio::post(c->thread->io, [this, c] { guarded(c, [&] { flush(c); }); });
     return;
   }
@@ -251,8 +251,8 @@ void ConnectionIo::send_from_here(const ConnPtr& c) {
 // ---- writing and closing (the connection's thread) ----
 void ConnectionIo::flush(const ConnPtr& c) {
   if (c->closed) return;
-  if (c->is_session()) {
-    flush_session(c);
+  if (c->is_channel()) {
+    flush_channel(c);
     return;
   }
   bool close_now = false;
@@ -324,7 +324,7 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
     drop_outbox(c);  // nothing more goes out: let go of the values it references
   }
   if (c->deadline) c->deadline->cancel();
-  if (!c->is_session()) {
+  if (!c->is_channel()) {
     boost::system::error_code ignored;
     c->socket.shutdown(tcp::socket::shutdown_both, ignored);
     c->socket.close(ignored);
@@ -332,14 +332,14 @@ void ConnectionIo::close(const ConnPtr& c, const std::string& why, bool bad_inpu
   counters_.buffered -= c->in.size();
   budget_.release(c->in.size() + (c->budgeted ? kConnectionBytes : 0));
   c->in.reset();
-  --(c->is_session() ? counters_.sessions : counters_.open);
+  --(c->is_channel() ? counters_.channels : counters_.open);
   if (c->session.agent) --counters_.agents;
   events_.on_closed(c);
   flush_pending(*c->thread);
   budget_.trim_if_due();
 }
 
-// ---- relay sessions (wire/mux.h), on the relay connection's thread ----
+// ---- relay channels (wire/mux.h), on the relay connection's thread ----
 bool ConnectionIo::feed(const ConnPtr& c, std::span<const uint8_t> bytes) {
   if (c->closed) return false;
   // Grows by doubling what is buffered, as read_some does: a long request is copied O(its size).
@@ -350,7 +350,7 @@ bool ConnectionIo::feed(const ConnPtr& c, std::span<const uint8_t> bytes) {
   return true;
 }
 
-void ConnectionIo::flush_session(const ConnPtr& c) {
+void ConnectionIo::flush_channel(const ConnPtr& c) {
   store::Outbox taken;
   bool close_now = false;
   {
@@ -373,7 +373,7 @@ void ConnectionIo::flush_session(const ConnPtr& c) {
   const ConnPtr relay = c->mux_parent.lock();
   if (!bytes.empty() && relay) {
     std::string frames;
-    wire::mux::append_data(frames, c->mux_session, bytes);
+    wire::mux::append_data(frames, c->mux_channel, bytes);
     send_frames(relay, frames);
   }
   if (close_now || !relay || relay->closed) close(c, "", false);

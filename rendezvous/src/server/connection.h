@@ -124,11 +124,11 @@ struct ParkedRequest {
   uint64_t charge = 0;   // its memory, charged to the budget
 };
 
-// A store relay's multiplexed connection (wire/mux.h): its open sessions, each a virtual
+// A store relay's multiplexed connection (wire/mux.h): its open channels, each a virtual
 // Connection. Its thread only.
 struct MuxSessions {
   std::unordered_map<uint32_t, ConnPtr> open;
-  // A session whose input is paused (a batch of it yielded): the relay's further frames wait
+  // A channel whose input is paused (a batch of it yielded): the relay's further frames wait
   // for it, and no read is issued for the relay connection meanwhile.
   ConnPtr blocked;
 };
@@ -136,12 +136,12 @@ struct MuxSessions {
 struct Connection {
   Connection(boost::asio::ip::tcp::socket sock, Keyspace* k, IoThread* t)
       : socket(std::move(sock)), fd(socket.native_handle()), ks(k), thread(t) {}
-  // A session of the multiplexed connection `parent`: no socket of its own, on parent's thread;
+  // A channel of the multiplexed connection `parent`: no socket of its own, on parent's thread;
   // its input comes from parent's DATA frames, its output goes into parent's outbox as DATA.
-  Connection(const ConnPtr& parent, uint32_t session)
+  Connection(const ConnPtr& parent, uint32_t channel)
       : socket(parent->thread->io), fd(-1), ks(parent->ks), thread(parent->thread), mux_parent(parent),
-        mux_session(session) {}
-  bool is_session() const { return mux_session != 0; }
+        mux_channel(channel) {}
+  bool is_channel() const { return mux_channel != 0; }
   boost::asio::ip::tcp::socket socket;
   const int fd;         // for sends from other threads (under out_mu, while !fd_closed)
   store::ConnId id = 0;
@@ -181,10 +181,10 @@ struct Connection {
   bool fd_closed = false;    // its thread closed (or is closing) the socket
   bool overflowed = false;   // its outbox passed the limit: dropped, a close is posted
   std::atomic<bool> flush_posted{false};  // queued on some thread's to_flush/remote list
-  // Multiplexing (wire/mux.h), its thread only. A session: its relay connection and number, and
-  // whether the relay ended it (no CLOSE goes back). A relay connection: its sessions.
+  // Multiplexing (wire/mux.h), its thread only. A channel: its relay connection and number, and
+  // whether the relay ended it (no CLOSE goes back). A relay connection: its channels.
   std::weak_ptr<Connection> mux_parent;
-  const uint32_t mux_session = 0;
+  const uint32_t mux_channel = 0;
   bool mux_peer_closed = false;
   std::unique_ptr<MuxSessions> mux;
 };
@@ -197,13 +197,13 @@ class ConnectionEvents {
   virtual void on_input(const ConnPtr& c) = 0;
   // c was closed (on c's thread): forget what it left in the state (takes the locks).
   virtual void on_closed(const ConnPtr& c) = 0;
-  // A relay session's input is no longer paused (on its thread): its relay's frames go on.
-  virtual void on_session_resumed(const ConnPtr& c) = 0;
+  // A relay channel's input is no longer paused (on its thread): its relay's frames go on.
+  virtual void on_channel_resumed(const ConnPtr& c) = 0;
 };
 
 struct ConnectionCounters {
   std::atomic<uint64_t> open{0}, closed_bad{0}, agents{0};
-  std::atomic<uint64_t> sessions{0};  // relay sessions open (no socket each: not in `open`)
+  std::atomic<uint64_t> channels{0};  // relay channels open (no socket each: not in `open`)
   std::atomic<uint64_t> relays{0};    // relays' connections open (in `open`)
   // Closed for a limit: --max-memory; --max-connection-buffered-bytes or --max-buffered-bytes.
   std::atomic<uint64_t> closed_memory{0}, closed_buffers{0};
@@ -266,15 +266,15 @@ class ConnectionIo {
   // where consumed() has moved the buffer since).
   void pause_input(const ConnPtr& c);
   // On c's thread: reads again unless its input is paused (a relay connection whose blocked
-  // session resumed).
+  // channel resumed).
   void resume_input(const ConnPtr& c) {
     if (!c->input_paused) guarded(c, [&] { read_some(c); });
   }
-  // On a relay session's thread: appends a DATA frame's bytes to its input, within the limits
+  // On a relay channel's thread: appends a DATA frame's bytes to its input, within the limits
   // of any connection's input (false: it was closed for one).
   bool feed(const ConnPtr& c, std::span<const uint8_t> bytes);
-  // A session's outbox moves into its relay connection's, framed as DATA, then is written.
-  void flush_session(const ConnPtr& c);
+  // A channel's outbox moves into its relay connection's, framed as DATA, then is written.
+  void flush_channel(const ConnPtr& c);
   // On the relay connection's thread: frames for it (OPEN/CLOSE answers) and writes them.
   void send_frames(const ConnPtr& relay, const std::string& frames);
 

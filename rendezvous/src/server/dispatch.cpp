@@ -53,12 +53,12 @@ uint64_t stored_growth(const wire::Request& req) {
 // restricted main keyspace must pass the stranger filter then.
 ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   Keyspace& main = keyspaces.main();
-  const bool serves_agents = c->ks == &main && options.enable_rendezvous && !c->is_session();
+  const bool serves_agents = c->ks == &main && options.enable_rendezvous && !c->is_channel();
   auto det = wire::sniff_protocol({c->in.data(), c->in_size}, serves_agents, options.legacy_dialect, options.limits);
   if (det.status == wire::ParseStatus::NeedMore) return Sniffed::NeedMore;
-  if (det.status == wire::ParseStatus::Bad || (det.protocol == wire::Protocol::Mux && c->is_session())) {
+  if (det.status == wire::ParseStatus::Bad || (det.protocol == wire::Protocol::Mux && c->is_channel())) {
     io.close(c, det.status == wire::ParseStatus::Bad ? "first message is VALIDATE with a wrong magic"
-                                                     : "a relay session announced a relay",
+                                                     : "a relay channel announced a relay",
              true);
     return Sniffed::Closed;
   }
@@ -511,8 +511,8 @@ void ServerCore::on_tick() {
 // c was closed on its thread: the rounds or its keyspace forget it.
 void ServerCore::on_closed(const ConnPtr& c) {
   IoThread& t = *c->thread;
-  if (c->is_session()) session_closed(c);
-  if (c->mux) close_sessions(c);
+  if (c->is_channel()) channel_closed(c);
+  if (c->mux) close_channels(c);
   unpark(c);
   {
     std::lock_guard lock(mu);

@@ -55,7 +55,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // ConnectionEvents (dispatch.cpp, store_server.cpp)
   void on_input(const ConnPtr& c) override;
   void on_closed(const ConnPtr& c) override;
-  void on_session_resumed(const ConnPtr& c) override;  // relay_sessions.cpp
+  void on_channel_resumed(const ConnPtr& c) override;  // relay_channels.cpp
   // KeyspaceHost (revoke_locked: under ks->mu)
   void revoke_locked(const Keyspace* ks) override;
   std::unique_ptr<Listener> make_listener(const std::string& name) override;
@@ -100,14 +100,14 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // system without waiting for a request.
   void schedule_trim();
 
-  // ---- relay_sessions.cpp: a store relay's connection and its sessions (wire/mux.h) ----
+  // ---- relay_channels.cpp: a store relay's connection and its channels (wire/mux.h) ----
   void begin_relay(const ConnPtr& c);
   void relay_input(const ConnPtr& c, size_t pos);
   void relay_frame(const ConnPtr& c, const wire::mux::Frame& f);
-  void open_session(const ConnPtr& c, uint32_t session);
-  void refuse_session(const ConnPtr& c, uint32_t session, const std::string& why);
-  void session_closed(const ConnPtr& v);
-  void close_sessions(const ConnPtr& c);
+  void open_channel(const ConnPtr& c, uint32_t channel);
+  void refuse_channel(const ConnPtr& c, uint32_t channel, const std::string& why);
+  void channel_closed(const ConnPtr& v);
+  void close_channels(const ConnPtr& c);
 
   // ---- dispatch.cpp ----
   enum class Sniffed { Go, NeedMore, Closed };

@@ -288,7 +288,7 @@ StoreServerStats ServerCore::stats() const {
   s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
   s.round_stores_retained = keyspaces.retained();
   s.relay_connections_open = counters.relays;
-  s.relay_sessions_open = counters.sessions;
+  s.relay_sessions_open = counters.channels;
   return s;
 }
 

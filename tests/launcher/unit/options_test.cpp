@@ -428,3 +428,19 @@ TEST_CASE("parse_host_port: names, IPv4, bracketed and bare IPv6, bad ports", "[
   CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1]x"), Catch::Contains("host[:port]"));
   CHECK_THROWS_AS(parse_host_port("rdzv_endpoint", "h:port"), UsageError);
 }
+
+TEST_CASE("--store_relay: auto from 64 nodes, on, off; never for one node", "[options]") {
+  CHECK(ok({"x"}).rendezvous.store_relay == StoreRelayMode::Auto);
+  CHECK(ok({"--store_relay=on", "x"}).rendezvous.store_relay == StoreRelayMode::On);
+  CHECK(ok({"--store-relay", "off", "x"}).rendezvous.store_relay == StoreRelayMode::Off);
+  CHECK(ok({"x"}, {{"PET_STORE_RELAY", "on"}}).rendezvous.store_relay == StoreRelayMode::On);
+  const std::string e = error_of({"--store_relay=yes", "x"});
+  CHECK(e.find("--store_relay") != std::string::npos);
+  CHECK(e.find("auto, on or off") != std::string::npos);
+  CHECK_FALSE(store_relay_for(StoreRelayMode::Auto, 63));
+  CHECK(store_relay_for(StoreRelayMode::Auto, kStoreRelayAutoNodes));
+  CHECK(store_relay_for(StoreRelayMode::Auto, 16000));
+  CHECK(store_relay_for(StoreRelayMode::On, 2));
+  CHECK_FALSE(store_relay_for(StoreRelayMode::On, 1));
+  CHECK_FALSE(store_relay_for(StoreRelayMode::Off, 16000));
+}

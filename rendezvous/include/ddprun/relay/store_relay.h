@@ -1,7 +1,7 @@
 // A node's store relay: its workers' TCPStore connections reach the store over ONE connection
 // (wire/mux.h), so the store sees a connection per node, not per worker. It listens on
 // 127.0.0.1 (an ephemeral port, loopback clients only), and copies bytes both ways without
-// parsing them: the store parses each session as the connection of a client of its own, so
+// parsing them: the store parses each channel as the connection of a client of its own, so
 // TCPStore's semantics (every dialect, WAIT, ADD's values, timeouts) are the store's own.
 //
 // The upstream connection is retried while refused (a store not up yet), as TCPStore clients
@@ -24,14 +24,14 @@ struct StoreRelayOptions {
   std::chrono::milliseconds connect_retry{100};
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(30)};
   // Bytes queued towards one worker that does not read them: past it that worker's connection
-  // is dropped (its session closed), the others go on.
+  // is dropped (its channel closed), the others go on.
   size_t max_client_buffered = 64u << 20;
   // Bytes queued towards the store: past it the store is treated as lost.
   size_t max_upstream_buffered = 512u << 20;
 };
 
 struct StoreRelayStats {
-  uint64_t accepted = 0;         // worker connections that became sessions
+  uint64_t accepted = 0;         // worker connections that became channels
   uint64_t sessions_open = 0;
   uint64_t refused = 0;          // connections closed at accept (not loopback, too many, store lost)
   uint64_t dropped_slow = 0;     // workers dropped for not reading (max_client_buffered)

@@ -149,7 +149,7 @@ struct StoreServerStats {
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
   uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
   uint64_t round_stores_retained = 0;  // rounds' stores that ended and are not freed yet
-  // Store relays' connections among connections_open, and the clients' sessions over them (each
+  // Store relays' connections among connections_open, and the clients' channels over them (each
   // served as a connection of its own, without a descriptor).
   uint64_t relay_connections_open = 0;
   uint64_t relay_sessions_open = 0;

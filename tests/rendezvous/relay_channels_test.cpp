@@ -1,6 +1,6 @@
-// A store relay's multiplexed connection (wire/mux.h) over real loopback sockets: each session
+// A store relay's multiplexed connection (wire/mux.h) over real loopback sockets: each channel
 // is served as a client of its own (WAIT on one released by SET on another), CLOSE either way
-// ends a session as a closed socket would, a malformed frame closes the relay's connection
+// ends a channel as a closed socket would, a malformed frame closes the relay's connection
 // only; and PyTorch-style clients through a StoreRelay reach the store over one connection.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -58,12 +58,12 @@ std::string blob(const std::string& v) {
   return s;
 }
 
-// A relay's connection spoken by hand: frames out, frames in (per session).
+// A relay's connection spoken by hand: frames out, frames in (per channel).
 struct MuxConn {
   int fd = -1;
   std::string in;
-  std::map<uint32_t, std::string> data;  // bytes received per session
-  std::vector<uint32_t> closed;          // sessions the server closed
+  std::map<uint32_t, std::string> data;  // bytes received per channel
+  std::vector<uint32_t> closed;          // channels the server closed
   bool eof = false;
   explicit MuxConn(uint16_t port) {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -80,10 +80,10 @@ struct MuxConn {
   }
   ~MuxConn() { ::close(fd); }
   void send(const std::string& s) { REQUIRE(::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == (ssize_t)s.size()); }
-  void frame(uint32_t session, mux::Kind kind, const std::string& bytes = "") {
+  void frame(uint32_t channel, mux::Kind kind, const std::string& bytes = "") {
     std::string f;
-    if (kind == mux::Kind::Data) mux::append_data(f, session, bytes);
-    else mux::append_frame(f, session, kind);
+    if (kind == mux::Kind::Data) mux::append_data(f, channel, bytes);
+    else mux::append_frame(f, channel, kind);
     send(f);
   }
   // Reads frames until `done()` or EOF; a hang guard, not a timing bound.
@@ -106,9 +106,9 @@ struct MuxConn {
         if (d.status == wire::ParseStatus::NeedMore) break;
         REQUIRE(d.status == wire::ParseStatus::Ok);
         if (d.frame.kind == mux::Kind::Data)
-          data[d.frame.session].append(reinterpret_cast<const char*>(d.frame.payload.data()), d.frame.payload.size());
+          data[d.frame.channel].append(reinterpret_cast<const char*>(d.frame.payload.data()), d.frame.payload.size());
         else if (d.frame.kind == mux::Kind::Close)
-          closed.push_back(d.frame.session);
+          closed.push_back(d.frame.channel);
         in.erase(0, d.consumed);
       }
     }
@@ -125,7 +125,7 @@ TEST_CASE("TwoSessionsOfOneRelayConnectionAreTwoClients", "[relay]") {
   m.frame(1, mux::Kind::Data, validate() + request(wire::Op::Wait, {"k"}));
   m.frame(2, mux::Kind::Data, validate() + request(wire::Op::Set, {"k"}, {"v"}) + request(wire::Op::Get, {"k"}));
   m.until([&] { return m.data[1].size() >= 1 && m.data[2].size() >= blob("v").size(); });
-  CHECK(m.data[1] == std::string(1, static_cast<char>(wire::kWaitStop)));  // released by session 2's SET
+  CHECK(m.data[1] == std::string(1, static_cast<char>(wire::kWaitStop)));  // released by channel 2's SET
   CHECK(m.data[2] == blob("v"));
   const auto st = srv->stats();
   CHECK(st.connections_open == 1);
@@ -146,7 +146,7 @@ TEST_CASE("CloseEitherWayEndsOnlyThatSession", "[relay]") {
   CHECK(m.data[1] == blob("x"));
   CHECK(m.data.count(3) == 0);  // no reply of the cancelled WAIT
   CHECK(srv->stats().relay_sessions_open == 1);
-  // A session the server closes (a bad first message) hears CLOSE; the others go on.
+  // A channel the server closes (a bad first message) hears CLOSE; the others go on.
   m.frame(4, mux::Kind::Open);
   m.frame(4, mux::Kind::Data, std::string("\0\xff\xff\xff\xff", 5));
   m.until([&] { return !m.closed.empty(); });
@@ -204,7 +204,7 @@ TEST_CASE("ClientsThroughAStoreRelayShareOneConnection", "[relay]") {
     CHECK(st.connections_open == 1);
     CHECK(st.relay_sessions_open == 3);
   }
-  // The client that went is a closed session (its CLOSE travels after its last request).
+  // The client that went is a closed channel (its CLOSE travels after its last request).
   const auto guard = std::chrono::steady_clock::now() + 30s;
   while (srv->stats().relay_sessions_open != 2) {
     REQUIRE(std::chrono::steady_clock::now() < guard);

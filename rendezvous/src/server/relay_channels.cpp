@@ -1,4 +1,4 @@
-// A store relay's multiplexed connection (wire/mux.h): each session is a Connection of its own,
+// A store relay's multiplexed connection (wire/mux.h): each channel is a Connection of its own,
 // with the state a real one has (parser, dialect, waits, memory charges) but no socket. Its
 // bytes come from the relay's DATA frames and go back as DATA; CLOSE either way ends it as a
 // closed socket would. So the server parses each relayed client exactly as if it had connected.
@@ -17,7 +17,7 @@ void ServerCore::begin_relay(const ConnPtr& c) {
   first_request(c);  // its announcement proves its protocol: the first-bytes deadline goes
 }
 
-// The frames in c's input from `pos`, until one is partial or a session blocks the rest.
+// The frames in c's input from `pos`, until one is partial or a channel blocks the rest.
 void ServerCore::relay_input(const ConnPtr& c, size_t pos) {
   while (!c->closed && !c->mux->blocked) {
     const auto d = mux::decode_frame({c->in.data() + pos, c->in_size - pos});
@@ -37,21 +37,21 @@ void ServerCore::relay_input(const ConnPtr& c, size_t pos) {
 
 void ServerCore::relay_frame(const ConnPtr& c, const mux::Frame& f) {
   auto& open = c->mux->open;
-  const auto it = open.find(f.session);
+  const auto it = open.find(f.channel);
   switch (mux::judge(f.kind, it != open.end(), open.size())) {
     case mux::Verdict::Bad:
-      io.close(c, "a relay opened a session that is open", true);
+      io.close(c, "a relay opened a channel that is open", true);
       return;
     case mux::Verdict::Ignore:
       return;
     case mux::Verdict::Refuse:
-      refuse_session(c, f.session, fmt::format("more than {} sessions on one relay connection", mux::kMaxSessions));
+      refuse_channel(c, f.channel, fmt::format("more than {} channels on one relay connection", mux::kMaxSessions));
       return;
     case mux::Verdict::Accept:
       break;
   }
   if (f.kind == mux::Kind::Open) {
-    open_session(c, f.session);
+    open_channel(c, f.channel);
     return;
   }
   const ConnPtr v = it->second;
@@ -62,19 +62,19 @@ void ServerCore::relay_frame(const ConnPtr& c, const mux::Frame& f) {
   }
   if (v->draining || !io.feed(v, f.payload)) return;
   io.guarded(v, [&] { on_input(v); });
-  // Its batch yielded: its further bytes (and the other sessions', behind them) wait for it.
+  // Its batch yielded: its further bytes (and the other channels', behind them) wait for it.
   if (!v->closed && v->input_paused) {
     c->mux->blocked = v;
     c->input_paused = true;
   }
 }
 
-void ServerCore::open_session(const ConnPtr& c, uint32_t session) {
-  auto v = std::make_shared<Connection>(c, session);
+void ServerCore::open_channel(const ConnPtr& c, uint32_t channel) {
+  auto v = std::make_shared<Connection>(c, channel);
   v->session.peer = c->session.peer;
   v->session.peer_port = c->session.peer_port;
   if (!budget.try_charge(ConnectionIo::kConnectionBytes, true)) {
-    refuse_session(c, session, budget.refusal(ConnectionIo::kConnectionBytes));
+    refuse_channel(c, channel, budget.refusal(ConnectionIo::kConnectionBytes));
     return;
   }
   {
@@ -89,53 +89,53 @@ void ServerCore::open_session(const ConnPtr& c, uint32_t session) {
   }
   if (refused) {
     budget.release(ConnectionIo::kConnectionBytes);
-    refuse_session(c, session, "its store is closed");
+    refuse_channel(c, channel, "its store is closed");
     return;
   }
   v->budgeted = true;
-  ++counters.sessions;
-  c->mux->open.emplace(session, std::move(v));
+  ++counters.channels;
+  c->mux->open.emplace(channel, std::move(v));
 }
 
-// Answers CLOSE for a session the relay opened and this server does not serve.
-void ServerCore::refuse_session(const ConnPtr& c, uint32_t session, const std::string& why) {
+// Answers CLOSE for a channel the relay opened and this server does not serve.
+void ServerCore::refuse_channel(const ConnPtr& c, uint32_t channel, const std::string& why) {
   warns.warn(Warn::ConnectionLimit, [&] {
-    return fmt::format("refused session {} of the relay connection {} from {}: {}", session, c->id,
+    return fmt::format("refused channel {} of the relay connection {} from {}: {}", channel, c->id,
                        c->session.peer.to_string(), why);
   });
   std::string frame;
-  mux::append_frame(frame, session, mux::Kind::Close);
+  mux::append_frame(frame, channel, mux::Kind::Close);
   io.send_frames(c, frame);
 }
 
 // On v's thread (on_closed): its relay forgets it and, unless the relay ended it, hears CLOSE.
-void ServerCore::session_closed(const ConnPtr& v) {
+void ServerCore::channel_closed(const ConnPtr& v) {
   const ConnPtr relay = v->mux_parent.lock();
   if (!relay || relay->closed || !relay->mux) return;
-  relay->mux->open.erase(v->mux_session);
+  relay->mux->open.erase(v->mux_channel);
   if (!v->mux_peer_closed) {
     std::string frame;
-    mux::append_frame(frame, v->mux_session, mux::Kind::Close);
+    mux::append_frame(frame, v->mux_channel, mux::Kind::Close);
     io.send_frames(relay, frame);
   }
   if (relay->mux->blocked == v) {
-    boost::asio::post(relay->thread->io, [this, v] { on_session_resumed(v); });
+    boost::asio::post(relay->thread->io, [this, v] { on_channel_resumed(v); });
   }
 }
 
-// On c's thread (on_closed): a closed relay connection ends every session of it.
-void ServerCore::close_sessions(const ConnPtr& c) {
+// On c's thread (on_closed): a closed relay connection ends every channel of it.
+void ServerCore::close_channels(const ConnPtr& c) {
   --counters.relays;
-  auto sessions = std::move(c->mux->open);
+  auto channels = std::move(c->mux->open);
   c->mux->open.clear();
   c->mux->blocked.reset();
-  for (auto& [id, v] : sessions) {
+  for (auto& [id, v] : channels) {
     v->mux_peer_closed = true;
     io.close(v, "", false);
   }
 }
 
-void ServerCore::on_session_resumed(const ConnPtr& v) {
+void ServerCore::on_channel_resumed(const ConnPtr& v) {
   const ConnPtr relay = v->mux_parent.lock();
   if (!relay || relay->closed || !relay->mux || relay->mux->blocked != v) return;
   relay->mux->blocked.reset();
