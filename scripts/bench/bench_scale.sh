@@ -23,6 +23,10 @@
 # not run; STORE=daemon only: a fixed store would keep the last round's keys): from its death,
 # every survivor told (RESTART), every survivor's new ROUND, and the surviving workers joined,
 # past the barrier and done on the new round's store.
+# RELAY=1: each node's workers reach the store over one multiplexed connection, as through
+# `ddprun --store_relay`'s relay on their node (the local hop, worker to relay, is not
+# simulated); where one process cannot hold N agents and N relay connections, the agents are
+# split over several simulator processes (--part/--parts; merged by scale_merge.py).
 # Environment: NPROC (8), SIM_THREADS (sim event loops, default: cores/2, at least 1),
 # DDPRUND_THREADS (0: ddprund's default), DDPRUN_BUILD_DIR. Not a timed test: run and read.
 set -euo pipefail
@@ -44,12 +48,16 @@ store_log="$(mktemp)"
 pid= spid=
 trap 'rm -rf "$log" "$store_log" "$tokdir"; [[ -n "$pid" ]] && kill "$pid" 2>/dev/null; [[ -n "$spid" ]] && kill "$spid" 2>/dev/null || true' EXIT
 store_mode="${STORE:-daemon}"
+relay="${RELAY:-0}"
 # PyTorch's TCPStore server looks up a name for every connection it accepts: where the resolver
 # does not answer (an offline host), each lookup waits for its timeout and that, not the store,
 # decides the times. So with STORE=torch* the bench runs in a network namespace of its own
 # (root), where the lookup fails at once, as it answers at once where DNS works.
 if [[ $store_mode == torch* && -z "${BENCH_SCALE_NETNS:-}" && $(id -u) == 0 ]] && command -v unshare ip >/dev/null; then
   exec unshare -n env BENCH_SCALE_NETNS=1 bash -c 'ip link set lo up && exec "$@"' _ "$0" "$@"
+fi
+if [[ $relay == 1 && $store_mode == torch* ]]; then
+  echo "RELAY=1 needs a store that serves relays (STORE=daemon or agent); PyTorch's does not" >&2; exit 2
 fi
 case "$store_mode" in
   daemon|agent) ;;
@@ -60,15 +68,48 @@ case "$store_mode" in
 esac
 token="scale-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')"
 (umask 077; printf '%s\n' "$token" >"$tokdir/token")
-echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode"
+echo "# $(date -u +%FT%TZ), $cores cores, descriptor limit $fd_limit, $nproc_per workers per node, sim threads $sim_threads, workers' store: $store_mode, relay: $relay"
 printf '| agents | workers | connect (ms) | round (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU (s) | ddprund peak RSS (MiB) | longest lock hold (ms) | other job GET p50/p99 (µs) | store host CPU (s) | store host peak RSS (MiB) |\n'
 printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 get() { sed -nE "s/.* $1=([^ ]+).*/\\1/p" <<<" $2"; }
+# The agents of one job over `parts` simulator processes (each within the descriptor limit);
+# part 0 measures the servers and runs the probe. Prints the merged RESULT line.
+run_parts() {
+  local n="$1" parts="$2" k pids=() outs=() hold; shift 2
+  hold="$tokdir/hold"; rm -f "$hold"
+  local threads_each=$(( sim_threads / parts > 0 ? sim_threads / parts : 1 ))
+  for ((k = 0; k < parts; k++)); do
+    outs+=("$tokdir/part$k")
+    local mine=(--part "$k" --parts "$parts" --hold-file "$hold")
+    (( k == 0 )) && mine+=(--server-pid "$pid" --probe)
+    "$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$threads_each" \
+      --timeout 300 "${mine[@]}" "$@" >"$tokdir/part$k" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 6000); do
+    (( $(cat "${outs[@]}" | grep -c '^RESULT') == parts )) && break
+    sleep 0.05
+  done
+  touch "$hold"
+  wait "${pids[@]}" || true
+  python3 "$here/scripts/bench/scale_merge.py" "${outs[@]}" || true
+}
 run_row() {
   local n="$1" kill="$2" line hold workers store_cpu store_rss
   extra=()
   workers=$((n * nproc_per))
-  if (( n * (nproc_per + 1) + 256 > fd_limit )); then extra=(--no-workers); workers="not run (descriptors)"; fi
+  # Descriptors: each node's agent, and its P workers (one relay connection with RELAY=1), in
+  # the simulator (split over processes with RELAY=1) and in the server that hosts the store.
+  local per_node=$((relay == 1 ? 1 : nproc_per)) parts=1
+  if (( relay == 1 )); then
+    parts=$(( (2 * n + fd_limit - 513) / (fd_limit - 512) ))
+    [[ $kill == 1 ]] && parts=1
+  fi
+  local store_conns=$((n * per_node))
+  [[ $store_mode == daemon ]] && store_conns=$((n * (per_node + 1)))
+  if (( n * (per_node + 1) / parts + 256 > fd_limit || store_conns + 256 > fd_limit )); then
+    extra=(--no-workers); workers="not run (descriptors)"; parts=1
+  fi
   "$ddprund" --host 127.0.0.1 --port 0 --threads "${DDPRUND_THREADS:-0}" --rdzv_token_file "$tokdir/token" \
     --max-connections $((n * (nproc_per + 1) + 1024)) >"$log" 2>&1 &
   pid=$!
@@ -89,8 +130,13 @@ run_row() {
     extra=(--store-at "$(grep -oE 'listening on [0-9.]+:[0-9]+' "$store_log" | head -n1 | sed 's/listening on //')" --store-pid "$spid")
   fi
   [[ $kill == 1 ]] && extra+=(--kill-one --min-nodes $(( n / 2 > 0 ? n / 2 : 1 )))
-  line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
-            --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
+  [[ $relay == 1 && " ${extra[*]} " != *" --no-workers "* ]] && extra+=(--relay)
+  if (( parts == 1 )); then
+    line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
+              --server-pid "$pid" --probe --timeout 300 "${extra[@]}" || true)"
+  else
+    line="$(run_parts "$n" "$parts" "${extra[@]}")"
+  fi
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
   if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
   store_cpu= store_rss=

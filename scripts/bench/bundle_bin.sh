@@ -9,6 +9,7 @@ set -euo pipefail
 build="${1:?build dir}"; out="${2:?out dir}"
 mkdir -p "$out/lib"
 progs=(launcher/ddprun rendezvous/ddprund rendezvous/tools/bench/ddprun_store_bench rendezvous/ddprun_rdzv_bench
+       rendezvous/ddprun_scale_sim rendezvous/ddprun_store_relay
        worker_runtime/train worker_runtime/ddprun_allreduce_bench worker_runtime/torch/ddprun-torch-example)
 for p in "${progs[@]}"; do
   [[ -x "$build/$p" ]] || continue

@@ -9,7 +9,10 @@ does not check), and the daemon is still alive afterwards.
 the agents): every survivor gets RESTART, joins again and gets a new ROUND, and every
 surviving worker gets through the new round's store, again with unique ranks.
 
-usage: scale_sim.py --ddprund PATH --sim PATH [--agents N] [--nproc P] [--kill-one]
+--relay: each node's workers reach the store over one relay connection (channels of the
+multiplexed protocol, as through ddprun --store_relay), so the store holds 1,024 connections.
+
+usage: scale_sim.py --ddprund PATH --sim PATH [--agents N] [--nproc P] [--kill-one] [--relay]
 """
 import argparse
 import os
@@ -49,9 +52,10 @@ def main():
     ap.add_argument("--agents", type=int, default=1024)
     ap.add_argument("--nproc", type=int, default=8)
     ap.add_argument("--kill-one", action="store_true")
+    ap.add_argument("--relay", action="store_true")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = a.agents * (a.nproc + 1) + 256
+    need = a.agents * ((1 if a.relay else a.nproc) + 1) + 256
     if hard != resource.RLIM_INFINITY and hard < need:
         print(f"SKIP: {need} descriptors needed, the hard limit is {hard}")
         return 77
@@ -68,7 +72,8 @@ def main():
             sim = subprocess.run(
                 [a.sim, "--port", str(port), "--agents", str(a.agents), "--nproc", str(a.nproc), "--token", token,
                  "--server-pid", str(daemon.pid), "--probe", "--timeout", "100"]
-                + (["--kill-one", "--min-nodes", str(max(1, a.agents // 2))] if a.kill_one else []),
+                + (["--kill-one", "--min-nodes", str(max(1, a.agents // 2))] if a.kill_one else [])
+                + (["--relay"] if a.relay else []),
                 capture_output=True, text=True, timeout=150)
             print(sim.stdout + sim.stderr)
             fields = dict(re.findall(r"(\w+)=(\S+)", sim.stdout.split("RESULT", 1)[-1]))

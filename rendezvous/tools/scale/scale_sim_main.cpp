@@ -2,13 +2,15 @@
 // real rendezvous server (sim.h says what each does), from thousands of sockets per thread.
 //   ddprun_scale_sim --port P --agents N [--nproc 8] [--token T] [--threads K]
 //                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
-//                    [--offer-store PORT | --store-at HOST:PORT] [--store-pid PID]
+//                    [--offer-store PORT | --store-at HOST:PORT] [--store-pid PID] [--relay]
+//                    [--part K --parts M --hold-file F] [--kill-one --min-nodes M]
 // Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
 // store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
 // Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
 // through with a unique rank and nothing went wrong.
 #include <arpa/inet.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -113,6 +115,12 @@ int main(int argc, char** argv) {
                "every survivor has its new ROUND and every surviving worker is through again (needs --min-nodes "
                "below --agents)");
   app.add_option("--min-nodes", o.min_nodes, "the JOINs' min_nodes (default: --agents)")->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--relay", o.relay, "each node's workers reach the store over one multiplexed connection (a relay)");
+  app.add_option("--part", o.part, "this process simulates the agents i with i % parts == part")->check(CLI::Range(0, 255));
+  app.add_option("--parts", o.parts, "processes that share the agents (each with its own descriptors)")
+      ->check(CLI::Range(1, 256));
+  std::string hold_file;
+  app.add_option("--hold-file", hold_file, "when done, keep every connection open until this file exists (--parts)");
   app.add_flag("--probe", probe, "another job's GETs on the server's own port meanwhile (latency p50/p99)");
   CLI11_PARSE(app, argc, argv);
   if (!store_at.empty()) {
@@ -128,6 +136,17 @@ int main(int argc, char** argv) {
     o.store_at_port = port;
   }
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
+  if (kill_one && o.parts > 1) {
+    std::fprintf(stderr, "ddprun_scale_sim: --kill-one runs in one process (no --parts)\n");
+    return 2;
+  }
+  if (o.part >= o.parts) {
+    std::fprintf(stderr, "ddprun_scale_sim: --part %d is not below --parts %d\n", o.part, o.parts);
+    return 2;
+  }
+  // This process's share: its agents and their workers (all of them with one part).
+  const int64_t mine = (o.agents - o.part + o.parts - 1) / o.parts;
+  const int64_t my_world = mine * o.nproc;
   if (o.gloo && world > 4096) {
     std::fprintf(stderr, "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "
                  "(world^2); use it with at most 4096 workers\n", static_cast<long long>(world),
@@ -144,11 +163,11 @@ int main(int argc, char** argv) {
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
   setrlimit(RLIMIT_NOFILE, &rl);
-  const int64_t need = o.agents + (o.workers ? world : 0) + 64;
+  const int64_t need = mine + (o.workers ? (o.relay ? mine : my_world) : 0) + 64;
   if (static_cast<int64_t>(rl.rlim_cur) < need) {
     std::fprintf(stderr, "ddprun_scale_sim: %lld agents with %d workers each need %lld file descriptors, the limit "
                  "(ulimit -Hn) is %llu; raise it or simulate fewer (--agents, --nproc, --no-workers)\n",
-                 static_cast<long long>(o.agents), o.workers ? o.nproc : 0, static_cast<long long>(need),
+                 static_cast<long long>(mine), o.workers ? (o.relay ? 1 : o.nproc) : 0, static_cast<long long>(need),
                  static_cast<unsigned long long>(rl.rlim_cur));
     return 2;
   }
@@ -165,8 +184,8 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<Loop>> loops;
   std::vector<std::vector<std::unique_ptr<Agent>>> shares(static_cast<size_t>(o.threads));
   for (int i = 0; i < o.threads; ++i) loops.push_back(std::make_unique<Loop>());
-  for (int64_t i = 0; i < o.agents; ++i)
-    shares[static_cast<size_t>(i % o.threads)].push_back(std::make_unique<Agent>(s, i));
+  for (int64_t i = o.part, k = 0; i < o.agents; i += o.parts, ++k)
+    shares[static_cast<size_t>(k % o.threads)].push_back(std::make_unique<Agent>(s, i));
   std::vector<std::thread> threads;
   for (int i = 0; i < o.threads; ++i)
     threads.emplace_back(run_loop, std::ref(s), std::ref(*loops[static_cast<size_t>(i)]),
@@ -178,7 +197,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return done();
   };
-  bool ok = wait_for([&] { return s.handshaken.load() == o.agents; });
+  bool ok = wait_for([&] { return s.handshaken.load() == mine; });
   const int64_t t_connected = s.now_ns();
   std::vector<ProcStats> before;
   for (int pid : server_pids) before.push_back(proc_stats(pid));
@@ -194,7 +213,7 @@ int main(int argc, char** argv) {
   if (ok) {
     s.go_join.store(true);
     for (auto& l : loops) l->wake();
-    ok = wait_for([&] { return o.workers ? s.workers_done.load() == world : s.rounds.load() == o.agents; });
+    ok = wait_for([&] { return o.workers ? s.workers_done.load() == my_world : s.rounds.load() == mine; });
   }
   // Phase 1's marks, before a failure raises them.
   const int64_t p1_round = s.t_last_round.load(), p1_joined = s.t_last_joined.load(),
@@ -209,9 +228,6 @@ int main(int argc, char** argv) {
   std::vector<ProcStats> after;
   for (int pid : server_pids) after.push_back(proc_stats(pid));
   const ProcStats store_after = store_pid ? proc_stats(store_pid) : ProcStats{};
-  s.stop.store(true);
-  for (auto& l : loops) l->wake();
-  for (auto& t : threads) t.join();
 
   const int64_t j0 = s.t_first_join.load();
   double cpu = 0, rss = 0;
@@ -219,11 +235,21 @@ int main(int argc, char** argv) {
     cpu += after[i].cpu_s - before[i].cpu_s;
     rss += after[i].peak_rss_mib;
   }
-  std::printf("RESULT agents=%d nproc=%d world=%lld token=%d threads=%d connect_ms=%s round_ms=%s "
-              "workers_joined_ms=%s barrier_ms=%s done_ms=%s rounds=%lld workers_done=%lld dup_ranks=%lld "
+  long double rank_sum = 0, rank_sq_sum = 0;
+  int64_t ranks_seen = 0;
+  for (int64_t r = 0; r < world; ++r)
+    if (s.rank_seen[static_cast<size_t>(r)].load()) {
+      ++ranks_seen;
+      rank_sum += static_cast<long double>(r);
+      rank_sq_sum += static_cast<long double>(r) * static_cast<long double>(r);
+    }
+  const auto start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(s.start.time_since_epoch()).count();
+  std::printf("RESULT agents=%d nproc=%d world=%lld token=%d threads=%d relay=%d part=%d parts=%d connect_ms=%s "
+              "round_ms=%s workers_joined_ms=%s barrier_ms=%s done_ms=%s rounds=%lld workers_done=%lld dup_ranks=%lld "
               "errors=%lld server_cpu_s=%.2f server_peak_rss_mib=%.1f probe_ops=%zu probe_p50_us=%.0f "
-              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f", 
-              o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads,
+              "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f",
+              o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads, o.relay ? 1 : 0, o.part,
+              o.parts,
               ms(0, t_connected).c_str(), ms(j0, p1_round).c_str(), ms(j0, p1_joined).c_str(),
               ms(j0, p1_barrier).c_str(), ms(j0, p1_done).c_str(),
               static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_done.load()),
@@ -237,14 +263,27 @@ int main(int argc, char** argv) {
                 ms(t_kill, s.t_last_restart.load()).c_str(), ms(t_kill, s.t_last_round.load()).c_str(),
                 ms(t_kill, s.t_last_joined.load()).c_str(), ms(t_kill, s.t_last_barrier.load()).c_str(),
                 ms(t_kill, s.t_last_done.load()).c_str(), static_cast<long long>(s.restarts.load()));
+  // For merging --parts: this process's marks on the shared monotonic clock, and its ranks.
+  std::printf(" start_mono_ns=%lld first_join_ns=%lld last_round_ns=%lld last_joined_ns=%lld last_barrier_ns=%lld "
+              "last_done_ns=%lld ranks_seen=%lld rank_sum=%.0Lf rank_sq_sum=%.0Lf",
+              static_cast<long long>(start_ns), static_cast<long long>(j0), static_cast<long long>(p1_round),
+              static_cast<long long>(p1_joined), static_cast<long long>(p1_barrier), static_cast<long long>(p1_done),
+              static_cast<long long>(ranks_seen), rank_sum, rank_sq_sum);
   std::printf(" ok=%d\n", ok ? 1 : 0);
   if (!ok)
     std::fprintf(stderr, "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
                  "workers joined, %lld past the barrier, %lld done\n",
                  s.errors.load() ? "stopped on an error" : "timed out", static_cast<double>(t_end) / 1e9,
-                 static_cast<long long>(s.handshaken.load()), o.agents, static_cast<long long>(s.rounds.load()),
-                 static_cast<long long>(s.workers_joined.load()), static_cast<long long>(world),
+                 static_cast<long long>(s.handshaken.load()), static_cast<int>(mine), static_cast<long long>(s.rounds.load()),
+                 static_cast<long long>(s.workers_joined.load()), static_cast<long long>(my_world),
                  static_cast<long long>(s.barrier_passed.load()), static_cast<long long>(s.workers_done.load()));
+  std::fflush(stdout);
+  // The other parts' agents are still in the round: closing ours now would fail the job for them.
+  while (!hold_file.empty() && ::access(hold_file.c_str(), F_OK) != 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  s.stop.store(true);
+  for (auto& l : loops) l->wake();
+  for (auto& t : threads) t.join();
   const bool clean = ok && s.errors.load() == 0 && s.duplicate_ranks.load() == 0 && (!prober || !prober->failed());
   return clean ? 0 : 1;
 }

@@ -41,6 +41,8 @@ struct Options {
   int store_at_port = 0;
   bool workers = true, gloo = false, source_ips = true;
   int min_nodes = 0;  // the JOINs' min_nodes (0: --agents; below it, a lost node ends the job)
+  bool relay = false;        // each node's workers over one multiplexed connection (sim_relay.cpp)
+  int part = 0, parts = 1;   // this process simulates the agents i with i % parts == part
   double timeout_s = 120;
 };
 
@@ -64,6 +66,7 @@ struct Shared {
 };
 
 class Worker;
+class RelayLink;
 
 class Agent : public Endpoint {
  public:
@@ -95,12 +98,15 @@ class Agent : public Endpoint {
   std::optional<rdzv::SessionMac> mac_;
   bool handshaken_ = false, got_round_ = false, dead_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<RelayLink> relay_;
 };
 
 class Worker : public Endpoint {
  public:
   Worker(Shared& s, int64_t rank, int64_t world, uint32_t source) : s_(s), rank_(rank), world_(world), source_(source) {}
   void start(Loop& loop, const sockaddr_in& store);
+  // Through a node's relay instead of a socket of its own: the link connects and calls back.
+  void via(RelayLink* link, uint32_t channel) { relay_ = link, channel_ = channel; }
   void on_connected(Loop& loop) override;
   void on_readable(Loop& loop) override;
   void on_failed(Loop& loop, int err) override;
@@ -108,6 +114,8 @@ class Worker : public Endpoint {
  private:
   enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done };
   void request(Loop& loop, const std::string& bytes, Step next);
+  void send(Loop& loop, const std::string& bytes);
+  bool live() const;
   void on_reply(Loop& loop, const uint8_t* p, size_t n);
   void nccl(Loop& loop);
   void gloo_next(Loop& loop);
@@ -118,6 +126,29 @@ class Worker : public Endpoint {
   uint32_t source_;
   Step step_ = Step::Ping;
   int64_t gloo_peer_ = 0;
+  RelayLink* relay_ = nullptr;
+  uint32_t channel_ = 0;
+};
+
+// One node's relay: its workers are channels 1..P of one connection to the store.
+class RelayLink : public Endpoint {
+ public:
+  RelayLink(Shared& s, int64_t node) : s_(s), node_(node) {}
+  void add(Worker& w) {
+    workers_.push_back(&w);
+    w.via(this, channel_of(workers_.size() - 1));
+  }
+  void start(Loop& loop, const sockaddr_in& store, uint32_t source);
+  void send(Loop& loop, uint32_t channel, const std::string& bytes);
+  void on_connected(Loop& loop) override;
+  void on_readable(Loop& loop) override;
+  void on_failed(Loop& loop, int err) override;
+
+ private:
+  static uint32_t channel_of(size_t i) { return static_cast<uint32_t>(i + 1); }
+  Shared& s_;
+  int64_t node_;
+  std::vector<Worker*> workers_;
 };
 
 // Bytes of one encoded TCPStore request (dialect D2, PyTorch 2.x).

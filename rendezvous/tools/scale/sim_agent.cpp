@@ -155,13 +155,18 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
     return;
   }
   const uint32_t source = s_.o.source_ips ? node_address(index_) : 0;
+  if (s_.o.relay) relay_ = std::make_unique<RelayLink>(s_, index_);
   for (int64_t local = 0; local < s_.o.nproc; ++local) {
     workers_.push_back(std::make_unique<Worker>(s_, r.base_rank + local, r.world_size, source));
+    if (relay_) relay_->add(*workers_.back());
     workers_.back()->start(loop, store);
   }
+  if (relay_) relay_->start(loop, store, source);
 }
 
 void Agent::stop_workers(Loop& loop) {
+  if (relay_) loop.close(*relay_);  // its workers own no socket
+  relay_.reset();
   for (auto& w : workers_) loop.close(*w);
   workers_.clear();
 }

@@ -46,6 +46,7 @@ std::string store_request(wire::Op op, std::vector<std::string> keys, std::vecto
 }
 
 void Worker::start(Loop& loop, const sockaddr_in& store) {
+  if (relay_) return;  // the relay link connects and calls on_connected
   if (!loop.connect(*this, store, source_)) s_.error("worker " + std::to_string(rank_) + ": connect: " + std::strerror(errno));
 }
 
@@ -59,11 +60,18 @@ void Worker::on_connected(Loop& loop) {
 
 void Worker::request(Loop& loop, const std::string& bytes, Step next) {
   step_ = next;
-  loop.send(*this, bytes);
+  send(loop, bytes);
 }
 
+void Worker::send(Loop& loop, const std::string& bytes) {
+  if (relay_) relay_->send(loop, channel_, bytes);
+  else loop.send(*this, bytes);
+}
+
+bool Worker::live() const { return relay_ ? relay_->fd >= 0 : fd >= 0; }
+
 void Worker::on_readable(Loop& loop) {
-  while (fd >= 0 && step_ != Step::Done) {
+  while (live() && step_ != Step::Done) {
     int kind = 0;
     switch (step_) {
       case Step::Ping: kind = 4; break;
@@ -125,7 +133,7 @@ void Worker::on_reply(Loop& loop, const uint8_t* p, size_t n) {
 
 void Worker::nccl(Loop& loop) {
   if (rank_ == 0) {
-    loop.send(*this, store_request(wire::Op::Set, {kNcclKey}, {std::string(kNcclIdBytes, 'n')}));
+    send(loop, store_request(wire::Op::Set, {kNcclKey}, {std::string(kNcclIdBytes, 'n')}));
     gloo_next(loop);
     return;
   }
@@ -139,7 +147,7 @@ void Worker::gloo_next(Loop& loop) {
     return;
   }
   if (gloo_peer_ == 0 && step_ != Step::GlooGet)
-    loop.send(*this, store_request(wire::Op::Set, {gloo_key(rank_)},
+    send(loop, store_request(wire::Op::Set, {gloo_key(rank_)},
                                    {std::string(static_cast<size_t>(world_) * kGlooAddrBytes, 'g')}));
   if (gloo_peer_ == rank_) ++gloo_peer_;
   if (gloo_peer_ >= world_) {
