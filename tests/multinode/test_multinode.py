@@ -17,84 +17,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Cluster, wait_for  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "worker.py")
-TRAIN_DDP = os.path.join(HERE, "..", "launcher", "train_ddp.py")
-
-
-class Run:
-    def __init__(self, args, nodes):
-        self.args = args
-        self.out = tempfile.mkdtemp(prefix="ddpt-")
-        self.cluster = Cluster(f"{os.getpid() % 100000}")
-        for _ in range(nodes):
-            self.cluster.add_node()
-        self.agents = {}
-
-    def env(self, node, extra=None):
-        e = dict(os.environ)
-        e.update({"DDPT_OUT": self.out, "DDPT_NODE": str(node), "PYTHON_EXEC": "/usr/bin/python3"})
-        e.update(extra or {})
-        return e
-
-    def agent(self, node, flags, entry=WORKER, extra_env=None, entry_args=()):
-        argv = [self.args.ddprun] + flags + [entry] + list(entry_args)
-        p = self.cluster.spawn(node, argv, env=self.env(node, extra_env))
-        self.agents[node] = p
-        return p
-
-    def wait(self, node, timeout):
-        p = self.agents[node]
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except Exception:
-            p.kill()
-            out, _ = p.communicate()
-            print(f"--- node {node} output (killed after {timeout}s) ---\n{out}")
-            raise AssertionError(f"node {node} did not finish within {timeout}s")
-        print(f"--- node {node} exit {p.returncode} ---\n{out}")
-        return p.returncode, out
-
-    def records(self):
-        path = os.path.join(self.out, "records.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-
-    def release(self):
-        open(os.path.join(self.out, "release"), "w").close()
-
-    def close(self):
-        # Agents nobody waited for (a scenario failed early): show what they said.
-        for node, p in self.agents.items():
-            if p.returncode is None:
-                p.kill()
-                out, _ = p.communicate()
-                print(f"--- node {node} output (not waited for) ---\n{out}")
-        self.cluster.close()
-
-
-def dyn_flags(run, nnodes, nproc, rid="job", extra=()):
-    ep = f"{run.cluster.addr(0)}:29400"
-    return [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={ep}", f"--rdzv_id={rid}",
-            f"--nproc_per_node={nproc}", "--rdzv_conf=last_call_timeout=2,join_timeout=20"] + list(extra)
-
-
-def static_flags(run, node, nnodes, nproc, extra=()):
-    return [f"--nnodes={nnodes}", f"--node_rank={node}", f"--master_addr={run.cluster.addr(0)}",
-            "--master_port=29500", f"--nproc_per_node={nproc}"] + list(extra)
-
-
-def check_round(recs, attempt, world, expect_nodes):
-    r = [x for x in recs if int(x["TORCHELASTIC_RESTART_COUNT"]) == attempt]
-    ranks = sorted(int(x["RANK"]) for x in r)
-    assert ranks == list(range(world)), f"attempt {attempt}: ranks {ranks}, expected 0..{world - 1}: {r}"
-    assert all(int(x["WORLD_SIZE"]) == world for x in r), r
-    assert all(int(x["GROUP_WORLD_SIZE"]) == expect_nodes for x in r), r
-    return r
-
+from multinode_lib import *  # noqa: E402,F401,F403
+import scenarios_intruder  # noqa: E402
 
 def scenario_static2(args):
     run = Run(args, 2)
@@ -294,23 +218,6 @@ def scenario_standing_ddprund(args):
         run.close()
 
 
-def start_ddprund(run, args, extra=()):
-    ddprund = os.path.join(os.path.dirname(args.ddprun), "..", "rendezvous", "ddprund")
-    d = run.cluster.spawn(0, [ddprund, "--port", "29400"] + list(extra))
-    line = d.stdout.readline()
-    assert "listening" in line, line
-    return d
-
-
-STORE_WORKER = os.path.join(HERE, "store_worker.py")
-VENV_TORCH2 = os.path.join(HERE, "..", "..", ".venv-torch2", "bin", "python")
-
-
-def torch_python():
-    """PyTorch 2.11 (the project's venv) when it is there, else Debian's 1.13."""
-    return os.path.abspath(VENV_TORCH2) if os.path.exists(VENV_TORCH2) else "/usr/bin/python3"
-
-
 def scenario_ddprund_restart(args):
     """A standing ddprund is SIGKILLed mid-run and started again on the same address: the agents
     reconnect, the daemon rebuilds the round from their re-joins, the workers keep running
@@ -428,106 +335,6 @@ def scenario_gloo_static(args):
         (c0, out0), (c1, out1) = run.wait(0, 180), run.wait(1, 180)
         assert (c0, c1) == (0, 0), (c0, c1)
         assert "loss" in out0.lower() + out1.lower()
-    finally:
-        run.close()
-
-
-INTRUDER = os.path.join(HERE, "intruder.py")
-TOKEN = "multinode test token: 0123456789abcdef"
-ATTACKS = ["wrong_token", "no_token", "huge_world", "join_leave", "forge_failure"]
-
-
-def intruder(run, node, modes, extra=()):
-    argv = ["/usr/bin/python3", INTRUDER, "--host", run.cluster.addr(0), "--my_addr", run.cluster.addr(node)]
-    return run.cluster.spawn(node, argv + list(extra) + list(modes), env=run.env(node))
-
-
-def finish_intruder(p, timeout=90):
-    out, _ = p.communicate(timeout=timeout)
-    print(f"--- intruder (exit {p.returncode}) ---\n{out}")
-    return out
-
-
-def intruded_job(args, token):
-    """Nodes 0 and 1 run an elastic 2:3 job (max_restarts=3, workers held); node 2 is a stranger
-    who knows the run id. With room for a third node, a JOIN gets a stranger into the round
-    (scale-up) and its LEAVE then spends the budget; its FAILURE fails the job. Every attack
-    must change nothing: one attempt, restart count 0, both nodes exit 0."""
-    run = Run(args, 3)
-    try:
-        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
-        if token:
-            env["DDPRUN_RDZV_TOKEN"] = TOKEN
-        # Before the second node comes, a stranger declares 2^31-1 workers (the job exists:
-        # node 0 created it; without the checks the round formed with the stranger).
-        run.agent(0, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=env)
-        same_flags = ["--min_nodes", "2", "--nnodes", "3", "--max_restarts", "3"]  # the job's: not refused for those
-        first = finish_intruder(intruder(run, 2, ["huge_world"], ["--once"] + same_flags))
-        run.agent(1, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=env)
-        wait_for(lambda: len(run.records()) >= 2, 40, "both workers of round 0")
-        modes = ATTACKS if token else ["huge_world"]
-        loop = finish_intruder(intruder(run, 2, modes, ["--seconds", "8"] + same_flags))
-        if token:
-            # A real ddprun with the wrong token, then with none: refused, saying what to set.
-            for bad_env, says in (({"DDPRUN_RDZV_TOKEN": "not the job's token, 16+ bytes"}, "token mismatch"),
-                                  ({}, "requires a token and this agent has none")):
-                run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3"]), extra_env=bad_env)
-                code, out = run.wait(2, 60)
-                assert code != 0 and "rendezvous refused: " in out and says in out, (code, out)
-                assert "set DDPRUN_RDZV_TOKEN or --rdzv_token_file the same on every node" in out, out
-            # A token file others may read is a usage error that says how to fix it.
-            loose = os.path.join(run.out, "loose_token")
-            with open(loose, "w") as f:
-                f.write(TOKEN)
-            os.chmod(loose, 0o644)
-            run.agent(2, dyn_flags(run, "2:3", 1, extra=["--max_restarts=3", "--rdzv_token_file", loose]))
-            code, out = run.wait(2, 60)
-            assert code == 2 and f"chmod 600 {loose}" in out, (code, out)
-        store_port = run.records()[0]["MASTER_PORT"]
-        store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", store_port]))
-        run.release()
-        codes = [run.wait(n, 60)[0] for n in (0, 1)]
-        assert codes == [0, 0], codes
-        recs = run.records()
-        assert len(recs) == 2, f"one attempt of two workers, nothing restarted: {recs}"
-        check_round(recs, 0, 2, 2)
-        for line in (first + loop).splitlines():
-            if line.split(":")[0] in ATTACKS:
-                assert "ERROR" in line and ("rendezvous refused" in line or "JOIN refused" in line), line
-        if not token:
-            assert "local_world_size 2147483647" in first, first
-        assert "store: refused" in store, store
-        return run
-    finally:
-        run.close()
-
-
-def scenario_intruder_token(args):
-    """With a token, a stranger (no token, a wrong one, or raw frames) is refused at the door."""
-    intruded_job(args, token=True)
-
-
-def scenario_intruder_open(args):
-    """Without a token the rendezvous is open, but a JOIN out of bounds is refused and the
-    workers' store still serves only the job's nodes."""
-    intruded_job(args, token=False)
-
-
-def scenario_intruder_static_store(args):
-    """Static two nodes: node 0's own store is the workers' store (--master_port); a stranger's
-    TCPStore client there is closed, the nodes' workers are served."""
-    run = Run(args, 3)
-    try:
-        env = {"DDPT_RELEASE": os.path.join(run.out, "release"), "DDPT_MAX_SECONDS": "120"}
-        for n in (0, 1):
-            run.agent(n, static_flags(run, n, 2, 1), extra_env=env)
-        wait_for(lambda: len(run.records()) >= 2, 40, "both workers")
-        store = finish_intruder(intruder(run, 2, ["store"], ["--store_port", "29500"]))
-        run.release()
-        codes = [run.wait(n, 60)[0] for n in (0, 1)]
-        assert codes == [0, 0], codes
-        check_round(run.records(), 0, 2, 2)
-        assert "store: refused" in store, store
     finally:
         run.close()
 
@@ -663,7 +470,8 @@ def scenario_status(args):
         run.close()
 
 
-SCENARIOS = {k[len("scenario_"):]: v for k, v in globals().items() if k.startswith("scenario_")}
+SCENARIOS = {k[len("scenario_"):]: v for k, v in list(globals().items()) + list(vars(scenarios_intruder).items())
+             if k.startswith("scenario_")}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
