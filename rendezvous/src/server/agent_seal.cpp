@@ -72,9 +72,10 @@ void ServerCore::seal_pending(IoThread& self) {
     std::unordered_map<IoThread*, std::vector<size_t>> by_thread;
     for (size_t i = 0; i < n; ++i)
       if (b->to[i].first) by_thread[b->to[i].first->thread].push_back(i);
-    for (auto& [thread, picks] : by_thread) {
+    for (auto& entry : by_thread) {
+      IoThread* thread = entry.first;  // not a structured binding: clang 14 cannot capture one
       if (thread == &self) continue;
-      boost::asio::post(thread->io, [this, thread, b, picks = std::move(picks)] {
+      boost::asio::post(thread->io, [this, thread, b, picks = std::move(entry.second)] {
         for (size_t i : picks) seal_in_turn(*thread, b->to[i].first, b->to[i].second, b->out[i]);
         io.flush_pending(*thread);
       });
