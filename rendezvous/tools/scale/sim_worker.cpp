@@ -159,7 +159,9 @@ void Worker::gloo_next(Loop& loop) {
 
 void Worker::finish() {
   step_ = Step::Done;
-  if (rank_ >= 0 && rank_ < world_ && s_.rank_seen) {
+  if (s_.tally_rounds.load()) {
+    s_.on_worker_done(round_, rank_, world_);
+  } else if (rank_ >= 0 && rank_ < world_ && s_.rank_seen) {
     if (s_.rank_seen[static_cast<size_t>(rank_)].fetch_add(1) != 0) s_.duplicate_ranks.fetch_add(1);
   } else {
     s_.error("worker rank " + std::to_string(rank_) + " is outside the world of " + std::to_string(world_));
@@ -171,7 +173,8 @@ void Worker::finish() {
 void Worker::on_failed(Loop&, int err) {
   // After a node's death (--kill-one) the server closes the round's store before its RESTARTs
   // arrive: the workers of a real node would be stopped by their agent then.
-  if (s_.stop.load() || s_.kill_index.load() >= 0) return;
+  // The same when nodes leave (--churn).
+  if (s_.stop.load() || s_.kill_index.load() >= 0 || s_.tolerate_store_loss.load()) return;
   s_.error("worker " + std::to_string(rank_) + ": store connection " +
            (err ? std::string("failed: ") + std::strerror(err) : std::string("closed by the server")));
 }
