@@ -180,6 +180,7 @@ lock_hold() { sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail 
 churn_row() {
   local n="$1" line extra=() workers=$((n * nproc_per))
   (( n * (nproc_per + 1) * 11 / 10 + 256 > fd_limit )) && { extra=(--no-workers); workers="not run (descriptors)"; }
+  [[ $relay == 1 && -z "${extra[*]}" ]] && extra=(--relay)
   start_ddprund "$n"
   line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
             --server-pid "$pid" --timeout 300 --churn "${CHURN_PCT:-1}" --min-nodes $(( n / 2 > 0 ? n / 2 : 1 )) \
@@ -204,6 +205,7 @@ restart_row() {
     for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
     extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')")
   fi
+  [[ $relay == 1 && " ${extra[*]} " != *" --no-workers "* ]] && extra+=(--relay)
   start_ddprund "$n"
   "$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" --timeout 300 \
     --expect-restart --ready-file "$ready" "${extra[@]}" >"$out" 2>&1 &

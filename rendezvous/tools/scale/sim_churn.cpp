@@ -74,6 +74,11 @@ void Agent::tick(Loop& loop, Clock::time_point now) {
   if (!reconnecting_ || fd >= 0 || now < reconnect_at_) return;
   s_.attempts.fetch_add(1);
   join_on_handshake_ = true;
+  // Nothing of the last connection stays (a relay's queued hello is why the loop keeps `out`).
+  connected = false;
+  in.clear();
+  out.clear();
+  out_off = 0;
   if (!loop.connect(*this, server_, s_.o.source_ips ? node_address(index_) : 0)) lost(loop);
 }
 

@@ -41,11 +41,6 @@ Loop::~Loop() {
 }
 
 bool Loop::connect(Endpoint& e, const sockaddr_in& to, uint32_t source) {
-  // An endpoint may connect again (a reconnect): nothing of its last connection stays.
-  e.connected = false;
-  e.in.clear();
-  e.out.clear();
-  e.out_off = 0;
   e.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (e.fd < 0) return false;
   int one = 1;
