@@ -21,7 +21,8 @@ its workers get through its store.
 stands for that agent's store); once every worker is through, ddprund is killed (SIGKILL) and
 started again on the same port with the same token: every agent reconnects, re-joins its round
 with the resume fields, and the round is rebuilt without a ROUND, a RESTART or a worker
-restarted (the sim's agents then report success: every agent gets JOB_DONE).
+restarted (the sim's agents then report success: every agent gets JOB_DONE; then every worker
+reads the NCCL id again on its store connection of before).
 
 usage: scale_sim.py --ddprund PATH --sim PATH [--agents N] [--nproc P] [--kill-one] [--relay]
                     [--churn PCT] [--restart-daemon]
@@ -103,7 +104,8 @@ def check(a, fields, world, failures):
         want = {"churn_left": left, "churn_joined": left, "churn_round_nodes": a.agents, "churn_world": world,
                 "churn_workers_done": world, "churn_dup_ranks": 0, "errors": 0, "ok": 1}
     if a.restart_daemon:  # no ROUND and no RESTART after the restart: the same round goes on
-        want.update(restarts=0, restart_lost=a.agents, restart_rejoined=a.agents, restart_jobs_done=a.agents)
+        want.update(restarts=0, restart_lost=a.agents, restart_rejoined=a.agents, restart_jobs_done=a.agents,
+                    restart_workers_rechecked=world)
     for key, value in want.items():
         if int(fields.get(key, -1)) != value:
             failures.append(f"{key}={fields.get(key)} (want {value})")
@@ -148,7 +150,9 @@ def main():
             ready = os.path.join(tmp, "ready-for-kill")
             if a.restart_daemon:
                 store, store_port = start_daemon(a.ddprund, None, os.path.join(tmp, "store.log"), store_only=True)
+                # No probe: it would lose the daemon too.
                 extra = ["--offer-store", str(store_port), "--expect-restart", "--ready-file", ready]
+                extra += ["--relay"] if a.relay else []
             sim = subprocess.Popen(
                 [a.sim, "--port", str(port), "--agents", str(a.agents), "--nproc", str(a.nproc), "--token", token,
                  "--timeout", "100"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -30,7 +30,7 @@ namespace {
 void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents, const sockaddr_in& server) {
   for (auto& a : agents)
     if (!a->late()) a->start(loop, server);
-  bool joined = false, killed = false, churned = false;
+  bool joined = false, killed = false, churned = false, rechecked = false;
   auto next_beat = Clock::now();
   const auto beat = std::chrono::milliseconds(s.o.heartbeat_ms);
   while (!s.stop.load()) {
@@ -54,6 +54,10 @@ void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents
     }
     if (s.o.expect_restart)
       for (auto& a : agents) a->tick(loop, Clock::now());
+    if (!rechecked && s.recheck.load()) {
+      rechecked = true;
+      for (auto& a : agents) a->recheck(loop);
+    }
     if (joined && Clock::now() >= next_beat) {
       for (auto& a : agents) a->heartbeat(loop);
       next_beat += beat;
@@ -246,7 +250,7 @@ int main(int argc, char** argv) {
   if (ok && kill_one) t_kill = failure_phase(s, loops, until, ok);
   ChurnResult churned;
   if (ok && churn) churned = churn_phase(s, loops, until, ok);
-  if (ok && o.expect_restart) restart_phase(s, ready_file, until, ok);
+  if (ok && o.expect_restart) restart_phase(s, loops, ready_file, until, ok);
   const int64_t t_end = s.now_ns();
   probe_stop.store(true);
   if (probe_thread.joinable()) probe_thread.join();

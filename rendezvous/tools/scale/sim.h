@@ -85,7 +85,8 @@ struct Shared {
   // --expect-restart: the first lost connection, every agent re-joined (resume JOIN), every
   // agent's JOB_DONE (its round whole again); reconnect attempts.
   std::atomic<int64_t> t_first_loss{0}, lost{0}, rejoined{0}, t_last_rejoin{0}, jobs_done{0}, t_last_job_done{0},
-      attempts{0};
+      attempts{0}, rechecked{0}, t_last_recheck{0};
+  std::atomic<bool> recheck{false};
   int64_t now_ns() const;
   void mark(std::atomic<int64_t>& t) const;  // t = max(t, now)
   void error(const std::string& what);
@@ -105,6 +106,7 @@ class Agent : public Endpoint {
   void leave(Loop& loop, bool say_leave);
   // --expect-restart: a reconnect that is due.
   void tick(Loop& loop, Clock::time_point now);
+  void recheck(Loop& loop);
   void send_join(Loop& loop, bool again = false);
   void heartbeat(Loop& loop);
   int64_t index() const { return index_; }
@@ -155,9 +157,13 @@ class Worker : public Endpoint {
   void on_connected(Loop& loop) override;
   void on_readable(Loop& loop) override;
   void on_failed(Loop& loop, int err) override;
+  // --expect-restart, once the round is whole again: the same worker reads the NCCL id again
+  // on the same store connection (it was not restarted and its store outlived the server).
+  void recheck(Loop& loop);
 
  private:
-  enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done };
+  enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done,
+                    Recheck, Rechecked };
   void request(Loop& loop, const std::string& bytes, Step next);
   void send(Loop& loop, const std::string& bytes);
   bool live() const;

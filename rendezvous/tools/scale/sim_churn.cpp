@@ -105,4 +105,8 @@ void Agent::rejoin(Loop& loop) {
   write(loop, rdzv::to_message(rdzv::Succeeded{.round = last_round_.round}));
 }
 
+void Agent::recheck(Loop& loop) {
+  for (auto& w : workers_) w->recheck(loop);
+}
+
 }  // namespace ddprun::scale

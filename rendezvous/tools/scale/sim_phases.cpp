@@ -81,11 +81,16 @@ ChurnResult churn_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, De
   return c;
 }
 
-void restart_phase(Shared& s, const std::string& ready_file, Deadline deadline, bool& ok) {
-  const int64_t n = s.o.agents;
+void restart_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, const std::string& ready_file,
+                   Deadline deadline, bool& ok) {
+  const int64_t n = s.o.agents, world = n * s.o.nproc;
   if (!ready_file.empty()) std::ofstream(ready_file) << "every worker is through\n";
   else std::fprintf(stderr, "ddprun_scale_sim: every worker is through: restart the server now\n");
   ok = wait_until(s, deadline, [&] { return s.rejoined.load() == n && s.jobs_done.load() == n; });
+  if (!ok || !s.o.workers) return;
+  s.recheck.store(true);
+  for (auto& l : loops) l->wake();
+  ok = wait_until(s, deadline, [&] { return s.rechecked.load() == world; });
 }
 
 std::string churn_fields(const Shared& s, const ChurnResult& c) {
@@ -109,10 +114,11 @@ std::string restart_fields(const Shared& s) {
   char b[512];
   std::snprintf(b, sizeof b,
                 " restart_lost=%lld restart_rejoined=%lld restart_jobs_done=%lld restart_attempts=%lld restarts=%lld "
-                "restart_rejoin_ms=%s restart_resumed_ms=%s",
+                "restart_workers_rechecked=%lld restart_rejoin_ms=%s restart_resumed_ms=%s",
                 static_cast<long long>(s.lost.load()), static_cast<long long>(s.rejoined.load()),
                 static_cast<long long>(s.jobs_done.load()), static_cast<long long>(s.attempts.load()),
-                static_cast<long long>(s.restarts.load()), ms(t0, s.t_last_rejoin.load()).c_str(),
+                static_cast<long long>(s.restarts.load()), static_cast<long long>(s.rechecked.load()),
+                ms(t0, s.t_last_rejoin.load()).c_str(),
                 ms(t0, s.t_last_job_done.load()).c_str());
   return b;
 }

@@ -33,8 +33,10 @@ struct ChurnResult {
 ChurnResult churn_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, Deadline deadline, bool& ok);
 
 // --expect-restart: writes `ready_file` (every worker is through: kill the server now), then
-// waits until every agent lost its connection, re-joined its round and got its JOB_DONE.
-void restart_phase(Shared& s, const std::string& ready_file, Deadline deadline, bool& ok);
+// waits until every agent lost its connection, re-joined its round and got its JOB_DONE, and
+// every worker read the NCCL id again on its store connection of before.
+void restart_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, const std::string& ready_file,
+                   Deadline deadline, bool& ok);
 
 // The phases' RESULT fields (" key=value ...").
 std::string churn_fields(const Shared& s, const ChurnResult& c);

@@ -71,7 +71,7 @@ void Worker::send(Loop& loop, const std::string& bytes) {
 bool Worker::live() const { return relay_ ? relay_->fd >= 0 : fd >= 0; }
 
 void Worker::on_readable(Loop& loop) {
-  while (live() && step_ != Step::Done) {
+  while (live() && step_ != Step::Done && step_ != Step::Rechecked) {
     int kind = 0;
     switch (step_) {
       case Step::Ping: kind = 4; break;
@@ -127,7 +127,14 @@ void Worker::on_reply(Loop& loop, const uint8_t* p, size_t n) {
       ++gloo_peer_;
       gloo_next(loop);
       return;
-    case Step::Done: return;
+    case Step::Recheck:
+      if (n != 8 + kNcclIdBytes) s_.error(me + "after the server's restart, the NCCL id has " + std::to_string(n - 8) + " bytes");
+      step_ = Step::Rechecked;
+      s_.rechecked.fetch_add(1);
+      s_.mark(s_.t_last_recheck);
+      return;
+    case Step::Done:
+    case Step::Rechecked: return;
   }
 }
 
@@ -168,6 +175,14 @@ void Worker::finish() {
   }
   s_.workers_done.fetch_add(1);
   s_.mark(s_.t_last_done);
+}
+
+void Worker::recheck(Loop& loop) {
+  if (step_ != Step::Done) {
+    s_.error("worker " + std::to_string(rank_) + ": not through its round when the server came back");
+    return;
+  }
+  request(loop, store_request(wire::Op::Get, {kNcclKey}), Step::Recheck);
 }
 
 void Worker::on_failed(Loop&, int err) {
