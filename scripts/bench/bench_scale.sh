@@ -23,6 +23,14 @@
 # not run; STORE=daemon only: a fixed store would keep the last round's keys): from its death,
 # every survivor told (RESTART), every survivor's new ROUND, and the surviving workers joined,
 # past the barrier and done on the new round's store.
+# With FAILURES=1 (STORE=daemon) two more tables. Churn (ddprun_scale_sim --churn, CHURN_PCT, default
+# 1): once every worker is through, that % of the nodes leave (half with a LEAVE, half just
+# close) and as many new nodes join at once (new node ids and addresses); min_nodes N/2, max N.
+# Times from the first leave. Daemon restart (--expect-restart): the workers' store on node rank
+# 0 (a second ddprund stands for it, as with STORE=agent; past 8,192 nodes the store stays on
+# ddprund and is lost with it, so agents only); once every worker is through, ddprund is
+# SIGKILLed and started again on its port with its token; the agents reconnect (50 ms doubling
+# to 500 ms) and re-join their round with its resume fields. Times from the first lost connection.
 # RELAY=1: each node's workers reach the store over one multiplexed connection, as through
 # `ddprun --store_relay`'s relay on their node (the local hop, worker to relay, is not
 # simulated); where one process cannot hold N agents and N relay connections, the agents are
@@ -159,6 +167,65 @@ run_row() {
     "$(get server_cpu_s "$line")" "$(get server_peak_rss_mib "$line")" "${hold:--}" \
     "$(get probe_p50_us "$line")" "$(get probe_p99_us "$line")" "${store_cpu:--}" "${store_rss:--}"
 }
+# A fresh ddprund (sets pid and port; on `want_port` when given, else any free one).
+start_ddprund() {
+  local n="$1" want_port="${2:-0}"
+  "$ddprund" --host 127.0.0.1 --port "$want_port" --threads "${DDPRUND_THREADS:-0}" --rdzv_token_file "$tokdir/token" \
+    --max-connections $((n * (nproc_per + 1) + 1024)) >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do grep -q listening "$log" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  port="$(grep -oE 'listening on [0-9.]+:[0-9]+' "$log" | head -n1 | sed 's/.*://' || true)"
+}
+lock_hold() { sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1; }
+churn_row() {
+  local n="$1" line extra=() workers=$((n * nproc_per))
+  (( n * (nproc_per + 1) * 11 / 10 + 256 > fd_limit )) && { extra=(--no-workers); workers="not run (descriptors)"; }
+  [[ $relay == 1 && -z "${extra[*]}" ]] && extra=(--relay)
+  start_ddprund "$n"
+  line="$("$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" \
+            --server-pid "$pid" --timeout 300 --churn "${CHURN_PCT:-1}" --min-nodes $(( n / 2 > 0 ? n / 2 : 1 )) \
+            "${extra[@]}" || true)"
+  kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  if [[ "$(get ok "$line")" != 1 ]]; then
+    printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"; return
+  fi
+  printf '| %d | %s | %s/%s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "$workers" "$(get churn_left "$line")" \
+    "$(get churn_joined "$line")" "$(get churn_rounds "$line")" "$(get churn_restart_ms "$line")" \
+    "$(get churn_round_ms "$line")" "$(get churn_done_ms "$line")" "$(get churn_restart_count "$line")" \
+    "$(get server_cpu_s "$line")" "$(lock_hold)"
+}
+restart_row() {
+  local n="$1" line extra=() workers=$((n * nproc_per)) ready="$tokdir/ready-for-kill" simpid out="$tokdir/restart.out"
+  rm -f "$ready"
+  if (( n > 8192 || n * (nproc_per + 1) + 256 > fd_limit )); then
+    extra=(--no-workers); workers="not run (store on ddprund past 8,192 nodes, or descriptors)"
+  else
+    "$ddprund" --port 0 --threads "${DDPRUND_THREADS:-0}" --max-connections $((n * nproc_per + 1024)) >"$store_log" 2>&1 &
+    spid=$!
+    for _ in $(seq 200); do grep -q listening "$store_log" && break; sleep 0.05; done
+    extra=(--offer-store "$(grep -oE 'listening on .*:[0-9]+' "$store_log" | head -n1 | sed 's/.*://')")
+  fi
+  [[ $relay == 1 && " ${extra[*]} " != *" --no-workers "* ]] && extra+=(--relay)
+  start_ddprund "$n"
+  "$sim" --port "$port" --agents "$n" --nproc "$nproc_per" --token "$token" --threads "$sim_threads" --timeout 300 \
+    --expect-restart --ready-file "$ready" "${extra[@]}" >"$out" 2>&1 &
+  simpid=$!
+  while [[ ! -e $ready ]] && kill -0 "$simpid" 2>/dev/null; do sleep 0.02; done
+  if [[ -e $ready ]]; then
+    kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do start_ddprund "$n" "$port"; [[ -n $port ]] && break; wait "$pid" 2>/dev/null || true; sleep 0.1; done
+  fi
+  wait "$simpid" || true
+  line="$(grep '^RESULT' "$out" || tail -n3 "$out")"
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true; pid=
+  if [[ -n "$spid" ]]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=; fi
+  if [[ "$(get ok "$line")" != 1 ]]; then
+    printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"; return
+  fi
+  printf '| %d | %s | %s | %s | %s | %s | %s |\n' "$n" "$workers" "$(get restart_attempts "$line")" \
+    "$(get restart_rejoin_ms "$line")" "$(get restart_resumed_ms "$line")" "$(get restarts "$line")" \
+    "$(grep -c 'rebuilt from its agents' "$log" || true)"
+}
 for n in "${sizes[@]}"; do run_row "$n" 0; done
 # One node of N dies once every worker is through (ddprun_scale_sim --kill-one): its agent's
 # and workers' connections close, no LEAVE; min_nodes is N/2, so the job goes on without it.
@@ -168,4 +235,16 @@ if [[ ${FAILURES:-1} == 1 && $store_mode == daemon ]]; then
   printf '| agents | workers | first round (ms) | every survivor told (ms) | every survivor'"'"'s new ROUND (ms) | joined (ms) | barrier (ms) | done (ms) | ddprund CPU, both rounds (s) | longest lock hold (ms) |\n'
   printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
   for n in "${sizes[@]}"; do run_row "$n" 1; done
+fi
+if [[ ${FAILURES:-1} == 1 && $store_mode == daemon ]]; then
+  echo
+  echo "# ${CHURN_PCT:-1} % of N nodes leave and as many new ones join; times from the first leave"
+  printf '| agents | workers | left/joined | rounds formed | last RESTART (ms) | every node'"'"'s last ROUND (ms) | done (ms) | restarts spent | ddprund CPU, all rounds (s) | longest lock hold (ms) |\n'
+  printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+  for n in "${sizes[@]}"; do churn_row "$n"; done
+  echo
+  echo "# ddprund SIGKILLed and started again once every worker is through; times from the first lost connection"
+  printf '| agents | workers | reconnect attempts | every agent re-joined (ms) | round whole again: every JOB_DONE (ms) | RESTARTs | rounds rebuilt (log) |\n'
+  printf '|---:|---:|---:|---:|---:|---:|---:|\n'
+  for n in "${sizes[@]}"; do restart_row "$n"; done
 fi

@@ -4,6 +4,7 @@
 //                    [--no-workers] [--gloo] [--server-pid PID ...] [--probe]
 //                    [--offer-store PORT | --store-at HOST:PORT] [--store-pid PID] [--relay]
 //                    [--part K --parts M --hold-file F] [--kill-one --min-nodes M]
+//                    [--churn PCT --min-nodes M] [--expect-restart --ready-file F --offer-store PORT]
 // Timeline, in ms from the first JOIN: every agent has its ROUND; every worker joined the
 // store (ADD init/); every worker past the barrier; every worker done (NCCL id, Gloo).
 // Prints one machine-readable "RESULT key=value ..." line; exit 0 only when every worker got
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "sim.h"
+#include "sim_phases.h"
 #include "sim_probe.h"
 
 using namespace ddprun::scale;
@@ -26,8 +28,9 @@ namespace {
 
 // One loop thread: its share of the agents (every threads-th), and their workers.
 void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents, const sockaddr_in& server) {
-  for (auto& a : agents) a->start(loop, server);
-  bool joined = false, killed = false;
+  for (auto& a : agents)
+    if (!a->late()) a->start(loop, server);
+  bool joined = false, killed = false, churned = false, rechecked = false;
   auto next_beat = Clock::now();
   const auto beat = std::chrono::milliseconds(s.o.heartbeat_ms);
   while (!s.stop.load()) {
@@ -42,34 +45,25 @@ void run_loop(Shared& s, Loop& loop, std::vector<std::unique_ptr<Agent>>& agents
       for (auto& a : agents)
         if (a->index() == s.kill_index.load()) a->die(loop);
     }
+    if (!churned && s.churn.load()) {
+      churned = true;
+      for (auto& a : agents) {
+        if (a->late()) a->start_late(loop, server);
+        else if (const uint8_t l = s.leavers[static_cast<size_t>(a->index())]) a->leave(loop, l == 2);
+      }
+    }
+    if (s.o.expect_restart)
+      for (auto& a : agents) a->tick(loop, Clock::now());
+    if (!rechecked && s.recheck.load()) {
+      rechecked = true;
+      for (auto& a : agents) a->recheck(loop);
+    }
     if (joined && Clock::now() >= next_beat) {
       for (auto& a : agents) a->heartbeat(loop);
       next_beat += beat;
     }
     loop.poll(joined ? 10 : 5);
   }
-}
-
-// --kill-one: the middle agent's node dies once every worker is through; the survivors get a
-// RESTART, JOIN again, and their workers go through the new round's store. Returns when that
-// happened (ok) or the deadline passed; the time of the death.
-int64_t failure_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, Clock::time_point deadline, bool& ok) {
-  const Options& o = s.o;
-  const int64_t rounds0 = s.rounds.load(), done0 = s.workers_done.load();
-  const int64_t survivors = o.agents - 1, world = survivors * o.nproc;
-  // Every worker of the last round is done: nobody reads these until the next ROUND.
-  s.rank_seen.reset(new std::atomic<uint8_t>[static_cast<size_t>(world)]());
-  s.world_size.store(-1);
-  const int64_t t_kill = s.now_ns();
-  s.kill_index.store(o.agents / 2);
-  for (auto& l : loops) l->wake();
-  auto through = [&] {
-    return s.rounds.load() == rounds0 + survivors && (!o.workers || s.workers_done.load() == done0 + world);
-  };
-  while (!through() && s.errors.load() == 0 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ok = through();
-  return t_kill;
 }
 
 std::string ms(int64_t ns_from, int64_t ns_to) {
@@ -114,6 +108,17 @@ int main(int argc, char** argv) {
                "once every worker is through, one agent's node dies (its connections close, no LEAVE): time until "
                "every survivor has its new ROUND and every surviving worker is through again (needs --min-nodes "
                "below --agents)");
+  app.add_option("--churn", o.churn_pct,
+                 "once every worker is through, this % of the agents leave (every other one with a LEAVE, the rest "
+                 "just close) and as many new agents join: time until a round holds every agent and its workers are "
+                 "through (needs --min-nodes at most the agents that stay)")
+      ->check(CLI::Range(0.001, 50.0));
+  std::string ready_file;
+  app.add_flag("--expect-restart", o.expect_restart,
+               "the server is killed and started again (same port and token) once every worker is through: the "
+               "agents reconnect with backoff and re-join their round (needs --offer-store: the round's store on "
+               "node rank 0 outlives the server)");
+  app.add_option("--ready-file", ready_file, "--expect-restart: created when every worker is through (kill the server then)");
   app.add_option("--min-nodes", o.min_nodes, "the JOINs' min_nodes (default: --agents)")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--relay", o.relay, "each node's workers reach the store over one multiplexed connection (a relay)");
   app.add_option("--part", o.part, "this process simulates the agents i with i % parts == part")->check(CLI::Range(0, 255));
@@ -136,8 +141,26 @@ int main(int argc, char** argv) {
     o.store_at_port = port;
   }
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
-  if (kill_one && o.parts > 1) {
-    std::fprintf(stderr, "ddprun_scale_sim: --kill-one runs in one process (no --parts)\n");
+  if ((kill_one || o.churn_pct > 0 || o.expect_restart) && o.parts > 1) {
+    std::fprintf(stderr, "ddprun_scale_sim: --kill-one, --churn and --expect-restart run in one process (no --parts)\n");
+    return 2;
+  }
+  if (kill_one + (o.churn_pct > 0) + o.expect_restart > 1) {
+    std::fprintf(stderr, "ddprun_scale_sim: --kill-one, --churn and --expect-restart are separate runs: give one\n");
+    return 2;
+  }
+  const int64_t churn = churn_count(o);
+  if (churn && (o.min_nodes == 0 || o.min_nodes > o.agents - churn || o.store_at_port || o.store_offer_port)) {
+    std::fprintf(stderr, "ddprun_scale_sim: --churn %g makes %lld of %d agents leave: give --min-nodes at most %lld "
+                 "(else the job ends with them) and keep the round's own store on the server (no --store-at or "
+                 "--offer-store)\n", o.churn_pct, static_cast<long long>(churn), o.agents,
+                 static_cast<long long>(o.agents - churn));
+    return 2;
+  }
+  if (o.expect_restart && o.workers && !o.store_offer_port) {
+    std::fprintf(stderr, "ddprun_scale_sim: --expect-restart needs --offer-store PORT (the workers' store on node rank "
+                 "0, which outlives the server; a store on the server goes with it and its workers would fail), or "
+                 "--no-workers\n");
     return 2;
   }
   if (o.part >= o.parts) {
@@ -163,7 +186,7 @@ int main(int argc, char** argv) {
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
   setrlimit(RLIMIT_NOFILE, &rl);
-  const int64_t need = mine + (o.workers ? (o.relay ? mine : my_world) : 0) + 64;
+  const int64_t need = mine + churn + (o.workers ? (o.relay ? mine + churn : my_world + churn * o.nproc) : 0) + 64;
   if (static_cast<int64_t>(rl.rlim_cur) < need) {
     std::fprintf(stderr, "ddprun_scale_sim: %lld agents with %d workers each need %lld file descriptors, the limit "
                  "(ulimit -Hn) is %llu; raise it or simulate fewer (--agents, --nproc, --no-workers)\n",
@@ -186,6 +209,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < o.threads; ++i) loops.push_back(std::make_unique<Loop>());
   for (int64_t i = o.part, k = 0; i < o.agents; i += o.parts, ++k)
     shares[static_cast<size_t>(k % o.threads)].push_back(std::make_unique<Agent>(s, i));
+  // --churn's new agents: new node ids and source addresses, started when the churn begins.
+  for (int64_t i = o.agents; i < o.agents + churn; ++i)
+    shares[static_cast<size_t>(i % o.threads)].push_back(std::make_unique<Agent>(s, i, true));
+  if (churn) pick_leavers(s);
   std::vector<std::thread> threads;
   for (int i = 0; i < o.threads; ++i)
     threads.emplace_back(run_loop, std::ref(s), std::ref(*loops[static_cast<size_t>(i)]),
@@ -219,9 +246,11 @@ int main(int argc, char** argv) {
   const int64_t p1_round = s.t_last_round.load(), p1_joined = s.t_last_joined.load(),
                 p1_barrier = s.t_last_barrier.load(), p1_done = s.t_last_done.load();
   int64_t t_kill = 0;
-  if (ok && kill_one) {
-    t_kill = failure_phase(s, loops, std::chrono::time_point_cast<Clock::duration>(deadline), ok);
-  }
+  const auto until = std::chrono::time_point_cast<Clock::duration>(deadline);
+  if (ok && kill_one) t_kill = failure_phase(s, loops, until, ok);
+  ChurnResult churned;
+  if (ok && churn) churned = churn_phase(s, loops, until, ok);
+  if (ok && o.expect_restart) restart_phase(s, loops, ready_file, until, ok);
   const int64_t t_end = s.now_ns();
   probe_stop.store(true);
   if (probe_thread.joinable()) probe_thread.join();
@@ -263,6 +292,8 @@ int main(int argc, char** argv) {
                 ms(t_kill, s.t_last_restart.load()).c_str(), ms(t_kill, s.t_last_round.load()).c_str(),
                 ms(t_kill, s.t_last_joined.load()).c_str(), ms(t_kill, s.t_last_barrier.load()).c_str(),
                 ms(t_kill, s.t_last_done.load()).c_str(), static_cast<long long>(s.restarts.load()));
+  if (churn) std::printf("%s", churn_fields(s, churned).c_str());
+  if (o.expect_restart) std::printf("%s", restart_fields(s).c_str());
   // For merging --parts: this process's marks on the shared monotonic clock, and its ranks.
   std::printf(" start_mono_ns=%lld first_join_ns=%lld last_round_ns=%lld last_joined_ns=%lld last_barrier_ns=%lld "
               "last_done_ns=%lld ranks_seen=%lld rank_sum=%.0Lf rank_sq_sum=%.0Lf",

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,6 +46,16 @@ struct Options {
   bool relay = false;        // each node's workers over one multiplexed connection (sim_relay.cpp)
   int part = 0, parts = 1;   // this process simulates the agents i with i % parts == part
   double timeout_s = 120;
+  double churn_pct = 0;        // --churn: this % of the agents leave, as many new ones join
+  bool expect_restart = false;  // --expect-restart: the daemon is killed and started again from outside
+};
+
+// One round as its agents and workers saw it (--churn: rounds follow each other while the
+// agents come and go, so ranks and counts are kept per round).
+struct RoundTally {
+  int64_t agents = 0, done = 0, world = -1, restart_count = -1, dup_ranks = 0;
+  int64_t t_last_round = 0, t_last_done = 0;
+  std::vector<uint8_t> seen;  // per rank of this round
 };
 
 // What every thread adds to. Times are ns since the run's start (0: not yet).
@@ -60,6 +72,21 @@ struct Shared {
   // --kill-one: the agent whose loop closes it (and its workers) without a LEAVE, as if its
   // node died; the survivors' RESTARTs counted, the time of the last one.
   std::atomic<int64_t> kill_index{-1}, restarts{0}, t_last_restart{0};
+  // Store connections that close are expected (a node died or left; the round's store goes
+  // before the RESTART arrives).
+  std::atomic<bool> tolerate_store_loss{false};
+  // --churn: the leavers go and the late agents start; rounds are tallied per round.
+  std::atomic<bool> churn{false}, tally_rounds{false};
+  std::vector<uint8_t> leavers;  // per agent index: 1 closes, 2 sends LEAVE and closes
+  std::mutex tally_mu;
+  std::map<int64_t, RoundTally> tally;
+  void on_agent_round(int64_t index, const rdzv::Round& r);
+  void on_worker_done(int64_t round, int64_t rank, int64_t world);
+  // --expect-restart: the first lost connection, every agent re-joined (resume JOIN), every
+  // agent's JOB_DONE (its round whole again); reconnect attempts.
+  std::atomic<int64_t> t_first_loss{0}, lost{0}, rejoined{0}, t_last_rejoin{0}, jobs_done{0}, t_last_job_done{0},
+      attempts{0}, rechecked{0}, t_last_recheck{0};
+  std::atomic<bool> recheck{false};
   int64_t now_ns() const;
   void mark(std::atomic<int64_t>& t) const;  // t = max(t, now)
   void error(const std::string& what);
@@ -70,8 +97,16 @@ class RelayLink;
 
 class Agent : public Endpoint {
  public:
-  Agent(Shared& s, int64_t index) : s_(s), index_(index) {}
+  // `late`: one of --churn's new agents, started when the churn begins.
+  Agent(Shared& s, int64_t index, bool late = false) : s_(s), index_(index), late_(late) {}
   void start(Loop& loop, const sockaddr_in& server);
+  bool late() const { return late_; }
+  // --churn: a new agent connects and JOINs once handshaken; a leaver goes (LEAVE or not).
+  void start_late(Loop& loop, const sockaddr_in& server);
+  void leave(Loop& loop, bool say_leave);
+  // --expect-restart: a reconnect that is due.
+  void tick(Loop& loop, Clock::time_point now);
+  void recheck(Loop& loop);
   void send_join(Loop& loop, bool again = false);
   void heartbeat(Loop& loop);
   int64_t index() const { return index_; }
@@ -90,29 +125,45 @@ class Agent : public Endpoint {
   void on_restart(Loop& loop);
   void stop_workers(Loop& loop);
   void write(Loop& loop, rdzv::Message m);
+  void on_handshaken(Loop& loop);
+  rdzv::Join join_message() const;
+  // The standing server went while this agent's round runs: reconnect with backoff (sim_restart.cpp).
+  void lost(Loop& loop);
+  void rejoin(Loop& loop);
 
   Shared& s_;
   int64_t index_;
+  bool late_ = false;
   sockaddr_in server_{};
   std::optional<rdzv::ClientHandshake> hs_;
   std::optional<rdzv::SessionMac> mac_;
   bool handshaken_ = false, got_round_ = false, dead_ = false;
+  bool join_on_handshake_ = false, resuming_ = false, finished_ = false;
+  rdzv::Round last_round_;
+  Clock::time_point reconnect_at_{};
+  int backoff_ms_ = 50;
+  bool reconnecting_ = false;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<RelayLink> relay_;
 };
 
 class Worker : public Endpoint {
  public:
-  Worker(Shared& s, int64_t rank, int64_t world, uint32_t source) : s_(s), rank_(rank), world_(world), source_(source) {}
+  Worker(Shared& s, int64_t round, int64_t rank, int64_t world, uint32_t source)
+      : s_(s), round_(round), rank_(rank), world_(world), source_(source) {}
   void start(Loop& loop, const sockaddr_in& store);
   // Through a node's relay instead of a socket of its own: the link connects and calls back.
   void via(RelayLink* link, uint32_t channel) { relay_ = link, channel_ = channel; }
   void on_connected(Loop& loop) override;
   void on_readable(Loop& loop) override;
   void on_failed(Loop& loop, int err) override;
+  // --expect-restart, once the round is whole again: the same worker reads the NCCL id again
+  // on the same store connection (it was not restarted and its store outlived the server).
+  void recheck(Loop& loop);
 
  private:
-  enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done };
+  enum class Step { Ping, InitAdd, BarrierAdd, BarrierCount, BarrierWait, NcclWait, NcclGet, GlooWait, GlooGet, Done,
+                    Recheck, Rechecked };
   void request(Loop& loop, const std::string& bytes, Step next);
   void send(Loop& loop, const std::string& bytes);
   bool live() const;
@@ -122,7 +173,7 @@ class Worker : public Endpoint {
   void finish();
 
   Shared& s_;
-  int64_t rank_, world_;
+  int64_t round_, rank_, world_;
   uint32_t source_;
   Step step_ = Step::Ping;
   int64_t gloo_peer_ = 0;

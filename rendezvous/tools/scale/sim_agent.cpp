@@ -37,8 +37,7 @@ void Agent::on_connected(Loop& loop) {
   wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
   if (s_.o.token.empty()) {
     loop.send(*this, b);
-    handshaken_ = true;
-    s_.handshaken.fetch_add(1);
+    on_handshaken(loop);
     return;
   }
   hs_.emplace(s_.o.token, rdzv::random_nonce(), s_.o.host + ":" + std::to_string(s_.o.port));
@@ -53,20 +52,24 @@ void Agent::write(Loop& loop, rdzv::Message m) {
   loop.send(*this, b);
 }
 
-void Agent::send_join(Loop& loop, bool again) {
+rdzv::Join Agent::join_message() const {
   const std::string host = s_.o.source_ips ? address_text(node_address(index_)) : std::string("127.0.0.1");
+  return rdzv::Join{.run_id = s_.o.run_id,
+                    .node_id = "sim" + std::to_string(index_),
+                    .host = host,
+                    .local_world_size = s_.o.nproc,
+                    .min_nodes = s_.o.min_nodes > 0 ? s_.o.min_nodes : s_.o.agents,
+                    .max_nodes = s_.o.agents,
+                    .max_restarts = 3,
+                    .last_call_ms = 30000,
+                    .join_timeout_ms = 600000,
+                    .heartbeat_timeout_ms = 120000,
+                    .store_offer_port = s_.o.store_offer_port};
+}
+
+void Agent::send_join(Loop& loop, bool again) {
   if (!again) s_.mark(s_.t_first_join);  // the first agent's mark is the earliest; later ones only raise it
-  write(loop, rdzv::to_message(rdzv::Join{.run_id = s_.o.run_id,
-                                          .node_id = "sim" + std::to_string(index_),
-                                          .host = host,
-                                          .local_world_size = s_.o.nproc,
-                                          .min_nodes = s_.o.min_nodes > 0 ? s_.o.min_nodes : s_.o.agents,
-                                          .max_nodes = s_.o.agents,
-                                          .max_restarts = 3,
-                                          .last_call_ms = 30000,
-                                          .join_timeout_ms = 600000,
-                                          .heartbeat_timeout_ms = 120000,
-                                          .store_offer_port = s_.o.store_offer_port}));
+  write(loop, rdzv::to_message(join_message()));
 }
 
 void Agent::heartbeat(Loop& loop) {
@@ -99,14 +102,15 @@ void Agent::on_message(Loop& loop, const rdzv::Message& m) {
         loop.send(*this, b);
       }
     } catch (const std::exception& e) {
-      s_.error("agent " + std::to_string(index_) + ": handshake: " + e.what());
       loop.close(*this);
+      // Reconnecting, whatever answers on the port is not the server yet: again later.
+      if (reconnecting_) lost(loop);
+      else s_.error("agent " + std::to_string(index_) + ": handshake: " + e.what());
       return;
     }
     if (hs_->done()) {
       mac_ = hs_->session();
-      handshaken_ = true;
-      s_.handshaken.fetch_add(1);
+      on_handshaken(loop);
     }
     return;
   }
@@ -124,6 +128,12 @@ void Agent::on_message(Loop& loop, const rdzv::Message& m) {
     on_restart(loop);
     return;
   }
+  if (opened.type == rdzv::MsgType::JobDone) {
+    finished_ = true;
+    s_.jobs_done.fetch_add(1);
+    s_.mark(s_.t_last_job_done);
+    return;
+  }
   if (opened.type == rdzv::MsgType::Error) {
     s_.error("agent " + std::to_string(index_) + ": ERROR: " + rdzv::from_message<rdzv::Error>(opened).message);
     return;
@@ -137,10 +147,12 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
     return;
   }
   got_round_ = true;
+  last_round_ = r;
   s_.rounds.fetch_add(1);
   s_.mark(s_.t_last_round);
   int64_t expect = -1;
-  if (!s_.world_size.compare_exchange_strong(expect, r.world_size) && expect != r.world_size)
+  if (s_.tally_rounds.load()) s_.on_agent_round(index_, r);  // rounds of several sizes follow each other
+  else if (!s_.world_size.compare_exchange_strong(expect, r.world_size) && expect != r.world_size)
     s_.error("agent " + std::to_string(index_) + ": world size " + std::to_string(r.world_size) + ", others got " +
              std::to_string(expect));
   if (!s_.o.workers) return;
@@ -157,7 +169,7 @@ void Agent::on_round(Loop& loop, const rdzv::Round& r) {
   const uint32_t source = s_.o.source_ips ? node_address(index_) : 0;
   if (s_.o.relay) relay_ = std::make_unique<RelayLink>(s_, index_);
   for (int64_t local = 0; local < s_.o.nproc; ++local) {
-    workers_.push_back(std::make_unique<Worker>(s_, r.base_rank + local, r.world_size, source));
+    workers_.push_back(std::make_unique<Worker>(s_, r.round, r.base_rank + local, r.world_size, source));
     if (relay_) relay_->add(*workers_.back());
     workers_.back()->start(loop, store);
   }
@@ -185,8 +197,21 @@ void Agent::on_restart(Loop& loop) {
   send_join(loop, true);
 }
 
-void Agent::on_failed(Loop&, int err) {
-  if (s_.stop.load() || dead_) return;
+void Agent::on_handshaken(Loop& loop) {
+  handshaken_ = true;
+  s_.handshaken.fetch_add(1);
+  if (!join_on_handshake_) return;
+  join_on_handshake_ = false;
+  if (resuming_) rejoin(loop);
+  else send_join(loop, true);
+}
+
+void Agent::on_failed(Loop& loop, int err) {
+  if (s_.stop.load() || dead_ || finished_) return;
+  if (s_.o.expect_restart && (got_round_ || reconnecting_)) {
+    lost(loop);
+    return;
+  }
   s_.error("agent " + std::to_string(index_) + ": connection " +
            (err ? std::string("failed: ") + std::strerror(err) : std::string("closed by the server")));
 }

@@ -71,7 +71,7 @@ void Worker::send(Loop& loop, const std::string& bytes) {
 bool Worker::live() const { return relay_ ? relay_->fd >= 0 : fd >= 0; }
 
 void Worker::on_readable(Loop& loop) {
-  while (live() && step_ != Step::Done) {
+  while (live() && step_ != Step::Done && step_ != Step::Rechecked) {
     int kind = 0;
     switch (step_) {
       case Step::Ping: kind = 4; break;
@@ -127,7 +127,14 @@ void Worker::on_reply(Loop& loop, const uint8_t* p, size_t n) {
       ++gloo_peer_;
       gloo_next(loop);
       return;
-    case Step::Done: return;
+    case Step::Recheck:
+      if (n != 8 + kNcclIdBytes) s_.error(me + "after the server's restart, the NCCL id has " + std::to_string(n - 8) + " bytes");
+      step_ = Step::Rechecked;
+      s_.rechecked.fetch_add(1);
+      s_.mark(s_.t_last_recheck);
+      return;
+    case Step::Done:
+    case Step::Rechecked: return;
   }
 }
 
@@ -159,7 +166,9 @@ void Worker::gloo_next(Loop& loop) {
 
 void Worker::finish() {
   step_ = Step::Done;
-  if (rank_ >= 0 && rank_ < world_ && s_.rank_seen) {
+  if (s_.tally_rounds.load()) {
+    s_.on_worker_done(round_, rank_, world_);
+  } else if (rank_ >= 0 && rank_ < world_ && s_.rank_seen) {
     if (s_.rank_seen[static_cast<size_t>(rank_)].fetch_add(1) != 0) s_.duplicate_ranks.fetch_add(1);
   } else {
     s_.error("worker rank " + std::to_string(rank_) + " is outside the world of " + std::to_string(world_));
@@ -168,10 +177,19 @@ void Worker::finish() {
   s_.mark(s_.t_last_done);
 }
 
+void Worker::recheck(Loop& loop) {
+  if (step_ != Step::Done) {
+    s_.error("worker " + std::to_string(rank_) + ": not through its round when the server came back");
+    return;
+  }
+  request(loop, store_request(wire::Op::Get, {kNcclKey}), Step::Recheck);
+}
+
 void Worker::on_failed(Loop&, int err) {
   // After a node's death (--kill-one) the server closes the round's store before its RESTARTs
   // arrive: the workers of a real node would be stopped by their agent then.
-  if (s_.stop.load() || s_.kill_index.load() >= 0) return;
+  // The same when nodes leave (--churn).
+  if (s_.stop.load() || s_.kill_index.load() >= 0 || s_.tolerate_store_loss.load()) return;
   s_.error("worker " + std::to_string(rank_) + ": store connection " +
            (err ? std::string("failed: ") + std::strerror(err) : std::string("closed by the server")));
 }
