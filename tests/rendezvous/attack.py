@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ddprun_testlib import AGENT_HELLO, agent_frame, read_agent_frame  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attack_lib import *  # noqa: E402,F401,F403
-from attack_real_job import real_job_under_attack  # noqa: E402
+from attack_real_job import JOB_WORKER, JoinProber, p99_report, real_job_under_attack  # noqa: E402,F401
 
 def wait_64ki_keys(binary):
     d = Daemon(binary)
