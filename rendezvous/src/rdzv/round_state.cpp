@@ -32,7 +32,7 @@ void RoundState::broadcast(const Conns& conns, Message m, To to, std::vector<Out
   }
   auto shared = std::make_shared<const Message>(std::move(m));
   for (const auto& e : conns)
-    if (to(conn_of(e))) out.push_back({conn_of(e), Message{shared->type, {}}, false, std::nullopt, shared});
+    if (to(conn_of(e))) out.push_back({conn_of(e), Message{shared->type, {}}, false, nullptr, 0, 0, shared});
 }
 
 void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out) {
@@ -267,25 +267,38 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
     store_peers.clear();
     port = stores_.open(job.run_id, job.round, job.fixed_store_port);
   }
+  // What every node's ROUND says; node rank 0's names the store's peers too.
+  const Round common{.run_id = job.run_id,
+                     .round = job.round,
+                     .restart_count = job.restart_count,
+                     .max_restarts = job.max_restarts,
+                     .nnodes = static_cast<int64_t>(nodes.size()),
+                     .world_size = job.world_size,
+                     .store_port = port,
+                     .store_host = store_host};
+  std::shared_ptr<const Round> shared_common, shared_first;
+  if (deferred_rounds_) {
+    shared_common = std::make_shared<const Round>(common);
+    Round first = common;
+    first.store_peers = store_peers;
+    shared_first = std::make_shared<const Round>(std::move(first));
+  }
   int64_t base = 0;
   out.reserve(out.size() + nodes.size());
   for (size_t r = 0; r < nodes.size(); ++r) {
     Node* n = nodes[r];
-    n->last_rank = static_cast<int64_t>(r);
-    Round m{.run_id = job.run_id,
-            .round = job.round,
-            .restart_count = job.restart_count,
-            .max_restarts = job.max_restarts,
-            .node_rank = static_cast<int64_t>(r),
-            .nnodes = static_cast<int64_t>(nodes.size()),
-            .world_size = job.world_size,
-            .base_rank = base,
-            .store_port = port,
-            .store_host = store_host,
-            .store_peers = r == 0 ? store_peers : std::string()};
+    const auto rank = static_cast<int64_t>(r);
+    n->last_rank = rank;
+    if (deferred_rounds_) {
+      out.push_back({n->conn, Message{MsgType::Round, {}}, false, r == 0 ? shared_first : shared_common, rank, base});
+    } else {
+      Round m = common;
+      m.node_rank = rank;
+      m.base_rank = base;
+      if (r == 0) m.store_peers = store_peers;
+      out.push_back({n->conn, to_message(m)});
+    }
     base += n->local_world_size;
-    if (deferred_rounds_) out.push_back({n->conn, Message{MsgType::Round, {}}, false, std::move(m)});
-    else out.push_back({n->conn, to_message(m)});
   }
   job.phase = Phase::Running;
   job.succeeded.clear();

@@ -58,15 +58,20 @@ struct Outbound {
   Message msg;
   bool close_after = false;  // close the connection once the message is written
   // RoundState::set_deferred_rounds: a ROUND still to be made into `msg` (Outbound::message),
-  // so that a server makes thousands of them after its lock, not under it.
-  std::optional<Round> round = std::nullopt;
+  // so that a server makes thousands of them after its lock, not under it: the round's fields,
+  // one copy shared by its agents (node rank 0's own, with store_peers), and this agent's.
+  std::shared_ptr<const Round> round = nullptr;
+  int64_t node_rank = 0, base_rank = 0;
   // Likewise a message to every agent of a job (RESTART, JOB_FAILED, JOB_DONE): one copy shared
   // by all, each agent's own (which its seal changes) made by Outbound::message.
   std::shared_ptr<const Message> shared = nullptr;
   // `msg`, made from `round` or `shared` first where that is set.
   Message& message() {
     if (round) {
-      msg = to_message(*round);
+      Round r = *round;
+      r.node_rank = node_rank;
+      r.base_rank = base_rank;
+      msg = to_message(r);
       round.reset();
     } else if (shared) {
       msg = *shared;
