@@ -305,10 +305,15 @@ int run(const DaemonOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   auto st = server.stats();
-  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input, "
-               "longest lock hold {:.1f} ms)",
-               sig, st.connections_accepted, st.requests, st.connections_closed_for_bad_input,
-               st.longest_lock_hold_us / 1000.0);
+  spdlog::info("[ddprund] signal {}: stopping ({} connections accepted, {} requests, {} closed for bad input)", sig,
+               st.connections_accepted, st.requests, st.connections_closed_for_bad_input);
+  // What held a state lock longest, and the runner-up operations (scripts read the first number).
+  std::string others;
+  for (size_t i = 1; i < st.lock_holds.size() && i < 4; ++i)
+    others += fmt::format("{}{} {:.1f} ms", i == 1 ? "; then " : ", ", st.lock_holds[i].site,
+                          st.lock_holds[i].longest_us / 1000.0);
+  spdlog::info("[ddprund] longest lock hold {:.1f} ms ({}{})", st.longest_lock_hold_us / 1000.0,
+               st.longest_lock_holder.empty() ? "none" : st.longest_lock_holder, others);
   metrics.reset();  // its scrapes read the server
   server.stop();
   return 0;

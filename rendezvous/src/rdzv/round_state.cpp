@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
 
 #include "ddprun/rdzv/validate.h"
 #include "round_state_detail.h"
@@ -14,6 +15,25 @@ using namespace detail;
 
 
 std::string RoundState::describe(const Node& n) { return n.node_id + " (host " + n.host + ")"; }
+
+// Deferred, one shared copy: a broadcast to 16,000 agents made 16,000 copies of its message
+// (a map of strings each) under the server's lock.
+template <class Conns, class To>
+void RoundState::broadcast(const Conns& conns, Message m, To to, std::vector<Outbound>& out) const {
+  auto conn_of = [](const auto& e) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(e)>, ConnId>) return e;
+    else return e.first;
+  };
+  out.reserve(out.size() + conns.size());
+  if (!deferred_rounds_) {
+    for (const auto& e : conns)
+      if (to(conn_of(e))) out.push_back({conn_of(e), m});
+    return;
+  }
+  auto shared = std::make_shared<const Message>(std::move(m));
+  for (const auto& e : conns)
+    if (to(conn_of(e))) out.push_back({conn_of(e), Message{shared->type, {}}, false, nullptr, 0, 0, shared});
+}
 
 void RoundState::on_message(ConnId conn, const Message& m, Clock::time_point now, std::vector<Outbound>& out) {
   if (m.type == MsgType::Join) {
@@ -247,38 +267,52 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
     store_peers.clear();
     port = stores_.open(job.run_id, job.round, job.fixed_store_port);
   }
+  // What every node's ROUND says; node rank 0's names the store's peers too.
+  const Round common{.run_id = job.run_id,
+                     .round = job.round,
+                     .restart_count = job.restart_count,
+                     .max_restarts = job.max_restarts,
+                     .nnodes = static_cast<int64_t>(nodes.size()),
+                     .world_size = job.world_size,
+                     .store_port = port,
+                     .store_host = store_host};
+  std::shared_ptr<const Round> shared_common, shared_first;
+  if (deferred_rounds_) {
+    shared_common = std::make_shared<const Round>(common);
+    Round first = common;
+    first.store_peers = store_peers;
+    shared_first = std::make_shared<const Round>(std::move(first));
+  }
   int64_t base = 0;
   out.reserve(out.size() + nodes.size());
   for (size_t r = 0; r < nodes.size(); ++r) {
     Node* n = nodes[r];
-    n->last_rank = static_cast<int64_t>(r);
-    Round m{.run_id = job.run_id,
-            .round = job.round,
-            .restart_count = job.restart_count,
-            .max_restarts = job.max_restarts,
-            .node_rank = static_cast<int64_t>(r),
-            .nnodes = static_cast<int64_t>(nodes.size()),
-            .world_size = job.world_size,
-            .base_rank = base,
-            .store_port = port,
-            .store_host = store_host,
-            .store_peers = r == 0 ? store_peers : std::string()};
+    const auto rank = static_cast<int64_t>(r);
+    n->last_rank = rank;
+    if (deferred_rounds_) {
+      out.push_back({n->conn, Message{MsgType::Round, {}}, false, r == 0 ? shared_first : shared_common, rank, base});
+    } else {
+      Round m = common;
+      m.node_rank = rank;
+      m.base_rank = base;
+      if (r == 0) m.store_peers = store_peers;
+      out.push_back({n->conn, to_message(m)});
+    }
     base += n->local_world_size;
-    if (deferred_rounds_) out.push_back({n->conn, Message{MsgType::Round, {}}, false, std::move(m)});
-    else out.push_back({n->conn, to_message(m)});
   }
   job.phase = Phase::Running;
   job.succeeded.clear();
   job.last_call_deadline.reset();
   job.join_deadline.reset();
+  ++rounds_completed_;
 }
 
 void RoundState::restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
                          std::vector<Outbound>& out) {
   if (spends_budget) ++job.restart_count;
-  const Message m = to_message(Restart{.reason = reason, .restart_count = job.restart_count, .round = job.round});
-  for (ConnId c : job.participants)
-    if (job.members.count(c)) out.push_back({c, m});
+  broadcast(job.participants,
+            to_message(Restart{.reason = reason, .restart_count = job.restart_count, .round = job.round}),
+            [&](ConnId c) { return job.members.count(c) > 0; }, out);
   job.phase = Phase::Gathering;
   job.survivors_back = 0;
   job.last_call_deadline.reset();
@@ -287,12 +321,13 @@ void RoundState::restart(Job& job, const std::string& reason, bool spends_budget
 }
 
 void RoundState::fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out) {
-  const Message m = to_message(JobFailed{.reason = reason,
-                                         .cause = static_cast<int64_t>(cause),
-                                         .restart_count = job.restart_count,
-                                         .max_restarts = job.max_restarts,
-                                         .first_failure = job.first_failure});
-  for (const auto& [c, _] : job.members) out.push_back({c, m});
+  broadcast(job.members,
+            to_message(JobFailed{.reason = reason,
+                                 .cause = static_cast<int64_t>(cause),
+                                 .restart_count = job.restart_count,
+                                 .max_restarts = job.max_restarts,
+                                 .first_failure = job.first_failure}),
+            [](ConnId) { return true; }, out);
   job.phase = Phase::Finished;
   if (job.round >= 0) close_store(job);
 }
@@ -444,8 +479,8 @@ void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
   if (job.succeeded.size() < job.participants.size()) return;  // not all yet: no walk per SUCCEEDED
   for (ConnId c : job.participants)
     if (!job.succeeded.count(c)) return;
-  const Message done = to_message(JobDone{.round = job.round, .restart_count = job.restart_count});
-  for (const auto& [c, _] : job.members) out.push_back({c, done});
+  broadcast(job.members, to_message(JobDone{.round = job.round, .restart_count = job.restart_count}),
+            [](ConnId) { return true; }, out);
   job.phase = Phase::Finished;
   close_store(job);
 }

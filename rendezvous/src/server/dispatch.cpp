@@ -23,6 +23,15 @@ constexpr auto kYieldAfterHold = std::chrono::milliseconds(2);
 // this large is counted in the memory budget while it is applied (smaller ones are in the slack
 // the budget leaves under the memory limit).
 constexpr uint64_t kCountedCopyBytes = 64 * 1024;
+// The lock site of an agent's message that passed its handshake.
+HoldSite hold_site_of(rdzv::MsgType type) {
+  switch (type) {
+    case rdzv::MsgType::Join: return HoldSite::Join;
+    case rdzv::MsgType::Heartbeat: return HoldSite::Heartbeat;
+    case rdzv::MsgType::StatusQuery: return HoldSite::StatusQuery;
+    default: return HoldSite::AgentReport;
+  }
+}
 static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the agents' announcement");
 
 // Whether a request of `op` may make its keyspace hold more (values, queued items, keys that
@@ -66,7 +75,8 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
     admission.begin_agent(*c);
     ++counters.agents;
     {
-      std::lock_guard lock(mu);
+      Hold hold(mu, holds, HoldSite::Admission);
+      hold.set_count(rounds.num_agents());
       agents.emplace(c->id, c);
     }
     arm_deadline(c, options.handshake_timeout);
@@ -76,7 +86,8 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   if (c->ks == &main && options.restrict_main_store) {
     bool allowed;
     {
-      std::lock_guard lock(mu);
+      Hold hold(mu, holds, HoldSite::Admission);
+      hold.set_count(rounds.num_agents());
       allowed = admission.store_client_allowed_locked(main, true, c->session.peer, rounds);
     }
     if (!allowed) {
@@ -141,32 +152,6 @@ class RequestClock {
   std::chrono::steady_clock::time_point mark_;
 };
 }  // namespace
-
-// A state lock taken and let go around a batch; each hold is noted once the lock is let go
-// (one clock read fewer inside it).
-class ServerCore::Hold {
- public:
-  Hold(ServerCore& core, StateLock& m) : core_(core), lock_(m, std::defer_lock) {}
-  ~Hold() { release(); }
-  Hold(const Hold&) = delete;
-  Hold& operator=(const Hold&) = delete;
-  void acquire() {
-    if (lock_.owns_lock()) return;
-    lock_.lock();
-    at_ = std::chrono::steady_clock::now();
-  }
-  void release() {
-    if (!lock_.owns_lock()) return;
-    lock_.unlock();
-    core_.note_hold(std::chrono::steady_clock::now() - at_);
-  }
-  bool longer_than(std::chrono::steady_clock::duration d) const { return std::chrono::steady_clock::now() - at_ > d; }
-
- private:
-  ServerCore& core_;
-  std::unique_lock<StateLock> lock_;
-  std::chrono::steady_clock::time_point at_;
-};
 
 // Parses every complete request in the buffer and applies them under one acquisition of one
 // lock: its keyspace's for a TCPStore client, the rounds lock for an agent.
@@ -238,7 +223,9 @@ bool ServerCore::take_request(const ConnPtr& c, Batch& b) {
 void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
   IoThread& t = *c->thread;
   RequestClock clock(options.collect_metrics);
-  Hold hold(*this, mu);
+  // The batch's hold is named after its weightiest message: a JOIN that completed a round stays
+  // the round's completion.
+  Hold hold(mu, holds, HoldSite::Handshake, false);
   while (b.pos < c->in_size && take_request(c, b)) {
     bool forward = true;
     if (!c->session.admitted) {
@@ -257,7 +244,13 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
         break;
       }
     }
+    const uint64_t rounds_before = rounds.rounds_completed();
     const bool go_on = !forward || on_agent_message(t, c);
+    if (hold.site() != HoldSite::RoundCompletion)
+      hold.set(rounds.rounds_completed() != rounds_before ? HoldSite::RoundCompletion
+               : forward                                 ? hold_site_of(t.msg.type)
+                                                         : HoldSite::Handshake,
+               rounds.num_agents());
     clock.observe(t, StoreServerMetrics::kAgentOp);
     if (!go_on) break;
   }
@@ -278,7 +271,7 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
 void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
   IoThread& t = *c->thread;
   RequestClock clock(options.collect_metrics);
-  Hold hold(*this, c->ks->mu);
+  Hold hold(c->ks->mu, holds, HoldSite::StoreRequests, false);
   t.batch_reply_bytes = 0;
   uint32_t served = 0;
   bool last_reply = false;  // t.reply holds the last request's reply, not queued yet
@@ -301,6 +294,7 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
       break;
     }
     op = req->op;
+    hold.set_count(served + 1);
     const bool ok = on_store_request(t, c, *req, b.bad, c->parked && c->parked->applying);
     if (ok && t.more) {
       if (!c->parked) park(t, c);
@@ -333,7 +327,8 @@ void ServerCore::store_batch(const ConnPtr& c, Batch& b) {
 void ServerCore::first_request(const ConnPtr& c) {
   c->session.served = true;
   if (c->deadline) c->deadline->cancel();
-  std::lock_guard lock(mu);
+  Hold hold(mu, holds, HoldSite::Admission);
+  hold.set_count(rounds.num_agents());
   admission.proven_locked(*c);
 }
 
@@ -342,14 +337,6 @@ void ServerCore::send_reply(IoThread& t, const ConnPtr& c) {
   if (!t.reply.empty()) io.append(t, c, t.reply);
   if (t.reply.owned_bytes() > kKeptReplyBytes) t.reply = store::Reply();  // a LIST_KEYS grew it
   else t.reply.clear();
-}
-
-// The longest a batch held a state lock (StoreServerStats::longest_lock_hold_us).
-void ServerCore::note_hold(std::chrono::steady_clock::duration held) {
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(held).count();
-  int64_t cur = longest_hold_ns.load(std::memory_order_relaxed);
-  while (ns > cur && !longest_hold_ns.compare_exchange_weak(cur, ns, std::memory_order_relaxed)) {
-  }
 }
 
 // Nothing of an agent reaches the rounds before the handshake let it in.
@@ -484,9 +471,12 @@ void ServerCore::on_tick() {
   IoThread& t = *threads.front();
   try {
     {
-      std::lock_guard lock(mu);
+      Hold hold(mu, holds, HoldSite::Tick);
+      const uint64_t rounds_before = rounds.rounds_completed();
       t.rdzv_out.clear();
       rounds.on_tick(rdzv_now_locked(), t.rdzv_out);
+      hold.set(rounds.rounds_completed() != rounds_before ? HoldSite::RoundCompletion : HoldSite::Tick,
+               rounds.num_agents());
       keyspaces.reap_retired_locked();
       if (const auto stall = rounds.last_stall(); stall > std::chrono::steady_clock::duration::zero())
         warns.warn(Warn::Deadline, [&] {
@@ -511,11 +501,13 @@ void ServerCore::on_closed(const ConnPtr& c) {
   if (c->mux) close_channels(c);
   unpark(c);
   {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Admission);
+    hold.set_count(rounds.num_agents());
     admission.closed_locked(*c);
   }
   if (c->session.agent) {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Disconnect);
+    hold.set_count(rounds.num_agents());
     agents.erase(c->id);
     admission.forget_locked(*c);
     t.rdzv_out.clear();
@@ -530,7 +522,7 @@ void ServerCore::on_closed(const ConnPtr& c) {
 // 128 Ki keys took 133 ms at once). c stays in the keyspace's connections until then, so that
 // a retired keyspace is not freed meanwhile; nothing is sent to it (its socket is closed).
 void ServerCore::forget(const ConnPtr& c) {
-  std::lock_guard lock(c->ks->mu);
+  Hold hold(c->ks->mu, holds, HoldSite::StoreDisconnect);
   if (!c->session.agent && !c->revoked) {
     const bool more = c->ks->state.disconnect(c->id);
     budget.settle(c->ks->charged, c->ks->state.memory());  // its waiter's and watches' keys

@@ -78,12 +78,13 @@ void ServerCore::open_channel(const ConnPtr& c, uint32_t channel) {
     return;
   }
   {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Relay);
+    hold.set_count(rounds.num_agents());
     v->id = next_id++;
   }
   bool refused;
   {
-    std::lock_guard ks_lock(c->ks->mu);
+    Hold hold(c->ks->mu, holds, HoldSite::Relay);
     refused = c->ks->discarded || c->revoked;
     if (!refused) c->ks->conns.emplace(v->id, v);
   }

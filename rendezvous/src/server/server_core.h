@@ -26,6 +26,7 @@
 #include "ddprun/wire/mux.h"
 #include "keyspaces.h"
 #include "listener.h"
+#include "lock_holds.h"
 #include "server_log.h"
 #include "state_lock.h"
 
@@ -69,7 +70,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   StateLock mu;
   ConnectionCounters counters;
   std::atomic<uint64_t> accepted{0}, accept_errors{0}, deadline_closed{0}, jobs_refused{0};
-  std::atomic<int64_t> longest_hold_ns{0};
+  HoldRecord holds;  // each lock site's longest hold (lock_holds.h)
   MemoryBudget budget{options.max_memory};
   ConnectionIo io{options, warns, counters, budget, *this};
   Admission admission{options, warns};
@@ -119,7 +120,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
     bool revoked = false, yield = false;
     bool tampered = false;  // an agent's message failed its MAC or sequence check: close it
   };
-  class Hold;
+  using Hold = TimedHold<StateLock>;
   void agent_batch(const ConnPtr& c, Batch& b);
   void store_batch(const ConnPtr& c, Batch& b);
   // Frames and parses the next request at b.pos (into c's thread's t.req or t.msg); false: none
@@ -150,7 +151,6 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   void schedule_tick_locked();
   void on_tick();
   void forget(const ConnPtr& c);
-  void note_hold(std::chrono::steady_clock::duration held);
 };
 
 }  // namespace ddprun::server

@@ -79,7 +79,8 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
   bool refused = over_budget, stranger = false;
   ConnPtr replaced;
   {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Admission);
+    hold.set_count(rounds.num_agents());
     c->id = next_id++;
     if (!refused && ks->discarded) refused = true;
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
@@ -97,7 +98,7 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
     // Not inside mu: the rounds lock never waits for a keyspace's. A round closed meanwhile set
     // `discarded` before it took ks->mu to revoke its connections: this one is refused, or
     // registered in time to be revoked.
-    std::lock_guard ks_lock(ks->mu);
+    Hold hold(ks->mu, holds, HoldSite::Admission);
     refused = ks->discarded;
     if (!refused) ks->conns.emplace(c->id, c);
     else budget.release(ConnectionIo::kConnectionBytes);
@@ -112,7 +113,8 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
   }
   // Closed before it reads a byte.
   {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Admission);
+    hold.set_count(rounds.num_agents());
     admission.closed_locked(*c);
   }
   if (stranger) admission.refused_store_client(ks->name, c->session.peer, false);
@@ -286,7 +288,12 @@ StoreServerStats ServerCore::stats() const {
   s.store_clients_refused = admission.store_strangers();
   s.connections_closed_for_deadline = deadline_closed;
   s.strangers_refused = admission.strangers_refused();
-  s.longest_lock_hold_us = static_cast<uint64_t>(longest_hold_ns.load() / 1000);
+  for (const HoldEntry& e : holds.entries())
+    s.lock_holds.push_back({hold_site_name(e.site), e.describe(), static_cast<uint64_t>(e.ns / 1000), e.count});
+  if (!s.lock_holds.empty()) {
+    s.longest_lock_hold_us = s.lock_holds.front().longest_us;
+    s.longest_lock_holder = s.lock_holds.front().what;
+  }
   s.round_stores_retained = keyspaces.retained();
   s.relay_connections_open = counters.relays;
   s.relay_sessions_open = counters.channels;
@@ -304,7 +311,8 @@ StoreServerMetrics ServerCore::metrics() {
     m.duration_sum_ns += t->duration_sum_ns.load(std::memory_order_relaxed);
   }
   {
-    std::lock_guard lock(mu);
+    Hold hold(mu, holds, HoldSite::Stats);
+    hold.set_count(rounds.num_agents());
     m.jobs = rounds.num_jobs();
     m.agents = rounds.num_agents();
     keyspaces.for_each([&m](Keyspace& ks) {

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -57,13 +58,24 @@ struct Outbound {
   Message msg;
   bool close_after = false;  // close the connection once the message is written
   // RoundState::set_deferred_rounds: a ROUND still to be made into `msg` (Outbound::message),
-  // so that a server makes thousands of them after its lock, not under it.
-  std::optional<Round> round = std::nullopt;
-  // `msg`, made from `round` first where that is set.
+  // so that a server makes thousands of them after its lock, not under it: the round's fields,
+  // one copy shared by its agents (node rank 0's own, with store_peers), and this agent's.
+  std::shared_ptr<const Round> round = nullptr;
+  int64_t node_rank = 0, base_rank = 0;
+  // Likewise a message to every agent of a job (RESTART, JOB_FAILED, JOB_DONE): one copy shared
+  // by all, each agent's own (which its seal changes) made by Outbound::message.
+  std::shared_ptr<const Message> shared = nullptr;
+  // `msg`, made from `round` or `shared` first where that is set.
   Message& message() {
     if (round) {
-      msg = to_message(*round);
+      Round r = *round;
+      r.node_rank = node_rank;
+      r.base_rank = base_rank;
+      msg = to_message(r);
       round.reset();
+    } else if (shared) {
+      msg = *shared;
+      shared.reset();
     }
     return msg;
   }
@@ -110,7 +122,8 @@ class RoundState {
   // period, a gap over half a job's heartbeat timeout is a stall (S = gap) for that job.
   void on_tick(Clock::time_point now, std::vector<Outbound>& out);
   void set_tick_period(Clock::duration period) { tick_period_ = period; }
-  // A round's ROUND messages come out as Outbound::round, to be made by Outbound::message().
+  // A round's ROUND messages come out as Outbound::round, and a message to every agent of a job
+  // as Outbound::shared, to be made by Outbound::message().
   void set_deferred_rounds(bool on) { deferred_rounds_ = on; }
   static constexpr Clock::duration kStallSlack = std::chrono::milliseconds(100);
   // A failure this quick (the worker's runtime), before every worker joined the store, and
@@ -131,6 +144,8 @@ class RoundState {
   bool in_round(const std::string& run_id, ConnId conn) const;
 
   size_t num_jobs() const { return jobs_.size(); }
+  // Rounds completed so far, every job's (the server names what held its lock by it).
+  uint64_t rounds_completed() const { return rounds_completed_; }
   size_t num_agents() const { return conn_job_.size(); }
 
  private:
@@ -210,6 +225,9 @@ class RoundState {
                std::vector<Outbound>& out);
   void fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out);
   static std::string describe(const Node& n);
+  // `m` to each of `conns` (ConnIds, or map entries keyed by them) that `to` accepts.
+  template <class Conns, class To>
+  void broadcast(const Conns& conns, Message m, To to, std::vector<Outbound>& out) const;
 
   WorkerStores& stores_;
   std::map<std::string, Job> jobs_;
@@ -223,6 +241,7 @@ class RoundState {
   std::optional<Clock::time_point> last_tick_;  // unset while no job exists
   std::optional<Clock::duration> tick_period_;
   bool deferred_rounds_ = false;
+  uint64_t rounds_completed_ = 0;
   Clock::duration last_stall_{};
 };
 

@@ -147,7 +147,17 @@ struct StoreServerStats {
   uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
   uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
-  uint64_t longest_lock_hold_us = 0;  // the longest a batch of requests held a state lock
+  uint64_t longest_lock_hold_us = 0;  // the longest any operation held a state lock
+  // What held it: the operation and its count, e.g. "round completion, 16000 agents".
+  std::string longest_lock_holder;
+  // Each operation's longest hold (lock_holds.h in the server), longest first.
+  struct LockHold {
+    std::string site;  // "round completion", "HEARTBEAT", "store requests", ...
+    std::string what;  // with its count: "round completion, 16000 agents"
+    uint64_t longest_us = 0;
+    uint64_t count = 0;  // the agents the rounds knew (a batch's requests for "store requests")
+  };
+  std::vector<LockHold> lock_holds;
   uint64_t round_stores_retained = 0;  // rounds' stores that ended and are not freed yet
   // Store relays' connections among connections_open, and the clients' channels over them (each
   // served as a connection of its own, without a descriptor).
