@@ -72,6 +72,11 @@ void ServerCore::seal_pending(IoThread& self) {
     std::unordered_map<IoThread*, std::vector<size_t>> by_thread;
     for (size_t i = 0; i < n; ++i)
       if (b->to[i].first) by_thread[b->to[i].first->thread].push_back(i);
+    if (by_thread.size() > 1 || !by_thread.count(&self)) {
+      std::lock_guard lock(posted_mu);
+      if (posted.size() >= 256) std::erase_if(posted, [](const auto& w) { return w.expired(); });
+      posted.push_back(b);
+    }
     for (auto& entry : by_thread) {
       IoThread* thread = entry.first;  // not a structured binding: clang 14 cannot capture one
       if (thread == &self) continue;

@@ -14,6 +14,7 @@
 #include <utility>  // before Boost.Asio, whose awaitable.hpp uses std::exchange without it
 #include <boost/asio.hpp>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -146,6 +147,11 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // After mu is let go, on `self`: what self queued is sealed, encoded and appended; a large
   // batch (a round's broadcast) is spread over the agents' own threads.
   void seal_pending(IoThread& self);
+  // Batches handed to other threads' io_contexts: the destructor drops their connections while
+  // every io_context is alive (a handler destroyed with its io_context must not free a
+  // connection that belongs to another, already destroyed, one).
+  std::mutex posted_mu;
+  std::vector<std::weak_ptr<SealBatch>> posted;
   void seal_in_turn(IoThread& self, const ConnPtr& c, uint64_t ticket, rdzv::Outbound& o);
   void seal_one(IoThread& self, const ConnPtr& c, rdzv::Outbound& o);
   void schedule_tick_locked();

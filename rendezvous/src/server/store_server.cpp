@@ -40,6 +40,17 @@ ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options
 
 ServerCore::~ServerCore() {
   stop();
+  // Seal batches still queued or posted hold connections of every thread: let go of them while
+  // every io_context is alive.
+  {
+    std::lock_guard lock(posted_mu);
+    for (auto& w : posted)
+      if (auto b = w.lock()) b->to.clear();
+    posted.clear();
+  }
+  for (auto& t : threads)
+    if (t)
+      for (auto& b : t->to_seal) b->to.clear();
   // Sockets and acceptors before the io_contexts they belong to (pending handlers own nothing
   // but connections of their own io_context).
   {

@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
 
   Shared s(o);
   s.rank_seen.reset(new std::atomic<uint8_t>[static_cast<size_t>(world)]());
+  s.rank_seen_n = world;
   std::vector<std::unique_ptr<Loop>> loops;
   std::vector<std::vector<std::unique_ptr<Agent>>> shares(static_cast<size_t>(o.threads));
   for (int i = 0; i < o.threads; ++i) loops.push_back(std::make_unique<Loop>());
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
   }
   long double rank_sum = 0, rank_sq_sum = 0;
   int64_t ranks_seen = 0;
-  for (int64_t r = 0; r < world; ++r)
+  for (int64_t r = 0; r < s.rank_seen_n; ++r)
     if (s.rank_seen[static_cast<size_t>(r)].load()) {
       ++ranks_seen;
       rank_sum += static_cast<long double>(r);

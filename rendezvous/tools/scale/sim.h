@@ -68,6 +68,7 @@ struct Shared {
   std::atomic<int64_t> t_first_join{0}, t_last_round{0}, t_last_joined{0}, t_last_barrier{0}, t_last_done{0};
   std::atomic<int64_t> world_size{-1};
   std::unique_ptr<std::atomic<uint8_t>[]> rank_seen;  // per global rank: how many workers had it
+  int64_t rank_seen_n = 0;                             // its length (the current round's world)
   std::atomic<int64_t> duplicate_ranks{0};
   // --kill-one: the agent whose loop closes it (and its workers) without a LEAVE, as if its
   // node died; the survivors' RESTARTs counted, the time of the last one.

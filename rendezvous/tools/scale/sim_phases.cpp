@@ -31,6 +31,7 @@ int64_t failure_phase(Shared& s, std::vector<std::unique_ptr<Loop>>& loops, Dead
   const int64_t survivors = o.agents - 1, world = survivors * o.nproc;
   // Every worker of the last round is done: nobody reads these until the next ROUND.
   s.rank_seen.reset(new std::atomic<uint8_t>[static_cast<size_t>(world)]());
+  s.rank_seen_n = world;
   s.world_size.store(-1);
   const int64_t t_kill = s.now_ns();
   s.kill_index.store(o.agents / 2);
