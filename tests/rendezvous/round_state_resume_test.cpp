@@ -246,6 +246,27 @@ TEST_CASE("EveryNodeOfferingAStoreMakesNodeRank0HostIt", "[round][agent_store]")
   CHECK(r1.store_peers.empty());
 }
 
+TEST_CASE("NodeRank0LearnsEachPeerAddressOnceInTheOrderTheNodesHaveTheirRanks", "[round][agent_store]") {
+  FakeStores stores;
+  RoundState state{stores};
+  std::vector<Outbound> out;
+  const auto now = Clock::time_point{} + 1000s;
+  auto offer = [](const std::string& host, const std::string& seen_from) {
+    Join j = job_join(host, 4, 4);
+    j.store_offer_port = 45001;
+    j.seen_from = seen_from;
+    return to_message(j);
+  };
+  // Two agents on one host, one seen through a NAT, and one claiming an address with a comma
+  // (it would name two peers): each address once, the comma one never.
+  state.on_message(1, offer("10.0.0.1", "10.0.0.1"), now, out);
+  state.on_message(2, offer("10.0.0.1", "10.0.0.1"), now, out);
+  state.on_message(3, offer("10.0.0.3", "192.168.0.1"), now, out);
+  state.on_message(4, offer("a,b", "10.0.0.1"), now, out);
+  REQUIRE(out.size() == 4);
+  CHECK(from_message<Round>(out[0].msg).store_peers == "10.0.0.1,192.168.0.1,10.0.0.3");
+}
+
 TEST_CASE("ANodeWithoutAnOfferKeepsTheStoreOnTheServer", "[round][agent_store]") {
   FakeStores stores;
   RoundState state{stores};
