@@ -151,7 +151,7 @@ run_row() {
   if [[ " ${extra[*]} " == *" --store-pid "* ]]; then
     store_cpu="$(get store_host_cpu_s "$line")" store_rss="$(get store_host_peak_rss_mib "$line")"
   fi
-  hold="$(sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1)"
+  hold="$(lock_hold)"
   if [[ "$(get ok "$line")" != 1 ]]; then
     printf '| %d | %s | failed: %s |\n' "$n" "$workers" "$(tr '\n' ' ' <<<"$line" | cut -c1-200)"
     return
@@ -176,7 +176,8 @@ start_ddprund() {
   for _ in $(seq 200); do grep -q listening "$log" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
   port="$(grep -oE 'listening on [0-9.]+:[0-9]+' "$log" | head -n1 | sed 's/.*://' || true)"
 }
-lock_hold() { sed -nE 's/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1; }
+# ddprund's longest state-lock hold and what held it: "12.9 (round completion)".
+lock_hold() { sed -nE 's/.*longest lock hold ([0-9.]+) ms \(([^,;)]+).*/\1 (\2)/p; t; s/.*longest lock hold ([0-9.]+) ms.*/\1/p' "$log" | tail -n1; }
 churn_row() {
   local n="$1" line extra=() workers=$((n * nproc_per))
   (( n * (nproc_per + 1) * 11 / 10 + 256 > fd_limit )) && { extra=(--no-workers); workers="not run (descriptors)"; }
