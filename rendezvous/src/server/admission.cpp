@@ -214,9 +214,11 @@ void Admission::on_handshake_locked(Connection& c, rdzv::ServerHandshake::Step& 
   }
 }
 
-bool Admission::authentic_locked(Connection& c, rdzv::Message& m) {
-  if (!c.session.mac) return true;
-  const auto v = c.session.mac->open(m);
+rdzv::SessionMac::Verdict Admission::open(Connection& c, rdzv::Message& m) {
+  return c.session.mac ? c.session.mac->open(m) : rdzv::SessionMac::Verdict::Ok;
+}
+
+bool Admission::authentic_locked(Connection& c, const rdzv::Message& m, rdzv::SessionMac::Verdict v) {
   if (v == rdzv::SessionMac::Verdict::Ok) return true;
   ++agents_refused_;
   warns_.warn(Warn::AgentRefused, [&] {

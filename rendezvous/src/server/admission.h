@@ -97,7 +97,12 @@ class Admission {
   // Under the lock: whether a message of an admitted agent is its own (its MAC and sequence
   // number check, when its session has them); one that is not is counted, logged, dropped, and
   // the caller closes the connection.
-  bool authentic_locked(Connection& c, rdzv::Message& m);
+  bool authentic_locked(Connection& c, rdzv::Message& m) { return authentic_locked(c, m, open(c, m)); }
+  // The check itself, on c's own thread without the lock: the receiving side of c's session
+  // (its key and sequence number) is c's thread's alone; the sending side is sealed elsewhere.
+  static rdzv::SessionMac::Verdict open(Connection& c, rdzv::Message& m);
+  // Under the lock: its verdict counted and logged when it is not Ok.
+  bool authentic_locked(Connection& c, const rdzv::Message& m, rdzv::SessionMac::Verdict v);
   // Under the lock: the agent c is gone.
   void forget_locked(const Connection& c);
 

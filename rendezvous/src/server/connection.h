@@ -46,6 +46,8 @@ struct IoThread {
   std::thread thread;
   wire::Request req;
   rdzv::Message msg;
+  // An admitted agent's message decoded before the rounds lock (ServerCore::agent_batch).
+  std::optional<rdzv::RoundState::Inbound> inbound;
   store::Reply reply;
   std::vector<store::Outgoing> others;
   std::vector<rdzv::Outbound> rdzv_out;

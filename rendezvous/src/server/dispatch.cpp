@@ -226,20 +226,26 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
   // The batch's hold is named after its weightiest message: a JOIN that completed a round stays
   // the round's completion.
   Hold hold(mu, holds, HoldSite::Handshake, false);
-  while (b.pos < c->in_size && take_request(c, b)) {
+  // Each message is read, checked and decoded outside the rounds lock, then applied under it.
+  while (b.pos < c->in_size) {
+    hold.release();
+    hold.set(HoldSite::Handshake, 0);
+    if (!take_request(c, b)) break;
     bool forward = true;
+    t.inbound.reset();
     if (!c->session.admitted) {
       // The handshake step outside the rounds lock (a munge credential is checked by munged).
-      hold.release();
       auto step = admission.handshake_step(*c, t.msg);
       hold.acquire();
       if (!on_handshake_message(t, c, step, forward)) break;
     } else {
+      const auto verdict = Admission::open(*c, t.msg);
+      if (verdict == rdzv::SessionMac::Verdict::Ok) decode_agent_message(t, c);
       hold.acquire();
       // Not the admitted agent's (a relay's, or one it altered): dropped, and the connection
       // closed, since nothing after it would pass the sequence check (an agent of a standing
       // server reconnects and joins again).
-      if (!admission.authentic_locked(*c, t.msg)) {
+      if (!admission.authentic_locked(*c, t.msg, verdict)) {
         b.tampered = true;
         break;
       }
@@ -355,15 +361,30 @@ bool ServerCore::on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::Serve
   return true;
 }
 
-bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
-  t.rdzv_out.clear();
-  std::string refusal;
+// Without the lock: t.msg in its typed form (t.inbound), or nothing when it cannot be decoded
+// (on_agent_message decodes it again under the lock and refuses it there).
+void ServerCore::decode_agent_message(IoThread& t, const ConnPtr& c) {
   try {
     // Who the agent is, as this server sees it (not as it says): what the store of a round
     // that its node rank 0 hosts admits (round_state.h).
     if (t.msg.type == rdzv::MsgType::Join) t.msg.set("seen_from", c->session.peer.to_string());
+    t.inbound = rdzv::RoundState::decode(t.msg);
+  } catch (const std::exception&) {
+    t.inbound.reset();
+  }
+}
+
+bool ServerCore::on_agent_message(IoThread& t, const ConnPtr& c) {
+  t.rdzv_out.clear();
+  std::string refusal;
+  try {
+    if (!t.inbound) {
+      if (t.msg.type == rdzv::MsgType::Join) t.msg.set("seen_from", c->session.peer.to_string());
+      t.inbound = rdzv::RoundState::decode(t.msg);
+    }
     const size_t jobs_before = rounds.num_jobs();
-    rounds.on_message(c->id, t.msg, rdzv_now_locked(), t.rdzv_out);
+    rounds.on_inbound(c->id, std::move(*t.inbound), rdzv_now_locked(), t.rdzv_out);
+    t.inbound.reset();
     // A job still gathering its nodes opens no store (open() checks the others).
     if (rounds.num_jobs() > jobs_before && rounds.num_jobs() > options.max_jobs) {
       refusal = keyspaces.jobs_limit_message();

@@ -131,6 +131,7 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   // Under mu. Each returns false when c must stop reading (refused, draining).
   bool on_handshake_message(IoThread& t, const ConnPtr& c, rdzv::ServerHandshake::Step& step, bool& forward);
   bool on_agent_message(IoThread& t, const ConnPtr& c);
+  void decode_agent_message(IoThread& t, const ConnPtr& c);
   // Leaves c's reply in t.reply for send_reply, unless the request woke or notified anyone: then
   // the reply and those events are queued, in that order.
   bool on_store_request(IoThread& t, const ConnPtr& c, wire::Request& req, std::string& bad, bool continued);
