@@ -79,7 +79,7 @@ std::string one_line(std::string s) {
 
 template <class Args>
 SubcommandParse<Args> run_parser(CLI::App& app, const std::vector<std::string>& args, const char* help,
-                                 const std::function<Args()>& finish) {
+                                 const std::string& hint, const std::function<Args()>& finish) {
   SubcommandParse<Args> out;
   try {
     std::vector<std::string> reversed = for_cli11(args);
@@ -89,7 +89,7 @@ SubcommandParse<Args> run_parser(CLI::App& app, const std::vector<std::string>& 
     out.message = help;
   } catch (const CLI::ParseError& e) {
     out.exit_code = kUsageExitCode;
-    out.message = one_line(e.what());
+    out.message = one_line(e.what() + hint);
   } catch (const UsageError& e) {
     out.exit_code = kUsageExitCode;
     out.message = one_line(e.what());
@@ -115,10 +115,10 @@ SubcommandParse<StatusArgs> parse_status_args(const std::vector<std::string>& ar
   std::string interval, run_id, endpoint, token_file;
   app.add_flag("--json", json);
   app.add_flag("--watch", watch);
-  auto* interval_opt = app.add_option("--interval", interval);
-  auto* id_opt = app.add_option("--rdzv_id,--rdzv-id", run_id);
-  auto* endpoint_opt = app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint);
-  app.add_option("--rdzv_token_file,--rdzv-token-file", token_file);
+  auto* interval_opt = app.add_option("--interval", interval)->type_name("S");
+  auto* id_opt = app.add_option("--rdzv_id,--rdzv-id", run_id)->type_name("ID");
+  auto* endpoint_opt = app.add_option("--rdzv_endpoint,--rdzv-endpoint", endpoint)->type_name("HOST[:PORT]");
+  app.add_option("--rdzv_token_file,--rdzv-token-file", token_file)->type_name("F");
   for (const auto& arg : args) {
     for (const char* flag : {"--json=", "--watch="}) {
       if (arg.rfind(flag, 0) == 0) {
@@ -128,9 +128,9 @@ SubcommandParse<StatusArgs> parse_status_args(const std::vector<std::string>& ar
     }
     if (arg == "--") break;
   }
-  return run_parser<StatusArgs>(app, args, kStatusHelp, [&] {
-    if (!app.remaining().empty())
-      throw UsageError("unknown argument " + app.remaining().front() + " (ddprun status --help lists the options)");
+  const std::string hint = " (ddprun status --help lists the options)";
+  return run_parser<StatusArgs>(app, args, kStatusHelp, hint, [&] {
+    if (!app.remaining().empty()) throw UsageError("unknown argument " + app.remaining().front() + hint);
     StatusArgs a;
     a.json = json;
     a.watch = watch;
@@ -151,7 +151,7 @@ SubcommandParse<DumpArgs> parse_dump_args(const std::vector<std::string>& args) 
   app.allow_extras();
   std::string run;
   auto* run_opt = app.add_option("RUN", run);
-  return run_parser<DumpArgs>(app, args, kDumpUsage, [&] {
+  return run_parser<DumpArgs>(app, args, kDumpUsage, "", [&] {  // its errors are followed by the usage
     DumpArgs a;
     if (*run_opt) a.run = run;
     bool after_dashes = false;  // CLI11 leaves `--` and what follows it to us

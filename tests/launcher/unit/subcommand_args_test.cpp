@@ -38,7 +38,7 @@ TEST_CASE("status: --help lists the flags; bad command lines are one line and ex
       {{"stray"}, "unknown argument stray"},
       {{"--interval", "0"}, "--interval 0: give seconds, at least 0.1"},
       {{"--interval=abc"}, "--interval abc: give seconds"},
-      {{"--rdzv_id"}, "--rdzv_id"},
+      {{"--rdzv_id"}, "--rdzv_id: 1 required ID missing (ddprun status --help lists the options)"},
       {{"--json=yes"}, "--json takes no value"},
       {{"--watch=false"}, "--watch takes no value"},
       {{"--rdzv_endpoint=h:1"}, "--rdzv_endpoint needs --rdzv_id"},
