@@ -28,7 +28,7 @@ ALLOWED = {  # layer -> the layers it may include (besides itself)
 }
 PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform", "log_format.h": "platform", "log_events.h": "platform",
-    "options.h": "options", "slurm.h": "options",
+    "options.h": "options", "slurm.h": "options", "subcommand_args.h": "options",
     "worker_env.h": "workers", "worker_status.h": "workers", "entrypoint.h": "workers", "process.h": "workers",
     "output.h": "workers", "console.h": "workers", "error_file.h": "workers", "log_paths.h": "workers",
     "worker_files.h": "workers",

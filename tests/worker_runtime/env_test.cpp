@@ -2,6 +2,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/env.h"
 #include "ddprun/worker/error_file.h"
@@ -61,8 +63,19 @@ TEST_CASE("Env: malformed values are named in the error", "[env]") {
   REQUIRE_THROWS_AS(read_worker_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}})), WorkerError);
 }
 
-TEST_CASE("ErrorFile: PyTorch's JSON layout with escaping", "[env]") {
-  auto j = error_file_json("peer \"1\" died\n", "trace", 1700000000);
-  REQUIRE(j == "{\"message\": {\"message\": \"peer \\\"1\\\" died\\n\", \"extraInfo\": {\"py_callstack\": \"trace\", "
-               "\"timestamp\": \"1700000000\"}}}\n");
+TEST_CASE("ErrorFile: PyTorch's JSON members, in its order, with escaping, on one line", "[env]") {
+  const auto j = error_file_json("peer \"1\" died\n", "trace", 1700000000);
+  REQUIRE(j.find('\n') == j.size() - 1);
+  const auto doc = nlohmann::ordered_json::parse(j);
+  // ordered_json compares members in order: the same members, in PyTorch's order.
+  CHECK(doc == nlohmann::ordered_json::parse(R"({"message": {"message": "peer \"1\" died\n", "extraInfo": )"
+                                             R"({"py_callstack": "trace", "timestamp": "1700000000"}}})"));
+}
+
+TEST_CASE("ErrorFile: a message that is not UTF-8 still makes a file a strict reader (Python) takes", "[env]") {
+  const auto j = error_file_json("bad \xff\xfe byte \x01", "tb \xc3", 1);
+  nlohmann::json doc;
+  REQUIRE_NOTHROW(doc = nlohmann::json::parse(j));
+  CHECK(doc["message"]["message"] == "bad \xef\xbf\xbd\xef\xbf\xbd byte \x01");
+  CHECK(doc["message"]["extraInfo"]["py_callstack"] == "tb \xef\xbf\xbd");
 }

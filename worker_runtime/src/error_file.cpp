@@ -5,39 +5,17 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 namespace ddprun::worker {
-namespace {
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  o.reserve(s.size() + 8);
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o += buf;
-        } else {
-          o += static_cast<char>(c);
-        }
-    }
-  }
-  return o;
-}
-
-}  // namespace
-
 std::string error_file_json(const std::string& message, const std::string& callstack, long long unix_seconds) {
-  return "{\"message\": {\"message\": \"" + json_escape(message) + "\", \"extraInfo\": {\"py_callstack\": \"" +
-         json_escape(callstack) + "\", \"timestamp\": \"" + std::to_string(unix_seconds) + "\"}}}\n";
+  // PyTorch's members, in its order; text that is not UTF-8 gets U+FFFD, so Python reads it.
+  const nlohmann::ordered_json record = {
+      {"message",
+       {{"message", message},
+        {"extraInfo", {{"py_callstack", callstack}, {"timestamp", std::to_string(unix_seconds)}}}}}};
+  return record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 bool write_error_file(const std::string& path, const std::string& message, const std::string& callstack) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <set>
 
+#include "ddprun/launcher/json.h"
 #include "ddprun/launcher/spare_plan.h"
 #include "ddprun/launcher/worker_env.h"
 
@@ -485,37 +486,15 @@ std::string format_text(const std::vector<CheckResult>& results) {
   return s;
 }
 
-namespace {
-std::string json_string(const std::string& v) {
-  std::string s = "\"";
-  for (unsigned char c : v) {
-    if (c == '"' || c == '\\') {
-      s += '\\';
-      s += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      s += buf;
-    } else {
-      s += static_cast<char>(c);
-    }
-  }
-  return s + "\"";
-}
-}  // namespace
-
 std::string format_json(const std::vector<CheckResult>& results) {
   const int code = exit_code(results);
-  std::string s = "{\"ok\":" + std::string(code == 0 ? "true" : "false") + ",\"exit_code\":" + std::to_string(code) +
-                  ",\"checks\":[";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    if (i) s += ",";
-    s += "{\"item\":" + json_string(r.item) + ",\"status\":\"" + status_name(r.status) +
-         "\",\"blocking\":" + (r.blocking ? "true" : "false") + ",\"found\":" + json_string(r.found) +
-         ",\"fix\":" + json_string(r.fix) + "}";
+  nlohmann::ordered_json checks = nlohmann::ordered_json::array();
+  for (const auto& r : results) {
+    checks.push_back(nlohmann::ordered_json{{"item", r.item}, {"status", status_name(r.status)}, {"blocking", r.blocking},
+                      {"found", r.found}, {"fix", r.fix}});
   }
-  return s + "]}\n";
+  const nlohmann::ordered_json doc = {{"ok", code == 0}, {"exit_code", code}, {"checks", std::move(checks)}};
+  return dump_json(doc) + "\n";
 }
 
 Facts facts_from_options(const LaunchOptions& o, const EnvMap& env) {

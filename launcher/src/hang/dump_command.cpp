@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ddprun/launcher/hang.h"
+#include "ddprun/launcher/subcommand_args.h"
 #include "hang/run_record.h"
 #include "hang/stack_dump.h"
 #include "platform/private_files.h"
@@ -176,14 +177,6 @@ std::string stamp() {
   return buf;
 }
 
-constexpr const char* kDumpUsage =
-    "usage: ddprun dump [RUN]\n"
-    "  prints the stack of every worker of a running ddprun job on this host and saves them in\n"
-    "  <run dir>/stacks/dump_<time>/ (py-spy for Python workers when installed, else eu-stack or gdb);\n"
-    "  nothing is stopped. RUN: the run's log directory (<log_dir>/<run_id>_<unique>), its name, or\n"
-    "  its run id; none: the newest running job of this user on this host. Only what this user\n"
-    "  owns is read: the runs directory (0700), the run directory and its 'workers' file.\n";
-
 // The job RUN names (or the newest one); nullopt after saying why on stderr.
 std::optional<Found> find_job(const std::optional<std::string>& run, const EnvMap& env) {
   std::error_code ec;
@@ -260,22 +253,13 @@ int dump_job(const Found& job, const EnvMap& env) {
 }  // namespace
 
 int run_dump(const std::vector<std::string>& args, const EnvMap& env) {
-  std::optional<std::string> run;
-  for (const auto& a : args) {
-    if (a == "-h" || a == "--help") {
-      std::fputs(kDumpUsage, stdout);
-      return 0;
-    }
-    if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "ddprun dump: error: unknown option %s\n%s", a.c_str(), kDumpUsage);
-      return 2;
-    }
-    if (run) {
-      std::fprintf(stderr, "ddprun dump: error: one RUN at most (got %s and %s)\n%s", run->c_str(), a.c_str(), kDumpUsage);
-      return 2;
-    }
-    run = a;
+  const auto parsed = parse_dump_args(args);
+  if (!parsed.args) {
+    if (parsed.exit_code == 0) std::fputs(parsed.message.c_str(), stdout);
+    else std::fprintf(stderr, "ddprun dump: error: %s\n%s", parsed.message.c_str(), kDumpUsage);
+    return parsed.exit_code;
   }
+  const std::optional<std::string>& run = parsed.args->run;
   const auto job = find_job(run, env);
   return job ? dump_job(*job, env) : 1;
 }

@@ -1,214 +1,78 @@
 #include "ddprun/launcher/json.h"
 
-#include <cctype>
-
 namespace ddprun::launcher {
 namespace {
 
-constexpr int kMaxDepth = 64;
+struct TooDeep {};
 
-class Parser {
- public:
-  explicit Parser(const std::string& s) : s_(s) {}
-
-  std::optional<Json> parse_document() {
-    Json v;
-    if (!value(v, 0)) return std::nullopt;
-    ws();
-    if (i_ != s_.size()) return std::nullopt;
-    return v;
-  }
-
- private:
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-  }
-  bool literal(const char* lit) {
-    size_t n = std::char_traits<char>::length(lit);
-    if (s_.compare(i_, n, lit) != 0) return false;
-    i_ += n;
+std::optional<nlohmann::json> parse_once(const std::string& text, std::string* error) {
+  const nlohmann::json::parser_callback_t depth_guard = [](int depth, nlohmann::json::parse_event_t,
+                                                            nlohmann::json&) {
+    if (depth > kMaxJsonDepth) throw TooDeep{};
     return true;
+  };
+  try {
+    return nlohmann::json::parse(text, depth_guard);
+  } catch (const TooDeep&) {
+    if (error) *error = "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+  } catch (const nlohmann::json::exception& e) {
+    if (error) *error = e.what();
   }
-  bool value(Json& v, int depth) {
-    if (depth > kMaxDepth) return false;
-    ws();
-    if (i_ >= s_.size()) return false;
-    char c = s_[i_];
-    if (c == '{') return object(v, depth);
-    if (c == '[') return array(v, depth);
-    if (c == '"') {
-      v.type = Json::Type::String;
-      return string(v.text);
-    }
-    if (literal("true") || literal("false")) {
-      v.type = Json::Type::Bool;
-      v.text = s_[i_ - 1] == 'e' && s_[i_ - 2] == 'u' ? "true" : "false";
-      return true;
-    }
-    if (literal("null")) return true;
-    size_t start = i_;
-    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '-' ||
-                              s_[i_] == '+' || s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-    }
-    if (i_ == start) return false;
-    v.type = Json::Type::Number;
-    v.text = s_.substr(start, i_ - start);
-    return true;
-  }
-  bool object(Json& v, int depth) {
-    v.type = Json::Type::Object;
-    ++i_;
-    ws();
-    if (i_ < s_.size() && s_[i_] == '}') {
-      ++i_;
-      return true;
-    }
-    while (true) {
-      ws();
-      std::string key;
-      if (i_ >= s_.size() || s_[i_] != '"' || !string(key)) return false;
-      ws();
-      if (i_ >= s_.size() || s_[i_] != ':') return false;
-      ++i_;
-      Json child;
-      if (!value(child, depth + 1)) return false;
-      v.fields[key] = std::move(child);
-      ws();
-      if (i_ >= s_.size()) return false;
-      if (s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (s_[i_] == '}') {
-        ++i_;
-        return true;
-      }
-      return false;
-    }
-  }
-  bool array(Json& v, int depth) {
-    v.type = Json::Type::Array;
-    ++i_;
-    ws();
-    if (i_ < s_.size() && s_[i_] == ']') {
-      ++i_;
-      return true;
-    }
-    while (true) {
-      Json child;
-      if (!value(child, depth + 1)) return false;
-      v.items.push_back(std::move(child));
-      ws();
-      if (i_ >= s_.size()) return false;
-      if (s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (s_[i_] == ']') {
-        ++i_;
-        return true;
-      }
-      return false;
-    }
-  }
-  static void utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-  bool hex4(unsigned& cp) {
-    if (i_ + 4 > s_.size()) return false;
-    cp = 0;
-    for (int k = 0; k < 4; ++k) {
-      char h = s_[i_++];
-      cp <<= 4;
-      if (h >= '0' && h <= '9') cp |= static_cast<unsigned>(h - '0');
-      else if (h >= 'a' && h <= 'f') cp |= static_cast<unsigned>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') cp |= static_cast<unsigned>(h - 'A' + 10);
-      else return false;
-    }
-    return true;
-  }
-  bool string(std::string& out) {
-    ++i_;  // opening quote
-    while (i_ < s_.size()) {
-      char c = s_[i_++];
-      if (c == '"') return true;
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (i_ >= s_.size()) return false;
-      char e = s_[i_++];
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          unsigned cp = 0;
-          if (!hex4(cp)) return false;
-          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= s_.size() && s_[i_] == '\\' && s_[i_ + 1] == 'u') {
-            i_ += 2;
-            unsigned lo = 0;
-            if (!hex4(lo)) return false;
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          utf8(out, cp);
-          break;
-        }
-        default: return false;
-      }
-    }
-    return false;
-  }
+  return std::nullopt;
+}
 
-  const std::string& s_;
-  size_t i_ = 0;
-};
+template <class BasicJson>
+std::string dump_replacing(const BasicJson& v) {
+  std::string text = v.dump(-1, ' ', false, BasicJson::error_handler_t::replace);
+  // 0x7F is never part of a UTF-8 sequence nor of JSON's syntax: each one is a DEL in a string.
+  for (size_t at = text.find('\x7f'); at != std::string::npos; at = text.find('\x7f', at))
+    text.replace(at, 1, "\\u007f");
+  return text;
+}
+
+Json to_tree(const nlohmann::json& v) {
+  Json out;
+  switch (v.type()) {
+    case nlohmann::json::value_t::null: break;
+    case nlohmann::json::value_t::boolean: out.type = Json::Type::Bool, out.text = v.dump(); break;
+    case nlohmann::json::value_t::string: out.type = Json::Type::String, out.text = v.get<std::string>(); break;
+    case nlohmann::json::value_t::array:
+      out.type = Json::Type::Array;
+      for (const auto& item : v) out.items.push_back(to_tree(item));
+      break;
+    case nlohmann::json::value_t::object:
+      out.type = Json::Type::Object;
+      for (const auto& [k, item] : v.items()) out.fields.emplace(k, to_tree(item));
+      break;
+    default: out.type = Json::Type::Number, out.text = v.dump(); break;  // numbers (binary never parses from text)
+  }
+  return out;
+}
 
 }  // namespace
 
-std::optional<Json> parse_json(const std::string& text) { return Parser(text).parse_document(); }
+std::string dump_json(const nlohmann::json& v) { return dump_replacing(v); }
+std::string dump_json(const nlohmann::ordered_json& v) { return dump_replacing(v); }
 
-std::string json_quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[(c >> 4) & 0xF];
-          out += hex[c & 0xF];
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+std::string valid_utf8(std::string_view s) {
+  // nlohmann's replacing dump, read back: the string with U+FFFD where it was not UTF-8.
+  const nlohmann::json v = std::string(s);
+  return nlohmann::json::parse(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)).get<std::string>();
 }
+
+std::optional<nlohmann::json> parse_untrusted_json(const std::string& text, std::string* error) {
+  if (auto doc = parse_once(text, error)) return doc;
+  const std::string clean = valid_utf8(text);
+  if (clean == text) return std::nullopt;
+  return parse_once(clean, error);
+}
+
+std::optional<Json> parse_json(const std::string& text) {
+  auto doc = parse_untrusted_json(text);
+  if (!doc) return std::nullopt;
+  return to_tree(*doc);
+}
+
+std::string json_quote(std::string_view s) { return dump_json(nlohmann::json(std::string(s))); }
 
 }  // namespace ddprun::launcher

@@ -22,6 +22,7 @@
 #include "ddprun/common/knobs.h"
 #include "ddprun/launcher/agent_status.h"
 #include "ddprun/launcher/options.h"
+#include "ddprun/launcher/subcommand_args.h"
 #include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "platform/private_files.h"
@@ -33,88 +34,6 @@ namespace {
 constexpr int kReadTimeoutMs = 3000;  // an agent answers from a thread of its own at once
 constexpr std::chrono::seconds kEndpointTimeout{5};  // to connect, and for the reply
 constexpr uint16_t kDefaultRdzvPort = 29400;         // torchrun's, for an endpoint without one
-
-const char* kHelp =
-    "ddprun status: the running ddprun jobs of this user on this host, one row per worker.\n"
-    "  ddprun status [--json] [--watch [--interval S]] [--rdzv_id ID]\n"
-    "  ddprun status --rdzv_endpoint HOST[:PORT] --rdzv_id ID [--rdzv_token_file F] [...]\n"
-    "                  the whole job, every node, from its rendezvous server\n"
-    "\n"
-    "Columns: node, rank, pid, state; attempt, and restarts used and left; uptime; CPU % (of\n"
-    "one core, since the previous look; the first: since the worker started) and RSS; on\n"
-    "machines with an NVIDIA driver, the GPU index, its utilisation % and the GPU memory of\n"
-    "the worker's processes; the last failure.\n"
-    "\n"
-    "Options:\n"
-    "  --json          one JSON document instead of the table (schema: launcher/README.md,\n"
-    "                  \"ddprun status\"); with --watch, one document per line\n"
-    "  --watch         redraw the table in place every --interval seconds (Ctrl-C ends it)\n"
-    "  --interval S    seconds between redraws (default 1, at least 0.1)\n"
-    "  --rdzv_id ID    only the job with this run id\n"
-    "  --rdzv_endpoint HOST[:PORT]\n"
-    "                  ask the job's rendezvous server (a multi-node job's endpoint, or its\n"
-    "                  --master_addr:--master_port when static; port 29400 when not given) for\n"
-    "                  the status every agent sent it (every 2 s); needs --rdzv_id\n"
-    "  --rdzv_token_file F\n"
-    "                  the job's token (else DDPRUN_RDZV_TOKEN), as the agents were given it\n"
-    "  -h, --help      this text\n"
-    "\n"
-    "Each agent answers on an owner-only unix socket in $XDG_RUNTIME_DIR/ddprun/, or in\n"
-    "/tmp/ddprun-<uid>/ when XDG_RUNTIME_DIR is unset or another user's (directory 0700,\n"
-    "socket 0600; the agent also checks the caller's uid): no other user can read it. A\n"
-    "directory another user made (or open to others) is not read: the error says how to fix it.\n"
-    "Exit codes: 0 a job was shown, 1 none runs (or the directory is refused), 2 bad command line.\n";
-
-struct StatusArgs {
-  bool json = false;
-  bool watch = false;
-  double interval_s = 1.0;
-  std::optional<std::string> run_id;
-  std::optional<std::string> endpoint;
-  std::string token_file;
-  bool help = false;
-};
-
-// Throws UsageError.
-StatusArgs parse_args(const std::vector<std::string>& args) {
-  StatusArgs a;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    std::optional<std::string> value;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    std::replace(arg.begin() + std::min<size_t>(2, arg.size()), arg.end(), '-', '_');
-    auto take = [&](const char* name) {
-      if (value) return *value;
-      if (i + 1 >= args.size()) throw UsageError(std::string(name) + " needs a value");
-      return args[++i];
-    };
-    auto no_value = [&](const char* name) {
-      if (value) throw UsageError(std::string(name) + " takes no value");
-    };
-    if (arg == "--json") no_value("--json"), a.json = true;
-    else if (arg == "--watch") no_value("--watch"), a.watch = true;
-    else if (arg == "-h" || arg == "--help") a.help = true;
-    else if (arg == "--rdzv_id") a.run_id = take("--rdzv_id");
-    else if (arg == "--rdzv_endpoint") a.endpoint = take("--rdzv_endpoint");
-    else if (arg == "--rdzv_token_file") a.token_file = take("--rdzv_token_file");
-    else if (arg == "--interval") {
-      const std::string v = take("--interval");
-      char* end = nullptr;
-      a.interval_s = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !std::isfinite(a.interval_s) || a.interval_s < 0.1)
-        throw UsageError("--interval " + v + ": give seconds, at least 0.1 (e.g. --interval 2)");
-    } else {
-      throw UsageError("unknown argument " + args[i] + " (ddprun status --help lists the options)");
-    }
-  }
-  if (a.endpoint && !a.run_id)
-    throw UsageError("--rdzv_endpoint needs --rdzv_id (the server may hold several jobs)");
-  if (!a.token_file.empty() && !a.endpoint) throw UsageError("--rdzv_token_file goes with --rdzv_endpoint");
-  return a;
-}
 
 struct Found {
   std::vector<AgentStatus> agents;
@@ -328,17 +247,13 @@ int watch(const std::function<Found()>& collect_now, const StatusArgs& a) {
 }  // namespace
 
 int run_status(const std::vector<std::string>& args, const EnvMap& env) {
-  StatusArgs a;
-  try {
-    a = parse_args(args);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "ddprun status: error: %s\n", e.what());
-    return kUsageExitCode;
+  const auto parsed = parse_status_args(args);
+  if (!parsed.args) {
+    if (parsed.exit_code == 0) std::fputs(parsed.message.c_str(), stdout);
+    else std::fprintf(stderr, "ddprun status: error: %s\n", parsed.message.c_str());
+    return parsed.exit_code;
   }
-  if (a.help) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  const StatusArgs& a = *parsed.args;
   std::function<Found()> collect_now;
   if (a.endpoint) {
     HostPort ep;

@@ -17,31 +17,39 @@ std::string trim_right(std::string s) {
   return s;
 }
 
+// A member's text: a string's value, a number's or boolean's JSON; "" for anything else.
+std::string scalar_text(const nlohmann::json* v) {
+  if (!v) return "";
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_number() || v->is_boolean()) return v->dump();
+  return "";
+}
+
+const nlohmann::json* member(const nlohmann::json& obj, const char* key) {
+  if (!obj.is_object()) return nullptr;
+  const auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
 }  // namespace
 
 ErrorFileReport parse_error_file(const std::string& content) {
   ErrorFileReport r;
-  auto doc = parse_json(content);
+  const auto doc = parse_untrusted_json(content);
   if (!doc) {
     r.raw = bounded(trim_right(content));
     return r;
   }
   r.valid_json = true;
-  const Json* msg = doc->field("message");
-  if (msg && msg->type == Json::Type::Object) {
-    if (const Json* inner = msg->field("message"); inner && inner->type == Json::Type::String) {
-      r.message = inner->text;
+  const nlohmann::json* msg = member(*doc, "message");
+  if (msg && msg->is_object()) {
+    if (const auto* inner = member(*msg, "message"); inner && inner->is_string()) r.message = inner->get<std::string>();
+    if (const auto* extra = member(*msg, "extraInfo")) {
+      if (const auto* cs = member(*extra, "py_callstack"); cs && cs->is_string()) r.traceback = cs->get<std::string>();
+      r.timestamp = scalar_text(member(*extra, "timestamp"));
     }
-    if (const Json* extra = msg->field("extraInfo")) {
-      if (const Json* cs = extra->field("py_callstack"); cs && cs->type == Json::Type::String) {
-        r.traceback = cs->text;
-      }
-      if (const Json* ts = extra->field("timestamp"); ts && ts->type != Json::Type::Object) {
-        r.timestamp = ts->text;
-      }
-    }
-  } else if (msg && msg->type == Json::Type::String) {
-    r.message = msg->text;
+  } else if (msg && msg->is_string()) {
+    r.message = msg->get<std::string>();
   }
   if (r.message.empty() && r.traceback.empty()) r.raw = bounded(trim_right(content));
   return r;

@@ -1,6 +1,8 @@
 // The doctor's verdicts over hand-written facts: no system calls.
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include "ddprun/launcher/doctor.h"
 
 using namespace ddprun::launcher;
@@ -236,6 +238,17 @@ TEST_CASE("text and JSON output", "[doctor]") {
         "{\"ok\":false,\"exit_code\":1,\"checks\":[{\"item\":\"shm\",\"status\":\"ok\",\"blocking\":false,\"found\":\"fine\","
         "\"fix\":\"\"},{\"item\":\"token\",\"status\":\"fail\",\"blocking\":true,\"found\":\"mode \\\"0644\\\"\",\"fix\":"
         "\"chmod 600 f\"}]}\n");
+}
+
+TEST_CASE("JSON output: what a probe found is escaped, and text that is not UTF-8 gets U+FFFD", "[doctor]") {
+  std::vector<CheckResult> rs = {{"python", Status::Warn, "/opt/py\xff/bin/python3: \"3.8\"\n\x1b[0m", "fix\tit", false}};
+  const std::string text = format_json(rs);
+  CHECK(text.find('\n') == text.size() - 1);
+  nlohmann::json doc;
+  REQUIRE_NOTHROW(doc = nlohmann::json::parse(text));
+  CHECK(doc["checks"][0]["found"] == "/opt/py\xef\xbf\xbd/bin/python3: \"3.8\"\n\x1b[0m");
+  CHECK(doc["checks"][0]["fix"] == "fix\tit");
+  CHECK(doc["ok"] == true);
 }
 
 TEST_CASE("a program's CUDA runtime and NCCL, from the libraries it loads, against the driver", "[doctor]") {

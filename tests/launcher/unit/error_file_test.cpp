@@ -56,6 +56,31 @@ TEST_CASE("deep nesting and huge content stay bounded", "[errorfile]") {
   CHECK(format_error_file(r).size() < 5000);
 }
 
+TEST_CASE("an error file that is not UTF-8 is read, its bad bytes as U+FFFD", "[errorfile]") {
+  const std::string content = "{\"message\": {\"message\": \"RuntimeError: bad \xff\xfe byte\", \"extraInfo\": "
+                              "{\"py_callstack\": \"tb \xc3\", \"timestamp\": \"1\"}}}";
+  auto r = parse_error_file(content);
+  CHECK(r.valid_json);
+  CHECK(r.message == "RuntimeError: bad \xef\xbf\xbd\xef\xbf\xbd byte");
+  CHECK(r.traceback == "tb \xef\xbf\xbd");
+  CHECK(r.timestamp == "1");
+}
+
+TEST_CASE("error file edge cases: control characters, big numbers, the nesting limit", "[errorfile]") {
+  auto r = parse_error_file(R"({"message": {"message": "a\u0001b\u001b[0m\ud83d\ude00", "extraInfo": {"timestamp": 9007199254740993}}})");
+  CHECK(r.message == "a\x01" "b\x1b[0m\xf0\x9f\x98\x80");
+  CHECK(r.timestamp == "9007199254740993");
+  r = parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": 18446744073709551615}}})");
+  CHECK(r.timestamp == "18446744073709551615");
+  // 64 levels below the top one are read; one more is refused.
+  const auto nested = [](int n) {
+    return "{\"message\": \"deep\", \"d\": " + std::string(static_cast<size_t>(n), '[') +
+           std::string(static_cast<size_t>(n), ']') + "}";
+  };
+  CHECK(parse_error_file(nested(64)).message == "deep");
+  CHECK_FALSE(parse_error_file(nested(65)).valid_json);
+}
+
 TEST_CASE("a configuration error is exit code 78 with ConfigError in the error file, both", "[errorfile]") {
   const std::string config =
       R"({"message": {"message": "ConfigError: DDP: the ranks built different models", "extraInfo": {}}})";

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "ddprun/launcher/log_format.h"
 #include "ddprun/launcher/options.h"
 
@@ -59,11 +61,33 @@ TEST_CASE("Strings are escaped; bytes that are not UTF-8 become U+FFFD; a line s
   CHECK(line.find("\"k\\\"ey\":\"line1\\nline2\"") != std::string::npos);
   CHECK(line.find("\"nan\":null") != std::string::npos);
   CHECK(line.find('\n') == line.size() - 1);
-  // Truncated and overlong sequences are not UTF-8 either.
+  // Truncated and overlong sequences are not UTF-8 either: a truncated one is one U+FFFD (as
+  // Unicode recommends), each byte of an overlong one another.
   r.message = "\xe2\x82";  // first two bytes of a three-byte sequence
-  CHECK(json_log_line(r).find("\"message\":\"\xef\xbf\xbd\xef\xbf\xbd\"") != std::string::npos);
+  CHECK(json_log_line(r).find("\"message\":\"\xef\xbf\xbd\"") != std::string::npos);
   r.message = "\xc0\xaf";  // an overlong '/'
   CHECK(json_log_line(r).find("\"message\":\"\xef\xbf\xbd\xef\xbf\xbd\"") != std::string::npos);
+}
+
+TEST_CASE("Every JSON log line reads back with a strict UTF-8 reader, keys and values alike", "[logformat]") {
+  LogRecord r;
+  r.time = at(0);
+  r.level = "error";
+  r.host = "h\xfe";
+  const std::string msg = std::string("bad \xff\xc3 ctl \x01\x1b[31m \b\f") + std::string(1, '\0');
+  r.message = msg;
+  std::vector<LogField> f{{"k\xff", std::string("v\x80")}, {"big", int64_t{9007199254740993}},
+                          {"inf", std::numeric_limits<double>::infinity()}};
+  r.fields = &f;
+  const std::string line = json_log_line(r);
+  CHECK(line.find('\n') == line.size() - 1);
+  nlohmann::json doc;
+  REQUIRE_NOTHROW(doc = nlohmann::json::parse(line));
+  CHECK(doc["host"] == "h\xef\xbf\xbd");
+  CHECK(doc["message"] == std::string("bad \xef\xbf\xbd\xef\xbf\xbd ctl \x01\x1b[31m \b\f") + std::string(1, '\0'));
+  CHECK(doc["fields"]["k\xef\xbf\xbd"] == "v\xef\xbf\xbd");
+  CHECK(doc["fields"]["big"].get<int64_t>() == 9007199254740993);
+  CHECK(doc["fields"]["inf"].is_null());
 }
 
 TEST_CASE("--log_format takes text or json", "[logformat]") {

@@ -36,7 +36,7 @@ struct LogRecord {
 };
 
 // The record as one line of JSON, '\n' included. Strings are escaped as JSON requires (control
-// characters as \u00XX); bytes that are not UTF-8 become U+FFFD, so every line parses.
+// characters as \n, \t or \u00XX); bytes that are not UTF-8 become U+FFFD, so every line parses.
 std::string json_log_line(const LogRecord& r);
 
 // Parses a --log_format value ("text" or "json"); nullopt otherwise.
