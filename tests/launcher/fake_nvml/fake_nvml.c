@@ -4,7 +4,8 @@
  *   gpu <index> <utilization %>          one line per GPU (indices 0..n-1)
  *   proc <index> <pid> <bytes>           a compute process on that GPU
  * No file, or no gpu line: a driver with no GPU. Loaded only where a test puts its directory
- * in LD_LIBRARY_PATH. */
+ * in LD_LIBRARY_PATH. Each nvmlInit_v2 appends a line "init" to the file named by
+ * DDPRUN_FAKE_NVML_INITS, when set (who loaded NVML, and when). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,15 @@ static void load(struct State* s) {
 /* A handle is its index + 1 (never null). */
 static int index_of(nvmlDevice_t d) { return (int)(size_t)d - 1; }
 
-nvmlReturn_t nvmlInit_v2(void) { return kSuccess; }
+nvmlReturn_t nvmlInit_v2(void) {
+  const char* path = getenv("DDPRUN_FAKE_NVML_INITS");
+  FILE* f = path ? fopen(path, "a") : NULL;
+  if (f) {
+    fputs("init\n", f);
+    fclose(f);
+  }
+  return kSuccess;
+}
 nvmlReturn_t nvmlShutdown(void) { return kSuccess; }
 const char* nvmlErrorString(nvmlReturn_t rc) { return rc == kSuccess ? "Success" : "Fake error"; }
 
