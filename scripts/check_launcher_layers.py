@@ -50,7 +50,9 @@ def layer_of(rel):
         return PUBLIC.get(parts[-1])
     if rel == "src/main.cpp":
         return "main"
-    if parts[1] == "workers" and parts[-1].startswith(("worker_group.", "worker_group_")):
+    # The worker group's code drives the warm spares; its header (included by the layers above)
+    # does not: it is the workers layer's.
+    if parts[1] == "workers" and parts[-1].startswith("worker_group") and parts[-1].endswith(".cpp"):
         return "group"
     return parts[1] if parts[1] in ALLOWED else None
 
