@@ -43,7 +43,7 @@ class HangLikeFailure(unittest.TestCase):
         by `mode` in attempt 0, read while attempt 1 runs."""
         port = free_port()
         job = StatusJob(self, WORKER.format(mode=mode),
-                        extra=["--max_restarts=1", "--hang_timeout=1", "--log_format=json", f"--metrics_port={port}"])
+                        extra=["--max_restarts=1", "--hang_timeout=2", "--log_format=json", f"--metrics_port={port}"])
         job.pids(0)
         open(job.stop + ".fail", "w").close()
         job.pids(1)
