@@ -19,12 +19,14 @@ ALLOWED = {  # layer -> the layers it may include (besides itself)
     "spares": {"platform", "options", "workers"},
     "group": {"platform", "options", "workers", "spares"},
     "coordination": {"platform", "options", "workers"},
-    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics", "status", "hang"},
+    "observers": {"platform", "options", "workers", "metrics", "status", "hang"},
+    "agent": {"platform", "options", "workers", "spares", "group", "coordination", "metrics", "status", "hang",
+              "observers"},
     "doctor": {"platform", "options", "workers", "spares"},
     "status": {"platform", "options", "metrics"},
     "hang": {"platform", "options", "workers"},
     "main": {"platform", "options", "workers", "spares", "group", "coordination", "agent", "metrics", "doctor",
-             "status", "hang"},
+             "status", "hang", "observers"},
 }
 PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "signal_names.h": "platform", "hostlist.h": "platform", "numa.h": "platform", "env_map.h": "platform", "log_format.h": "platform", "log_events.h": "platform",
@@ -34,7 +36,7 @@ PUBLIC = {  # include/ddprun/launcher/<name> -> layer
     "worker_files.h": "workers",
     "spare_plan.h": "spares", "agent_metrics.h": "metrics",
     "rendezvous_plan.h": "coordination", "coordinator.h": "coordination",
-    "agent_state.h": "agent", "usage_report.h": "agent", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
+    "agent_state.h": "agent", "usage_report.h": "observers", "summary.h": "agent", "agent.h": "agent", "launch_plan.h": "agent",
     "doctor.h": "doctor", "json.h": "platform", "runtime_dir.h": "platform",
     "agent_status.h": "status", "status_command.h": "status", "hang.h": "hang",
 }
@@ -48,7 +50,9 @@ def layer_of(rel):
         return PUBLIC.get(parts[-1])
     if rel == "src/main.cpp":
         return "main"
-    if parts[1] == "workers" and parts[-1].startswith(("worker_group.", "worker_group_")):
+    # The worker group's code drives the warm spares; its header (included by the layers above)
+    # does not: it is the workers layer's.
+    if parts[1] == "workers" and parts[-1].startswith("worker_group") and parts[-1].endswith(".cpp"):
         return "group"
     return parts[1] if parts[1] in ALLOWED else None
 

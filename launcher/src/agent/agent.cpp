@@ -35,9 +35,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kMaxErrorFileBytes = 1024 * 1024;
-constexpr size_t kMaxTailBytes = 8192;  // of a failure's stderr, sent to the other nodes
-
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 WorkerStatus status_of_wait(int st) {
@@ -58,10 +55,6 @@ int Agent::run() {
     if (plan_.spares) group_->enable_spares();
     else if (opts_.spares.enabled.value_or(false))
       spdlog::warn("--warm_spares=1: the entry point does not run as `python -u SCRIPT|-m MODULE|-c CODE`; no spares");
-    start_status();
-    start_metrics();
-    // Sampled every 2 s where NVML finds GPUs (the thread ends at once elsewhere).
-    if (opts_.output.gpu_util_warn >= 0) gpu_usage_ = std::make_unique<GpuUsageRecorder>(sampler_, 2.0);
     start_observers();
     start_coordinator();
     for (const auto& a : state_.start()) perform(a);
@@ -80,7 +73,6 @@ int Agent::run() {
     exit_code_ = 1;
   }
   if (group_) group_->teardown();
-  stop_observers();
   if (guardian_) guardian_->release();
   reap_leftovers(kKillWaitS);
   if (coordinator_) coordinator_->leave();
@@ -89,8 +81,9 @@ int Agent::run() {
     wait_for_other_agents();
     store_->stop();
   }
-  if (opts_.output.gpu_util_warn >= 0) print_usage();
+  observers_.each([](AgentObserver& o) { o.run_ended(); });
   std::string text = summary();
+  observers_ = Observers();
   if (group_) exit_code_ = final_exit_code(exit_code_, group_->log_failures().any());
   close_all();
   if (log_root_is_temp_ && !keep_log_root_) {
@@ -130,8 +123,7 @@ void Agent::loop() {
         if (::read(timer_fd_, &expirations, sizeof expirations) == sizeof expirations) dispatch(TimerExpired{});
       } else if (fd == group_->retire_timer_fd()) {
         group_->on_retire_timer();
-      } else if (fd == hang_timer_fd_) {
-        on_hang_timer();
+      } else if (observers_.on_ready(fd)) {
       } else if (fd == group_->console_timer_fd()) {
         group_->on_console_timer();
       } else if (Worker* w = group_->by_exit_watch(fd)) {
@@ -158,12 +150,12 @@ void Agent::perform(const Action& a) {
     switch (a.kind) {
       case Action::Kind::JoinRound:
         join_sent_ = Clock::now();
-        if (status_) status_->joining();
+        observers_.each([](AgentObserver& o) { o.joining(); });
         spdlog::debug("joining the next round of job {} (attempt {})", opts_.rendezvous.id, a.attempt);
         coordinator_->join();
         break;
       case Action::Kind::StartAttempt: start_attempt(a.attempt); break;
-      case Action::Kind::ReportFailure: a.hung ? record_hang(a) : record_failure(a); break;
+      case Action::Kind::ReportFailure: record_failure(a); break;
       case Action::Kind::ReportSuccess:
         if (layout_.num_nodes > 1) {
           LogEvent ev("node_succeeded", {{"workers", int64_t{opts_.nodes.nproc_per_node}}});
@@ -233,12 +225,13 @@ void Agent::coordinator_lost(const std::string& what) {
 void Agent::on_notice(const Notice& n) {
   switch (n.kind) {
     case Notice::Kind::Round:
-      if (metrics_) metrics_->rendezvous_done(std::chrono::duration<double>(Clock::now() - join_sent_).count());
       layout_ = n.layout;
+      observers_.each([&, s = std::chrono::duration<double>(Clock::now() - join_sent_).count()](AgentObserver& o) {
+        o.round(n.layout, n.max_restarts, s);
+      });
       relay_store();
       max_restarts_ = n.max_restarts;
       set_log_node_rank(n.layout.node_rank);
-      if (status_) status_->round(n.layout.run_id, n.layout.node_rank, n.layout.num_nodes, n.max_restarts);
       dispatch(RoundReady{n.layout.restart_count});
       break;
     case Notice::Kind::Restart:
@@ -269,25 +262,14 @@ void Agent::start_attempt(int attempt) {
   const auto t0 = Clock::now();
   group_->start(attempt, layout_, fresh_attempt_log_dir(run_log_dir_, attempt), spawn_);
   workers_started_ = true;
-  observers_attempt_started(attempt);
-  if (gpu_usage_) {
-    std::vector<RankSample> ws;
-    for (const auto& w : group_->current()) ws.push_back({.local_rank = w->local_rank, .global_rank = w->global_rank, .pid = w->pid});
-    gpu_usage_->set_workers(ws);
-  }
-  if (metrics_) {
-    std::vector<AgentExporter::Worker> ws;
-    for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
-    const char* cause = attempt == 0 && failures_seen_ == 0 ? nullptr
-                        : failed_since_round_               ? "worker_failure"
-                                                            : "peer_restart";
-    metrics_->attempt_started(attempt, ws, cause);
-  }
-  if (status_) {
-    std::vector<StatusBoard::Worker> ws;
-    for (const auto& w : group_->current()) ws.push_back({w->local_rank, w->global_rank, w->pid});
-    status_->attempt_started(attempt, ws);
-  }
+  AttemptStarted started{.attempt = attempt,
+                         .layout = &layout_,
+                         .restart_cause = attempt == 0 && failures_seen_ == 0 ? nullptr
+                                          : failed_since_round_               ? "worker_failure"
+                                                                              : "peer_restart"};
+  for (const auto& w : group_->current())
+    started.workers.push_back({w->local_rank, w->global_rank, w->pid, w->error_file});
+  observers_.each([&](AgentObserver& o) { o.attempt_started(started); });
   const double spawn_ms = ms_since(t0);
   const auto t_spawned = Clock::now();
   const std::string where = fmt::format("node rank {} of {}, world size {}, workers' store {}:{}", layout_.node_rank,
@@ -326,29 +308,6 @@ void Agent::start_attempt(int attempt) {
   failed_since_round_ = false;
   group_->kill_stale_orphans();
   group_->start_spares(layout_, spawn_);
-}
-
-// --metrics_port: the endpoint, before the first round (its rendezvous time is recorded).
-void Agent::start_metrics() {
-  if (!opts_.output.metrics_port) return;
-  try {
-    metrics_ = std::make_unique<AgentExporter>(opts_.output.metrics_host, *opts_.output.metrics_port);
-  } catch (const metrics::MetricsEndpointError& e) {
-    throw UsageError(e.what());
-  }
-  metrics_->set_gpu_sampler([s = sampler_](std::vector<RankSample>& ranks) { s->sample_gpus(ranks); });
-  // Tests read the URL at the end of this line.
-  LogEvent ev("metrics_endpoint", {{"url", metrics_->url()}});
-  spdlog::info("metrics on {}", metrics_->url());
-}
-
-// `ddprun status`: the socket, before the first round (a job still in its rendezvous shows).
-void Agent::start_status() {
-  status_ = std::make_shared<StatusBoard>(opts_.rendezvous.id, opts_.faults.max_restarts, sampler_);
-  std::string why;
-  status_socket_ = StatusSocket::start(*status_, status_dir(env_), &why);
-  if (!status_socket_) spdlog::warn("`ddprun status` cannot see this job: {}", why);
-  else spdlog::debug("status socket {}", status_socket_->path());
 }
 
 void Agent::on_signalfd() {
@@ -391,7 +350,7 @@ void Agent::reap_children() {
       if (group_->on_spare_reaped(pid, st)) continue;
       double ms = 0;
       if (group_->reaped_dying(pid, ms)) {
-        record_usage(nullptr, pid, ru);
+        worker_reaped(nullptr, pid, ru);
         spdlog::debug("worker pid {} of an ended attempt reaped {:.1f} ms after its exit was seen", pid, ms);
       } else {
         spdlog::debug("reaped descendant pid {}", pid);
@@ -403,7 +362,7 @@ void Agent::reap_children() {
     group_->close_exit_watch(w);
     const WorkerStatus status = status_of_wait(st);
     if (!w.exit_reported) w.ended = Clock::now();
-    record_usage(&w, pid, ru);
+    worker_reaped(&w, pid, ru);
     if (w.exit_reported) {
       // Seen (and dispatched) as it began to exit; now it is gone.
       group_->drain(w);
@@ -447,8 +406,7 @@ void Agent::worker_ended(Worker& w) {
                 w.reaped ? "" : " (seen as it began to exit)");
   if (done_) return;
   const bool current = group_->is_current(w);  // else a retired worker of an earlier attempt
-  if (metrics_ && current) metrics_->worker_ended(w.local_rank, w.status->success());
-  if (status_ && current) status_->worker_ended(w.local_rank, w.status->success());
+  if (current) observers_.each([&](AgentObserver& o) { o.worker_ended(w.local_rank, w.status->success()); });
   const bool was_preempted = state_.preempted();
   std::optional<PreemptAnnouncement> said;
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
@@ -467,55 +425,6 @@ void Agent::worker_ended(Worker& w) {
     else spdlog::warn("worker r{} ended during the preemption with {}", w.global_rank, w.status->describe());
   }
   if (!current) group_->on_retired_exit(w);  // may free `w`
-}
-
-void Agent::record_failure(const Action& a) {
-  ++failures_seen_;
-  Worker* w = group_->current_rank(a.local_rank);
-  if (!w) return;
-  FailureDetails f;
-  f.attempt = a.attempt;
-  f.local_rank = w->local_rank;
-  f.global_rank = w->global_rank;
-  f.pid = w->pid;
-  f.status = a.status;
-  f.when = w->ended_wall;
-  f.after_s = std::chrono::duration<double>(w->ended - w->started).count();
-  f.tail = w->tail.lines();
-  f.error_file = w->error_file;
-  failure_seen_ = w->ended;
-  failed_since_round_ = true;
-  // The worker's file (worker_files.h): never followed, never blocked on, at most 1 MiB.
-  f.error_file_content = read_worker_file(w->error_file, kMaxErrorFileBytes);
-  failure_ = std::move(f);
-  const bool config_error = says_config_error(a.status.code, a.status.signaled,
-                                              failure_->error_file_content ? &*failure_->error_file_content : nullptr);
-  if (metrics_) metrics_->worker_failed(config_error ? "config_error" : a.status.signaled ? "signal" : "exit_code");
-  LogEvent ev("worker_failed",
-              {{"local_rank", int64_t{w->local_rank}},
-               {"pid", int64_t{w->pid}},
-               {a.status.signaled ? "signal" : "exit_code",
-                a.status.signaled ? LogFieldValue(std::string(signal_name(a.status.code))) : LogFieldValue(int64_t{a.status.code})},
-               {"after_s", failure_->after_s},
-               {"attempt", int64_t{a.attempt}},
-               {"config_error", config_error}},
-              w->global_rank);
-  if (status_)
-    status_->failed(w->global_rank, fmt::format("r{}: {} after {:.1f} s (attempt {})", w->global_rank,
-                                                a.status.describe(), failure_->after_s, a.attempt));
-  spdlog::warn("worker r{} (local rank {}, pid {}) failed: {} after {:.2f} s; stopping the group", w->global_rank,
-               w->local_rank, w->pid, a.status.describe(), failure_->after_s);
-  std::string tail;
-  for (const auto& line : failure_->tail) tail += line + "\n";
-  if (tail.size() > kMaxTailBytes) tail = tail.substr(tail.size() - kMaxTailBytes);
-  coordinator_->report_failure(rdzv::Failure{.global_rank = w->global_rank,
-                                             .local_rank = w->local_rank,
-                                             .exit_code = a.status.signaled ? 0 : a.status.code,
-                                             .signal = a.status.signaled ? signal_name(a.status.code) : "",
-                                             .when = wall_time(failure_->when),
-                                             .stderr_tail = tail,
-                                             .runtime_ms = static_cast<int64_t>(failure_->after_s * 1000),
-                                             .config_error = config_error});
 }
 
 void Agent::stop_stragglers(const Action& a) {
@@ -558,7 +467,10 @@ std::string Agent::summary() const {
   in.interpreter = plan_.interpreter;
   in.workers_started = workers_started_;
   in.stragglers = stragglers_;
-  observers_summary(in);
+  SummaryNotes notes = observers_.summary_notes();
+  in.nccl_trace_dir = std::move(notes.nccl_trace_dir);
+  in.nccl_traces = std::move(notes.nccl_traces);
+  in.nccl_traces_more = notes.nccl_traces_more;
   if (logs_lost) {
     in.log_losses = group_->log_failures().summary_lines();
     in.log_files_failed = group_->log_failures().files();

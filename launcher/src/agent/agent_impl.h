@@ -17,21 +17,15 @@
 #include "ddprun/launcher/launch_plan.h"
 #include "ddprun/launcher/rendezvous_plan.h"
 #include "ddprun/launcher/summary.h"
-#include "ddprun/launcher/usage_report.h"
 #include "ddprun/relay/store_relay.h"
 #include "ddprun/server/store_server.h"
 #include "ddprun/client/net.h"
-#include "hang/progress_files.h"
-#include "hang/run_record.h"
-#include "metrics/agent_exporter.h"
-#include "status/gpu_usage.h"
-#include "status/rank_sampler.h"
-#include "status/status_server.h"
+#include "observers/observers.h"
 #include "workers/worker_group.h"
 
 namespace ddprun::launcher {
 
-class Agent {
+class Agent : private ObserverHost {
  public:
   Agent(const LaunchPlan& plan, const EnvMap& env)
       : plan_(plan),
@@ -77,24 +71,14 @@ class Agent {
   void close_all();
   std::string summary() const;
 
-  // --hang_timeout, --nccl_flight_recorder and `ddprun dump` (agent_hang.cpp).
+  // Whoever watches the agent (observers/observers.h): told of its events, never named here.
   void start_observers();
-  void add_observer_env(EnvMap& wenv, const std::string& error_file) const;
-  void observers_attempt_started(int attempt);
-  void on_hang_timer();
-  void on_hang(const HangVerdict& v);
-  void record_hang(const Action& a);
-  void observers_summary(SummaryInput& in) const;
-  void stop_observers();
-  struct HangRecord {
-    std::string message, stacks_dir, stacks;
-  };
-  std::unique_ptr<RunRecord> run_record_;
-  std::unique_ptr<HangMonitor> hang_;
-  int hang_timer_fd_ = -1;
-  std::string progress_module_dir_;  // appended to the Python workers' PYTHONPATH, or ""
-  std::string nccl_trace_dir_;       // --nccl_flight_recorder: <run dir>/nccl_trace
-  std::optional<HangRecord> hang_record_;
+  Observers observers_;
+  bool attempt_running(int attempt) const override;
+  std::vector<bool> alive(size_t ranks) const override;
+  void worker_hung(int local_rank, int attempt) override;
+  void keep_log_dir() override { keep_log_root_ = true; }
+  void worker_reaped(const Worker* w, pid_t pid, const struct rusage& ru);
 
   const LaunchPlan& plan_;
   const LaunchOptions& opts_;  // plan_.options
@@ -116,14 +100,6 @@ class Agent {
   rdzv::MungeCredentialCheck munge_check_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
-  std::unique_ptr<AgentExporter> metrics_;  // --metrics_port
-  void start_metrics();
-  // `ddprun status`: the board the loop records on and the owner-only socket that serves it;
-  // the sampler (/proc, NVML) is shared with the metrics endpoint.
-  std::shared_ptr<RankSampler> sampler_ = std::make_shared<RankSampler>();
-  std::shared_ptr<StatusBoard> status_;  // shared with the heartbeats that carry its snapshots
-  std::unique_ptr<StatusSocket> status_socket_;
-  void start_status();
   EnvMap extra_env_;  // added to every worker's environment unless already set
   std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;
@@ -157,14 +133,6 @@ class Agent {
   int exit_code_ = 1;
   std::optional<FailureDetails> failure_;
   int failures_seen_ = 0;
-  // Each reaped worker's use of the machine (wait4's rusage), for the end-of-run table.
-  std::vector<RankUsage> usage_;
-  int earlier_workers_ = 0;  // reaped workers of ended attempts that the group no longer knows
-  double earlier_cpu_s_ = 0;
-  void record_usage(const Worker* w, pid_t pid, const struct rusage& ru);
-  // Each worker's GPU use while it runs (none without NVML), for the end-of-run table.
-  std::unique_ptr<GpuUsageRecorder> gpu_usage_;
-  void print_usage() const;
 };
 
 }  // namespace ddprun::launcher

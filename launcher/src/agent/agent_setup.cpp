@@ -102,7 +102,7 @@ void Agent::prepare_command() {
   spawn_.env = [this](const GroupLayout& g, int local_rank, const std::string& error_file) {
     EnvMap wenv = build_worker_env(env_, opts_.workers, opts_.faults, g, local_rank, error_file);
     for (const auto& [k, v] : extra_env_) wenv.emplace(k, v);  // never over the user's own
-    add_observer_env(wenv, error_file);
+    observers_.each([&](AgentObserver& o) { o.worker_env(wenv, error_file); });
     return wenv;
   };
 }
@@ -211,7 +211,7 @@ void Agent::start_coordinator() {
     co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
     co.token = credentials_;
     // `ddprun status --rdzv_endpoint`: the server keeps what the heartbeats carry.
-    if (status_) co.status_source = [board = status_] { return board->publish_if_due(); };
+    co.status_source = observers_.heartbeat_source();
     coordinator_ = make_remote_coordinator(std::move(co));
   }
   // Gloo binds to whatever the hostname resolves to, often 127.0.1.1, which other nodes

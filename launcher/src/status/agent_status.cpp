@@ -5,80 +5,120 @@
 #include <cstdio>
 #include <map>
 
-#include "ddprun/launcher/json.h"
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 namespace ddprun::launcher {
 namespace {
 
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
+using OJson = nlohmann::ordered_json;  // the documented key order (launcher/README.md)
+
+// One decimal, as the table shows it.
+double tenths(double v) { return std::round(v * 10) / 10; }
 
 template <class T>
-std::string opt_json(const std::optional<T>& v) {
-  if (!v) return "null";
-  if constexpr (std::is_floating_point_v<T>) return number(*v);
-  else return std::to_string(*v);
+OJson opt_json(const std::optional<T>& v) {
+  if (!v) return nullptr;
+  if constexpr (std::is_floating_point_v<T>) return tenths(*v);
+  else return *v;
 }
 
-std::string rank_json(const RankStatus& r) {
-  return "{\"rank\":" + std::to_string(r.rank) + ",\"local_rank\":" + std::to_string(r.local_rank) +
-         ",\"pid\":" + std::to_string(r.pid) + ",\"state\":" + json_quote(r.state) +
-         ",\"uptime_s\":" + number(r.uptime_s) + ",\"cpu_percent\":" + opt_json(r.cpu_percent) +
-         ",\"rss_bytes\":" + opt_json(r.rss_bytes) + ",\"gpu_index\":" + opt_json(r.gpu_index) +
-         ",\"gpu_utilization_percent\":" + opt_json(r.gpu_utilization_percent) +
-         ",\"gpu_memory_bytes\":" + opt_json(r.gpu_memory_bytes) + "}";
+OJson rank_json(const RankStatus& r) {
+  return OJson{{"rank", r.rank},
+               {"local_rank", r.local_rank},
+               {"pid", r.pid},
+               {"state", r.state},
+               {"uptime_s", tenths(r.uptime_s)},
+               {"cpu_percent", opt_json(r.cpu_percent)},
+               {"rss_bytes", opt_json(r.rss_bytes)},
+               {"gpu_index", opt_json(r.gpu_index)},
+               {"gpu_utilization_percent", opt_json(r.gpu_utilization_percent)},
+               {"gpu_memory_bytes", opt_json(r.gpu_memory_bytes)}};
 }
+
+OJson agent_json(const AgentStatus& s) {
+  OJson ranks = OJson::array();
+  for (const auto& r : s.ranks) ranks.push_back(rank_json(r));
+  OJson failure = nullptr;
+  if (!s.last_failure.empty()) failure = OJson{{"rank", opt_json(s.last_failure_rank)}, {"what", s.last_failure}};
+  return OJson{{"run_id", s.run_id},
+               {"host", s.host},
+               {"node_rank", s.node_rank},
+               {"num_nodes", s.num_nodes},
+               {"agent_pid", s.agent_pid},
+               {"state", s.state},
+               {"attempt", s.attempt},
+               {"max_restarts", s.max_restarts},
+               {"restarts_used", s.attempt},
+               {"restarts_left", s.restarts_left()},
+               {"uptime_s", tenths(s.uptime_s)},
+               {"last_failure", std::move(failure)},
+               {"ranks", std::move(ranks)}};
+}
+
+// Other agents' text (or the rendezvous server's copy of it): invalid UTF-8 is replaced, never
+// thrown on.
+std::string dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
 
 // Readers: a missing or null field leaves the value as it was; a field of the wrong type is an
 // error.
 struct Reader {
-  const Json& obj;
+  const nlohmann::json& obj;
   std::string* error;
   bool ok = true;
 
-  const Json* get(const char* key, Json::Type type) {
-    const Json* f = obj.field(key);
-    if (!f || f->type == Json::Type::Null) return nullptr;
-    if (f->type != type) {
-      if (ok && error) *error = std::string("field \"") + key + "\" has the wrong type";
-      ok = false;
+  void fail(const char* key, const char* what) {
+    if (ok && error) *error = std::string("field \"") + key + "\" " + what;
+    ok = false;
+  }
+  const nlohmann::json* get(const char* key, nlohmann::json::value_t type) {
+    const auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return nullptr;
+    const bool number = type == nlohmann::json::value_t::number_float;
+    if (number ? !it->is_number() : it->type() != type) {
+      fail(key, "has the wrong type");
       return nullptr;
     }
-    return f;
+    return &*it;
   }
   bool require(const char* key) {
-    if (obj.field(key)) return true;
-    if (ok && error) *error = std::string("field \"") + key + "\" is missing";
-    ok = false;
+    if (obj.contains(key)) return true;
+    fail(key, "is missing");
     return false;
   }
   template <class T>
   void num(const char* key, T& out) {
-    if (const Json* f = get(key, Json::Type::Number)) {
-      try {
-        if constexpr (std::is_floating_point_v<T>) out = std::stod(f->text);
-        else out = static_cast<T>(std::stoll(f->text));
-      } catch (const std::exception&) {
-        if (ok && error) *error = std::string("field \"") + key + "\" is not a number";
-        ok = false;
-      }
+    const nlohmann::json* f = get(key, nlohmann::json::value_t::number_float);
+    if (!f) return;
+    const double d = f->get<double>();
+    if constexpr (std::is_floating_point_v<T>) {
+      out = static_cast<T>(d);
+    } else if (f->is_number_unsigned() && std::in_range<T>(f->get<uint64_t>())) {
+      out = static_cast<T>(f->get<uint64_t>());
+    } else if (f->is_number_integer() && std::in_range<T>(f->get<int64_t>())) {
+      out = static_cast<T>(f->get<int64_t>());
+    } else if (f->is_number_float() && std::isfinite(d) && d >= static_cast<double>(std::numeric_limits<T>::min()) &&
+               d <= static_cast<double>(std::numeric_limits<T>::max())) {
+      out = static_cast<T>(d);
+    } else {
+      fail(key, "is not a number");
     }
   }
   template <class T>
   void opt(const char* key, std::optional<T>& out) {
     T v{};
-    if (obj.field(key) && obj.field(key)->type == Json::Type::Number) {
+    const auto it = obj.find(key);
+    if (it != obj.end() && it->is_number()) {
       num(key, v);
       out = v;
     } else {
-      get(key, Json::Type::Number);  // null or absent: nothing; another type: an error
+      get(key, nlohmann::json::value_t::number_float);  // null or absent: nothing; another type: an error
     }
   }
   void str(const char* key, std::string& out) {
-    if (const Json* f = get(key, Json::Type::String)) out = f->text;
+    if (const nlohmann::json* f = get(key, nlohmann::json::value_t::string)) out = f->get<std::string>();
   }
 };
 
@@ -113,31 +153,17 @@ std::string fmt_percent(double p) {
 
 }  // namespace
 
-std::string status_to_json(const AgentStatus& s) {
-  std::string ranks;
-  for (const auto& r : s.ranks) ranks += (ranks.empty() ? "" : ",") + rank_json(r);
-  return "{\"run_id\":" + json_quote(s.run_id) + ",\"host\":" + json_quote(s.host) +
-         ",\"node_rank\":" + std::to_string(s.node_rank) + ",\"num_nodes\":" + std::to_string(s.num_nodes) +
-         ",\"agent_pid\":" + std::to_string(s.agent_pid) + ",\"state\":" + json_quote(s.state) +
-         ",\"attempt\":" + std::to_string(s.attempt) + ",\"max_restarts\":" + std::to_string(s.max_restarts) +
-         ",\"restarts_used\":" + std::to_string(s.attempt) + ",\"restarts_left\":" +
-         std::to_string(s.restarts_left()) + ",\"uptime_s\":" + number(s.uptime_s) +
-         ",\"last_failure\":" +
-         (s.last_failure.empty() ? std::string("null")
-                                 : "{\"rank\":" + opt_json(s.last_failure_rank) +
-                                       ",\"what\":" + json_quote(s.last_failure) + "}") +
-         ",\"ranks\":[" + ranks + "]}";
-}
+std::string status_to_json(const AgentStatus& s) { return dump(agent_json(s)); }
 
 std::string status_document_json(const std::vector<AgentStatus>& agents) {
-  std::string out = "{\"version\":" + std::to_string(kStatusSchemaVersion) + ",\"agents\":[";
-  for (size_t i = 0; i < agents.size(); ++i) out += (i ? "," : "") + status_to_json(agents[i]);
-  return out + "]}";
+  OJson list = OJson::array();
+  for (const auto& a : agents) list.push_back(agent_json(a));
+  return dump(OJson{{"version", kStatusSchemaVersion}, {"agents", std::move(list)}});
 }
 
 namespace {
-std::optional<AgentStatus> status_from_object(const Json& obj, std::string* error) {
-  if (obj.type != Json::Type::Object) {
+std::optional<AgentStatus> status_from_object(const nlohmann::json& obj, std::string* error) {
+  if (!obj.is_object()) {
     if (error) *error = "not a JSON object";
     return std::nullopt;
   }
@@ -153,15 +179,15 @@ std::optional<AgentStatus> status_from_object(const Json& obj, std::string* erro
   r.num("attempt", s.attempt);
   r.num("max_restarts", s.max_restarts);
   r.num("uptime_s", s.uptime_s);
-  if (const Json* f = r.get("last_failure", Json::Type::Object)) {
+  if (const nlohmann::json* f = r.get("last_failure", nlohmann::json::value_t::object)) {
     Reader fr{*f, error};
     fr.opt("rank", s.last_failure_rank);
     fr.str("what", s.last_failure);
     r.ok = r.ok && fr.ok;
   }
-  if (const Json* ranks = r.get("ranks", Json::Type::Array)) {
-    for (const Json& item : ranks->items) {
-      if (item.type != Json::Type::Object) {
+  if (const nlohmann::json* ranks = r.get("ranks", nlohmann::json::value_t::array)) {
+    for (const nlohmann::json& item : *ranks) {
+      if (!item.is_object()) {
         if (r.ok && error) *error = "an entry of \"ranks\" is not an object";
         return std::nullopt;
       }
@@ -188,22 +214,22 @@ std::optional<AgentStatus> status_from_object(const Json& obj, std::string* erro
 }  // namespace
 
 std::optional<AgentStatus> status_from_json(const std::string& text, std::string* error) {
-  const auto doc = parse_json(text);
-  if (!doc) {
+  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
     if (error) *error = "not a JSON object";
     return std::nullopt;
   }
-  return status_from_object(*doc, error);
+  return status_from_object(doc, error);
 }
 
 std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::string* error) {
   std::vector<AgentStatus> out;
-  const auto doc = parse_json(text);
-  if (!doc || doc->type != Json::Type::Array) {
+  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_array()) {
     if (error) *error = "not a JSON array";
     return out;
   }
-  for (const Json& item : doc->items) {
+  for (const nlohmann::json& item : doc) {
     std::string why;
     if (auto s = status_from_object(item, &why)) out.push_back(std::move(*s));
     else if (error && error->empty()) *error = why;

@@ -31,8 +31,9 @@ std::optional<GpuUse> GpuUsageRecorder::take(pid_t pid) {
   return u;
 }
 
+// NVML is loaded here, on this thread, at the first sample (an interval after the start): never
+// on the launch path, and a job that ends sooner never loads it (nor waits for it at exit).
 void GpuUsageRecorder::run() {
-  if (!sampler_->nvml_available()) return;  // no driver: nothing to record, ever
   using Clock = std::chrono::steady_clock;
   auto last = Clock::now();
   std::unique_lock lock(mu_);
@@ -41,6 +42,7 @@ void GpuUsageRecorder::run() {
     if (stop_) break;
     std::vector<RankSample> ranks = workers_;
     lock.unlock();
+    if (!sampler_->nvml_available()) return;  // no driver: nothing to record, ever
     sampler_->sample_gpus(ranks);  // NVML calls outside the lock
     const auto now = Clock::now();
     const double dt = std::chrono::duration<double>(now - last).count();

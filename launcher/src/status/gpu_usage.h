@@ -1,6 +1,8 @@
 // Each worker's GPU use over its life, for the end-of-run table (usage_report.h): a thread that,
 // where NVML loads, samples the running workers' GPUs every few seconds and integrates each
-// one's utilisation over time. Without NVML (no driver) it ends at once and records nothing.
+// one's utilisation over time. NVML is loaded on that thread at the first sample, one interval
+// after the start: a job shorter than that never loads it. Without NVML (no driver) the thread
+// ends at its first sample and records nothing.
 #pragma once
 
 #include <sys/types.h>

@@ -16,6 +16,7 @@
 #include "ddprun/launcher/signal_names.h"
 #include "ddprun/launcher/worker_files.h"
 #include "platform/sys_util.h"
+#include "spares/spares.h"
 #include "ddprun/client/net.h"
 
 namespace ddprun::launcher {
@@ -51,6 +52,16 @@ std::string line_prefix(const OutputOptions& output, int node_rank, const Worker
 
 }  // namespace
 
+struct WorkerGroup::Pending {
+  std::optional<Spares::Launch> warm;
+  std::optional<SpawnedProcess> cold;
+  EnvMap env;
+};
+struct WorkerGroup::StartRun {
+  std::vector<Pending> pending;       // by local rank
+  std::vector<std::string> cold_why;  // "r1 (why)": ranks a spare could not start
+};
+
 WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares, bool multi_node, int epoll_fd,
                          Guardian& guardian)
     : output_(output),
@@ -58,7 +69,7 @@ WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares
       epoll_fd_(epoll_fd),
       guardian_(guardian),
       console_(same_console()),
-      spares_(spares, epoll_fd, guardian) {
+      spares_(std::make_unique<Spares>(spares, epoll_fd, guardian)) {
   retire_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   DDPRUN_CHECK_SYS(retire_timer_fd_);
   watch_fd(retire_timer_fd_);
@@ -66,6 +77,10 @@ WorkerGroup::WorkerGroup(const OutputOptions& output, const SpareOptions& spares
   DDPRUN_CHECK_SYS(console_timer_fd_);
   watch_fd(console_timer_fd_);
 }
+
+void WorkerGroup::enable_spares() { spares_->enable(); }
+bool WorkerGroup::on_spare_reaped(pid_t pid, int wait_status) { return spares_->on_reaped(pid, wait_status); }
+bool WorkerGroup::owns_pipe(int fd) const { return by_fd_.count(fd) != 0 || spares_->owns_fd(fd); }
 
 WorkerGroup::~WorkerGroup() {
   for (auto& w : workers_) forget(*w);
@@ -159,8 +174,8 @@ void WorkerGroup::start(int attempt, const GroupLayout& layout, const fs::path& 
 void WorkerGroup::offer_spare(Worker& w, Pending& p, const SpawnTemplate& spawn, std::vector<std::string>& cold_why) {
   std::string why;
   int out[2] = {-1, -1}, err[2] = {-1, -1};
-  if (spares_.enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
-    p.warm = spares_.launch(w.local_rank, spawn.argv, p.env, spawn.stdin_for(w.global_rank), out[1], err[1], why);
+  if (spares_->enabled() && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0) {
+    p.warm = spares_->launch(w.local_rank, spawn.argv, p.env, spawn.stdin_for(w.global_rank), out[1], err[1], why);
   }
   for (int fd : {out[1], err[1]})
     if (fd >= 0) ::close(fd);
@@ -183,7 +198,7 @@ void WorkerGroup::await_spares(StartRun& run) {
     const std::string why = Spares::answer(*warm, kSpareAnswerTimeoutMs);
     if (why.empty()) continue;
     Worker& w = *workers_[i];
-    spares_.reject(*warm, why);
+    spares_->reject(*warm, why);
     run.cold_why.push_back(fmt::format("r{} (its spare, pid {}: {})", w.global_rank, warm->pid, why));
     warm.reset();
     for (int* fd : {&w.out.fd, &w.err.fd}) {
@@ -256,8 +271,8 @@ void WorkerGroup::wait_execs(StartRun& run, const SpawnTemplate& spawn) {
 
 // "; 2 of 2 from warm spares; started cold: r1 (why)" for the start line.
 void WorkerGroup::note_start(int from_spares, const StartRun& run) {
-  if (!spares_.off_reason().empty()) {
-    start_note_ = "; started cold: warm spares are off (" + spares_.off_reason() + ")";
+  if (!spares_->off_reason().empty()) {
+    start_note_ = "; started cold: warm spares are off (" + spares_->off_reason() + ")";
   } else if (from_spares > 0 || !run.cold_why.empty()) {
     start_note_ = fmt::format("; {} of {} from warm spares", from_spares, run.pending.size());
     if (!run.cold_why.empty()) {
@@ -269,7 +284,7 @@ void WorkerGroup::note_start(int from_spares, const StartRun& run) {
 }
 
 void WorkerGroup::start_spares(const GroupLayout& layout, const SpawnTemplate& spawn) {
-  spares_.replenish(layout, spawn);
+  spares_->replenish(layout, spawn);
 }
 
 void WorkerGroup::kill_stale_orphans() {
@@ -299,7 +314,7 @@ void WorkerGroup::kill_orphans(std::optional<unsigned long long> started_before_
   const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
                                             : children_of(::getpid());
   for (pid_t child : children) {
-    if (!by_pid_.count(child) && !dying_.count(child) && !spares_.owns_pid(child)) {
+    if (!by_pid_.count(child) && !dying_.count(child) && !spares_->owns_pid(child)) {
       spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);
       ::kill(child, SIGKILL);
     }
@@ -429,7 +444,7 @@ void WorkerGroup::teardown() {
   for (auto& g : retiring_)
     for (auto& w : g.workers) signal_process_group(w->pid, SIGKILL);
   for (pid_t pg : old_pgroups_) signal_process_group(pg, SIGKILL);
-  spares_.kill_all();
+  spares_->kill_all();
 }
 
 }  // namespace ddprun::launcher

@@ -22,9 +22,10 @@
 #include "ddprun/launcher/process.h"
 #include "ddprun/launcher/worker_env.h"
 #include "ddprun/launcher/worker_status.h"
-#include "spares/spares.h"
 
 namespace ddprun::launcher {
+
+class Spares;
 
 using Clock = std::chrono::steady_clock;
 using WallClock = std::chrono::system_clock;
@@ -85,14 +86,14 @@ class WorkerGroup {
              const SpawnTemplate& spawn);
   // Warm spares (spares.h) for the restarts of this run: start() launches ready ones and
   // replenishes the pool after each attempt started.
-  void enable_spares() { spares_.enable(); }
+  void enable_spares();
   // After start() (the attempt is running): a spare for each local rank that has none, each
   // importing at --spare_priority.
   void start_spares(const GroupLayout& layout, const SpawnTemplate& spawn);
   // "; 2 of 2 from warm spares; started cold: r1 (why)" for the last start(), or "".
   const std::string& start_note() const { return start_note_; }
   // The reap of a pid that is not a worker: true when it was a spare's (logged).
-  bool on_spare_reaped(pid_t pid, int wait_status) { return spares_.on_reaped(pid, wait_status); }
+  bool on_spare_reaped(pid_t pid, int wait_status);
   // After start(), off the restart's critical path: SIGKILLs orphans of ended attempts
   // (adopted as subreaper) that left their worker's process group.
   void kill_stale_orphans();
@@ -106,7 +107,7 @@ class WorkerGroup {
   // Look-ups for the loop's events. Null when not ours.
   Worker* by_pid(pid_t pid);
   Worker* by_exit_watch(int fd);
-  bool owns_pipe(int fd) const { return by_fd_.count(fd) != 0 || spares_.owns_fd(fd); }
+  bool owns_pipe(int fd) const;
   // Of the running attempt (not retiring, not ended).
   bool is_current(const Worker& w) const;
   const std::vector<std::unique_ptr<Worker>>& current() const { return workers_; }
@@ -142,16 +143,10 @@ class WorkerGroup {
     Clock::time_point deadline;
     bool killed = false;  // SIGKILL sent; `deadline` is now when to stop waiting
   };
-  // start()'s steps: a rank's launch as it is being started, and the run of them.
-  struct Pending {
-    std::optional<Spares::Launch> warm;
-    std::optional<SpawnedProcess> cold;
-    EnvMap env;
-  };
-  struct StartRun {
-    std::vector<Pending> pending;        // by local rank
-    std::vector<std::string> cold_why;   // "r1 (why)": ranks a spare could not start
-  };
+  // start()'s steps: a rank's launch as it is being started, and the run of them
+  // (worker_group.cpp).
+  struct Pending;
+  struct StartRun;
   void open_logs(Worker& w, const std::filesystem::path& attempt_dir);
   void open_stream(Stream& s, int bit, int local_rank, const std::filesystem::path& dir, int dir_errno,
                    const std::filesystem::path& attempt_dir);
@@ -193,7 +188,7 @@ class WorkerGroup {
   std::unordered_map<pid_t, Clock::time_point> dying_;
   std::vector<pid_t> old_pgroups_;  // previous attempts', to clean up
   std::vector<Retiring> retiring_;  // overlapped restart: old attempts
-  Spares spares_;
+  std::unique_ptr<Spares> spares_;  // spares/spares.h: a layer above this header
   std::string start_note_;
   unsigned long long attempt_started_tick_ = 0;  // boot_ticks_now() just before the spawn
   int attempts_started_ = 0;

@@ -13,6 +13,7 @@
 
 #include "ddprun/launcher/worker_files.h"
 #include "platform/sys_util.h"
+#include "spares/spares.h"
 
 namespace ddprun::launcher {
 namespace {
@@ -91,7 +92,7 @@ void WorkerGroup::open_stream(Stream& s, int bit, int lr, const fs::path& dir, i
 }
 
 void WorkerGroup::on_pipe(int fd) {
-  if (spares_.owns_fd(fd)) return spares_.on_fd(fd);
+  if (spares_->owns_fd(fd)) return spares_->on_fd(fd);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return;
   auto [w, is_err] = it->second;

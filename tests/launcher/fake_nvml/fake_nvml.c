@@ -4,10 +4,13 @@
  *   gpu <index> <utilization %>          one line per GPU (indices 0..n-1)
  *   proc <index> <pid> <bytes>           a compute process on that GPU
  * No file, or no gpu line: a driver with no GPU. Loaded only where a test puts its directory
- * in LD_LIBRARY_PATH. */
+ * in LD_LIBRARY_PATH. Each nvmlInit_v2 appends a line "init" to the file named by
+ * DDPRUN_FAKE_NVML_INITS, when set (who loaded NVML, and when), and takes
+ * DDPRUN_FAKE_NVML_INIT_MS milliseconds, when set (a real driver's init, for benchmarks). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st* nvmlDevice_t;
@@ -58,7 +61,21 @@ static void load(struct State* s) {
 /* A handle is its index + 1 (never null). */
 static int index_of(nvmlDevice_t d) { return (int)(size_t)d - 1; }
 
-nvmlReturn_t nvmlInit_v2(void) { return kSuccess; }
+nvmlReturn_t nvmlInit_v2(void) {
+  const char* ms = getenv("DDPRUN_FAKE_NVML_INIT_MS");
+  if (ms) {
+    const long n = atol(ms);
+    struct timespec ts = {n / 1000, (n % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  const char* path = getenv("DDPRUN_FAKE_NVML_INITS");
+  FILE* f = path ? fopen(path, "a") : NULL;
+  if (f) {
+    fputs("init\n", f);
+    fclose(f);
+  }
+  return kSuccess;
+}
 nvmlReturn_t nvmlShutdown(void) { return kSuccess; }
 const char* nvmlErrorString(nvmlReturn_t rc) { return rc == kSuccess ? "Success" : "Fake error"; }
 

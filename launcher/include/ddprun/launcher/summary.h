@@ -64,12 +64,11 @@ struct SummaryInput {
   uint64_t log_bytes_lost = 0;
   std::string log_console_note = "the console got every line";  // LogWriteFailures::console_note()
   // --nccl_flight_recorder: the directory PyTorch's dumps go to, and the files found there
-  // (the first kMaxListedTraces; the workers can fill the directory: how many more).
+  // (the first few; the workers can fill the directory: how many more).
   std::string nccl_trace_dir;
   std::vector<std::string> nccl_traces;
   size_t nccl_traces_more = 0;
 };
-inline constexpr size_t kMaxListedTraces = 64;
 
 // The exit code of the run: `run_code` (the state machine's), except that a clean run whose
 // log files lost output ends with kLogsLostExitCode.
