@@ -30,25 +30,6 @@ std::string dump_replacing(const BasicJson& v) {
   return text;
 }
 
-Json to_tree(const nlohmann::json& v) {
-  Json out;
-  switch (v.type()) {
-    case nlohmann::json::value_t::null: break;
-    case nlohmann::json::value_t::boolean: out.type = Json::Type::Bool, out.text = v.dump(); break;
-    case nlohmann::json::value_t::string: out.type = Json::Type::String, out.text = v.get<std::string>(); break;
-    case nlohmann::json::value_t::array:
-      out.type = Json::Type::Array;
-      for (const auto& item : v) out.items.push_back(to_tree(item));
-      break;
-    case nlohmann::json::value_t::object:
-      out.type = Json::Type::Object;
-      for (const auto& [k, item] : v.items()) out.fields.emplace(k, to_tree(item));
-      break;
-    default: out.type = Json::Type::Number, out.text = v.dump(); break;  // numbers (binary never parses from text)
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string dump_json(const nlohmann::json& v) { return dump_replacing(v); }
@@ -66,13 +47,5 @@ std::optional<nlohmann::json> parse_untrusted_json(const std::string& text, std:
   if (clean == text) return std::nullopt;
   return parse_once(clean, error);
 }
-
-std::optional<Json> parse_json(const std::string& text) {
-  auto doc = parse_untrusted_json(text);
-  if (!doc) return std::nullopt;
-  return to_tree(*doc);
-}
-
-std::string json_quote(std::string_view s) { return dump_json(nlohmann::json(std::string(s))); }
 
 }  // namespace ddprun::launcher

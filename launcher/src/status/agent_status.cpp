@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ddprun/launcher/json.h"
+
 namespace ddprun::launcher {
 namespace {
 
@@ -214,22 +216,23 @@ std::optional<AgentStatus> status_from_object(const nlohmann::json& obj, std::st
 }  // namespace
 
 std::optional<AgentStatus> status_from_json(const std::string& text, std::string* error) {
-  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
+  // Another agent's answer: bounded nesting, bytes that are not UTF-8 read as U+FFFD.
+  const auto doc = parse_untrusted_json(text);
+  if (!doc) {
     if (error) *error = "not a JSON object";
     return std::nullopt;
   }
-  return status_from_object(doc, error);
+  return status_from_object(*doc, error);
 }
 
 std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::string* error) {
   std::vector<AgentStatus> out;
-  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_array()) {
+  const auto doc = parse_untrusted_json(text);
+  if (!doc || !doc->is_array()) {
     if (error) *error = "not a JSON array";
     return out;
   }
-  for (const nlohmann::json& item : doc) {
+  for (const nlohmann::json& item : *doc) {
     std::string why;
     if (auto s = status_from_object(item, &why)) out.push_back(std::move(*s));
     else if (error && error->empty()) *error = why;

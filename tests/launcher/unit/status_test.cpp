@@ -90,11 +90,11 @@ TEST_CASE("status JSON: no failure is null; strings with quotes and control byte
 
 TEST_CASE("status JSON: the document wraps the agents with the schema version", "[status]") {
   const std::string doc = status_document_json({two_ranks()});
-  auto j = parse_json(doc);
+  auto j = parse_untrusted_json(doc);
   REQUIRE(j);
-  CHECK(j->field("version")->text == std::to_string(kStatusSchemaVersion));
-  REQUIRE(j->field("agents")->items.size() == 1);
-  CHECK(j->field("agents")->items[0].field("run_id")->text == "job7");
+  CHECK((*j)["version"] == kStatusSchemaVersion);
+  REQUIRE((*j)["agents"].size() == 1);
+  CHECK((*j)["agents"][0]["run_id"] == "job7");
   CHECK(status_document_json({}) == "{\"version\":1,\"agents\":[]}");
 }
 
