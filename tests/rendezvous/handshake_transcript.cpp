@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 
 namespace rdzv = ddprun::rdzv;
 namespace wire = ddprun::wire;

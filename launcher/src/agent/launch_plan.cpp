@@ -14,6 +14,7 @@
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/spare_plan.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 
 namespace ddprun::launcher {
 

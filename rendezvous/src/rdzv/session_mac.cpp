@@ -1,6 +1,6 @@
 #include "ddprun/rdzv/session_mac.h"
 
-#include "ddprun/rdzv/sha256.h"
+#include "ddprun/rdzv/crypto.h"
 
 namespace ddprun::rdzv {
 namespace {
