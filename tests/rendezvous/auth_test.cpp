@@ -58,6 +58,19 @@ TEST_CASE("HmacSha256MatchesRfc4231Vectors", "[auth]") {
         "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
 }
 
+TEST_CASE("HmacSha256KeyedOnceServesManyMessages", "[auth]") {
+  // A session's key is prepared once and copied per message: the same MACs as one-shot HMAC,
+  // in any order, from copies too, and with an empty key.
+  const HmacSha256 jefe("Jefe");
+  const HmacSha256 copy = jefe;
+  for (int i = 0; i < 3; ++i) {
+    CHECK(to_hex(jefe("what do ya want for nothing?")) ==
+          "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    CHECK(to_hex(copy("")) == to_hex(hmac_sha256("Jefe", "")));
+  }
+  CHECK(to_hex(HmacSha256("")("")) == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+}
+
 TEST_CASE("HmacSha256AgreesWithPythonHmac", "[auth]") {
   // Random keys and messages of every length class (empty, < block, block, > block), checked
   // by Python's hmac in one run.

@@ -3,8 +3,9 @@
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 
+#include <memory>
 #include <stdexcept>
 
 namespace ddprun::rdzv {
@@ -26,16 +27,37 @@ Digest sha256(std::string_view data) {
   return d;
 }
 
-Digest hmac_sha256(std::string_view key, std::string_view message) {
+// Fetched once: fetching on every MAC (as HMAC() does) costs more than the MAC itself.
+EVP_MAC* hmac_algorithm() {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (mac == nullptr) fail("fetching HMAC");
+  return mac;
+}
+
+HmacSha256::HmacSha256(std::string_view key) {
   static const unsigned char kNoKey = 0;  // an empty key still needs an address
+  const auto* k = key.empty() ? &kNoKey : reinterpret_cast<const unsigned char*>(key.data());
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(hmac_algorithm());
+  if (ctx == nullptr || EVP_MAC_init(ctx, k, key.size(), params) != 1) {
+    EVP_MAC_CTX_free(ctx);
+    fail("keying HMAC-SHA256");
+  }
+  keyed_.reset(ctx, EVP_MAC_CTX_free);
+}
+
+Digest HmacSha256::operator()(std::string_view message) const {
+  const std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_dup(keyed_.get()), EVP_MAC_CTX_free);
   Digest d{};
-  unsigned int n = 0;
-  const void* k = key.empty() ? static_cast<const void*>(&kNoKey) : key.data();
-  const auto* m = reinterpret_cast<const unsigned char*>(message.data());
-  if (HMAC(EVP_sha256(), k, static_cast<int>(key.size()), m, message.size(), d.data(), &n) == nullptr || n != d.size())
+  size_t n = 0;
+  if (ctx == nullptr || EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
+      EVP_MAC_final(ctx.get(), d.data(), &n, d.size()) != 1 || n != d.size())
     fail("HMAC-SHA256");
   return d;
 }
+
+Digest hmac_sha256(std::string_view key, std::string_view message) { return HmacSha256(key)(message); }
 
 std::string to_hex(const Digest& d) {
   static const char hex[] = "0123456789abcdef";

@@ -6,8 +6,11 @@
 // std::runtime_error.
 #pragma once
 
+#include <openssl/types.h>
+
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -17,6 +20,17 @@ using Digest = std::array<uint8_t, 32>;
 
 Digest sha256(std::string_view data);
 Digest hmac_sha256(std::string_view key, std::string_view message);
+
+// HMAC-SHA256 under one key, for many messages (a connection's session key): libcrypto's keyed
+// context is made once and copied per message. Copies share it; concurrent const use is safe.
+class HmacSha256 {
+ public:
+  explicit HmacSha256(std::string_view key);
+  Digest operator()(std::string_view message) const;
+
+ private:
+  std::shared_ptr<const EVP_MAC_CTX> keyed_;
+};
 
 std::string to_hex(const Digest& d);
 
