@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of tests/fuzz with clang (ASan + UBSan) and runs each for a
 # while; exits 1 when one finds a crash. The seeds (tests/fuzz/corpus/<target>) are copied to
 # a scratch corpus, so the repository only changes when you copy a crasher in by hand.
-#   scripts/fuzz.sh [seconds per target, default 60] [target...]   (targets: codec server options)
+#   scripts/fuzz.sh [seconds per target, default 60] [target...]   (targets: codec server options auth)
 # Environment: DDPRUN_FUZZ_BUILD_DIR (default build-fuzz), DDPRUN_FUZZ_WORK (scratch corpora
 # and crashers, default $DDPRUN_FUZZ_BUILD_DIR/fuzz-work), DDPRUN_FUZZ_JOBS (build jobs).
 set -euo pipefail
@@ -12,7 +12,7 @@ work="${DDPRUN_FUZZ_WORK:-$build/fuzz-work}"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(codec server options)
+((${#targets[@]})) || targets=(codec server options auth)
 
 if ! command -v clang++ >/dev/null; then
   echo "scripts/fuzz.sh: clang++ not found; install clang and libclang-rt-14-dev (scripts/setup_deps.sh does)" >&2

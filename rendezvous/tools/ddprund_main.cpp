@@ -18,6 +18,7 @@
 #include "ddprun/metrics/exposition.h"
 #include "ddprun/metrics/store_metrics.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/server/memory_limit.h"
 #include "ddprun/server/store_server.h"
 

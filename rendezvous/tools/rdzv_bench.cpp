@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/rdzv/agent_protocol.h"
 
 using namespace ddprun;

@@ -445,6 +445,7 @@ Entry entry_by_name(std::string_view name) {
   if (name == "codec") return codec_entry;
   if (name == "server") return server_entry;
   if (name == "options") return options_entry;
+  if (name == "auth") return auth_entry;
   return nullptr;
 }
 

@@ -30,8 +30,13 @@ void server_entry(const uint8_t* data, size_t size);
 // slurm.h) goes to the environment map, every other one to argv (after argv[0] = "ddprun").
 void options_entry(const uint8_t* data, size_t size);
 
+// The token handshake and the sealed messages (agent_auth.h, session_mac.h): byte 0 picks the
+// server's or the agent's side and whether the right proofs and seals are filled in (so the
+// MAC checks after the handshake are reached); the rest is the peer's frames. See fuzz_auth.cpp.
+void auth_entry(const uint8_t* data, size_t size);
+
 using Entry = void (*)(const uint8_t*, size_t);
-// nullptr for an unknown name; names: codec, server, options.
+// nullptr for an unknown name; names: codec, server, options, auth.
 Entry entry_by_name(std::string_view name);
 
 }  // namespace ddprun::fuzz

@@ -211,6 +211,32 @@ int main(int argc, char** argv) {
                                          on_slot(0, agent_hello() + jf) + on_slot(3, pytorch_session(wire::Dialect::D0)));
   }
 
+  // auth: byte 0 = the side and the help (fuzz_auth.cpp), then the peer's frames.
+  const fs::path auth = root / "auth";
+  {
+    auto frames = [](uint8_t mode, const std::vector<rdzv::Message>& ms) {
+      std::string s(1, static_cast<char>(mode));
+      for (const auto& m : ms) rdzv::encode_message(m, s);
+      return s;
+    };
+    const auto hello = rdzv::to_message(rdzv::Hello{.client_nonce = std::string(64, 'a')});
+    const auto proof = rdzv::to_message(rdzv::Auth{.proof = std::string(64, '0')});
+    const auto j = rdzv::to_message(join("n0", 1)), beat = rdzv::to_message(rdzv::Heartbeat{.status = "ok"});
+    auto forged = j;
+    forged.set("seq", "1").set("mac", std::string(64, 'f'));
+    write(auth, "server_sealed", frames(2 | 4, {hello, proof, j, beat, rdzv::to_message(rdzv::Leave{})}));
+    write(auth, "server_forged", frames(2, {hello, proof, forged, j}));
+    write(auth, "server_wrong_proof", frames(0, {hello, proof, j}));
+    write(auth, "server_open", frames(16 | 2, {hello, j, beat}));
+    const auto challenge = rdzv::to_message(rdzv::Challenge{
+        .token_required = true, .server_nonce = std::string(64, 'b'), .standing = true, .version = 3});
+    const auto round = rdzv::to_message(rdzv::Round{.run_id = "job", .round = 1});
+    write(auth, "agent_sealed", frames(1 | 2 | 4, {challenge, rdzv::to_message(rdzv::Welcome{}), round,
+                                                   rdzv::to_message(rdzv::Restart{})}));
+    write(auth, "agent_forged", frames(1 | 2, {challenge, rdzv::to_message(rdzv::Welcome{}), round}));
+    write(auth, "agent_refused", frames(1, {rdzv::to_message(rdzv::Error{.message = "no"})}));
+  }
+
   // options: byte 0 = machine, then NUL-separated argv / PET_ and SLURM variables.
   const fs::path options = root / "options";
   auto cmd = [](std::vector<std::string> args) {

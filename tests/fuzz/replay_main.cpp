@@ -16,12 +16,12 @@ namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <codec|server|options> <file or directory>...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s <codec|server|options|auth> <file or directory>...\n", argv[0]);
     return 2;
   }
   auto entry = ddprun::fuzz::entry_by_name(argv[1]);
   if (!entry) {
-    std::fprintf(stderr, "unknown fuzz target '%s' (codec, server or options)\n", argv[1]);
+    std::fprintf(stderr, "unknown fuzz target '%s' (codec, server, options or auth)\n", argv[1]);
     return 2;
   }
   std::vector<fs::path> files;

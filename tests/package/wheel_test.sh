@@ -120,6 +120,9 @@ PYCHECK
     done
     grep -q '^ddprun/lib/libddprun_worker\.so' "$work/wheel-files.txt" || fail "the wheel has no libddprun_worker"
     grep -q '^ddprun\.libs/libgloo' "$work/wheel-files.txt" || fail "Gloo is not bundled (ddprun.libs/)"
+    # OpenSSL's libcrypto (the rendezvous authentication) is bundled, with its license.
+    grep -q '^ddprun\.libs/libcrypto' "$work/wheel-files.txt" || fail "libcrypto is not bundled (ddprun.libs/)"
+    grep -q '/licenses/third_party/libssl3\.copyright$' "$work/wheel-files.txt" || fail "libcrypto's license (libssl3) is missing"
     if grep -E '(^|/)lib(cudart|nccl|cublas|cublasLt|cuda)[.-]' "$work/wheel-files.txt"; then
       fail "CUDA or NCCL is bundled"
     fi

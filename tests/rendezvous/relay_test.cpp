@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/rdzv/session_mac.h"
 #include "ddprun/server/store_server.h"

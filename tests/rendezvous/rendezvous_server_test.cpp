@@ -14,6 +14,7 @@
 
 #include "ddprun/client/store_client.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "ddprun/server/store_server.h"
 

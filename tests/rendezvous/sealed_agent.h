@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 
 namespace ddprun::test {
 

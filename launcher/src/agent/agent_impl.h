@@ -48,7 +48,7 @@ class Agent : private ObserverHost {
   void prepare_command();
   void prepare_log_root();
   void host_server();
-  void choose_credentials();
+  void say_credential() const;
   void start_coordinator();
   bool stop_requested();
   bool is_preempt_signal(int signo) const;
@@ -95,9 +95,6 @@ class Agent : private ObserverHost {
 
   std::unique_ptr<Guardian> guardian_;
   std::unique_ptr<server::StoreServer> store_;  // when this process hosts it
-  // Who may join (the token, or munge inside a Slurm step without one), both sides.
-  rdzv::AgentCredentials credentials_;
-  rdzv::MungeCredentialCheck munge_check_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
   EnvMap extra_env_;  // added to every worker's environment unless already set

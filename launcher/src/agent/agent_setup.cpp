@@ -138,8 +138,8 @@ void Agent::host_server() {
     h.port = port;
     h.io_threads = plan.server_io_threads;
     h.serve_rendezvous = plan.serve_rendezvous;
-    h.rdzv_token = plan.rdzv_token;
-    h.rdzv_munge = munge_check_;
+    h.rdzv_token = server_token(plan.credential);
+    h.rdzv_munge = server_munge_check(plan.credential);
     // Static multi-node: the workers' store. One node on a network address: this host only.
     const bool one_node_on_network = plan.local && plan.listen_host != "127.0.0.1";
     h.restrict_main_store = !plan.local || one_node_on_network;
@@ -165,34 +165,24 @@ void Agent::host_server() {
   if (!plan.local) spdlog::info("hosting the rendezvous for job {} on port {}", opts_.rendezvous.id, store_->port());
 }
 
-// Who may join a multi-node rendezvous: the plan's token on every node; without one, inside
-// an srun step, munge; else anyone who can reach it (said once).
-void Agent::choose_credentials() {
+// Who may join a multi-node rendezvous: the plan decided (launch_plan.h); said once.
+void Agent::say_credential() const {
   const RendezvousPlan& plan = plan_.rendezvous;
-  credentials_ = plan.rdzv_token;
-  if (!plan.rdzv_token.empty()) return;
-  std::string no_munge;
-  // Inside an srun step, munge proves membership with no configuration (rdzv/munge_auth.h).
-  const auto job = env_.find("SLURM_JOB_ID"), step = env_.find("SLURM_STEP_ID");
-  const bool in_step = !opts_.platform.slurm_summary.empty() && job != env_.end() && step != env_.end();
-  if (auto munge = in_step ? rdzv::MungeClient::open(knobs::get(knobs::kMungeSocket, env_).value_or(""), no_munge)
-                           : nullptr) {
-    const rdzv::MungeScope scope{job->second, step->second};
-    credentials_ = rdzv::munge_credential_maker(munge, scope);
-    munge_check_ = rdzv::munge_credential_check(munge, scope);
+  if (const auto* m = std::get_if<MungeCredential>(&plan.credential)) {
     spdlog::info("the rendezvous of job {} admits only the agents of Slurm job {} step {} (munge credentials of "
                  "uid {})",
-                 opts_.rendezvous.id, scope.job_id, scope.step_id, ::geteuid());
-    return;
+                 opts_.rendezvous.id, m->scope.job_id, m->scope.step_id, ::geteuid());
+  } else if (const auto* none = std::get_if<NoCredential>(&plan.credential)) {
+    spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
+                 "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
+                 opts_.rendezvous.id, plan.endpoint_host, plan.endpoint_port,
+                 none->why_no_munge.empty() ? ""
+                                            : " (no munge authentication in this Slurm step: " + none->why_no_munge + ")");
   }
-  spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
-               "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
-               opts_.rendezvous.id, plan.endpoint_host, plan.endpoint_port,
-               no_munge.empty() ? "" : " (no munge authentication in this Slurm step: " + no_munge + ")");
 }
 
 void Agent::start_coordinator() {
-  if (!plan_.rendezvous.local) choose_credentials();
+  if (!plan_.rendezvous.local) say_credential();
   host_server();
   const RendezvousPlan& plan = rdzv_plan();
   if (plan.local) {
@@ -209,7 +199,7 @@ void Agent::start_coordinator() {
     co.heartbeat_interval = plan.heartbeat_interval;
     // Once stopping, no send waits for a server that stopped reading.
     co.interrupted = [this] { return state_.stop_signal().has_value() || stop_requested(); };
-    co.token = credentials_;
+    co.token = agent_credentials(rdzv_plan().credential);
     // `ddprun status --rdzv_endpoint`: the server keeps what the heartbeats carry.
     co.status_source = observers_.heartbeat_source();
     coordinator_ = make_remote_coordinator(std::move(co));

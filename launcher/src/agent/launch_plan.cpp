@@ -14,6 +14,7 @@
 #include "ddprun/launcher/numa.h"
 #include "ddprun/launcher/spare_plan.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 
 namespace ddprun::launcher {
 
@@ -28,6 +29,22 @@ std::string load_rendezvous_token(const RendezvousOptions& r, const EnvMap& env)
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+}
+
+// Who may join a multi-node rendezvous: the token; without one, inside an srun step, munge
+// (rdzv/munge_auth.h), when it loads; else nobody needs to prove anything.
+RendezvousCredential resolve_credential(const LaunchOptions& o, const EnvMap& env, const PlanProbes& probes) {
+  if (std::string token = load_rendezvous_token(o.rendezvous, env); !token.empty())
+    return TokenCredential{std::move(token)};
+  const auto job = env.find("SLURM_JOB_ID"), step = env.find("SLURM_STEP_ID");
+  if (o.platform.slurm_summary.empty() || job == env.end() || step == env.end()) return NoCredential{};
+  std::string why;
+  const std::string socket = knobs::get(knobs::kMungeSocket, env).value_or("");
+  std::shared_ptr<const rdzv::MungeClient> munge =
+      probes.open_munge ? probes.open_munge(socket, why) : rdzv::MungeClient::open(socket, why);
+  if (!munge) return NoCredential{why};
+  const rdzv::MungeScope scope{job->second, step->second};
+  return MungeCredential{scope, rdzv::munge_credential_maker(munge, scope), rdzv::munge_credential_check(munge, scope)};
 }
 
 // The command, interpreter and CPU sets every worker is started with.
@@ -79,7 +96,7 @@ LaunchPlan make_launch_plan(LaunchOptions options, const EnvMap& env, const Plan
                                  probes.port_served ? probes.port_served : port_served);
   plan.rendezvous.join.retry_deterministic = o.faults.retry_deterministic;  // job-wide, as max_restarts
   resolve_spawn(plan, env, probes);
-  if (!plan.rendezvous.local) plan.rendezvous.rdzv_token = load_rendezvous_token(o.rendezvous, env);
+  if (!plan.rendezvous.local) plan.rendezvous.credential = resolve_credential(o, env, probes);
   return plan;
 }
 

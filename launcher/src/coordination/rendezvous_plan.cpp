@@ -131,4 +131,20 @@ BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why)
   return f;
 }
 
+rdzv::AgentCredentials agent_credentials(const RendezvousCredential& c) {
+  if (const auto* t = std::get_if<TokenCredential>(&c)) return t->token;
+  if (const auto* m = std::get_if<MungeCredential>(&c)) return m->make;
+  return {};
+}
+
+std::string server_token(const RendezvousCredential& c) {
+  const auto* t = std::get_if<TokenCredential>(&c);
+  return t ? t->token : "";
+}
+
+rdzv::MungeCredentialCheck server_munge_check(const RendezvousCredential& c) {
+  const auto* m = std::get_if<MungeCredential>(&c);
+  return m ? m->check : rdzv::MungeCredentialCheck{};
+}
+
 }  // namespace ddprun::launcher

@@ -24,6 +24,7 @@
 #include "ddprun/launcher/options.h"
 #include "ddprun/launcher/subcommand_args.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/rdzv/rendezvous_client.h"
 #include "platform/private_files.h"
 #include "status/status_server.h"

@@ -1,17 +1,8 @@
 #include "ddprun/rdzv/agent_auth.h"
 
-#include <fcntl.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <stdexcept>
-#include <system_error>
 
-#include "ddprun/rdzv/sha256.h"
+#include "ddprun/rdzv/crypto.h"
 #include "ddprun/rdzv/validate.h"
 
 namespace ddprun::rdzv {
@@ -30,23 +21,6 @@ bool is_nonce(const std::string& s) {
 Message error_msg(const std::string& text) { return to_message(Error{.message = text}); }
 }  // namespace
 
-std::string random_nonce() {
-  uint8_t bytes[kNonceBytes];
-  size_t got = 0;
-  while (got < sizeof bytes) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  static const char hex[] = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : bytes) s += hex[b >> 4], s += hex[b & 15];
-  return s;
-}
-
 std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce) {
   return to_hex(hmac_sha256(token, std::string(kServerLabel) + "|" + client_nonce + "|" + server_nonce));
 }
@@ -59,54 +33,6 @@ std::string challenge_binding(const std::string& token, const std::string& clien
                               bool standing, int64_t version) {
   return to_hex(hmac_sha256(token, std::string(kChallengeLabel) + "|" + client_nonce + "|" + server_nonce + "|" +
                                        (standing ? "standing=1" : "standing=0") + "|version=" + std::to_string(version)));
-}
-
-namespace {
-std::string checked_token(std::string t, const std::string& source) {
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.pop_back();
-  const std::string make = "make one with: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE";
-  if (t.size() < kMinTokenBytes)
-    throw std::invalid_argument("the rendezvous token from " + source + " is " + std::to_string(t.size()) +
-                                " bytes, fewer than " + std::to_string(kMinTokenBytes) + "; " + make);
-  if (t.size() > kMaxTokenBytes)
-    throw std::invalid_argument("the rendezvous token from " + source + " is longer than " +
-                                std::to_string(kMaxTokenBytes) + " bytes; " + make);
-  return t;
-}
-}  // namespace
-
-std::string load_token(const std::string& file, const char* env_value) {
-  if (file.empty()) {
-    if (env_value == nullptr || *env_value == '\0') return "";
-    return checked_token(env_value, "DDPRUN_RDZV_TOKEN");
-  }
-  const std::string flag = "--rdzv_token_file " + file;
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0)
-    throw std::invalid_argument(flag + ": cannot open it (" + std::strerror(errno) + ")");
-  struct stat st{};
-  std::string why;
-  if (::fstat(fd, &st) != 0) why = std::string("cannot stat it (") + std::strerror(errno) + ")";
-  else if (!S_ISREG(st.st_mode)) why = "not a regular file; put the token in a file of its own";
-  else if (st.st_uid != ::geteuid())
-    why = "owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " + std::to_string(::geteuid()) +
-          "); use a token file of your own";
-  else if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    why = std::string("mode ") + mode + " lets other users read or change it; run: chmod 600 " + file;
-  } else if (st.st_size > static_cast<off_t>(kMaxTokenBytes) + 64)
-    why = "larger than a token (" + std::to_string(st.st_size) + " bytes)";
-  std::string content;
-  if (why.empty()) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0 && content.size() <= kMaxTokenBytes + 64) content.append(buf, static_cast<size_t>(n));
-    if (n < 0) why = std::string("cannot read it (") + std::strerror(errno) + ")";
-  }
-  ::close(fd);
-  if (!why.empty()) throw std::invalid_argument(flag + ": " + why);
-  return checked_token(std::move(content), flag);
 }
 
 ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing, MungeCredentialCheck munge)

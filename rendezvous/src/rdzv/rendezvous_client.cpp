@@ -2,6 +2,7 @@
 
 #include "ddprun/client/net.h"
 #include "ddprun/rdzv/agent_auth.h"
+#include "ddprun/rdzv/auth_io.h"
 #include "ddprun/rdzv/validate.h"
 
 #include <netdb.h>

@@ -1,6 +1,6 @@
 #include "ddprun/rdzv/session_mac.h"
 
-#include "ddprun/rdzv/sha256.h"
+#include "ddprun/rdzv/crypto.h"
 
 namespace ddprun::rdzv {
 namespace {
@@ -22,18 +22,22 @@ uint64_t parse_seq(const std::string& s) {
 }
 }  // namespace
 
-SessionMac::SessionMac(std::string_view token, std::string_view client_nonce, std::string_view server_nonce, Side side)
-    : side_(side) {
+namespace {
+HmacSha256 session_key(std::string_view token, std::string_view client_nonce, std::string_view server_nonce) {
   const Digest k = hmac_sha256(token, std::string(kSessionLabel) + "|" + std::string(client_nonce) + "|" +
                                           std::string(server_nonce));
-  key_.assign(k.begin(), k.end());
+  return HmacSha256(std::string_view(reinterpret_cast<const char*>(k.data()), k.size()));
 }
+}  // namespace
+
+SessionMac::SessionMac(std::string_view token, std::string_view client_nonce, std::string_view server_nonce, Side side)
+    : key_(session_key(token, client_nonce, server_nonce)), side_(side) {}
 
 std::string SessionMac::mac_of(const Message& m, bool outgoing) const {
   const bool to_server = (side_ == Side::Agent) == outgoing;
   std::string data = to_server ? kToServer : kToAgent;
   encode_message(m, data);
-  return to_hex(hmac_sha256(key_, data));
+  return to_hex(key_(data));
 }
 
 void SessionMac::seal(Message& m) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ddprun/rdzv/auth_io.h"
 #include "keyspaces.h"
 
 namespace ddprun::server {

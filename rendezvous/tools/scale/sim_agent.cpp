@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ddprun/rdzv/auth_io.h"
 #include "sim.h"
 
 namespace ddprun::scale {

@@ -1,4 +1,4 @@
-// The launch plan: every fact the agent needs (the token, the spawn template, the NUMA CPU
+// The launch plan: every fact the agent needs (the credential, the spawn template, the NUMA CPU
 // sets) resolved before the agent exists, with the same errors the user gets from ddprun.
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
@@ -64,18 +64,74 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 }  // namespace
 
+// The token the plan resolved, or "" when it resolved none.
+std::string token_of(const LaunchPlan& p) {
+  const auto* t = std::get_if<TokenCredential>(&p.rendezvous.credential);
+  return t ? t->token : "";
+}
+
 TEST_CASE("the token of a multi-node job is loaded into the plan", "[launchplan]") {
   auto env_token = plan(with(kTwoNodes, {"train.py"}), {{"PYTHON_EXEC", "/bin/sh"}, {"DDPRUN_RDZV_TOKEN", kToken}});
   CHECK_FALSE(env_token.rendezvous.local);
-  CHECK(env_token.rendezvous.rdzv_token == kToken);
+  CHECK(token_of(env_token) == kToken);
+  CHECK(agent_credentials(env_token.rendezvous.credential).token == kToken);
+  CHECK(server_token(env_token.rendezvous.credential) == kToken);
   TempDir d;
   const std::string file = d.file("token", "from the file, sixteen bytes or more\n", 0600);
   auto from_file = plan(with(kTwoNodes, {"--rdzv_token_file=" + file, "train.py"}),
                         {{"PYTHON_EXEC", "/bin/sh"}, {"DDPRUN_RDZV_TOKEN", kToken}});
-  CHECK(from_file.rendezvous.rdzv_token == "from the file, sixteen bytes or more");  // the file wins
-  CHECK(plan(with(kTwoNodes, {"train.py"})).rendezvous.rdzv_token.empty());  // none: open
+  CHECK(token_of(from_file) == "from the file, sixteen bytes or more");  // the file wins
+  // None: open.
+  CHECK(std::holds_alternative<NoCredential>(plan(with(kTwoNodes, {"train.py"})).rendezvous.credential));
   // One node runs its round in-process: no token is needed or read.
-  CHECK(plan({"train.py"}, {{"PYTHON_EXEC", "/bin/sh"}, {"DDPRUN_RDZV_TOKEN", kToken}}).rendezvous.rdzv_token.empty());
+  auto one = plan({"train.py"}, {{"PYTHON_EXEC", "/bin/sh"}, {"DDPRUN_RDZV_TOKEN", kToken}});
+  CHECK(std::holds_alternative<NoCredential>(one.rendezvous.credential));
+}
+
+TEST_CASE("inside a Slurm step without a token the plan resolves munge once", "[launchplan]") {
+  LaunchOptions o = options(with(kTwoNodes, {"train.py"}));
+  o.platform.slurm_summary = "Slurm job 77 step 3";
+  const EnvMap step = {{"PYTHON_EXEC", "/bin/sh"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}};
+  int opened = 0;
+  auto no_munge = [&](const std::string&, std::string& why) -> std::shared_ptr<const ddprun::rdzv::MungeClient> {
+    ++opened;
+    why = "libmunge.so.2 cannot be loaded (install munge)";
+    return nullptr;
+  };
+  PlanProbes probes{.is_local_host = [](const std::string&) { return false; },
+                    .kernel_reports_exit_early = [] { return true; },
+                    .open_munge = no_munge};
+  // munge does not load: open, and the plan says why (the agent's warning names it).
+  const auto none = make_launch_plan(o, step, probes);
+  REQUIRE(std::holds_alternative<NoCredential>(none.rendezvous.credential));
+  CHECK(std::get<NoCredential>(none.rendezvous.credential).why_no_munge ==
+        "libmunge.so.2 cannot be loaded (install munge)");
+  CHECK(opened == 1);
+  // A token wins: munge is not even loaded.
+  EnvMap with_token = step;
+  with_token["DDPRUN_RDZV_TOKEN"] = kToken;
+  CHECK(token_of(make_launch_plan(o, with_token, probes)) == kToken);
+  CHECK(opened == 1);
+  // Outside a Slurm step: not loaded either.
+  LaunchOptions plain = o;
+  plain.platform.slurm_summary.clear();
+  CHECK(std::holds_alternative<NoCredential>(make_launch_plan(plain, step, probes).rendezvous.credential));
+  CHECK(opened == 1);
+  // This host's libmunge (no munged is asked until a connection needs a credential).
+  std::string why;
+  if (!ddprun::rdzv::MungeClient::open("", why)) {
+    WARN("libmunge is not installed here: " << why);
+    return;
+  }
+  probes.open_munge = {};
+  const auto munge = make_launch_plan(o, step, probes);
+  REQUIRE(std::holds_alternative<MungeCredential>(munge.rendezvous.credential));
+  const auto& m = std::get<MungeCredential>(munge.rendezvous.credential);
+  CHECK(m.scope.job_id == "77");
+  CHECK(m.scope.step_id == "3");
+  CHECK(agent_credentials(munge.rendezvous.credential).munge);
+  CHECK(server_munge_check(munge.rendezvous.credential));
+  CHECK(server_token(munge.rendezvous.credential).empty());
 }
 
 TEST_CASE("a bad token file is a usage error that says what to fix", "[launchplan]") {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,8 @@ namespace ddprun::launcher {
 
 struct LaunchPlan {
   LaunchOptions options;
-  // With `rendezvous.rdzv_token` loaded for a multi-node job (--rdzv_token_file, else
-  // DDPRUN_RDZV_TOKEN; "" = none).
+  // With `rendezvous.credential` resolved for a multi-node job: the token (--rdzv_token_file,
+  // else DDPRUN_RDZV_TOKEN); without one, inside an srun step, munge; else none.
   RendezvousPlan rendezvous;
   // The executable, argv, exit watch and CPU sets of every worker; the agent adds what
   // exists only while it runs (stdin, the environment per attempt, signals to reset).
@@ -38,6 +39,9 @@ struct PlanProbes {
   std::function<bool(const std::string&)> is_local_host;  // an address of this host?
   std::function<bool()> kernel_reports_exit_early;       // process.h
   std::function<bool(const std::string&, uint16_t)> port_served;  // does something listen there?
+  // libmunge on this host, talking to munged at `socket` ("" = its default); nullptr and `why`
+  // when it cannot be used (rdzv::MungeClient::open).
+  std::function<std::shared_ptr<const rdzv::MungeClient>(const std::string& socket, std::string& why)> open_munge;
 };
 
 // Resolves `options` into the plan. Throws UsageError for input the user must fix (a bad

@@ -11,13 +11,36 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <variant>
 
 #include "ddprun/launcher/options.h"
+#include "ddprun/rdzv/agent_auth.h"
 #include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/munge_auth.h"
 
 namespace ddprun::launcher {
 
 inline constexpr uint16_t kDefaultMasterPort = 29500;
+
+// Who may join a multi-node rendezvous, decided once by the launch plan (the token file read,
+// munge loaded) and handed on as one value.
+struct TokenCredential {  // the same token on every node (--rdzv_token_file, else DDPRUN_RDZV_TOKEN)
+  std::string token;
+};
+struct MungeCredential {  // no token, inside an srun step: munge proves membership
+  rdzv::MungeScope scope;
+  rdzv::MungeCredentialMaker make;   // this agent's credential, per connection
+  rdzv::MungeCredentialCheck check;  // the hosting agent's check of every agent's
+};
+struct NoCredential {  // open to anyone who can reach it
+  std::string why_no_munge;  // inside an srun step: why munge could not be used
+};
+using RendezvousCredential = std::variant<NoCredential, TokenCredential, MungeCredential>;
+
+// What the agent's connections prove with, and what a hosting server requires.
+rdzv::AgentCredentials agent_credentials(const RendezvousCredential& c);
+std::string server_token(const RendezvousCredential& c);  // "" unless a token
+rdzv::MungeCredentialCheck server_munge_check(const RendezvousCredential& c);
 
 struct RendezvousPlan {
   // One node: the round runs in-process (LocalCoordinator) on this agent's own store.
@@ -45,9 +68,9 @@ struct RendezvousPlan {
   // Job-wide settings and this node's wishes, as sent in JOIN (node_id and host are filled in
   // once connected).
   rdzv::Join join;
-  // The rendezvous token ("" = none). Reading its file is I/O, so resolve_plan leaves it
-  // empty; the launch plan (launch_plan.h) loads it for a multi-node job.
-  std::string rdzv_token;
+  // Who may join. Resolving it is I/O, so resolve_plan leaves it open; the launch plan
+  // (launch_plan.h) resolves it for a multi-node job.
+  RendezvousCredential credential;
   std::chrono::milliseconds connect_timeout{600000};  // = join_timeout
   std::chrono::milliseconds heartbeat_interval{1000};
   // The port came from --rdzv_endpoint (c10d) rather than --master_port: for the wording of

@@ -26,7 +26,7 @@
 // old-style agent that sends JOIN first is admitted too (the rendezvous is open). With a token,
 // anything but HELLO/AUTH before WELCOME is refused and changes nothing.
 //
-// Pure (the nonces come from the caller); random_nonce() is the one function with I/O.
+// Pure: the nonces come from the caller (random_nonce(), auth_io.h), the token too (load_token()).
 #pragma once
 
 #include <cstdint>
@@ -45,23 +45,12 @@ inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kMinTokenBytes = 16;
 inline constexpr size_t kMaxTokenBytes = 4096;
 
-// Hex of kNonceBytes bytes from the kernel's random source (getrandom).
-std::string random_nonce();
-
 std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce);
 std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
 std::string challenge_binding(const std::string& token, const std::string& client_nonce, const std::string& server_nonce,
                               bool standing, int64_t version);
 // The CHALLENGE version of this build (binding present from 3 on).
 inline constexpr int64_t kChallengeVersion = 3;
-
-// The rendezvous token, read the same way by ddprun and ddprund: the contents of `file` when
-// given (a regular file of this user, mode 0600 or stricter), else `env_value` (the
-// DDPRUN_RDZV_TOKEN variable; nullptr or "" = none, and "" is returned). Trailing whitespace
-// (a final newline) is no part of it. Throws std::invalid_argument saying what to fix (e.g.
-// `chmod 600 PATH`) for a file that is missing, not regular, another user's or readable by
-// others, and for a token shorter than kMinTokenBytes or longer than kMaxTokenBytes.
-std::string load_token(const std::string& file, const char* env_value);
 
 // The advice every refusal ends with.
 inline constexpr const char* kTokenAdvice =
@@ -84,7 +73,7 @@ class ServerHandshake {
  public:
   // `token`: "" = the rendezvous is open, unless `munge` is given: then it admits only agents
   // whose HELLO carries a munge credential that `munge` accepts (its secret becomes this
-  // connection's token). `server_nonce`: random_nonce() (tests pass their own).
+  // connection's token). `server_nonce`: random_nonce() of auth_io.h (tests pass their own).
   ServerHandshake(std::string token, std::string server_nonce, bool standing = false, MungeCredentialCheck munge = {});
 
   struct Step {

@@ -17,8 +17,9 @@
 // which nobody else can read). A credential of another user, of another job or of another
 // step is refused, with the reason.
 //
-// check_munge_credential() is pure; MungeClient loads libmunge at run time (libmunge.so.2),
-// so a host without munge runs ddprun all the same (and gets no munge authentication).
+// check_munge_credential() is pure; MungeClient (the rdzv_io library) loads libmunge at run
+// time (libmunge.so.2), so a host without munge runs ddprun all the same (and gets no munge
+// authentication).
 #pragma once
 
 #include <cstdint>

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "ddprun/rdzv/agent_protocol.h"
+#include "ddprun/rdzv/crypto.h"
 
 namespace ddprun::rdzv {
 
@@ -47,7 +48,7 @@ class SessionMac {
 
  private:
   std::string mac_of(const Message& m, bool outgoing) const;
-  std::string key_;
+  HmacSha256 key_;  // K
   Side side_;
   uint64_t send_seq_ = 0, recv_seq_ = 0;
 };
