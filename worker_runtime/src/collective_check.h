@@ -25,6 +25,7 @@
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/dtype.h"
 #include "knob_flag.h"
 
 namespace ddprun::worker {

@@ -41,26 +41,6 @@ int usable_cpus() {
 
 }  // namespace
 
-
-
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::I32: return "int32";
-    case DType::F64: return "fp64";
-    case DType::I64: return "int64";
-  }
-  return "?";
-}
-
-void allreduce_then_step(Communicator& comm, float* grad, size_t count, const ElementwiseStep& step,
-                         float* const* arrays) {
-  comm.allreduce(grad, count, DType::F32, ReduceOp::Avg);
-  step.apply(arrays, grad, count);
-}
-
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
                                               size_t bucket_cap_bytes) {
   std::vector<std::vector<size_t>> plan;
