@@ -160,7 +160,10 @@ Digest hmac_sha256(std::string_view key, std::string_view message) {
     opad[i] = static_cast<char>(k[i] ^ 0x5c);
   }
   const Digest inner = Sha256().update(ipad).update(message).finish();
-  return Sha256().update(opad).update(std::string_view(reinterpret_cast<const char*>(inner.data()), inner.size())).finish();
+  return Sha256()
+      .update(opad)
+      .update(std::string_view(reinterpret_cast<const char*>(inner.data()), inner.size()))
+      .finish();
 }
 
 std::string to_hex(const Digest& d) {

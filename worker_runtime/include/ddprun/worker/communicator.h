@@ -222,9 +222,9 @@ class Store;
 
 // Builds a full-mesh Gloo context over `store` (keys under options.key_prefix); rank in
 // [0, size), size >= 1, the same size and key prefix on every rank. `store` must outlive the
-// communicator (alloc_shared() publishes through it). Throws CommError when the mesh cannot be formed within the timeout.
-// Sets SIGPIPE to ignored when it is at its default (Gloo's sends would otherwise end the
-// process silently when a peer dies; Python does the same).
+// communicator (alloc_shared() publishes through it). Throws CommError when the mesh cannot be formed within the
+// timeout. Sets SIGPIPE to ignored when it is at its default (Gloo's sends would otherwise end the process silently
+// when a peer dies; Python does the same).
 DDPRUN_WORKER_API std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int size,
                                                                        const GlooOptions& options);
 
