@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     return doctor::run_doctor(args, env);
   }
   // `ddprun status [--json] [--watch]`: the running jobs of this user on this host.
-  if (argc > 1 && std::string(argv[1]) == "status") return run_status(std::vector<std::string>(argv + 2, argv + argc), env);
+  if (argc > 1 && std::string(argv[1]) == "status")
+    return run_status(std::vector<std::string>(argv + 2, argv + argc), env);
   // `ddprun dump [RUN]`: the stacks of a running job's workers, nothing stopped.
   if (argc > 1 && std::string(argv[1]) == "dump") return run_dump(std::vector<std::string>(argv + 2, argv + argc), env);
   ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env,

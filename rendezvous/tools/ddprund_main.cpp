@@ -74,7 +74,8 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-request-bytes", o.max_request_bytes,
-                 "largest request accepted, bytes (default " + std::to_string(ddprun::wire::Limits{}.max_request_bytes) +
+                 "largest request accepted, bytes (default " +
+                     std::to_string(ddprun::wire::Limits{}.max_request_bytes) +
                      ", or more when --max-value-len needs it)")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-reply-bytes", o.max_reply_bytes,
@@ -121,8 +122,8 @@ void setup_options(CLI::App& app, DaemonOptions& o) {
                  "bytes the whole daemon may hold: every store's data, the keys waiters and watchers name, replies "
                  "queued for every connection (by wire size), requests being received and parsed, 8 KiB per "
                  "connection; a request past it is refused (default: 4 GiB, or " +
-                     std::to_string(ddprun::server::kLimitShareNum) + "/" + std::to_string(ddprun::server::kLimitShareDen) +
-                     " of this process's cgroup memory limit less " +
+                     std::to_string(ddprun::server::kLimitShareNum) + "/" +
+                     std::to_string(ddprun::server::kLimitShareDen) + " of this process's cgroup memory limit less " +
                      std::to_string(ddprun::server::kLimitReserveBytes >> 20) +
                      " MiB when that is less, e.g. under systemd's MemoryMax=)")
       ->check(CLI::PositiveNumber);
@@ -196,7 +197,8 @@ MemoryChoice resolve_max_memory(const DaemonOptions& o, uint64_t least) {
   }
   const uint64_t budget = std::min(o.max_memory, safe);
   if (budget >= least)
-    return {budget, cg && budget < o.max_memory ? fmt::format("--max-memory {} bytes: room left under {}", budget, limit) : ""};
+    return {budget,
+            cg && budget < o.max_memory ? fmt::format("--max-memory {} bytes: room left under {}", budget, limit) : ""};
   if (cg && safe < least)
     return {least,
             fmt::format("{} leaves room for less than one request and one reply ({} bytes, the least --max-memory): "
@@ -233,9 +235,11 @@ int run(const DaemonOptions& o) {
   so.max_stranger_connections = o.max_stranger_connections;
   so.first_bytes_timeout = std::chrono::milliseconds(o.first_bytes_timeout_ms);
   so.handshake_timeout = std::chrono::milliseconds(o.handshake_timeout_ms);
-  so.max_connection_buffered_bytes = o.conn_buffer_given ? o.max_connection_buffered_bytes
-                                                         : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
-  so.max_buffered_bytes = o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
+  so.max_connection_buffered_bytes = o.conn_buffer_given
+                                         ? o.max_connection_buffered_bytes
+                                         : std::max(o.max_connection_buffered_bytes, so.store.max_reply_bytes);
+  so.max_buffered_bytes =
+      o.buffer_given ? o.max_buffered_bytes : std::max(o.max_buffered_bytes, so.limits.max_request_bytes);
   const MemoryChoice memory = resolve_max_memory(o, so.limits.max_request_bytes + so.store.max_reply_bytes);
   so.max_memory = memory.bytes;
   so.store.max_watches_per_connection = o.max_watches;
@@ -293,7 +297,8 @@ int run(const DaemonOptions& o) {
   std::printf("ddprund listening on %s:%u\n", o.host.empty() ? "*" : o.host.c_str(), server.port());
   if (metrics) std::printf("ddprund metrics on %s\n", metrics->url().c_str());
   spdlog::info("[ddprund] {} I/O threads", server.io_threads());
-  if (!memory.note.empty()) spdlog::log(memory.warn ? spdlog::level::warn : spdlog::level::info, "[ddprund] {}", memory.note);
+  if (!memory.note.empty())
+    spdlog::log(memory.warn ? spdlog::level::warn : spdlog::level::info, "[ddprund] {}", memory.note);
   if (so.rdzv_token.empty())
     spdlog::info("[ddprund] the rendezvous is open to anyone who can connect: set --rdzv_token_file or "
                  "DDPRUN_RDZV_TOKEN (the same on every agent) to require a token");

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (mac_cost > 0) {
     const std::string nc = rdzv::random_nonce(), ns = rdzv::random_nonce(), key = "a token of 16+ bytes, for timing";
-    rdzv::SessionMac agent(key, nc, ns, rdzv::SessionMac::Side::Agent), server(key, nc, ns, rdzv::SessionMac::Side::Server);
+    rdzv::SessionMac agent(key, nc, ns, rdzv::SessionMac::Side::Agent),
+        server(key, nc, ns, rdzv::SessionMac::Side::Server);
     const rdzv::Join j{.run_id = run_id, .node_id = "sim1234", .host = "127.0.0.1", .local_world_size = nproc,
                        .min_nodes = agents, .max_nodes = agents};
     size_t bytes = 0;

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     }
   }
   if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535) {
-    std::fprintf(stderr, "ddprun_store_relay: --upstream %s is not HOST:PORT; give the store's address, e.g. 10.0.0.1:29500\n",
+    std::fprintf(stderr,
+                 "ddprun_store_relay: --upstream %s is not HOST:PORT; give the store's address, e.g. 10.0.0.1:29500\n",
                  upstream.c_str());
     return 2;
   }
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  ddprun::relay::StoreRelay relay({.upstream_host = upstream.substr(0, colon), .upstream_port = static_cast<uint16_t>(port)});
+  ddprun::relay::StoreRelay relay(
+      {.upstream_host = upstream.substr(0, colon), .upstream_port = static_cast<uint16_t>(port)});
   try {
     std::printf("store relay listening on 127.0.0.1:%u\n", relay.start());
   } catch (const std::exception& e) {

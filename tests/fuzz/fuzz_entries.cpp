@@ -53,8 +53,8 @@ void check_result(const ParseResult& r, size_t size, const wire::Limits& limits)
 }
 
 // StepParser, in steps of `step` bytes, reads a whole request as parse_request does.
-void check_step_parse(std::span<const uint8_t> request, Dialect d, const wire::Limits& limits, const wire::Request& whole,
-                      size_t step) {
+void check_step_parse(std::span<const uint8_t> request, Dialect d, const wire::Limits& limits,
+                      const wire::Request& whole, size_t step) {
   wire::StepParser parser;
   wire::Request req;
   ParseResult r;

@@ -207,8 +207,9 @@ int main(int argc, char** argv) {
     fixed.fixed_store_port = true;
     std::string jf;
     rdzv::encode(fixed, jf);
-    write(server, "rdzv_fixed_port", on_slot(2, validate() + pytorch_session(wire::Dialect::D2)) +
-                                         on_slot(0, agent_hello() + jf) + on_slot(3, pytorch_session(wire::Dialect::D0)));
+    write(server, "rdzv_fixed_port",
+          on_slot(2, validate() + pytorch_session(wire::Dialect::D2)) + on_slot(0, agent_hello() + jf) +
+              on_slot(3, pytorch_session(wire::Dialect::D0)));
   }
 
   // auth: byte 0 = the side and the help (fuzz_auth.cpp), then the peer's frames.

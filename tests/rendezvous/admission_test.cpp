@@ -218,7 +218,8 @@ double store_checks_cpu(int n) {
   const auto now = rdzv::Clock::time_point{} + std::chrono::seconds(1000);
   std::vector<ConnPtr> agents;
   for (int i = 0; i < n; ++i) {
-    auto c = p.from("10." + std::to_string(i >> 16) + "." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255));
+    auto c =
+        p.from("10." + std::to_string(i >> 16) + "." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255));
     REQUIRE(admit_open(a, c).admitted);
     rounds.on_message(c->id,
                       rdzv::to_message(rdzv::Join{.run_id = "big", .node_id = "n" + std::to_string(i),

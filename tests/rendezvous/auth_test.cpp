@@ -419,7 +419,8 @@ TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][mun
   CHECK_THROWS_WITH(check_munge_credential(MungeDecoded{.uid = 1001, .payload = good.payload}, 1000, scope, nc),
                     Catch::Contains("uid 1001") && Catch::Contains("admits only uid 1000"));
   // ... another job's, another step's ...
-  CHECK_THROWS_WITH(check_munge_credential(MungeDecoded{.uid = 1000, .payload = munge_payload({"4243", "0"}, nc, secret)},
+  CHECK_THROWS_WITH(check_munge_credential(MungeDecoded{.uid = 1000,
+                                                        .payload = munge_payload({"4243", "0"}, nc, secret)},
                                            1000, scope, nc),
                     Catch::Contains("Slurm job 4243 step 0") && Catch::Contains("job 4242 step 0's"));
   CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = munge_payload({"4242", "1"}, nc, secret)},
@@ -430,7 +431,8 @@ TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][mun
   for (const std::string& payload : std::vector<std::string>{"hello", munge_payload(scope, nc, "short"),
                                                             "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
                                                             munge_payload(scope, nc, secret) + "|extra"})
-    CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = payload}, 1000, scope, nc), MungeRefused);
+    CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = payload}, 1000, scope, nc),
+                    MungeRefused);
 }
 
 TEST_CASE("TheMungeHandshakeMakesTheCredentialsSecretTheConnectionsToken", "[auth][munge]") {

@@ -15,7 +15,8 @@ std::string hex_bytes(std::initializer_list<int> v) {
 
 TEST_CASE("SetRequestMatchesPyTorch211Capture", "[codec]") {
   // Captured from PyTorch 2.11: SET "/k1" = "v1".
-  const std::string wire = hex_bytes({0x01, 3, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31, 2, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
+  const std::string wire =
+      hex_bytes({0x01, 3, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31, 2, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
   Request r;
   auto res = parse_request(bytes(wire), Dialect::D2, Limits{}, r);
   REQUIRE(res.status == ParseStatus::Ok);
@@ -244,7 +245,8 @@ TEST_CASE("FramerRefusesLiesAtTheirPrefix", "[codec][framer]") {
   std::string wire;
   Request r;
   r.op = Op::MultiSet;
-  for (int i = 0; i < 3; ++i) r.keys.push_back("k" + std::to_string(i)), r.values.push_back(std::string(400 * 1024, 'v'));
+  for (int i = 0; i < 3; ++i)
+    r.keys.push_back("k" + std::to_string(i)), r.values.push_back(std::string(400 * 1024, 'v'));
   REQUIRE(encode_request(Dialect::D2, r, wire));
   f.reset();
   res = f.scan(bytes(wire), Dialect::D2, lim);

@@ -46,7 +46,8 @@ TEST_CASE("AContainerSeesItsOwnCgroupAtTheMountPoint", "[server][memory]") {
 
 TEST_CASE("MountPathsWithBlanksAreUnescaped", "[server][memory]") {
   const char* m = "40 30 0:40 / /mnt/cg\\040v2 rw - cgroup2 cgroup2 rw\n";
-  REQUIRE(memory_limit_files("0::/a\n", m) == std::vector<std::string>{"/mnt/cg v2/a/memory.max", "/mnt/cg v2/memory.max"});
+  REQUIRE(memory_limit_files("0::/a\n", m) ==
+          std::vector<std::string>{"/mnt/cg v2/a/memory.max", "/mnt/cg v2/memory.max"});
 }
 
 TEST_CASE("NoCgroupNoFiles", "[server][memory]") {

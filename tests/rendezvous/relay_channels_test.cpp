@@ -141,7 +141,8 @@ TEST_CASE("CloseEitherWayEndsOnlyThatSession", "[relay]") {
   m.frame(3, mux::Kind::Open);
   m.frame(3, mux::Kind::Data, validate() + request(wire::Op::Wait, {"never"}));
   m.frame(3, mux::Kind::Close);  // the worker went: its WAIT goes with it
-  m.frame(1, mux::Kind::Data, validate() + request(wire::Op::Set, {"never"}, {"x"}) + request(wire::Op::Get, {"never"}));
+  m.frame(1, mux::Kind::Data,
+          validate() + request(wire::Op::Set, {"never"}, {"x"}) + request(wire::Op::Get, {"never"}));
   m.until([&] { return m.data[1].size() >= blob("x").size(); });
   CHECK(m.data[1] == blob("x"));
   CHECK(m.data.count(3) == 0);  // no reply of the cancelled WAIT

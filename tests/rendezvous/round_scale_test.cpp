@@ -48,7 +48,8 @@ void job_life(int64_t n) {
   RoundState state{stores};
   const auto now = Clock::time_point{} + 1000s;
   std::vector<Outbound> out;
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, i % 2)), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, i % 2)), now, out);
   REQUIRE(count(out, MsgType::Round) == static_cast<size_t>(n));
   std::set<int64_t> ranks;
   for (const auto& o : out) ranks.insert(from_message<Round>(o.msg).node_rank);
@@ -59,10 +60,12 @@ void job_life(int64_t n) {
   state.on_message(1, to_message(Failure{.round = 0, .global_rank = 3, .exit_code = 1}), now, out);
   REQUIRE(count(out, MsgType::Restart) == static_cast<size_t>(n));
   out.clear();
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, i % 2)), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, i % 2)), now, out);
   REQUIRE(count(out, MsgType::Round) == static_cast<size_t>(n));
   out.clear();
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(Succeeded{.round = 1}), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(Succeeded{.round = 1}), now, out);
   REQUIRE(count(out, MsgType::JobDone) == static_cast<size_t>(n));
 
   // A restarted server: every agent re-joins with the round it runs.
@@ -117,7 +120,8 @@ TEST_CASE("AMessageToEveryAgentIsOneSharedCopyUntilItIsSealed", "[rdzv][scale]")
   state.set_deferred_rounds(true);
   const auto now = Clock::time_point{} + 1000s;
   std::vector<Outbound> out;
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, false)), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, false)), now, out);
   out.clear();
   auto one_shared = [&](MsgType type) {
     REQUIRE(out.size() == static_cast<size_t>(n));
@@ -137,9 +141,11 @@ TEST_CASE("AMessageToEveryAgentIsOneSharedCopyUntilItIsSealed", "[rdzv][scale]")
   one_shared(MsgType::Restart);
   CHECK(from_message<Restart>(out.front().message()).restart_count == 1);
   out.clear();
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, false)), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(agent_join(i, n, false)), now, out);
   out.clear();
-  for (int64_t i = 0; i < n; ++i) state.on_message(static_cast<ConnId>(i + 1), to_message(Succeeded{.round = 1}), now, out);
+  for (int64_t i = 0; i < n; ++i)
+    state.on_message(static_cast<ConnId>(i + 1), to_message(Succeeded{.round = 1}), now, out);
   one_shared(MsgType::JobDone);
 }
 

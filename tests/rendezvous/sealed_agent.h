@@ -61,7 +61,8 @@ class SealedAgent {
 
  private:
   void write(const std::string& b) {
-    if (::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) throw std::runtime_error("send");
+    if (::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size()))
+      throw std::runtime_error("send");
   }
   rdzv::Message read_frame() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -403,7 +403,8 @@ TEST_CASE("WaitWakeUpsHopAcrossIoThreads", "[server][threads]") {
       client::StoreClient c(client_opts(srv->port()));
       for (int r = 0; r < kRounds; ++r) {
         c.set("w/" + std::to_string(r) + "/" + std::to_string((i + 1) % kRing), std::to_string(i));
-        if (c.get("w/" + std::to_string(r) + "/" + std::to_string(i)) != std::to_string((i + kRing - 1) % kRing)) ++wrong;
+        if (c.get("w/" + std::to_string(r) + "/" + std::to_string(i)) != std::to_string((i + kRing - 1) % kRing))
+          ++wrong;
       }
       ++done;
     });

@@ -85,7 +85,8 @@ TEST_CASE("ALargeWaiterIsForgottenASliceAtATime", "[store][slices]") {
     CHECK(out.empty());  // deferred
     CHECK(s.num_waiting_connections() == 1);
     const auto missing = keys(1, 30);
-    const int calls = slices(s, wire::Request{.op = op, .keys = op == Op::Wait ? missing : std::vector<std::string>{}}, out);
+    const int calls =
+        slices(s, wire::Request{.op = op, .keys = op == Op::Wait ? missing : std::vector<std::string>{}}, out);
     CHECK(calls >= 3);  // 2048 + 2048 + 904 keys forgotten, then the request itself
     CHECK(out == (op == Op::Wait ? "" : std::string(1, static_cast<char>(wire::kWaitCanceled))));
     store::Reply reply;

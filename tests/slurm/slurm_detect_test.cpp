@@ -147,11 +147,12 @@ TEST_CASE("slurm: --nnodes=MIN:MAX makes it elastic on the first host", "[slurm]
   CHECK(o.rendezvous.port_given);
   CHECK(o.rendezvous.id == "slurm-41.0");
   CHECK(o.nodes.node_rank == 0);  // c10d assigns ranks; SLURM_NODEID is not used
-  CHECK_THAT(o.platform.slurm_summary, Catch::Contains("--rdzv_backend=c10d") && Catch::Contains("--rdzv_endpoint=gpu07:") &&
-                                  !Catch::Contains("node_rank"));
+  CHECK_THAT(o.platform.slurm_summary, Catch::Contains("--rdzv_backend=c10d") &&
+                                           Catch::Contains("--rdzv_endpoint=gpu07:") && !Catch::Contains("node_rank"));
   // The node named first hosts the rendezvous, the others never try to (is_host).
   CHECK(o.rendezvous.conf.at("is_host") == "0");
-  CHECK_THAT(o.platform.slurm_summary, Catch::Contains("--rdzv_conf=is_host=0 (SLURMD_NODENAME is not the first host)"));
+  CHECK_THAT(o.platform.slurm_summary,
+             Catch::Contains("--rdzv_conf=is_host=0 (SLURMD_NODENAME is not the first host)"));
   o = ok({"--nnodes=1:2", "x.py"}, two_node_step(0));
   CHECK(o.rendezvous.conf.at("is_host") == "1");
   // Without the node's name, or with a conf or endpoint of the user's, the address decides.
@@ -240,7 +241,8 @@ TEST_CASE("slurm: GPUs Slurm gave the task", "[slurm]") {
   }
   SECTION("Slurm's count replaces the host's for gpu") {
     env["SLURM_GPUS_ON_NODE"] = "1";
-    CHECK(ok({"--nproc_per_node=gpu", "x.py"}, env, SystemInfo{.cpu_count = 8, .gpu_count = 8}).nodes.nproc_per_node == 1);
+    CHECK(ok({"--nproc_per_node=gpu", "x.py"}, env, SystemInfo{.cpu_count = 8, .gpu_count = 8}).nodes.nproc_per_node ==
+          1);
   }
   SECTION("bad values name the variable") {
     env["SLURM_GPUS_ON_NODE"] = "two";
@@ -266,6 +268,7 @@ TEST_CASE("slurm: malformed counts name the variable", "[slurm]") {
 TEST_CASE("slurm: the port is the same for the step everywhere and differs between steps", "[slurm]") {
   CHECK(slurm_step_port("41", "0") == slurm_step_port("41", "0"));
   int same = 0;
-  for (int job = 1; job <= 200; ++job) same += slurm_step_port(std::to_string(job), "0") == slurm_step_port(std::to_string(job), "1");
+  for (int job = 1; job <= 200; ++job)
+    same += slurm_step_port(std::to_string(job), "0") == slurm_step_port(std::to_string(job), "1");
   CHECK(same < 5);
 }

@@ -255,7 +255,8 @@ TEST_CASE("Collectives: the test fake's allgather and reduce_scatter keep the in
 // for bit: each rank's slice holds the average in rank order, with one division. The peer
 // starts only after rank 0 saw `false` (an atomic handshake, no sleeps). Odd sizes put a
 // scalar tail after the four-lane SSE loop.
-TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then equals reduce_for_step", "[collectives]") {
+TEST_CASE("Collectives: start/test_reduce_for_step never waits for a peer, then equals reduce_for_step",
+          "[collectives]") {
   const int world = 2;
   for (size_t n : {size_t{4099}, size_t{70001}}) {
     INFO("count " << n);
@@ -314,12 +315,13 @@ TEST_CASE("Collectives: fused_step() is offered by Gloo's shared-memory path onl
 }
 
 // alloc_shared_single(): one copy that every rank maps (the one copy of parameters and
-// optimizer state that the fused step writes in place). A store by rank 0 is what every rank reads after a barrier over Gloo TCP,
-// with no shared-memory collective in between (in alloc_shared() memory each rank reads its own
-// part: still zero); broadcast over it gives root's bytes everywhere without a rank writing
-// them; all-reduce sums the size() equal contributions; outputs of allgather / reduce_scatter
-// there are refused on every rank. At 2 and 3 ranks (3: slices of unequal length).
-TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadcast and all-reduce over it", "[collectives]") {
+// optimizer state that the fused step writes in place). A store by rank 0 is what every rank reads after a barrier over
+// Gloo TCP, with no shared-memory collective in between (in alloc_shared() memory each rank reads its own part: still
+// zero); broadcast over it gives root's bytes everywhere without a rank writing them; all-reduce sums the size() equal
+// contributions; outputs of allgather / reduce_scatter there are refused on every rank. At 2 and 3 ranks (3: slices of
+// unequal length).
+TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadcast and all-reduce over it",
+          "[collectives]") {
   for (const int world : {2, 3}) {
     INFO("world " << world);
     const size_t n = 1001;
@@ -364,7 +366,8 @@ TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadca
           else c.reduce_scatter(big.data(), one, 4, DType::F32, ReduceOp::Sum);
           e += std::string(op) + " into one-copy memory did not throw; ";
         } catch (const WorkerError& x) {
-          if (std::string(x.what()).find("alloc_shared_single") == std::string::npos) e += std::string("unclear: ") + x.what();
+          if (std::string(x.what()).find("alloc_shared_single") == std::string::npos)
+            e += std::string("unclear: ") + x.what();
         }
       }
       c.barrier();  // the communicator still works after the refusals
@@ -374,8 +377,9 @@ TEST_CASE("Collectives: alloc_shared_single is one copy every rank sees; broadca
   }
 }
 
-TEST_CASE("Collectives: a peer that closes its communicator fails the other's collective with that cause, not a timeout",
-          "[collectives]") {
+TEST_CASE(
+    "Collectives: a peer that closes its communicator fails the other's collective with that cause, not a timeout",
+    "[collectives]") {
   // SIGPIPE at its default, as in a C++ program: a send to the closed peer must not end the
   // process (the communicator ignores it unless the program has a handler).
   ::signal(SIGPIPE, SIG_DFL);

@@ -72,7 +72,8 @@ float* one_copy_array(Communicator* comm, size_t n, std::vector<float>& storage)
     return storage.data();
   }
   auto* p = static_cast<float*>(testing::shm_path(*comm).alloc_shared_single(n * sizeof(float)));
-  if (!p || !testing::shm_path(*comm).is_single_copy(p, n * sizeof(float))) throw std::runtime_error("no one-copy shared memory");
+  if (!p || !testing::shm_path(*comm).is_single_copy(p, n * sizeof(float)))
+    throw std::runtime_error("no one-copy shared memory");
   return p;
 }
 
@@ -174,9 +175,10 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 // Runs `world` ranks (threads, each with its own store connection and Gloo communicator).
 std::vector<Trace> run_ranks(int world, bool shared_memory, const RunOptions& o) {
   std::vector<Trace> traces(static_cast<size_t>(world));
-  const auto errors = testing::on_gloo_ranks(world, shared_memory, std::chrono::seconds(20), [&](int r, Communicator& c) {
-    traces[static_cast<size_t>(r)] = run(&c, r, world, world, o);
-  });
+  const auto errors =
+      testing::on_gloo_ranks(world, shared_memory, std::chrono::seconds(20), [&](int r, Communicator& c) {
+        traces[static_cast<size_t>(r)] = run(&c, r, world, world, o);
+      });
   for (const auto& e : errors) REQUIRE(e.empty());
   return traces;
 }
@@ -198,7 +200,8 @@ void check_invariant(int world, bool small_buckets, bool shared_memory, bool sha
   for (int s = 0; s < kSteps; ++s) {
     for (int r = 0; r < world; ++r) {
       // Every rank holds exactly the same averaged gradient and parameters.
-      REQUIRE(traces[static_cast<size_t>(r)].params[static_cast<size_t>(s)] == traces[0].params[static_cast<size_t>(s)]);
+      REQUIRE(traces[static_cast<size_t>(r)].params[static_cast<size_t>(s)] ==
+              traces[0].params[static_cast<size_t>(s)]);
       REQUIRE(traces[static_cast<size_t>(r)].grads[static_cast<size_t>(s)] == traces[0].grads[static_cast<size_t>(s)]);
     }
     const double g_err = rel_l2(traces[0].grads[static_cast<size_t>(s)], single.grads[static_cast<size_t>(s)]);

@@ -112,7 +112,8 @@ class FakeCommunicator final : public Communicator, public FusedStep {
       }
       for (void* p : ios)
         for (size_t r = 0; r < blocks.size(); ++r)
-          if (bytes) std::memcpy(static_cast<unsigned char*>(static_cast<InOut*>(p)->out) + r * bytes, blocks[r].data(), bytes);
+          if (bytes)
+            std::memcpy(static_cast<unsigned char*>(static_cast<InOut*>(p)->out) + r * bytes, blocks[r].data(), bytes);
     });
   }
   // fp32 only, like allreduce: sums (or maxes) in rank order.
@@ -126,13 +127,16 @@ class FakeCommunicator final : public Communicator, public FusedStep {
         for (size_t i = 0; i < count; ++i) {
           float acc = 0.f;
           for (int r = 0; r < n; ++r) {
-            const float v = static_cast<const float*>(static_cast<InOut*>(ios[static_cast<size_t>(r)])->in)[static_cast<size_t>(dst) * count + i];
+            const float v = static_cast<const float*>(
+                static_cast<InOut*>(ios[static_cast<size_t>(r)])->in)[static_cast<size_t>(dst) * count + i];
             acc = r == 0 ? v : op == ReduceOp::Max ? (v > acc ? v : acc) : acc + v;
           }
           res[static_cast<size_t>(dst)][i] = op == ReduceOp::Avg ? acc / static_cast<float>(n) : acc;
         }
       for (int r = 0; r < n; ++r)
-        if (count) std::memcpy(static_cast<InOut*>(ios[static_cast<size_t>(r)])->out, res[static_cast<size_t>(r)].data(), count * 4);
+        if (count)
+          std::memcpy(static_cast<InOut*>(ios[static_cast<size_t>(r)])->out, res[static_cast<size_t>(r)].data(),
+                      count * 4);
     });
   }
   void barrier() override {

@@ -43,7 +43,8 @@ struct Proc {
   std::optional<int> status;
 };
 
-pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env, const std::string& out_path) {
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+            const std::string& out_path) {
   return ddprun::worker::testing::spawn_logged(args, extra_env, out_path);
 }
 
@@ -108,7 +109,8 @@ std::string run_elastic(const std::vector<std::string>& train_args, int world, i
       std::vector<std::string> args{TRAIN_EXE};
       args.insert(args.end(), train_args.begin(), train_args.end());
       const std::string base = dir + "/a" + std::to_string(attempt) + "-r" + std::to_string(r);
-      ps[static_cast<size_t>(r)].pid = spawn(args, rank_env(r, world, server.port(), attempt, base + ".err.json"), base + ".log");
+      ps[static_cast<size_t>(r)].pid =
+          spawn(args, rank_env(r, world, server.port(), attempt, base + ".err.json"), base + ".log");
     }
     // Watch: the first failure stops the group (SIGTERM is what ddprun sends; SIGKILL after grace).
     bool failed = false;
@@ -188,12 +190,12 @@ TEST_CASE("Store: without a launcher store, rank 0 hosts it (srun-started ranks)
   const uint16_t port = static_cast<uint16_t>(10000 + (::getpid() % 19000));
   std::vector<Proc> ps(2);
   for (int r = 0; r < 2; ++r)
-    ps[static_cast<size_t>(r)].pid = spawn({TRAIN_EXE, "--device", "cpu"},
-                                           {"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + std::to_string(r),
-                                            "SLURM_NTASKS_PER_NODE=2", "MASTER_ADDR=127.0.0.1",
-                                            "MASTER_PORT=" + std::to_string(port), "RANK=", "WORLD_SIZE=",
-                                            "TORCHELASTIC_USE_AGENT_STORE="},
-                                           dir + "/r" + std::to_string(r) + ".log");
+    ps[static_cast<size_t>(r)].pid =
+        spawn({TRAIN_EXE, "--device", "cpu"},
+              {"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2", "SLURM_LOCALID=" + std::to_string(r),
+               "SLURM_NTASKS_PER_NODE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+               "RANK=", "WORLD_SIZE=", "TORCHELASTIC_USE_AGENT_STORE="},
+              dir + "/r" + std::to_string(r) + ".log");
   REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60)));
   INFO("rank0 log: " << slurp(dir + "/r0.log") << "\nrank1 log: " << slurp(dir + "/r1.log"));
   for (auto& p : ps) REQUIRE((WIFEXITED(*p.status) && WEXITSTATUS(*p.status) == 0));
@@ -242,7 +244,8 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   }
 }
 
-TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume", "[process]") {
+TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume",
+          "[process]") {
   const std::vector<std::string> base{"--width", "64", "--depth", "2", "--samples", "400", "--batch", "20",
                                       "--epochs", "3", "--momentum", "0.9"};
   auto with = [&](std::vector<std::string> extra) {
@@ -282,8 +285,8 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   // And the other way: the separate path's checkpoint loaded into the one copy (by rank 0
   // alone; the others wait at the broadcast), resumed by the fused path.
   const std::string ck2 = temp_dir() + "/ck2";
-  run_elastic(with({"--fused-step", "0", "--checkpoint-dir", ck2, "--checkpoint-every", "4", "--max-steps", "14"}), 2, 0,
-              &attempts);
+  run_elastic(with({"--fused-step", "0", "--checkpoint-dir", ck2, "--checkpoint-every", "4", "--max-steps", "14"}), 2,
+              0, &attempts);
   const std::string resumed_fused = run_elastic(with({"--fused-step", "1", "--checkpoint-dir", ck2}), 2, 0, &attempts);
   INFO("resumed fused log: " << resumed_fused);
   REQUIRE(resumed_fused.find("resumed from step 12") != std::string::npos);
@@ -291,7 +294,8 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
   REQUIRE(checksum_of(resumed_fused) == checksum_of(separate));
 }
 
-TEST_CASE("Force collective: one rank with --force-collective all-reduces through Gloo and ends bit-identical", "[process]") {
+TEST_CASE("Force collective: one rank with --force-collective all-reduces through Gloo and ends bit-identical",
+          "[process]") {
   const std::string dir = temp_dir();
   // No launcher variables: a standalone rank.
   const std::vector<std::string> solo_env{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "SLURM_PROCID=",

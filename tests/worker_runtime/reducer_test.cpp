@@ -361,7 +361,8 @@ TEST_CASE("Reducer: set_step_arrays and finalize_and_step reject misuse", "[redu
     StepFixture f;
     Reducer red(c, f.views(), DType::F32, StepFixture::options());
     REQUIRE_THROWS_AS(red.finalize_and_step(SgdStep(0.1f, 0.f, true)), std::logic_error);  // nothing registered
-    REQUIRE_THROWS_AS(red.set_step_arrays(f.grads.data() + 1, {f.params.data()}), std::logic_error);  // grad 0 below base
+    REQUIRE_THROWS_AS(red.set_step_arrays(f.grads.data() + 1, {f.params.data()}),
+                      std::logic_error);  // grad 0 below base
     REQUIRE_THROWS_AS(red.set_step_arrays(f.grads.data(), {}), std::logic_error);
     red.set_step_arrays(f.grads.data(), {f.params.data()});
     f.backward(red, 0, 0);

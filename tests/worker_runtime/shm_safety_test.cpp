@@ -182,10 +182,13 @@ namespace {
 
 pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
   std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
-  return testing::spawn_logged(args, std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
-                                "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                                std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")}, log);
+  return testing::spawn_logged(
+      args,
+      std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                               "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                               std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+                               std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")},
+      log);
 }
 
 // What /dev/shm holds: its entries and its used blocks. In the private tmpfs the test runs in
@@ -261,7 +264,8 @@ TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leav
                         spawn_train(1, 2, server.port(), dir + "/r1.log")};
     const int victim = static_cast<int>(rng() % 2);
     // The kill moments themselves are what is random; nothing waits on them for ordering.
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng() % static_cast<uint64_t>(span_us))));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(static_cast<int64_t>(rng() % static_cast<uint64_t>(span_us))));
     ::kill(p[victim], SIGKILL);
     // The launcher's teardown of the survivor, at another random moment.
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(rng() % 20000)));
@@ -428,8 +432,10 @@ TEST_CASE("shm: broadcast over one-copy memory at different places on different 
   for (int r = 0; r < 2; ++r) {
     INFO(errors[static_cast<size_t>(r)]);
     REQUIRE(has(errors[static_cast<size_t>(r)], "shm collective mismatch"));
-    REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 64)"));
-    REQUIRE(has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 0)"));
+    REQUIRE(
+        has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 64)"));
+    REQUIRE(
+        has(errors[static_cast<size_t>(r)], "broadcast(400 bytes from rank 0, one-copy buffer at region 0 offset 0)"));
   }
 }
 

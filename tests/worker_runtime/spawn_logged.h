@@ -14,7 +14,8 @@ extern char** environ;
 
 namespace ddprun::worker::testing {
 
-inline pid_t spawn_logged(const std::vector<std::string>& args, const std::vector<std::string>& extra_env, const std::string& out_path) {
+inline pid_t spawn_logged(const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+                          const std::string& out_path) {
   std::vector<std::string> env_s;
   for (char** e = environ; *e; ++e) {
     std::string s = *e;

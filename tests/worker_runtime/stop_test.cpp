@@ -44,7 +44,8 @@ class StreamOrdered final : public dw::Communicator {
 
 // One test case, in order: the flag is process-wide and never cleared (ctest runs this tag in a
 // process of its own).
-TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device memory not handed to the host default", "[stop]") {
+TEST_CASE("stop flag: handlers, first signal wins, agreement is a MAX, device memory not handed to the host default",
+          "[stop]") {
   REQUIRE_FALSE(dw::stop_requested());
   REQUIRE(dw::stop_signal() == 0);
 

@@ -190,7 +190,8 @@ std::string encode_checkpoint(const Checkpoint& ckpt) {
 
 std::optional<Checkpoint> decode_checkpoint(std::string_view bytes, std::string* why) {
   auto fail = [&](const std::string& m) -> std::optional<Checkpoint> { if (why) *why = m; return std::nullopt; };
-  if (bytes.size() < kHeaderBytes + 4 + sizeof kTrailer) return fail("truncated: " + std::to_string(bytes.size()) + " bytes");
+  if (bytes.size() < kHeaderBytes + 4 + sizeof kTrailer)
+    return fail("truncated: " + std::to_string(bytes.size()) + " bytes");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("bad magic");
   std::string_view in = bytes.substr(8);
   uint32_t version = 0, count = 0;
@@ -279,7 +280,11 @@ void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_la
     throw;
   }
   if (::close(fd) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("close", tmp, e); }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("rename", final_path, e); }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw_io("rename", final_path, e);
+  }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) throw_io("open", dir, errno);
   if (::fsync(dfd) != 0) { int e = errno; ::close(dfd); throw_io("fsync", dir, e); }

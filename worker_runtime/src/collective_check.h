@@ -25,6 +25,7 @@
 
 #include "ddprun/worker/checks.h"
 #include "ddprun/worker/communicator.h"
+#include "ddprun/worker/dtype.h"
 #include "knob_flag.h"
 
 namespace ddprun::worker {
@@ -50,7 +51,9 @@ inline bool debug_collectives_enabled() {
 }
 
 inline std::string describe_collective(const CollectiveSignature& s) {
-  auto dt = [&] { return s.dtype <= static_cast<uint32_t>(DType::I64) ? dtype_name(static_cast<DType>(s.dtype)) : "?"; };
+  auto dt = [&] {
+    return s.dtype <= static_cast<uint32_t>(DType::I64) ? dtype_name(static_cast<DType>(s.dtype)) : "?";
+  };
   auto red = [&] {
     switch (static_cast<ReduceOp>(s.arg)) {
       case ReduceOp::Sum: return "sum";

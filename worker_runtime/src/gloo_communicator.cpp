@@ -352,7 +352,8 @@ class GlooCommunicator final : public Communicator, public FusedStep {
     auto bar = [&] { barrier(); };
     void* p = nullptr;
     guarded(what, [&] {
-      p = single ? shm_->alloc_shared_single(bytes, publish, fetch, bar) : shm_->alloc_shared(bytes, publish, fetch, bar);
+      p = single ? shm_->alloc_shared_single(bytes, publish, fetch, bar)
+                 : shm_->alloc_shared(bytes, publish, fetch, bar);
     });
     return p;
   }

@@ -7,7 +7,8 @@
 
 namespace ddprun::worker {
 
-PositionBoard::PositionBoard(Store& store, std::string key_prefix, int rank, int size, std::chrono::milliseconds timeout)
+PositionBoard::PositionBoard(Store& store, std::string key_prefix, int rank, int size,
+                             std::chrono::milliseconds timeout)
     : store_(store), prefix_(std::move(key_prefix)), rank_(rank), size_(size) {
   publish(position_);
   const auto period = std::clamp(timeout / 4, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));

@@ -41,26 +41,6 @@ int usable_cpus() {
 
 }  // namespace
 
-
-
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::I32: return "int32";
-    case DType::F64: return "fp64";
-    case DType::I64: return "int64";
-  }
-  return "?";
-}
-
-void allreduce_then_step(Communicator& comm, float* grad, size_t count, const ElementwiseStep& step,
-                         float* const* arrays) {
-  comm.allreduce(grad, count, DType::F32, ReduceOp::Avg);
-  step.apply(arrays, grad, count);
-}
-
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
                                               size_t bucket_cap_bytes) {
   std::vector<std::vector<size_t>> plan;
@@ -107,7 +87,8 @@ detail::ReducerImpl::ReducerImpl(Communicator& comm, std::vector<GradView> grads
               [&](size_t a, size_t c) { return grads_[a].ptr < grads_[c].ptr; });
     bool contiguous = true;
     for (size_t j = 1; j < by_addr.size(); ++j) {
-      const auto* prev_end = static_cast<unsigned char*>(grads_[by_addr[j - 1]].ptr) + grads_[by_addr[j - 1]].count * es;
+      const auto* prev_end =
+          static_cast<unsigned char*>(grads_[by_addr[j - 1]].ptr) + grads_[by_addr[j - 1]].count * es;
       if (prev_end != grads_[by_addr[j]].ptr) contiguous = false;
     }
     if (contiguous) {
@@ -305,7 +286,8 @@ void detail::ReducerImpl::run_timed(size_t b, F&& f) {
   } catch (const CommError&) {
     err = std::current_exception();
   } catch (const std::exception& e) {
-    err = std::make_exception_ptr(CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
+    err = std::make_exception_ptr(
+        CommError(std::string("all-reduce of bucket ") + std::to_string(b) + " failed: " + e.what()));
   }
   const double cpu = thread_cpu_ms() - c0;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -503,7 +485,8 @@ bool Reducer::finalize_and_step(const ElementwiseStep& step) { return impl_->fin
 void Reducer::set_sync(bool sync) { impl_->sync_ = sync; }
 void Reducer::set_comm_hook(CommHook hook) {
   if (impl_->in_backward_)
-    throw WorkerError("Reducer::set_comm_hook: called inside a pass (after prepare_for_backward()); set it between passes");
+    throw WorkerError(
+        "Reducer::set_comm_hook: called inside a pass (after prepare_for_backward()); set it between passes");
   impl_->options_.comm_hook = std::move(hook);
 }
 bool Reducer::sync() const { return impl_->sync_; }

@@ -35,7 +35,10 @@ void detail::ReducerImpl::set_step_arrays(const float* grad_base, std::vector<fl
     const Bucket& bk = buckets_[b];
     if (!bk.base) continue;  // staged: the communicator never sees the real gradient
     arrays_at(bk.base, at);
-    votes[b] = fused_ && !options_.comm_hook && fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size()) ? 1.f : 0.f;
+    votes[b] = fused_ && !options_.comm_hook &&
+                       fused_->fuses_step(static_cast<const float*>(bk.base), bk.count, at, step_arrays_.size())
+                   ? 1.f
+                   : 0.f;
     // Adjacent to the previous bucket: a chain of such buckets always tiles one range (each
     // one extends the range at the end where its predecessor lies).
     if (b > 0 && buckets_[b - 1].base && (end_of(b) == begin_of(b - 1) || end_of(b - 1) == begin_of(b)))

@@ -77,7 +77,8 @@ std::chrono::milliseconds env_seconds(const knobs::Knob& knob, std::chrono::mill
   char* end = nullptr;
   const double s = std::strtod(v, &end);
   if (end == v || *end != '\0' || !(s > 0))
-    throw WorkerError(std::string("environment variable ") + knob.name + "='" + v + "' is not a positive number of seconds");
+    throw WorkerError(std::string("environment variable ") + knob.name + "='" + v +
+                      "' is not a positive number of seconds");
   return std::chrono::milliseconds(static_cast<long long>(s * 1000));
 }
 
@@ -108,7 +109,8 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
   bool cuda = false;
   if (options.device == DeviceKind::Cuda) {
     if (!gpu_backend_available()) throw WorkerError("--device cuda: " + gpu_backend_problem());
-    if (gpu_device_count() == 0) throw WorkerError("--device cuda: no CUDA device visible (" + gpu_no_device_reason() + ")");
+    if (gpu_device_count() == 0)
+      throw WorkerError("--device cuda: no CUDA device visible (" + gpu_no_device_reason() + ")");
     cuda = true;
   } else if (options.device == DeviceKind::Auto) {
     if (gpu_device_count() > 0 && !gpu_backend_available())

@@ -127,7 +127,8 @@ void reduce_block(typename Arith<T>::Acc* acc, size_t b0, size_t b1, int size, R
   using A = Arith<T>;
   if constexpr (std::is_same_v<T, float>) {
     if (op != ReduceOp::Max)
-      return reduce_block_f32(acc, b0, b1, size, op == ReduceOp::Avg, [&](int r) { return static_cast<const float*>(src_of(r)); });
+      return reduce_block_f32(acc, b0, b1, size, op == ReduceOp::Avg,
+                              [&](int r) { return static_cast<const float*>(src_of(r)); });
   }
   for (int r = 0; r < size; ++r) {
     const T* __restrict src = src_of(r);
@@ -208,8 +209,9 @@ void ShmGroup::wait_all(uint32_t gen) {
     check_peers();
     if (Clock::now() > deadline) {
       broken_ = true;
-      throw CommError("shm collective on rank " + std::to_string(rank_) + ": peers did not arrive within the timeout of " +
-                      std::to_string(timeout_.count()) + " ms (DDPRUN_COLLECTIVE_TIMEOUT_S)" + where_ranks_are() +
+      throw CommError("shm collective on rank " + std::to_string(rank_) +
+                      ": peers did not arrive within the timeout of " + std::to_string(timeout_.count()) +
+                      " ms (DDPRUN_COLLECTIVE_TIMEOUT_S)" + where_ranks_are() +
                       ". A rank that stopped issuing collectives (stuck, or in code the others do not run) "
                       "keeps the others waiting");
     }
@@ -218,7 +220,8 @@ void ShmGroup::wait_all(uint32_t gen) {
 
 void ShmGroup::barrier() { wait_all(arrive()); }
 
-ShmGroup::OpSig ShmGroup::publish(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where, uint32_t extra) {
+ShmGroup::OpSig ShmGroup::publish(uint32_t kind, DType dtype, size_t count, ReduceOp op, uint64_t where,
+                                  uint32_t extra) {
   if (broken_) throw CommError("shm all-reduce: group broken by an earlier failure");
   DDPRUN_ENFORCE(!pending_.active, "shm collective issued while a started reduce_for_step is not finished "
                                    "(test_reduce_for_step(true) first)");
@@ -235,7 +238,8 @@ void ShmGroup::check_sigs(const OpSig& mine) {
     if (o.seq == mine.seq && o.count == mine.count && o.where == mine.where && o.kind == mine.kind &&
         o.dtype == mine.dtype && o.op == mine.op && o.extra == mine.extra)
       continue;
-    if (diff.size() < 600) diff += "; rank " + std::to_string(r) + " issued #" + std::to_string(o.seq) + " " + describe(o);
+    if (diff.size() < 600)
+      diff += "; rank " + std::to_string(r) + " issued #" + std::to_string(o.seq) + " " + describe(o);
   }
   if (diff.empty()) return;
   broken_ = true;  // the peers' buffers are not what this rank expects: never read them
@@ -282,7 +286,8 @@ std::string ShmGroup::describe(const OpSig& s) const {
   switch (s.kind) {
     case kStaged: return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ")";
     case kZeroCopy:
-      return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ", shared buffer at " + place + ")";
+      return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ", shared buffer at " + place +
+             ")";
     case kFusedStep:
       return "allreduce_step(fp32, " + std::to_string(s.count) + " elements, " +
              std::to_string(s.extra & ((1u << kMaskShift) - 1)) + " arrays (one-copy mask " +
@@ -525,8 +530,8 @@ void ShmGroup::finish_step(size_t n_segments, float* const* grads, const size_t*
   DDPRUN_ENFORCE(n_segments < (1u << kMaskShift), "shm finish_step: too many segments for the op signature");
   // Every rank is past backward (nobody reads parameters any more) and every reduce_for_step
   // of this pass finished on every rank.
-  enter(kFinishStep, DType::F32, total, ReduceOp::Avg, where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]),
-        static_cast<uint32_t>(n_segments) | mask);
+  enter(kFinishStep, DType::F32, total, ReduceOp::Avg,
+        where_of(region_of(grads[0], counts[0] * sizeof(float)), grads[0]), static_cast<uint32_t>(n_segments) | mask);
   constexpr size_t kBlock = 2048;
   for (size_t s = 0; s < n_segments; ++s) {
     const size_t count = counts[s];

@@ -75,14 +75,16 @@ void* ShmGroup::create_unnamed(size_t bytes, int* fd_out, std::string* handle, s
 void* ShmGroup::open_handle(const std::string& handle, size_t bytes) {
   const auto colon = handle.find(':');
   if (colon == std::string::npos || colon == 0)
-    throw CommError("shm group: malformed segment handle '" + handle + "' from rank 0 (a rank of another ddprun version?)");
+    throw CommError("shm group: malformed segment handle '" + handle +
+                    "' from rank 0 (a rank of another ddprun version?)");
   const std::string path = "/proc/" + handle.substr(0, colon) + "/fd/" + handle.substr(colon + 1);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
     throw CommError("shm group: cannot open rank 0's segment " + path + ": " + std::strerror(e) +
-                    (e == ENOENT ? " (rank 0 exited before this rank joined)"
-                                 : " (all ranks of a host must run as one user; DDPRUN_SHM=0 uses Gloo over TCP instead)"));
+                    (e == ENOENT
+                         ? " (rank 0 exited before this rank joined)"
+                         : " (all ranks of a host must run as one user; DDPRUN_SHM=0 uses Gloo over TCP instead)"));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
@@ -98,12 +100,13 @@ void* ShmGroup::open_handle(const std::string& handle, size_t bytes) {
 
 void ShmGroup::warn_fallback(int rank, const std::string& what, const std::string& handle) {
   if (rank != 0) return;  // one line for the group; every rank takes the same fallback
-  detail::log().warn("shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
-               "a larger /dev/shm (e.g. docker --shm-size=1g) for the fast path",
-               what, handle.substr(5),
-               what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP"
-               : what.rfind("a one-copy", 0) == 0  ? "a copy per rank"
-                                                   : "private memory");
+  detail::log().warn(
+      "shared-memory all-reduce: no room for {} ({}); the group falls back to {}. Give the host or container "
+      "a larger /dev/shm (e.g. docker --shm-size=1g) for the fast path",
+      what, handle.substr(5),
+      what.rfind("the all-reduce", 0) == 0 ? "Gloo over TCP"
+      : what.rfind("a one-copy", 0) == 0   ? "a copy per rank"
+                                           : "private memory");
 }
 
 void ShmGroup::map_control(void* base) {
@@ -120,7 +123,8 @@ void ShmGroup::register_self_and_watch_peers(const std::function<void()>& outer_
     if (r == rank_) continue;
     const int pid = ctl_->pids[r].load();
     const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (fd < 0) throw CommError("shm group: peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") is gone");
+    if (fd < 0)
+      throw CommError("shm group: peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") is gone");
     pidfds_.push_back(fd);
     pidfd_ranks_.push_back(r);
   }

@@ -76,11 +76,12 @@ float from_bf16_bits(uint16_t b) {
   return f;
 }
 
-#define NCCL_OK(expr)                                                                                       \
-  do {                                                                                                      \
-    ncclResult_t r_ = (expr);                                                                               \
-    if (r_ != ncclSuccess)                                                                                  \
-      throw dw::CommError(std::string(#expr) + ": " + ncclGetErrorString(r_) + " (" + ncclGetLastError(nullptr) + ")"); \
+#define NCCL_OK(expr)                                                                                             \
+  do {                                                                                                            \
+    ncclResult_t r_ = (expr);                                                                                     \
+    if (r_ != ncclSuccess)                                                                                        \
+      throw dw::CommError(std::string(#expr) + ": " + ncclGetErrorString(r_) + " (" + ncclGetLastError(nullptr) + \
+                          ")");                                                                                   \
   } while (0)
 
 // One implementation behind three calls: enqueue `iters` all-reduces between two events on
@@ -162,7 +163,8 @@ class Raw final : public Impl {
   }
   const char* name() const override { return "raw"; }
   void allreduce(void* buf, size_t count, dw::DType dt) override {
-    NCCL_OK(ncclAllReduce(buf, buf, count, dt == dw::DType::BF16 ? ncclBfloat16 : ncclFloat32, ncclSum, comm_, stream_));
+    NCCL_OK(
+        ncclAllReduce(buf, buf, count, dt == dw::DType::BF16 ? ncclBfloat16 : ncclFloat32, ncclSum, comm_, stream_));
   }
   void begin() override {}
   void end() override {}
@@ -281,7 +283,9 @@ int run(const Options& o) {
       if (rank == 0) {
         std::printf("CHECK impl=%s dtype=%s count=%zu %s%s\n", impl->name(), dw::dtype_name(dt), count,
                     bad == 0.f ? "ok" : "FAILED", ok ? "" : (" " + why).c_str());
-        if (out) std::fprintf(out, "CHECK impl=%s dtype=%s count=%zu %s\n", impl->name(), dw::dtype_name(dt), count, bad == 0.f ? "ok" : "FAILED");
+        if (out)
+          std::fprintf(out, "CHECK impl=%s dtype=%s count=%zu %s\n", impl->name(), dw::dtype_name(dt), count,
+                       bad == 0.f ? "ok" : "FAILED");
       }
       if (bad != 0.f) ++failed_checks;
     }
@@ -312,7 +316,8 @@ int run(const Options& o) {
         if (rank == 0) {
           char line[256];
           std::snprintf(line, sizeof line,
-                        "RESULT impl=%s dtype=%s bytes=%" PRIu64 " count=%zu iters=%d warmup=%d us=%.3f algbw=%.3f busbw=%.3f\n",
+                        "RESULT impl=%s dtype=%s bytes=%" PRIu64
+                        " count=%zu iters=%d warmup=%d us=%.3f algbw=%.3f busbw=%.3f\n",
                         impl->name(), dw::dtype_name(dt), bytes, count, iters, warm, us, algbw, algbw * bus_factor);
           std::fputs(line, stdout);
           std::fflush(stdout);
@@ -340,7 +345,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", o.min_bytes, "smallest message")->check(CLI::PositiveNumber);
   app.add_option("--max-bytes", o.max_bytes, "largest message (and the buffer size)")->check(CLI::PositiveNumber);
   app.add_option("--factor", o.factor, "size step (2 = powers of two, 4 = x4)")->check(CLI::Range(2, 1024));
-  app.add_option("--iters", o.iters, "timed iterations per size (0 = clamp(4 GiB / bytes, 10, 200))")->check(CLI::NonNegativeNumber);
+  app.add_option("--iters", o.iters, "timed iterations per size (0 = clamp(4 GiB / bytes, 10, 200))")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--warmup", o.warmup, "warm-up iterations per size (default clamp(iters / 10, 2, 20))");
   app.add_option("--out", o.out, "also write the RESULT lines to this file (rank 0)");
   app.add_flag("--info", o.info, "print NCCL/CUDA versions and the devices, then exit");

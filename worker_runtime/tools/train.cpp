@@ -41,61 +41,6 @@ namespace ex = ddprun::example;
 
 namespace train {
 
-// --hang-at-step: the rank stops making progress (no step, no tick) and sleeps until it is
-// killed; a hang watch's stack dump shows this frame.
-[[noreturn]] __attribute__((noinline)) void injected_hang(const dw::WorkerEnv& env, int64_t step) {
-  std::fprintf(stderr, "[train] rank %d attempt %d: injected hang before step %" PRId64 "\n", env.rank,
-               env.restart_count, step);
-  std::fflush(stderr);
-  while (true) ::sleep(3600);
-}
-
-void maybe_inject_fault(const Options& o, const dw::WorkerEnv& env, int64_t step) {
-  if (env.rank != o.fail_rank) return;
-  if (o.hang_at_step == step && env.restart_count == (o.fail_attempt >= 0 ? o.fail_attempt : 0)) injected_hang(env, step);
-  for (size_t i = 0; i < o.fail_at_step.size(); ++i) {
-    const int attempt = o.fail_attempt >= 0 ? o.fail_attempt : static_cast<int>(i);
-    if (o.fail_at_step[i] != step || env.restart_count != attempt) continue;
-    std::fprintf(stderr, "[train] rank %d attempt %d: injected fault (%s) before step %" PRId64 "\n", env.rank,
-                 env.restart_count, o.fail_mode.c_str(), step);
-    std::fflush(stderr);
-    if (o.fail_mode == "exit") {
-      dw::write_error_file(env.error_file, "injected failure before step " + std::to_string(step),
-                           "train --fail-at-step " + std::to_string(step));
-      std::_Exit(dw::kExitError);
-    }
-    ::kill(::getpid(), SIGKILL);
-  }
-}
-
-// --wait-for-signal-at-step (tests): the chosen rank(s) block before the agreement of that step
-// until a stop signal arrived, so a test signals "mid-run" at a known step without racing the
-// run's end. The handler's flag is polled: the process has other threads (Gloo, the
-// communication thread), and a signal the main thread blocks is delivered to one of them, so
-// a sigsuspend in the main thread could miss it and wait for the next one.
-void maybe_wait_for_signal(const Options& o, const dw::WorkerEnv& env, int64_t step) {
-  if (o.wait_for_signal_at_step < 0 || step != o.wait_for_signal_at_step) return;
-  if (o.wait_rank >= 0 && env.rank != o.wait_rank) return;
-  std::printf("[train] rank %d: waiting for a stop signal after step %" PRId64 "\n", env.rank, step);
-  std::fflush(stdout);
-  while (!dw::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-}
-
-int finish_preempted(const Options& o, int rank, int64_t step) {
-  // Every rank stopped after the same step (agree_stop) and rank 0 wrote that step's checkpoint.
-  dw::announce_preemption(o.checkpoint_dir.empty() ? std::string()
-                                                   : dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)));
-  if (rank == 0) {
-    if (!o.checkpoint_dir.empty())
-      std::printf("[train] checkpoint of step %" PRId64 " written to %s; exit %d (preempted): rerun to resume\n", step,
-                  dw::checkpoint_path(o.checkpoint_dir, static_cast<uint64_t>(step)).c_str(), dw::kExitPreempted);
-    else
-      std::printf("[train] no --checkpoint-dir: nothing saved; exit %d (preempted)\n", dw::kExitPreempted);
-  }
-  std::fflush(stdout);
-  return dw::kExitPreempted;
-}
-
 namespace {
 
 double thread_cpu_ms() {
@@ -249,10 +194,13 @@ void CpuRun::init_or_resume() {
       meta[2] = static_cast<int64_t>(ck->get_u64("step_in_epoch"));
       meta[3] = static_cast<int64_t>(ck->get_u64("momentum_init"));
       if (ck->get_u64("world_size") != static_cast<uint64_t>(world_)) {
-        spdlog::warn("checkpoint was written with world size {}, now {}: restarting its epoch", ck->get_u64("world_size"), world_);
+        spdlog::warn("checkpoint was written with world size {}, now {}: restarting its epoch",
+                     ck->get_u64("world_size"), world_);
         meta[2] = 0;
       }
-      if (rank_ == 0) std::printf("[train] resumed from step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ")\n", meta[0], meta[1], meta[2]);
+      if (rank_ == 0)
+        std::printf("[train] resumed from step %" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ")\n", meta[0], meta[1],
+                    meta[2]);
     }
   }
   // Rank 0's state wins everywhere (DDP's initial broadcast; over one-copy memory a barrier).
@@ -307,7 +255,8 @@ float CpuRun::step_once(int64_t s, StepClock& c) {
   const int b = static_cast<int>(idx.size());
   x_.resize(static_cast<size_t>(b) * o_.in);
   y_.resize(static_cast<size_t>(b));
-  for (int i = 0; i < b; ++i) make_sample(o_.seed, static_cast<int64_t>(idx[i]), o_.in, &x_[static_cast<size_t>(i) * o_.in], &y_[i]);
+  for (int i = 0; i < b; ++i)
+    make_sample(o_.seed, static_cast<int64_t>(idx[i]), o_.in, &x_[static_cast<size_t>(i) * o_.in], &y_[i]);
   reducer_->prepare_for_backward();
   const float loss = model_.forward_backward(params_, x_.data(), y_.data(), b, grads_, false, [&](size_t t) {
     const double c1 = thread_cpu_ms();
@@ -437,11 +386,12 @@ const char* progress_name(const dw::Reducer& r) {
 void CpuRun::report_phases() const {  // every rank: imbalance between ranks shows here
   const double k = static_cast<double>(timed_steps_);
   std::printf("phase_ms rank=%d progress=%s forward=%.3f/%.3f backward=%.3f/%.3f after_backward=%.3f/%.3f "
-              "model_cpu=%.3f comm=%.3f/%.3f finish=%.3f reduced_in_backward_frac=%.3f preempted_per_step=%.2f blocked_per_step=%.2f "
+              "model_cpu=%.3f comm=%.3f/%.3f finish=%.3f reduced_in_backward_frac=%.3f preempted_per_step=%.2f "
+              "blocked_per_step=%.2f "
               "(wall/cpu of the training thread; model_cpu: forward+backward CPU outside the reducer; comm: the "
               "collectives' wall/cpu)\n",
-              rank_, world_ == 1 && !o_.force_collective ? "none" : progress_name(*reducer_),
-              ph_.fwd / k, ph_.fwd_cpu / k, ph_.bwd / k, ph_.bwd_cpu / k, ph_.after / k, ph_.after_cpu / k, ph_.model_cpu / k,
+              rank_, world_ == 1 && !o_.force_collective ? "none" : progress_name(*reducer_), ph_.fwd / k,
+              ph_.fwd_cpu / k, ph_.bwd / k, ph_.bwd_cpu / k, ph_.after / k, ph_.after_cpu / k, ph_.model_cpu / k,
               ph_.comm / k, ph_.comm_cpu / k, ph_.finish / k, ph_.done_early / k, static_cast<double>(ph_.invol) / k,
               static_cast<double>(ph_.vol) / k);
   std::fflush(stdout);
@@ -504,7 +454,8 @@ namespace {
 // train's command line: every flag fills a field of `o`.
 void add_flags(CLI::App& app, train::Options& o) {
   app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--depth", o.depth, "hidden width x width layers (0 = one hidden layer)")->check(CLI::NonNegativeNumber);
+  app.add_option("--depth", o.depth, "hidden width x width layers (0 = one hidden layer)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--in-features", o.in, "input features")->check(CLI::PositiveNumber);
   app.add_option("--samples", o.samples, "dataset size")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "batch size per rank")->check(CLI::PositiveNumber);
@@ -514,7 +465,8 @@ void add_flags(CLI::App& app, train::Options& o) {
   app.add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16 on CUDA)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--gemm", o.gemm, "CPU GEMM: auto (openblas when built with it) | openblas | builtin (our kernels)")
       ->check(CLI::IsMember({"auto", "openblas", "builtin"}));
   app.add_option("--seed", o.seed, "seed of init, data and shuffles");
@@ -543,7 +495,8 @@ void add_flags(CLI::App& app, train::Options& o) {
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
-  app.add_option("--grad-dtype", o.grad_dtype, "fp32 | bf16 (with --precision bf16 on CUDA: bf16 gradients and all-reduce)")
+  app.add_option("--grad-dtype", o.grad_dtype,
+                 "fp32 | bf16 (with --precision bf16 on CUDA: bf16 gradients and all-reduce)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--no-overlap", o.no_overlap, "all-reduce after backward instead of overlapping it");
   app.add_flag("--force-collective", o.force_collective,
@@ -576,7 +529,9 @@ int main(int argc, char** argv) {
   if (app.count("--timeout") > 0) ::setenv("DDPRUN_COLLECTIVE_TIMEOUT_S", std::to_string(o.timeout_s).c_str(), 1);
   return dw::run_worker_main([&] {
     dw::RuntimeOptions ro;
-    ro.device = o.device == "cpu" ? dw::DeviceKind::Cpu : o.device == "cuda" ? dw::DeviceKind::Cuda : dw::DeviceKind::Auto;
+    ro.device = o.device == "cpu"    ? dw::DeviceKind::Cpu
+                : o.device == "cuda" ? dw::DeviceKind::Cuda
+                                     : dw::DeviceKind::Auto;
     ro.timeout = std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000));
     ro.real_communicator_at_world_size_1 = o.force_collective;
 #ifdef DDPRUN_TRAIN_HAVE_CUDA

@@ -28,291 +28,14 @@
 #include "ddprun/worker/reducer.h"
 #include "ddprun/worker/sampler.h"
 #include "train_common.h"
+#include "train_gpu_kernels.cuh"
+#include "train_gpu_support.cuh"
 
 namespace dw = ddprun::worker;
 namespace ex = ddprun::example;
 
 namespace train {
 namespace {
-
-template <class T> struct TypeOf;
-template <> struct TypeOf<float> { static constexpr cudaDataType_t value = CUDA_R_32F; };
-template <> struct TypeOf<__nv_bfloat16> { static constexpr cudaDataType_t value = CUDA_R_16BF; };
-template <> struct TypeOf<__half> { static constexpr cudaDataType_t value = CUDA_R_16F; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
-
-inline unsigned blocks_for(size_t n, unsigned threads) {
-  return static_cast<unsigned>(std::min<size_t>((n + threads - 1) / threads, 65535u * 16));
-}
-
-// Four consecutive elements in one aligned access (16 bytes of float, 8 of bf16/fp16): the
-// elementwise kernels below are memory-bound, and 2- or 4-byte accesses left bandwidth unused.
-template <class T>
-struct alignas(4 * sizeof(T)) Pack4 {
-  T v[4];
-};
-
-// z = act(z + b) over [rows, cols], in packs of 4 (cols % 4 == 0) or one by one (the last layer,
-// cols 1). One block row per activation row (grid-stride over rows): the bias index needs no
-// 64-bit modulo per element.
-// fp16 (flag given): flag = 1 when an output is inf or NaN (see overflow_check below).
-template <class T>
-__global__ void bias_act_kernel(T* z, const T* b, int rows, int cols, bool relu, int* flag) {
-  bool bad = false;
-  const bool packed = cols % 4 == 0;
-  const int units = packed ? cols / 4 : cols;
-  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
-    T* row = z + static_cast<size_t>(r) * cols;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < units; j += gridDim.x * blockDim.x) {
-      if (packed) {
-        Pack4<T> v = reinterpret_cast<Pack4<T>*>(row)[j];
-        const Pack4<T> bb = reinterpret_cast<const Pack4<T>*>(b)[j];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float x = to_f(v.v[k]) + to_f(bb.v[k]);
-          v.v[k] = from_f<T>(relu ? fmaxf(x, 0.f) : x);
-          if (flag) bad |= !isfinite(to_f(v.v[k]));
-        }
-        reinterpret_cast<Pack4<T>*>(row)[j] = v;
-      } else {
-        const float x = to_f(row[j]) + to_f(b[j]);
-        row[j] = from_f<T>(relu ? fmaxf(x, 0.f) : x);
-        if (flag) bad |= !isfinite(to_f(row[j]));
-      }
-    }
-  }
-  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
-}
-inline dim3 bias_act_grid(int rows, int cols) {
-  const int units = cols % 4 == 0 ? cols / 4 : cols;
-  return dim3(static_cast<unsigned>((units + 255) / 256), static_cast<unsigned>(std::min(rows, 65535)));
-}
-
-// out is [rows, 1]: dz = 2 (o - y) / rows * scale; loss += sum (o - y)^2 / rows.
-// fp16 (flag given): flag = 1 when a (scaled) output gradient is inf or NaN.
-template <class T>
-__global__ void mse_grad_kernel(const T* o, const float* y, T* dz, int rows, const float* scale, float* loss,
-                                int* flag) {
-  __shared__ float part[256];
-  float acc = 0.f;
-  bool bad = false;
-  const float s = scale ? *scale : 1.f;
-  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-    const float d = to_f(o[i]) - y[i];
-    acc += d * d;
-    dz[i] = from_f<T>(2.f * d / rows * s);
-    if (flag) bad |= !isfinite(to_f(dz[i]));
-  }
-  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *loss = part[0] / rows;
-}
-
-// da = 0 where the forward activation a was not positive: packs of 4, then the tail. fp16
-// (flag given): flag = 1 when a resulting gradient is inf or NaN.
-template <class T>
-__global__ void relu_bwd_kernel(T* da, const T* a, size_t n, int* flag) {
-  auto* d4 = reinterpret_cast<Pack4<T>*>(da);
-  const auto* a4 = reinterpret_cast<const Pack4<T>*>(a);
-  bool bad = false;
-  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = 4 * (n / 4) + t; i < n; i += stride) {
-    if (!(to_f(a[i]) > 0.f)) da[i] = from_f<T>(0.f);
-    if (flag) bad |= !isfinite(to_f(da[i]));
-  }
-  for (size_t i = t; i < n / 4; i += stride) {
-    Pack4<T> d = d4[i];
-    const Pack4<T> x = a4[i];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (!(to_f(x.v[k]) > 0.f)) d.v[k] = from_f<T>(0.f);
-      if (flag) bad |= !isfinite(to_f(d.v[k]));
-    }
-    d4[i] = d;
-  }
-  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
-}
-
-template <class T>
-__global__ void fill_kernel(T* p, size_t n, float v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = from_f<T>(v);
-}
-
-// fp16 loss scaling needs to know whether any gradient is inf or NaN. Instead of a pass over
-// the fp32 gradients (1.34 GB on the 8192x5 model, 0.3 ms), the flag is raised by the kernels
-// that write the fp16 operands of the gradient GEMMs: every activation (bias_act_kernel) and
-// every output gradient (mse_grad_kernel, relu_bwd_kernel). Equivalent: a weight gradient is a
-// sum of at most `batch` products of those fp16 values in fp32 (cuBLAS, CUBLAS_COMPUTE_32F), at
-// most 65504^2 * batch in magnitude, far below fp32's 3.4e38, so it is non-finite exactly when
-// one of its operands is; a bias gradient is a sum of output gradients. A non-finite value that
-// ReLU's mask removes never reaches a gradient, as in PyTorch. Across ranks the flags are
-// all-reduced with max: a sum of finite gradients is finite at any realistic world size.
-
-// Blocks for a kernel that takes packs of 4 elements: one thread per pack, at most 8192 blocks
-// of 256 (grid-stride beyond).
-inline unsigned pack_blocks(size_t n) { return std::min(blocks_for((n + 3) / 4, 256), 8192u); }
-
-// p -= lr * (momentum buf | g / (world * scale)); refresh the compute copy. Skipped when flag is
-// set. The gradients arrive summed over ranks: the average is this multiply, not a pass of its own.
-// Packs of 4 (every array starts 256-byte aligned, so pack k is aligned in each), then the tail.
-template <class T, class G>
-__device__ __forceinline__ void sgd_one(float& p, float g, float* buf, T* copy, float lr, float momentum, bool first) {
-  float d = g;
-  if (buf) {
-    d = first ? d : momentum * *buf + d;
-    *buf = d;
-  }
-  p -= lr * d;
-  if (copy) *copy = from_f<T>(p);
-}
-template <class T, class G>
-__global__ void sgd_kernel(float* p, const G* g, float* buf, T* copy, size_t n, float lr, float momentum,
-                           bool first, const float* scale, const int* flag, float inv_world) {
-  if (flag && *flag) return;
-  const float inv = scale ? inv_world / *scale : inv_world;
-  const size_t n4 = n / 4, stride = size_t(gridDim.x) * blockDim.x;
-  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  for (size_t k = t; k < n4; k += stride) {
-    Pack4<float> pv = reinterpret_cast<Pack4<float>*>(p)[k];
-    const Pack4<G> gv = reinterpret_cast<const Pack4<G>*>(g)[k];
-    Pack4<float> bv{};
-    if (buf) bv = reinterpret_cast<Pack4<float>*>(buf)[k];
-    Pack4<T> cv;
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      sgd_one<T, G>(pv.v[e], to_f(gv.v[e]) * inv, buf ? &bv.v[e] : nullptr, &cv.v[e], lr, momentum, first);
-    reinterpret_cast<Pack4<float>*>(p)[k] = pv;
-    if (buf) reinterpret_cast<Pack4<float>*>(buf)[k] = bv;
-    if (copy) reinterpret_cast<Pack4<T>*>(copy)[k] = cv;
-  }
-  for (size_t i = 4 * n4 + t; i < n; i += stride)
-    sgd_one<T, G>(p[i], to_f(g[i]) * inv, buf ? &buf[i] : nullptr, copy ? &copy[i] : nullptr, lr, momentum, first);
-}
-
-template <class T>
-__global__ void cast_kernel(const float* p, T* copy, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    copy[i] = from_f<T>(p[i]);
-}
-
-__global__ void scale_update_kernel(float* scale, int* good, int* flag, int* skipped) {
-  if (*flag) {
-    *scale = fmaxf(*scale * 0.5f, 1.f);
-    *good = 0;
-    ++*skipped;
-  } else if (++*good >= 2000) {
-    *scale *= 2.f;
-    *good = 0;
-  }
-  *flag = 0;
-}
-
-template <class T>
-__global__ void x_to_t_kernel(const float* x, T* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = from_f<T>(x[i]);
-}
-
-template <class T>
-struct DeviceBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuf(size_t count = 0) { resize(count); }
-  void resize(size_t count) {
-    if (count == n) return;
-    if (p) cudaFree(p);
-    p = nullptr;
-    n = count;
-    if (count) DDPRUN_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
-  }
-  ~DeviceBuf() { if (p) cudaFree(p); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-};
-
-// DDPRUN_TRAIN_PROFILE=1 (a diagnostic of the harness): GPU time per phase of the step, from
-// events recorded on the compute stream after each phase (time between consecutive events is
-// charged to the later phase), averaged over the timed steps (at most kMaxSteps), and the host's
-// time per step issuing work and waiting. The events add small gaps between kernels, so the
-// phases add up to a little more than an unprofiled step.
-class PhaseProfile {
- public:
-  static constexpr size_t kMaxSteps = 200;
-  PhaseProfile(cudaStream_t s) : stream_(s) {
-    const char* v = std::getenv("DDPRUN_TRAIN_PROFILE");
-    on_ = v && std::string(v) == "1";
-  }
-  ~PhaseProfile() {
-    for (auto& st : steps_)
-      for (auto& m : st) cudaEventDestroy(m.second);
-  }
-  void begin_step(bool timed) {
-    active_ = on_ && timed && steps_.size() < kMaxSteps;
-    if (!active_) return;
-    steps_.emplace_back();
-    mark("start");
-  }
-  void mark(const char* name) {
-    if (!active_) return;
-    cudaEvent_t e;
-    DDPRUN_CUDA_CHECK(cudaEventCreate(&e));
-    DDPRUN_CUDA_CHECK(cudaEventRecord(e, stream_));
-    steps_.back().emplace_back(name, e);
-  }
-  void host(const char* name, double ms) {
-    if (!active_) return;
-    add(host_, name, ms);
-  }
-  // After the stream is synchronised.
-  void report() const {
-    if (!on_ || steps_.empty()) return;
-    std::vector<std::pair<std::string, double>> gpu;
-    double total = 0;
-    for (const auto& st : steps_)
-      for (size_t k = 1; k < st.size(); ++k) {
-        float ms = 0;
-        DDPRUN_CUDA_CHECK(cudaEventElapsedTime(&ms, st[k - 1].second, st[k].second));
-        add(gpu, st[k].first, ms);
-        total += ms;
-      }
-    const double n = static_cast<double>(steps_.size());
-    std::printf("profile: %zu steps, GPU ms per step by phase (sum %.3f):\n", steps_.size(), total / n);
-    for (const auto& [name, ms] : gpu) std::printf("profile_gpu %-12s %8.3f\n", name.c_str(), ms / n);
-    for (const auto& [name, ms] : host_) std::printf("profile_host %-12s %8.3f\n", name.c_str(), ms / n);
-  }
-
- private:
-  static void add(std::vector<std::pair<std::string, double>>& v, const char* name, double ms) {
-    for (auto& e : v)
-      if (e.first == name) {
-        e.second += ms;
-        return;
-      }
-    v.emplace_back(name, ms);
-  }
-  cudaStream_t stream_;
-  bool on_ = false, active_ = false;
-  std::vector<std::vector<std::pair<const char*, cudaEvent_t>>> steps_;
-  std::vector<std::pair<std::string, double>> host_;
-};
-
-std::string config_fingerprint(const Options& o) {
-  return "in=" + std::to_string(o.in) + " width=" + std::to_string(o.width) + " depth=" + std::to_string(o.depth) +
-         " samples=" + std::to_string(o.samples) + " batch=" + std::to_string(o.batch);
-}
 
 // One rank's GPU training run. T: the compute type of activations and weights' copies; G: the
 // gradients' (float, or bf16 with --grad-dtype bf16: the weight-gradient GEMMs write them
@@ -349,7 +72,9 @@ class GpuRun {
   void save(int64_t epoch, int64_t s);
   bool stop_agreed(int64_t epoch, int64_t s, bool ckpt_now);
   int finish();
-  static double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+  static double ms_since(Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  }
 
   const Options& o_;
   dw::Runtime& rt_;
@@ -399,8 +124,15 @@ class GpuRun {
 
 template <class T, class G>
 GpuRun<T, G>::GpuRun(const Options& o, dw::Runtime& rt)
-    : o_(o), rt_(rt), env_(rt.env()), comm_(rt.comm()), rank_(env_.rank), world_(env_.world_size),
-      shape_{o.in, o.width, o.depth, 1}, tensors_(ex::mlp_param_tensors(shape_)), n_(ex::mlp_num_params(shape_)),
+    : o_(o),
+      rt_(rt),
+      env_(rt.env()),
+      comm_(rt.comm()),
+      rank_(env_.rank),
+      world_(env_.world_size),
+      shape_{o.in, o.width, o.depth, 1},
+      tensors_(ex::mlp_param_tensors(shape_)),
+      n_(ex::mlp_num_params(shape_)),
       sampler_({static_cast<size_t>(o.samples), world_, rank_, true, o.seed, false}) {
   DDPRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   comm_.set_compute_stream(stream_);
@@ -450,9 +182,11 @@ void GpuRun<T, G>::init_or_resume() {
       if (rank_ == 0) std::printf("[train] resumed from step %" PRId64 "\n", meta[0]);
     }
   }
-  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(master_.p, host_params_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  DDPRUN_CUDA_CHECK(
+      cudaMemcpyAsync(master_.p, host_params_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
   if (momentum_.n)
-    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(momentum_.p, host_mom_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    DDPRUN_CUDA_CHECK(
+        cudaMemcpyAsync(momentum_.p, host_mom_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, stream_));
   DeviceBuf<int64_t> dmeta(4);
   DDPRUN_CUDA_CHECK(cudaMemcpyAsync(dmeta.p, meta, sizeof meta, cudaMemcpyHostToDevice, stream_));
   comm_.broadcast(master_.p, n_ * sizeof(float), 0);
@@ -467,7 +201,10 @@ void GpuRun<T, G>::init_or_resume() {
   start_epoch_ = meta[1];
   start_in_epoch_ = meta[2];
   momentum_init_ = meta[3] != 0;
-  if (start_in_epoch_ >= steps_per_epoch_) { ++start_epoch_; start_in_epoch_ = 0; }
+  if (start_in_epoch_ >= steps_per_epoch_) {
+    ++start_epoch_;
+    start_in_epoch_ = 0;
+  }
 }
 
 // Weights' views, activations, the loss scaler's device state, the staging buffers.
@@ -521,8 +258,9 @@ void GpuRun<T, G>::make_reducer() {
 }
 
 template <class T, class G>
-void GpuRun<T, G>::gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int nn, int k, const void* A, cudaDataType_t at,
-                        int lda, const void* Bm, cudaDataType_t bt, int ldb, void* C, cudaDataType_t cty, int ldc) {
+void GpuRun<T, G>::gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int nn, int k, const void* A,
+                        cudaDataType_t at, int lda, const void* Bm, cudaDataType_t bt, int ldb, void* C,
+                        cudaDataType_t cty, int ldc) {
   const float one = 1.f, zero = 0.f;
   DDPRUN_CUBLAS_CHECK(cublasGemmEx(blas_, ta, tb, m, nn, k, &one, A, at, lda, Bm, bt, ldb, &zero, C, cty, ldc,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -538,13 +276,16 @@ int GpuRun<T, G>::load_batch(int64_t s, Clock::time_point host_t0) {
   float* hy = hx + static_cast<size_t>(o_.batch) * o_.in;
   DDPRUN_CUDA_CHECK(cudaEventSynchronize(hbuf_free_[slot]));  // its copy two steps ago is done
   prof_->host("wait_slot", ms_since(host_t0));
-  for (int i = 0; i < b; ++i) make_sample(o_.seed, static_cast<int64_t>(idx[i]), o_.in, hx + static_cast<size_t>(i) * o_.in, hy + i);
-  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(xin_.p, hx, static_cast<size_t>(b) * o_.in * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream_));
-  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(yin_.p, hy, static_cast<size_t>(b) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  for (int i = 0; i < b; ++i)
+    make_sample(o_.seed, static_cast<int64_t>(idx[i]), o_.in, hx + static_cast<size_t>(i) * o_.in, hy + i);
+  DDPRUN_CUDA_CHECK(
+      cudaMemcpyAsync(xin_.p, hx, static_cast<size_t>(b) * o_.in * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  DDPRUN_CUDA_CHECK(
+      cudaMemcpyAsync(yin_.p, hy, static_cast<size_t>(b) * sizeof(float), cudaMemcpyHostToDevice, stream_));
   DDPRUN_CUDA_CHECK(cudaEventRecord(hbuf_free_[slot], stream_));
-  x_to_t_kernel<T><<<blocks_for(static_cast<size_t>(b) * o_.in, 256), 256, 0, stream_>>>(xin_.p, acts_[0].p,
-                                                                                           static_cast<size_t>(b) * o_.in);
+  x_to_t_kernel<T>
+      <<<blocks_for(static_cast<size_t>(b) * o_.in, 256), 256, 0, stream_>>>(xin_.p, acts_[0].p,
+                                                                             static_cast<size_t>(b) * o_.in);
   prof_->mark("input");
   return b;
 }
@@ -555,8 +296,8 @@ void GpuRun<T, G>::forward(int b) {
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, dims_[l + 1], b, dims_[l], W_[l], ct_, dims_[l], acts_[l].p, ct_, dims_[l],
          acts_[l + 1].p, ct_, dims_[l + 1]);
     prof_->mark("fwd_gemm");
-    bias_act_kernel<T><<<bias_act_grid(b, dims_[l + 1]), 256, 0, stream_>>>(
-        acts_[l + 1].p, Bv_[l], b, dims_[l + 1], l + 1 < L_, kFp16 ? dflag_.p : nullptr);
+    bias_act_kernel<T><<<bias_act_grid(b, dims_[l + 1]), 256, 0, stream_>>>(acts_[l + 1].p, Bv_[l], b, dims_[l + 1],
+                                                                            l + 1 < L_, kFp16 ? dflag_.p : nullptr);
     prof_->mark("bias_act");
   }
 }
@@ -584,8 +325,9 @@ void GpuRun<T, G>::backward(int b) {
     if (l == 0) break;
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, W_[l], ct_, in, dz_.p, ct_, out, dprev_.p, ct_, in);
     prof_->mark("dgrad");
-    relu_bwd_kernel<T><<<pack_blocks(static_cast<size_t>(b) * in), 256, 0, stream_>>>(
-        dprev_.p, acts_[l].p, static_cast<size_t>(b) * in, kFp16 ? dflag_.p : nullptr);
+    relu_bwd_kernel<T><<<pack_blocks(static_cast<size_t>(b) * in), 256, 0, stream_>>>(dprev_.p, acts_[l].p,
+                                                                                      static_cast<size_t>(b) * in,
+                                                                                      kFp16 ? dflag_.p : nullptr);
     prof_->mark("relu_bwd");
     std::swap(dz_.p, dprev_.p);
   }
@@ -606,9 +348,10 @@ void GpuRun<T, G>::step_parameters() {
       comm_.compute_waits_for_comm();
     }
   }
-  sgd_kernel<T, G><<<pack_blocks(n_), 256, 0, stream_>>>(
-      master_.p, grads_.p, momentum_.n ? momentum_.p : nullptr, kLow ? copy_.p : nullptr, n_, o_.lr, o_.momentum,
-      !momentum_init_, kFp16 ? dscale_.p : nullptr, kFp16 ? dflag_.p : nullptr, 1.f / static_cast<float>(world_));
+  sgd_kernel<T, G><<<pack_blocks(n_), 256, 0, stream_>>>(master_.p, grads_.p, momentum_.n ? momentum_.p : nullptr,
+                                                         kLow ? copy_.p : nullptr, n_, o_.lr, o_.momentum,
+                                                         !momentum_init_, kFp16 ? dscale_.p : nullptr,
+                                                         kFp16 ? dflag_.p : nullptr, 1.f / static_cast<float>(world_));
   prof_->mark("sgd");
   if (kFp16) scale_update_kernel<<<1, 1, 0, stream_>>>(dscale_.p, dgood_.p, dflag_.p, dskipped_.p);
 }
@@ -617,9 +360,11 @@ void GpuRun<T, G>::step_parameters() {
 // written by the background writer.
 template <class T, class G>
 void GpuRun<T, G>::save(int64_t epoch, int64_t s) {
-  DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_params_.data(), master_.p, n_ * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  DDPRUN_CUDA_CHECK(
+      cudaMemcpyAsync(host_params_.data(), master_.p, n_ * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   if (momentum_.n)
-    DDPRUN_CUDA_CHECK(cudaMemcpyAsync(host_mom_.data(), momentum_.p, n_ * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    DDPRUN_CUDA_CHECK(
+        cudaMemcpyAsync(host_mom_.data(), momentum_.p, n_ * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   if (kFp16) {
     DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_scale_, dscale_.p, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     DDPRUN_CUDA_CHECK(cudaMemcpyAsync(&scaler_growth_, dgood_.p, sizeof(int), cudaMemcpyDeviceToHost, stream_));
@@ -651,7 +396,9 @@ bool GpuRun<T, G>::stop_agreed(int64_t epoch, int64_t s, bool ckpt_now) {
   if (!(o_.stop_check_every > 0 && step_ % o_.stop_check_every == 0 && rt_.agree_stop())) return false;
   const int sig = dw::stop_signal();
   std::printf("[train] rank %d: stopping after step %" PRId64 " for a preemption (%s)\n", rank_, step_,
-              sig == SIGUSR1 ? "SIGUSR1 here" : sig == SIGTERM ? "SIGTERM here" : "asked by another rank");
+              sig == SIGUSR1   ? "SIGUSR1 here"
+              : sig == SIGTERM ? "SIGTERM here"
+                               : "asked by another rank");
   if (rank_ == 0 && !o_.checkpoint_dir.empty() && !ckpt_now) save(epoch, s);
   stopped_for_preemption_ = true;
   return true;
@@ -678,7 +425,10 @@ bool GpuRun<T, G>::run_epoch(int64_t epoch) {
   int64_t epoch_samples = 0;
   bool go_on = true;
   for (int64_t s = (epoch == start_epoch_ ? start_in_epoch_ : 0); s < steps_per_epoch_; ++s) {
-    if (o_.max_steps > 0 && step_ >= o_.max_steps) { go_on = false; break; }
+    if (o_.max_steps > 0 && step_ >= o_.max_steps) {
+      go_on = false;
+      break;
+    }
     maybe_inject_fault(o_, env_, step_);
     if (run_steps_ == o_.warmup_steps) DDPRUN_CUDA_CHECK(cudaEventRecord(t_start_, stream_));
     const auto host_t0 = Clock::now();
@@ -695,9 +445,13 @@ bool GpuRun<T, G>::run_epoch(int64_t epoch) {
     epoch_samples += static_cast<int64_t>(b) * world_;
     const bool epoch_end = s + 1 == steps_per_epoch_;
     if (rank_ == 0 && o_.log_every > 0 && step_ % o_.log_every == 0) print_loss(epoch);
-    const bool ckpt_now = !o_.checkpoint_dir.empty() && (o_.checkpoint_every > 0 ? step_ % o_.checkpoint_every == 0 : epoch_end);
+    const bool ckpt_now =
+        !o_.checkpoint_dir.empty() && (o_.checkpoint_every > 0 ? step_ % o_.checkpoint_every == 0 : epoch_end);
     if (ckpt_now && rank_ == 0) save(epoch, s);
-    if (stop_agreed(epoch, s, ckpt_now)) { go_on = false; break; }
+    if (stop_agreed(epoch, s, ckpt_now)) {
+      go_on = false;
+      break;
+    }
   }
   if (rank_ == 0) print_loss(epoch, &epoch_t0, epoch_samples);
   return go_on;
@@ -717,7 +471,8 @@ int GpuRun<T, G>::finish() {
   DDPRUN_CUDA_CHECK(cudaMemcpy(&skipped, dskipped_.p, sizeof(int), cudaMemcpyDeviceToHost));
   if (rank_ == 0) prof_->report();
   if (rank_ == 0) {
-    if (timed_steps_ > 0) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", total_ms / static_cast<double>(timed_steps_), timed_steps_);
+    if (timed_steps_ > 0)
+      std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", total_ms / static_cast<double>(timed_steps_), timed_steps_);
     if (kFp16) std::printf("fp16_skipped_steps=%d\n", skipped);
     std::printf("final_step=%" PRId64 "\nfinal_param_checksum=%016" PRIx64 "\n", step_,
                 dw::fnv1a64(host_params_.data(), n_ * sizeof(float)));

@@ -29,8 +29,8 @@ std::optional<bool> conf_bool(const RendezvousOptions& o, const std::string& key
 
 }  // namespace
 
-RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
-                            const std::function<bool(const std::string&)>& is_local_host,
+RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts,
+                            const EnvMap& env, const std::function<bool(const std::string&)>& is_local_host,
                             const std::function<bool(const std::string&, uint16_t)>& port_served) {
   RendezvousPlan p;
   const bool c10d = rendezvous.backend == RdzvBackend::C10d;

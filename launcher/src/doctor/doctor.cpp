@@ -22,7 +22,9 @@ constexpr uint64_t kShmChunkBytes = 8ull << 20;
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + kMiB - 1) / kMiB) + " MiB"; }
 
-CheckResult ok(std::string item, std::string found) { return {std::move(item), Status::Ok, std::move(found), "", false}; }
+CheckResult ok(std::string item, std::string found) {
+  return {std::move(item), Status::Ok, std::move(found), "", false};
+}
 CheckResult warn(std::string item, std::string found, std::string fix) {
   return {std::move(item), Status::Warn, std::move(found), std::move(fix), false};
 }
@@ -133,8 +135,9 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
   const int count = static_cast<int>(f.gpus.devices.size());
   const VisibleGpus v = visible_gpus(f, count, &f.gpus.devices);
   if (!v.bad_entry.empty()) {
-    out.push_back(fail("gpus", cvd_text(f) + " names GPU '" + v.bad_entry + "', which this node does not have (it has " +
-                                   gpu_range(count) + ")",
+    out.push_back(fail("gpus",
+                       cvd_text(f) + " names GPU '" + v.bad_entry + "', which this node does not have (it has " +
+                           gpu_range(count) + ")",
                        "set CUDA_VISIBLE_DEVICES to indices below " + std::to_string(count) +
                            " or to UUIDs that `nvidia-smi -L` lists"));
     return;
@@ -147,8 +150,8 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
                            std::to_string(f.nproc_per_node),
                        nproc_fix(visible)));
   } else {
-    out.push_back(ok("gpus", std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") + " visible for --nproc_per_node=" +
-                                 std::to_string(f.nproc_per_node)));
+    out.push_back(ok("gpus", std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") +
+                                 " visible for --nproc_per_node=" + std::to_string(f.nproc_per_node)));
   }
   // Compute mode and other processes, on the GPUs the local ranks use.
   std::vector<std::string> exclusive, prohibited, busy;
@@ -157,7 +160,8 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
     const std::string name = "GPU " + std::to_string(v.indices[static_cast<size_t>(r)]);
     if (d.compute_mode == kExclusiveProcess || d.compute_mode == kExclusiveThread) exclusive.push_back(name);
     if (d.compute_mode == kProhibited) prohibited.push_back(name);
-    for (const auto& p : d.processes) busy.push_back(name + ": pid " + std::to_string(p.pid) + " holds " + mib(p.used_bytes));
+    for (const auto& p : d.processes)
+      busy.push_back(name + ": pid " + std::to_string(p.pid) + " holds " + mib(p.used_bytes));
   }
   auto join = [](const std::vector<std::string>& parts, const char* sep) {
     std::string s;
@@ -179,7 +183,8 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
                        "spare's context would keep the worker out); the spares stay CPU-warm",
                        "run with --spare_cuda=0 to say so, or nvidia-smi -c DEFAULT (as root)"));
   } else {
-    out.push_back(ok("compute_mode", exclusive.empty() ? "DEFAULT" : join(exclusive, ", ") + " exclusive; no overlap on restart"));
+    out.push_back(ok("compute_mode",
+                     exclusive.empty() ? "DEFAULT" : join(exclusive, ", ") + " exclusive; no overlap on restart"));
   }
   if (!busy.empty()) {
     out.push_back(warn("gpu_processes", "other processes hold memory on the job's GPUs: " + join(busy, "; "),
@@ -202,10 +207,11 @@ void compare_cuda(const Facts& f, std::string found, const std::string& runtime_
   }
   found += ", driver supports CUDA " + (driver ? cuda_version_text(driver) : std::string("?"));
   if (driver && driver / 1000 < runtime / 1000) {
-    out.push_back(fail("versions", found + ": the driver is too old for this CUDA runtime (CUDA fails to initialise; NCCL " +
-                                       "cannot start)",
-                       "upgrade the NVIDIA driver to one for CUDA " + runtime_text + ", or " + fix_runtime + " " +
-                           cuda_version_text(driver) + " or older"));
+    out.push_back(
+        fail("versions",
+             found + ": the driver is too old for this CUDA runtime (CUDA fails to initialise; NCCL " + "cannot start)",
+             "upgrade the NVIDIA driver to one for CUDA " + runtime_text + ", or " + fix_runtime + " " +
+                 cuda_version_text(driver) + " or older"));
   } else if (driver && driver < runtime) {
     out.push_back(warn("versions", found + ": runs under CUDA's minor version compatibility (no PTX JIT of newer code)",
                        "upgrade the NVIDIA driver to one for CUDA " + runtime_text));
@@ -235,8 +241,8 @@ void check_program_versions(const Facts& f, std::vector<CheckResult>& out) {
                                      (p.nccl.empty() ? "" : " (NCCL " + p.nccl + ")")));
     return;
   }
-  compare_cuda(f, p.program + " loads CUDA runtime " + p.cudart + ", NCCL " + (p.nccl.empty() ? "none" : p.nccl), p.cudart,
-               "rebuild it against CUDA", out);
+  compare_cuda(f, p.program + " loads CUDA runtime " + p.cudart + ", NCCL " + (p.nccl.empty() ? "none" : p.nccl),
+               p.cudart, "rebuild it against CUDA", out);
 }
 
 void check_versions(const Facts& f, std::vector<CheckResult>& out) {
@@ -246,8 +252,9 @@ void check_versions(const Facts& f, std::vector<CheckResult>& out) {
     return;
   }
   if (!p.torch) return;  // the python check says why
-  std::string found = "torch " + p.torch_version + " (CUDA " + (p.torch_cuda.empty() ? "none: a CPU build" : p.torch_cuda) +
-                      ", NCCL " + (p.nccl.empty() ? "none" : p.nccl) + ")";
+  std::string found = "torch " + p.torch_version + " (CUDA " +
+                      (p.torch_cuda.empty() ? "none: a CPU build" : p.torch_cuda) + ", NCCL " +
+                      (p.nccl.empty() ? "none" : p.nccl) + ")";
   if (p.torch_cuda.empty()) {
     out.push_back(ok("versions", found));
     return;
@@ -274,9 +281,9 @@ void check_shm(const Facts& f, std::vector<CheckResult>& out) {
   const bool gpus = gpus_in_use(f);
   const uint64_t ours = ddprun_shm_bytes(f.nproc_per_node);
   const uint64_t nccl = gpus ? nccl_shm_bytes(f.nproc_per_node) : 0;
-  const std::string fix =
-      "give it " + mib(ours + nccl) +
-      " or more: a container with docker run --shm-size=1g (or --ipc=host); on a host, mount -o remount,size=1g /dev/shm";
+  const std::string fix = "give it " + mib(ours + nccl) +
+                          " or more: a container with docker run --shm-size=1g (or --ipc=host); on a host, mount -o "
+                          "remount,size=1g /dev/shm";
   if (!f.shm.present) {
     const std::string found = "no /dev/shm (" + f.shm.error + ")";
     out.push_back(gpus ? fail("shm", found + ": NCCL needs it", fix) : warn("shm", found, fix));
@@ -315,7 +322,8 @@ CheckResult loopback_check(const Facts& f) {
   }
   if (n.loopback && !n.addresses.empty() && n.addresses.front() == n.host) {
     // Given as a loopback address: every node on this host (a test), or a mistake.
-    return warn("rdzv_host", "the rendezvous host is " + n.host + ", a loopback address: only nodes on this host can reach it",
+    return warn("rdzv_host",
+                "the rendezvous host is " + n.host + ", a loopback address: only nodes on this host can reach it",
                 "give the rendezvous host as this node's network address (--rdzv_endpoint or --master_addr)");
   }
   if (n.loopback) {
@@ -357,9 +365,11 @@ void check_network(const Facts& f, std::vector<CheckResult>& out) {
   }
   std::set<int> mtus;
   for (const InterfaceFacts& i : n.interfaces) {
-    const std::string who = i.source == "route" ? "Gloo and NCCL (no *_SOCKET_IFNAME set) use" : i.source + "=" + i.name + ":";
+    const std::string who =
+        i.source == "route" ? "Gloo and NCCL (no *_SOCKET_IFNAME set) use" : i.source + "=" + i.name + ":";
     if (!i.exists) {
-      out.push_back(fail("interface", who + (i.source == "route" ? " no interface: " + i.name : " no such interface on this node"),
+      out.push_back(fail("interface",
+                         who + (i.source == "route" ? " no interface: " + i.name : " no such interface on this node"),
                          i.source == "route" ? "check this node's route to the rendezvous host"
                                              : "set " + i.source + " to an interface that `ip -brief addr` lists"));
       continue;
@@ -375,14 +385,19 @@ void check_network(const Facts& f, std::vector<CheckResult>& out) {
 
 CheckResult token_check(const TokenFacts& t) {
   const std::string fix_mode = "chmod 600 " + t.file;
-  if (!t.exists) return fail("token", "--rdzv_token_file " + t.file + ": cannot open it (" + t.error + ")",
-                             "create it with a secret of 16+ bytes: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE");
-  if (!t.regular) return fail("token", "--rdzv_token_file " + t.file + ": not a regular file", "put the token in a file of its own");
-  if (!t.own) return fail("token", "--rdzv_token_file " + t.file + ": owned by another user", "use a token file of your own");
+  if (!t.exists)
+    return fail("token", "--rdzv_token_file " + t.file + ": cannot open it (" + t.error + ")",
+                "create it with a secret of 16+ bytes: head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE");
+  if (!t.regular)
+    return fail("token", "--rdzv_token_file " + t.file + ": not a regular file", "put the token in a file of its own");
+  if (!t.own)
+    return fail("token", "--rdzv_token_file " + t.file + ": owned by another user", "use a token file of your own");
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", t.mode & 07777);
   if ((t.mode & 077) != 0) {
-    return fail("token", "--rdzv_token_file " + t.file + " has mode " + mode + ": other users can read it, and the launch refuses it",
+    return fail("token",
+                "--rdzv_token_file " + t.file + " has mode " + mode +
+                    ": other users can read it, and the launch refuses it",
                 fix_mode);
   }
   return ok("token", "--rdzv_token_file " + t.file + ": mode " + mode + ", yours");
@@ -439,12 +454,14 @@ std::vector<CheckResult> evaluate_preflight(const Facts& f) {
     } else {
       const VisibleGpus v = visible_gpus(f, f.dev_nvidia_nodes, nullptr);
       if (!v.bad_entry.empty()) {
-        out.push_back(fail("gpus", cvd_text(f) + " names GPU '" + v.bad_entry + "', which this node does not have (it has " +
-                                       gpu_range(f.dev_nvidia_nodes) + ")",
+        out.push_back(fail("gpus",
+                           cvd_text(f) + " names GPU '" + v.bad_entry + "', which this node does not have (it has " +
+                               gpu_range(f.dev_nvidia_nodes) + ")",
                            "set CUDA_VISIBLE_DEVICES to indices below " + std::to_string(f.dev_nvidia_nodes)));
       } else if (static_cast<int>(v.indices.size()) < f.nproc_per_node) {
-        out.push_back(fail("gpus", cvd_text(f) + " shows " + std::to_string(v.indices.size()) + " GPUs for --nproc_per_node=" +
-                                       std::to_string(f.nproc_per_node),
+        out.push_back(fail("gpus",
+                           cvd_text(f) + " shows " + std::to_string(v.indices.size()) +
+                               " GPUs for --nproc_per_node=" + std::to_string(f.nproc_per_node),
                            nproc_fix(static_cast<int>(v.indices.size()))));
       }
     }
@@ -510,7 +527,8 @@ Facts facts_from_options(const LaunchOptions& o, const EnvMap& env) {
   f.warm_spares = spares_enabled(o.spares, o.faults.max_restarts, python);
   f.spare_cuda = f.warm_spares && o.spares.cuda;
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) f.cuda_visible_devices = it->second;
-  f.gpus_requested = (f.cuda_visible_devices && !f.cuda_visible_devices->empty()) || o.platform.numa_binding.has_value();
+  f.gpus_requested =
+      (f.cuda_visible_devices && !f.cuda_visible_devices->empty()) || o.platform.numa_binding.has_value();
   f.python.needed = python;
   if (python) {
     WorkerOptions w = o.workers;

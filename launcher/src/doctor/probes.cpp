@@ -410,7 +410,8 @@ void probe_python(PythonFacts& p, const EnvMap& env, int timeout_ms) {
     const size_t t1 = line.find('\t');
     const size_t t2 = line.find('\t', t1 == std::string::npos ? line.size() : t1 + 1);
     p.torch_version = line.substr(0, t1);
-    if (t1 != std::string::npos) p.torch_cuda = line.substr(t1 + 1, t2 == std::string::npos ? std::string::npos : t2 - t1 - 1);
+    if (t1 != std::string::npos)
+      p.torch_cuda = line.substr(t1 + 1, t2 == std::string::npos ? std::string::npos : t2 - t1 - 1);
     if (t2 != std::string::npos) p.nccl = line.substr(t2 + 1);
   } else {
     // The interpreter broke before printing (a shim that failed, a broken install): its last line.

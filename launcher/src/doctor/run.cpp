@@ -74,9 +74,11 @@ void run_preflight(const LaunchOptions& opts, const EnvMap& env) {
                    {{"check", r.item}, {"found", r.found}, {"fix", r.fix}});
   }
   if (opts.output.verbosity > 0) {  // what scripts/bench/bench_preflight.py reads
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     const auto cpu_us = static_cast<long long>((std::clock() - cpu0) * 1000000.0 / CLOCKS_PER_SEC);
-    std::fprintf(stderr, "ddprun: debug: preflight checks took %lld us (CPU %lld us)\n", static_cast<long long>(us), cpu_us);
+    std::fprintf(stderr, "ddprun: debug: preflight checks took %lld us (CPU %lld us)\n", static_cast<long long>(us),
+                 cpu_us);
   }
 }
 

@@ -15,19 +15,18 @@ namespace ddprun::launcher {
 namespace opt {
 namespace {
 
-
 constexpr FlagSpec kFlags[] = {
     {"nproc_per_node", "", true, "workers on this node: an int, cpu, gpu or auto (default 1)"},
     {"nnodes", "", true, "number of nodes, N or MIN:MAX (elastic, c10d only; default 1)"},
     {"node_rank", "", true, "rank of this node, static rendezvous only (default 0)"},
     {"master_addr", "", true, "address of the store the workers use (default 127.0.0.1)"},
-    {"master_port", "", true,
-     "port of the store (default 29500, or a free port when 29500 is taken; 0 = a free port)"},
+    {"master_port", "", true, "port of the store (default 29500, or a free port when 29500 is taken; 0 = a free port)"},
     {"rdzv_backend", "", true, "static (default) or c10d"},
     {"rdzv_endpoint", "", true, "host[:port] of the rendezvous (default port 29400)"},
     {"rdzv_id", "", true, "job id shared by every node (default none)"},
-    {"rdzv_conf", "", true, "k=v,... (join_timeout, last_call_timeout, close_timeout, "
-                            "read_timeout, is_host, ...)"},
+    {"rdzv_conf", "", true,
+     "k=v,... (join_timeout, last_call_timeout, close_timeout, "
+     "read_timeout, is_host, ...)"},
     {"standalone", "", false, "single node, store on a free local port, random run id"},
     {"max_restarts", "", true, "restarts of the local worker group on failure (default 0)"},
     {"retry_deterministic", "", false,
@@ -36,13 +35,16 @@ constexpr FlagSpec kFlags[] = {
     {"monitor_interval", "", true,
      "accepted for torchrun compatibility and unused: ddprun never polls, it learns of a "
      "worker's exit at once"},
-    {"start_method", "", true, "accepted for torchrun compatibility (spawn, fork, forkserver); "
-                               "ddprun always fork/execs"},
+    {"start_method", "", true,
+     "accepted for torchrun compatibility (spawn, fork, forkserver); "
+     "ddprun always fork/execs"},
     {"role", "", true, "role of the workers (default 'default')"},
     {"module", "m", false, "run the entry point as a Python module (python -u -m ...)"},
     {"no_python", "", false, "run the entry point as a program, without Python"},
     {"run_path", "", false, "run the entry point with runpy.run_path"},
-    {"log_dir", "", true, "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch; a later round of the same attempt, after a scale-up: attempt_<n>.<k>/)"},
+    {"log_dir", "", true,
+     "directory for per-rank logs <log_dir>/<run_id>_<unique>/attempt_<n>/<rank>/ (a new <unique> every launch; a "
+     "later round of the same attempt, after a scale-up: attempt_<n>.<k>/)"},
     {"redirects", "r", true, "streams to redirect to log files only: 0-3 or 0:3,1:0 per rank"},
     {"tee", "t", true, "streams to write to console and log files: 0-3 or 0:3,1:0 per rank"},
     {"log_line_prefix_template", "", true,
@@ -66,8 +68,7 @@ constexpr FlagSpec kFlags[] = {
      "auto (default), on or off: each node's workers reach their store through a relay on their "
      "node (MASTER_ADDR=127.0.0.1, MASTER_PORT=its port), so the store holds one connection per node "
      "instead of one per worker. auto: for rounds of 64 nodes or more; never for one node"},
-    {"signals_to_handle", "", true,
-     "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
+    {"signals_to_handle", "", true, "signals forwarded to the workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
     {"shutdown_timeout", "", true, "seconds between SIGTERM and SIGKILL when stopping (default 30)"},
     {"preempt_signals", "", true,
      "signals that mean a preemption (default SIGUSR1, Slurm's usual warning; none = no such "
@@ -102,8 +103,9 @@ constexpr FlagSpec kFlags[] = {
      "1: keep one Python interpreter per local worker with the --preload modules imported, and start "
      "a restart's workers from them (no `import torch` on the restart path); 0: off; default: on "
      "when --max_restarts > 0 and the entry point runs under Python"},
-    {"preload", "", true, "modules a warm spare imports before it waits, comma-separated "
-                          "(default torch,torch.distributed)"},
+    {"preload", "", true,
+     "modules a warm spare imports before it waits, comma-separated "
+     "(default torch,torch.distributed)"},
     {"spare_priority", "", true,
      "idle (default): spares import at SCHED_IDLE priority, on CPU time the job leaves unused (a preload that starts "
      "threads or needs the main thread is imported again at normal priority); "
@@ -118,8 +120,7 @@ constexpr FlagSpec kFlags[] = {
     {"duplicate_stdout_filters", "", true,
      "copy the tee'd stdout lines that contain any of these strings (comma-separated, ',,' is a "
      "comma) to <log dir>/<run>/attempt_<n>/filtered_stdout.log"},
-    {"duplicate_stderr_filters", "", true,
-     "the same for stderr: filtered_stderr.log"},
+    {"duplicate_stderr_filters", "", true, "the same for stderr: filtered_stderr.log"},
     {"logs_specs", "", true,
      "accepted for torchrun compatibility: names a Python torchrun.logs_specs plugin, which ddprun "
      "cannot load; it keeps its default log layout and warns"},
@@ -132,8 +133,9 @@ constexpr FlagSpec kFlags[] = {
     {"metrics_port", "", true,
      "serve Prometheus metrics (workers by state, restarts, failures, rendezvous time, each rank's CPU "
      "and memory) at http://HOST:PORT/metrics; 0 picks a free port, logged at start"},
-    {"metrics_host", "", true, "address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 = every "
-                               "IPv4 address of this host)"},
+    {"metrics_host", "", true,
+     "address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 = every "
+     "IPv4 address of this host)"},
     {"log_format", "", true,
      "text (default) or json: ddprun's own lines on stderr as JSON lines (time, level, host, node, "
      "rank, event, message, fields; launcher/README.md \"JSON logs\"); workers' output is unchanged"},
@@ -180,10 +182,17 @@ const FlagSpec* find_flag(const std::string& name) {
 // the others it refuses (int(""), choices) or fails on later (an empty backend, host or
 // handler name), and so does ddprun, here.
 bool empty_value_allowed(const std::string& name) {
-  static constexpr const char* kAllowed[] = {"rdzv_endpoint",      "rdzv_id",    "rdzv_conf",
-                                             "role",               "log_dir",    "local_ranks_filter",
-                                             "local_addr",         "signals_to_handle",        "log_line_prefix_template",
-                                             "duplicate_stdout_filters", "duplicate_stderr_filters"};
+  static constexpr const char* kAllowed[] = {"rdzv_endpoint",
+                                             "rdzv_id",
+                                             "rdzv_conf",
+                                             "role",
+                                             "log_dir",
+                                             "local_ranks_filter",
+                                             "local_addr",
+                                             "signals_to_handle",
+                                             "log_line_prefix_template",
+                                             "duplicate_stdout_filters",
+                                             "duplicate_stderr_filters"};
   return std::find(std::begin(kAllowed), std::end(kAllowed), name) != std::end(kAllowed);
 }
 

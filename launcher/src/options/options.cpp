@@ -121,7 +121,8 @@ void topology(const Given& g, const SystemInfo& host, LaunchOptions& o) {
     o.rendezvous.master_addr = trim(*s);
   }
   if (auto s = g.get("master_port")) {
-    o.rendezvous.master_port = static_cast<uint16_t>(int_in("master_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
+    o.rendezvous.master_port =
+        static_cast<uint16_t>(int_in("master_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
   }
   if (auto s = g.get("rdzv_backend")) {
     std::string b = trim(*s);
@@ -195,7 +196,8 @@ void lifecycle(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("shutdown_timeout")) o.faults.shutdown_timeout_s = seconds("shutdown_timeout", *s);
   if (auto s = g.get("preempt_signals")) {
     o.faults.preempt_signals_text = trim(*s);
-    o.faults.preempt_signals = o.faults.preempt_signals_text == "none" ? std::vector<int>{} : parse_signals(*s, "preempt_signals");
+    o.faults.preempt_signals =
+        o.faults.preempt_signals_text == "none" ? std::vector<int>{} : parse_signals(*s, "preempt_signals");
   } else {
     o.faults.preempt_signals = parse_signals(o.faults.preempt_signals_text, "preempt_signals");
   }
@@ -203,7 +205,8 @@ void lifecycle(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("exit_barrier_timeout")) o.faults.exit_barrier_timeout_s = seconds("exit_barrier_timeout", *s);
   if (auto s = g.get("hang_timeout")) {
     o.faults.hang_timeout_s = seconds("hang_timeout", *s);
-    if (o.faults.hang_timeout_s > 0 && o.faults.hang_timeout_s < 1) bad("hang_timeout", *s, "0 (off) or a number of seconds >= 1");
+    if (o.faults.hang_timeout_s > 0 && o.faults.hang_timeout_s < 1)
+      bad("hang_timeout", *s, "0 (off) or a number of seconds >= 1");
   }
   o.faults.nccl_flight_recorder = g.get("nccl_flight_recorder") != nullptr;
   if (auto s = g.get("overlap_restart")) o.faults.overlap_restart = boolean("overlap_restart", *s);
@@ -218,7 +221,8 @@ void workers(const Given& g, LaunchOptions& o) {
     char* end = nullptr;
     const std::string v = trim(*s);
     const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(d >= 0 && d <= 1)) bad("gpu_util_warn", *s, "a fraction from 0 to 1, e.g. 0.85 (0 = never warn)");
+    if (v.empty() || *end != '\0' || !(d >= 0 && d <= 1))
+      bad("gpu_util_warn", *s, "a fraction from 0 to 1, e.g. 0.85 (0 = never warn)");
     o.output.gpu_util_warn = d;
   }
   if (auto s = g.get("log_format")) {
@@ -245,7 +249,8 @@ void workers(const Given& g, LaunchOptions& o) {
   if (auto s = g.get("duplicate_stdout_filters")) o.output.duplicate_stdout_filters = parse_filter_list(*s);
   if (auto s = g.get("duplicate_stderr_filters")) o.output.duplicate_stderr_filters = parse_filter_list(*s);
   if (auto s = g.get("metrics_port"))
-    o.output.metrics_port = static_cast<uint16_t>(int_in("metrics_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
+    o.output.metrics_port =
+        static_cast<uint16_t>(int_in("metrics_port", *s, 0, 65535, "a port 0-65535 (0 = a free port)"));
   if (auto s = g.get("metrics_host")) {
     if (trim(*s).empty()) bad("metrics_host", *s, "an address of this host, e.g. 127.0.0.1");
     o.output.metrics_host = trim(*s);

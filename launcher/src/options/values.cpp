@@ -214,7 +214,8 @@ std::vector<std::string> parse_filter_list(const std::string& value) {
 
 void check_endpoint_host(const std::string& flag, const std::string& given, const std::string& host) {
   in6_addr a6{};
-  const bool bad = host.empty() || (host.find(':') != std::string::npos && ::inet_pton(AF_INET6, host.c_str(), &a6) != 1);
+  const bool bad =
+      host.empty() || (host.find(':') != std::string::npos && ::inet_pton(AF_INET6, host.c_str(), &a6) != 1);
   if (bad)
     throw UsageError(flag + "=" + given + ": expected HOST[:PORT] (a name, an IPv4 address, or an IPv6 address in "
                      "brackets: [::1]:29400)");

@@ -143,11 +143,13 @@ std::optional<std::string> read_string(Fn fn, void* dev, Check check, const char
 }  // namespace
 
 std::optional<std::string> Nvml::name(int index) {
-  return read_string(api_->name, device(index), [this](int rc, const char* w) { return check(rc, w); }, "nvmlDeviceGetName");
+  return read_string(
+      api_->name, device(index), [this](int rc, const char* w) { return check(rc, w); }, "nvmlDeviceGetName");
 }
 
 std::optional<std::string> Nvml::uuid(int index) {
-  return read_string(api_->uuid, device(index), [this](int rc, const char* w) { return check(rc, w); }, "nvmlDeviceGetUUID");
+  return read_string(
+      api_->uuid, device(index), [this](int rc, const char* w) { return check(rc, w); }, "nvmlDeviceGetUUID");
 }
 
 std::optional<ComputeMode> Nvml::compute_mode(int index) {

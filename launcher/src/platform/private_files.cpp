@@ -132,7 +132,8 @@ std::optional<std::string> read_own_file_at(int dirfd, const std::string& name, 
   UniqueFd fd(::openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (!fd) {
     *missing = errno == ENOENT;
-    *why = errno == ELOOP ? shown + " is a symbolic link: not read" : "cannot open " + shown + ": " + std::strerror(errno);
+    *why =
+        errno == ELOOP ? shown + " is a symbolic link: not read" : "cannot open " + shown + ": " + std::strerror(errno);
     return std::nullopt;
   }
   struct stat st {};

@@ -33,7 +33,8 @@ double proc_mib(pid_t pid, const char* file, const char* field) {
   std::string line;
   const size_t n = std::strlen(field);
   while (std::getline(in, line)) {
-    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::stod(line.substr(n + 1)) / 1024.0;
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':')
+      return std::stod(line.substr(n + 1)) / 1024.0;
   }
   return -1;
 }
@@ -83,7 +84,8 @@ void Spares::replenish(const GroupLayout& layout, const SpawnTemplate& spawn) {
     s->env = spawn.env(layout, lr, "");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-      spdlog::warn("warm spare for local rank {}: socketpair: {}; it starts cold on a restart", lr, std::strerror(errno));
+      spdlog::warn("warm spare for local rank {}: socketpair: {}; it starts cold on a restart", lr,
+                   std::strerror(errno));
       continue;
     }
     SpawnRequest req;
@@ -178,7 +180,8 @@ void Spares::read_ctl(Spare& s) {
   std::string gpu;
   if (ready.gpu == SpareReady::Gpu::Warm) {
     gpu = fmt::format("; GPU {} warm: context {:.0f} ms, ", ready.device, ready.context_ms);
-    gpu += ready.nccl_ms >= 0 ? fmt::format("NCCL set-up {:.0f} ms", ready.nccl_ms) : "NCCL not warmed (" + ready.why + ")";
+    gpu += ready.nccl_ms >= 0 ? fmt::format("NCCL set-up {:.0f} ms", ready.nccl_ms)
+                              : "NCCL not warmed (" + ready.why + ")";
     gpu += ", " + gpu_memory_of(s.pid);
   } else if (ready.gpu == SpareReady::Gpu::Skipped) {
     gpu = "; GPU not warmed: " + ready.why;
@@ -328,7 +331,8 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   pids_.erase(s.pid);
   by_rank_.erase(it);
   if (!sent) {
-    why = fmt::format("its spare (pid {}) did not take the launch ({})", l.pid, n < 0 ? std::strerror(errno) : "closed");
+    why =
+        fmt::format("its spare (pid {}) did not take the launch ({})", l.pid, n < 0 ? std::strerror(errno) : "closed");
     ::close(l.ctl_fd);
     reject(l, why);
     return std::nullopt;

@@ -5,8 +5,8 @@
 // with the rank's environment, that imports the preload modules and then parks on a control
 // socket (its fd 4). It joins no process group, so nothing in it belongs to a rank; with
 // --spare_cuda=1 it also creates the CUDA context of its local rank's GPU and pays NCCL's
-// one-time set-up (spare_bootstrap.py's _warm_gpu), outside torch. On a restart WorkerGroup::start() hands a ready spare the attempt's cwd,
-// argv and environment, and the write ends of the new stdout/stderr pipes (SCM_RIGHTS); the
+// one-time set-up (spare_bootstrap.py's _warm_gpu), outside torch. On a restart WorkerGroup::start() hands a ready
+// spare the attempt's cwd, argv and environment, and the write ends of the new stdout/stderr pipes (SCM_RIGHTS); the
 // spare answers and becomes the worker (same pid, same process group, same exit watch).
 //
 // A spare that is not ready, died, or answers badly is never a failure: the rank starts cold

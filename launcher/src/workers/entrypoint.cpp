@@ -140,7 +140,8 @@ std::optional<std::string> resolve_python_shim(const std::string& shim) {
   std::string out;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{fds[0], POLLIN, 0};
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
       ::kill(pid, SIGKILL);  // a shim that hangs: keep it, say nothing more
@@ -182,9 +183,9 @@ WorkerCommand resolve_worker_command(const WorkerOptions& opts, const EnvMap& en
                        (cmd.argv[0].find('/') == std::string::npos ? " on PATH" : "") + "; set " +
                        knobs::kPythonExec.name + "=/path/to/python");
     }
-    throw UsageError("cannot find '" + cmd.argv[0] + "'" +
-                     (cmd.argv[0].find('/') == std::string::npos ? " on PATH" : "") +
-                     (cmd.argv[0].find('/') == std::string::npos ? " (a program in this directory: ./" + cmd.argv[0] + ")" : ""));
+    throw UsageError(
+        "cannot find '" + cmd.argv[0] + "'" + (cmd.argv[0].find('/') == std::string::npos ? " on PATH" : "") +
+        (cmd.argv[0].find('/') == std::string::npos ? " (a program in this directory: ./" + cmd.argv[0] + ")" : ""));
   }
   cmd.executable = *exe;
   if (!python) return cmd;

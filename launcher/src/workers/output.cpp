@@ -141,7 +141,8 @@ std::vector<std::string> LogWriteFailures::summary_lines() const {
   std::vector<std::string> lines;
   for (size_t i = 0; i < sorted.size() && i < kMaxSummaryFiles; ++i) {
     const auto& [path, f] = sorted[i];
-    std::string line = path + ": " + errno_text(f.first_errno) + ", " + std::to_string(f.bytes_lost) + " bytes not written";
+    std::string line =
+        path + ": " + errno_text(f.first_errno) + ", " + std::to_string(f.bytes_lost) + " bytes not written";
     if (f.console.kind == Console::Kind::From) {
       const std::string n = std::to_string(f.console.file_only_lines);
       line += "; lines 1-" + n + " of the stream are in this file only, the console has every line from line " +
@@ -151,7 +152,8 @@ std::vector<std::string> LogWriteFailures::summary_lines() const {
     }
     lines.push_back(std::move(line));
   }
-  if (sorted.size() > kMaxSummaryFiles) lines.push_back("... and " + std::to_string(sorted.size() - kMaxSummaryFiles) + " more");
+  if (sorted.size() > kMaxSummaryFiles)
+    lines.push_back("... and " + std::to_string(sorted.size() - kMaxSummaryFiles) + " more");
   return lines;
 }
 

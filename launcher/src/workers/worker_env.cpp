@@ -24,8 +24,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 }  // namespace
 
-EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults, const GroupLayout& g,
-                        int local_rank, const std::string& error_file) {
+EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults,
+                        const GroupLayout& g, int local_rank, const std::string& error_file) {
   EnvMap env = parent;
   // The rendezvous secret authenticates agents; workers never need it, and a worker's
   // environment is readable by anything the training script spawns or dumps.
@@ -146,9 +146,11 @@ GlooInterface choose_gloo_interface(const std::string& hostname, const std::vect
   if (hostname_addrs.empty()) {
     reason = "the hostname " + hostname + " does not resolve";
   } else if (is_loopback(hostname_addrs.front())) {
-    reason = "the hostname " + hostname + " resolves to loopback (" + hostname_addrs.front() + "), which other nodes cannot reach";
+    reason = "the hostname " + hostname + " resolves to loopback (" + hostname_addrs.front() +
+             "), which other nodes cannot reach";
   } else {
-    reason = "the hostname " + hostname + " resolves to " + hostname_addrs.front() + ", an address of no interface here";
+    reason =
+        "the hostname " + hostname + " resolves to " + hostname_addrs.front() + ", an address of no interface here";
   }
   return {name, "the interface that reaches the rendezvous (" + rendezvous_addr + "): " + reason};
 }

@@ -51,7 +51,9 @@ void WorkerGroup::open_logs(Worker& w, const fs::path& attempt_dir) {
   const fs::path dir = attempt_dir / std::to_string(lr);
   std::error_code dir_ec;
   fs::create_directories(dir, dir_ec);
-  if (dir_ec) spdlog::warn("cannot create {} ({}): local rank {} runs without its log files and error file", dir.string(), dir_ec.message(), lr);
+  if (dir_ec)
+    spdlog::warn("cannot create {} ({}): local rank {} runs without its log files and error file", dir.string(),
+                 dir_ec.message(), lr);
   w.error_file = (dir / "error.json").string();
   std::error_code ec;
   fs::remove(w.error_file, ec);
@@ -148,7 +150,8 @@ void WorkerGroup::emit_lines(Worker& w, Stream& s, bool is_err, std::string_view
     std::vector<ConsoleMux::Write> writes;
     const auto now = Clock::now();
     const std::string prefix = output_.no_prefix ? "" : w.prefix;
-    if (!line_start.empty()) console_.feed(s.console_id, is_err ? 2 : 1, prefix, line_start, now, writes, w.interactive);
+    if (!line_start.empty())
+      console_.feed(s.console_id, is_err ? 2 : 1, prefix, line_start, now, writes, w.interactive);
     console_.feed(s.console_id, is_err ? 2 : 1, prefix, data, now, writes, w.interactive);
     if (eof) console_.close(s.console_id, now, writes);
     to_console(writes);

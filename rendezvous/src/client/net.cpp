@@ -226,7 +226,8 @@ std::vector<std::string> resolve_all(const std::string& host) {
   std::vector<std::string> out;
   addrinfo* res = nullptr;
   std::string error;
-  if (host.empty() || resolve_until(host, 0, Clock::now() + kResolveAttempt, {}, res, error) != ResolveOutcome::Resolved)
+  if (host.empty() ||
+      resolve_until(host, 0, Clock::now() + kResolveAttempt, {}, res, error) != ResolveOutcome::Resolved)
     return out;
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     char buf[INET6_ADDRSTRLEN] = "";

@@ -111,7 +111,8 @@ void StoreClient::recv_exact(void* dst, size_t n) {
   auto* p = static_cast<uint8_t*>(dst);
   while (n > 0) {
     ssize_t r = ::recv(fd_, p, n, 0);
-    if (r == 0) throw StoreError("the store closed the connection (" + options_.host + ":" + std::to_string(options_.port) + ")");
+    if (r == 0)
+      throw StoreError("the store closed the connection (" + options_.host + ":" + std::to_string(options_.port) + ")");
     if (r < 0) {
       if (errno == EINTR) continue;
       throw StoreError(errno_text("store recv failed"));

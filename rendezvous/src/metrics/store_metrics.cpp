@@ -40,7 +40,8 @@ std::vector<prometheus::MetricFamily> store_metric_families(const M& m) {
                          "Requests served, by operation (TCPStore ops; agent = a rendezvous message).",
                          MetricType::Counter));
     for (size_t i = 0; i < M::kOps; ++i) {
-      if (m.requests_by_op[i] == 0 && i != static_cast<size_t>(wire::Op::Get) && i != static_cast<size_t>(wire::Op::Set))
+      if (m.requests_by_op[i] == 0 && i != static_cast<size_t>(wire::Op::Get) &&
+          i != static_cast<size_t>(wire::Op::Set))
         continue;  // ops never seen are left out (GET and SET always shown)
       add_counter(out.back(), static_cast<double>(m.requests_by_op[i]), {{"op", op_label(i)}});
     }
@@ -50,7 +51,8 @@ std::vector<prometheus::MetricFamily> store_metric_families(const M& m) {
                          MetricType::Histogram));
     std::vector<double> bounds;
     for (uint64_t ns : M::kBucketNs) bounds.push_back(static_cast<double>(ns) / 1e9);
-    add_histogram(out.back(), bounds, std::vector<uint64_t>(std::begin(m.duration_buckets), std::end(m.duration_buckets)),
+    add_histogram(out.back(), bounds,
+                  std::vector<uint64_t>(std::begin(m.duration_buckets), std::end(m.duration_buckets)),
                   static_cast<double>(m.duration_sum_ns) / 1e9);
   }
   gauge("ddprund_stored_keys", "Keys held by every store (the main one and each round's).",

@@ -29,10 +29,11 @@ std::string agent_proof(const std::string& token, const std::string& server_nonc
   return to_hex(hmac_sha256(token, std::string(kAgentLabel) + "|" + server_nonce + "|" + client_nonce));
 }
 
-std::string challenge_binding(const std::string& token, const std::string& client_nonce, const std::string& server_nonce,
-                              bool standing, int64_t version) {
+std::string challenge_binding(const std::string& token, const std::string& client_nonce,
+                              const std::string& server_nonce, bool standing, int64_t version) {
   return to_hex(hmac_sha256(token, std::string(kChallengeLabel) + "|" + client_nonce + "|" + server_nonce + "|" +
-                                       (standing ? "standing=1" : "standing=0") + "|version=" + std::to_string(version)));
+                                       (standing ? "standing=1" : "standing=0") +
+                                       "|version=" + std::to_string(version)));
 }
 
 ServerHandshake::ServerHandshake(std::string token, std::string server_nonce, bool standing, MungeCredentialCheck munge)
@@ -73,10 +74,11 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
         client_nonce_ = h.client_nonce;
         if (token_.empty() && munge_) {
           if (h.munge.empty())
-            return refuse("rendezvous refused: this rendezvous admits only the agents of its Slurm step, by their munge "
-                          "credentials, and this agent sent none; start every agent in the same srun step (or give "
-                          "every node and the server the same --rdzv_token_file)",
-                          "HELLO without a munge credential");
+            return refuse(
+                "rendezvous refused: this rendezvous admits only the agents of its Slurm step, by their munge "
+                "credentials, and this agent sent none; start every agent in the same srun step (or give "
+                "every node and the server the same --rdzv_token_file)",
+                "HELLO without a munge credential");
           try {
             token_ = munge_(h.munge, client_nonce_);
           } catch (const std::exception& e) {
@@ -106,7 +108,8 @@ ServerHandshake::Step ServerHandshake::on_message(const Message& m) {
                       std::string(msg_type_name(m.type)) + " instead of AUTH");
       const Auth a = from_message<Auth>(m);
       if (!constant_time_equal(a.proof, agent_proof(token_, server_nonce_, client_nonce_)))
-        return refuse(std::string("rendezvous refused: token mismatch (this agent's token differs from the server's); ") +
+        return refuse(std::string(
+                          "rendezvous refused: token mismatch (this agent's token differs from the server's); ") +
                           kTokenAdvice,
                       "token mismatch");
       state_ = State::Admitted;
@@ -155,16 +158,18 @@ std::optional<Message> ClientHandshake::on_reply(const Message& m) {
       return std::nullopt;
     }
     if (token_.empty())
-      throw HandshakeRefused("rendezvous refused: the server at " + where_ + " requires a token and this agent has none; " +
-                             kTokenAdvice);
-    if (!is_nonce(c.server_nonce) || !constant_time_equal(c.server_proof, server_proof(token_, client_nonce_, c.server_nonce)))
+      throw HandshakeRefused("rendezvous refused: the server at " + where_ +
+                             " requires a token and this agent has none; " + kTokenAdvice);
+    if (!is_nonce(c.server_nonce) ||
+        !constant_time_equal(c.server_proof, server_proof(token_, client_nonce_, c.server_nonce)))
       throw HandshakeRefused("rendezvous refused: token mismatch (the server at " + where_ +
                              " holds a different token); " + kTokenAdvice);
     if (c.version < kChallengeVersion)
       throw HandshakeRefused("rendezvous refused: the server at " + where_ +
                              " is an older ddprun that does not authenticate all of its handshake and messages; run "
                              "the same ddprun version on every node and on the server");
-    if (!constant_time_equal(c.binding, challenge_binding(token_, client_nonce_, c.server_nonce, c.standing, c.version)))
+    if (!constant_time_equal(c.binding,
+                             challenge_binding(token_, client_nonce_, c.server_nonce, c.standing, c.version)))
       throw HandshakeRefused("rendezvous refused: the CHALLENGE from " + where_ +
                              " was altered on its way (its fields do not match the server's proof): something between "
                              "this node and the server rewrites the rendezvous; connect to the server directly");

@@ -30,8 +30,9 @@ bool is_hex(const std::string& s, size_t n) {
 std::string check_munge_credential(const MungeDecoded& d, uint32_t my_uid, const MungeScope& scope,
                                    const std::string& client_nonce) {
   if (d.uid != my_uid)
-    throw MungeRefused("its munge credential is of uid " + std::to_string(d.uid) + ", and this rendezvous admits only uid " +
-                       std::to_string(my_uid) + " (the user running Slurm job " + scope.job_id + ")");
+    throw MungeRefused("its munge credential is of uid " + std::to_string(d.uid) +
+                       ", and this rendezvous admits only uid " + std::to_string(my_uid) +
+                       " (the user running Slurm job " + scope.job_id + ")");
   const auto f = split(d.payload, '|');
   if (f.size() != 5 || f[0] != kMungeLabel)
     throw MungeRefused("its munge credential is not a ddprun rendezvous credential of this version");

@@ -155,7 +155,8 @@ bool RendezvousClient::read_some(bool block, std::chrono::milliseconds timeout) 
   if (rc <= 0) return false;
   uint8_t buf[65536];
   ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-  if (n == 0) throw RendezvousError("the rendezvous server at " + host_ + ":" + std::to_string(port_) + " closed the connection");
+  if (n == 0)
+    throw RendezvousError("the rendezvous server at " + host_ + ":" + std::to_string(port_) + " closed the connection");
   if (n < 0) {
     if (errno == EINTR || errno == EAGAIN) return false;
     throw RendezvousError(std::string("lost the rendezvous server: ") + std::strerror(errno));
@@ -243,7 +244,8 @@ Round RendezvousClient::join(const Join& info, std::chrono::milliseconds timeout
     if (interrupted_ && interrupted_()) throw RendezvousInterrupted("stopped while waiting for the rendezvous round");
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0)
-      throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) + " ms waiting for a round");
+      throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) +
+                            " ms waiting for a round");
     // In slices, so `interrupted` is asked at least every 100 ms.
     auto m = wait_message(std::min(left, std::chrono::milliseconds(100)));
     if (!m) continue;

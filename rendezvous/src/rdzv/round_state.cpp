@@ -120,8 +120,9 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
       mismatch = std::string("--rdzv_backend: the job runs ") + (job.fixed_store_port ? "static" : "c10d") +
                  ", this agent asked for " + (m.fixed_store_port ? "static" : "c10d");
     if (!mismatch.empty()) {
-      out.push_back({conn, error_msg(mismatch + " (job " + run_id + "; every node must be started with the same job-wide flags)"),
-                     true});
+      out.push_back(
+          {conn, error_msg(mismatch + " (job " + run_id + "; every node must be started with the same job-wide flags)"),
+           true});
       return;
     }
   }

@@ -169,7 +169,8 @@ Failure sanitized(Failure f) {
   // A signal is a name such as SIGKILL or SIGRTMIN+3: anything else is not shown as one.
   if (!f.signal.empty()) {
     bool ok = f.signal.size() <= 16 && f.signal.rfind("SIG", 0) == 0;
-    for (unsigned char c : f.signal) ok = ok && ((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '+' || c == '-');
+    for (unsigned char c : f.signal)
+      ok = ok && ((c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '+' || c == '-');
     if (!ok) f.signal = "SIG?";
   }
   f.when = printable(f.when, kMaxShortLen);

@@ -90,9 +90,9 @@ void StoreRelay::Impl::connect() {
 void StoreRelay::Impl::on_connect_error(const boost::system::error_code& ec) {
   if (up_lost) return;
   if (std::chrono::steady_clock::now() >= give_up) {
-    return lose_upstream(fmt::format("could not connect to the store at {}:{} within {} s: {}", opts.upstream_host,
-                                     opts.upstream_port, std::chrono::duration_cast<std::chrono::seconds>(opts.connect_timeout).count(),
-                                     ec.message()));
+    return lose_upstream(
+        fmt::format("could not connect to the store at {}:{} within {} s: {}", opts.upstream_host, opts.upstream_port,
+                    std::chrono::duration_cast<std::chrono::seconds>(opts.connect_timeout).count(), ec.message()));
   }
   boost::system::error_code ignored;
   up.close(ignored);
@@ -207,7 +207,9 @@ void StoreRelay::Impl::read_up() {
   up.async_read_some(asio::buffer(up_in.data() + up_in_size, up_in.size() - up_in_size),
                      [this](boost::system::error_code ec, size_t n) {
     if (up_lost) return;
-    if (ec) return lose_upstream(ec == asio::error::eof ? "the store closed the connection" : "reading from the store: " + ec.message());
+    if (ec)
+      return lose_upstream(ec == asio::error::eof ? "the store closed the connection"
+                                                  : "reading from the store: " + ec.message());
     up_in_size += n;
     size_t pos = 0;
     while (!up_lost) {

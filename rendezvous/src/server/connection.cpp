@@ -82,9 +82,10 @@ bool ConnectionIo::grow_input(const ConnPtr& c, size_t want) {
   const size_t grow = c->in_size + want - c->in.size();
   if (counters_.buffered.fetch_add(grow) + grow > options_.max_buffered_bytes) {
     counters_.buffered -= grow;
-    close_for_limit(c, Warn::BufferLimit,
-                    fmt::format("partly received requests of all connections would pass {} bytes (--max-buffered-bytes)",
-                                options_.max_buffered_bytes));
+    close_for_limit(
+        c, Warn::BufferLimit,
+        fmt::format("partly received requests of all connections would pass {} bytes (--max-buffered-bytes)",
+                    options_.max_buffered_bytes));
     return false;
   }
   if (!budget_.try_charge(grow, c->in_size + want <= MemoryBudget::kModestBytes)) {
@@ -107,7 +108,8 @@ void ConnectionIo::read_some(const ConnPtr& c) {
   const size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
   const size_t want = std::max(c->chunk, std::min(missing, std::max(c->in_size, kReadChunk)));
   if (!reserve_input(c, want)) return;
-  c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want), [this, c](boost::system::error_code ec, size_t n) {
+  c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want), [this, c](boost::system::error_code ec,
+                                                                                     size_t n) {
     if (c->closed) return;
     if (ec) {
       close(c, "", false);

@@ -53,7 +53,8 @@ struct IoThread {
   std::vector<rdzv::Outbound> rdzv_out;
   std::vector<ConnPtr> to_flush;  // this thread's connections that got bytes under the lock
   std::vector<ConnPtr> remote;    // other threads' connections that got bytes under the lock
-  std::vector<std::shared_ptr<SealBatch>> to_seal;  // messages to agents made under the rounds lock (ServerCore::seal_pending)
+  std::vector<std::shared_ptr<SealBatch>>
+      to_seal;  // messages to agents made under the rounds lock (ServerCore::seal_pending)
   std::atomic<uint64_t> requests{0};
   MemoryBudget::Credit credit;  // this thread's share of the memory budget (MemoryBudget::bind_thread)
   // StoreServerOptions::collect_metrics: written by this thread only (relaxed load and store,

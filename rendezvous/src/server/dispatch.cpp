@@ -215,8 +215,10 @@ bool ServerCore::take_request(const ConnPtr& c, Batch& b) {
     c->parked->framed = framed.consumed;
     return true;
   }
-  const wire::ParseResult parsed = wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
-  if (parsed.status == wire::ParseStatus::NeedMore) return took({wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"});
+  const wire::ParseResult parsed =
+      wire::parse_request(rest.first(framed.consumed), c->session.dialect, options.limits, t.req);
+  if (parsed.status == wire::ParseStatus::NeedMore)
+    return took({wire::ParseStatus::Bad, 0, 0, "request framing and parsing disagree"});
   return took(parsed);
 }
 

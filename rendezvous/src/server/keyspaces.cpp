@@ -48,8 +48,8 @@ uint16_t Keyspaces::reopen(const std::string& run_id, int64_t round, bool fixed_
 }
 
 void Keyspaces::resumed(const std::string& run_id, int64_t round, bool agent_hosted) {
-  spdlog::info("{}job {}: round {} rebuilt from its agents' re-joins after a restart of this server{}", options_.log_prefix,
-               run_id, round,
+  spdlog::info("{}job {}: round {} rebuilt from its agents' re-joins after a restart of this server{}",
+               options_.log_prefix, run_id, round,
                agent_hosted ? " (its workers' store is on its node rank 0, untouched)"
                             : " (its workers' store reopened here, empty)");
 }

@@ -113,7 +113,8 @@ void Listener::bind(const std::string& host, uint16_t port, int backlog, bool li
     candidates = {tcp::endpoint(tcp::v6(), port), tcp::endpoint(tcp::v4(), port)};
   } else {
     tcp::resolver resolver(*ios_.front());
-    for (const auto& r : resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service))
+    for (const auto& r :
+         resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service))
       candidates.push_back(r.endpoint());
   }
   boost::system::error_code last = boost::system::errc::make_error_code(boost::system::errc::address_not_available);
@@ -196,10 +197,12 @@ void Listener::on_accept(size_t i, boost::system::error_code ec, tcp::socket soc
     // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection waits in the backlog; pause briefly so
     // a descriptor can come free instead of spinning on the error. Others (ECONNABORTED: the
     // peer gave up) concern one connection only.
-    const bool exhausted = ec.value() == EMFILE || ec.value() == ENFILE || ec.value() == ENOBUFS || ec.value() == ENOMEM;
+    const bool exhausted =
+        ec.value() == EMFILE || ec.value() == ENFILE || ec.value() == ENOBUFS || ec.value() == ENOMEM;
     warns_.warn(Warn::Accept, [&] {
       return fmt::format("accept failed on the {} store: {}{}", name_, ec.message(),
-                         exhausted ? "; pausing accepts briefly (raise the descriptor limit or lower --max-connections)" : "");
+                         exhausted ? "; pausing accepts briefly (raise the descriptor limit or lower --max-connections)"
+                                   : "");
     });
     if (exhausted && refuse_one(i)) {
       warns_.warn(Warn::ConnectionLimit, [&] {

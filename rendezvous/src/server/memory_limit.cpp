@@ -88,7 +88,8 @@ std::vector<std::string> memory_limit_files(std::string_view proc_self_cgroup, s
     // HIERARCHY-ID:CONTROLLERS:PATH (the path may hold colons)
     const size_t a = line.find(':'), b = a == std::string_view::npos ? a : line.find(':', a + 1);
     if (b == std::string_view::npos) continue;
-    const std::string_view id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    const std::string_view id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1),
+                           path = line.substr(b + 1);
     const bool v2 = id == "0" && controllers.empty();
     const auto names = split(controllers, ',');
     const bool v1_memory = std::find(names.begin(), names.end(), "memory") != names.end();

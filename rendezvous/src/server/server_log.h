@@ -39,8 +39,9 @@ class WarnLimiter {
       k.last = now;
       left_out = std::exchange(k.left_out, 0);
     }
-    std::string text = left_out > 0 ? fmt::format("{}{} ({} more like it since the last one shown)", prefix_, line(), left_out)
-                                    : prefix_ + line();
+    std::string text = left_out > 0
+                           ? fmt::format("{}{} ({} more like it since the last one shown)", prefix_, line(), left_out)
+                           : prefix_ + line();
     if (sink_) sink_(text);
     else spdlog::warn("{}", text);
   }

@@ -23,7 +23,9 @@ int resolve_io_threads(int wanted) {
   return std::clamp(cores, 1, kMaxAutoIoThreads);
 }
 
-int backlog_of(const StoreServerOptions& o) { return o.backlog > 0 ? o.backlog : 65535; }  // the kernel caps it at somaxconn
+int backlog_of(const StoreServerOptions& o) {
+  return o.backlog > 0 ? o.backlog : 65535;
+}  // the kernel caps it at somaxconn
 }  // namespace
 
 ServerCore::ServerCore(StoreServerOptions o) : options(std::move(o)), mu(options.adaptive_lock) {
@@ -95,7 +97,8 @@ void ServerCore::on_socket(Keyspace* ks, tcp::socket sock, const tcp::endpoint& 
     c->id = next_id++;
     if (!refused && ks->discarded) refused = true;
     // A round's store serves that round's workers only (PyTorch clients cannot authenticate).
-    if (!refused && !keyspaces.is_main(ks) && !admission.store_client_allowed_locked(*ks, false, c->session.peer, rounds))
+    if (!refused && !keyspaces.is_main(ks) &&
+        !admission.store_client_allowed_locked(*ks, false, c->session.peer, rounds))
       refused = stranger = true;
     if (!refused) {
       auto admit = admission.may_connect_locked(descriptors_in_use(), c, std::chrono::steady_clock::now());
@@ -316,7 +319,8 @@ StoreServerMetrics ServerCore::metrics() {
   m.stats = stats();
   m.collected = options.collect_metrics;
   for (auto& t : threads) {
-    for (size_t i = 0; i < StoreServerMetrics::kOps; ++i) m.requests_by_op[i] += t->by_op[i].load(std::memory_order_relaxed);
+    for (size_t i = 0; i < StoreServerMetrics::kOps; ++i)
+      m.requests_by_op[i] += t->by_op[i].load(std::memory_order_relaxed);
     for (size_t i = 0; i < StoreServerMetrics::kBuckets; ++i)
       m.duration_buckets[i] += t->duration_buckets[i].load(std::memory_order_relaxed);
     m.duration_sum_ns += t->duration_sum_ns.load(std::memory_order_relaxed);

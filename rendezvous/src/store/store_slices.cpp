@@ -43,7 +43,8 @@ ApplyResult StoreState::op_check(ConnId conn, wire::Request& req, Reply& w) {
   bool fresh = false;
   Sliced* s = slice_end(req.keys, 0) == n ? nullptr : &slicing(conn, Op::Check, fresh);
   const size_t from = s ? s->next : 0, end = s ? slice_end(req.keys, from) : n;
-  const bool missing = std::any_of(req.keys.begin() + from, req.keys.begin() + end, [&](const std::string& k) { return !exists(k); });
+  const bool missing =
+      std::any_of(req.keys.begin() + from, req.keys.begin() + end, [&](const std::string& k) { return !exists(k); });
   if (s && !missing && end < n) {
     s->next = end;
     return {.more = true};

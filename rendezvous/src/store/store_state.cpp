@@ -224,7 +224,8 @@ ApplyResult StoreState::op_add(ConnId conn, wire::Request& req, Reply& w, std::v
 // of the keys kept so far, no hash set; nothing registered when every key is there.
 ApplyResult StoreState::small_wait(ConnId conn, wire::Request& req, Reply& w, bool had_waiter) {
   if (had_waiter || !barrier_of_.empty()) remove_waiter(conn);  // a client never has two WAITs outstanding
-  const auto first_missing = std::find_if(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return !exists(k); });
+  const auto first_missing =
+      std::find_if(req.keys.begin(), req.keys.end(), [&](const std::string& k) { return !exists(k); });
   if (first_missing == req.keys.end()) {
     w.u8(wire::kWaitStop);
     return {};

@@ -232,7 +232,11 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
       uint64_t n = 0;
       ok = r.count(n);
       if (ok) {
-        if (n * 16 > limits.max_request_bytes) { r.bad("key count too large for the request limit"); ok = false; break; }
+        if (n * 16 > limits.max_request_bytes) {
+          r.bad("key count too large for the request limit");
+          ok = false;
+          break;
+        }
         out.keys.resize(n);
         out.values.resize(n);
         for (uint64_t i = 0; ok && i < n; ++i) ok = r.key(out.keys[i]) && r.value(out.values[i]);
@@ -336,7 +340,8 @@ ParseResult RequestFramer::scan(std::span<const uint8_t> buf, Dialect d, const L
     if (n > limits.max_keys)
       return bad_result("key count " + std::to_string(n) + " exceeds the limit of " + std::to_string(limits.max_keys));
     // Every field needs at least its 8-byte length: refuse a count the request limit cannot hold.
-    if (n * 8 * blobs_per_count_ > limits.max_request_bytes) return bad_result("key count too large for the request limit");
+    if (n * 8 * blobs_per_count_ > limits.max_request_bytes)
+      return bad_result("key count too large for the request limit");
     pos_ += 8;
     blobs_left_ = n * blobs_per_count_;
     stage_ = Stage::Blobs;
@@ -348,7 +353,8 @@ ParseResult RequestFramer::scan(std::span<const uint8_t> buf, Dialect d, const L
     const uint64_t n = load_u64(buf.data() + pos_);
     bool is_key = true;
     if (op_ == Op::MultiSet) is_key = blob_index_ % 2 == 0;
-    else if (op_ == Op::Set || op_ == Op::Append || op_ == Op::QueuePush || op_ == Op::CompareSet) is_key = blob_index_ == 0;
+    else if (op_ == Op::Set || op_ == Op::Append || op_ == Op::QueuePush || op_ == Op::CompareSet)
+      is_key = blob_index_ == 0;
     const uint64_t limit = is_key ? limits.max_key_len : limits.max_value_len;
     if (n > limit)
       return bad_result(std::string(is_key ? "key" : "value") + " length " + std::to_string(n) +

@@ -112,12 +112,13 @@ int run_ops(const Options& o) {
   double elapsed = std::chrono::duration<double>(std::min(Clock::now(), stop_at) - t0).count();
   Stats all;
   for (auto& b : benches) all.add(b->st_);
-  std::printf("RESULT mode=ops op=%s clients=%d threads=%zu dialect=%s seconds=%.2f ops=%llu ops_per_s=%.0f p50_us=%.1f "
-              "p99_us=%.1f resets=%llu refused=%llu eof=%llu errors=%llu\n",
-              o.op.c_str(), o.clients, parts.size(), dname(o.dialect), elapsed, static_cast<unsigned long long>(all.ops),
-              all.ops / elapsed, pct(all.lat_ns, 0.5), pct(all.lat_ns, 0.99), static_cast<unsigned long long>(all.resets),
-              static_cast<unsigned long long>(all.refused), static_cast<unsigned long long>(all.eof),
-              static_cast<unsigned long long>(all.other_errors));
+  std::printf(
+      "RESULT mode=ops op=%s clients=%d threads=%zu dialect=%s seconds=%.2f ops=%llu ops_per_s=%.0f p50_us=%.1f "
+      "p99_us=%.1f resets=%llu refused=%llu eof=%llu errors=%llu\n",
+      o.op.c_str(), o.clients, parts.size(), dname(o.dialect), elapsed, static_cast<unsigned long long>(all.ops),
+      all.ops / elapsed, pct(all.lat_ns, 0.5), pct(all.lat_ns, 0.99), static_cast<unsigned long long>(all.resets),
+      static_cast<unsigned long long>(all.refused), static_cast<unsigned long long>(all.eof),
+      static_cast<unsigned long long>(all.other_errors));
   std::fflush(stdout);
   for (auto& b : benches) b->close_all();
   return 0;
@@ -178,8 +179,9 @@ int run_storm(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (argc < 2) die("usage: ddprun_store_bench ops|storm --port P [--host H] [--op get|add|compare_set|wait] "
-                    "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T] [--threads T] [--source-ips K]");
+  if (argc < 2)
+    die("usage: ddprun_store_bench ops|storm --port P [--host H] [--op get|add|compare_set|wait] "
+        "[--clients N] [--seconds S] [--timeout S] [--dialect D2|D0] [--tag T] [--threads T] [--source-ips K]");
   o.mode = argv[1];
   if (o.mode != "ops" && o.mode != "storm") die("mode must be ops or storm");
   for (int i = 2; i < argc; ++i) {
@@ -210,7 +212,8 @@ int main(int argc, char** argv) {
   if (o.threads < 1) die("--threads must be >= 1");
   if (o.source_ips < 0 || o.source_ips > 250) die("--source-ips must be 0..250");
   if (o.source_ips > 0 && o.host.rfind("127.", 0) != 0) die("--source-ips needs a loopback --host (127.x.y.z)");
-  if (o.op != "get" && o.op != "add" && o.op != "compare_set" && o.op != "wait") die("--op must be get|add|compare_set|wait");
+  if (o.op != "get" && o.op != "add" && o.op != "compare_set" && o.op != "wait")
+    die("--op must be get|add|compare_set|wait");
   const int limit = raise_fd_limit(o.clients + 64);
   // Grow the descriptor table now, single-threaded: once the generator's threads run, every
   // doubling of a shared table waits for an RCU grace period (ms each), which showed up as most

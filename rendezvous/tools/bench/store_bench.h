@@ -120,8 +120,10 @@ class Bench {
         setsockopt(c.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
         sockaddr_in src{};
         src.sin_family = AF_INET;
-        src.sin_addr.s_addr = htonl((127u << 24) | (1u << 8) | (1u + static_cast<uint32_t>((base_ + i) % o_.source_ips)));
-        if (::bind(c.fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) die(std::string("bind: ") + std::strerror(errno));
+        src.sin_addr.s_addr =
+            htonl((127u << 24) | (1u << 8) | (1u + static_cast<uint32_t>((base_ + i) % o_.source_ips)));
+        if (::bind(c.fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0)
+          die(std::string("bind: ") + std::strerror(errno));
       }
       int rc = ::connect(c.fd, reinterpret_cast<sockaddr*>(&addr_), sizeof addr_);
       if (rc < 0 && errno != EINPROGRESS) {
@@ -154,7 +156,8 @@ class Bench {
     while (!pred()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0) return false;
-      int n = epoll_wait(ep_, evs.data(), static_cast<int>(evs.size()), static_cast<int>(std::min<long long>(left, 100)));
+      int n =
+          epoll_wait(ep_, evs.data(), static_cast<int>(evs.size()), static_cast<int>(std::min<long long>(left, 100)));
       if (n < 0) {
         if (errno == EINTR) continue;
         die("epoll_wait failed");
@@ -369,8 +372,10 @@ class Bench {
     } else {  // wait hop
       const int n = count_;
       const int succ = (c.idx + 1) % n;
-      set_time_[static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(c.idx)] = Clock::now();
-      std::string bytes = encode(d, Op::Set, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + succ))}, {"1"});
+      set_time_[static_cast<uint64_t>(c.round) * static_cast<uint64_t>(n) + static_cast<uint64_t>(c.idx)] =
+          Clock::now();
+      std::string bytes =
+          encode(d, Op::Set, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + succ))}, {"1"});
       bytes += encode(d, Op::Wait, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + c.idx))});
       send(c, bytes, Reply::U8);
     }
@@ -384,7 +389,8 @@ class Bench {
 
   void on_reply(Conn& c, const std::string& reply) {
     if (c.step == -1) {  // PING echo
-      if (ddprun::wire::load_u32(reinterpret_cast<const uint8_t*>(reply.data())) != 0x1000u + static_cast<uint32_t>(c.idx))
+      if (ddprun::wire::load_u32(reinterpret_cast<const uint8_t*>(reply.data())) !=
+          0x1000u + static_cast<uint32_t>(c.idx))
         die("PING echo mismatch");
       start(c);
       return;
@@ -424,7 +430,8 @@ class Bench {
     } else {  // wait hop: WAIT done, now GET the value like PyTorch's get()
       if (c.step == 0) {
         c.step = 1;
-        send(c, encode(d, Op::Get, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + c.idx))}), Reply::Blob);
+        send(c, encode(d, Op::Get, {k("w/" + std::to_string(c.round) + "/" + std::to_string(base_ + c.idx))}),
+             Reply::Blob);
         return;
       }
       const int n = count_;

@@ -118,10 +118,12 @@ int main(int argc, char** argv) {
                "the server is killed and started again (same port and token) once every worker is through: the "
                "agents reconnect with backoff and re-join their round (needs --offer-store: the round's store on "
                "node rank 0 outlives the server)");
-  app.add_option("--ready-file", ready_file, "--expect-restart: created when every worker is through (kill the server then)");
+  app.add_option("--ready-file", ready_file,
+                 "--expect-restart: created when every worker is through (kill the server then)");
   app.add_option("--min-nodes", o.min_nodes, "the JOINs' min_nodes (default: --agents)")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--relay", o.relay, "each node's workers reach the store over one multiplexed connection (a relay)");
-  app.add_option("--part", o.part, "this process simulates the agents i with i % parts == part")->check(CLI::Range(0, 255));
+  app.add_option("--part", o.part, "this process simulates the agents i with i % parts == part")
+      ->check(CLI::Range(0, 255));
   app.add_option("--parts", o.parts, "processes that share the agents (each with its own descriptors)")
       ->check(CLI::Range(1, 256));
   std::string hold_file;
@@ -133,7 +135,8 @@ int main(int argc, char** argv) {
     int port = 0;
     if (colon != std::string::npos) port = std::atoi(store_at.c_str() + colon + 1);
     if (colon == std::string::npos || port < 1 || port > 65535) {
-      std::fprintf(stderr, "ddprun_scale_sim: --store-at %s: give HOST:PORT, an IPv4 address and a port (127.0.0.1:29500)\n",
+      std::fprintf(stderr,
+                   "ddprun_scale_sim: --store-at %s: give HOST:PORT, an IPv4 address and a port (127.0.0.1:29500)\n",
                    store_at.c_str());
       return 2;
     }
@@ -142,7 +145,8 @@ int main(int argc, char** argv) {
   }
   const int64_t world = static_cast<int64_t>(o.agents) * o.nproc;
   if ((kill_one || o.churn_pct > 0 || o.expect_restart) && o.parts > 1) {
-    std::fprintf(stderr, "ddprun_scale_sim: --kill-one, --churn and --expect-restart run in one process (no --parts)\n");
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: --kill-one, --churn and --expect-restart run in one process (no --parts)\n");
     return 2;
   }
   if (kill_one + (o.churn_pct > 0) + o.expect_restart > 1) {
@@ -177,9 +181,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (kill_one && (o.min_nodes == 0 || o.min_nodes >= o.agents || o.store_at_port || o.store_offer_port)) {
-    std::fprintf(stderr, "ddprun_scale_sim: --kill-one needs --min-nodes below --agents (else the job ends with the "
-                 "node) and the round's own store on the server (no --store-at or --offer-store: one store for both rounds "
-                 "keeps the first one's keys)\n");
+    std::fprintf(
+        stderr,
+        "ddprun_scale_sim: --kill-one needs --min-nodes below --agents (else the job ends with the "
+        "node) and the round's own store on the server (no --store-at or --offer-store: one store for both rounds "
+        "keeps the first one's keys)\n");
     return 2;
   }
   rlimit rl{};
@@ -289,10 +295,11 @@ int main(int argc, char** argv) {
   // After a death (--kill-one), from it: every survivor told (RESTART), every survivor's new
   // ROUND, every surviving worker joined the new store, past its barrier, done.
   if (kill_one)
-    std::printf(" kill_restart_ms=%s kill_round_ms=%s kill_joined_ms=%s kill_barrier_ms=%s kill_done_ms=%s restarts=%lld",
-                ms(t_kill, s.t_last_restart.load()).c_str(), ms(t_kill, s.t_last_round.load()).c_str(),
-                ms(t_kill, s.t_last_joined.load()).c_str(), ms(t_kill, s.t_last_barrier.load()).c_str(),
-                ms(t_kill, s.t_last_done.load()).c_str(), static_cast<long long>(s.restarts.load()));
+    std::printf(
+        " kill_restart_ms=%s kill_round_ms=%s kill_joined_ms=%s kill_barrier_ms=%s kill_done_ms=%s restarts=%lld",
+        ms(t_kill, s.t_last_restart.load()).c_str(), ms(t_kill, s.t_last_round.load()).c_str(),
+        ms(t_kill, s.t_last_joined.load()).c_str(), ms(t_kill, s.t_last_barrier.load()).c_str(),
+        ms(t_kill, s.t_last_done.load()).c_str(), static_cast<long long>(s.restarts.load()));
   if (churn) std::printf("%s", churn_fields(s, churned).c_str());
   if (o.expect_restart) std::printf("%s", restart_fields(s).c_str());
   // For merging --parts: this process's marks on the shared monotonic clock, and its ranks.
@@ -303,12 +310,14 @@ int main(int argc, char** argv) {
               static_cast<long long>(ranks_seen), rank_sum, rank_sq_sum);
   std::printf(" ok=%d\n", ok ? 1 : 0);
   if (!ok)
-    std::fprintf(stderr, "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: %s after %.1f s: %lld of %d agents handshaken, %lld rounds, %lld of %lld "
                  "workers joined, %lld past the barrier, %lld done\n",
                  s.errors.load() ? "stopped on an error" : "timed out", static_cast<double>(t_end) / 1e9,
-                 static_cast<long long>(s.handshaken.load()), static_cast<int>(mine), static_cast<long long>(s.rounds.load()),
-                 static_cast<long long>(s.workers_joined.load()), static_cast<long long>(my_world),
-                 static_cast<long long>(s.barrier_passed.load()), static_cast<long long>(s.workers_done.load()));
+                 static_cast<long long>(s.handshaken.load()), static_cast<int>(mine),
+                 static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_joined.load()),
+                 static_cast<long long>(my_world), static_cast<long long>(s.barrier_passed.load()),
+                 static_cast<long long>(s.workers_done.load()));
   std::fflush(stdout);
   // The other parts' agents are still in the round: closing ours now would fail the job for them.
   while (!hold_file.empty() && ::access(hold_file.c_str(), F_OK) != 0 && Clock::now() < deadline)

@@ -18,8 +18,8 @@ uint32_t node_address(int64_t node) {
 }
 
 std::string address_text(uint32_t addr) {
-  return std::to_string(addr >> 24) + "." + std::to_string((addr >> 16) & 255) + "." + std::to_string((addr >> 8) & 255) +
-         "." + std::to_string(addr & 255);
+  return std::to_string(addr >> 24) + "." + std::to_string((addr >> 16) & 255) + "." +
+         std::to_string((addr >> 8) & 255) + "." + std::to_string(addr & 255);
 }
 
 Loop::Loop() {

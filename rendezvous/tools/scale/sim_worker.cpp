@@ -47,7 +47,8 @@ std::string store_request(wire::Op op, std::vector<std::string> keys, std::vecto
 
 void Worker::start(Loop& loop, const sockaddr_in& store) {
   if (relay_) return;  // the relay link connects and calls on_connected
-  if (!loop.connect(*this, store, source_)) s_.error("worker " + std::to_string(rank_) + ": connect: " + std::strerror(errno));
+  if (!loop.connect(*this, store, source_))
+    s_.error("worker " + std::to_string(rank_) + ": connect: " + std::strerror(errno));
 }
 
 void Worker::on_connected(Loop& loop) {
@@ -103,7 +104,9 @@ void Worker::on_reply(Loop& loop, const uint8_t* p, size_t n) {
       s_.mark(s_.t_last_joined);
       request(loop, store_request(wire::Op::Add, {kBarrierKey}, {}, 1), Step::BarrierAdd);
       return;
-    case Step::BarrierAdd: request(loop, store_request(wire::Op::Add, {kBarrierKey}, {}, 0), Step::BarrierCount); return;
+    case Step::BarrierAdd:
+      request(loop, store_request(wire::Op::Add, {kBarrierKey}, {}, 0), Step::BarrierCount);
+      return;
     case Step::BarrierCount: {
       std::string b;
       if (static_cast<int64_t>(wire::load_u64(p)) == world_) b = store_request(wire::Op::Set, {kBarrierLast}, {"1"});
@@ -128,7 +131,8 @@ void Worker::on_reply(Loop& loop, const uint8_t* p, size_t n) {
       gloo_next(loop);
       return;
     case Step::Recheck:
-      if (n != 8 + kNcclIdBytes) s_.error(me + "after the server's restart, the NCCL id has " + std::to_string(n - 8) + " bytes");
+      if (n != 8 + kNcclIdBytes)
+        s_.error(me + "after the server's restart, the NCCL id has " + std::to_string(n - 8) + " bytes");
       step_ = Step::Rechecked;
       s_.rechecked.fetch_add(1);
       s_.mark(s_.t_last_recheck);

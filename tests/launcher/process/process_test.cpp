@@ -322,10 +322,10 @@ TEST_CASE("early exit watch: the exit is seen before the kernel has torn a big p
   for (int trial = 0; trial < 3 && early_seen == 0; ++trial) {
     // Small pages (MADV_NOHUGEPAGE): with transparent huge pages set to "always" the memory
     // would go back in a few hundred 2 MiB frees, too fast to see.
-    auto [p, listener] = spawn_watched(
-        {"python3", "-c",
-         "import mmap, os\nm = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\nm.madvise(mmap.MADV_NOHUGEPAGE)\n"
-         "for i in range(0, len(m), 4096): m[i] = 1\nos.kill(os.getpid(), 9)"});
+    auto [p, listener] = spawn_watched({"python3", "-c",
+                                        "import mmap, os\nm = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE | "
+                                        "mmap.MAP_ANONYMOUS)\nm.madvise(mmap.MADV_NOHUGEPAGE)\n"
+                                        "for i in range(0, len(m), 4096): m[i] = 1\nos.kill(os.getpid(), 9)"});
     REQUIRE(listener >= 0);
     wait_hup(listener);
     siginfo_t si{};

@@ -27,7 +27,9 @@ WorkerExited stopped_for_preemption(int rank) {
 }
 WorkerExited killed(int rank, int signo) { return {rank, WorkerStatus::killed_by(signo)}; }
 // An exit as the agent reports it: with the attempt the worker belonged to.
-WorkerExited exit_in(int attempt, int rank, WorkerStatus st) { return {.local_rank = rank, .status = st, .attempt = attempt}; }
+WorkerExited exit_in(int attempt, int rank, WorkerStatus st) {
+  return {.local_rank = rank, .status = st, .attempt = attempt};
+}
 
 Action report(int attempt, int rank, WorkerStatus st) {
   return {.kind = Kind::ReportFailure, .attempt = attempt, .local_rank = rank, .status = st};
@@ -236,7 +238,9 @@ TEST_CASE("a repeated preemption signal changes nothing; a stop signal ends the 
   CHECK(s.on_event(killed(0, SIGKILL)) == Actions{disarm(), finish(kPreemptedExitCode)});
 }
 
-TEST_CASE("a worker announcing a preemption and exiting 99 is a preemption: no report, the others get the grace unsignalled", "[state]") {
+TEST_CASE(
+    "a worker announcing a preemption and exiting 99 is a preemption: no report, the others get the grace unsignalled",
+    "[state]") {
   auto s = running(preempt_config(3));
   CHECK(s.on_event(stopped_for_preemption(1)) == Actions{arm(90)});
   CHECK(s.phase() == Phase::Preempting);

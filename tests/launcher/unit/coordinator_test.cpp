@@ -52,7 +52,11 @@ struct Local {
 struct Remote {
   std::unique_ptr<server::StoreServer> server = start_server();
   std::unique_ptr<Coordinator> make(rdzv::Join j) {
-    return make_remote_coordinator({.host = "127.0.0.1", .port = server->port(), .settings = std::move(j), .connect_timeout = 10s, .heartbeat_interval = 200ms});
+    return make_remote_coordinator({.host = "127.0.0.1",
+                                    .port = server->port(),
+                                    .settings = std::move(j),
+                                    .connect_timeout = 10s,
+                                    .heartbeat_interval = 200ms});
   }
   uint16_t main_port() const { return server->port(); }
 };
@@ -79,7 +83,11 @@ struct Standing {
     server = start();
   }
   std::unique_ptr<Coordinator> make(rdzv::Join j) {
-    return make_remote_coordinator({.host = "127.0.0.1", .port = server->port(), .settings = std::move(j), .connect_timeout = 10s, .heartbeat_interval = 200ms});
+    return make_remote_coordinator({.host = "127.0.0.1",
+                                    .port = server->port(),
+                                    .settings = std::move(j),
+                                    .connect_timeout = 10s,
+                                    .heartbeat_interval = 200ms});
   }
   uint16_t main_port() const { return server->port(); }
 };
@@ -118,11 +126,14 @@ void make_progress(const GroupLayout& g) {
   for (int i = 0; i < g.world_size; ++i) client::StoreClient c(o);
 }
 
-rdzv::Failure failure(int rank, int code) { return rdzv::Failure{.global_rank = rank, .local_rank = rank, .exit_code = code}; }
+rdzv::Failure failure(int rank, int code) {
+  return rdzv::Failure{.global_rank = rank, .local_rank = rank, .exit_code = code};
+}
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", "[coordinator]", Local, Remote, Standing) {
+TEMPLATE_TEST_CASE("a round gives this node its layout and a store that works", "[coordinator]", Local, Remote,
+                   Standing) {
   TestType f;
   auto c = f.make(settings(3, 0));
   c->join();
@@ -192,7 +203,8 @@ TEMPLATE_TEST_CASE("two failures before progress are not retried, and the reason
   CHECK_THAT(end.failed.reason, Catch::Contains("not retried") && Catch::Contains("2 of 3 restarts are left"));
 }
 
-TEMPLATE_TEST_CASE("a fixed store port: every round's store is the server's own port", "[coordinator]", Local, Remote, Standing) {
+TEMPLATE_TEST_CASE("a fixed store port: every round's store is the server's own port", "[coordinator]", Local, Remote,
+                   Standing) {
   TestType f;
   auto j = settings(1, 2);
   j.fixed_store_port = true;
@@ -235,7 +247,12 @@ TEST_CASE("remote: a connect with nothing listening gives up when interrupted", 
     stop = true;
   });
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(make_remote_coordinator({.host = "127.0.0.1", .port = port, .settings = settings(1, 0), .connect_timeout = 600s, .heartbeat_interval = 200ms, .interrupted = [&] { return stop.load(); }}),
+  CHECK_THROWS_AS(make_remote_coordinator({.host = "127.0.0.1",
+                                           .port = port,
+                                           .settings = settings(1, 0),
+                                           .connect_timeout = 600s,
+                                           .heartbeat_interval = 200ms,
+                                           .interrupted = [&] { return stop.load(); }}),
                   CoordinatorInterrupted);
   stopper.join();
   // Generous for a loaded CI host: the contract is "within 100 ms of the answer".
@@ -266,7 +283,12 @@ TEST_CASE("notices: what each server message means to the agent", "[coordinator]
 TEST_CASE("remote: nothing listening past the connect timeout is an error that says what to check", "[coordinator]") {
   const ddprun::testing::DeadPort dead;
   try {
-    make_remote_coordinator({.host = "127.0.0.1", .port = dead.port(), .settings = settings(1, 0), .connect_timeout = 300ms, .heartbeat_interval = 200ms, .interrupted = [] { return false; }});
+    make_remote_coordinator({.host = "127.0.0.1",
+                             .port = dead.port(),
+                             .settings = settings(1, 0),
+                             .connect_timeout = 300ms,
+                             .heartbeat_interval = 200ms,
+                             .interrupted = [] { return false; }});
     FAIL("connected to nothing");
   } catch (const CoordinatorInterrupted&) {
     FAIL("not interrupted: timed out");
@@ -417,7 +439,12 @@ TEST_CASE("standing: while the server is down, a stranger that refuses or replay
   Standing f;
   f.options.rdzv_token = token;
   f.restart_server();
-  auto c = make_remote_coordinator({.host = "127.0.0.1", .port = f.server->port(), .settings = settings(1, 0), .connect_timeout = 10s, .heartbeat_interval = 200ms, .token = token});
+  auto c = make_remote_coordinator({.host = "127.0.0.1",
+                                    .port = f.server->port(),
+                                    .settings = settings(1, 0),
+                                    .connect_timeout = 10s,
+                                    .heartbeat_interval = 200ms,
+                                    .token = token});
   c->join();
   one(*c, Notice::Kind::Round);
   const std::string challenge = recorded_challenge(f.server->port());

@@ -84,7 +84,8 @@ TEST_CASE("fewer visible GPUs than --nproc_per_node blocks and names the flag", 
   CHECK(find(rs, "gpus")->fix.rfind("run with --nproc_per_node=4", 0) == 0);
 }
 
-TEST_CASE("EXCLUSIVE_PROCESS blocks only overlapped restarts; GPU-warm spares are told they stay CPU-warm", "[doctor]") {
+TEST_CASE("EXCLUSIVE_PROCESS blocks only overlapped restarts; GPU-warm spares are told they stay CPU-warm",
+          "[doctor]") {
   Facts f = with_gpus(2);
   for (auto& d : f.gpus.devices) d.compute_mode = 3;
   CHECK(exit_code(evaluate(f)) == 0);  // no restarts: nothing overlaps
@@ -113,7 +114,8 @@ TEST_CASE("other processes on the job's GPUs are a warning", "[doctor]") {
   auto rs = evaluate(f);
   CHECK(exit_code(rs) == 0);
   CHECK(find(rs, "gpu_processes")->status == Status::Warn);
-  CHECK(find(rs, "gpu_processes")->found == "other processes hold memory on the job's GPUs: GPU 1: pid 4242 holds 3072 MiB");
+  CHECK(find(rs, "gpu_processes")->found ==
+        "other processes hold memory on the job's GPUs: GPU 1: pid 4242 holds 3072 MiB");
 }
 
 TEST_CASE("a driver older than the CUDA runtime's major version blocks; a minor one warns", "[doctor]") {
@@ -123,7 +125,9 @@ TEST_CASE("a driver older than the CUDA runtime's major version blocks; a minor 
   f.gpus.driver_cuda_version = 11040;
   auto rs = evaluate(f);
   CHECK(exit_code(rs) == 1);
-  CHECK(find(rs, "versions")->found.rfind("torch 2.1.0 (CUDA 12.1, NCCL 2.18.1), driver supports CUDA 11.4: the driver is too old", 0) == 0);
+  CHECK(find(rs, "versions")
+            ->found.rfind("torch 2.1.0 (CUDA 12.1, NCCL 2.18.1), driver supports CUDA 11.4: the driver is too old",
+                          0) == 0);
   f.gpus.driver_cuda_version = 12000;
   CHECK(find(evaluate(f), "versions")->status == Status::Warn);
   f.gpus.driver_cuda_version = 12040;
@@ -150,9 +154,10 @@ TEST_CASE("/dev/shm: the requirement and the verdicts", "[doctor]") {
   f.shm = {true, "", 8ull << 20, 8ull << 20};
   auto rs = evaluate(f);
   CHECK(exit_code(rs) == 0);  // CPU job: ddprun falls back to Gloo
-  CHECK(find(rs, "shm")->found ==
-        "/dev/shm has 8 MiB free of 8 MiB; 25 MiB wanted for 2 local ranks: ddprun's shared-memory all-reduce falls back "
-        "to Gloo over TCP");
+  CHECK(
+      find(rs, "shm")->found ==
+      "/dev/shm has 8 MiB free of 8 MiB; 25 MiB wanted for 2 local ranks: ddprun's shared-memory all-reduce falls back "
+      "to Gloo over TCP");
   CHECK(find(rs, "shm")->fix.find("--shm-size=1g (or --ipc=host)") != std::string::npos);
   f.gpus_requested = true;  // NCCL needs it
   f.nproc_per_node = 8;
@@ -189,7 +194,8 @@ TEST_CASE("multi-node: a loopback rendezvous host blocks; interfaces and reachab
   f.network.local = false;
   f.network.reach = NetworkFacts::Reach::Unreachable;
   f.network.reach_error = "no answer within 1000 ms";
-  f.network.interfaces = {{"GLOO_SOCKET_IFNAME", "eth9", false, "", 0}, {"NCCL_SOCKET_IFNAME", "eth0", true, "10.0.0.2", 9000},
+  f.network.interfaces = {{"GLOO_SOCKET_IFNAME", "eth9", false, "", 0},
+                          {"NCCL_SOCKET_IFNAME", "eth0", true, "10.0.0.2", 9000},
                           {"route", "eth1", true, "10.0.1.2", 1500}};
   rs = evaluate(f);
   CHECK(find(rs, "rdzv_endpoint")->blocking);
@@ -221,9 +227,11 @@ TEST_CASE("preflight: CUDA_VISIBLE_DEVICES against /dev/nvidia* without NVML", "
   f.cuda_visible_devices = "0,1";
   auto pre = evaluate_preflight(f);
   REQUIRE(pre.size() == 1);
-  CHECK(pre[0].found == "CUDA_VISIBLE_DEVICES=0,1 asks for GPUs, but this node has no NVIDIA GPU device (/dev/nvidia*)");
+  CHECK(pre[0].found ==
+        "CUDA_VISIBLE_DEVICES=0,1 asks for GPUs, but this node has no NVIDIA GPU device (/dev/nvidia*)");
   f.dev_nvidia_nodes = 1;
-  CHECK(evaluate_preflight(f)[0].found == "CUDA_VISIBLE_DEVICES=0,1 names GPU '1', which this node does not have (it has GPU 0)");
+  CHECK(evaluate_preflight(f)[0].found ==
+        "CUDA_VISIBLE_DEVICES=0,1 names GPU '1', which this node does not have (it has GPU 0)");
   f.dev_nvidia_nodes = 2;
   f.nproc_per_node = 3;
   CHECK(evaluate_preflight(f)[0].found == "CUDA_VISIBLE_DEVICES=0,1 shows 2 GPUs for --nproc_per_node=3");
@@ -234,10 +242,12 @@ TEST_CASE("text and JSON output", "[doctor]") {
                                  {"token", Status::Fail, "mode \"0644\"", "chmod 600 f", true}};
   CHECK(format_text(rs) == "\u2713 shm: fine\n\u2717 token: mode \"0644\"\n    fix: chmod 600 f\n"
                            "doctor: 2 checks, 1 blocking, 0 warnings\n");
-  CHECK(format_json(rs) ==
-        "{\"ok\":false,\"exit_code\":1,\"checks\":[{\"item\":\"shm\",\"status\":\"ok\",\"blocking\":false,\"found\":\"fine\","
-        "\"fix\":\"\"},{\"item\":\"token\",\"status\":\"fail\",\"blocking\":true,\"found\":\"mode \\\"0644\\\"\",\"fix\":"
-        "\"chmod 600 f\"}]}\n");
+  CHECK(
+      format_json(rs) ==
+      "{\"ok\":false,\"exit_code\":1,\"checks\":[{\"item\":\"shm\",\"status\":\"ok\",\"blocking\":false,\"found\":"
+      "\"fine\","
+      "\"fix\":\"\"},{\"item\":\"token\",\"status\":\"fail\",\"blocking\":true,\"found\":\"mode \\\"0644\\\"\",\"fix\":"
+      "\"chmod 600 f\"}]}\n");
 }
 
 TEST_CASE("JSON output: what a probe found is escaped, and text that is not UTF-8 gets U+FFFD", "[doctor]") {
@@ -256,14 +266,18 @@ TEST_CASE("a program's CUDA runtime and NCCL, from the libraries it loads, again
   f.python.needed = false;
   f.program.program = "/opt/train";
   f.program.ran = true;
-  CHECK(find(evaluate(f), "versions")->found == "/opt/train loads no shared CUDA runtime (CPU-only, or linked in statically)");
+  CHECK(find(evaluate(f), "versions")->found ==
+        "/opt/train loads no shared CUDA runtime (CPU-only, or linked in statically)");
   f.program.cudart = "13.0.48";
   f.program.nccl = "2.28.9";
   auto rs = evaluate(f);
   CHECK(exit_code(rs) == 1);
-  CHECK(find(rs, "versions")->found.rfind("/opt/train loads CUDA runtime 13.0.48, NCCL 2.28.9, driver supports CUDA 12.2: the "
-                                          "driver is too old", 0) == 0);
-  CHECK(find(rs, "versions")->fix == "upgrade the NVIDIA driver to one for CUDA 13.0.48, or rebuild it against CUDA 12.2 or older");
+  CHECK(find(rs, "versions")
+            ->found.rfind("/opt/train loads CUDA runtime 13.0.48, NCCL 2.28.9, driver supports CUDA 12.2: the "
+                          "driver is too old",
+                          0) == 0);
+  CHECK(find(rs, "versions")->fix ==
+        "upgrade the NVIDIA driver to one for CUDA 13.0.48, or rebuild it against CUDA 12.2 or older");
   f.program.cudart = "not found";
   CHECK(find(evaluate(f), "versions")->found == "/opt/train links libcudart, which the dynamic loader cannot find");
 }

@@ -137,7 +137,8 @@ TEST_CASE("log dirs: a unique run directory per launch, never an earlier one", "
   CHECK(fresh_attempt_log_dir(first, 0) == first / "attempt_0.2");
   CHECK(fresh_attempt_log_dir(first, 1) == first / "attempt_1");
   const auto file = d.file("plain", "", false);
-  CHECK_THROWS_WITH(make_run_log_dir(file, "none"), Catch::Contains("not a directory") || Catch::Contains("cannot create"));
+  CHECK_THROWS_WITH(make_run_log_dir(file, "none"),
+                    Catch::Contains("not a directory") || Catch::Contains("cannot create"));
 }
 
 TEST_CASE("a Python shim is resolved to the interpreter it runs; anything else is left alone", "[entrypoint]") {

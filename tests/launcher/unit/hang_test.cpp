@@ -29,7 +29,8 @@ TEST_CASE("a job that never ticks is said once, and never judged", "[hang]") {
 TEST_CASE("ranks that keep ticking never hang", "[hang]") {
   HangWatch w(3);
   w.start_attempt(0, 2);
-  for (uint64_t t = 1; t < 20; ++t) CHECK(w.observe(static_cast<double>(t), Ticks{t, t}).kind == HangVerdict::Kind::None);
+  for (uint64_t t = 1; t < 20; ++t)
+    CHECK(w.observe(static_cast<double>(t), Ticks{t, t}).kind == HangVerdict::Kind::None);
   CHECK(w.attempt_ticking());
 }
 
@@ -59,7 +60,8 @@ TEST_CASE("a rank that stops while the others move on is stuck alone", "[hang]")
   HangWatch w(5);
   w.start_attempt(0, 3);
   w.observe(1, Ticks{1, 1, 1});
-  for (uint64_t t = 2; t <= 5; ++t) CHECK(w.observe(static_cast<double>(t), Ticks{t, 1, t}).kind == HangVerdict::Kind::None);
+  for (uint64_t t = 2; t <= 5; ++t)
+    CHECK(w.observe(static_cast<double>(t), Ticks{t, 1, t}).kind == HangVerdict::Kind::None);
   const HangVerdict v = w.observe(6, Ticks{6, 1, 6});  // rank 1 still for 5 s
   REQUIRE(v.kind == HangVerdict::Kind::Hung);
   CHECK(v.stuck() == std::vector<int>{1});

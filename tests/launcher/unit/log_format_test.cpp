@@ -26,7 +26,10 @@ TEST_CASE("A JSON log line has every member of the schema, in order", "[logforma
   r.rank = 25;
   r.event = "worker_failed";
   r.message = "worker r25 failed";
-  std::vector<LogField> f{{"exit_code", int64_t{1}}, {"after_s", 2.5}, {"config_error", false}, {"signal", std::string("SIGKILL")}};
+  std::vector<LogField> f{{"exit_code", int64_t{1}},
+                          {"after_s", 2.5},
+                          {"config_error", false},
+                          {"signal", std::string("SIGKILL")}};
   r.fields = &f;
   CHECK(json_log_line(r) ==
         "{\"time\":\"2025-12-03T16:40:00.123456Z\",\"level\":\"warning\",\"host\":\"node-7\",\"node\":3,\"rank\":25,"
@@ -50,8 +53,9 @@ TEST_CASE("Strings are escaped; bytes that are not UTF-8 become U+FFFD; a line s
   r.time = at(0);
   r.level = "error";
   r.host = "h";
-  const std::string msg = std::string("quote \" back \\ nl \n cr \r tab \t bell \x07 del \x7f caf\xc3\xa9 bad \xff end") +
-                          std::string(1, '\0') + "z";
+  const std::string msg =
+      std::string("quote \" back \\ nl \n cr \r tab \t bell \x07 del \x7f caf\xc3\xa9 bad \xff end") +
+      std::string(1, '\0') + "z";
   r.message = msg;
   std::vector<LogField> f{{"k\"ey", std::string("line1\nline2")}, {"nan", std::numeric_limits<double>::quiet_NaN()}};
   r.fields = &f;
@@ -95,15 +99,18 @@ TEST_CASE("--log_format takes text or json", "[logformat]") {
   CHECK(parse_log_format("json") == LogFormat::Json);
   CHECK_FALSE(parse_log_format("JSON"));
   CHECK_FALSE(parse_log_format(""));
-  auto parsed = parse_command_line({"ddprun", "--log_format=yaml", "--no_python", "true"}, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  auto parsed = parse_command_line({"ddprun", "--log_format=yaml", "--no_python", "true"}, {},
+                                   SystemInfo{.cpu_count = 8, .gpu_count = 0});
   REQUIRE_FALSE(parsed.options);
   CHECK(parsed.exit_code == 2);
   CHECK(parsed.message.find("log_format") != std::string::npos);
   CHECK(parsed.message.find("text or json") != std::string::npos);
-  parsed = parse_command_line({"ddprun", "--log-format", "json", "--no_python", "true"}, {}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  parsed = parse_command_line({"ddprun", "--log-format", "json", "--no_python", "true"}, {},
+                              SystemInfo{.cpu_count = 8, .gpu_count = 0});
   REQUIRE(parsed.options);
   CHECK(parsed.options->output.log_format == LogFormat::Json);
-  parsed = parse_command_line({"ddprun", "--no_python", "true"}, {{"PET_LOG_FORMAT", "json"}}, SystemInfo{.cpu_count = 8, .gpu_count = 0});
+  parsed = parse_command_line({"ddprun", "--no_python", "true"}, {{"PET_LOG_FORMAT", "json"}},
+                              SystemInfo{.cpu_count = 8, .gpu_count = 0});
   REQUIRE(parsed.options);
   CHECK(parsed.options->output.log_format == LogFormat::Json);
 }

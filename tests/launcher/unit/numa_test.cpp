@@ -139,7 +139,8 @@ TEST_CASE("node: the CPUs of each GPU's NUMA node", "[numa]") {
   auto narrow = plan_numa_binding(NumaMode::Node, topo, gpus, 1, {0, 1, 4});
   CHECK(narrow[0] == std::set<int>{0, 1});
   // CUDA_VISIBLE_DEVICES reorders: local rank 0 is GPU 3 (node 1).
-  auto swapped = plan_numa_binding(NumaMode::Node, topo, visible_gpu_addresses(list_nvidia_gpus(r.path()), "3"), 1, kAll);
+  auto swapped =
+      plan_numa_binding(NumaMode::Node, topo, visible_gpu_addresses(list_nvidia_gpus(r.path()), "3"), 1, kAll);
   CHECK(swapped[0] == node1);
 }
 

@@ -234,8 +234,9 @@ TEST_CASE("--overlap_restart: on by default, 1/0/true/false, both spellings, PET
   CHECK(ok({"--overlap_restart=true", "x"}).faults.overlap_restart);
   CHECK_FALSE(ok({"x"}, {{"PET_OVERLAP_RESTART", "0"}}).faults.overlap_restart);
   CHECK(ok({"--overlap_restart=1", "x"}, {{"PET_OVERLAP_RESTART", "0"}}).faults.overlap_restart);  // command line wins
-  CHECK_THAT(error_of({"--overlap_restart=maybe", "x"}),
-             Catch::Contains("--overlap_restart") && Catch::Contains("'maybe'") && Catch::Contains("1/0 or true/false"));
+  CHECK_THAT(error_of({"--overlap_restart=maybe", "x"}), Catch::Contains("--overlap_restart") &&
+                                                             Catch::Contains("'maybe'") &&
+                                                             Catch::Contains("1/0 or true/false"));
   CHECK_THAT(error_of({"x"}, {{"PET_OVERLAP_RESTART", "yes please"}}), Catch::Contains("--overlap_restart"));
 }
 
@@ -332,7 +333,8 @@ TEST_CASE("--preempt_signals and --preempt_grace: defaults, both spellings, none
   CHECK(ok({"--preempt-grace=2.5", "x"}).faults.preempt_grace_s == 2.5);
   CHECK(ok({"x"}, {{"PET_PREEMPT_GRACE", "7"}}).faults.preempt_grace_s == 7.0);
   CHECK(ok({"x"}, {{"PET_PREEMPT_SIGNALS", "SIGUSR2"}}).faults.preempt_signals == std::vector<int>{SIGUSR2});
-  CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}), Catch::Contains("--preempt_signals") && Catch::Contains("none"));
+  CHECK_THAT(error_of({"--preempt_signals=SIGKILL", "x"}),
+             Catch::Contains("--preempt_signals") && Catch::Contains("none"));
   CHECK_THAT(error_of({"--preempt_grace=-1", "x"}), Catch::Contains("--preempt_grace") && Catch::Contains("seconds"));
 }
 
@@ -348,10 +350,11 @@ TEST_CASE("--exit_barrier_timeout: off by default, seconds, from PET_ too", "[op
 TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a swallowed argument", "[options]") {
   // The flags torchrun 2.11 refuses empty (int(""), choices) or fails on (an empty backend,
   // host, handler or plugin name), and ddprun's own.
-  for (const std::string flag : {"--rdzv_token_file=", "--master_port=", "--master-addr=", "--nnodes=", "--nproc_per_node=",
-                                 "--node_rank=", "--rdzv_backend=", "--max_restarts=", "--monitor_interval=",
-                                 "--start_method=", "--event_log_handler=", "--logs_specs=", "--redirects=", "--tee=",
-                                 "--numa_binding=", "--hang_timeout=", "--preempt_signals=", "--stdin_rank="}) {
+  for (const std::string flag :
+       {"--rdzv_token_file=", "--master_port=", "--master-addr=", "--nnodes=", "--nproc_per_node=", "--node_rank=",
+        "--rdzv_backend=", "--max_restarts=", "--monitor_interval=", "--start_method=", "--event_log_handler=",
+        "--logs_specs=", "--redirects=", "--tee=", "--numa_binding=", "--hang_timeout=", "--preempt_signals=",
+        "--stdin_rank="}) {
     INFO(flag);
     CHECK_THAT(error_of({flag, "--no_python", "x"}), Catch::Contains(flag) && Catch::Contains("empty value"));
     CHECK_THAT(error_of({flag, "x"}), Catch::Contains(flag));
@@ -370,7 +373,8 @@ TEST_CASE("--flag= with an empty value is a usage error naming the flag, not a s
 
 TEST_CASE("--flag= empty where torchrun 2.11 runs with it: what torchrun makes of it", "[options]") {
   // The next argument is never the value.
-  auto o = ok({"--rdzv_endpoint=", "--rdzv_conf=", "--log_dir=", "--local_addr=", "--local_ranks_filter=", "--no_python", "x"});
+  auto o = ok(
+      {"--rdzv_endpoint=", "--rdzv_conf=", "--log_dir=", "--local_addr=", "--local_ranks_filter=", "--no_python", "x"});
   CHECK(o.workers.no_python);
   CHECK(o.workers.entrypoint == "x");
   CHECK(o.warnings.empty());
@@ -407,7 +411,8 @@ TEST_CASE("--flag= empty where torchrun 2.11 runs with it: what torchrun makes o
 TEST_CASE("--rdzv_id: the rendezvous's rule, checked at parse time", "[options]") {
   CHECK(ok({"--rdzv_id=job 7.a/b", "x"}).rendezvous.id == "job 7.a/b");
   CHECK(ok({"--rdzv_id", std::string(128, 'j'), "x"}).rendezvous.id == std::string(128, 'j'));
-  CHECK_THAT(error_of({"--rdzv_id", std::string(129, 'j'), "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("printable"));
+  CHECK_THAT(error_of({"--rdzv_id", std::string(129, 'j'), "x"}),
+             Catch::Contains("--rdzv_id") && Catch::Contains("printable"));
   CHECK_THAT(error_of({"--rdzv_id=a\tb", "x"}), Catch::Contains("--rdzv_id"));
   CHECK_THAT(error_of({"x"}, {{"PET_RDZV_ID", "caf\xc3\xa9"}}), Catch::Contains("--rdzv_id"));
 }
@@ -423,7 +428,8 @@ TEST_CASE("parse_host_port: names, IPv4, bracketed and bare IPv6, bad ports", "[
   CHECK(parse_host_port("rdzv_endpoint", "fe80::1").host == "fe80::1");  // bare IPv6: no port
   CHECK_FALSE(parse_host_port("rdzv_endpoint", "fe80::1").port);
   CHECK(parse_host_port("x", "10.0.0.1:0").port == 0);
-  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "h:65536"), Catch::Contains("--rdzv_endpoint") && Catch::Contains("0-65535"));
+  CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "h:65536"),
+                    Catch::Contains("--rdzv_endpoint") && Catch::Contains("0-65535"));
   CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1"), Catch::Contains("host[:port]"));
   CHECK_THROWS_WITH(parse_host_port("rdzv_endpoint", "[::1]x"), Catch::Contains("host[:port]"));
   CHECK_THROWS_AS(parse_host_port("rdzv_endpoint", "h:port"), UsageError);

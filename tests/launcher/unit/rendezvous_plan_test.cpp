@@ -18,7 +18,8 @@ LaunchOptions opts(std::vector<std::string> args) {
 
 RendezvousPlan plan(std::vector<std::string> args, bool endpoint_is_here = false, EnvMap env = {}) {
   const LaunchOptions o = opts(std::move(args));
-  return resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env, [&](const std::string&) { return endpoint_is_here; });
+  return resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, env,
+                      [&](const std::string&) { return endpoint_is_here; });
 }
 
 }  // namespace
@@ -76,7 +77,8 @@ TEST_CASE("one node with c10d joins a rendezvous served by someone else, as torc
   CHECK(free.local);
   CHECK(free.host_server);
   // is_host=false: a client even when nothing answers yet (it waits for the server).
-  auto client = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411", "--rdzv_conf=is_host=false"}, true, false);
+  auto client =
+      resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411", "--rdzv_conf=is_host=false"}, true, false);
   CHECK_FALSE(client.local);
   CHECK_FALSE(client.host_server);
   // is_host=true insists on hosting: a taken port is then an error at bind time.
@@ -188,7 +190,8 @@ TEST_CASE("a port that cannot be bound: the plan says what to do and how to say 
   CHECK(forced.plan.host_server);
   CHECK_THAT(forced.message, Catch::Contains("this node hosts the rendezvous (node0:29400)") &&
                                  Catch::Contains("is another job using it?"));
-  auto node0 = on_bind_failure(plan({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--master_port=29555"}), why);
+  auto node0 =
+      on_bind_failure(plan({"--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--master_port=29555"}), why);
   CHECK(node0.kind == K::Fail);
   CHECK_THAT(node0.message, Catch::Contains("choose another --master_port"));
 }

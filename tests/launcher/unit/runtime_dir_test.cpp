@@ -88,7 +88,8 @@ TEST_CASE("a run directory and its workers file are read only when they are this
   CHECK(own_dir_problem("/logs/job_1", PathFacts{}, 1000).find("does not exist") != std::string::npos);
   CHECK(own_file_problem("/logs/job_1/workers", file(1000, 0600), 1000).empty());
   CHECK(own_file_problem("/logs/job_1/workers", file(1000, 0644), 1000).empty());
-  CHECK(own_file_problem("/logs/job_1/workers", file(65534, 0600), 0).find("belongs to uid 65534") != std::string::npos);
+  CHECK(own_file_problem("/logs/job_1/workers", file(65534, 0600), 0).find("belongs to uid 65534") !=
+        std::string::npos);
   CHECK(own_file_problem("/logs/job_1/workers", file(0, 0666), 0).find("writable by other users") != std::string::npos);
   CHECK(own_file_problem("/logs/job_1/workers", link(0), 0).find("not a regular file") != std::string::npos);
   PathFacts fifo;

@@ -106,7 +106,8 @@ TEST_CASE("status JSON: what is not an agent's answer is refused with the reason
   CHECK(error.find("missing") != std::string::npos);
   CHECK_FALSE(status_from_json("{\"run_id\":1,\"node_rank\":0,\"agent_pid\":1,\"attempt\":0,\"ranks\":[]}", &error));
   CHECK(error == "field \"run_id\" has the wrong type");
-  CHECK_FALSE(status_from_json("{\"run_id\":\"x\",\"node_rank\":0,\"agent_pid\":1,\"attempt\":0,\"ranks\":[1]}", &error));
+  CHECK_FALSE(
+      status_from_json("{\"run_id\":\"x\",\"node_rank\":0,\"agent_pid\":1,\"attempt\":0,\"ranks\":[1]}", &error));
 }
 
 TEST_CASE("status table: one row per rank, the job's title, the failure on the failed rank's row", "[status]") {
@@ -121,7 +122,8 @@ TEST_CASE("status table: one row per rank, the job's title, the failure on the f
   CHECK(t.find("300 MiB") != std::string::npos);
   // Rank 3's row ends with the failure, rank 2's with "-".
   std::vector<std::string> lines;
-  for (size_t pos = 0, nl; (nl = t.find('\n', pos)) != std::string::npos; pos = nl + 1) lines.push_back(t.substr(pos, nl - pos));
+  for (size_t pos = 0, nl; (nl = t.find('\n', pos)) != std::string::npos; pos = nl + 1)
+    lines.push_back(t.substr(pos, nl - pos));
   REQUIRE(lines.size() == 4);
   CHECK(lines[2].find("401") != std::string::npos);
   CHECK(lines[2].back() == '-');

@@ -43,7 +43,8 @@ TEST_CASE("a deterministic failure says why it stopped and how many restarts wer
   const auto s = format_summary(in);
   CHECK_THAT(s, Catch::Contains("FAILED: worker rank 1 (local rank 1, pid 4242, host h) exit code 1"));
   CHECK_THAT(s, Catch::Contains("attempt 1 (max_restarts 3)"));
-  CHECK_THAT(s, Catch::Contains("not retried: attempts 0 and 1 failed the same way (same code, same rank or message) within 2 s, before every worker had joined the store"));
+  CHECK_THAT(s, Catch::Contains("not retried: attempts 0 and 1 failed the same way (same code, same rank or message) "
+                                "within 2 s, before every worker had joined the store"));
   CHECK_THAT(s, Catch::Contains("2 of 3 restarts left unused"));
   CHECK_THAT(s, Catch::Contains("No module named 'x'"));
   CHECK_FALSE(Catch::Contains("no restarts left").match(s));
@@ -79,7 +80,8 @@ TEST_CASE("many nodes: the job's verdict and another node's first failure lead",
   in.exit_code = 1;
   in.multi_node = true;
   auto j = failed(rdzv::FailCause::BudgetSpent, 0, "rank 3 on n1 failed (exit code 2); the restart budget is spent");
-  j.first_failure = rdzv::Failure{.global_rank = 3, .exit_code = 2, .when = "t", .stderr_tail = "boom\n", .host = "10.0.0.2", .node_rank = 1};
+  j.first_failure = rdzv::Failure{
+      .global_rank = 3, .exit_code = 2, .when = "t", .stderr_tail = "boom\n", .host = "10.0.0.2", .node_rank = 1};
   in.job_failed = j;
   const auto s = format_summary(in);
   CHECK_THAT(s, Catch::Contains("JOB FAILED: rank 3 on n1 failed"));

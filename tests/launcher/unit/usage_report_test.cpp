@@ -12,8 +12,9 @@ using namespace ddprun::launcher;
 TEST_CASE("Without GPU samples the table has wall, CPU, CPU/wall and peak RSS per rank, in rank order", "[usage]") {
   UsageReport r;
   r.host = "n1";
-  r.ranks = {{.global_rank = 5, .local_rank = 1, .attempt = 2, .wall_s = 100, .cpu_s = 95.5, .peak_rss_bytes = 3ull << 30},
-             {.global_rank = 4, .local_rank = 0, .attempt = 2, .wall_s = 100, .cpu_s = 12, .peak_rss_bytes = 412ull << 20}};
+  r.ranks = {
+      {.global_rank = 5, .local_rank = 1, .attempt = 2, .wall_s = 100, .cpu_s = 95.5, .peak_rss_bytes = 3ull << 30},
+      {.global_rank = 4, .local_rank = 0, .attempt = 2, .wall_s = 100, .cpu_s = 12, .peak_rss_bytes = 412ull << 20}};
   r.earlier_workers = 3;
   r.earlier_cpu_s = 7.25;
   CHECK(format_usage_table(r) ==
@@ -28,9 +29,27 @@ TEST_CASE("Without GPU samples the table has wall, CPU, CPU/wall and peak RSS pe
 TEST_CASE("GPU columns appear when a rank was sampled; ranks below the threshold are named", "[usage]") {
   UsageReport r;
   r.host = "g";
-  r.ranks = {{.global_rank = 0, .wall_s = 10, .cpu_s = 10, .peak_rss_bytes = 2048, .gpu_index = 0, .gpu_seconds = 9.2, .gpu_util_mean = 0.92},
-             {.global_rank = 1, .wall_s = 10, .cpu_s = 10, .peak_rss_bytes = 2048, .gpu_index = 1, .gpu_seconds = 4.1, .gpu_util_mean = 0.41},
-             {.global_rank = 3, .wall_s = 10, .cpu_s = 10, .peak_rss_bytes = 100, .gpu_index = 3, .gpu_seconds = 6.0, .gpu_util_mean = 0.6}};
+  r.ranks = {{.global_rank = 0,
+              .wall_s = 10,
+              .cpu_s = 10,
+              .peak_rss_bytes = 2048,
+              .gpu_index = 0,
+              .gpu_seconds = 9.2,
+              .gpu_util_mean = 0.92},
+             {.global_rank = 1,
+              .wall_s = 10,
+              .cpu_s = 10,
+              .peak_rss_bytes = 2048,
+              .gpu_index = 1,
+              .gpu_seconds = 4.1,
+              .gpu_util_mean = 0.41},
+             {.global_rank = 3,
+              .wall_s = 10,
+              .cpu_s = 10,
+              .peak_rss_bytes = 100,
+              .gpu_index = 3,
+              .gpu_seconds = 6.0,
+              .gpu_util_mean = 0.6}};
   const std::string t = format_usage_table(r);
   CHECK(t.find("rank  wall    CPU     CPU/wall  peak RSS  GPU  GPU-s   GPU util") != std::string::npos);
   CHECK(t.find("r1    10.0 s  10.0 s  100%      2.0 KiB   1    4.10 s  41%") != std::string::npos);
@@ -111,9 +130,19 @@ TEST_CASE("Step statistics become the all-reduce's share of the step and the par
 TEST_CASE("The all-reduce columns appear when a rank reported, '-' for the ranks that did not", "[usage]") {
   UsageReport r;
   r.host = "n1";
-  r.ranks = {{.global_rank = 0, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.25, .allreduce_hidden = 0.75},
+  r.ranks = {{.global_rank = 0,
+              .wall_s = 10,
+              .cpu_s = 9,
+              .peak_rss_bytes = 2048,
+              .allreduce_share = 0.25,
+              .allreduce_hidden = 0.75},
              {.global_rank = 1, .wall_s = 10, .cpu_s = 1, .peak_rss_bytes = 2048},
-             {.global_rank = 2, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.003, .allreduce_hidden = 0.997},
+             {.global_rank = 2,
+              .wall_s = 10,
+              .cpu_s = 9,
+              .peak_rss_bytes = 2048,
+              .allreduce_share = 0.003,
+              .allreduce_hidden = 0.997},
              {.global_rank = 3, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.0}};
   CHECK(format_usage_table(r) ==
         "resource use of attempt 0 on n1 (4 workers; no GPU sampled):\n"
@@ -127,7 +156,10 @@ TEST_CASE("The all-reduce columns appear when a rank reported, '-' for the ranks
   r.ranks[1].gpu_seconds = 5;
   r.ranks[1].gpu_util_mean = 0.5;
   const std::string t = format_usage_table(r);
-  CHECK(t.find("rank  wall    CPU     CPU/wall  peak RSS  GPU  GPU-s   GPU util  all-reduce/step  hidden") != std::string::npos);
-  CHECK(t.find("r0    10.0 s  9.00 s  90%       2.0 KiB   -    -       -         25%              75%") != std::string::npos);
-  CHECK(t.find("r1    10.0 s  1.00 s  10%       2.0 KiB   0    5.00 s  50%       -                -") != std::string::npos);
+  CHECK(t.find("rank  wall    CPU     CPU/wall  peak RSS  GPU  GPU-s   GPU util  all-reduce/step  hidden") !=
+        std::string::npos);
+  CHECK(t.find("r0    10.0 s  9.00 s  90%       2.0 KiB   -    -       -         25%              75%") !=
+        std::string::npos);
+  CHECK(t.find("r1    10.0 s  1.00 s  10%       2.0 KiB   0    5.00 s  50%       -                -") !=
+        std::string::npos);
 }

@@ -153,7 +153,8 @@ TEST_CASE("the preemption announcement: read when regular, bounded, never blocke
   CHECK(a->checkpoint);
   CHECK(a->what == "/ckpt/step_100");
   // A huge file: only its start is read.
-  write(preempt_file_for(error_file), "preempted\n" + std::string(4 * kMaxPreemptFileBytes, 'y') + "\ncheckpoint late\n");
+  write(preempt_file_for(error_file),
+        "preempted\n" + std::string(4 * kMaxPreemptFileBytes, 'y') + "\ncheckpoint late\n");
   a = read_preempt_announcement(error_file);
   REQUIRE(a);
   CHECK_FALSE(a->checkpoint);

@@ -67,7 +67,8 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
     } else {
       DDPRUN_ENFORCE(store != nullptr, "NCCL with more than one rank needs the store");
       const std::string v = store->get(id_key, timeout_);
-      if (v.size() != sizeof id) throw CommError("NCCL unique id in the store has " + std::to_string(v.size()) + " bytes");
+      if (v.size() != sizeof id)
+        throw CommError("NCCL unique id in the store has " + std::to_string(v.size()) + " bytes");
       std::memcpy(&id, v.data(), sizeof id);
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -372,7 +373,8 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
           pending_.pop_front();
           continue;
         }
-        if (q != cudaErrorNotReady) die(std::string("CUDA error while waiting for ") + p.what + ": " + cudaGetErrorString(q));
+        if (q != cudaErrorNotReady)
+          die(std::string("CUDA error while waiting for ") + p.what + ": " + cudaGetErrorString(q));
         if (Clock::now() - p.enqueued > timeout_)
           die(std::string("NCCL ") + p.what + " did not finish within " + std::to_string(timeout_.count()) +
               " ms (a peer died or hangs)" + (board_ ? board_->where_ranks_are() : std::string()));
@@ -492,7 +494,8 @@ std::string gpu_no_device_reason() {
   if (e == cudaSuccess) return n > 0 ? std::string() : "no GPU";
   cudaGetLastError();
   std::string why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-  if (e == cudaErrorInsufficientDriver) why += "; no NVIDIA driver (libcuda.so.1) new enough for CUDA " + std::to_string(CUDART_VERSION / 1000);
+  if (e == cudaErrorInsufficientDriver)
+    why += "; no NVIDIA driver (libcuda.so.1) new enough for CUDA " + std::to_string(CUDART_VERSION / 1000);
   return why;
 }
 

@@ -314,8 +314,8 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int 
   sgemm_builtin(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
 
-void sgemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
-           int ldc, bool accumulate) {
+void sgemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   float* C, int ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate)

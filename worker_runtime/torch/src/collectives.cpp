@@ -51,8 +51,8 @@ void check_tensor(const char* what, Communicator& comm, const at::Tensor& t, con
 
 void check_alike(const char* what, const at::Tensor& a, const at::Tensor& b, const std::string& role_b) {
   if (a.scalar_type() != b.scalar_type() || a.device() != b.device())
-    throw WorkerError(std::string(what) + ": " + role_b + " is " + shape_of(b) + ", expected the input's dtype and device (" +
-                      shape_of(a) + ")");
+    throw WorkerError(std::string(what) + ": " + role_b + " is " + shape_of(b) +
+                      ", expected the input's dtype and device (" + shape_of(a) + ")");
 }
 
 // Collectives queued on a stream-ordered communicator follow the tensor's device's current
@@ -149,7 +149,8 @@ void all_gather(Communicator& comm, const std::vector<at::Tensor>& tensor_list, 
   at::Tensor flat = at::empty({tensor.numel() * comm.size()}, tensor.options());
   all_gather_into_tensor(comm, flat, tensor);
   for (size_t r = 0; r < tensor_list.size(); ++r)
-    tensor_list[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * tensor.numel(), tensor.numel()).view(tensor_list[r].sizes()));
+    tensor_list[r].copy_(
+        flat.narrow(0, static_cast<int64_t>(r) * tensor.numel(), tensor.numel()).view(tensor_list[r].sizes()));
 }
 
 void reduce_scatter_tensor(Communicator& comm, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {

@@ -168,8 +168,8 @@ void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& m
     return;  // saved before any step: no state
   }
   if (ckpt.has(prefix + "optim/torch_archive"))
-    throw DdpError("checkpoint: the checkpoint holds the state of another optimizer than " + readable_type(typeid(opt)) +
-                   "; resume with the optimizer that saved it");
+    throw DdpError("checkpoint: the checkpoint holds the state of another optimizer than " +
+                   readable_type(typeid(opt)) + "; resume with the optimizer that saved it");
   auto& state = opt.state();
   for (const auto& [name, p] : named_params(module)) {
     const std::string base = prefix + "optim/" + name + "/";

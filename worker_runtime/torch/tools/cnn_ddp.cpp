@@ -144,12 +144,15 @@ int main(int argc, char** argv) {
   int checkpoint_every = 0, fail_at_step = -1, fail_rank = -1, warmup = 3, model_differs_on = -1;
   size_t bucket_cap_kb = 25 * 1024, first_bucket_kb = 1024;
   std::string dump_init, load_init, dump_final, dump_batches;
-  bool sync_bn = false, convert_plain_bn = false, grad_as_bucket_view = true, static_graph = false, join = false, join_divide_initial = true;
+  bool sync_bn = false, convert_plain_bn = false, grad_as_bucket_view = true, static_graph = false, join = false,
+       join_divide_initial = true;
   int uneven = 0;
-  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false, register_hook_twice = false;
+  bool perturb = false, no_ddp = false, time_steps = false, force_collective = false, deterministic = false,
+       register_hook_twice = false;
   app.add_option("--steps", steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "micro-batch per rank")->check(CLI::PositiveNumber);
-  app.add_option("--accum", accum, "micro-batches per step (all but the last under no_sync)")->check(CLI::PositiveNumber);
+  app.add_option("--accum", accum, "micro-batches per step (all but the last under no_sync)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "dataset size")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr);
   app.add_option("--momentum", momentum);
@@ -171,7 +174,8 @@ int main(int argc, char** argv) {
   app.add_flag("--static-graph", static_graph, "DdpOptions::static_graph");
   app.add_flag("--join", join, "train inside ddp.join() (uneven inputs, see --uneven)");
   app.add_option("--join-divide-initial", join_divide_initial, "join(divide_by_initial_world_size) (1/0)");
-  app.add_option("--uneven", uneven, "rank r runs --steps minus r times this many steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--uneven", uneven, "rank r runs --steps minus r times this many steps")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--device", device_flag,
                  "cpu (Gloo / shared memory) | cuda (NCCL, one GPU per local rank) | auto (cuda when every local "
                  "rank can have a GPU); DDPRUN_DEVICE overrides it")
@@ -230,8 +234,9 @@ int main(int argc, char** argv) {
     auto rt = dw::init(ro);
     const int rank = rt->rank(), world = rt->world_size();
     // Tensors live where the communicator works: the runtime picked (and bound) this rank's GPU.
-    const torch::Device device = rt->on_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rt->cuda_device()))
-                                               : torch::Device(torch::kCPU);
+    const torch::Device device = rt->on_cuda()
+                                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rt->cuda_device()))
+                                     : torch::Device(torch::kCPU);
     if (device.is_cuda() && !torch::cuda::is_available())
       throw dw::WorkerError("the runtime chose CUDA but this LibTorch sees no CUDA device (a CPU-only LibTorch "
                             "build?); run with --device cpu");
@@ -279,7 +284,8 @@ int main(int argc, char** argv) {
     if (ddp && comm_hook == "allreduce") ddp->register_comm_hook(lt::allreduce_hook);
     if (ddp && comm_hook == "powersgd") {
       powersgd.check();
-      ddp->register_comm_hook([&powersgd](dw::Communicator& c, lt::GradBucket& b) { lt::powerSGD_hook(powersgd, c, b); });
+      ddp->register_comm_hook(
+          [&powersgd](dw::Communicator& c, lt::GradBucket& b) { lt::powerSGD_hook(powersgd, c, b); });
     }
     if (ddp && register_hook_twice) ddp->register_comm_hook(lt::allreduce_hook);  // refused: a DdpError
     if (!dump_init.empty()) dump_state(per_rank(dump_init, rank), *net);
@@ -293,7 +299,8 @@ int main(int argc, char** argv) {
     else if (optimizer == "adagrad")
       opt_holder = std::make_unique<torch::optim::Adagrad>(net->parameters(), torch::optim::AdagradOptions(lr));
     else
-      opt_holder = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+      opt_holder =
+          std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
     torch::optim::Optimizer& opt = *opt_holder;
 
     dw::SamplerOptions sampler_options{.dataset_size = static_cast<size_t>(samples), .num_replicas = world,

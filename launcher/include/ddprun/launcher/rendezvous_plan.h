@@ -97,8 +97,8 @@ BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why)
 // `env` supplies DDPRUN_DEFAULT_STORE_PORT (a test seam: the port tried first when none is
 // given, which tests hold to force the fallback). `port_served` (may be empty) answers whether
 // something already listens on host:port; a one-node c10d job joins it as a client.
-RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts, const EnvMap& env,
-                            const std::function<bool(const std::string&)>& is_local_host,
+RendezvousPlan resolve_plan(const NodeOptions& nodes, const RendezvousOptions& rendezvous, int max_restarts,
+                            const EnvMap& env, const std::function<bool(const std::string&)>& is_local_host,
                             const std::function<bool(const std::string&, uint16_t)>& port_served = {});
 
 }  // namespace ddprun::launcher

@@ -29,8 +29,8 @@ struct GroupLayout {
 // The environment of local rank `local_rank`: `parent` plus the torchrun variables (those
 // marked "unless set" keep the parent's value). `error_file` is its TORCHELASTIC_ERROR_FILE;
 // DDPRUN_PREEMPT_FILE (preempt_file_for) sits beside it.
-EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults, const GroupLayout& g,
-                        int local_rank, const std::string& error_file);
+EnvMap build_worker_env(const EnvMap& parent, const WorkerOptions& opts, const FaultOptions& faults,
+                        const GroupLayout& g, int local_rank, const std::string& error_file);
 
 // Where a worker announces that it stopped for a preemption (DDPRUN_PREEMPT_FILE): the file
 // "preempted" beside its error file. Its lines: "preempted", then "checkpoint <what>" when it

@@ -35,8 +35,8 @@ enum class ConnectOutcome { Connected, TimedOut, Interrupted };
 // 500 ms) until `deadline`. Each attempt is a non-blocking connect, so neither a SYN into a
 // black hole nor the backoff blocks for long, and each name lookup runs apart and is waited for
 // at most 5 s per attempt (a name service that does not answer is walked away from):
-// `interrupted` is asked at least every 100 ms and a true answer gives up at once. Returns the connected fd (CLOEXEC, blocking, TCP_NODELAY)
-// or -1 with `outcome` and `error` (the last attempt's reason) saying why.
+// `interrupted` is asked at least every 100 ms and a true answer gives up at once. Returns the connected fd (CLOEXEC,
+// blocking, TCP_NODELAY) or -1 with `outcome` and `error` (the last attempt's reason) saying why.
 int connect_until(const std::string& host, uint16_t port, std::chrono::steady_clock::time_point deadline,
                   const std::function<bool()>& interrupted, ConnectOutcome& outcome, std::string& error);
 

@@ -38,9 +38,9 @@ inline constexpr Knob kStoreLock{
     "DDPRUN_STORE_LOCK", "adaptive", "ddprund",
     "the store state's lock: adaptive (spins briefly before sleeping) or plain (a plain mutex, "
     "for comparison in benchmarks)"};
-inline constexpr Knob kCollectiveTimeout{
-    "DDPRUN_COLLECTIVE_TIMEOUT_S", "600", "worker runtime",
-    "seconds a collective (and NCCL/Gloo set-up) may wait for its peers before it fails (CommError); PyTorch's default"};
+inline constexpr Knob kCollectiveTimeout{"DDPRUN_COLLECTIVE_TIMEOUT_S", "600", "worker runtime",
+                                         "seconds a collective (and NCCL/Gloo set-up) may wait for its peers before it "
+                                         "fails (CommError); PyTorch's default"};
 inline constexpr Knob kStoreTimeout{
     "DDPRUN_STORE_TIMEOUT_S", "300", "worker runtime",
     "seconds a worker waits for the store and for its peers' keys"};

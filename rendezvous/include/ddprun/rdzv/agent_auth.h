@@ -47,8 +47,8 @@ inline constexpr size_t kMaxTokenBytes = 4096;
 
 std::string server_proof(const std::string& token, const std::string& client_nonce, const std::string& server_nonce);
 std::string agent_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
-std::string challenge_binding(const std::string& token, const std::string& client_nonce, const std::string& server_nonce,
-                              bool standing, int64_t version);
+std::string challenge_binding(const std::string& token, const std::string& client_nonce,
+                              const std::string& server_nonce, bool standing, int64_t version);
 // The CHALLENGE version of this build (binding present from 3 on).
 inline constexpr int64_t kChallengeVersion = 3;
 

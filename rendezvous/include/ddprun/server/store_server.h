@@ -209,7 +209,8 @@ class StoreServer {
 
   // Checks that the limits agree (throws std::invalid_argument saying which flag to change,
   // e.g. a request limit too small for a SET of the longest value), binds and listens (throws
-  // std::system_error with the address on failure, e.g. EADDRINUSE), then serves on background threads until stop() or destruction.
+  // std::system_error with the address on failure, e.g. EADDRINUSE), then serves on background threads until stop() or
+  // destruction.
   void start();
   // Closes every connection and joins the threads. Idempotent.
   void stop();

@@ -34,25 +34,12 @@
 #include <memory>
 #include <string>
 
+#include "ddprun/worker/dtype.h"
 #include "ddprun/worker/export.h"
 
 namespace ddprun::worker {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, F64, I64 };
 enum class ReduceOp : uint8_t { Sum, Avg, Max };
-
-inline size_t dtype_size(DType d) {
-  switch (d) {
-    case DType::F64:
-    case DType::I64: return 8;
-    case DType::F32:
-    case DType::I32: return 4;
-    case DType::BF16:
-    case DType::F16: return 2;
-  }
-  return 0;
-}
-DDPRUN_WORKER_API const char* dtype_name(DType d);
 
 // An optimizer step that is elementwise over a flat fp32 parameter space (SGD, SGD with
 // momentum, Adam, ...): element i of every array depends only on element i of the gradient
@@ -235,9 +222,9 @@ class Store;
 
 // Builds a full-mesh Gloo context over `store` (keys under options.key_prefix); rank in
 // [0, size), size >= 1, the same size and key prefix on every rank. `store` must outlive the
-// communicator (alloc_shared() publishes through it). Throws CommError when the mesh cannot be formed within the timeout.
-// Sets SIGPIPE to ignored when it is at its default (Gloo's sends would otherwise end the
-// process silently when a peer dies; Python does the same).
+// communicator (alloc_shared() publishes through it). Throws CommError when the mesh cannot be formed within the
+// timeout. Sets SIGPIPE to ignored when it is at its default (Gloo's sends would otherwise end the process silently
+// when a peer dies; Python does the same).
 DDPRUN_WORKER_API std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int size,
                                                                        const GlooOptions& options);
 

@@ -10,10 +10,12 @@
 namespace ddprun::worker {
 
 // JSON text of the error record (exposed for tests).
-DDPRUN_WORKER_API std::string error_file_json(const std::string& message, const std::string& callstack, long long unix_seconds);
+DDPRUN_WORKER_API std::string error_file_json(const std::string& message, const std::string& callstack,
+                                              long long unix_seconds);
 
 // Writes the record to `path` (no-op when empty). Best effort: never throws, returns false on
 // failure. Async-signal-unsafe (allocates); call from normal context.
-DDPRUN_WORKER_API bool write_error_file(const std::string& path, const std::string& message, const std::string& callstack);
+DDPRUN_WORKER_API bool write_error_file(const std::string& path, const std::string& message,
+                                        const std::string& callstack);
 
 }  // namespace ddprun::worker

@@ -134,8 +134,8 @@ struct GradView {
 // members in the order backward makes them ready (reverse registration). A bucket is closed
 // once its size reaches the cap (the first bucket's cap for bucket 0); a parameter larger
 // than the cap gets a bucket of its own.
-DDPRUN_WORKER_API std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes, size_t first_bucket_cap_bytes,
-                                              size_t bucket_cap_bytes);
+DDPRUN_WORKER_API std::vector<std::vector<size_t>> plan_buckets(const std::vector<size_t>& param_bytes,
+                                                                size_t first_bucket_cap_bytes, size_t bucket_cap_bytes);
 
 class DDPRUN_WORKER_API Reducer {
  public:

@@ -172,19 +172,17 @@ class DDPRUN_WORKER_TORCH_API DdpEngine {
   // ranks still training, the buffer broadcast, whether backward synchronises, then the
   // all-reduce of every bucket with zero gradients, and of the map of used parameters where it
   // is reduced: this rank contributes the last map it reduced, as PyTorch's joined rank does,
-  // so a parameter used since its last step counts as used) until every rank has left. Inside a guard each forward first all-reduces 1 (the count of ranks
-  // still training) and 1 or 0 (whether its backward synchronises), and buffers come from the
-  // highest rank still training. divide_by_initial_world_size = true (PyTorch's default):
-  // gradients are still divided by the world size, so a joined rank's zeros pull the average
-  // toward zero; false: divided by the number of ranks still training in that iteration (at
-  // more than 2 ranks not bit for bit PyTorch's order of operations: the bucket's average is
-  // scaled by world size / ranks training). With a comm hook the hook divides as it does.
-  // When all have left, parameters (and buffers with broadcast_buffers) are broadcast from the
-  // highest rank among those that left last, so every rank ends with the same model.
-  // enable = false: the guard does nothing. The destructor communicates and may throw
-  // (CommError); leaving the scope by an exception skips the shadowing (as Python does).
-  // Gradients of the joined rank are left as they were. Ranks should run at least one synced
-  // step before leaving. Not nested.
+  // so a parameter used since its last step counts as used) until every rank has left. Inside a guard each forward
+  // first all-reduces 1 (the count of ranks still training) and 1 or 0 (whether its backward synchronises), and buffers
+  // come from the highest rank still training. divide_by_initial_world_size = true (PyTorch's default): gradients are
+  // still divided by the world size, so a joined rank's zeros pull the average toward zero; false: divided by the
+  // number of ranks still training in that iteration (at more than 2 ranks not bit for bit PyTorch's order of
+  // operations: the bucket's average is scaled by world size / ranks training). With a comm hook the hook divides as it
+  // does. When all have left, parameters (and buffers with broadcast_buffers) are broadcast from the highest rank among
+  // those that left last, so every rank ends with the same model. enable = false: the guard does nothing. The
+  // destructor communicates and may throw (CommError); leaving the scope by an exception skips the shadowing (as Python
+  // does). Gradients of the joined rank are left as they were. Ranks should run at least one synced step before
+  // leaving. Not nested.
   class JoinGuard {
    public:
     JoinGuard(DdpEngine& e, bool divide_by_initial_world_size, bool enable)

@@ -59,9 +59,9 @@ struct PowerSGDState {
   DDPRUN_WORKER_TORCH_API void check() const;
   // PyTorch's compression_stats(): the rate, and the element counts before and after.
   double compression_rate() const {
-    return total_numel_after_compression > 0
-               ? static_cast<double>(total_numel_before_compression) / static_cast<double>(total_numel_after_compression)
-               : 0.0;
+    return total_numel_after_compression > 0 ? static_cast<double>(total_numel_before_compression) /
+                                                   static_cast<double>(total_numel_after_compression)
+                                             : 0.0;
   }
 
   // The seed generator (numpy's legacy RandomState: MT19937 seeded with random_seed).
