@@ -115,7 +115,7 @@ void Agent::reap_workers(double seconds) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
   for (const auto& wp : group_->current()) {
     Worker& w = *wp;
-    while (!w.reaped) {
+    while (!w.reaped && w.pid > 0) {  // never wait4(-1): only this worker
       int st = 0;
       struct rusage ru {};
       const pid_t pid = ::wait4(w.pid, &st, WNOHANG, &ru);
