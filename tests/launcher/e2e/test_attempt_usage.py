@@ -144,10 +144,11 @@ class AttemptUsage(unittest.TestCase):
                     attempt, rows, text, _ = table(err)
                     self.assertEqual((attempt, sorted(rows)), (0, [0, 1]), err)
                     self.assertFalse([l for l in text.values() if "failed" in l], err)
+                    self.assertNotIn("-", [r[1] for r in rows.values()], err)  # every rank measured
                 else:
                     events, _ = usage_events(err)
                     self.assertEqual(sorted(events), [0, 1], err)
-                    self.assertEqual({f["failed"] for f in events.values()}, {False}, err)
+                    self.assertEqual({(f["failed"], f["measured"]) for f in events.values()}, {(False, True)}, err)
 
 
 class HangEvent(unittest.TestCase):
