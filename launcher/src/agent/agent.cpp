@@ -73,6 +73,7 @@ int Agent::run() {
     exit_code_ = 1;
   }
   if (group_) group_->teardown();
+  if (group_) reap_workers(kKillWaitS);
   if (guardian_) guardian_->release();
   reap_leftovers(kKillWaitS);
   if (coordinator_) coordinator_->leave();

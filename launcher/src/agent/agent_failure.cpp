@@ -2,6 +2,8 @@
 // record, the same observers told, the same report to the rendezvous), and what it gives its
 // observers (observers/observers.h): their setup, the reaped workers, the host's answers.
 #include <sys/epoll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -105,6 +107,29 @@ void Agent::worker_reaped(const Worker* w, pid_t pid, const struct rusage& ru) {
     r.error_file = w->error_file;
   }
   observers_.each([&](AgentObserver& o) { o.worker_reaped(r); });
+}
+
+// At the end, the current attempt's workers the loop did not reap (their exit seen early, or
+// killed by teardown): each one's rusage still goes to the observers (the end-of-run table).
+void Agent::reap_workers(double seconds) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  for (const auto& wp : group_->current()) {
+    Worker& w = *wp;
+    while (!w.reaped && w.pid > 0) {  // never wait4(-1): only this worker
+      int st = 0;
+      struct rusage ru {};
+      const pid_t pid = ::wait4(w.pid, &st, WNOHANG, &ru);
+      if (pid == w.pid) {
+        w.reaped = true;
+        if (!w.exit_reported && !w.status) w.ended = Clock::now();
+        worker_reaped(&w, pid, ru);
+      } else if (pid < 0 || Clock::now() >= deadline) {
+        break;  // not our child any more, or stuck: reap_leftovers says so
+      } else {
+        ::usleep(1000);
+      }
+    }
+  }
 }
 
 bool Agent::attempt_running(int attempt) const {

@@ -68,6 +68,9 @@ class Agent : private ObserverHost {
   void record_failure(const Action& a);
   void stop_stragglers(const Action& a);
   void reap_leftovers(double seconds);
+  // The current attempt's workers not reaped yet (SIGKILLed by teardown): reaped with their
+  // rusage for the observers, bounded by `seconds`.
+  void reap_workers(double seconds);
   void close_all();
   std::string summary() const;
 

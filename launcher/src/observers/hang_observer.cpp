@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <system_error>
 
 #include <spdlog/spdlog.h>
 
 #include "ddprun/launcher/hang.h"
+#include "ddprun/launcher/log_events.h"
 #include "hang/progress_files.h"
 #include "hang/run_record.h"
 #include "hang/stack_dump.h"
@@ -65,6 +67,7 @@ class HangObserver : public AgentObserver {
 
  private:
   void on_hang(const HangVerdict& v);
+  std::vector<LogField> hang_fields(const HangVerdict& v, int attempt, const std::string& stacks_dir) const;
   std::string stuck_stacks(const HangVerdict& v, const std::vector<StackDump>& dumps) const;
 
   ObserverHost& host_;
@@ -125,7 +128,17 @@ void HangObserver::on_hang(const HangVerdict& v) {
   const int attempt = hang_->attempt();
   FailureNotes h;
   h.hang = format_hang_message(v, hang_->identities(v), hang_->timeout_s());
-  spdlog::error("{}", h.hang);
+  StackDir dir;
+  std::string dir_error;
+  try {
+    dir = make_stack_dir(run_log_dir_, "hang_attempt_" + std::to_string(attempt));
+  } catch (const std::exception& e) {
+    dir_error = e.what();
+  }
+  {
+    LogEvent ev("hang", hang_fields(v, attempt, dir.path));
+    spdlog::error("{}", h.hang);
+  }
   const auto alive = host_.alive(hang_->ranks().size());
   std::vector<StackTarget> targets;
   for (const auto& r : hang_->ranks()) {
@@ -135,10 +148,9 @@ void HangObserver::on_hang(const HangVerdict& v) {
   const char* path = std::getenv("PATH");
   const StackTools tools = find_stack_tools(python_, path ? path : "");
   if (!tools.refused.empty()) spdlog::warn("{}", tools.refused);
-  StackDir dir;
   try {
+    if (!dir_error.empty()) throw std::runtime_error(dir_error);
     const auto t0 = Clock::now();
-    dir = make_stack_dir(run_log_dir_, "hang_attempt_" + std::to_string(attempt));
     const auto dumps = dump_stacks(targets, tools, dir, kStackDumpTimeoutS);
     close_stack_dir(dir);
     h.stacks_dir = dir.path;
@@ -146,7 +158,8 @@ void HangObserver::on_hang(const HangVerdict& v) {
     spdlog::error("stacks of every local rank saved in {} in {:.1f} s, by {}", h.stacks_dir,
                   std::chrono::duration<double>(Clock::now() - t0).count(), describe_stack_tools(dumps, tools));
     h.hang_stacks = stuck_stacks(v, dumps);
-    if (!h.hang_stacks.empty()) {
+    // The stacks themselves: on the console in text mode; JSON lines name their folder only.
+    if (!h.hang_stacks.empty() && log_format() != LogFormat::Json) {
       spdlog::default_logger()->flush();
       std::fprintf(stderr, "[ddprun] stack of the stuck rank(s):\n%s", h.hang_stacks.c_str());
       std::fflush(stderr);
@@ -158,6 +171,24 @@ void HangObserver::on_hang(const HangVerdict& v) {
   hang_note_ = std::move(h);
   const auto stuck = v.stuck();
   if (!stuck.empty()) host_.worker_hung(stuck.front(), attempt);
+}
+
+// The `hang` event's fields: the stuck ranks (global), every observed rank's ticks
+// ("r0=120,r1=3"), the timeout and the folder the stacks go to.
+std::vector<LogField> HangObserver::hang_fields(const HangVerdict& v, int attempt, const std::string& stacks_dir) const {
+  std::string stuck, ticks;
+  double stalled_s = 0;
+  for (const auto& p : v.ranks) {
+    int global = p.local_rank;
+    for (const auto& r : hang_->ranks())
+      if (r.local_rank == p.local_rank) global = r.global_rank;
+    ticks += fmt::format("{}r{}={}", ticks.empty() ? "" : ",", global, p.ticks);
+    if (!p.stuck) continue;
+    stuck += fmt::format("{}{}", stuck.empty() ? "" : ",", global);
+    stalled_s = std::max(stalled_s, p.stalled_s);
+  }
+  return {{"attempt", int64_t{attempt}}, {"stuck_ranks", stuck},         {"ticks", ticks},
+          {"stalled_s", stalled_s},      {"timeout_s", hang_->timeout_s()}, {"stacks_dir", stacks_dir}};
 }
 
 std::string HangObserver::stuck_stacks(const HangVerdict& v, const std::vector<StackDump>& dumps) const {

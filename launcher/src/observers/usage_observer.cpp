@@ -33,32 +33,57 @@ class UsageObserver : public AgentObserver {
     std::vector<RankSample> ws;
     for (const auto& w : a.workers) ws.push_back({.local_rank = w.local_rank, .global_rank = w.global_rank, .pid = w.pid});
     gpu_.set_workers(ws);
+    start_rows(a);
+  }
+  void worker_failed(const WorkerFailed& f) override {
+    if (RankUsage* u = row(f.attempt, f.local_rank); u && u->failure.empty()) u->failure = f.what;
   }
   void worker_reaped(const WorkerReaped& r) override;
   void run_ended() override;
 
  private:
+  void start_rows(const AttemptStarted& a);
+  RankUsage* row(int attempt, int local_rank);
   UsageReport report() const;
 
   double gpu_util_warn_;
   GpuUsageRecorder gpu_;
-  std::vector<RankUsage> usage_;
-  int earlier_workers_ = 0;  // reaped workers of ended attempts that the group no longer knows
+  // A row for every worker of the last attempt started, measured once it is reaped.
+  std::vector<RankUsage> rows_;
+  int earlier_workers_ = 0;  // reaped workers of ended attempts
   double earlier_cpu_s_ = 0;
 };
 
-// A reaped worker's rusage: the current attempt's go into the table, earlier ones are totalled.
+// A new attempt: its every worker gets a row (the measured rows of the one before are totalled).
+void UsageObserver::start_rows(const AttemptStarted& a) {
+  for (const auto& u : rows_) {
+    if (!u.measured) continue;
+    ++earlier_workers_;
+    earlier_cpu_s_ += u.cpu_s;
+  }
+  rows_.clear();
+  for (const auto& w : a.workers)
+    rows_.push_back({.global_rank = w.global_rank, .local_rank = w.local_rank, .attempt = a.attempt, .measured = false});
+}
+
+RankUsage* UsageObserver::row(int attempt, int local_rank) {
+  for (auto& u : rows_)
+    if (u.attempt == attempt && u.local_rank == local_rank) return &u;
+  return nullptr;
+}
+
+// A reaped worker's rusage: the last attempt's fill its rows, earlier ones are totalled.
 void UsageObserver::worker_reaped(const WorkerReaped& r) {
   const auto g = gpu_.take(r.pid);
-  if (!r.known) {
+  RankUsage* row_of = r.known ? row(r.attempt, r.local_rank) : nullptr;
+  if (!row_of || row_of->measured) {
     ++earlier_workers_;
     earlier_cpu_s_ += cpu_seconds(r.usage);
     return;
   }
-  RankUsage u;
+  RankUsage& u = *row_of;
+  u.measured = true;
   u.global_rank = r.global_rank;
-  u.local_rank = r.local_rank;
-  u.attempt = r.attempt;
   u.wall_s = r.wall_s;
   u.cpu_s = cpu_seconds(r.usage);
   u.peak_rss_bytes = static_cast<uint64_t>(r.usage.ru_maxrss) * 1024;  // kilobytes on Linux
@@ -71,28 +96,18 @@ void UsageObserver::worker_reaped(const WorkerReaped& r) {
   if (!r.error_file.empty())
     if (auto s = read_step_stats((std::filesystem::path(r.error_file).parent_path() / kProgressFileName).string()))
       add_step_stats(u, *s);
-  usage_.push_back(u);
 }
 
-// The last attempt's workers in the table, the earlier ones totalled.
+// The last attempt's workers in the table, every one of them; the earlier ones totalled.
 UsageReport UsageObserver::report() const {
   UsageReport r;
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   r.host = host;
   r.gpu_util_warn = gpu_util_warn_;
-  int last = -1;
-  for (const auto& u : usage_) last = std::max(last, u.attempt);
-  for (const auto& u : usage_) {
-    if (u.attempt == last) {
-      r.ranks.push_back(u);
-    } else {
-      ++r.earlier_workers;
-      r.earlier_cpu_s += u.cpu_s;
-    }
-  }
-  r.earlier_workers += earlier_workers_;
-  r.earlier_cpu_s += earlier_cpu_s_;
+  r.ranks = rows_;
+  r.earlier_workers = earlier_workers_;
+  r.earlier_cpu_s = earlier_cpu_s_;
   return r;
 }
 
@@ -103,16 +118,20 @@ void UsageObserver::run_ended() {
   if (table.empty()) return;
   if (log_format() == LogFormat::Json) {
     for (const auto& u : r.ranks) {
-      std::vector<LogField> f{{"attempt", int64_t{u.attempt}},   {"local_rank", int64_t{u.local_rank}},
-                              {"wall_s", u.wall_s},              {"cpu_s", u.cpu_s},
-                              {"peak_rss_bytes", static_cast<int64_t>(u.peak_rss_bytes)}};
+      std::vector<LogField> f{{"attempt", int64_t{u.attempt}}, {"local_rank", int64_t{u.local_rank}},
+                              {"failed", !u.failure.empty()}, {"measured", u.measured}};
+      if (!u.failure.empty()) f.push_back({"failure", u.failure});
+      if (u.measured)
+        f.insert(f.end(), {{"wall_s", u.wall_s}, {"cpu_s", u.cpu_s},
+                           {"peak_rss_bytes", static_cast<int64_t>(u.peak_rss_bytes)}});
       if (u.gpu_index) f.push_back({"gpu", int64_t{*u.gpu_index}});
       if (u.gpu_seconds) f.push_back({"gpu_seconds", *u.gpu_seconds});
       if (u.gpu_util_mean) f.push_back({"gpu_util_mean", *u.gpu_util_mean});
       if (u.allreduce_share) f.push_back({"allreduce_share", *u.allreduce_share});
       if (u.allreduce_hidden) f.push_back({"allreduce_hidden", *u.allreduce_hidden});
       LogEvent ev("rank_usage", std::move(f), u.global_rank);
-      spdlog::info("resource use of r{}", u.global_rank);
+      if (u.failure.empty()) spdlog::info("resource use of r{}", u.global_rank);
+      else spdlog::info("resource use of r{} (failed: {})", u.global_rank, u.failure);
     }
   } else {
     write_log_line("info", "usage", "[ddprun] info: " + table + "\n", table);

@@ -47,6 +47,7 @@ std::string row(const std::vector<std::string>& cells, const std::vector<size_t>
     out += cells[i];
     if (i + 1 < cells.size()) out.append(widths[i] > cells[i].size() ? widths[i] - cells[i].size() : 0, ' ');
   }
+  while (out.back() == ' ') out.pop_back();
   return out;
 }
 
@@ -70,10 +71,14 @@ std::string format_usage_table(const UsageReport& r) {
   std::vector<std::string> head = {"rank", "wall", "CPU", "CPU/wall", "peak RSS"};
   if (gpu) head.insert(head.end(), {"GPU", "GPU-s", "GPU util"});
   if (steps) head.insert(head.end(), {"all-reduce/step", "hidden"});
+  const bool failed = std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return !u.failure.empty(); });
+  if (failed) head.push_back("");
   rows.push_back(head);
   for (const auto& u : ranks) {
-    std::vector<std::string> c = {"r" + std::to_string(u.global_rank), seconds(u.wall_s), seconds(u.cpu_s),
-                                  u.wall_s > 0 ? percent(u.cpu_s / u.wall_s) : "-", human_bytes(u.peak_rss_bytes)};
+    std::vector<std::string> c = {"r" + std::to_string(u.global_rank), "-", "-", "-", "-"};
+    if (u.measured)
+      c = {c[0], seconds(u.wall_s), seconds(u.cpu_s), u.wall_s > 0 ? percent(u.cpu_s / u.wall_s) : "-",
+           human_bytes(u.peak_rss_bytes)};
     if (gpu) {
       c.push_back(u.gpu_index ? std::to_string(*u.gpu_index) : "-");
       c.push_back(u.gpu_seconds ? seconds(*u.gpu_seconds) : "-");
@@ -83,6 +88,7 @@ std::string format_usage_table(const UsageReport& r) {
       c.push_back(u.allreduce_share ? share(*u.allreduce_share) : "-");
       c.push_back(u.allreduce_hidden ? share(*u.allreduce_hidden) : "-");
     }
+    if (failed) c.push_back(u.failure.empty() ? "" : "<- failed: " + u.failure);
     rows.push_back(std::move(c));
   }
   std::vector<size_t> widths(head.size(), 0);

@@ -31,6 +31,10 @@ struct RankUsage {
   // backward, both 0..1 (hidden: none when no collective time was measured).
   std::optional<double> allreduce_share;
   std::optional<double> allreduce_hidden;
+  // false: the worker was never reaped (stuck in the kernel): no numbers, "-" in the table.
+  bool measured = true;
+  // How it failed ("exit code 1", "SIGKILL", "hung") when it is the attempt's failed rank, else "".
+  std::string failure;
 };
 
 // Sets allreduce_share / allreduce_hidden from a worker's statistics; leaves them unset when
@@ -38,7 +42,7 @@ struct RankUsage {
 void add_step_stats(RankUsage& u, const StepStats& s);
 
 struct UsageReport {
-  std::vector<RankUsage> ranks;  // the last attempt's workers of this node
+  std::vector<RankUsage> ranks;  // every worker of this node's last attempt
   std::string host;
   // Workers of earlier attempts (ended by failures and restarts): how many, their CPU time.
   int earlier_workers = 0;
@@ -48,7 +52,8 @@ struct UsageReport {
 
 // The table, one line per rank, as text lines (no trailing newline on the last); "" when no
 // worker ran. The GPU columns appear when some rank was sampled, the all-reduce columns when
-// some rank wrote step statistics; a rank without the values shows "-" there.
+// some rank wrote step statistics; a rank without the values shows "-" there. A failed rank's
+// row ends with "<- failed: exit code 1".
 std::string format_usage_table(const UsageReport& r);
 // "mean GPU utilisation below 85% (--gpu_util_warn=0.85): r1 41%, r3 60%; ..." or "" when every
 // sampled rank is at or above the threshold (or none was sampled).
