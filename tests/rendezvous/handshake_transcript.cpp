@@ -67,7 +67,8 @@ std::string announcement() {
 rdzv::Message parsed(const std::string& bytes) {
   rdzv::Message m;
   const auto r = rdzv::parse_message({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, m);
-  if (r.status != wire::ParseStatus::Ok || r.consumed != bytes.size()) throw std::runtime_error("a frame that does not parse");
+  if (r.status != wire::ParseStatus::Ok || r.consumed != bytes.size())
+    throw std::runtime_error("a frame that does not parse");
   return m;
 }
 
@@ -101,7 +102,8 @@ std::vector<rdzv::Message> agent_messages() {
           rdzv::to_message(rdzv::Heartbeat{.status = "training step 7"}), rdzv::to_message(rdzv::Leave{})};
 }
 std::vector<rdzv::Message> server_messages() {
-  return {rdzv::to_message(rdzv::Round{.run_id = "wire-compat", .round = 1, .nnodes = 2, .world_size = 16, .store_port = 29500}),
+  return {rdzv::to_message(
+              rdzv::Round{.run_id = "wire-compat", .round = 1, .nnodes = 2, .world_size = 16, .store_port = 29500}),
           rdzv::to_message(rdzv::Restart{})};
 }
 
@@ -180,7 +182,8 @@ int check_file(const std::string& path) {
       ++n_fixed;
       std::ostringstream a, b;
       print(f, a), print(t, b);
-      if (a.str() != b.str()) throw std::runtime_error(t.name + ": this build's transcript differs from the recorded one");
+      if (a.str() != b.str())
+        throw std::runtime_error(t.name + ": this build's transcript differs from the recorded one");
     }
     std::cout << "ok: " << t.name << " (" << t.frames.size() << " frames)\n";
   }
@@ -201,7 +204,8 @@ class Conn {
   }
   ~Conn() { ::close(fd_); }
   void send(const std::string& b) {
-    if (::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) throw std::runtime_error("send");
+    if (::send(fd_, b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size()))
+      throw std::runtime_error("send");
   }
   std::string frame() {  // one whole frame's bytes
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);

@@ -171,8 +171,9 @@ void Agent::perform(const Action& a) {
       case Action::Kind::StopStragglers: stop_stragglers(a); break;
       case Action::Kind::AbandonWorkers: {
         LogEvent ev("workers_abandoned");
-        spdlog::error("workers{} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no longer waiting for them",
-                      group_->unreaped_pids(), kKillWaitS);
+        spdlog::error(
+            "workers{} did not exit {:.0f} s after SIGKILL (stuck in the kernel?); no longer waiting for them",
+            group_->unreaped_pids(), kKillWaitS);
         break;
       }
       case Action::Kind::Finish:
@@ -238,8 +239,10 @@ void Agent::on_notice(const Notice& n) {
     case Notice::Kind::Restart:
       restart_seen_ = Clock::now();
       {
-        LogEvent ev("restart_notice", {{"reason", n.restart.reason}, {"restart_count", static_cast<int64_t>(n.restart.restart_count)}});
-        if (state_.preempted()) spdlog::info("the rendezvous restarts the job ({}): not here, stopping for a preemption", n.restart.reason);
+        LogEvent ev("restart_notice",
+                    {{"reason", n.restart.reason}, {"restart_count", static_cast<int64_t>(n.restart.restart_count)}});
+        if (state_.preempted())
+          spdlog::info("the rendezvous restarts the job ({}): not here, stopping for a preemption", n.restart.reason);
         else spdlog::warn("restarting the job: {}", n.restart.reason);
       }
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::Restart, static_cast<int>(n.restart.restart_count)});
@@ -251,7 +254,8 @@ void Agent::on_notice(const Notice& n) {
       job_failed_ = n.failed;
       {
         LogEvent ev("job_failed", {{"reason", n.failed.reason}});
-        if (state_.preempted()) spdlog::info("the rendezvous ended the job ({}): already stopping for a preemption", n.failed.reason);
+        if (state_.preempted())
+          spdlog::info("the rendezvous ended the job ({}): already stopping for a preemption", n.failed.reason);
         else spdlog::error("the job ended: {}", n.failed.reason);
       }
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobFailed, 0});
@@ -411,7 +415,8 @@ void Agent::worker_ended(Worker& w) {
   const bool was_preempted = state_.preempted();
   std::optional<PreemptAnnouncement> said;
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
-  if (said && said->checkpoint && current) preempt_checkpoint_ = "r" + std::to_string(w.global_rank) + ": " + said->what;
+  if (said && said->checkpoint && current)
+    preempt_checkpoint_ = "r" + std::to_string(w.global_rank) + ": " + said->what;
   dispatch(WorkerExited{.local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt,
                         .announced_preemption = said.has_value()});
   if (current && state_.preempted()) {
@@ -459,7 +464,8 @@ std::string Agent::summary() const {
   in.shutdown_timeout_s = opts_.faults.shutdown_timeout_s;
   in.stop_signal = state_.stop_signal() ? state_.stop_signal() : stop_signal_seen_;
   in.preempt_checkpoint = preempt_checkpoint_;
-  in.preempted = exit_code_ == kPreemptedExitCode && (state_.preempted() || (in.stop_signal && is_preempt_signal(*in.stop_signal)));
+  in.preempted = exit_code_ == kPreemptedExitCode &&
+                 (state_.preempted() || (in.stop_signal && is_preempt_signal(*in.stop_signal)));
   in.preempt_grace_s = opts_.faults.preempt_grace_s;
   in.failure = failure_;
   in.job_failed = job_failed_;

@@ -144,6 +144,8 @@ std::vector<bool> Agent::alive(size_t ranks) const {
   return out;
 }
 
-void Agent::worker_hung(int local_rank, int attempt) { dispatch(WorkerHung{.local_rank = local_rank, .attempt = attempt}); }
+void Agent::worker_hung(int local_rank, int attempt) {
+  dispatch(WorkerHung{.local_rank = local_rank, .attempt = attempt});
+}
 
 }  // namespace ddprun::launcher

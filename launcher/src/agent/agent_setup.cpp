@@ -66,7 +66,8 @@ void Agent::setup_signals() {
 }
 
 bool Agent::is_preempt_signal(int signo) const {
-  return std::find(opts_.faults.preempt_signals.begin(), opts_.faults.preempt_signals.end(), signo) != opts_.faults.preempt_signals.end();
+  return std::find(opts_.faults.preempt_signals.begin(), opts_.faults.preempt_signals.end(), signo) !=
+         opts_.faults.preempt_signals.end();
 }
 
 // A stop signal arrived (asked while a blocking step runs: the first connect, a send, a
@@ -176,8 +177,9 @@ void Agent::say_credential() const {
     spdlog::warn("the rendezvous of job {} at {}:{} is open to anyone who can reach it{}: set DDPRUN_RDZV_TOKEN or "
                  "--rdzv_token_file (a 0600 file of 16+ random bytes) the same on every node to require a token",
                  opts_.rendezvous.id, plan.endpoint_host, plan.endpoint_port,
-                 none->why_no_munge.empty() ? ""
-                                            : " (no munge authentication in this Slurm step: " + none->why_no_munge + ")");
+                 none->why_no_munge.empty()
+                     ? ""
+                     : " (no munge authentication in this Slurm step: " + none->why_no_munge + ")");
   }
 }
 

@@ -80,7 +80,8 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
         // kernel to tear them down (tens of ms per process with PyTorch loaded).
         if (phase_ == Phase::Running) out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
         else out.push_back({.kind = Action::Kind::DisarmTimer});
-        out.push_back({.kind = Action::Kind::RetireWorkers, .attempt = attempt_, .seconds = config_.shutdown_timeout_s});
+        out.push_back(
+            {.kind = Action::Kind::RetireWorkers, .attempt = attempt_, .seconds = config_.shutdown_timeout_s});
         alive_.clear();
         join(n.attempt, out);
         return out;
@@ -165,7 +166,10 @@ void AgentState::fail(const FailureRecord& f, std::vector<Action>& out) {
   failure_ = f;
   failed_this_attempt_ = true;
   barrier_armed_ = false;  // the timer is the stop's from here on
-  out.push_back({.kind = Action::Kind::ReportFailure, .attempt = attempt_, .local_rank = f.local_rank, .status = f.status,
+  out.push_back({.kind = Action::Kind::ReportFailure,
+                 .attempt = attempt_,
+                 .local_rank = f.local_rank,
+                 .status = f.status,
                  .hung = f.hung});
   // Stop the whole group, including process groups whose leader is gone.
   out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});

@@ -52,13 +52,15 @@ namespace {
 void preempted_lines(const SummaryInput& in, std::ostringstream& s) {
   // Another node's end (it left after its own preemption) is no news here: not a failure.
   s << "[ddprun] PREEMPTED: ";
-  if (in.stop_signal && !in.workers_started) s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
+  if (in.stop_signal && !in.workers_started)
+    s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
   else if (in.stop_signal) s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; "
                              << in.preempt_grace_s << " s to stop after a preemption signal)";
   else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
   s << "; exit code " << in.exit_code << "\n";
   s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID)";
-  if (in.preempt_checkpoint) s << " to resume from the checkpoint its workers saved (" << *in.preempt_checkpoint << ")\n";
+  if (in.preempt_checkpoint)
+    s << " to resume from the checkpoint its workers saved (" << *in.preempt_checkpoint << ")\n";
   else s << "; no worker of this node said it saved a checkpoint (DDPRUN_PREEMPT_FILE), so a rerun resumes only from "
             "what the workers saved themselves\n";
 }

@@ -507,8 +507,11 @@ std::string format_json(const std::vector<CheckResult>& results) {
   const int code = exit_code(results);
   nlohmann::ordered_json checks = nlohmann::ordered_json::array();
   for (const auto& r : results) {
-    checks.push_back(nlohmann::ordered_json{{"item", r.item}, {"status", status_name(r.status)}, {"blocking", r.blocking},
-                      {"found", r.found}, {"fix", r.fix}});
+    checks.push_back(nlohmann::ordered_json{{"item", r.item},
+                                            {"status", status_name(r.status)},
+                                            {"blocking", r.blocking},
+                                            {"found", r.found},
+                                            {"fix", r.fix}});
   }
   const nlohmann::ordered_json doc = {{"ok", code == 0}, {"exit_code", code}, {"checks", std::move(checks)}};
   return dump_json(doc) + "\n";

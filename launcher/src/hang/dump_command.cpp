@@ -187,8 +187,9 @@ std::optional<Found> find_job(const std::optional<std::string>& run, const EnvMa
     std::string why;
     bool quiet = false;
     auto job = load_job(ec ? *run : real.string(), &why, &quiet);
-    if (!job) std::fprintf(stderr, "ddprun dump: error: %s is not the log directory of a running job of this user: %s\n",
-                           run->c_str(), why.c_str());
+    if (!job)
+      std::fprintf(stderr, "ddprun dump: error: %s is not the log directory of a running job of this user: %s\n",
+                   run->c_str(), why.c_str());
     return job;
   }
   std::string refused;

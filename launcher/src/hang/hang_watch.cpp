@@ -117,7 +117,9 @@ std::string format_hang_message(const HangVerdict& v, const std::vector<RankIden
     const auto i = static_cast<size_t>(r.local_rank);
     const std::string name = i < ids.size() ? fmt::format("r{}", ids[i].global_rank) : who(r, ids);
     std::string what;
-    if (r.stalled) what = fmt::format("at tick {}, stalled {:.0f} s too (ahead: waiting for the stuck ranks?)", r.ticks, std::floor(r.stalled_s));
+    if (r.stalled)
+      what = fmt::format("at tick {}, stalled {:.0f} s too (ahead: waiting for the stuck ranks?)", r.ticks,
+                         std::floor(r.stalled_s));
     else what = fmt::format("at tick {}, moving (last tick {:.1f} s ago)", r.ticks, r.stalled_s);
     others += fmt::format("{}{} {}", others.empty() ? "" : ", ", name, what);
   }

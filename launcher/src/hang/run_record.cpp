@@ -63,7 +63,8 @@ RunRecord::RunRecord(fs::path run_dir, std::string run_id, std::string python, c
     std::error_code ec;
     fs::remove(link, ec);  // a pid reused after an agent that was killed
     fs::create_symlink(fs::absolute(run_dir_), link, ec);
-    if (ec) spdlog::warn("`ddprun dump` without an argument will not find this run: {}: {}", link.string(), ec.message());
+    if (ec)
+      spdlog::warn("`ddprun dump` without an argument will not find this run: {}: {}", link.string(), ec.message());
     else link_ = link;
   } catch (const std::exception& e) {
     spdlog::warn("`ddprun dump` without an argument will not find this run: {}", e.what());

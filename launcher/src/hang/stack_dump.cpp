@@ -225,7 +225,8 @@ std::string describe_stack_tools(const std::vector<StackDump>& dumps, const Stac
   }
   std::string out;
   for (const auto& u : used) out += (out.empty() ? "" : ", ") + u;
-  if (python_native && !tools.py_spy) out += "; native stacks of Python workers: py-spy is not installed (pip install py-spy)";
+  if (python_native && !tools.py_spy)
+    out += "; native stacks of Python workers: py-spy is not installed (pip install py-spy)";
   return out;
 }
 

@@ -175,7 +175,8 @@ void HangObserver::on_hang(const HangVerdict& v) {
 
 // The `hang` event's fields: the stuck ranks (global), every observed rank's ticks
 // ("r0=120,r1=3"), the timeout and the folder the stacks go to.
-std::vector<LogField> HangObserver::hang_fields(const HangVerdict& v, int attempt, const std::string& stacks_dir) const {
+std::vector<LogField> HangObserver::hang_fields(const HangVerdict& v, int attempt,
+                                                const std::string& stacks_dir) const {
   std::string stuck, ticks;
   double stalled_s = 0;
   for (const auto& p : v.ranks) {

@@ -31,7 +31,8 @@ class UsageObserver : public AgentObserver {
 
   void attempt_started(const AttemptStarted& a) override {
     std::vector<RankSample> ws;
-    for (const auto& w : a.workers) ws.push_back({.local_rank = w.local_rank, .global_rank = w.global_rank, .pid = w.pid});
+    for (const auto& w : a.workers)
+      ws.push_back({.local_rank = w.local_rank, .global_rank = w.global_rank, .pid = w.pid});
     gpu_.set_workers(ws);
     start_rows(a);
   }
@@ -63,7 +64,8 @@ void UsageObserver::start_rows(const AttemptStarted& a) {
   }
   rows_.clear();
   for (const auto& w : a.workers)
-    rows_.push_back({.global_rank = w.global_rank, .local_rank = w.local_rank, .attempt = a.attempt, .measured = false});
+    rows_.push_back(
+        {.global_rank = w.global_rank, .local_rank = w.local_rank, .attempt = a.attempt, .measured = false});
 }
 
 RankUsage* UsageObserver::row(int attempt, int local_rank) {

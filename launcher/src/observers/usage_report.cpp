@@ -64,9 +64,12 @@ void add_step_stats(RankUsage& u, const StepStats& s) {
 std::string format_usage_table(const UsageReport& r) {
   if (r.ranks.empty()) return "";
   std::vector<RankUsage> ranks = r.ranks;
-  std::sort(ranks.begin(), ranks.end(), [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });
-  const bool gpu = std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.gpu_util_mean.has_value(); });
-  const bool steps = std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.allreduce_share.has_value(); });
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });
+  const bool gpu =
+      std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.gpu_util_mean.has_value(); });
+  const bool steps =
+      std::any_of(ranks.begin(), ranks.end(), [](const RankUsage& u) { return u.allreduce_share.has_value(); });
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head = {"rank", "wall", "CPU", "CPU/wall", "peak RSS"};
   if (gpu) head.insert(head.end(), {"GPU", "GPU-s", "GPU util"});
@@ -110,7 +113,8 @@ std::string low_gpu_utilisation_warning(const UsageReport& r) {
   for (const auto& u : r.ranks)
     if (u.gpu_util_mean && *u.gpu_util_mean < r.gpu_util_warn) low.push_back(u);
   if (low.empty()) return "";
-  std::sort(low.begin(), low.end(), [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });
+  std::sort(low.begin(), low.end(),
+            [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });
   char thr[32];
   std::snprintf(thr, sizeof thr, "%g", r.gpu_util_warn);
   std::string out = "mean GPU utilisation below " + percent(r.gpu_util_warn) + " (--gpu_util_warn=" + thr + "): ";

@@ -117,7 +117,8 @@ std::optional<std::string> ask(const std::string& path, std::string* problem) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReadTimeoutMs);
   char buf[16384];
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
     const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
     if (r < 0 && errno == EINTR) continue;

@@ -105,8 +105,9 @@ AgentStatus StatusBoard::snapshot() {
     if (x.cpu_seconds) {
       // Over the interval since the previous snapshot; the first one: since the worker started.
       auto prev = last_cpu_.find(r.w.pid);
-      rs.cpu_percent = prev != last_cpu_.end() ? cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at))
-                                               : cpu_percent(0, *x.cpu_seconds, rs.uptime_s);
+      rs.cpu_percent = prev != last_cpu_.end()
+                           ? cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at))
+                           : cpu_percent(0, *x.cpu_seconds, rs.uptime_s);
       seen[r.w.pid] = CpuSample{*x.cpu_seconds, now};
     }
     rs.gpu_index = x.gpu_index;

@@ -51,7 +51,8 @@ Digest HmacSha256::operator()(std::string_view message) const {
   const std::unique_ptr<EVP_MAC_CTX, decltype(&EVP_MAC_CTX_free)> ctx(EVP_MAC_CTX_dup(keyed_.get()), EVP_MAC_CTX_free);
   Digest d{};
   size_t n = 0;
-  if (ctx == nullptr || EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
+  if (ctx == nullptr ||
+      EVP_MAC_update(ctx.get(), reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
       EVP_MAC_final(ctx.get(), d.data(), &n, d.size()) != 1 || n != d.size())
     fail("HMAC-SHA256");
   return d;

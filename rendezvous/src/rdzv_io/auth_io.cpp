@@ -68,7 +68,8 @@ std::string load_token(const std::string& file, const char* env_value) {
   if (why.empty()) {
     char buf[4096];
     ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0 && content.size() <= kMaxTokenBytes + 64) content.append(buf, static_cast<size_t>(n));
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && content.size() <= kMaxTokenBytes + 64)
+      content.append(buf, static_cast<size_t>(n));
     if (n < 0) why = std::string("cannot read it (") + std::strerror(errno) + ")";
   }
   ::close(fd);

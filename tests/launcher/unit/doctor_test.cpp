@@ -251,7 +251,8 @@ TEST_CASE("text and JSON output", "[doctor]") {
 }
 
 TEST_CASE("JSON output: what a probe found is escaped, and text that is not UTF-8 gets U+FFFD", "[doctor]") {
-  std::vector<CheckResult> rs = {{"python", Status::Warn, "/opt/py\xff/bin/python3: \"3.8\"\n\x1b[0m", "fix\tit", false}};
+  std::vector<CheckResult> rs = {
+      {"python", Status::Warn, "/opt/py\xff/bin/python3: \"3.8\"\n\x1b[0m", "fix\tit", false}};
   const std::string text = format_json(rs);
   CHECK(text.find('\n') == text.size() - 1);
   nlohmann::json doc;

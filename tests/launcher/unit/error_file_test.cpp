@@ -67,7 +67,8 @@ TEST_CASE("an error file that is not UTF-8 is read, its bad bytes as U+FFFD", "[
 }
 
 TEST_CASE("error file edge cases: control characters, big numbers, the nesting limit", "[errorfile]") {
-  auto r = parse_error_file(R"({"message": {"message": "a\u0001b\u001b[0m\ud83d\ude00", "extraInfo": {"timestamp": 9007199254740993}}})");
+  auto r = parse_error_file(
+      R"({"message": {"message": "a\u0001b\u001b[0m\ud83d\ude00", "extraInfo": {"timestamp": 9007199254740993}}})");
   CHECK(r.message == "a\x01" "b\x1b[0m\xf0\x9f\x98\x80");
   CHECK(r.timestamp == "9007199254740993");
   r = parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": 18446744073709551615}}})");

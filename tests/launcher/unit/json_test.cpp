@@ -12,7 +12,9 @@
 using namespace ddprun::launcher;
 
 namespace {
-std::string nested(int n) { return std::string(static_cast<size_t>(n), '[') + std::string(static_cast<size_t>(n), ']'); }
+std::string nested(int n) {
+  return std::string(static_cast<size_t>(n), '[') + std::string(static_cast<size_t>(n), ']');
+}
 }  // namespace
 
 TEST_CASE("json: numbers keep their value past 2^53; literals and strings decoded", "[json]") {
@@ -62,7 +64,8 @@ TEST_CASE("json: a status answer with text that is not UTF-8 is still one a stri
   CHECK(doc["agents"][0]["last_failure"]["what"] == "r0: \x1b[2J \xef\xbf\xbd");
   // And an answer another writer sent with such bytes is read with U+FFFD in their place.
   std::string error;
-  auto back = status_from_json("{\"run_id\":\"j\xff\",\"node_rank\":0,\"agent_pid\":9,\"attempt\":0,\"ranks\":[]}", &error);
+  auto back =
+      status_from_json("{\"run_id\":\"j\xff\",\"node_rank\":0,\"agent_pid\":9,\"attempt\":0,\"ranks\":[]}", &error);
   REQUIRE(back);
   CHECK(back->run_id == "j\xef\xbf\xbd");
 }

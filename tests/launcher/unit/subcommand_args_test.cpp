@@ -31,7 +31,8 @@ TEST_CASE("status: --help lists the flags; bad command lines are one line and ex
   auto p = parse_status_args({"--watch", "-h"});
   REQUIRE_FALSE(p.args);
   CHECK(p.exit_code == 0);
-  for (const char* flag : {"--json", "--watch", "--interval", "--rdzv_id", "--rdzv_endpoint", "--rdzv_token_file", "--help"})
+  for (const char* flag :
+       {"--json", "--watch", "--interval", "--rdzv_id", "--rdzv_endpoint", "--rdzv_token_file", "--help"})
     CHECK_THAT(p.message, Catch::Contains(flag));
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
       {{"--frobnicate"}, "unknown argument --frobnicate (ddprun status --help lists the options)"},

@@ -65,8 +65,9 @@ TEST_CASE("GPU columns appear when a rank was sampled; ranks below the threshold
 TEST_CASE("The failed rank's row is marked; a worker never reaped shows dashes", "[usage]") {
   UsageReport r;
   r.host = "n1";
-  r.ranks = {{.global_rank = 1, .attempt = 0, .wall_s = 2, .cpu_s = 1, .peak_rss_bytes = 2048, .failure = "exit code 1"},
-             {.global_rank = 0, .attempt = 0, .measured = false}};
+  r.ranks = {
+      {.global_rank = 1, .attempt = 0, .wall_s = 2, .cpu_s = 1, .peak_rss_bytes = 2048, .failure = "exit code 1"},
+      {.global_rank = 0, .attempt = 0, .measured = false}};
   CHECK(format_usage_table(r) ==
         "resource use of attempt 0 on n1 (2 workers; no GPU sampled):\n"
         "    rank  wall    CPU     CPU/wall  peak RSS\n"

@@ -16,11 +16,11 @@
 
 namespace ddprun::launcher {
 
-// Runs the job the plan describes (launch_plan.h: resolved before the agent exists) and returns the process exit code: 0 when every worker succeeded; otherwise the
-// first failing worker's exit code (128 + signal when killed), 128 + signal when the agent
-// was signalled (also while connecting to the rendezvous), 2 for bad usage, 1 for an
-// agent-side error. The failure summary is the last thing written to stderr. Must be called
-// from the main thread (the workers' parent-death signal follows the thread that forked them).
+// Runs the job the plan describes (launch_plan.h: resolved before the agent exists) and returns the process exit code:
+// 0 when every worker succeeded; otherwise the first failing worker's exit code (128 + signal when killed), 128 +
+// signal when the agent was signalled (also while connecting to the rendezvous), 2 for bad usage, 1 for an agent-side
+// error. The failure summary is the last thing written to stderr. Must be called from the main thread (the workers'
+// parent-death signal follows the thread that forked them).
 int run(const LaunchPlan& plan, const EnvMap& env);
 
 }  // namespace ddprun::launcher

@@ -1,7 +1,7 @@
 // Hangs and stragglers (--hang_timeout), the pure part: the progress page's layout (ticks and
-// the step statistics of the end-of-run table, usage_report.h), the decision "which ranks are stuck" over tick counters and the times they last moved, and the
-// messages. No clock, no files: the agent's hang watch (src/hang/) reads the pages and the
-// clock and feeds them in; tests drive it directly.
+// the step statistics of the end-of-run table, usage_report.h), the decision "which ranks are stuck" over tick counters
+// and the times they last moved, and the messages. No clock, no files: the agent's hang watch (src/hang/) reads the
+// pages and the clock and feeds them in; tests drive it directly.
 //
 // Progress: each worker has a counter of steps ("ticks") in a small shared file, one per local
 // rank, whose path is in the worker's DDPRUN_PROGRESS_FILE. libddprun_worker ticks once per
