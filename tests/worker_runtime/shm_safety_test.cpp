@@ -181,7 +181,7 @@ TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float"
 namespace {
 
 pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
-  std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
+  std::vector<std::string> args{TRAIN_EXE, "--profile", "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
   return testing::spawn_logged(args, std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
                                 "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
                                 std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
