@@ -433,7 +433,7 @@ TEST_CASE("StaticNodeRanksAreHonouredAndConflictsRefused", "[rdzv]") {
   dup.set("node_rank", 1);
   h.send(3, dup);
   REQUIRE(h.to(3, MsgType::Error));
-  CHECK_THAT(h.to(3, MsgType::Error)->msg.get("message"), Catch::Contains("already taken by x_1"));
+  CHECK_THAT(h.to(3, MsgType::Error)->msg.get("message"), Catch::Contains("already taken by a node (host x)"));
   h.send(2, m0);
   CHECK(h.to(1, MsgType::Round)->msg.get_int("node_rank") == 1);
   CHECK(h.to(2, MsgType::Round)->msg.get_int("node_rank") == 0);
