@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   const LaunchOptions& opts = *parsed.options;
-  configure_logging(opts.output.log_format, opts.output.verbosity);
+  configure_logging(opts.output.log_format, opts.output.verbosity, opts.output.log_timestamps);
   auto error = [](const char* what) {
     write_log_line("error", "launch_refused", std::string("ddprun: error: ") + what + "\n", what);
   };

@@ -59,7 +59,7 @@ step_of() {  # log what
 ours() {  # nproc [steps [cores]] -> avg ms/step
   local n="$1" steps="${2:-$STEPS}"; local samples=$(( BATCH * n * (steps + WARMUP) )); local log="$tmp/ours$1.log"
   local pin=("${pin[@]}"); if [[ -n "${3:-}" ]]; then pin=(taskset -c "$3"); fi
-  local args=(--device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
+  local args=(--profile --device cpu --width "$WIDTH" --depth "$DEPTH" --batch "$BATCH" --samples "$samples" --epochs 1
               --warmup-steps "$WARMUP" --threads 1 ${TRAIN_ARGS:-})
   if [[ -x "$ddprun" ]]; then
     "${pin[@]}" "$ddprun" --nproc_per_node="$n" --master_port="$(free_port)" "$train" "${args[@]}" >"$log" 2>&1 || true

@@ -175,7 +175,7 @@ TEST_CASE("AgentKilledMeansRestartForTheSurvivors", "[rdzv][server]") {
   auto n = a->wait_message(5s);
   REQUIRE(n);
   CHECK(n->type == rdzv::MsgType::Restart);
-  CHECK_THAT(n->get("reason"), Catch::Contains("lost node c"));
+  CHECK_THAT(n->get("reason"), Catch::Contains("lost node ") && Catch::Contains("(host c, 127.0.0.1)"));
 }
 
 TEST_CASE("JoinTimeoutErrorReachesTheAgent", "[rdzv][server]") {

@@ -192,7 +192,7 @@ TEST_CASE("ResumeAppliesAFailureReportedBeforeTheRoundIsWholeAgain", "[round][re
   CHECK(out[0].msg.type == MsgType::Restart);
   const auto r = from_message<Restart>(out[0].msg);
   CHECK(r.restart_count == 2);  // spent, as for any failure
-  CHECK_THAT(r.reason, Catch::Contains("rank 2 on h2_1 (host h2) failed"));
+  CHECK_THAT(r.reason, Catch::Contains("rank 2 on node 1 (host h2) failed"));
   // A stale round's report (an older round) is not held.
   ReopenStores s2;
   RoundState st2{s2};

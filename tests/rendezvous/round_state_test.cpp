@@ -202,7 +202,7 @@ TEST_CASE("LostNodeLeadsToANewRoundWhenMinRemains", "[rdzv]") {
   h.out.clear();
   h.state.on_disconnect(2, h.now, h.out);
   REQUIRE(h.to(1, MsgType::Restart));
-  CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("lost node b_1 (host b)"));
+  CHECK_THAT(h.to(1, MsgType::Restart)->msg.get("reason"), Catch::Contains("lost node 1 (host b)"));
   h.join(1, "a", 1, 2, 3);
   CHECK(h.out.empty());  // c not back yet
   h.join(3, "c", 1, 2, 3);
@@ -210,6 +210,27 @@ TEST_CASE("LostNodeLeadsToANewRoundWhenMinRemains", "[rdzv]") {
   REQUIRE(r);  // completes at once: every survivor is back, no last call
   CHECK(r->msg.get_int("nnodes") == 2);
   CHECK(r->msg.get_int("node_rank") == 1);  // c keeps its order after a
+}
+
+TEST_CASE("A lost node is named by its node rank and host name, not by the agent's id", "[rdzv]") {
+  Harness h;
+  auto join = [&](ConnId c, const std::string& id) {
+    Message m = h.join_msg("127.0.0.1");
+    m.set("node_id", id);
+    h.send(c, m);
+  };
+  join(1, "gpu-a_127.0.0.1_12428");
+  join(2, "vm_127.0.0.1_12429");
+  h.out.clear();
+  h.state.on_disconnect(2, h.now, h.out);
+  auto* f = h.to(1, MsgType::JobFailed);
+  REQUIRE(f);
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("lost node 1 (host vm, 127.0.0.1)"));
+  CHECK_THAT(f->msg.get("reason"), !Catch::Contains("12429"));
+  CHECK(RoundState::host_name_of("vm_10.0.0.7_42", "10.0.0.7") == "vm");
+  CHECK(RoundState::host_name_of("vm", "10.0.0.7") == "vm");
+  CHECK(RoundState::host_name_of("b_1", "b") == "b");
+  CHECK(RoundState::host_name_of("odd_id", "10.0.0.7") == "odd_id");
 }
 
 TEST_CASE("LostNodeBelowMinEndsTheJobNamingIt", "[rdzv]") {
@@ -220,7 +241,7 @@ TEST_CASE("LostNodeBelowMinEndsTheJobNamingIt", "[rdzv]") {
   h.state.on_disconnect(2, h.now, h.out);
   auto* f = h.to(1, MsgType::JobFailed);
   REQUIRE(f);
-  CHECK_THAT(f->msg.get("reason"), Catch::Contains("lost node b_1 (host b)"));
+  CHECK_THAT(f->msg.get("reason"), Catch::Contains("lost node 1 (host b)"));
   CHECK_THAT(f->msg.get("reason"), Catch::Contains("fewer than the minimum of 2"));
 }
 
@@ -412,7 +433,7 @@ TEST_CASE("StaticNodeRanksAreHonouredAndConflictsRefused", "[rdzv]") {
   dup.set("node_rank", 1);
   h.send(3, dup);
   REQUIRE(h.to(3, MsgType::Error));
-  CHECK_THAT(h.to(3, MsgType::Error)->msg.get("message"), Catch::Contains("already taken by x_1"));
+  CHECK_THAT(h.to(3, MsgType::Error)->msg.get("message"), Catch::Contains("already taken by a node (host x)"));
   h.send(2, m0);
   CHECK(h.to(1, MsgType::Round)->msg.get_int("node_rank") == 1);
   CHECK(h.to(2, MsgType::Round)->msg.get_int("node_rank") == 0);

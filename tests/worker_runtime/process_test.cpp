@@ -244,10 +244,9 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   }
 }
 
-TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume",
-          "[process]") {
-  const std::vector<std::string> base{"--width", "64", "--depth", "2", "--samples", "400", "--batch", "20",
-                                      "--epochs", "3", "--momentum", "0.9"};
+TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume", "[process]") {
+  const std::vector<std::string> base{"--profile", "--width", "64", "--depth",    "2",  "--samples", "400",
+                                      "--batch",   "20",      "--epochs", "3", "--momentum", "0.9"};
   auto with = [&](std::vector<std::string> extra) {
     auto a = base;
     a.insert(a.end(), extra.begin(), extra.end());

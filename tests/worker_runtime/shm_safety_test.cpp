@@ -181,14 +181,11 @@ TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float"
 namespace {
 
 pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
-  std::vector<std::string> args{TRAIN_EXE, "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
-  return testing::spawn_logged(
-      args,
-      std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
-                               "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                               std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                               std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")},
-      log);
+  std::vector<std::string> args{TRAIN_EXE, "--profile", "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
+  return testing::spawn_logged(args, std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                                "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                                std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")}, log);
 }
 
 // What /dev/shm holds: its entries and its used blocks. In the private tmpfs the test runs in

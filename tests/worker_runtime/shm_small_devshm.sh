@@ -12,7 +12,7 @@ if [[ "$(id -u)" != 0 ]] || ! unshare -m true 2>/dev/null; then echo "SKIP: need
 tmp="$(mktemp -d /tmp/ddprun-smallshm-XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 # Wide enough that the touched shared memory exceeds 1 MiB (a sparse segment would SIGBUS).
-common=(--width 512 --depth 2 --samples 120 --batch 20 --epochs 1 --device cpu)
+common=(--profile --width 512 --depth 2 --samples 120 --batch 20 --epochs 1 --device cpu)
 
 "$ddprun" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" >"$tmp/normal.log" 2>&1 || {
   echo "normal run failed:"; cat "$tmp/normal.log"; exit 1; }

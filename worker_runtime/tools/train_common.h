@@ -37,6 +37,7 @@ struct Options {
   int log_every = 0;               // 0 = once per epoch
   int warmup_steps = 3;            // excluded from the step-time average
   bool no_overlap = false;
+  bool profile = false;            // --profile: per-phase timings and internals besides loss and throughput
   bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
   bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
   std::string progress = "auto";   // CPU: who runs collectives during backward: auto | thread | inline

@@ -305,7 +305,7 @@ void Agent::start_attempt(int attempt) {
   const auto since = ours ? failure_seen_ : restart_seen_;
   const size_t retiring = group_->retiring_count();
   spdlog::info("restarting the worker group: attempt {} of {} ({}): {} workers started {:.1f} ms after the {} "
-               "(fresh store keyspace; spawn {:.1f} ms{}){}",
+               "(a clean store for this attempt; spawn {:.1f} ms{}){}",
                attempt, max_restarts_, where, group_->current().size(),
                std::chrono::duration<double, std::milli>(t_spawned - since).count(),
                ours ? "failure was seen" : "restart notice", spawn_ms, group_->start_note(),
@@ -488,7 +488,7 @@ std::string Agent::summary() const {
 }
 
 int run(const LaunchPlan& plan, const EnvMap& env) {
-  configure_logging(plan.options.output.log_format, plan.options.output.verbosity);
+  configure_logging(plan.options.output.log_format, plan.options.output.verbosity, plan.options.output.log_timestamps);
   Agent agent(plan, env);
   return agent.run();
 }

@@ -93,6 +93,7 @@ void UsageObserver::worker_reaped(const WorkerReaped& r) {
     u.gpu_index = g->gpu_index;
     u.gpu_seconds = g->gpu_seconds;
     u.gpu_util_mean = g->gpu_seconds / g->sampled_s;
+    u.gpu_sampled_s = g->sampled_s;
   }
   // Its progress file outlives it: what libddprun_worker's Reducer counted there.
   if (!r.error_file.empty())

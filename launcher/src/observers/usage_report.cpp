@@ -111,7 +111,8 @@ std::string low_gpu_utilisation_warning(const UsageReport& r) {
   if (r.gpu_util_warn <= 0) return "";
   std::vector<RankUsage> low;
   for (const auto& u : r.ranks)
-    if (u.gpu_util_mean && *u.gpu_util_mean < r.gpu_util_warn) low.push_back(u);
+    if (u.gpu_util_mean && *u.gpu_util_mean < r.gpu_util_warn && u.gpu_sampled_s.value_or(0) >= kMinGpuJudgeS)
+      low.push_back(u);
   if (low.empty()) return "";
   std::sort(low.begin(), low.end(),
             [](const RankUsage& a, const RankUsage& b) { return a.global_rank < b.global_rank; });

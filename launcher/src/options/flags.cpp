@@ -139,9 +139,12 @@ constexpr FlagSpec kFlags[] = {
     {"log_format", "", true,
      "text (default) or json: ddprun's own lines on stderr as JSON lines (time, level, host, node, "
      "rank, event, message, fields; launcher/README.md \"JSON logs\"); workers' output is unchanged"},
+    {"log_timestamps", "", false,
+     "text logs: begin each of ddprun's own lines with the local time (2026-12-06 12:14:47.123); "
+     "off by default (JSON lines always carry a time)"},
     {"gpu_util_warn", "", true,
      "at the end, warn about ranks whose mean GPU utilisation (sampled while they ran) stayed below "
-     "this fraction (default 0.85; 0 = never)"},
+     "this fraction (default 0.85; 0 = never); only ranks whose GPU was sampled for 60 s or more"},
     {"no_slurm", "", false,
      "do not derive --nnodes, --node_rank, the rendezvous host, --rdzv_id and --nproc_per_node "
      "from the SLURM_* environment of an srun step"},

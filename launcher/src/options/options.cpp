@@ -217,6 +217,7 @@ void lifecycle(const Given& g, LaunchOptions& o) {
 void workers(const Given& g, LaunchOptions& o) {
   o.workers.virtual_local_rank = g.get("virtual_local_rank") != nullptr;
   o.output.verbosity = g.get("verbose") ? 1 : 0;
+  o.output.log_timestamps = g.get("log_timestamps") != nullptr;
   if (auto s = g.get("gpu_util_warn")) {
     char* end = nullptr;
     const std::string v = trim(*s);

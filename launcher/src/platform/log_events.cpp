@@ -23,6 +23,7 @@ struct Pending {
 thread_local Pending t_pending;
 
 std::atomic<LogFormat> g_format{LogFormat::Text};
+std::atomic<bool> g_timestamps{false};
 std::atomic<int> g_node_rank{-1};
 
 const std::string& host_name() {
@@ -74,13 +75,14 @@ LogEvent::LogEvent(std::string_view event, std::vector<LogField> fields, std::op
 
 LogEvent::~LogEvent() { t_pending = Pending{}; }  // a line that was not logged (level off) takes nothing along
 
-void configure_logging(LogFormat format, int verbosity) {
+void configure_logging(LogFormat format, int verbosity, bool timestamps) {
   g_format.store(format, std::memory_order_relaxed);
+  g_timestamps.store(timestamps, std::memory_order_relaxed);
   auto logger = spdlog::get("ddprun");
   // _mt: the in-process store server logs from its own thread.
   if (!logger) logger = spdlog::stderr_logger_mt("ddprun");
   if (format == LogFormat::Json) logger->set_formatter(std::make_unique<JsonFormatter>());
-  else logger->set_pattern("[ddprun] %^%l%$: %v");
+  else logger->set_pattern(text_log_pattern(timestamps));
   logger->set_level(verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
   spdlog::set_default_logger(logger);
 }
@@ -104,7 +106,10 @@ void write_log_line(std::string_view level, std::string_view event, std::string_
     const std::string line = json_log_line(r);
     std::fwrite(line.data(), 1, line.size(), stderr);
   } else {
-    std::fwrite(text.data(), 1, text.size(), stderr);
+    const std::string stamped = g_timestamps.load(std::memory_order_relaxed)
+                                    ? stamp_lines(text, local_time_text(std::chrono::system_clock::now()))
+                                    : std::string(text);
+    std::fwrite(stamped.data(), 1, stamped.size(), stderr);
   }
   std::fflush(stderr);
 }

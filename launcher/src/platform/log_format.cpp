@@ -51,6 +51,36 @@ std::string json_log_line(const LogRecord& r) {
   return dump_json(line) + "\n";
 }
 
+std::string text_log_pattern(bool timestamps) {
+  return timestamps ? "%Y-%m-%d %H:%M:%S.%e [ddprun] %^%l%$: %v" : "[ddprun] %^%l%$: %v";
+}
+
+std::string local_time_text(std::chrono::system_clock::time_point t) {
+  using namespace std::chrono;
+  const auto ms = duration_cast<milliseconds>(t.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  long frac = static_cast<long>(ms % 1000);
+  if (frac < 0) frac += 1000, --secs;
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02d %02d:%02d:%02d.%03ld", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  return buf;
+}
+
+std::string stamp_lines(std::string_view text, std::string_view stamp) {
+  std::string out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    end = end == std::string_view::npos ? text.size() : end + 1;
+    out.append(stamp).append(" ").append(text.substr(at, end - at));
+    at = end;
+  }
+  return out;
+}
+
 std::optional<LogFormat> parse_log_format(std::string_view s) {
   if (s == "text") return LogFormat::Text;
   if (s == "json") return LogFormat::Json;

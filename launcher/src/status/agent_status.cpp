@@ -318,8 +318,12 @@ std::string format_status_table(const std::vector<AgentStatus>& agents) {
 }
 
 std::optional<double> cpu_percent(double cpu_s_before, double cpu_s_now, double wall_s) {
-  if (!(wall_s > 0) || cpu_s_now < cpu_s_before) return std::nullopt;
+  if (!(wall_s >= kMinCpuWindowS) || cpu_s_now < cpu_s_before) return std::nullopt;
   return 100.0 * (cpu_s_now - cpu_s_before) / wall_s;
+}
+
+double first_cpu_window_s(double rank_uptime_s, std::optional<double> process_age_s) {
+  return process_age_s && *process_age_s > rank_uptime_s ? *process_age_s : rank_uptime_s;
 }
 
 void assign_gpu_samples(std::vector<RankSample>& ranks, const std::vector<GpuDeviceSample>& devices,

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,6 +44,27 @@ std::optional<pid_t> RankSampler::process_group_of(pid_t pid) {
   long ppid = 0, pgrp = 0;
   if (!(rest >> state >> ppid >> pgrp)) return std::nullopt;
   return static_cast<pid_t>(pgrp);
+}
+
+std::optional<double> RankSampler::process_age_s(pid_t pid) {
+  static const long ticks = ::sysconf(_SC_CLK_TCK);
+  const std::string stat = read_small("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || ticks <= 0) return std::nullopt;
+  // After "pid (comm)": state is field 3, starttime field 22 (clock ticks since boot).
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(rest >> field)) return std::nullopt;
+  double uptime = 0;
+  std::istringstream up(read_small("/proc/uptime"));
+  if (!(up >> uptime)) return std::nullopt;
+  try {
+    const double age = uptime - static_cast<double>(std::stoull(field)) / static_cast<double>(ticks);
+    return age >= 0 ? std::optional<double>(age) : std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 bool RankSampler::nvml_available() {

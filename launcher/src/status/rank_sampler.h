@@ -29,6 +29,9 @@ class RankSampler {
   bool nvml_available();
   // The process group of `pid` from /proc/<pid>/stat; nullopt when it is gone.
   static std::optional<pid_t> process_group_of(pid_t pid);
+  // Seconds since `pid` started (/proc/<pid>/stat's start time against /proc/uptime); nullopt
+  // when it is gone.
+  static std::optional<double> process_age_s(pid_t pid);
 
  private:
   std::mutex mu_;

@@ -103,12 +103,15 @@ AgentStatus StatusBoard::snapshot() {
     rs.uptime_s = seconds((r.state == "running" ? now : r.ended) - r.started);
     rs.rss_bytes = x.rss_bytes;
     if (x.cpu_seconds) {
-      // Over the interval since the previous snapshot; the first one: since the worker started.
+      // Over the interval since the previous snapshot; the first one: since the worker's process
+      // started. A snapshot too soon after the previous one keeps that one as its base.
       auto prev = last_cpu_.find(r.w.pid);
-      rs.cpu_percent = prev != last_cpu_.end()
-                           ? cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at))
-                           : cpu_percent(0, *x.cpu_seconds, rs.uptime_s);
-      seen[r.w.pid] = CpuSample{*x.cpu_seconds, now};
+      const bool fresh = prev == last_cpu_.end();
+      rs.cpu_percent = fresh ? cpu_percent(0, *x.cpu_seconds,
+                                           first_cpu_window_s(rs.uptime_s, RankSampler::process_age_s(r.w.pid)))
+                             : cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at));
+      const bool too_soon = !fresh && seconds(now - prev->second.at) < kMinCpuWindowS;
+      seen[r.w.pid] = too_soon ? prev->second : CpuSample{*x.cpu_seconds, now};
     }
     rs.gpu_index = x.gpu_index;
     if (x.gpu_utilization) rs.gpu_utilization_percent = *x.gpu_utilization * 100.0;

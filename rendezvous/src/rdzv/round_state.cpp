@@ -14,7 +14,6 @@ using std::chrono::milliseconds;
 using namespace detail;
 
 
-std::string RoundState::describe(const Node& n) { return n.node_id + " (host " + n.host + ")"; }
 
 // Deferred, one shared copy: a broadcast to 16,000 agents made 16,000 copies of its message
 // (a map of strings each) under the server's lock.
@@ -181,7 +180,7 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
 
   if (job.phase == Phase::Running && !job.in_round.count(conn)) {
     if (static_cast<int64_t>(job.participants.size()) < job.max_nodes) {
-      restart(job, "node " + describe(node) + " joined: scale-up to a new round", /*spends_budget=*/false, now, out);
+      restart(job, describe(node) + " joined: scale-up to a new round", /*spends_budget=*/false, now, out);
     }
     return;  // a spare when the job is full: it waits for a round with room
   }
@@ -548,7 +547,7 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   }
   if (job.phase == Phase::Gathering) {
     if (job.round >= 0 && was_participant && static_cast<int64_t>(job.members.size()) < job.min_nodes) {
-      fail_job(job, "lost node " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
+      fail_job(job, "lost " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
                         " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
                FailCause::LostNodes, out);
       return;
@@ -560,18 +559,18 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   if (!was_participant) return;  // a spare went away
   const auto remaining = static_cast<int64_t>(job.members.size());
   if (remaining < job.min_nodes) {
-    fail_job(job, "lost node " + describe(node) + " (" + why + "): " + std::to_string(remaining) +
+    fail_job(job, "lost " + describe(node) + " (" + why + "): " + std::to_string(remaining) +
                       " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
              FailCause::LostNodes, out);
     return;
   }
   if (job.restart_count >= job.max_restarts) {
-    fail_job(job, "lost node " + describe(node) + " (" + why + "); the restart budget (max_restarts=" +
+    fail_job(job, "lost " + describe(node) + " (" + why + "); the restart budget (max_restarts=" +
                       std::to_string(job.max_restarts) + ") is spent",
              FailCause::BudgetSpent, out);
     return;
   }
-  restart(job, "lost node " + describe(node) + " (" + why + ")", /*spends_budget=*/true, now, out);
+  restart(job, "lost " + describe(node) + " (" + why + ")", /*spends_budget=*/true, now, out);
 }
 
 void RoundState::on_disconnect(ConnId conn, Clock::time_point now, std::vector<Outbound>& out) {

@@ -504,8 +504,8 @@ void ServerCore::on_tick() {
       if (const auto stall = rounds.last_stall(); stall > std::chrono::steady_clock::duration::zero())
         warns.warn(Warn::Deadline, [&] {
           return fmt::format(
-              "this server's loop stalled for {} ms; its agents' heartbeats and rendezvous deadlines are judged "
-              "without that time",
+              "the rendezvous server did not run for {} ms (an overloaded host, or the process was stopped); "
+              "no node is dropped for heartbeats or deadlines missed in that time",
               std::chrono::duration_cast<std::chrono::milliseconds>(stall).count());
         });
       route_locked(t, t.rdzv_out);

@@ -132,6 +132,8 @@ class Exit(unittest.TestCase):
         self.assertIn("[r1]: count 1 max 1", p.stdout)
         self.assertIn("[r0]: count 1 max 1", p.stdout)
         self.assertIn("restarting the worker group: attempt 1", p.stderr)
+        self.assertIn("a clean store for this attempt", p.stderr)
+        self.assertNotIn("keyspace", p.stderr)  # the store's internals stay out of users' lines
 
     def test_restart_budget_spent(self):
         # Each attempt gets past joining the store (ADD init/ +1, then wait until every worker

@@ -9,6 +9,8 @@
 #include "ddprun/launcher/log_format.h"
 #include "ddprun/launcher/options.h"
 
+#include <spdlog/pattern_formatter.h>
+
 using namespace ddprun::launcher;
 
 namespace {
@@ -113,4 +115,39 @@ TEST_CASE("--log_format takes text or json", "[logformat]") {
                               SystemInfo{.cpu_count = 8, .gpu_count = 0});
   REQUIRE(parsed.options);
   CHECK(parsed.options->output.log_format == LogFormat::Json);
+}
+
+TEST_CASE("--log_timestamps: text lines begin with the local time; off by default", "[logformat]") {
+  const SystemInfo sys{.cpu_count = 8, .gpu_count = 0};
+  auto parsed = parse_command_line({"ddprun", "--no_python", "true"}, {}, sys);
+  REQUIRE(parsed.options);
+  CHECK_FALSE(parsed.options->output.log_timestamps);
+  parsed = parse_command_line({"ddprun", "--log-timestamps", "--no_python", "true"}, {}, sys);
+  INFO(parsed.message);
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->output.log_timestamps);
+  parsed = parse_command_line({"ddprun", "--no_python", "true"}, {{"PET_LOG_TIMESTAMPS", "1"}}, sys);
+  REQUIRE(parsed.options);
+  CHECK(parsed.options->output.log_timestamps);
+
+  // The spdlog line and a printed block carry the same stamp format.
+  spdlog::pattern_formatter plain(text_log_pattern(false)), stamped(text_log_pattern(true));
+  const spdlog::details::log_msg msg("ddprun", spdlog::level::warn, "the store is slow");
+  spdlog::memory_buf_t a, b;
+  plain.format(msg, a);
+  stamped.format(msg, b);
+  CHECK(fmt::to_string(a) == "[ddprun] warning: the store is slow\n");
+  const std::string line = fmt::to_string(b);
+  const std::string stamp = local_time_text(msg.time);
+  CHECK(line.size() > stamp.size());
+  CHECK(line.substr(0, 11) == stamp.substr(0, 11));  // the date, then the time to the millisecond
+  CHECK(line.find(" [ddprun] warning: the store is slow\n") == stamp.size());
+
+  const auto t = std::chrono::system_clock::from_time_t(1800000000) + std::chrono::milliseconds(7);
+  const std::string s = local_time_text(t);
+  REQUIRE(s.size() == 23);
+  CHECK(s.substr(19) == ".007");
+  CHECK(stamp_lines("a\nb\n", "T") == "T a\nT b\n");
+  CHECK(stamp_lines("last", "T") == "T last");
+  CHECK(stamp_lines("", "T").empty());
 }

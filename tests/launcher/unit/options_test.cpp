@@ -252,8 +252,21 @@ TEST_CASE("--early_exit_watch: on by default, 1/0, both spellings, PET_", "[opti
 
 TEST_CASE("--help lists the environment knobs", "[options]") {
   auto r = parse({"--help"});
-  CHECK_THAT(r.message, Catch::Contains("DDPRUN_STORE_LOCK") && Catch::Contains("DDPRUN_DEFAULT_STORE_PORT") &&
+  CHECK_THAT(r.message, Catch::Contains("DDPRUN_DEFAULT_STORE_PORT") &&
                             Catch::Contains("PYTHON_EXEC") && Catch::Contains("DDPRUN_COLLECTIVE_TIMEOUT_S"));
+}
+
+TEST_CASE("--help leaves out the knobs for tests and benchmarks", "[options]") {
+  auto r = parse({"--help"});
+  CHECK_THAT(r.message, !Catch::Contains("DDPRUN_SYSFS_ROOT") && !Catch::Contains("DDPRUN_STORE_LOCK"));
+  CHECK(ddprun::knobs::test_only(ddprun::knobs::kStoreLock));
+  CHECK_FALSE(ddprun::knobs::test_only(ddprun::knobs::kRunsDir));
+}
+
+TEST_CASE("--help says when a worker's exit 99 means preempted", "[options]") {
+  auto r = parse({"--help"});
+  CHECK_THAT(r.message, !Catch::Contains("or a worker exited 99"));
+  CHECK_THAT(r.message, Catch::Contains("DDPRUN_PREEMPT_FILE") && Catch::Contains("Any other worker exit 99 is an ordinary failure"));
 }
 
 TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comma, PET_", "[options]") {

@@ -183,6 +183,17 @@ TEST_CASE("CPU % from two samples: of one core, nothing for a bad interval or a 
   CHECK_FALSE(cpu_percent(10.0, 9.0, 1.0));
 }
 
+TEST_CASE("CPU % right after a spare takes over: no rate over a near-zero uptime", "[status]") {
+  // The spare's process imported torch (6.3 s of CPU) before it became a rank 0.1 s ago.
+  CHECK_FALSE(cpu_percent(0, 6.3, 0.1));
+  CHECK_FALSE(cpu_percent(5.0, 5.2, 0.2));  // two snapshots 200 ms apart
+  // Its first sample counts from when its process started, not from the takeover.
+  CHECK(first_cpu_window_s(0.1, 30.0) == Approx(30.0));
+  CHECK(*cpu_percent(0, 6.3, first_cpu_window_s(0.1, 30.0)) == Approx(21.0));
+  CHECK(first_cpu_window_s(12.0, std::nullopt) == Approx(12.0));
+  CHECK(first_cpu_window_s(12.0, 11.9) == Approx(12.0));
+}
+
 TEST_CASE("GPU samples: a rank gets the GPU its process group uses, its utilisation and memory", "[status]") {
   std::vector<RankSample> ranks(3);
   ranks[0].pid = 100;

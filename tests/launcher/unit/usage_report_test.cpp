@@ -35,21 +35,24 @@ TEST_CASE("GPU columns appear when a rank was sampled; ranks below the threshold
               .peak_rss_bytes = 2048,
               .gpu_index = 0,
               .gpu_seconds = 9.2,
-              .gpu_util_mean = 0.92},
+              .gpu_util_mean = 0.92,
+              .gpu_sampled_s = 60},
              {.global_rank = 1,
               .wall_s = 10,
               .cpu_s = 10,
               .peak_rss_bytes = 2048,
               .gpu_index = 1,
               .gpu_seconds = 4.1,
-              .gpu_util_mean = 0.41},
+              .gpu_util_mean = 0.41,
+              .gpu_sampled_s = 60},
              {.global_rank = 3,
               .wall_s = 10,
               .cpu_s = 10,
               .peak_rss_bytes = 100,
               .gpu_index = 3,
               .gpu_seconds = 6.0,
-              .gpu_util_mean = 0.6}};
+              .gpu_util_mean = 0.6,
+              .gpu_sampled_s = 60}};
   const std::string t = format_usage_table(r);
   CHECK(t.find("rank  wall    CPU     CPU/wall  peak RSS  GPU  GPU-s   GPU util") != std::string::npos);
   CHECK(t.find("r1    10.0 s  10.0 s  100%      2.0 KiB   1    4.10 s  41%") != std::string::npos);
@@ -73,6 +76,21 @@ TEST_CASE("The failed rank's row is marked; a worker never reaped shows dashes",
         "    rank  wall    CPU     CPU/wall  peak RSS\n"
         "    r0    -       -       -         -\n"
         "    r1    2.00 s  1.00 s  50%       2.0 KiB   <- failed: exit code 1");
+}
+
+TEST_CASE("No GPU warning for a run too short to judge", "[usage]") {
+  UsageReport r;
+  r.host = "g";
+  // An 8-second job: its GPU sampled for 7 s, mostly start-up.
+  r.ranks = {{.global_rank = 0, .wall_s = 8, .cpu_s = 8, .gpu_index = 0, .gpu_seconds = 1.4, .gpu_util_mean = 0.2,
+              .gpu_sampled_s = 7}};
+  CHECK(low_gpu_utilisation_warning(r).empty());
+  r.ranks[0].gpu_sampled_s = kMinGpuJudgeS - 1;
+  CHECK(low_gpu_utilisation_warning(r).empty());
+  r.ranks[0].gpu_sampled_s.reset();  // not known: not judged
+  CHECK(low_gpu_utilisation_warning(r).empty());
+  r.ranks[0].gpu_sampled_s = kMinGpuJudgeS;
+  CHECK(low_gpu_utilisation_warning(r).rfind("mean GPU utilisation below 85% (--gpu_util_warn=0.85): r0 20%;", 0) == 0);
 }
 
 TEST_CASE("No worker, no table; human-readable sizes", "[usage]") {

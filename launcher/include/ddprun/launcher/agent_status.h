@@ -64,8 +64,15 @@ std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::
 std::string format_status_table(const std::vector<AgentStatus>& agents);
 
 // CPU % of one core between two samples of a process's CPU seconds `wall_s` apart; nullopt
-// when the interval is not positive or the counter went back (another process with that pid).
+// when the interval is shorter than kMinCpuWindowS (a rate over a few milliseconds says nothing)
+// or the counter went back (another process with that pid).
+inline constexpr double kMinCpuWindowS = 1.0;
 std::optional<double> cpu_percent(double cpu_s_before, double cpu_s_now, double wall_s);
+
+// The window of a worker's first CPU sample: since its process started (`process_age_s`, from
+// /proc), not since it became a rank. A spare's process ran (imported its modules) long before it
+// took over a rank; its CPU seconds count from then. The rank's uptime when the age is unknown.
+double first_cpu_window_s(double rank_uptime_s, std::optional<double> process_age_s);
 
 // One GPU as NVML saw it.
 struct GpuDeviceSample {

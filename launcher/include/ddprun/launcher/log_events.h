@@ -24,8 +24,9 @@ class LogEvent {
 };
 
 // Installs the "ddprun" logger on stderr as the default one: "[ddprun] level: message" or JSON
-// lines; debug lines with verbosity > 0.
-void configure_logging(LogFormat format, int verbosity);
+// lines; debug lines with verbosity > 0. `timestamps` (--log_timestamps): each text line begins
+// with the local time (JSON lines always carry theirs).
+void configure_logging(LogFormat format, int verbosity, bool timestamps = false);
 LogFormat log_format();
 // The node rank the rendezvous gave this agent (JSON lines carry it from then on).
 void set_log_node_rank(std::optional<int> node_rank);

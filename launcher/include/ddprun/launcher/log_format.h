@@ -39,6 +39,15 @@ struct LogRecord {
 // characters as \n, \t or \u00XX); bytes that are not UTF-8 become U+FFFD, so every line parses.
 std::string json_log_line(const LogRecord& r);
 
+// Text mode: spdlog's pattern for ddprun's lines, "[ddprun] level: message", with
+// --log_timestamps "2026-12-06 12:14:47.123 [ddprun] level: message" (local time).
+std::string text_log_pattern(bool timestamps);
+// "2026-12-06 12:14:47.123", local time, as text_log_pattern's timestamps.
+std::string local_time_text(std::chrono::system_clock::time_point t);
+// `text` with "<stamp> " before each of its lines (a text block printed as it is: the summary, the
+// usage table).
+std::string stamp_lines(std::string_view text, std::string_view stamp);
+
 // Parses a --log_format value ("text" or "json"); nullopt otherwise.
 std::optional<LogFormat> parse_log_format(std::string_view s);
 

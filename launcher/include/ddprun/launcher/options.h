@@ -48,8 +48,10 @@ inline constexpr const char* kExitCodeHelp =
     "128+N when killed by signal N), also after the restarts are spent; 2 bad command line; "
     "128+N ddprun itself stopped by signal N; 74 the workers succeeded but log files lost output "
     "(full disk, I/O error: the console has it all, the summary lists the files); 124 "
-    "--exit_barrier_timeout expired and the workers still running were stopped; 99 preempted "
-    "(a --preempt_signals signal, or a worker exited 99): not a failure, requeue the job.";
+    "--exit_barrier_timeout expired and the workers still running were stopped; 99 preempted: "
+    "a --preempt_signals signal reached ddprun, or a worker wrote 'preempted' to its "
+    "DDPRUN_PREEMPT_FILE and then exited 99 (not a failure, requeue the job). Any other worker "
+    "exit 99 is an ordinary failure.";
 
 // What the host offers, for `--nproc_per_node=cpu|gpu|auto`. probe_system() fills it from
 // the machine (the launcher never links CUDA: GPUs are counted from CUDA_VISIBLE_DEVICES, or
@@ -171,6 +173,7 @@ struct OutputOptions {
   EventLogHandler event_log_handler = EventLogHandler::Null;
   int verbosity = 0;  // -v: debug logs
   LogFormat log_format = LogFormat::Text;
+  bool log_timestamps = false;  // --log_timestamps: text lines begin with the local time
   // --gpu_util_warn: the end-of-run table warns about ranks whose mean GPU utilisation stayed
   // below this (0 = never).
   double gpu_util_warn = 0.85;  // --log_format: ddprun's own lines as text or JSON lines

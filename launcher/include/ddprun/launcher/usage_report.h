@@ -35,6 +35,7 @@ struct RankUsage {
   bool measured = true;
   // How it failed ("exit code 1", "SIGKILL", "hung") when it is the attempt's failed rank, else "".
   std::string failure;
+  std::optional<double> gpu_sampled_s;  // how long its GPU was sampled (the time gpu_util_mean covers)
 };
 
 // Sets allreduce_share / allreduce_hidden from a worker's statistics; leaves them unset when
@@ -56,7 +57,10 @@ struct UsageReport {
 // row ends with "<- failed: exit code 1".
 std::string format_usage_table(const UsageReport& r);
 // "mean GPU utilisation below 85% (--gpu_util_warn=0.85): r1 41%, r3 60%; ..." or "" when every
-// sampled rank is at or above the threshold (or none was sampled).
+// sampled rank is at or above the threshold (or none was sampled). A rank counts only when its
+// GPU was sampled for kMinGpuJudgeS or more: a shorter run is mostly start-up (CUDA context,
+// loading, the first compiled steps), and its mean says nothing about training.
+inline constexpr double kMinGpuJudgeS = 60;
 std::string low_gpu_utilisation_warning(const UsageReport& r);
 
 // "1.5 KiB", "412 MiB", "2.3 GiB".

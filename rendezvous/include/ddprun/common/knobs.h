@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace ddprun::knobs {
 
@@ -75,6 +76,16 @@ inline constexpr Knob kAll[] = {kPythonExec,   kDefaultPython,    kDefaultStoreP
                                 kShm,          kDebugCollectives, kRdzvToken,        kMungeSocket,
                                 kRunsDir};
 
+// Knobs for tests and benchmarks only: read as always, documented next to their readers
+// (launcher/README.md, docs/PROTOCOL.md), but not listed in --help.
+inline constexpr Knob kTestOnly[] = {kSysfsRoot, kStoreLock};
+
+inline bool test_only(const Knob& knob) {
+  for (const Knob& t : kTestOnly)
+    if (std::string_view(t.name) == knob.name) return true;
+  return false;
+}
+
 // The knob's value from this process's environment; nullopt when unset or empty.
 inline std::optional<std::string> get(const Knob& knob) {
   const char* v = std::getenv(knob.name);
@@ -90,10 +101,11 @@ std::optional<std::string> get(const Knob& knob, const Map& env) {
   return it->second;
 }
 
-// "  NAME (default D; read by R): meaning" per knob, for --help.
+// "  NAME (default D; read by R): meaning" per knob users set (not the test-only ones), for --help.
 inline std::string describe_all() {
   std::string out;
   for (const Knob& k : kAll) {
+    if (test_only(k)) continue;
     out += std::string("  ") + k.name + " (default " + k.default_value + "; read by " + k.reader + ")\n      " +
            k.meaning + "\n";
   }

@@ -259,7 +259,16 @@ class RoundState {
   void restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
                std::vector<Outbound>& out);
   void fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out);
+  // A node as users read it: "node 2 (host gpu-7, 10.0.0.7)", its node rank in its last round
+  // ("a node" before one) and its host, never the agent's internal id.
   static std::string describe(const Node& n);
+
+ public:
+  // The host name in an agent's id ("<hostname>_<host>_<pid>" gives hostname); the id itself
+  // when it has another form.
+  static std::string host_name_of(const std::string& node_id, const std::string& host);
+
+ private:
   // `m` to each of `conns` (ConnIds, or map entries keyed by them) that `to` accepts.
   template <class Conns, class To>
   void broadcast(const Conns& conns, Message m, To to, std::vector<Outbound>& out) const;
