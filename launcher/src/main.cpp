@@ -27,8 +27,7 @@ int main(int argc, char** argv) {
     return run_status(std::vector<std::string>(argv + 2, argv + argc), env);
   // `ddprun dump [RUN]`: the stacks of a running job's workers, nothing stopped.
   if (argc > 1 && std::string(argv[1]) == "dump") return run_dump(std::vector<std::string>(argv + 2, argv + argc), env);
-  ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env,
-                                           probe_system(env));
+  ParseOutcome parsed = parse_command_line(std::vector<std::string>(argv, argv + argc), env, probe_system(env));
   if (!parsed.options) {
     if (parsed.exit_code == 0) {
       std::fputs(parsed.message.c_str(), stdout);

@@ -49,8 +49,12 @@ int main(int argc, char** argv) {
     const std::string nc = rdzv::random_nonce(), ns = rdzv::random_nonce(), key = "a token of 16+ bytes, for timing";
     rdzv::SessionMac agent(key, nc, ns, rdzv::SessionMac::Side::Agent),
         server(key, nc, ns, rdzv::SessionMac::Side::Server);
-    const rdzv::Join j{.run_id = run_id, .node_id = "sim1234", .host = "127.0.0.1", .local_world_size = nproc,
-                       .min_nodes = agents, .max_nodes = agents};
+    const rdzv::Join j{.run_id = run_id,
+                       .node_id = "sim1234",
+                       .host = "127.0.0.1",
+                       .local_world_size = nproc,
+                       .min_nodes = agents,
+                       .max_nodes = agents};
     size_t bytes = 0;
     auto t0 = Clock::now();
     for (int i = 0; i < mac_cost; ++i) {
@@ -155,14 +159,14 @@ int main(int argc, char** argv) {
     std::string b;
     if (token.empty()) wire::Writer(b).u8(0).u32(rdzv::kAgentMagic);
     auto join = rdzv::to_message(rdzv::Join{.run_id = run_id,
-                            .node_id = "sim" + std::to_string(i),
-                            .host = "127.0.0.1",
-                            .local_world_size = nproc,
-                            .min_nodes = agents,
-                            .max_nodes = agents,
-                            .last_call_ms = 30000,
-                            .join_timeout_ms = 120000,
-                            .heartbeat_timeout_ms = 120000});
+                                            .node_id = "sim" + std::to_string(i),
+                                            .host = "127.0.0.1",
+                                            .local_world_size = nproc,
+                                            .min_nodes = agents,
+                                            .max_nodes = agents,
+                                            .last_call_ms = 30000,
+                                            .join_timeout_ms = 120000,
+                                            .heartbeat_timeout_ms = 120000});
     if (sessions[i]) sessions[i]->seal(join);
     rdzv::encode_message(join, b);
     if (::send(fds[i], b.data(), b.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(b.size())) {

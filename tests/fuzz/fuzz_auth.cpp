@@ -19,23 +19,23 @@
 namespace ddprun::fuzz {
 namespace {
 
-#define AUTH_CHECK(cond, what)                                                                               \
-  do {                                                                                                       \
-    if (!(cond)) {                                                                                           \
+#define AUTH_CHECK(cond, what)                                                                            \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
       std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
-      std::abort();                                                                                          \
-    }                                                                                                        \
+      std::abort();                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 const std::string kToken = "the fuzzed job's token, 16+ bytes";
 const std::string kClientNonce(64, 'a'), kServerNonce(64, 'b');
 
 enum Mode : uint8_t {
-  kAgentSide = 1,   // fuzz the agent (the bytes are the server's), else the server
-  kProve = 2,       // put the right proof (and binding) into the handshake frame
-  kSeal = 4,        // seal frames after the handshake with the right key
-  kStanding = 8,    // the server says it is standing
-  kOpen = 16,       // the server requires no token
+  kAgentSide = 1,  // fuzz the agent (the bytes are the server's), else the server
+  kProve = 2,      // put the right proof (and binding) into the handshake frame
+  kSeal = 4,       // seal frames after the handshake with the right key
+  kStanding = 8,   // the server says it is standing
+  kOpen = 16,      // the server requires no token
 };
 
 // The next frame of `in` from `pos`, or nothing once the stream ends or breaks.
@@ -137,10 +137,8 @@ void agent_side(uint8_t mode, const uint8_t* in, size_t size) {
 void auth_entry(const uint8_t* data, size_t size) {
   if (size == 0) return;
   const uint8_t mode = data[0];
-  if (mode & kAgentSide)
-    agent_side(mode, data + 1, size - 1);
-  else
-    server_side(mode, data + 1, size - 1);
+  if (mode & kAgentSide) agent_side(mode, data + 1, size - 1);
+  else server_side(mode, data + 1, size - 1);
 }
 
 }  // namespace ddprun::fuzz

@@ -19,13 +19,12 @@ namespace ddprun::fuzz {
 namespace {
 
 // Aborts (a crash to libFuzzer, a failure to the replay test) when an invariant breaks.
-#define FUZZ_CHECK(cond, what)                                                                  \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   what);                                                                       \
-      std::abort();                                                                             \
-    }                                                                                           \
+#define FUZZ_CHECK(cond, what)                                                                            \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
+      std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
+      std::abort();                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 using wire::Dialect;
@@ -43,12 +42,8 @@ void check_result(const ParseResult& r, size_t size, const wire::Limits& limits)
       FUZZ_CHECK(r.need_total > size, "NeedMore asks for more than the buffer holds");
       FUZZ_CHECK(r.need_total <= limits.max_request_bytes, "NeedMore never past the request limit");
       break;
-    case ParseStatus::Bad:
-      FUZZ_CHECK(!r.error.empty(), "Bad says why");
-      break;
-    case ParseStatus::Partial:
-      FUZZ_CHECK(false, "Partial comes from StepParser only");
-      break;
+    case ParseStatus::Bad: FUZZ_CHECK(!r.error.empty(), "Bad says why"); break;
+    case ParseStatus::Partial: FUZZ_CHECK(false, "Partial comes from StepParser only"); break;
   }
 }
 
@@ -283,8 +278,7 @@ class FakeServer : public rdzv::WorkerStores {
     Conn& c = *slots_[slot];
     size_t pos = 0;
     if (c.dialect == Dialect::Unknown && !c.agent) {
-      if (c.in.size() >= 5 && c.in[0] == 0 && wire::load_u32(c.in.data() + 1) == rdzv::kAgentMagic &&
-          c.ks == &main_) {
+      if (c.in.size() >= 5 && c.in[0] == 0 && wire::load_u32(c.in.data() + 1) == rdzv::kAgentMagic && c.ks == &main_) {
         c.agent = true;
         pos = 5;
       } else {

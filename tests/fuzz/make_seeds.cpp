@@ -197,12 +197,12 @@ int main(int argc, char** argv) {
     rdzv::encode(rdzv::Leave{}, leave);
     // two agents, a round, a failure, a restart round, success; a worker on the round store
     std::string s = on_slot(0, agent_hello() + j0) + on_slot(1, agent_hello() + j1) +
-                    on_slot(6, validate() + pytorch_session(wire::Dialect::D2)) + on_slot(0, fail) +
-                    on_slot(0, j0) + on_slot(1, j1) + on_slot(0, ok0) + on_slot(1, ok0) + tick(4);
+                    on_slot(6, validate() + pytorch_session(wire::Dialect::D2)) + on_slot(0, fail) + on_slot(0, j0) +
+                    on_slot(1, j1) + on_slot(0, ok0) + on_slot(1, ok0) + tick(4);
     write(server, "rdzv_two_nodes", s);
     write(server, "rdzv_timeout", on_slot(0, agent_hello() + j0) + tick(127) + tick(127) + tick(127));
-    write(server, "rdzv_lost_node", on_slot(0, agent_hello() + j0) + on_slot(1, agent_hello() + j1) + hang_up(1) +
-                                        tick(8) + on_slot(0, leave));
+    write(server, "rdzv_lost_node",
+          on_slot(0, agent_hello() + j0) + on_slot(1, agent_hello() + j1) + hang_up(1) + tick(8) + on_slot(0, leave));
     rdzv::Join fixed = join("n0", 1);
     fixed.fixed_store_port = true;
     std::string jf;
@@ -229,11 +229,11 @@ int main(int argc, char** argv) {
     write(auth, "server_forged", frames(2, {hello, proof, forged, j}));
     write(auth, "server_wrong_proof", frames(0, {hello, proof, j}));
     write(auth, "server_open", frames(16 | 2, {hello, j, beat}));
-    const auto challenge = rdzv::to_message(rdzv::Challenge{
-        .token_required = true, .server_nonce = std::string(64, 'b'), .standing = true, .version = 3});
+    const auto challenge = rdzv::to_message(
+        rdzv::Challenge{.token_required = true, .server_nonce = std::string(64, 'b'), .standing = true, .version = 3});
     const auto round = rdzv::to_message(rdzv::Round{.run_id = "job", .round = 1});
-    write(auth, "agent_sealed", frames(1 | 2 | 4, {challenge, rdzv::to_message(rdzv::Welcome{}), round,
-                                                   rdzv::to_message(rdzv::Restart{})}));
+    write(auth, "agent_sealed",
+          frames(1 | 2 | 4, {challenge, rdzv::to_message(rdzv::Welcome{}), round, rdzv::to_message(rdzv::Restart{})}));
     write(auth, "agent_forged", frames(1 | 2, {challenge, rdzv::to_message(rdzv::Welcome{}), round}));
     write(auth, "agent_refused", frames(1, {rdzv::to_message(rdzv::Error{.message = "no"})}));
   }
@@ -246,16 +246,18 @@ int main(int argc, char** argv) {
     return s;
   };
   write(options, "standalone", cmd({"--standalone", "--nproc_per_node=2", "train.py", "--lr", "0.1"}));
-  write(options, "multinode", cmd({"--nnodes=1:4", "--nproc_per_node=gpu", "--rdzv_backend=c10d",
-                                   "--rdzv_endpoint=host:29400", "--rdzv_id=job", "--max_restarts=3",
-                                   "--rdzv_conf=join_timeout=60,last_call_timeout=5", "-m", "pkg.mod"}));
-  write(options, "static", cmd({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500",
-                                "--redirects=3", "--tee=0:1,1:2", "--local_ranks_filter=0,1", "--log_dir=/tmp/x",
-                                "--no_python", "./bin"}));
-  write(options, "env", cmd({"PET_NPROC_PER_NODE=4", "PET_NNODES=2", "PET_RDZV_ENDPOINT=[::1]:29400",
-                             "PET_MAX_RESTARTS=2", "train.py"}));
-  write(options, "signals", cmd({"--signals_to_handle=SIGTERM,SIGINT,SIGUSR1", "--monitor_interval=0.5",
-                                 "--start_method=spawn", "--run_path", "script.py"}));
+  write(options, "multinode",
+        cmd({"--nnodes=1:4", "--nproc_per_node=gpu", "--rdzv_backend=c10d", "--rdzv_endpoint=host:29400",
+             "--rdzv_id=job", "--max_restarts=3", "--rdzv_conf=join_timeout=60,last_call_timeout=5", "-m", "pkg.mod"}));
+  write(options, "static",
+        cmd({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500", "--redirects=3",
+             "--tee=0:1,1:2", "--local_ranks_filter=0,1", "--log_dir=/tmp/x", "--no_python", "./bin"}));
+  write(options, "env",
+        cmd({"PET_NPROC_PER_NODE=4", "PET_NNODES=2", "PET_RDZV_ENDPOINT=[::1]:29400", "PET_MAX_RESTARTS=2",
+             "train.py"}));
+  write(options, "signals",
+        cmd({"--signals_to_handle=SIGTERM,SIGINT,SIGUSR1", "--monitor_interval=0.5", "--start_method=spawn",
+             "--run_path", "script.py"}));
   write(options, "help", cmd({"--help"}));
   // Inside an srun step: SLURM_* variables (slurm.h) derive the multi-node flags.
   write(options, "slurm_static",

@@ -222,9 +222,12 @@ double store_checks_cpu(int n) {
         p.from("10." + std::to_string(i >> 16) + "." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255));
     REQUIRE(admit_open(a, c).admitted);
     rounds.on_message(c->id,
-                      rdzv::to_message(rdzv::Join{.run_id = "big", .node_id = "n" + std::to_string(i),
-                                                  .host = c->session.peer.to_string(), .local_world_size = 8,
-                                                  .min_nodes = n, .max_nodes = n}),
+                      rdzv::to_message(rdzv::Join{.run_id = "big",
+                                                  .node_id = "n" + std::to_string(i),
+                                                  .host = c->session.peer.to_string(),
+                                                  .local_world_size = 8,
+                                                  .min_nodes = n,
+                                                  .max_nodes = n}),
                       now, out);
     agents.push_back(c);
   }

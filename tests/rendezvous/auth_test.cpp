@@ -359,8 +359,8 @@ TEST_CASE("WithATokenBothSidesRefuseAPeerThatDoesNotSeal", "[auth]") {
   ServerHandshake closed(kToken, ns);
   auto r = closed.on_message(to_message(Hello{.version = 1, .client_nonce = nc}));
   CHECK(r.refused);
-  CHECK_THAT(from_message<Error>(*r.reply).message, Catch::Contains("older ddprun") &&
-                                                        Catch::Contains("same ddprun version"));
+  CHECK_THAT(from_message<Error>(*r.reply).message,
+             Catch::Contains("older ddprun") && Catch::Contains("same ddprun version"));
   // ... and taken by an open one, which seals nothing.
   ServerHandshake open("", ns);
   auto o = open.on_message(to_message(Hello{.version = 1, .client_nonce = nc}));
@@ -430,8 +430,8 @@ TEST_CASE("MungeCredentialsAdmitOnlyThisUserThisStepThisConnection", "[auth][mun
   // ... one made for another connection (a replay), and payloads that are not ours.
   CHECK_THROWS_WITH(check_munge_credential(good, 1000, scope, random_nonce()), Catch::Contains("replay"));
   for (const std::string& payload : std::vector<std::string>{"hello", munge_payload(scope, nc, "short"),
-                                                            "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
-                                                            munge_payload(scope, nc, secret) + "|extra"})
+                                                             "ddprun-rdzv-munge-v0|4242|0|" + nc + "|" + secret,
+                                                             munge_payload(scope, nc, secret) + "|extra"})
     CHECK_THROWS_AS(check_munge_credential(MungeDecoded{.uid = 1000, .payload = payload}, 1000, scope, nc),
                     MungeRefused);
 }

@@ -186,7 +186,9 @@ TEST_CASE("RandomBytesNeverCrashTheParser", "[codec][fuzz]") {
     std::string buf;
     size_t n = (x >> 7) % 64;
     for (size_t i = 0; i < n; ++i) {
-      x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
       buf.push_back(static_cast<char>(i == 0 ? x % 20 : (x % 4 == 0 ? 0 : x & 0xff)));
     }
     Request r;

@@ -97,8 +97,12 @@ std::vector<Transcript> read_file(const std::string& path) {
 
 // The agent's messages after the handshake, and the server's answers, of the fixed transcripts.
 std::vector<rdzv::Message> agent_messages() {
-  return {rdzv::to_message(rdzv::Join{.run_id = "wire-compat", .node_id = "node-0", .host = "10.0.0.1",
-                                      .local_world_size = 8, .min_nodes = 2, .max_nodes = 2}),
+  return {rdzv::to_message(rdzv::Join{.run_id = "wire-compat",
+                                      .node_id = "node-0",
+                                      .host = "10.0.0.1",
+                                      .local_world_size = 8,
+                                      .min_nodes = 2,
+                                      .max_nodes = 2}),
           rdzv::to_message(rdzv::Heartbeat{.status = "training step 7"}), rdzv::to_message(rdzv::Leave{})};
 }
 std::vector<rdzv::Message> server_messages() {
@@ -280,8 +284,8 @@ int replay(int port, const std::string& path) {
       }
       rdzv::Message got = parsed(c.frame());
       if (mac.open(got) != rdzv::SessionMac::Verdict::Ok || got.type != m.type)
-        throw std::runtime_error(std::string("ddprund answered ") + rdzv::msg_type_name(got.type) + ", recorded: " +
-                                 rdzv::msg_type_name(m.type));
+        throw std::runtime_error(std::string("ddprund answered ") + rdzv::msg_type_name(got.type) +
+                                 ", recorded: " + rdzv::msg_type_name(m.type));
     }
     std::cout << "ok: replayed " << t.name << " against ddprund\n";
     return 0;

@@ -107,8 +107,7 @@ struct MuxConn {
         REQUIRE(d.status == wire::ParseStatus::Ok);
         if (d.frame.kind == mux::Kind::Data)
           data[d.frame.channel].append(reinterpret_cast<const char*>(d.frame.payload.data()), d.frame.payload.size());
-        else if (d.frame.kind == mux::Kind::Close)
-          closed.push_back(d.frame.channel);
+        else if (d.frame.kind == mux::Kind::Close) closed.push_back(d.frame.channel);
         in.erase(0, d.consumed);
       }
     }

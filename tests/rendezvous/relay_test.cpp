@@ -154,16 +154,15 @@ std::string frame(const rdzv::Message& m) {
 }
 }  // namespace
 
-
 namespace {
 // Two agents of a 2-node job in their round: `through` behind a relay, `direct` not.
 struct Job {
   std::unique_ptr<server::StoreServer> srv = start_token_server();
   Relay relay{srv->port()};
-  std::unique_ptr<rdzv::RendezvousClient> through = std::make_unique<rdzv::RendezvousClient>(
-      "127.0.0.1", relay.port(), 5s, 300ms, std::function<bool()>{}, kToken);
-  std::unique_ptr<rdzv::RendezvousClient> direct = std::make_unique<rdzv::RendezvousClient>(
-      "127.0.0.1", srv->port(), 5s, 300ms, std::function<bool()>{}, kToken);
+  std::unique_ptr<rdzv::RendezvousClient> through =
+      std::make_unique<rdzv::RendezvousClient>("127.0.0.1", relay.port(), 5s, 300ms, std::function<bool()>{}, kToken);
+  std::unique_ptr<rdzv::RendezvousClient> direct =
+      std::make_unique<rdzv::RendezvousClient>("127.0.0.1", srv->port(), 5s, 300ms, std::function<bool()>{}, kToken);
   rdzv::Round ra, rb;
   Job() {
     auto fa = std::async(std::launch::async, [&] { return through->join(info("a"), 10s); });

@@ -406,14 +406,16 @@ TEST_CASE("ARoundWhoseAddressesOutgrowRoundKeepsItsStoreOnTheServer", "[round][a
   // Past kMaxStorePeersLen ROUND to node rank 0 would outgrow a frame: the server keeps the store.
   FakeStores stores;
   const int64_t n = 12000;  // two IPv6 addresses of about 38 characters each: past 768 KiB
-  const auto r = round_of_offering_nodes(stores, n, [](int64_t i) {
-    char a[64];
-    std::snprintf(a, sizeof a, "fd00:aaaa:bbbb:cccc:dddd:eeee:%x:%x", static_cast<unsigned>(i / 65536 + 1),
-                  static_cast<unsigned>(i % 65536));
-    return std::string(a);
-  }, true);
+  const auto r = round_of_offering_nodes(
+      stores, n,
+      [](int64_t i) {
+        char a[64];
+        std::snprintf(a, sizeof a, "fd00:aaaa:bbbb:cccc:dddd:eeee:%x:%x", static_cast<unsigned>(i / 65536 + 1),
+                      static_cast<unsigned>(i % 65536));
+        return std::string(a);
+      },
+      true);
   CHECK(r.store_host.empty());
   CHECK(r.store_peers.empty());
   CHECK(stores.open_stores.size() == 1);
 }
-

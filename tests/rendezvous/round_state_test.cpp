@@ -134,13 +134,13 @@ TEST_CASE("OnlyAQuickFailureRepeatingTheSameWayIsDeterministic", "[rdzv]") {
     if (f) CHECK_THAT(f->msg.get("reason"), Catch::Contains("deterministic failure"));
     return f != nullptr;
   };
-  CHECK(second_failure_ends_job({3, 1, 300}, {3, 1, 400}));          // an import error, twice
-  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 3000}));  // ran 3 s: transient, retried
-  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {2, 1, 300}));    // another rank
-  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {3, 2, 300}));    // another way
-  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 300}));   // the first was not quick
+  CHECK(second_failure_ends_job({3, 1, 300}, {3, 1, 400}));                        // an import error, twice
+  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 3000}));                // ran 3 s: transient, retried
+  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {2, 1, 300}));                  // another rank
+  CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {3, 2, 300}));                  // another way
+  CHECK_FALSE(second_failure_ends_job({3, 1, 3000}, {3, 1, 300}));                 // the first was not quick
   CHECK_FALSE(second_failure_ends_job({3, 1, 300}, {3, 1, 300}, /*retry=*/true));  // asked to retry
-  CHECK(second_failure_ends_job({3, 1, -1}, {3, 1, -1}));            // an older agent says no runtime
+  CHECK(second_failure_ends_job({3, 1, -1}, {3, 1, -1}));                          // an older agent says no runtime
 }
 
 TEST_CASE("AConfigErrorEndsTheJobAtOnceWithRestartsLeftUnlessAskedToRetry", "[rdzv]") {
@@ -472,9 +472,19 @@ TEST_CASE("FixedStorePortOpensEveryRoundOnTheServersPort", "[rdzv]") {
 }
 
 TEST_CASE("TypedMessagesRoundTripEveryField", "[rdzv]") {
-  Join j{.run_id = "r", .node_id = "n", .host = "h", .local_world_size = 3, .min_nodes = 2, .max_nodes = 4,
-         .max_restarts = 5, .last_call_ms = 6, .join_timeout_ms = 7, .heartbeat_timeout_ms = 8,
-         .fixed_store_port = true, .node_rank = 1, .prefer_rank0 = true};
+  Join j{.run_id = "r",
+         .node_id = "n",
+         .host = "h",
+         .local_world_size = 3,
+         .min_nodes = 2,
+         .max_nodes = 4,
+         .max_restarts = 5,
+         .last_call_ms = 6,
+         .join_timeout_ms = 7,
+         .heartbeat_timeout_ms = 8,
+         .fixed_store_port = true,
+         .node_rank = 1,
+         .prefer_rank0 = true};
   auto back = from_message<Join>(to_message(j));
   CHECK(back.run_id == "r");
   CHECK(back.local_world_size == 3);
@@ -484,7 +494,9 @@ TEST_CASE("TypedMessagesRoundTripEveryField", "[rdzv]") {
   CHECK(back.node_rank == 1);
   CHECK(back.prefer_rank0);
   CHECK(from_message<Join>(to_message(Join{})).node_rank == -1);  // absent fields keep defaults
-  JobFailed f{.reason = "x", .cause = static_cast<int64_t>(FailCause::Deterministic), .max_restarts = 3,
+  JobFailed f{.reason = "x",
+              .cause = static_cast<int64_t>(FailCause::Deterministic),
+              .max_restarts = 3,
               .first_failure = Failure{.global_rank = 7, .signal = "SIGKILL", .stderr_tail = "a\nb", .host = "h2"}};
   auto m = to_message(f);
   CHECK(m.get("first_failure.global_rank") == "7");  // the wire names old peers read

@@ -28,8 +28,7 @@ class SealedAgent {
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect");
-    rdzv::ClientHandshake hs(kSecret, rdzv::random_nonce(),
-                             "127.0.0.1:" + std::to_string(port));
+    rdzv::ClientHandshake hs(kSecret, rdzv::random_nonce(), "127.0.0.1:" + std::to_string(port));
     std::string out;
     wire::Writer(out).u8(0).u32(rdzv::kAgentMagic);
     rdzv::encode_message(hs.hello(), out);

@@ -10,14 +10,22 @@ namespace {
 // What srun puts in the environment of one task of a 2-node step with one task per node
 // (copied from a real step on the test cluster, tests/slurm/cluster.py).
 EnvMap two_node_step(int node_id) {
-  return {{"SLURM_JOB_ID", "41"},           {"SLURM_JOBID", "41"},
-          {"SLURM_STEP_ID", "0"},           {"SLURM_STEPID", "0"},
-          {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_NODELIST", "gpu[07-08]"},
-          {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NUM_NODES", "2"},
-          {"SLURM_NNODES", "2"},            {"SLURM_STEP_NUM_NODES", "2"},
-          {"SLURM_NTASKS", "2"},            {"SLURM_STEP_NUM_TASKS", "2"},
-          {"SLURM_NODEID", std::to_string(node_id)}, {"SLURM_PROCID", std::to_string(node_id)},
-          {"SLURM_LOCALID", "0"},           {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+  return {{"SLURM_JOB_ID", "41"},
+          {"SLURM_JOBID", "41"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEPID", "0"},
+          {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+          {"SLURM_NODELIST", "gpu[07-08]"},
+          {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+          {"SLURM_JOB_NUM_NODES", "2"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_NTASKS", "2"},
+          {"SLURM_STEP_NUM_TASKS", "2"},
+          {"SLURM_NODEID", std::to_string(node_id)},
+          {"SLURM_PROCID", std::to_string(node_id)},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
           {"SLURMD_NODENAME", node_id == 0 ? "gpu07" : "gpu08"}};
 }
 
@@ -69,12 +77,11 @@ TEST_CASE("slurm: a 2-node step gives the static rendezvous on the first host", 
     CHECK(o.nodes.nproc_per_node == 3);
     // One line, naming each derived flag and its source, and the way out.
     CHECK(o.platform.slurm_summary.find('\n') == std::string::npos);
-    CHECK_THAT(o.platform.slurm_summary, Catch::Contains("Slurm step 41.0") &&
-                                    Catch::Contains("--nnodes=2 (SLURM_STEP_NUM_NODES)") &&
-                                    Catch::Contains("--node_rank=" + std::to_string(node) + " (SLURM_NODEID)") &&
-                                    Catch::Contains("--master_addr=gpu07 (first of SLURM_STEP_NODELIST)") &&
-                                    Catch::Contains("--master_port=" + std::to_string(port)) &&
-                                    Catch::Contains("--no_slurm"));
+    CHECK_THAT(o.platform.slurm_summary,
+               Catch::Contains("Slurm step 41.0") && Catch::Contains("--nnodes=2 (SLURM_STEP_NUM_NODES)") &&
+                   Catch::Contains("--node_rank=" + std::to_string(node) + " (SLURM_NODEID)") &&
+                   Catch::Contains("--master_addr=gpu07 (first of SLURM_STEP_NODELIST)") &&
+                   Catch::Contains("--master_port=" + std::to_string(port)) && Catch::Contains("--no_slurm"));
     CHECK_THAT(o.platform.slurm_summary, !Catch::Contains("nproc_per_node"));  // given, not derived
   }
 }
@@ -175,10 +182,12 @@ TEST_CASE("slurm: --nnodes=MIN:MAX makes it elastic on the first host", "[slurm]
 
 TEST_CASE("slurm: one task on one node stays a single node", "[slurm]") {
   // srun -n1 inside a 2-node allocation: the step has one node.
-  EnvMap env{{"SLURM_JOB_ID", "7"},          {"SLURM_STEP_ID", "3"},        {"SLURM_JOB_NUM_NODES", "2"},
-             {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_NNODES", "1"},
-             {"SLURM_STEP_NUM_NODES", "1"},  {"SLURM_NTASKS", "1"},         {"SLURM_STEP_NUM_TASKS", "1"},
-             {"SLURM_NODEID", "0"},          {"SLURM_PROCID", "0"}};
+  EnvMap env{{"SLURM_JOB_ID", "7"},         {"SLURM_STEP_ID", "3"},
+             {"SLURM_JOB_NUM_NODES", "2"},  {"SLURM_JOB_NODELIST", "n[1-2]"},
+             {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_NNODES", "1"},
+             {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_NTASKS", "1"},
+             {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_NODEID", "0"},
+             {"SLURM_PROCID", "0"}};
   auto o = ok({"x.py"}, env);
   CHECK(o.nodes.max_nodes == 1);
   CHECK(o.rendezvous.master_addr == "127.0.0.1");
@@ -202,8 +211,9 @@ TEST_CASE("slurm: more tasks than nodes is refused with the srun line to use", "
 }
 
 TEST_CASE("slurm: a batch script (no step) derives nothing, and warns on many nodes", "[slurm]") {
-  EnvMap env{{"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NUM_NODES", "2"}, {"SLURM_NNODES", "2"},
-             {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NODEID", "0"}, {"SLURM_PROCID", "0"}};
+  EnvMap env{{"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NUM_NODES", "2"},
+             {"SLURM_NNODES", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+             {"SLURM_NODEID", "0"}, {"SLURM_PROCID", "0"}};
   auto o = ok({"x.py"}, env);
   CHECK(o.nodes.max_nodes == 1);
   CHECK(o.platform.slurm_summary.empty());
@@ -215,9 +225,7 @@ TEST_CASE("slurm: a batch script (no step) derives nothing, and warns on many no
 
 TEST_CASE("slurm: GPUs Slurm gave the task", "[slurm]") {
   auto env = two_node_step(0);
-  SECTION("no GPU variables: nproc_per_node stays 1") {
-    CHECK(ok({"x.py"}, env).nodes.nproc_per_node == 1);
-  }
+  SECTION("no GPU variables: nproc_per_node stays 1") { CHECK(ok({"x.py"}, env).nodes.nproc_per_node == 1); }
   SECTION("SLURM_GPUS_ON_NODE sets the default and answers gpu") {
     env["SLURM_GPUS_ON_NODE"] = "4";
     auto o = ok({"x.py"}, env);

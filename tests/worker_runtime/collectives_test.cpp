@@ -50,12 +50,32 @@ struct Buf {
   void set(size_t i, double v) {
     unsigned char* p = bytes.data() + i * dtype_size(dtype);
     switch (dtype) {
-      case DType::F32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+      case DType::F32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
       case DType::F64: std::memcpy(p, &v, 8); break;
-      case DType::I32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DType::I64: { const int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-      case DType::F16: { const uint16_t h = float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-      case DType::BF16: { const uint16_t h = float_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+      case DType::I32: {
+        const int32_t x = static_cast<int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::I64: {
+        const int64_t x = static_cast<int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DType::F16: {
+        const uint16_t h = float_to_half(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DType::BF16: {
+        const uint16_t h = float_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
     }
   }
   // The bytes `v` has in this dtype: what a correct result holds, bit for bit.
@@ -105,7 +125,10 @@ std::string exercise(Communicator& c) {
       for (size_t i = 0; i < b.count(); ++i) b.set(i, input(me, i));
       c.allreduce(b.data(), b.count(), d, op);
       for (size_t i = 0; i < b.count(); ++i)
-        if (!b.holds(i, expected(op, d, n, i))) { fail("allreduce", d, op_name(op), i); break; }
+        if (!b.holds(i, expected(op, d, n, i))) {
+          fail("allreduce", d, op_name(op), i);
+          break;
+        }
     }
     // broadcast from the last rank
     {
@@ -113,7 +136,10 @@ std::string exercise(Communicator& c) {
       for (size_t i = 0; i < b.count(); ++i) b.set(i, input(me, i));
       c.broadcast(b.data(), b.bytes.size(), n - 1);
       for (size_t i = 0; i < b.count(); ++i)
-        if (!b.holds(i, input(n - 1, i))) { fail("broadcast", d, "-", i); break; }
+        if (!b.holds(i, input(n - 1, i))) {
+          fail("broadcast", d, "-", i);
+          break;
+        }
     }
     // allgather, out of place and in place
     for (bool in_place : {false, true}) {
@@ -212,12 +238,12 @@ TEST_CASE("Collectives: f16/bf16 conversions round to nearest even and round-tri
   REQUIRE(half_to_float(0x3c00) == 1.0f);
   REQUIRE(half_to_float(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
   REQUIRE(float_to_half(65504.f) == 0x7bff);
-  REQUIRE(float_to_half(65520.f) == 0x7c00);                   // halfway to 2^16: ties to even = inf
-  REQUIRE(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie between 1 and 1+2^-10: even
+  REQUIRE(float_to_half(65520.f) == 0x7c00);                           // halfway to 2^16: ties to even = inf
+  REQUIRE(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);      // tie between 1 and 1+2^-10: even
   REQUIRE(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie: up to even
-  REQUIRE(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);     // tie between 0 and the smallest: even
-  REQUIRE(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);     // tie between 1 and 2 units: even
-  REQUIRE(float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);  // tie: even
+  REQUIRE(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);             // tie between 0 and the smallest: even
+  REQUIRE(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);             // tie between 1 and 2 units: even
+  REQUIRE(float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);       // tie: even
   REQUIRE(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
   REQUIRE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
   REQUIRE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
@@ -554,14 +580,14 @@ TEST_CASE("Collectives: Gloo over TCP with different counts ends the rank as a f
 TEST_CASE("Collectives: a Gloo collective a peer never joins fails after the timeout, saying where each rank is",
           "[collectives]") {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto errors = testing::on_gloo_ranks(2, /*shared_memory=*/false, std::chrono::seconds(2),
-                                             [&](int r, Communicator& comm) {
-                                               std::vector<float> a(8, 1.f);
-                                               comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);
-                                               std::vector<uint16_t> h(3, 0);
-                                               comm.allreduce(h.data(), h.size(), DType::F16, ReduceOp::Sum);
-                                               if (r == 0) comm.broadcast(a.data(), 32, 1);  // rank 1 never comes
-                                             });
+  const auto errors =
+      testing::on_gloo_ranks(2, /*shared_memory=*/false, std::chrono::seconds(2), [&](int r, Communicator& comm) {
+        std::vector<float> a(8, 1.f);
+        comm.allreduce(a.data(), a.size(), DType::F32, ReduceOp::Sum);
+        std::vector<uint16_t> h(3, 0);
+        comm.allreduce(h.data(), h.size(), DType::F16, ReduceOp::Sum);
+        if (r == 0) comm.broadcast(a.data(), 32, 1);  // rank 1 never comes
+      });
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string& e = errors[0];
   INFO(e);

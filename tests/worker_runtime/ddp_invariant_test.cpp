@@ -89,9 +89,9 @@ Trace run(Communicator* comm, int rank, int world, int global_world, const RunOp
   float* p = state(p_storage);
   float* buf = o.momentum != 0.f ? state(b_storage) : nullptr;
   const bool one_copy = comm && o.single_state;
-  if (!one_copy || rank == 0) mlp_init(kShape, 99, p);  // one copy: rank 0 alone writes it
+  if (!one_copy || rank == 0) mlp_init(kShape, 99, p);           // one copy: rank 0 alone writes it
   if (comm && rank != 0 && !one_copy) std::fill(p, p + n, 0.f);  // must be fixed by the broadcast
-  if (comm) comm->broadcast(p, n * sizeof(float), 0);  // one copy: orders rank 0's init before all reads
+  if (comm) comm->broadcast(p, n * sizeof(float), 0);            // one copy: orders rank 0's init before all reads
   std::vector<GradView> views;
   for (const auto& t : m.tensors()) views.push_back({g + t.offset, t.count});
   ReducerOptions ro;
@@ -208,8 +208,8 @@ void check_invariant(int world, bool small_buckets, bool shared_memory, bool sha
     const double p_err = max_rel(traces[0].params[static_cast<size_t>(s)], single.params[static_cast<size_t>(s)]);
     const double p_l2 = rel_l2(traces[0].params[static_cast<size_t>(s)], single.params[static_cast<size_t>(s)]);
     const double g_max = max_rel(traces[0].grads[static_cast<size_t>(s)], single.grads[static_cast<size_t>(s)]);
-    INFO("world " << world << " step " << s << " grad rel L2 " << g_err << " grad rel max " << g_max
-                  << " param rel L2 " << p_l2 << " param rel max " << p_err);
+    INFO("world " << world << " step " << s << " grad rel L2 " << g_err << " grad rel max " << g_max << " param rel L2 "
+                  << p_l2 << " param rel max " << p_err);
     REQUIRE(g_err <= 1e-6);
     REQUIRE(g_max <= 1e-6);
     REQUIRE(p_l2 <= 1e-6);
@@ -237,37 +237,37 @@ void check_fused(int world, bool small_buckets, float momentum, bool shared_memo
   // Parameters and momentum with a copy per rank (each rank's slice copied into its peers'),
   // then as one copy (each rank's slice written in place, nothing copied): the same bits.
   for (const bool one_copy : single_kinds) {
-  o.single_state = one_copy;
-  INFO((one_copy ? "one copy of params and momentum" : "a copy per rank"));
-  // Both ways of running the collectives during backward: a communication thread, and the
-  // training thread itself (inline; the fast ranks find the dawdler's buckets not started
-  // and defer them to later mark_ready calls or finalize): the same collectives, the same bits.
-  for (const auto progress : {ReducerOptions::Progress::Thread, ReducerOptions::Progress::Inline}) {
-  const bool want_inline = progress == ReducerOptions::Progress::Inline;
-  INFO((want_inline ? "inline progress" : "communication thread"));
-  o.progress = progress;
-  const std::vector<Trace> fused = run_ranks(world, shared_memory, o);
-  for (const Trace& t : fused) REQUIRE(t.progressed_inline == want_inline);
-  // The last rank sleeps in backward after each mark_ready: the others are done and waiting,
-  // and a step that started before every rank left backward would show here.
-  REQUIRE_FALSE(fused[static_cast<size_t>(world - 1)].params_moved_in_backward);
-  for (int s = 0; s < kSteps; ++s) {
-    const auto si = static_cast<size_t>(s);
-    for (int r = 0; r < world; ++r) {
-      const Trace& t = fused[static_cast<size_t>(r)];
-      INFO("rank " << r << " step " << s);
-      REQUIRE(t.params[si] == unfused[0].params[si]);
-      if (momentum != 0.f) REQUIRE(t.momentum[si] == unfused[0].momentum[si]);
+    o.single_state = one_copy;
+    INFO((one_copy ? "one copy of params and momentum" : "a copy per rank"));
+    // Both ways of running the collectives during backward: a communication thread, and the
+    // training thread itself (inline; the fast ranks find the dawdler's buckets not started
+    // and defer them to later mark_ready calls or finalize): the same collectives, the same bits.
+    for (const auto progress : {ReducerOptions::Progress::Thread, ReducerOptions::Progress::Inline}) {
+      const bool want_inline = progress == ReducerOptions::Progress::Inline;
+      INFO((want_inline ? "inline progress" : "communication thread"));
+      o.progress = progress;
+      const std::vector<Trace> fused = run_ranks(world, shared_memory, o);
+      for (const Trace& t : fused) REQUIRE(t.progressed_inline == want_inline);
+      // The last rank sleeps in backward after each mark_ready: the others are done and waiting,
+      // and a step that started before every rank left backward would show here.
+      REQUIRE_FALSE(fused[static_cast<size_t>(world - 1)].params_moved_in_backward);
+      for (int s = 0; s < kSteps; ++s) {
+        const auto si = static_cast<size_t>(s);
+        for (int r = 0; r < world; ++r) {
+          const Trace& t = fused[static_cast<size_t>(r)];
+          INFO("rank " << r << " step " << s);
+          REQUIRE(t.params[si] == unfused[0].params[si]);
+          if (momentum != 0.f) REQUIRE(t.momentum[si] == unfused[0].momentum[si]);
+        }
+        require_close(fused[0].params[si], single.params[si], "fused params vs one process", s);
+        // The buffer is a decaying sum of gradients: the rounding differences of the averages
+        // (a division by 3 here, a mean over the global batch there) add up over the steps and
+        // reach ~1e-6 of its largest element by step 5. The unfused path shows the same bits
+        // (checked above); this bound only catches a buffer that is wrong, not rounded.
+        if (momentum != 0.f)
+          require_close(fused[0].momentum[si], single.momentum[si], "fused momentum vs one process", s, 1e-5);
+      }
     }
-    require_close(fused[0].params[si], single.params[si], "fused params vs one process", s);
-    // The buffer is a decaying sum of gradients: the rounding differences of the averages
-    // (a division by 3 here, a mean over the global batch there) add up over the steps and
-    // reach ~1e-6 of its largest element by step 5. The unfused path shows the same bits
-    // (checked above); this bound only catches a buffer that is wrong, not rounded.
-    if (momentum != 0.f)
-      require_close(fused[0].momentum[si], single.momentum[si], "fused momentum vs one process", s, 1e-5);
-  }
-  }
   }
 }
 
@@ -328,9 +328,8 @@ TEST_CASE("Fused step: one-copy arrays whose gradients cannot fuse are refused o
   o.step = Step::Fused;
   o.single_state = true;
   o.momentum = 0.9f;
-  const auto errors = testing::on_gloo_ranks(2, true, std::chrono::seconds(20), [&](int r, Communicator& c) {
-    run(&c, r, 2, 2, o);
-  });
+  const auto errors =
+      testing::on_gloo_ranks(2, true, std::chrono::seconds(20), [&](int r, Communicator& c) { run(&c, r, 2, 2, o); });
   for (const auto& e : errors) {
     INFO(e);
     REQUIRE(e.find("set_step_arrays: step array 0 of parameter") != std::string::npos);

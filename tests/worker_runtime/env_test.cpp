@@ -20,9 +20,14 @@ GetEnvFn from(const std::map<std::string, std::string>& m) {
 }  // namespace
 
 TEST_CASE("Env: torchrun variables", "[env]") {
-  auto e = read_worker_env(from({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                                 {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29555"},
-                                 {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
+  auto e = read_worker_env(from({{"RANK", "3"},
+                                 {"WORLD_SIZE", "4"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "10.0.0.1"},
+                                 {"MASTER_PORT", "29555"},
+                                 {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                 {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
                                  {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   REQUIRE(e.use_agent_store);
   REQUIRE(e.rank == 3);
@@ -38,8 +43,11 @@ TEST_CASE("Env: torchrun variables", "[env]") {
 }
 
 TEST_CASE("Env: SLURM variables when srun starts the program directly", "[env]") {
-  auto e = read_worker_env(from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                                 {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_NODEID", "1"},
+  auto e = read_worker_env(from({{"SLURM_PROCID", "5"},
+                                 {"SLURM_NTASKS", "8"},
+                                 {"SLURM_LOCALID", "1"},
+                                 {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                 {"SLURM_NODEID", "1"},
                                  {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}}));
   REQUIRE(e.from_slurm);
   REQUIRE(e.rank == 5);

@@ -79,10 +79,16 @@ bool wait_all(std::vector<Proc>& ps, Clock::time_point deadline, std::vector<Clo
 }
 
 std::vector<std::string> rank_env(int rank, int world, uint16_t port, int attempt, const std::string& err_file) {
-  return {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(rank),
-          "LOCAL_WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt), "TORCHELASTIC_ERROR_FILE=" + err_file,
-          "DDPRUN_DEVICE=cpu", "TORCHELASTIC_USE_AGENT_STORE=True"};
+  return {"RANK=" + std::to_string(rank),
+          "WORLD_SIZE=" + std::to_string(world),
+          "LOCAL_RANK=" + std::to_string(rank),
+          "LOCAL_WORLD_SIZE=" + std::to_string(world),
+          "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + std::to_string(port),
+          "TORCHELASTIC_RESTART_COUNT=" + std::to_string(attempt),
+          "TORCHELASTIC_ERROR_FILE=" + err_file,
+          "DDPRUN_DEVICE=cpu",
+          "TORCHELASTIC_USE_AGENT_STORE=True"};
 }
 
 std::string checksum_of(const std::string& log) {
@@ -157,18 +163,20 @@ TEST_CASE("Failure: a SIGKILLed peer makes the survivor exit fast with the error
   so.port = 0;
   ddprun::server::StoreServer server(so);
   server.start();
-  const std::vector<std::string> args{TRAIN_EXE, "--width", "256", "--depth", "2", "--samples", "1000000", "--batch",
-                                      "32", "--epochs", "1", "--max-steps", "100000", "--fail-at-step", "5",
-                                      "--fail-rank", "1", "--timeout", "30"};
+  const std::vector<std::string> args{TRAIN_EXE, "--width",        "256", "--depth",     "2", "--samples",
+                                      "1000000", "--batch",        "32",  "--epochs",    "1", "--max-steps",
+                                      "100000",  "--fail-at-step", "5",   "--fail-rank", "1", "--timeout",
+                                      "30"};
   std::vector<Proc> ps(2);
   for (int r = 0; r < 2; ++r)
-    ps[static_cast<size_t>(r)].pid =
-        spawn(args, [&] {
-                auto e = rank_env(r, 2, server.port(), 0, dir + "/err" + std::to_string(r) + ".json");
-                e.push_back(shm ? "DDPRUN_SHM=1" : "DDPRUN_SHM=0");
-                return e;
-              }(),
-              dir + "/r" + std::to_string(r) + ".log");
+    ps[static_cast<size_t>(r)].pid = spawn(
+        args,
+        [&] {
+          auto e = rank_env(r, 2, server.port(), 0, dir + "/err" + std::to_string(r) + ".json");
+          e.push_back(shm ? "DDPRUN_SHM=1" : "DDPRUN_SHM=0");
+          return e;
+        }(),
+        dir + "/r" + std::to_string(r) + ".log");
   std::vector<Clock::time_point> t;
   REQUIRE(wait_all(ps, Clock::now() + std::chrono::seconds(60), &t));
   INFO("rank0 log: " << slurp(dir + "/r0.log") << "\nrank1 log: " << slurp(dir + "/r1.log"));
@@ -204,8 +212,8 @@ TEST_CASE("Store: without a launcher store, rank 0 hosts it (srun-started ranks)
 }
 
 TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to an uninterrupted run", "[process]") {
-  const std::vector<std::string> base{"--width", "64", "--depth", "2", "--samples", "400", "--batch", "20",
-                                      "--epochs", "3", "--momentum", "0.9"};
+  const std::vector<std::string> base{"--width", "64", "--depth",  "2", "--samples",  "400",
+                                      "--batch", "20", "--epochs", "3", "--momentum", "0.9"};
   int attempts = 0;
   const std::string clean = run_elastic(base, 2, 0, &attempts);
   INFO("clean log: " << clean);
@@ -216,8 +224,8 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   auto args = base;
   const std::string ck = temp_dir() + "/ck";
   // 10 steps per epoch; checkpoints every 4; killed before steps 7 (attempt 0) and 23 (attempt 1).
-  args.insert(args.end(), {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--fail-at-step", "7,23",
-                           "--fail-rank", "1"});
+  args.insert(args.end(),
+              {"--checkpoint-dir", ck, "--checkpoint-every", "4", "--fail-at-step", "7,23", "--fail-rank", "1"});
   const std::string resumed = run_elastic(args, 2, 3, &attempts);
   INFO("resumed log: " << resumed);
   REQUIRE(attempts == 3);
@@ -235,8 +243,8 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   SECTION("on one store kept across attempts, as torchrun 2.6+ does, attempts do not read each other's keys") {
     const std::string ck2 = temp_dir() + "/ck";
     auto args2 = base;
-    args2.insert(args2.end(), {"--checkpoint-dir", ck2, "--checkpoint-every", "4", "--fail-at-step", "7,23",
-                               "--fail-rank", "1"});
+    args2.insert(args2.end(),
+                 {"--checkpoint-dir", ck2, "--checkpoint-every", "4", "--fail-at-step", "7,23", "--fail-rank", "1"});
     const std::string reused = run_elastic(args2, 2, 3, &attempts, /*reuse_store=*/true);
     INFO("reused-store log: " << reused);
     REQUIRE(attempts == 3);
@@ -244,9 +252,10 @@ TEST_CASE("Elastic resume: two SIGKILLs at different steps end bit-identical to 
   }
 }
 
-TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume", "[process]") {
-  const std::vector<std::string> base{"--profile", "--width", "64", "--depth",    "2",  "--samples", "400",
-                                      "--batch",   "20",      "--epochs", "3", "--momentum", "0.9"};
+TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when a run switches at a resume",
+          "[process]") {
+  const std::vector<std::string> base{"--profile", "--width", "64",       "--depth", "2",          "--samples", "400",
+                                      "--batch",   "20",      "--epochs", "3",       "--momentum", "0.9"};
   auto with = [&](std::vector<std::string> extra) {
     auto a = base;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -274,8 +283,9 @@ TEST_CASE("Fused step: train --fused-step=1 ends bit-identical to =0, also when 
 
   // Checkpoint (params + momentum) written by the fused path, resumed by the separate one.
   const std::string ck = temp_dir() + "/ck";
-  const std::string first = run_elastic(with({"--fused-step", "1", "--checkpoint-dir", ck, "--checkpoint-every", "4",
-                                              "--max-steps", "14"}), 2, 0, &attempts);
+  const std::string first =
+      run_elastic(with({"--fused-step", "1", "--checkpoint-dir", ck, "--checkpoint-every", "4", "--max-steps", "14"}),
+                  2, 0, &attempts);
   REQUIRE(first.find("final_step=14") != std::string::npos);
   const std::string resumed = run_elastic(with({"--fused-step", "0", "--checkpoint-dir", ck}), 2, 0, &attempts);
   INFO("resumed log: " << resumed);
@@ -297,11 +307,17 @@ TEST_CASE("Force collective: one rank with --force-collective all-reduces throug
           "[process]") {
   const std::string dir = temp_dir();
   // No launcher variables: a standalone rank.
-  const std::vector<std::string> solo_env{"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "SLURM_PROCID=",
-                                          "SLURM_NTASKS=", "TORCHELASTIC_USE_AGENT_STORE=", "DDPRUN_DEVICE="};
+  const std::vector<std::string> solo_env{"RANK=",
+                                          "WORLD_SIZE=",
+                                          "LOCAL_RANK=",
+                                          "LOCAL_WORLD_SIZE=",
+                                          "SLURM_PROCID=",
+                                          "SLURM_NTASKS=",
+                                          "TORCHELASTIC_USE_AGENT_STORE=",
+                                          "DDPRUN_DEVICE="};
   auto run = [&](std::vector<std::string> extra, const std::string& name) {
-    std::vector<std::string> args{TRAIN_EXE, "--device", "cpu", "--width", "64", "--depth", "2", "--samples", "400",
-                                  "--batch", "20", "--epochs", "2", "--momentum", "0.9"};
+    std::vector<std::string> args{TRAIN_EXE, "--device", "cpu", "--width",  "64", "--depth",    "2",  "--samples",
+                                  "400",     "--batch",  "20",  "--epochs", "2",  "--momentum", "0.9"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<Proc> ps(1);
     ps[0].pid = spawn(args, solo_env, dir + "/" + name + ".log");

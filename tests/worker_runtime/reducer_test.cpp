@@ -52,10 +52,11 @@ template <class F>
 void on_threads(int n, F body) {
   FakeGroup g(n);
   std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) ts.emplace_back([&, r] {
-    FakeCommunicator c(g, r);
-    body(r, c);
-  });
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      FakeCommunicator c(g, r);
+      body(r, c);
+    });
   for (auto& t : ts) t.join();
 }
 }  // namespace

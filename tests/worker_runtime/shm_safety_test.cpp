@@ -95,7 +95,7 @@ TEST_CASE("shm: ranks issuing different collectives get an error naming the rank
       REQUIRE(has(e, "shm collective mismatch seen by rank " + std::to_string(r)));
       REQUIRE(has(e, "rank " + std::to_string(r) + " (this one) issued"));
       // #1: alloc_shared's barrier, #2: the matching all-reduce.
-      REQUIRE(has(e, std::string("issued #3 ") + c.expect));  // rank 1's op
+      REQUIRE(has(e, std::string("issued #3 ") + c.expect));           // rank 1's op
       REQUIRE(has(e, "issued #3 allreduce(fp32, 10 elements, sum)"));  // rank 0's op
       REQUIRE(has(e, "Expected every rank to issue the same collectives"));
     }
@@ -181,11 +181,15 @@ TEST_CASE("shm: every dtype, staged and zero-copy; f16/bf16 accumulate in float"
 namespace {
 
 pid_t spawn_train(int rank, int world, uint16_t port, const std::string& log) {
-  std::vector<std::string> args{TRAIN_EXE, "--profile", "--width", "64", "--depth", "2", "--epochs", "1", "--device", "cpu"};
-  return testing::spawn_logged(args, std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
-                                "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
-                                std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                                std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")}, log);
+  std::vector<std::string> args{TRAIN_EXE, "--profile", "--width", "64",       "--depth",
+                                "2",       "--epochs",  "1",       "--device", "cpu"};
+  return testing::spawn_logged(
+      args,
+      std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                               "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+                               std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+                               std::string("DDPRUN_DEVICE=cpu"), std::string("TORCHELASTIC_USE_AGENT_STORE=True")},
+      log);
 }
 
 // What /dev/shm holds: its entries and its used blocks. In the private tmpfs the test runs in
@@ -213,8 +217,7 @@ DevShm devshm_now() {
 
 }  // namespace
 
-TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leaves nothing in /dev/shm",
-          "[shm_kill]") {
+TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leaves nothing in /dev/shm", "[shm_kill]") {
   // On the host's /dev/shm other programs come and go, so no before/after comparison there
   // could be trusted; ctest runs this through with_private_devshm.sh.
   const char* priv = std::getenv("DDPRUN_TEST_PRIVATE_DEVSHM");
@@ -250,8 +253,8 @@ TEST_CASE("shm: SIGKILL of a rank at random moments of start-up, 100 times, leav
     INFO(log);
     REQUIRE(has(log, "step=fused(shm)"));
   }
-  const auto span_us = std::max<int64_t>(
-      1000, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+  const auto span_us =
+      std::max<int64_t>(1000, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
   std::mt19937_64 rng(std::random_device{}());
   const auto deadline = Clock::now() + std::chrono::seconds(150);
   int trials = 0;
@@ -348,8 +351,12 @@ TEST_CASE("collective check in two halves (the NCCL path): next() numbers signat
   table.assign(3, second);
   // Rank 2 is one collective ahead with another op (it skipped this broadcast): an error on this
   // rank naming rank 2, its op and number, and what this rank expected.
-  table[2] = CollectiveSignature{3, 4096, static_cast<uint32_t>(CollectiveOp::AllReduce),
-                                 static_cast<uint32_t>(DType::BF16), static_cast<int32_t>(ReduceOp::Sum), 0};
+  table[2] = CollectiveSignature{3,
+                                 4096,
+                                 static_cast<uint32_t>(CollectiveOp::AllReduce),
+                                 static_cast<uint32_t>(DType::BF16),
+                                 static_cast<int32_t>(ReduceOp::Sum),
+                                 0};
   try {
     c.verify(second, table.data());
     FAIL("verify accepted a table in which rank 2 issued another collective");

@@ -47,7 +47,10 @@ bool read_le(std::string_view& in, T& v) {
 
 bool read_file(const std::string& path, std::string& out, std::string* why) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) { if (why) *why = std::string("open: ") + std::strerror(errno); return false; }
+  if (fd < 0) {
+    if (why) *why = std::string("open: ") + std::strerror(errno);
+    return false;
+  }
   out.clear();
   char buf[1 << 16];
   for (;;) {
@@ -106,7 +109,9 @@ class FileSink {
     buf_.append(c, n);
   }
   template <class T>
-  void put_le(T v) { put(&v, sizeof v); }
+  void put_le(T v) {
+    put(&v, sizeof v);
+  }
   void drain() {
     write_all(buf_.data(), buf_.size());
     buf_.clear();
@@ -189,7 +194,10 @@ std::string encode_checkpoint(const Checkpoint& ckpt) {
 }
 
 std::optional<Checkpoint> decode_checkpoint(std::string_view bytes, std::string* why) {
-  auto fail = [&](const std::string& m) -> std::optional<Checkpoint> { if (why) *why = m; return std::nullopt; };
+  auto fail = [&](const std::string& m) -> std::optional<Checkpoint> {
+    if (why) *why = m;
+    return std::nullopt;
+  };
   if (bytes.size() < kHeaderBytes + 4 + sizeof kTrailer)
     return fail("truncated: " + std::to_string(bytes.size()) + " bytes");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return fail("bad magic");
@@ -242,8 +250,8 @@ std::string checkpoint_path(const std::string& dir, uint64_t step) {
 void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_last) {
   mkdirs(dir);
   const std::string final_path = checkpoint_path(dir, ckpt.step);
-  const std::string tmp = dir + "/" + kTmpPrefix + std::to_string(::getpid()) + "." + std::to_string(ckpt.step) + "." +
-                          this_host();
+  const std::string tmp =
+      dir + "/" + kTmpPrefix + std::to_string(::getpid()) + "." + std::to_string(ckpt.step) + "." + this_host();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_io("open", tmp, errno);
   try {
@@ -279,7 +287,11 @@ void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_la
     ::unlink(tmp.c_str());
     throw;
   }
-  if (::close(fd) != 0) { int e = errno; ::unlink(tmp.c_str()); throw_io("close", tmp, e); }
+  if (::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    throw_io("close", tmp, e);
+  }
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
@@ -287,7 +299,11 @@ void save_checkpoint(const std::string& dir, const Checkpoint& ckpt, int keep_la
   }
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) throw_io("open", dir, errno);
-  if (::fsync(dfd) != 0) { int e = errno; ::close(dfd); throw_io("fsync", dir, e); }
+  if (::fsync(dfd) != 0) {
+    int e = errno;
+    ::close(dfd);
+    throw_io("fsync", dir, e);
+  }
   ::close(dfd);
   if (keep_last > 0) {
     auto steps = list_steps(dir);

@@ -21,8 +21,8 @@ std::string error_file_json(const std::string& message, const std::string& calls
 bool write_error_file(const std::string& path, const std::string& message, const std::string& callstack) {
   if (path.empty()) return true;
   try {
-    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+    const auto now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string text = error_file_json(message, callstack, now);
     // torchelastic's own handler refuses to overwrite an existing file; we follow it: the
     // first error of this attempt is the root cause.

@@ -55,7 +55,8 @@ std::atomic<int> g_gloo_rank{-1};
       const std::string msg =
           "CommError: gloo collective failed on rank " + std::to_string(g_gloo_rank.load()) +
           " in Gloo's network thread: a peer sent a message that does not fit the collective this rank issued (" +
-          e.what() + "). The ranks issued different collectives (a rank-dependent branch, a skipped step, or "
+          e.what() +
+          "). The ranks issued different collectives (a rank-dependent branch, a skipped step, or "
           "different models); DDPRUN_DEBUG_COLLECTIVES=1 names the ranks and their ops";
       detail::log().error("{}", msg);
       detail::log().flush();
@@ -458,7 +459,8 @@ class GlooCommunicator final : public Communicator, public FusedStep {
   // every rank alike (the memory was allocated collectively).
   void refuse_single_output(const char* what, const void* out, size_t bytes) const {
     if (shm_ && shm_->overlaps_single(out, bytes))
-      throw WorkerError(std::string("gloo ") + what + ": the output lies in alloc_shared_single() memory, which every "
+      throw WorkerError(std::string("gloo ") + what +
+                        ": the output lies in alloc_shared_single() memory, which every "
                         "rank maps as one copy, so every rank would write the same bytes. Expected an output in "
                         "alloc_shared() or private memory");
   }
@@ -490,8 +492,7 @@ class GlooCommunicator final : public Communicator, public FusedStep {
       msg += " (no progress within the timeout of " + std::to_string(timeout_.count()) + " ms)";
     else if (has("losed") || has("reset") || has("Broken pipe") || has("EOF"))
       msg += " (a peer rank closed its connection: it exited or failed; its own error says why)";
-    else
-      stuck = false;
+    else stuck = false;
     return msg + ": " + cause + (stuck && board_ ? board_->where_ranks_are() : "");
   }
 
@@ -520,8 +521,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(Store& store, int rank, int
   // CommError. Ignored process-wide, as Python (and so PyTorch) does, unless the program
   // installed a handler of its own.
   struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
-      !(current.sa_flags & SA_SIGINFO))
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL && !(current.sa_flags & SA_SIGINFO))
     ::signal(SIGPIPE, SIG_IGN);
   name_gloo_enforce_failures(rank);
   return std::make_unique<GlooCommunicator>(store, rank, size, options);

@@ -38,8 +38,11 @@ PositionBoard::~PositionBoard() {
 
 void PositionBoard::note(CollectiveOp op, DType dtype, size_t count, int arg) {
   std::lock_guard lk(mu_);
-  position_ = CollectiveSignature{.seq = position_.seq + 1, .count = count, .op = static_cast<uint32_t>(op),
-                                  .dtype = static_cast<uint32_t>(dtype), .arg = arg};
+  position_ = CollectiveSignature{.seq = position_.seq + 1,
+                                  .count = count,
+                                  .op = static_cast<uint32_t>(op),
+                                  .dtype = static_cast<uint32_t>(dtype),
+                                  .arg = arg};
 }
 
 bool PositionBoard::publish(const CollectiveSignature& s) noexcept {

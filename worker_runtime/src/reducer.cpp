@@ -83,8 +83,7 @@ detail::ReducerImpl::ReducerImpl(Communicator& comm, std::vector<GradView> grads
     }
     // In place when the members tile one contiguous range.
     std::vector<size_t> by_addr = bk.members;
-    std::sort(by_addr.begin(), by_addr.end(),
-              [&](size_t a, size_t c) { return grads_[a].ptr < grads_[c].ptr; });
+    std::sort(by_addr.begin(), by_addr.end(), [&](size_t a, size_t c) { return grads_[a].ptr < grads_[c].ptr; });
     bool contiguous = true;
     for (size_t j = 1; j < by_addr.size(); ++j) {
       const auto* prev_end =
@@ -227,7 +226,8 @@ void detail::ReducerImpl::mark_unused(size_t index) {
 void detail::ReducerImpl::begin_finalize(const char* op) {
   if (!in_backward_)
     misuse(op, "called without prepare_for_backward() for this pass: expected prepare_for_backward() before "
-               "backward, mark_ready() once per gradient during it, then one " + std::string(op));
+               "backward, mark_ready() once per gradient during it, then one " +
+                   std::string(op));
   if (n_ready_ < grads_.size()) {
     std::vector<size_t> missing;
     for (size_t i = 0; i < grads_.size(); ++i)
@@ -333,8 +333,7 @@ void detail::ReducerImpl::reduce_bucket(Bucket& bk) {
     if (options_.comm_hook)
       options_.comm_hook(comm_, CommBucket{data, bk.count, dtype_, static_cast<size_t>(&bk - buckets_.data()),
                                            options_.average});
-    else
-      comm_.allreduce(data, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
+    else comm_.allreduce(data, bk.count, dtype_, options_.average ? ReduceOp::Avg : ReduceOp::Sum);
   };
   if (bk.base) {
     reduce(bk.base);

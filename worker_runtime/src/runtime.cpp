@@ -66,9 +66,7 @@ class RuntimeImpl final : public Runtime {
   int device_ = -1;
 };
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 std::chrono::milliseconds env_seconds(const knobs::Knob& knob, std::chrono::milliseconds def) {
   const auto value = knobs::get(knob);
@@ -180,13 +178,13 @@ std::unique_ptr<Runtime> init(RuntimeOptions options) {
     rt->comm_ = make_gloo_communicator(*store, env.rank, env.world_size, go);
   }
   detail::log().debug("rank {}/{} (local {}/{}) backend {} attempt {}", env.rank, env.world_size, env.local_rank,
-                env.local_world_size, rt->comm_->backend(), env.restart_count);
+                      env.local_world_size, rt->comm_->backend(), env.restart_count);
   return rt;
 }
 
 int report_fatal(const std::exception& e, const std::string& where) {
-  const bool comm = dynamic_cast<const CommError*>(&e) != nullptr ||
-                    dynamic_cast<const client::StoreError*>(&e) != nullptr;
+  const bool comm =
+      dynamic_cast<const CommError*>(&e) != nullptr || dynamic_cast<const client::StoreError*>(&e) != nullptr;
   const bool config = dynamic_cast<const ConfigError*>(&e) != nullptr;
   WorkerEnv env;
   try {

@@ -23,7 +23,6 @@
 
 namespace ddprun::worker {
 
-
 namespace {
 
 constexpr size_t kHeaderBytes = kShmHeaderBytes;
@@ -73,7 +72,7 @@ struct Arith<bf16_t> {
     uint32_t u;
     std::memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40u)};  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    u += 0x7fffu + ((u >> 16) & 1u);                                                         // round to nearest even
     return {static_cast<uint16_t>(u >> 16)};
   }
 };
@@ -186,9 +185,7 @@ uint32_t ShmGroup::arrive() {
   return gen;
 }
 
-bool ShmGroup::all_arrived(uint32_t gen) const {
-  return ctl_->generation.load(std::memory_order_acquire) != gen;
-}
+bool ShmGroup::all_arrived(uint32_t gen) const { return ctl_->generation.load(std::memory_order_acquire) != gen; }
 
 void ShmGroup::wait_all(uint32_t gen) {
   // A short spin (a peer is usually close behind), then sleep in the kernel: a waiter must not
@@ -280,8 +277,8 @@ std::string ShmGroup::describe(const OpSig& s) const {
                    : s.op == static_cast<uint32_t>(ReduceOp::Max) ? "max"
                                                                   : "?";
   const std::string dt = s.dtype <= static_cast<uint32_t>(DType::I64) ? dtype_name(static_cast<DType>(s.dtype)) : "?";
-  const std::string place = "region " + std::to_string(s.where >> 48) + " offset " +
-                            std::to_string(s.where & ((uint64_t{1} << 48) - 1));
+  const std::string place =
+      "region " + std::to_string(s.where >> 48) + " offset " + std::to_string(s.where & ((uint64_t{1} << 48) - 1));
   if (s.seq == 0) return "nothing yet";
   switch (s.kind) {
     case kStaged: return "allreduce(" + dt + ", " + std::to_string(s.count) + " elements, " + op + ")";

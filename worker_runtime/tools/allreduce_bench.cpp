@@ -39,8 +39,8 @@ struct Options {
   uint64_t min_bytes = 8;
   uint64_t max_bytes = 1ull << 30;
   int factor = 2;
-  int iters = 0;   // 0 = by size
-  int warmup = -1; // -1 = by iters
+  int iters = 0;    // 0 = by size
+  int warmup = -1;  // -1 = by iters
   std::string out;
   bool info = false;
 };
@@ -91,8 +91,8 @@ class Impl {
   virtual ~Impl() = default;
   virtual const char* name() const = 0;
   virtual void allreduce(void* buf, size_t count, dw::DType dt) = 0;  // enqueue one
-  virtual void begin() = 0;  // comm stream waits for the timing stream (ours)
-  virtual void end() = 0;    // timing stream waits for the comm stream (ours)
+  virtual void begin() = 0;                                           // comm stream waits for the timing stream (ours)
+  virtual void end() = 0;                                             // timing stream waits for the comm stream (ours)
   virtual void barrier() = 0;
   virtual float max_over_ranks(float v) = 0;
   cudaStream_t stream() const { return stream_; }

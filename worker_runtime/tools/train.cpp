@@ -142,8 +142,15 @@ class CpuRun {
 };
 
 CpuRun::CpuRun(const Options& o, dw::Runtime& rt)
-    : o_(o), rt_(rt), env_(rt.env()), comm_(rt.comm()), rank_(env_.rank), world_(env_.world_size),
-      shape_{o.in, o.width, o.depth, 1}, model_(shape_), n_(ex::mlp_num_params(shape_)),
+    : o_(o),
+      rt_(rt),
+      env_(rt.env()),
+      comm_(rt.comm()),
+      rank_(env_.rank),
+      world_(env_.world_size),
+      shape_{o.in, o.width, o.depth, 1},
+      model_(shape_),
+      n_(ex::mlp_num_params(shape_)),
       sampler_({static_cast<size_t>(o.samples), world_, rank_, true, o.seed, false}) {}
 
 // Gradients in memory the communicator reduces without copies when it has such memory. With
@@ -185,8 +192,8 @@ void CpuRun::init_or_resume() {
   if (!o_.checkpoint_dir.empty()) {
     if (auto ck = dw::load_agreed_checkpoint(o_.checkpoint_dir, comm_)) {
       if (ck->section("config") != config_fingerprint(o_))
-        throw dw::WorkerError("checkpoint in " + o_.checkpoint_dir + " is for '" + ck->section("config") +
-                              "', not '" + config_fingerprint(o_) + "'");
+        throw dw::WorkerError("checkpoint in " + o_.checkpoint_dir + " is for '" + ck->section("config") + "', not '" +
+                              config_fingerprint(o_) + "'");
       if (mine_to_write(params_)) ck->get_into("params", params_, n_ * sizeof(float));
       if (momentum_ && ck->has("momentum") && mine_to_write(momentum_))
         ck->get_into("momentum", momentum_, n_ * sizeof(float));
@@ -212,7 +219,10 @@ void CpuRun::init_or_resume() {
   start_epoch_ = meta[1];
   start_in_epoch_ = meta[2];
   momentum_init_ = meta[3] != 0;
-  if (start_in_epoch_ >= steps_per_epoch_) { ++start_epoch_; start_in_epoch_ = 0; }
+  if (start_in_epoch_ >= steps_per_epoch_) {
+    ++start_epoch_;
+    start_in_epoch_ = 0;
+  }
   // Rank 0 writes checkpoints in the background (the loop does not wait for the disk).
   if (rank_ == 0 && !o_.checkpoint_dir.empty()) writer_.emplace(o_.checkpoint_dir, o_.keep_checkpoints);
 }
@@ -243,9 +253,13 @@ void CpuRun::print_header() const {
                 " buckets=%zu step=%s state=%s gemm=%s blas_core=%s\n",
                 world_, comm_.backend(), n_, o_.width, o_.width, o_.depth, o_.batch, steps_per_epoch_,
                 reducer_->buckets().size(),
-                !o_.fused_step ? "separate" : shared_state_ ? "fused(shm)" : "fused(default: all-reduce, then step)",
-                single_state_ ? "one-copy" : param_storage_.empty() ? "per-rank-shm" : "private", ex::gemm_impl_name(),
-                ex::gemm_blas_core().c_str());
+                !o_.fused_step  ? "separate"
+                : shared_state_ ? "fused(shm)"
+                                : "fused(default: all-reduce, then step)",
+                single_state_            ? "one-copy"
+                : param_storage_.empty() ? "per-rank-shm"
+                                         : "private",
+                ex::gemm_impl_name(), ex::gemm_blas_core().c_str());
   std::fflush(stdout);
 }
 
@@ -342,7 +356,9 @@ bool CpuRun::stop_agreed(int64_t epoch, int64_t s, bool ckpt_now) {
   if (!(o_.stop_check_every > 0 && step_ % o_.stop_check_every == 0 && rt_.agree_stop())) return false;
   const int sig = dw::stop_signal();
   std::printf("[train] rank %d: stopping after step %" PRId64 " for a preemption (%s)\n", rank_, step_,
-              sig == SIGUSR1 ? "SIGUSR1 here" : sig == SIGTERM ? "SIGTERM here" : "asked by another rank");
+              sig == SIGUSR1   ? "SIGUSR1 here"
+              : sig == SIGTERM ? "SIGTERM here"
+                               : "asked by another rank");
   if (rank_ == 0 && !o_.checkpoint_dir.empty() && !ckpt_now) save(epoch, s + 1);
   stopped_for_preemption_ = true;
   return true;
@@ -355,7 +371,10 @@ bool CpuRun::run_epoch(int64_t epoch) {
   const auto epoch_t0 = Clock::now();
   bool go_on = true;
   for (int64_t s = (epoch == start_epoch_ ? start_in_epoch_ : 0); s < steps_per_epoch_; ++s) {
-    if (o_.max_steps > 0 && step_ >= o_.max_steps) { go_on = false; break; }
+    if (o_.max_steps > 0 && step_ >= o_.max_steps) {
+      go_on = false;
+      break;
+    }
     maybe_inject_fault(o_, env_, step_);
     StepClock c;
     const float loss = step_once(s, c);
@@ -369,10 +388,13 @@ bool CpuRun::run_epoch(int64_t epoch) {
       std::printf("[train] epoch %" PRId64 " step %" PRId64 " loss %.6f step_ms %.2f samples/s %.0f\n", epoch, step_,
                   loss, ms, static_cast<double>(b) * world_ / (ms / 1000.0));
     const bool epoch_end = s + 1 == steps_per_epoch_;
-    const bool ckpt_now = !o_.checkpoint_dir.empty() &&
-                          (o_.checkpoint_every > 0 ? step_ % o_.checkpoint_every == 0 : epoch_end);
+    const bool ckpt_now =
+        !o_.checkpoint_dir.empty() && (o_.checkpoint_every > 0 ? step_ % o_.checkpoint_every == 0 : epoch_end);
     if (ckpt_now && rank_ == 0) save(epoch, s + 1);
-    if (stop_agreed(epoch, s, ckpt_now)) { go_on = false; break; }
+    if (stop_agreed(epoch, s, ckpt_now)) {
+      go_on = false;
+      break;
+    }
   }
   if (rank_ == 0 && loss_n > 0) {
     const double sec = std::chrono::duration<double>(Clock::now() - epoch_t0).count();
@@ -403,11 +425,10 @@ void CpuRun::report_phases() const {  // every rank: imbalance between ranks sho
 
 void CpuRun::report_summary() const {  // rank 0
   const double k = static_cast<double>(timed_steps_);
-  if (timed_steps_ > 0 && !o_.profile)
-    std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", timed_ms_ / k, timed_steps_);
+  if (timed_steps_ > 0 && !o_.profile) std::printf("avg_step_ms=%.3f steps=%" PRId64 "\n", timed_ms_ / k, timed_steps_);
   if (timed_steps_ > 0 && o_.profile)
-    std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n",
-                timed_ms_ / k, timed_steps_, comm_wait_ms_ / k, after_backward_ms_ / k);
+    std::printf("avg_step_ms=%.3f steps=%" PRId64 " avg_comm_wait_ms=%.3f avg_after_backward_ms=%.3f\n", timed_ms_ / k,
+                timed_steps_, comm_wait_ms_ / k, after_backward_ms_ / k);
   if (timed_steps_ > 0 && world_ > 1 && o_.profile)
     std::printf("overlap progress=%s reduced_in_backward_frac=%.3f overlap_buckets_early=%.3f overlap_bytes_early=%.3f "
                 "comm_ms=%.3f comm_hidden_ms=%.3f "
@@ -455,7 +476,6 @@ int run_cpu(const Options& o, dw::Runtime& rt) {
 
 }  // namespace
 }  // namespace train
-
 
 int main(int argc, char** argv) {
   train::Options o;

@@ -22,10 +22,10 @@ struct Options {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (bf16/fp16: CUDA only)
   std::string device = "auto";     // cpu | cuda | auto
   int threads = 1;
-  std::string gemm = "auto";       // CPU GEMM: auto (openblas when built with it) | openblas | builtin
+  std::string gemm = "auto";  // CPU GEMM: auto (openblas when built with it) | openblas | builtin
   uint64_t seed = 0;
   std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;    // steps; 0 = at the end of every epoch (when a dir is given)
+  int64_t checkpoint_every = 0;  // steps; 0 = at the end of every epoch (when a dir is given)
   int keep_checkpoints = 3;
   std::vector<int64_t> fail_at_step;  // i-th entry fires on attempt i (or on --fail-attempt)
   int fail_rank = 0;
@@ -37,15 +37,15 @@ struct Options {
   int log_every = 0;               // 0 = once per epoch
   int warmup_steps = 3;            // excluded from the step-time average
   bool no_overlap = false;
-  bool profile = false;            // --profile: per-phase timings and internals besides loss and throughput
-  bool force_collective = false;   // world size 1: still bucket and all-reduce (PyTorch DDP's way)
-  bool fused_step = true;          // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
-  std::string progress = "auto";   // CPU: who runs collectives during backward: auto | thread | inline
-  bool sync_data = false;          // rank 0 generates data (debug)
-  int64_t stop_check_every = 1;         // steps between stop agreements (stop.h); 0: none
+  bool profile = false;                  // --profile: per-phase timings and internals besides loss and throughput
+  bool force_collective = false;         // world size 1: still bucket and all-reduce (PyTorch DDP's way)
+  bool fused_step = true;                // CPU: all-reduce and SGD in one pass (Reducer::finalize_and_step)
+  std::string progress = "auto";         // CPU: who runs collectives during backward: auto | thread | inline
+  bool sync_data = false;                // rank 0 generates data (debug)
+  int64_t stop_check_every = 1;          // steps between stop agreements (stop.h); 0: none
   int64_t wait_for_signal_at_step = -1;  // tests: block after this step until a stop signal (-1: never)
   int wait_rank = -1;                    // the rank that blocks (-1: every rank)
-  std::string grad_dtype = "fp32";  // CUDA, --precision bf16: fp32 | bf16 (gradients and their all-reduce)
+  std::string grad_dtype = "fp32";       // CUDA, --precision bf16: fp32 | bf16 (gradients and their all-reduce)
 };
 
 // Deterministic synthetic data: sample i is a pure function of (seed, i).

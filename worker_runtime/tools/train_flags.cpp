@@ -7,7 +7,8 @@ namespace train {
 
 void add_flags(CLI::App& app, Options& o) {
   app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--depth", o.depth, "hidden width x width layers (0 = one hidden layer)")->check(CLI::NonNegativeNumber);
+  app.add_option("--depth", o.depth, "hidden width x width layers (0 = one hidden layer)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--in-features", o.in, "input features")->check(CLI::PositiveNumber);
   app.add_option("--samples", o.samples, "dataset size")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "batch size per rank")->check(CLI::PositiveNumber);
@@ -17,7 +18,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--precision", o.precision, "fp32 | bf16 | fp16 (bf16/fp16 on CUDA)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--device", o.device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CPU threads per rank for the GEMMs (results identical for any count)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--gemm", o.gemm, "CPU GEMM: auto (openblas when built with it) | openblas | builtin (our kernels)")
       ->check(CLI::IsMember({"auto", "openblas", "builtin"}));
   app.add_option("--seed", o.seed, "seed of init, data and shuffles");
@@ -46,7 +48,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--max-steps", o.max_steps, "stop after this many global steps");
   app.add_option("--log-every", o.log_every, "print every N steps (0 = per epoch)");
   app.add_option("--warmup-steps", o.warmup_steps, "steps excluded from avg_step_ms");
-  app.add_option("--grad-dtype", o.grad_dtype, "fp32 | bf16 (with --precision bf16 on CUDA: bf16 gradients and all-reduce)")
+  app.add_option("--grad-dtype", o.grad_dtype,
+                 "fp32 | bf16 (with --precision bf16 on CUDA: bf16 gradients and all-reduce)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_flag("--profile", o.profile,
                "also print the per-phase timings of every rank (phase_ms), the overlap of the all-reduce with "

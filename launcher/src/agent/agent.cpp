@@ -247,9 +247,7 @@ void Agent::on_notice(const Notice& n) {
       }
       dispatch(CoordinatorNotice{CoordinatorNotice::Kind::Restart, static_cast<int>(n.restart.restart_count)});
       break;
-    case Notice::Kind::JobDone:
-      dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobDone, 0});
-      break;
+    case Notice::Kind::JobDone: dispatch(CoordinatorNotice{CoordinatorNotice::Kind::JobDone, 0}); break;
     case Notice::Kind::JobFailed:
       job_failed_ = n.failed;
       {
@@ -292,8 +290,7 @@ void Agent::start_attempt(int attempt) {
     failed_since_round_ = false;
     spdlog::info("attempt 0 of job {}: {}; rendezvous {:.1f} ms, {} workers started in {:.1f} ms, ready {:.1f} ms "
                  "after launch{}{}",
-                 layout_.run_id, where, rdzv_ms,
-                 group_->current().size(), spawn_ms, ms_since(t_launch_),
+                 layout_.run_id, where, rdzv_ms, group_->current().size(), spawn_ms, ms_since(t_launch_),
                  opts_.faults.monitor_interval != 0.1 ? " (--monitor_interval is unused: exits are seen at once)" : "",
                  start_line_note(plan_.interpreter) + gloo_note_);
     group_->kill_stale_orphans();
@@ -417,8 +414,8 @@ void Agent::worker_ended(Worker& w) {
   if (*w.status == WorkerStatus::exited(kPreemptedExitCode)) said = read_preempt_announcement(w.error_file);
   if (said && said->checkpoint && current)
     preempt_checkpoint_ = "r" + std::to_string(w.global_rank) + ": " + said->what;
-  dispatch(WorkerExited{.local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt,
-                        .announced_preemption = said.has_value()});
+  dispatch(WorkerExited{
+      .local_rank = w.local_rank, .status = *w.status, .attempt = w.attempt, .announced_preemption = said.has_value()});
   if (current && state_.preempted()) {
     // Not failures: say how each worker took the preemption (one that dies of the signal
     // itself does not handle it, and wrote no checkpoint).

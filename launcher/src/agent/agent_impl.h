@@ -100,7 +100,7 @@ class Agent : private ObserverHost {
   std::unique_ptr<server::StoreServer> store_;  // when this process hosts it
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<WorkerGroup> group_;
-  EnvMap extra_env_;  // added to every worker's environment unless already set
+  EnvMap extra_env_;       // added to every worker's environment unless already set
   std::string gloo_note_;  // the start line's "; workers' GLOO_SOCKET_IFNAME=... (why)", or ""
   GroupLayout layout_;
   // This round's store relay (--store_relay): the workers' MASTER_ADDR:MASTER_PORT when set.

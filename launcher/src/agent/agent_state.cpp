@@ -110,15 +110,14 @@ std::vector<Action> AgentState::on_notice(const CoordinatorNotice& n) {
         finish(failure_exit_code(), out);
       }
       return out;
-    default:
-      return out;
+    default: return out;
   }
 }
 
 std::vector<Action> AgentState::on_exit(const WorkerExited& e) {
   std::vector<Action> out;
   if (e.attempt && *e.attempt != attempt_) return out;  // a retired worker of an earlier attempt
-  if (alive_.erase(e.local_rank) == 0) return out;  // not one of this attempt's live workers
+  if (alive_.erase(e.local_rank) == 0) return out;      // not one of this attempt's live workers
   if (phase_ == Phase::Running) {
     if (preempt_exit(e)) {
       // The workers stopped for a preemption (their ranks agreed on it): no failure. The others
@@ -249,7 +248,8 @@ std::vector<Action> AgentState::on_timer() {
     barrier_armed_ = false;
     stopping_stragglers_ = true;
     phase_ = Phase::Stopping;
-    out.push_back({.kind = Action::Kind::StopStragglers, .local_rank = first_done_rank_,
+    out.push_back({.kind = Action::Kind::StopStragglers,
+                   .local_rank = first_done_rank_,
                    .seconds = config_.exit_barrier_timeout_s});
     out.push_back({.kind = Action::Kind::SignalWorkers, .signo = SIGTERM});
     out.push_back({.kind = Action::Kind::ArmTimer, .seconds = config_.shutdown_timeout_s});

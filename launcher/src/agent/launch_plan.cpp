@@ -55,8 +55,8 @@ void resolve_spawn(LaunchPlan& plan, const EnvMap& env, const PlanProbes& probes
   plan.spawn.argv = std::move(cmd.argv);
   plan.interpreter = std::move(cmd.interpreter);
   if (o.workers.early_exit_watch)
-    plan.spawn.exit_watch = probes.kernel_reports_exit_early ? probes.kernel_reports_exit_early()
-                                                             : kernel_reports_exit_early();
+    plan.spawn.exit_watch =
+        probes.kernel_reports_exit_early ? probes.kernel_reports_exit_early() : kernel_reports_exit_early();
   const bool python = !plan.interpreter.empty() && spare_can_run(plan.spawn.argv);
   plan.spares = spares_enabled(o.spares, o.faults.max_restarts, python);
 }

@@ -54,15 +54,17 @@ void preempted_lines(const SummaryInput& in, std::ostringstream& s) {
   s << "[ddprun] PREEMPTED: ";
   if (in.stop_signal && !in.workers_started)
     s << "stopped by " << signal_name(*in.stop_signal) << " before any worker started";
-  else if (in.stop_signal) s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; "
-                             << in.preempt_grace_s << " s to stop after a preemption signal)";
+  else if (in.stop_signal)
+    s << "stopped by " << signal_name(*in.stop_signal) << " (sent on to the workers; " << in.preempt_grace_s
+      << " s to stop after a preemption signal)";
   else s << "the workers stopped for a preemption (a worker exited " << kPreemptedExitCode << ")";
   s << "; exit code " << in.exit_code << "\n";
   s << "[ddprun]   not a failure and no restart spent: requeue the job (e.g. scontrol requeue $SLURM_JOB_ID)";
   if (in.preempt_checkpoint)
     s << " to resume from the checkpoint its workers saved (" << *in.preempt_checkpoint << ")\n";
-  else s << "; no worker of this node said it saved a checkpoint (DDPRUN_PREEMPT_FILE), so a rerun resumes only from "
-            "what the workers saved themselves\n";
+  else
+    s << "; no worker of this node said it saved a checkpoint (DDPRUN_PREEMPT_FILE), so a rerun resumes only from "
+         "what the workers saved themselves\n";
 }
 
 // The failing worker of this attempt (or what else ended the run), with its stderr tail and
@@ -182,8 +184,7 @@ std::string format_summary(const SummaryInput& in) {
   failure_lines(in, s);
   no_restart_lines(in, s);
   if (!in.nccl_trace_dir.empty()) {
-    if (in.nccl_traces.empty())
-      s << "[ddprun]   NCCL flight recorder: no dump in " << in.nccl_trace_dir << "\n";
+    if (in.nccl_traces.empty()) s << "[ddprun]   NCCL flight recorder: no dump in " << in.nccl_trace_dir << "\n";
     else
       s << "[ddprun]   NCCL flight recorder dumps (" << in.nccl_traces.size() + in.nccl_traces_more << ") in "
         << in.nccl_trace_dir << ":\n";

@@ -123,8 +123,8 @@ BindFallback on_bind_failure(const RendezvousPlan& plan, const std::string& why)
                 (plan.port_from_endpoint ? " (use another --rdzv_endpoint port, or 0 for a free port)"
                                          : " (use another --master_port, or 0 for a free port)");
   } else {
-    f.message = "this node hosts the rendezvous (" + plan.endpoint_host + ":" + port + ") but cannot listen there: " +
-                why +
+    f.message = "this node hosts the rendezvous (" + plan.endpoint_host + ":" + port +
+                ") but cannot listen there: " + why +
                 (plan.port_from_endpoint ? "; is another job using it? (without --rdzv_conf is_host=1, ddprun joins it)"
                                          : "; choose another --master_port");
   }

@@ -146,8 +146,8 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
   if (visible < f.nproc_per_node) {
     out.push_back(fail("gpus",
                        std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") + " visible" +
-                           (f.cuda_visible_devices ? " (" + cvd_text(f) + ")" : "") + " for --nproc_per_node=" +
-                           std::to_string(f.nproc_per_node),
+                           (f.cuda_visible_devices ? " (" + cvd_text(f) + ")" : "") +
+                           " for --nproc_per_node=" + std::to_string(f.nproc_per_node),
                        nproc_fix(visible)));
   } else {
     out.push_back(ok("gpus", std::to_string(visible) + " GPU" + (visible == 1 ? "" : "s") +
@@ -175,12 +175,12 @@ void check_gpus(const Facts& f, std::vector<CheckResult>& out) {
     // CPU-warm spares hold no context: they fit an exclusive GPU (the old worker is gone first).
     out.push_back(fail("compute_mode",
                        join(exclusive, ", ") + " in EXCLUSIVE_PROCESS compute mode: a restart's workers cannot open it "
-                       "while the previous attempt's still hold it",
+                                               "while the previous attempt's still hold it",
                        "run with --overlap_restart=0, or nvidia-smi -c DEFAULT (as root)"));
   } else if (!exclusive.empty() && f.max_restarts > 0 && f.warm_spares && f.spare_cuda) {
     out.push_back(warn("compute_mode",
                        join(exclusive, ", ") + " in EXCLUSIVE_PROCESS compute mode: --spare_cuda=1 cannot warm it (a "
-                       "spare's context would keep the worker out); the spares stay CPU-warm",
+                                               "spare's context would keep the worker out); the spares stay CPU-warm",
                        "run with --spare_cuda=0 to say so, or nvidia-smi -c DEFAULT (as root)"));
   } else {
     out.push_back(ok("compute_mode",
@@ -229,8 +229,9 @@ void check_program_versions(const Facts& f, std::vector<CheckResult>& out) {
     return;
   }
   if (p.cudart == "not found" || p.nccl == "not found") {
-    out.push_back(fail("versions", p.program + " links " + (p.cudart == "not found" ? "libcudart" : "libnccl") +
-                                       ", which the dynamic loader cannot find",
+    out.push_back(fail("versions",
+                       p.program + " links " + (p.cudart == "not found" ? "libcudart" : "libnccl") +
+                           ", which the dynamic loader cannot find",
                        "add its directory to LD_LIBRARY_PATH (ldd " + p.program + " shows what is missing)"));
     return;
   }
@@ -265,8 +266,8 @@ void check_versions(const Facts& f, std::vector<CheckResult>& out) {
 void check_python(const Facts& f, std::vector<CheckResult>& out) {
   const PythonFacts& p = f.python;
   if (!p.needed) return;
-  const std::string fix = "install torch into it (" + p.python +
-                          " -m pip install torch), or set PYTHON_EXEC to a Python that has it";
+  const std::string fix =
+      "install torch into it (" + p.python + " -m pip install torch), or set PYTHON_EXEC to a Python that has it";
   if (!p.ran) {
     out.push_back(fail("python", "the workers' Python " + p.python + " cannot be run: " + p.error,
                        "set PYTHON_EXEC=/path/to/python (the interpreter of your environment)"));
@@ -294,8 +295,9 @@ void check_shm(const Facts& f, std::vector<CheckResult>& out) {
   if (gpus && f.shm.avail_bytes < nccl) {
     out.push_back(fail("shm", found + "; NCCL needs about " + mib(nccl) + " for " + nproc, fix));
   } else if (f.shm.avail_bytes < ours + nccl) {
-    out.push_back(warn("shm", found + "; " + mib(ours + nccl) + " wanted for " + nproc +
-                                  ": ddprun's shared-memory all-reduce falls back to Gloo over TCP",
+    out.push_back(warn("shm",
+                       found + "; " + mib(ours + nccl) + " wanted for " + nproc +
+                           ": ddprun's shared-memory all-reduce falls back to Gloo over TCP",
                        fix));
   } else {
     out.push_back(ok("shm", ours + nccl == 0 ? found : found + "; " + mib(ours + nccl) + " wanted for " + nproc));
@@ -330,8 +332,9 @@ CheckResult loopback_check(const Facts& f) {
     return fail("rdzv_host",
                 "the rendezvous host " + n.host + " resolves to " + n.addresses.front() +
                     ", a loopback address: the other nodes cannot reach it there",
-                "map " + n.host + " to this node's network address in /etc/hosts (not 127.x), or give the rendezvous "
-                "host as that address (--rdzv_endpoint or --master_addr)");
+                "map " + n.host +
+                    " to this node's network address in /etc/hosts (not 127.x), or give the rendezvous "
+                    "host as that address (--rdzv_endpoint or --master_addr)");
   }
   std::string addrs;
   for (const auto& a : n.addresses) addrs += (addrs.empty() ? "" : ", ") + a;
@@ -524,9 +527,8 @@ Facts facts_from_options(const LaunchOptions& o, const EnvMap& env) {
   f.max_restarts = o.faults.max_restarts;
   f.overlap_restart = o.faults.overlap_restart;
   const std::string& ep = o.workers.entrypoint;
-  const bool python = !o.workers.no_python &&
-                      (o.workers.module || o.workers.run_path || ep.empty() ||
-                       (ep.size() > 3 && ep.compare(ep.size() - 3, 3, ".py") == 0));
+  const bool python = !o.workers.no_python && (o.workers.module || o.workers.run_path || ep.empty() ||
+                                               (ep.size() > 3 && ep.compare(ep.size() - 3, 3, ".py") == 0));
   f.warm_spares = spares_enabled(o.spares, o.faults.max_restarts, python);
   f.spare_cuda = f.warm_spares && o.spares.cuda;
   if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) f.cuda_visible_devices = it->second;

@@ -332,7 +332,7 @@ struct Captured {
   bool started = false;
   std::string error;  // why it did not start, or "no answer within N s"
   std::string output;
-  int status = 0;     // waitpid's
+  int status = 0;  // waitpid's
 };
 
 Captured run_captured(const std::vector<std::string>& argv_s, const EnvMap& env, int timeout_ms) {

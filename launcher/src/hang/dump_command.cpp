@@ -105,7 +105,8 @@ std::string live_interpreter(pid_t pid) {
   const auto cmdline = read_small(proc + "/cmdline", 4096);
   if (!cmdline || cmdline->empty()) return "";
   const std::string argv0 = cmdline->substr(0, cmdline->find('\0'));
-  struct stat named {}, running {};
+  struct stat named {
+  }, running{};
   if (argv0.empty() || argv0[0] != '/' || ::stat(argv0.c_str(), &named) != 0 ||
       ::stat((proc + "/exe").c_str(), &running) != 0)
     return "";

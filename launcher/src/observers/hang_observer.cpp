@@ -35,7 +35,9 @@ using Clock = std::chrono::steady_clock;
 class HangObserver : public AgentObserver {
  public:
   explicit HangObserver(const ObserverSetup& s)
-      : host_(s.host), run_log_dir_(s.run_log_dir), python_(s.python),
+      : host_(s.host),
+        run_log_dir_(s.run_log_dir),
+        python_(s.python),
         record_(s.run_log_dir, s.opts.rendezvous.id, s.python, s.env) {
     if (s.opts.faults.nccl_flight_recorder) nccl_trace_dir_ = (run_log_dir_ / "nccl_trace").string();
     if (s.opts.faults.hang_timeout_s <= 0) return;
@@ -105,8 +107,8 @@ void HangObserver::attempt_started(const AttemptStarted& a) {
   std::vector<WatchedRank> watched;
   for (const auto& w : a.workers) {
     targets.push_back({w.local_rank, w.global_rank, w.pid, !python_.empty()});
-    watched.push_back({w.local_rank, w.global_rank, w.pid,
-                       (fs::path(w.error_file).parent_path() / kProgressFileName).string()});
+    watched.push_back(
+        {w.local_rank, w.global_rank, w.pid, (fs::path(w.error_file).parent_path() / kProgressFileName).string()});
   }
   record_.attempt_started(a.attempt, targets);
   if (hang_) hang_->attempt_started(a.attempt, watched);
@@ -188,8 +190,8 @@ std::vector<LogField> HangObserver::hang_fields(const HangVerdict& v, int attemp
     stuck += fmt::format("{}{}", stuck.empty() ? "" : ",", global);
     stalled_s = std::max(stalled_s, p.stalled_s);
   }
-  return {{"attempt", int64_t{attempt}}, {"stuck_ranks", stuck},         {"ticks", ticks},
-          {"stalled_s", stalled_s},      {"timeout_s", hang_->timeout_s()}, {"stacks_dir", stacks_dir}};
+  return {{"attempt", int64_t{attempt}},     {"stuck_ranks", stuck},    {"ticks", ticks}, {"stalled_s", stalled_s},
+          {"timeout_s", hang_->timeout_s()}, {"stacks_dir", stacks_dir}};
 }
 
 std::string HangObserver::stuck_stacks(const HangVerdict& v, const std::vector<StackDump>& dumps) const {
@@ -197,9 +199,8 @@ std::string HangObserver::stuck_stacks(const HangVerdict& v, const std::vector<S
   std::string out;
   for (const auto& d : dumps) {
     if (std::find(stuck.begin(), stuck.end(), d.target.local_rank) == stuck.end()) continue;
-    out += fmt::format("r{} (local rank {}, pid {}), {}:\n{}", d.target.global_rank, d.target.local_rank,
-                       d.target.pid, d.tool.empty() ? "no stack tool" : d.tool,
-                       first_lines(d.text, kSummaryStackLines, d.file));
+    out += fmt::format("r{} (local rank {}, pid {}), {}:\n{}", d.target.global_rank, d.target.local_rank, d.target.pid,
+                       d.tool.empty() ? "no stack tool" : d.tool, first_lines(d.text, kSummaryStackLines, d.file));
   }
   return out;
 }

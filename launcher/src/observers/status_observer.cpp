@@ -30,8 +30,8 @@ class StatusObserver : public AgentObserver {
   }
   void worker_ended(int local_rank, bool success) override { board_->worker_ended(local_rank, success); }
   void worker_failed(const WorkerFailed& f) override {
-    board_->failed(f.global_rank, fmt::format("r{}: {} after {:.1f} s (attempt {})", f.global_rank, f.what,
-                                              f.after_s, f.attempt));
+    board_->failed(f.global_rank,
+                   fmt::format("r{}: {} after {:.1f} s (attempt {})", f.global_rank, f.what, f.after_s, f.attempt));
   }
   std::function<std::string()> heartbeat_source() override {
     return [board = board_] { return board->publish_if_due(); };

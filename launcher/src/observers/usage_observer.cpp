@@ -121,11 +121,14 @@ void UsageObserver::run_ended() {
   if (table.empty()) return;
   if (log_format() == LogFormat::Json) {
     for (const auto& u : r.ranks) {
-      std::vector<LogField> f{{"attempt", int64_t{u.attempt}}, {"local_rank", int64_t{u.local_rank}},
-                              {"failed", !u.failure.empty()}, {"measured", u.measured}};
+      std::vector<LogField> f{{"attempt", int64_t{u.attempt}},
+                              {"local_rank", int64_t{u.local_rank}},
+                              {"failed", !u.failure.empty()},
+                              {"measured", u.measured}};
       if (!u.failure.empty()) f.push_back({"failure", u.failure});
       if (u.measured)
-        f.insert(f.end(), {{"wall_s", u.wall_s}, {"cpu_s", u.cpu_s},
+        f.insert(f.end(), {{"wall_s", u.wall_s},
+                           {"cpu_s", u.cpu_s},
                            {"peak_rss_bytes", static_cast<int64_t>(u.peak_rss_bytes)}});
       if (u.gpu_index) f.push_back({"gpu", int64_t{*u.gpu_index}});
       if (u.gpu_seconds) f.push_back({"gpu_seconds", *u.gpu_seconds});

@@ -57,8 +57,7 @@ void add_step_stats(RankUsage& u, const StepStats& s) {
   if (s.steps == 0 || s.step_ns == 0) return;
   const auto comm = static_cast<double>(s.comm_ns);
   u.allreduce_share = std::clamp(comm / static_cast<double>(s.step_ns), 0.0, 1.0);
-  if (s.comm_ns > 0)
-    u.allreduce_hidden = std::clamp((comm - static_cast<double>(s.exposed_ns)) / comm, 0.0, 1.0);
+  if (s.comm_ns > 0) u.allreduce_hidden = std::clamp((comm - static_cast<double>(s.exposed_ns)) / comm, 0.0, 1.0);
 }
 
 std::string format_usage_table(const UsageReport& r) {

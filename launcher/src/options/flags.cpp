@@ -204,7 +204,7 @@ void check_empty_values(std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--" || a.size() < 2 || a[0] != '-') return;  // the entry point
-    if (a[1] != '-') {  // -r 3, -t 3 take a value; -m, -v do not
+    if (a[1] != '-') {                                     // -r 3, -t 3 take a value; -m, -v do not
       if (a.size() == 2 && (a[1] == 'r' || a[1] == 't')) ++i;
       continue;
     }
@@ -234,19 +234,18 @@ using namespace opt;
 
 void setup_options(CLI::App& app, RawOptions& raw) {
   app.prefix_command();
-  app.description(
-      "ddprun: a torchrun-compatible launcher.\n"
-      "  ddprun [options] script.py|program [args...]\n"
-      "  ddprun doctor [--json] [options] [script.py|program [args...]]   check this node for that "
-      "launch (GPUs, versions, /dev/shm, network, token, Python) and start nothing\n"
-      "  ddprun status [--json] [--watch]   the running jobs of this user on this host, one row per "
-      "worker (ddprun status --help)\n"
-      "  ddprun dump [RUN]   print and save the stack of every worker of a running job (RUN: its log "
-      "directory or run id; none: the newest running job of yours on this host), stopping nothing\n"
-      "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
-      "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
-      "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "
-      "python3 from PATH).");
+  app.description("ddprun: a torchrun-compatible launcher.\n"
+                  "  ddprun [options] script.py|program [args...]\n"
+                  "  ddprun doctor [--json] [options] [script.py|program [args...]]   check this node for that "
+                  "launch (GPUs, versions, /dev/shm, network, token, Python) and start nothing\n"
+                  "  ddprun status [--json] [--watch]   the running jobs of this user on this host, one row per "
+                  "worker (ddprun status --help)\n"
+                  "  ddprun dump [RUN]   print and save the stack of every worker of a running job (RUN: its log "
+                  "directory or run id; none: the newest running job of yours on this host), stopping nothing\n"
+                  "Every flag is accepted as --under_score and --dash-ed, and from PET_<FLAG> (the command "
+                  "line wins). A .py entry point runs as $PYTHON_EXEC -u script.py (PYTHON_EXEC unset: "
+                  "$DDPRUN_DEFAULT_PYTHON, which the pip-installed ddprun sets to its own Python, else "
+                  "python3 from PATH).");
   app.footer(std::string(kExitCodeHelp) + "\n\nEnvironment knobs of ddprun itself:\n" + knobs::describe_all());
   for (const auto& f : opt::all_flags()) {
     std::string names;
@@ -259,11 +258,12 @@ void setup_options(CLI::App& app, RawOptions& raw) {
       app.add_option_function<std::string>(
           names, [&raw, name](const std::string& v) { raw.given[name] = v; }, help);
     } else {
-      app.add_flag_callback(names, [&raw, name]() { raw.given[name] = "1"; }, help);
+      app.add_flag_callback(
+          names, [&raw, name]() { raw.given[name] = "1"; }, help);
     }
   }
-  app.add_flag_callback("-v,--verbose", [&raw]() { raw.given["verbose"] = "1"; },
-                        "debug logs from the agent");
+  app.add_flag_callback(
+      "-v,--verbose", [&raw]() { raw.given["verbose"] = "1"; }, "debug logs from the agent");
   app.set_version_flag("--version", std::string("ddprun ") + DDPRUN_VERSION, "print ddprun's version and exit");
 }
 

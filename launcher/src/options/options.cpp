@@ -20,7 +20,6 @@
 
 extern char** environ;
 
-
 namespace ddprun::launcher {
 
 using namespace opt;
@@ -32,15 +31,15 @@ namespace {
 std::string completion_script(const std::string& shell) {
   if (trim(shell) == "bash") return generated::kBashCompletion;
   if (trim(shell) == "zsh" || trim(shell) == "tcsh")
-    throw UsageError("--print_completion=" + shell + ": ddprun has a bash completion only; give "
+    throw UsageError("--print_completion=" + shell +
+                     ": ddprun has a bash completion only; give "
                      "--print_completion=bash (torchrun's zsh and tcsh scripts are not made)");
   throw UsageError("--print_completion=" + shell + ": give bash");
 }
 
 std::string random_run_id() {
   std::random_device rd;
-  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                      static_cast<uint64_t>(::getpid()));
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
   static const char hex[] = "0123456789abcdef";
   std::string id;
   for (int i = 0; i < 32; ++i) {
@@ -98,8 +97,7 @@ void entry_point(const Given& g, const RawOptions& raw, LaunchOptions& o) {
     throw UsageError("missing entry point: expected `ddprun [options] script.py|program [args...]`");
   }
   if (!raw.rest[0].empty() && raw.rest[0][0] == '-') {
-    throw UsageError("unrecognized flag '" + raw.rest[0] +
-                     "'; see ddprun --help for the accepted flags");
+    throw UsageError("unrecognized flag '" + raw.rest[0] + "'; see ddprun --help for the accepted flags");
   }
   o.workers.entrypoint = raw.rest[0];
   o.workers.args.assign(raw.rest.begin() + 1, raw.rest.end());
@@ -414,8 +412,7 @@ LaunchOptions finalize_options(const RawOptions& raw, const EnvMap& env, const S
   return o;
 }
 
-ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvMap& env,
-                                const SystemInfo& sys) {
+ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvMap& env, const SystemInfo& sys) {
   ParseOutcome out;
   RawOptions raw;
   CLI::App app{"ddprun", "ddprun"};

@@ -138,8 +138,7 @@ SubcommandParse<StatusArgs> parse_status_args(const std::vector<std::string>& ar
     if (*id_opt) a.run_id = run_id;
     if (*endpoint_opt) a.endpoint = endpoint;
     a.token_file = token_file;
-    if (a.endpoint && !a.run_id)
-      throw UsageError("--rdzv_endpoint needs --rdzv_id (the server may hold several jobs)");
+    if (a.endpoint && !a.run_id) throw UsageError("--rdzv_endpoint needs --rdzv_id (the server may hold several jobs)");
     if (!a.token_file.empty() && !a.endpoint) throw UsageError("--rdzv_token_file goes with --rdzv_endpoint");
     return a;
   });

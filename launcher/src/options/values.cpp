@@ -52,8 +52,7 @@ std::optional<long long> to_int(const std::string& s) {
   return v;
 }
 
-int int_in(const std::string& flag, const std::string& value, long long lo, long long hi,
-           const std::string& expected) {
+int int_in(const std::string& flag, const std::string& value, long long lo, long long hi, const std::string& expected) {
   auto v = to_int(value);
   if (!v || *v < lo || *v > hi) bad(flag, value, expected);
   return static_cast<int>(*v);
@@ -217,7 +216,8 @@ void check_endpoint_host(const std::string& flag, const std::string& given, cons
   const bool bad =
       host.empty() || (host.find(':') != std::string::npos && ::inet_pton(AF_INET6, host.c_str(), &a6) != 1);
   if (bad)
-    throw UsageError(flag + "=" + given + ": expected HOST[:PORT] (a name, an IPv4 address, or an IPv6 address in "
+    throw UsageError(flag + "=" + given +
+                     ": expected HOST[:PORT] (a name, an IPv4 address, or an IPv6 address in "
                      "brackets: [::1]:29400)");
 }
 

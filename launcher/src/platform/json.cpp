@@ -6,8 +6,7 @@ namespace {
 struct TooDeep {};
 
 std::optional<nlohmann::json> parse_once(const std::string& text, std::string* error) {
-  const nlohmann::json::parser_callback_t depth_guard = [](int depth, nlohmann::json::parse_event_t,
-                                                            nlohmann::json&) {
+  const nlohmann::json::parser_callback_t depth_guard = [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > kMaxJsonDepth) throw TooDeep{};
     return true;
   };

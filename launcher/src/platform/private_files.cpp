@@ -118,7 +118,7 @@ UniqueFd open_own_dir_at(int dirfd, const std::string& name, const std::string& 
     const int err = errno;
     const PathFacts f = lstat_facts(shown);
     *why = f.exists && (f.is_link || !f.is_dir) ? own_dir_problem(shown, f, ::geteuid())
-                                                 : "cannot open " + shown + ": " + std::strerror(err);
+                                                : "cannot open " + shown + ": " + std::strerror(err);
     return fd;
   }
   *why = own_dir_problem(shown, fstat_facts(fd.get()), ::geteuid());

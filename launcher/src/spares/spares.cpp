@@ -188,7 +188,8 @@ void Spares::read_ctl(Spare& s) {
     if (!gpu_skip_said_) {
       gpu_skip_said_ = true;
       spdlog::warn("--spare_cuda=1: the warm spare for local rank {} did not warm its GPU: {}; it serves restarts "
-                   "without (--spare_cuda=0 stops trying)", s.local_rank, ready.why);
+                   "without (--spare_cuda=0 stops trying)",
+                   s.local_rank, ready.why);
     }
   }
   spdlog::log(ready.gpu == SpareReady::Gpu::Warm ? spdlog::level::info : spdlog::level::debug,
@@ -272,7 +273,7 @@ bool Spares::on_reaped(pid_t pid, int st) {
 }
 
 std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<std::string>& argv, const EnvMap& env,
-                                              int stdin_fd, int stdout_w, int stderr_w, std::string& why) {
+                                             int stdin_fd, int stdout_w, int stderr_w, std::string& why) {
   auto it = by_rank_.find(local_rank);
   if (it == by_rank_.end()) {
     auto l = loss_.find(local_rank);
@@ -281,7 +282,7 @@ std::optional<Spares::Launch> Spares::launch(int local_rank, const std::vector<s
   }
   Spare& s = *it->second;
   if (!s.ready && s.ctl >= 0) read_ctl(s);  // a readiness not read off the socket yet
-  if (s.ctl < 0) {  // its socket closed: it is exiting, and its reap is on the way
+  if (s.ctl < 0) {                          // its socket closed: it is exiting, and its reap is on the way
     why = fmt::format("its spare (pid {}) is exiting", s.pid);
     return std::nullopt;
   }

@@ -66,8 +66,8 @@ class Spares {
   // ends of the worker's pipes; the caller keeps and closes its own copies). The spare leaves
   // the pool either way once sent. Nullopt with `why` when there is no usable spare (one
   // started with another stdin than `stdin_fd`, SpawnTemplate::stdin_for, is dropped).
-  std::optional<Launch> launch(int local_rank, const std::vector<std::string>& argv, const EnvMap& env,
-                               int stdin_fd, int stdout_w, int stderr_w, std::string& why);
+  std::optional<Launch> launch(int local_rank, const std::vector<std::string>& argv, const EnvMap& env, int stdin_fd,
+                               int stdout_w, int stderr_w, std::string& why);
   // Waits (at most `timeout_ms`) for the spare's answer: empty when it runs the entry point,
   // else why not (the caller then SIGKILLs it and starts the rank cold). Closes ctl_fd.
   static std::string answer(Launch& l, int timeout_ms);
@@ -111,11 +111,11 @@ class Spares {
   Guardian& guardian_;
   bool enabled_ = false;
   std::string off_reason_;
-  std::map<int, std::unique_ptr<Spare>> by_rank_;     // the pool: one per local rank
-  std::unordered_map<int, Spare*> by_fd_;             // ctl/out/err -> spare
-  std::unordered_map<pid_t, int> pids_;               // pid -> local rank, until reaped (pool or dropped)
-  std::map<int, std::string> loss_;                   // local rank -> why its spare is gone
-  std::unique_ptr<platform::Nvml> nvml_;  // loaded at the first GPU-warm spare (--spare_cuda)
+  std::map<int, std::unique_ptr<Spare>> by_rank_;  // the pool: one per local rank
+  std::unordered_map<int, Spare*> by_fd_;          // ctl/out/err -> spare
+  std::unordered_map<pid_t, int> pids_;            // pid -> local rank, until reaped (pool or dropped)
+  std::map<int, std::string> loss_;                // local rank -> why its spare is gone
+  std::unique_ptr<platform::Nvml> nvml_;           // loaded at the first GPU-warm spare (--spare_cuda)
   bool nvml_tried_ = false;
   std::string nvml_error_;
   bool gpu_skip_said_ = false;  // a spare that could not warm its GPU was reported

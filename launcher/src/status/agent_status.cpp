@@ -243,8 +243,7 @@ std::vector<AgentStatus> statuses_from_json_array(const std::string& text, std::
 std::string format_status_table(const std::vector<AgentStatus>& agents) {
   bool gpus = false;
   for (const auto& a : agents)
-    for (const auto& r : a.ranks)
-      gpus = gpus || r.gpu_index || r.gpu_utilization_percent || r.gpu_memory_bytes;
+    for (const auto& r : a.ranks) gpus = gpus || r.gpu_index || r.gpu_utilization_percent || r.gpu_memory_bytes;
   std::vector<std::string> head = {"NODE", "RANK", "PID", "STATE", "ATTEMPT", "RESTARTS", "UPTIME", "CPU%", "RSS"};
   if (gpus) head.insert(head.end(), {"GPU", "GPU%", "GPU MEM"});
   head.push_back("LAST FAILURE");
@@ -264,8 +263,8 @@ std::string format_status_table(const std::vector<AgentStatus>& agents) {
     const std::string node = std::to_string(a.node_rank) + (a.host.empty() ? "" : " (" + a.host + ")");
     const std::string restarts = std::to_string(a.attempt) + " used, " + std::to_string(a.restarts_left()) + " left";
     if (a.ranks.empty()) {
-      std::vector<std::string> c = {node, dash, dash, a.state, std::to_string(a.attempt), restarts,
-                                    fmt_duration(a.uptime_s), dash, dash};
+      std::vector<std::string> c = {
+          node, dash, dash, a.state, std::to_string(a.attempt), restarts, fmt_duration(a.uptime_s), dash, dash};
       if (gpus) c.insert(c.end(), {dash, dash, dash});
       c.push_back(a.last_failure.empty() ? dash : a.last_failure);
       rows.push_back({"", std::move(c)});

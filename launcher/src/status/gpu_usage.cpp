@@ -43,7 +43,7 @@ void GpuUsageRecorder::run() {
     std::vector<RankSample> ranks = workers_;
     lock.unlock();
     if (!sampler_->nvml_available()) return;  // no driver: nothing to record, ever
-    sampler_->sample_gpus(ranks);  // NVML calls outside the lock
+    sampler_->sample_gpus(ranks);             // NVML calls outside the lock
     const auto now = Clock::now();
     const double dt = std::chrono::duration<double>(now - last).count();
     last = now;

@@ -32,16 +32,16 @@
 namespace ddprun::launcher {
 namespace {
 
-constexpr int kReadTimeoutMs = 3000;  // an agent answers from a thread of its own at once
+constexpr int kReadTimeoutMs = 3000;                 // an agent answers from a thread of its own at once
 constexpr std::chrono::seconds kEndpointTimeout{5};  // to connect, and for the reply
 constexpr uint16_t kDefaultRdzvPort = 29400;         // torchrun's, for an endpoint without one
 
 struct Found {
   std::vector<AgentStatus> agents;
   std::vector<std::string> problems;  // one line each: a socket that could not be read
-  std::string dir;           // where it looked: the socket directory or the endpoint
+  std::string dir;                    // where it looked: the socket directory or the endpoint
   bool dir_missing = false;
-  std::string refused;       // why the socket directory is not read (another user's, open to others)
+  std::string refused;  // why the socket directory is not read (another user's, open to others)
   bool remote = false;
   bool job_unknown = false;  // the server knows no job of that run id
   std::string unreachable;   // why the server could not be asked
@@ -150,8 +150,9 @@ Found collect(const std::string& dir, const std::optional<std::string>& run_id) 
   DIR* d = ::opendir(real.c_str());
   if (!d) {
     if (errno == ENOENT) f.dir_missing = true;
-    else f.problems.push_back("cannot read " + real + ": " + std::strerror(errno) +
-                              " (each user sees only the agents of their own uid)");
+    else
+      f.problems.push_back("cannot read " + real + ": " + std::strerror(errno) +
+                           " (each user sees only the agents of their own uid)");
     return f;
   }
   std::vector<std::string> sockets;
@@ -191,13 +192,12 @@ std::string nothing_running(const Found& f, const StatusArgs& a) {
   if (f.remote) {
     if (!f.unreachable.empty()) return f.unreachable;
     if (f.job_unknown) return "no job " + *a.run_id + " at " + f.dir + " (a job that ended is forgotten there)";
-    return "no agent of job " + *a.run_id + " at " + f.dir + " has sent its status yet (" +
-           std::to_string(f.members) + " joined; each sends it every 2 s)";
+    return "no agent of job " + *a.run_id + " at " + f.dir + " has sent its status yet (" + std::to_string(f.members) +
+           " joined; each sends it every 2 s)";
   }
   if (!f.refused.empty()) return f.refused;
   std::string what = a.run_id ? "no running ddprun job with --rdzv_id " + *a.run_id : "no running ddprun job";
-  return what + " of this user on this host (looked in " + f.dir +
-         (f.dir_missing ? ", which does not exist" : "") +
+  return what + " of this user on this host (looked in " + f.dir + (f.dir_missing ? ", which does not exist" : "") +
          "); start one with `ddprun --nproc_per_node=N script.py`; an agent started with another "
          "XDG_RUNTIME_DIR is listed under that one";
 }

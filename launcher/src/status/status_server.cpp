@@ -86,7 +86,8 @@ AgentStatus StatusBoard::snapshot() {
   s.uptime_s = seconds(now - agent_started_);
   std::vector<RankSample> samples;
   for (const auto& r : ranks)
-    samples.push_back(RankSample{.local_rank = r.w.local_rank, .global_rank = r.w.global_rank,
+    samples.push_back(RankSample{.local_rank = r.w.local_rank,
+                                 .global_rank = r.w.global_rank,
                                  .pid = r.state == "running" ? r.w.pid : -1});
   RankSampler::sample_proc(samples);
   if (sampler_) sampler_->sample_gpus(samples);
@@ -107,9 +108,9 @@ AgentStatus StatusBoard::snapshot() {
       // started. A snapshot too soon after the previous one keeps that one as its base.
       auto prev = last_cpu_.find(r.w.pid);
       const bool fresh = prev == last_cpu_.end();
-      rs.cpu_percent = fresh ? cpu_percent(0, *x.cpu_seconds,
-                                           first_cpu_window_s(rs.uptime_s, RankSampler::process_age_s(r.w.pid)))
-                             : cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at));
+      rs.cpu_percent =
+          fresh ? cpu_percent(0, *x.cpu_seconds, first_cpu_window_s(rs.uptime_s, RankSampler::process_age_s(r.w.pid)))
+                : cpu_percent(prev->second.cpu_s, *x.cpu_seconds, seconds(now - prev->second.at));
       const bool too_soon = !fresh && seconds(now - prev->second.at) < kMinCpuWindowS;
       seen[r.w.pid] = too_soon ? prev->second : CpuSample{*x.cpu_seconds, now};
     }

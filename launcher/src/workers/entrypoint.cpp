@@ -69,11 +69,13 @@ bool runs_with_python(const WorkerOptions& opts, const EntrypointFacts& facts) {
   if (opts.module || opts.run_path) return true;
   if (opts.no_python) {
     if (facts.exists && facts.is_directory) {
-      throw UsageError("'" + e + "' is a directory, not a program (--no_python execs the entry point); "
+      throw UsageError("'" + e +
+                       "' is a directory, not a program (--no_python execs the entry point); "
                        "give the program inside it");
     }
     if (facts.exists && !facts.is_executable) {
-      throw UsageError("'" + e + "' exists but is not executable; chmod +x it, or drop --no_python to run it "
+      throw UsageError("'" + e +
+                       "' exists but is not executable; chmod +x it, or drop --no_python to run it "
                        "with Python");
     }
     return false;

@@ -102,8 +102,14 @@ bool DuplicateFilter::matches(std::string_view line) const {
 
 namespace {
 std::string errno_text(int err) {
-  const char* name = err == ENOSPC ? "ENOSPC" : err == EIO ? "EIO" : err == EDQUOT ? "EDQUOT" : err == EFBIG ? "EFBIG"
-                   : err == EROFS ? "EROFS" : err == EACCES ? "EACCES" : err == ENOENT ? "ENOENT" : nullptr;
+  const char* name = err == ENOSPC   ? "ENOSPC"
+                     : err == EIO    ? "EIO"
+                     : err == EDQUOT ? "EDQUOT"
+                     : err == EFBIG  ? "EFBIG"
+                     : err == EROFS  ? "EROFS"
+                     : err == EACCES ? "EACCES"
+                     : err == ENOENT ? "ENOENT"
+                                     : nullptr;
   std::string text = std::strerror(err);
   return name ? std::string(name) + ": " + text : text;
 }
@@ -122,9 +128,11 @@ std::string LogWriteFailures::record(const std::string& path, int err, uint64_t 
   if (warned_++ == kMaxWarnings)
     return "more log files cannot be written; they are listed in the summary only (the console still gets every line)";
   if (console.kind == Console::Kind::None)
-    return "cannot write log file " + path + " (" + errno_text(err) + "): its rank is not on the console "
+    return "cannot write log file " + path + " (" + errno_text(err) +
+           "): its rank is not on the console "
            "(--local_ranks_filter), so what the file lacks is lost; the summary at the end says how much";
-  return "cannot write log file " + path + " (" + errno_text(err) + "): the console gets its stream from here on; "
+  return "cannot write log file " + path + " (" + errno_text(err) +
+         "): the console gets its stream from here on; "
          "the summary at the end says how much the file lacks";
 }
 
@@ -164,8 +172,9 @@ std::string LogWriteFailures::console_note() const {
     none = none || f.console.kind == Console::Kind::None;
   }
   if (none) return "some of it is on the console neither: each file below says what";
-  if (from) return "the console got each stream's lines from its file's first failure on; each file below says which "
-                   "lines it alone has";
+  if (from)
+    return "the console got each stream's lines from its file's first failure on; each file below says which "
+           "lines it alone has";
   return "the console got every line";
 }
 

@@ -94,8 +94,8 @@ std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvM
 
 std::vector<std::string> build_worker_argv(const WorkerOptions& opts, const EnvMap& env, bool with_python) {
   // PYTHON_EXEC, else the interpreter the pip-installed ddprun command runs in, else PATH's.
-  const std::string python = knobs::get(knobs::kPythonExec, env)
-                                 .value_or(knobs::get(knobs::kDefaultPython, env).value_or("python3"));
+  const std::string python =
+      knobs::get(knobs::kPythonExec, env).value_or(knobs::get(knobs::kDefaultPython, env).value_or("python3"));
   std::vector<std::string> argv;
   if (opts.no_python) {
     argv.push_back(opts.entrypoint);

@@ -38,7 +38,8 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 // Whether our stdout and stderr are the same file (a terminal, one log): one console line.
 bool same_console() {
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   return ::fstat(1, &a) == 0 && ::fstat(2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
          a.st_rdev == b.st_rdev;
 }
@@ -311,8 +312,8 @@ void WorkerGroup::end_attempt() {
 // that started before it (the current attempt's own orphans are its business until it ends).
 void WorkerGroup::kill_orphans(std::optional<unsigned long long> started_before_tick) {
   if (!has_children()) return;
-  const auto children = started_before_tick ? children_started_before(::getpid(), *started_before_tick)
-                                            : children_of(::getpid());
+  const auto children =
+      started_before_tick ? children_started_before(::getpid(), *started_before_tick) : children_of(::getpid());
   for (pid_t child : children) {
     if (!by_pid_.count(child) && !dying_.count(child) && !spares_->owns_pid(child)) {
       spdlog::debug("killing orphan pid {} (adopted from an ended attempt)", child);

@@ -35,7 +35,7 @@ inline constexpr double kKillWaitS = 5.0;  // SIGKILL -> stop waiting
 struct Stream {
   int fd = -1;
   int log_fd = -1;
-  int filtered_fd = -1;  // the attempt's filtered_{stdout,stderr}.log (--duplicate_*_filters)
+  int filtered_fd = -1;                 // the attempt's filtered_{stdout,stderr}.log (--duplicate_*_filters)
   std::string log_path, filtered_path;  // for the messages when a write to them fails
   DuplicateFilter filter;
   bool console = true;
@@ -43,7 +43,7 @@ struct Stream {
   // to the console then (nothing lost).
   bool console_allowed = true;
   LineSplitter splitter;
-  uint64_t lines = 0;  // complete lines read so far
+  uint64_t lines = 0;                   // complete lines read so far
   ConsoleMux::StreamId console_id = 0;  // its name in the console (ConsoleMux)
 };
 
@@ -55,10 +55,10 @@ struct Worker {
   bool reaped = false;
   // Its exit was seen through the early exit watch and dispatched; the reap only finishes it.
   bool exit_reported = false;
-  bool from_spare = false;  // started from a warm spare (spares.h), not exec'd
+  bool from_spare = false;   // started from a warm spare (spares.h), not exec'd
   bool interactive = false;  // it reads ddprun's terminal (--stdin_rank)
-  std::string prefix;  // of its lines on the console and in the filtered logs
-  int exit_watch_fd = -1;  // seccomp listener (process.h), -1 when none
+  std::string prefix;        // of its lines on the console and in the filtered logs
+  int exit_watch_fd = -1;    // seccomp listener (process.h), -1 when none
   Stream out;
   Stream err;
   TailBuffer tail{20};
@@ -183,7 +183,7 @@ class WorkerGroup {
   std::vector<std::unique_ptr<Worker>> workers_;  // the current attempt's
   std::unordered_map<pid_t, Worker*> by_pid_;
   std::unordered_map<int, std::pair<Worker*, bool>> by_fd_;  // fd -> (worker, is_err)
-  std::unordered_map<int, Worker*> by_exit_watch_fd_;       // seccomp listener -> worker
+  std::unordered_map<int, Worker*> by_exit_watch_fd_;        // seccomp listener -> worker
   // Workers of ended attempts whose exit was seen early and that are not reaped yet: when.
   std::unordered_map<pid_t, Clock::time_point> dying_;
   std::vector<pid_t> old_pgroups_;  // previous attempts', to clean up

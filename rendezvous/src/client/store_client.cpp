@@ -24,7 +24,6 @@ namespace {
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-
 }  // namespace
 
 namespace {
@@ -38,13 +37,13 @@ wire::Request make(Op op, std::vector<std::string> keys = {}, std::vector<std::s
 }
 }  // namespace
 
-#define DDPRUN_SEND(req)                                                                              \
-  do {                                                                                                 \
-    std::string bytes__;                                                                               \
-    if (!wire::encode_request(dialect_, (req), bytes__))                                               \
-      throw StoreError(std::string(wire::op_name((req).op)) + " is not supported by the store's " +   \
-                       wire::dialect_name(dialect_) + " protocol");                                   \
-    send_all(bytes__);                                                                                 \
+#define DDPRUN_SEND(req)                                                                            \
+  do {                                                                                              \
+    std::string bytes__;                                                                            \
+    if (!wire::encode_request(dialect_, (req), bytes__))                                            \
+      throw StoreError(std::string(wire::op_name((req).op)) + " is not supported by the store's " + \
+                       wire::dialect_name(dialect_) + " protocol");                                 \
+    send_all(bytes__);                                                                              \
   } while (0)
 
 StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)), dialect_(options_.dialect) {
@@ -151,7 +150,6 @@ std::string StoreClient::recv_blob() {
   if (n) recv_exact(s.data(), n);
   return s;
 }
-
 
 void StoreClient::set(const std::string& key, const std::string& value) {
   std::lock_guard lk(mu_);

@@ -22,8 +22,7 @@ namespace {
 Digest sha256(std::string_view data) {
   Digest d{};
   unsigned int n = 0;
-  if (EVP_Digest(data.data(), data.size(), d.data(), &n, EVP_sha256(), nullptr) != 1 || n != d.size())
-    fail("SHA-256");
+  if (EVP_Digest(data.data(), data.size(), d.data(), &n, EVP_sha256(), nullptr) != 1 || n != d.size()) fail("SHA-256");
   return d;
 }
 

@@ -130,8 +130,7 @@ void RendezvousClient::write_locked(const std::string& bytes, Sender who) {
     // A message cut short leaves the stream unusable: later sends fail at once.
     if (give_up(who)) {
       broken_ = off > 0;
-      throw RendezvousInterrupted("stopped while sending to the rendezvous server " + where +
-                                  " (it is not reading)");
+      throw RendezvousInterrupted("stopped while sending to the rendezvous server " + where + " (it is not reading)");
     }
     if (Clock::now() >= deadline) {
       broken_ = off > 0;
@@ -275,8 +274,7 @@ StatusReply RendezvousClient::query_status(const std::string& run_id, std::chron
   while (true) {
     if (interrupted_ && interrupted_()) throw RendezvousInterrupted("stopped while waiting for the status");
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0)
-      throw RendezvousError("no status reply within " + std::to_string(timeout.count()) + " ms");
+    if (left.count() <= 0) throw RendezvousError("no status reply within " + std::to_string(timeout.count()) + " ms");
     auto m = wait_message(std::min(left, std::chrono::milliseconds(100)));
     if (!m) continue;
     if (m->type == MsgType::StatusReply) return from_message<StatusReply>(*m);

@@ -13,8 +13,6 @@ namespace ddprun::rdzv {
 using std::chrono::milliseconds;
 using namespace detail;
 
-
-
 // Deferred, one shared copy: a broadcast to 16,000 agents made 16,000 copies of its message
 // (a map of strings each) under the server's lock.
 template <class Conns, class To>
@@ -74,8 +72,7 @@ void RoundState::on_inbound(ConnId conn, Inbound m, Clock::time_point now, std::
     case MsgType::Succeeded: on_succeeded(job, conn, std::get<Succeeded>(m.body), out); break;
     case MsgType::Progress: on_progress(job, conn, std::get<Progress>(m.body)); break;
     case MsgType::Leave: on_disconnect(conn, now, out); break;
-    default:
-      out.push_back({conn, error_msg(std::string("unexpected message ") + msg_type_name(m.type)), true});
+    default: out.push_back({conn, error_msg(std::string("unexpected message ") + msg_type_name(m.type)), true});
   }
 }
 
@@ -131,8 +128,9 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   }
   const int64_t fixed = m.node_rank;
   if (fixed >= max_nodes) {
-    out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is out of range for " +
-                                       std::to_string(max_nodes) + " nodes (0.." + std::to_string(max_nodes - 1) + ")"),
+    out.push_back({conn,
+                   error_msg("--node_rank " + std::to_string(fixed) + " is out of range for " +
+                             std::to_string(max_nodes) + " nodes (0.." + std::to_string(max_nodes - 1) + ")"),
                    true});
     if (created) jobs_.erase(it);
     return;
@@ -140,8 +138,8 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
   if (auto h = fixed >= 0 ? job.rank_holder.find(fixed) : job.rank_holder.end();
       h != job.rank_holder.end() && h->second != conn) {
     if (auto n = job.members.find(h->second); n != job.members.end() && n->second.fixed_rank == fixed) {
-      out.push_back({conn, error_msg("--node_rank " + std::to_string(fixed) + " is already taken by " +
-                                         describe(n->second)),
+      out.push_back({conn,
+                     error_msg("--node_rank " + std::to_string(fixed) + " is already taken by " + describe(n->second)),
                      true});
       return;
     }
@@ -152,8 +150,9 @@ void RoundState::on_join(ConnId conn, const Join& m, Clock::time_point now, std:
     const int64_t total =
         job.member_workers - (self == job.members.end() ? 0 : self->second.local_world_size) + m.local_world_size;
     if (total > kMaxWorldSize) {
-      out.push_back({conn, error_msg("JOIN refused: job " + run_id + " would have " + std::to_string(total) +
-                                         " workers, more than " + std::to_string(kMaxWorldSize)),
+      out.push_back({conn,
+                     error_msg("JOIN refused: job " + run_id + " would have " + std::to_string(total) +
+                               " workers, more than " + std::to_string(kMaxWorldSize)),
                      true});
       if (created) jobs_.erase(it);
       return;
@@ -223,7 +222,7 @@ class SeenAddresses {
   // True the first time `a` is offered. At most n addresses are offered.
   bool insert(std::string_view a) {
     const size_t mask = slots_.size() - 1;
-    for (size_t i = std::hash<std::string_view>{}(a) & mask;; i = (i + 1) & mask) {
+    for (size_t i = std::hash<std::string_view>{}(a)&mask;; i = (i + 1) & mask) {
       if (slots_[i].data() == nullptr) {
         slots_[i] = a;
         return true;
@@ -356,9 +355,9 @@ void RoundState::complete_round(Job& job, std::vector<Outbound>& out) {
 void RoundState::restart(Job& job, const std::string& reason, bool spends_budget, Clock::time_point now,
                          std::vector<Outbound>& out) {
   if (spends_budget) ++job.restart_count;
-  broadcast(job.participants,
-            to_message(Restart{.reason = reason, .restart_count = job.restart_count, .round = job.round}),
-            [&](ConnId c) { return job.members.count(c) > 0; }, out);
+  broadcast(
+      job.participants, to_message(Restart{.reason = reason, .restart_count = job.restart_count, .round = job.round}),
+      [&](ConnId c) { return job.members.count(c) > 0; }, out);
   job.phase = Phase::Gathering;
   job.survivors_back = 0;
   job.last_call_deadline.reset();
@@ -367,13 +366,14 @@ void RoundState::restart(Job& job, const std::string& reason, bool spends_budget
 }
 
 void RoundState::fail_job(Job& job, const std::string& reason, FailCause cause, std::vector<Outbound>& out) {
-  broadcast(job.members,
-            to_message(JobFailed{.reason = reason,
-                                 .cause = static_cast<int64_t>(cause),
-                                 .restart_count = job.restart_count,
-                                 .max_restarts = job.max_restarts,
-                                 .first_failure = job.first_failure}),
-            [](ConnId) { return true; }, out);
+  broadcast(
+      job.members,
+      to_message(JobFailed{.reason = reason,
+                           .cause = static_cast<int64_t>(cause),
+                           .restart_count = job.restart_count,
+                           .max_restarts = job.max_restarts,
+                           .first_failure = job.first_failure}),
+      [](ConnId) { return true; }, out);
   job.phase = Phase::Finished;
   if (job.round >= 0) close_store(job);
 }
@@ -481,8 +481,11 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   else what += " (exit code " + std::to_string(m.exit_code) + ")";
   // A worker that said a restart cannot fix its failure (a ConfigError) is believed.
   if (m.config_error && !job.retry_deterministic) {
-    fail_job(job, what + " with a configuration error that a restart cannot fix (ConfigError in its error file), "
-                  "not retried" + restarts_left_unused(job.restart_count, job.max_restarts),
+    fail_job(job,
+             what +
+                 " with a configuration error that a restart cannot fix (ConfigError in its error file), "
+                 "not retried" +
+                 restarts_left_unused(job.restart_count, job.max_restarts),
              FailCause::ConfigError, out);
     return;
   }
@@ -493,9 +496,11 @@ void RoundState::on_failure(Job& job, ConnId conn, const Failure& m, std::vector
   if (quick && prev && !job.retry_deterministic && prev->exit_code == m.exit_code && prev->signal == m.signal &&
       (prev->global_rank == m.global_rank || same_last_line(prev->stderr_tail, m.stderr_tail))) {
     std::string took = m.runtime_ms >= 0 ? " after " + std::to_string(m.runtime_ms) + " ms" : std::string();
-    fail_job(job, what + took + ", before every worker had joined the store, as it did in the attempt before: a "
-                  "deterministic failure (an import error or a bad path?), not retried" +
-                  restarts_left_unused(job.restart_count, job.max_restarts),
+    fail_job(job,
+             what + took +
+                 ", before every worker had joined the store, as it did in the attempt before: a "
+                 "deterministic failure (an import error or a bad path?), not retried" +
+                 restarts_left_unused(job.restart_count, job.max_restarts),
              FailCause::Deterministic, out);
     return;
   }
@@ -523,8 +528,9 @@ void RoundState::maybe_done(Job& job, std::vector<Outbound>& out) {
   if (job.succeeded.size() < job.participants.size()) return;  // not all yet: no walk per SUCCEEDED
   for (ConnId c : job.participants)
     if (!job.succeeded.count(c)) return;
-  broadcast(job.members, to_message(JobDone{.round = job.round, .restart_count = job.restart_count}),
-            [](ConnId) { return true; }, out);
+  broadcast(
+      job.members, to_message(JobDone{.round = job.round, .restart_count = job.restart_count}),
+      [](ConnId) { return true; }, out);
   job.phase = Phase::Finished;
   close_store(job);
 }
@@ -547,8 +553,9 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   }
   if (job.phase == Phase::Gathering) {
     if (job.round >= 0 && was_participant && static_cast<int64_t>(job.members.size()) < job.min_nodes) {
-      fail_job(job, "lost " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
-                        " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
+      fail_job(job,
+               "lost " + describe(node) + " (" + why + "): " + std::to_string(job.members.size()) +
+                   " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
                FailCause::LostNodes, out);
       return;
     }
@@ -559,14 +566,16 @@ void RoundState::node_lost(Job& job, ConnId conn, const std::string& why, Clock:
   if (!was_participant) return;  // a spare went away
   const auto remaining = static_cast<int64_t>(job.members.size());
   if (remaining < job.min_nodes) {
-    fail_job(job, "lost " + describe(node) + " (" + why + "): " + std::to_string(remaining) +
-                      " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
+    fail_job(job,
+             "lost " + describe(node) + " (" + why + "): " + std::to_string(remaining) +
+                 " nodes remain, fewer than the minimum of " + std::to_string(job.min_nodes),
              FailCause::LostNodes, out);
     return;
   }
   if (job.restart_count >= job.max_restarts) {
-    fail_job(job, "lost " + describe(node) + " (" + why + "); the restart budget (max_restarts=" +
-                      std::to_string(job.max_restarts) + ") is spent",
+    fail_job(job,
+             "lost " + describe(node) + " (" + why +
+                 "); the restart budget (max_restarts=" + std::to_string(job.max_restarts) + ") is spent",
              FailCause::BudgetSpent, out);
     return;
   }

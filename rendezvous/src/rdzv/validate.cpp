@@ -190,10 +190,9 @@ std::optional<std::string> check_round(const Round& r, int64_t local_world_size)
                   (r.store_peers.empty() || is_clean_name(r.store_peers, kMaxStorePeersLen));
   if (ok) return std::nullopt;
   return "the rendezvous server sent an impossible round (world size " + to_string(r.world_size) + ", node rank " +
-         to_string(r.node_rank) + " of " + to_string(r.nnodes) + ", base rank " + to_string(r.base_rank) +
-         " for " + to_string(local_world_size) + " local workers, store " +
-         printable(r.store_host, kMaxNameLen) + ":" + to_string(r.store_port) +
-         "): not starting workers with it";
+         to_string(r.node_rank) + " of " + to_string(r.nnodes) + ", base rank " + to_string(r.base_rank) + " for " +
+         to_string(local_world_size) + " local workers, store " + printable(r.store_host, kMaxNameLen) + ":" +
+         to_string(r.store_port) + "): not starting workers with it";
 }
 
 }  // namespace ddprun::rdzv

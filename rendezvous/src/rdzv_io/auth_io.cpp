@@ -49,9 +49,8 @@ std::string load_token(const std::string& file, const char* env_value) {
   }
   const std::string flag = "--rdzv_token_file " + file;
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0)
-    throw std::invalid_argument(flag + ": cannot open it (" + std::strerror(errno) + ")");
-  struct stat st{};
+  if (fd < 0) throw std::invalid_argument(flag + ": cannot open it (" + std::strerror(errno) + ")");
+  struct stat st {};
   std::string why;
   if (::fstat(fd, &st) != 0) why = std::string("cannot stat it (") + std::strerror(errno) + ")";
   else if (!S_ISREG(st.st_mode)) why = "not a regular file; put the token in a file of its own";

@@ -72,18 +72,19 @@ void StoreRelay::Impl::connect() {
   auto resolver = std::make_shared<tcp::resolver>(io);
   resolver->async_resolve(opts.upstream_host, std::to_string(opts.upstream_port),
                           [this, resolver](boost::system::error_code ec, tcp::resolver::results_type eps) {
-    if (ec) return on_connect_error(ec);
-    asio::async_connect(up, eps, [this](boost::system::error_code ec2, const tcp::endpoint&) {
-      if (ec2) return on_connect_error(ec2);
-      boost::system::error_code ignored;
-      up.set_option(tcp::no_delay(true), ignored);
-      up_connected = true;
-      connected_flag = true;
-      spdlog::debug("store relay: connected to the store at {}:{}", opts.upstream_host, opts.upstream_port);
-      read_up();
-      write_up();
-    });
-  });
+                            if (ec) return on_connect_error(ec);
+                            asio::async_connect(up, eps, [this](boost::system::error_code ec2, const tcp::endpoint&) {
+                              if (ec2) return on_connect_error(ec2);
+                              boost::system::error_code ignored;
+                              up.set_option(tcp::no_delay(true), ignored);
+                              up_connected = true;
+                              connected_flag = true;
+                              spdlog::debug("store relay: connected to the store at {}:{}", opts.upstream_host,
+                                            opts.upstream_port);
+                              read_up();
+                              write_up();
+                            });
+                          });
 }
 
 // Refused (the store is not up yet) and the like: tried again until connect_timeout.
@@ -183,8 +184,8 @@ void StoreRelay::Impl::send_up(uint32_t channel, mux::Kind kind, std::span<const
   if (up_lost) return;
   mux::append_frame(up_out, channel, kind, bytes);
   if (up_out.size() + up_writing.size() > opts.max_upstream_buffered) {
-    return lose_upstream(fmt::format("more than {} bytes queued for a store that does not read them",
-                                     opts.max_upstream_buffered));
+    return lose_upstream(
+        fmt::format("more than {} bytes queued for a store that does not read them", opts.max_upstream_buffered));
   }
   write_up();
 }
@@ -206,28 +207,29 @@ void StoreRelay::Impl::read_up() {
   if (up_in.size() < up_in_size + kReadChunk) up_in.resize(up_in_size + kReadChunk);
   up.async_read_some(asio::buffer(up_in.data() + up_in_size, up_in.size() - up_in_size),
                      [this](boost::system::error_code ec, size_t n) {
-    if (up_lost) return;
-    if (ec)
-      return lose_upstream(ec == asio::error::eof ? "the store closed the connection"
-                                                  : "reading from the store: " + ec.message());
-    up_in_size += n;
-    size_t pos = 0;
-    while (!up_lost) {
-      const auto d = mux::decode_frame({up_in.data() + pos, up_in_size - pos});
-      if (d.status == wire::ParseStatus::NeedMore) break;
-      if (d.status != wire::ParseStatus::Ok) return lose_upstream(std::string("the store sent ") + d.bad);
-      on_frame(d.frame);
-      pos += d.consumed;
-    }
-    if (up_lost) return;
-    up_in.erase(up_in.begin(), up_in.begin() + static_cast<std::ptrdiff_t>(pos));
-    up_in_size -= pos;
-    if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) {
-      up_in.resize(kReadChunk);
-      up_in.shrink_to_fit();
-    }
-    read_up();
-  });
+                       if (up_lost) return;
+                       if (ec)
+                         return lose_upstream(ec == asio::error::eof ? "the store closed the connection"
+                                                                     : "reading from the store: " + ec.message());
+                       up_in_size += n;
+                       size_t pos = 0;
+                       while (!up_lost) {
+                         const auto d = mux::decode_frame({up_in.data() + pos, up_in_size - pos});
+                         if (d.status == wire::ParseStatus::NeedMore) break;
+                         if (d.status != wire::ParseStatus::Ok)
+                           return lose_upstream(std::string("the store sent ") + d.bad);
+                         on_frame(d.frame);
+                         pos += d.consumed;
+                       }
+                       if (up_lost) return;
+                       up_in.erase(up_in.begin(), up_in.begin() + static_cast<std::ptrdiff_t>(pos));
+                       up_in_size -= pos;
+                       if (up_in.size() > 4 * kReadChunk && up_in_size < kReadChunk) {
+                         up_in.resize(kReadChunk);
+                         up_in.shrink_to_fit();
+                       }
+                       read_up();
+                     });
 }
 
 void StoreRelay::Impl::on_frame(const mux::Frame& f) {

@@ -129,8 +129,8 @@ void Admission::replace_locked(const ConnPtr& victim, const asio::ip::address& b
   ++replacing_;
   ++replaced_;
   warns_.warn(Warn::ConnectionLimit, [&] {
-    const std::string what = by.is_unspecified() ? std::string("a job's workers' store")
-                                                  : "a new connection from " + by.to_string();
+    const std::string what =
+        by.is_unspecified() ? std::string("a job's workers' store") : "a new connection from " + by.to_string();
     return fmt::format("no slot for {} (--max-connections {}, --max-stranger-connections {}): closed connection {} "
                        "from {}, which proved nothing in its {} ms, to make room",
                        what, max_conns_, max_strangers_, victim->id, s.peer.to_string(),

@@ -108,20 +108,20 @@ void ConnectionIo::read_some(const ConnPtr& c) {
   const size_t missing = c->need_total > c->in_size ? c->need_total - c->in_size : 0;
   const size_t want = std::max(c->chunk, std::min(missing, std::max(c->in_size, kReadChunk)));
   if (!reserve_input(c, want)) return;
-  c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want), [this, c](boost::system::error_code ec,
-                                                                                     size_t n) {
-    if (c->closed) return;
-    if (ec) {
-      close(c, "", false);
-      return;
-    }
-    c->in_size += n;
-    if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
-    guarded(c, [&] {
-      events_.on_input(c);
-      if (!c->input_paused) read_some(c);
-    });
-  });
+  c->socket.async_read_some(asio::buffer(c->in.data() + c->in_size, want),
+                            [this, c](boost::system::error_code ec, size_t n) {
+                              if (c->closed) return;
+                              if (ec) {
+                                close(c, "", false);
+                                return;
+                              }
+                              c->in_size += n;
+                              if (n == c->in.size() - (c->in_size - n) && c->chunk < kReadChunk) c->chunk *= 2;
+                              guarded(c, [&] {
+                                events_.on_input(c);
+                                if (!c->input_paused) read_some(c);
+                              });
+                            });
 }
 
 void ConnectionIo::pause_input(const ConnPtr& c) {

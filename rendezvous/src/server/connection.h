@@ -73,7 +73,7 @@ struct IoThread {
     bump(duration_sum_ns, ns);
   }
   uint64_t batch_reply_bytes = 0;  // replies produced by the batch of requests being handled
-  bool more = false;  // the request in `req` is partly applied (store::ApplyResult::more)
+  bool more = false;               // the request in `req` is partly applied (store::ApplyResult::more)
 };
 
 // Who the peer is and what it has proved: the one place of a connection's authentication
@@ -125,9 +125,9 @@ class InputBuffer {
 struct ParkedRequest {
   wire::Request req;
   wire::StepParser parser;
-  size_t framed = 0;     // being parsed: its length, at the start of the unconsumed input
+  size_t framed = 0;      // being parsed: its length, at the start of the unconsumed input
   bool applying = false;  // a slice of it was applied
-  uint64_t charge = 0;   // its memory, charged to the budget
+  uint64_t charge = 0;    // its memory, charged to the budget
 };
 
 // The order of an agent's messages: each gets a ticket under the rounds lock, in the order the
@@ -135,9 +135,9 @@ struct ParkedRequest {
 // the lock, strictly in ticket order, by whichever thread holds it (ServerCore::seal_pending):
 // a frame sealed outside the lock neither overtakes nor is overtaken by another to the agent.
 struct SealOrder {
-  uint64_t issued = 0;  // tickets handed out, under the rounds lock
-  std::mutex mu;        // guards what follows; taken outside the rounds lock only, before out_mu
-  uint64_t sealed = 0;  // tickets sealed and appended
+  uint64_t issued = 0;                       // tickets handed out, under the rounds lock
+  std::mutex mu;                             // guards what follows; taken outside the rounds lock only, before out_mu
+  uint64_t sealed = 0;                       // tickets sealed and appended
   std::map<uint64_t, rdzv::Outbound> early;  // tickets that came before their turn
 };
 
@@ -162,33 +162,37 @@ struct Connection {
   // A channel of the multiplexed connection `parent`: no socket of its own, on parent's thread;
   // its input comes from parent's DATA frames, its output goes into parent's outbox as DATA.
   Connection(const ConnPtr& parent, uint32_t channel)
-      : socket(parent->thread->io), fd(-1), ks(parent->ks), thread(parent->thread), mux_parent(parent),
+      : socket(parent->thread->io),
+        fd(-1),
+        ks(parent->ks),
+        thread(parent->thread),
+        mux_parent(parent),
         mux_channel(channel) {}
   bool is_channel() const { return mux_channel != 0; }
   boost::asio::ip::tcp::socket socket;
-  const int fd;         // for sends from other threads (under out_mu, while !fd_closed)
+  const int fd;  // for sends from other threads (under out_mu, while !fd_closed)
   store::ConnId id = 0;
-  Keyspace* ks;         // its state is used under ks->mu, and only while !revoked
-  IoThread* thread;     // the one thread that reads and writes the socket
+  Keyspace* ks;      // its state is used under ks->mu, and only while !revoked
+  IoThread* thread;  // the one thread that reads and writes the socket
   Session session;
   SealOrder seals;  // agents
   // I/O thread only:
-  InputBuffer in;                 // its size counts in ConnectionIo's buffered total and the budget
-  wire::RequestFramer framer;     // how far the request at the start of `in` has been framed
-  bool draining = false;          // refused: its last reply is queued, it reads nothing more
+  InputBuffer in;              // its size counts in ConnectionIo's buffered total and the budget
+  wire::RequestFramer framer;  // how far the request at the start of `in` has been framed
+  bool draining = false;       // refused: its last reply is queued, it reads nothing more
   size_t in_size = 0;
   size_t need_total = 0;
-  size_t chunk = 0;               // the next read's size (set by ConnectionIo)
+  size_t chunk = 0;  // the next read's size (set by ConnectionIo)
   // A batch of its requests yielded the thread with input left (ConnectionIo::pause_input): no
   // read is in flight, so nothing writes into `in` while what is left is handled later.
   bool input_paused = false;
   // A request too large for one turn of its thread: parsed in steps, then applied in slices,
   // each after the thread's other ready work (ServerCore::store_batch). Input stays paused.
   std::unique_ptr<ParkedRequest> parked;
-  store::Outbox writing;          // what the async write in flight sends (taken from `out`)
+  store::Outbox writing;  // what the async write in flight sends (taken from `out`)
   std::vector<boost::asio::const_buffer> iov;
   bool closed = false;
-  bool budgeted = false;          // ConnectionIo::kConnectionBytes charged for it (released at close)
+  bool budgeted = false;  // ConnectionIo::kConnectionBytes charged for it (released at close)
   // Closes it when it is still unauthenticated (ServerCore::on_deadline); its thread only.
   std::optional<boost::asio::steady_timer> deadline;
   // Set under ks->mu when its keyspace was reset or dropped, for every connection of it (an
@@ -201,9 +205,9 @@ struct Connection {
   // --max-connection-buffered-bytes, its memory is O(pieces) plus the distinct values.
   store::Outbox out;
   bool close_when_flushed = false;
-  bool writer_busy = false;  // its thread has an async write in flight (which flushes again)
-  bool fd_closed = false;    // its thread closed (or is closing) the socket
-  bool overflowed = false;   // its outbox passed the limit: dropped, a close is posted
+  bool writer_busy = false;               // its thread has an async write in flight (which flushes again)
+  bool fd_closed = false;                 // its thread closed (or is closing) the socket
+  bool overflowed = false;                // its outbox passed the limit: dropped, a close is posted
   std::atomic<bool> flush_posted{false};  // queued on some thread's to_flush/remote list
   // Multiplexing (wire/mux.h), its thread only. A channel: its relay connection and number, and
   // whether the relay ended it (no CLOSE goes back). A relay connection: its channels.

@@ -38,12 +38,16 @@ static_assert(wire::kAgentHelloMagic == rdzv::kAgentMagic, "the codec sniffs the
 // waiters or watchers name).
 bool stores_bytes(wire::Op op) {
   switch (op) {
-    case wire::Op::Set: case wire::Op::CompareSet: case wire::Op::Add: case wire::Op::Append:
-    case wire::Op::MultiSet: case wire::Op::QueuePush: case wire::Op::Wait: case wire::Op::WatchKey:
-    case wire::Op::Barrier:
-      return true;
-    default:
-      return false;
+    case wire::Op::Set:
+    case wire::Op::CompareSet:
+    case wire::Op::Add:
+    case wire::Op::Append:
+    case wire::Op::MultiSet:
+    case wire::Op::QueuePush:
+    case wire::Op::Wait:
+    case wire::Op::WatchKey:
+    case wire::Op::Barrier: return true;
+    default: return false;
   }
 }
 
@@ -66,8 +70,9 @@ ServerCore::Sniffed ServerCore::sniff(const ConnPtr& c, size_t& pos) {
   auto det = wire::sniff_protocol({c->in.data(), c->in_size}, serves_agents, options.legacy_dialect, options.limits);
   if (det.status == wire::ParseStatus::NeedMore) return Sniffed::NeedMore;
   if (det.status == wire::ParseStatus::Bad || (det.protocol == wire::Protocol::Mux && c->is_channel())) {
-    io.close(c, det.status == wire::ParseStatus::Bad ? "first message is VALIDATE with a wrong magic"
-                                                     : "a relay channel announced a relay",
+    io.close(c,
+             det.status == wire::ParseStatus::Bad ? "first message is VALIDATE with a wrong magic"
+                                                  : "a relay channel announced a relay",
              true);
     return Sniffed::Closed;
   }
@@ -115,7 +120,9 @@ namespace {
 class ParsedCopy {
  public:
   ParsedCopy(MemoryBudget& budget, uint64_t bytes, wire::Request& req)
-      : budget_(budget), req_(req), bytes_(bytes >= kCountedCopyBytes ? bytes : 0),
+      : budget_(budget),
+        req_(req),
+        bytes_(bytes >= kCountedCopyBytes ? bytes : 0),
         ok_(bytes_ == 0 || budget.try_charge(bytes_)) {}
   ~ParsedCopy() {
     if (bytes_ == 0) return;
@@ -256,8 +263,8 @@ void ServerCore::agent_batch(const ConnPtr& c, Batch& b) {
     const bool go_on = !forward || on_agent_message(t, c);
     if (hold.site() != HoldSite::RoundCompletion)
       hold.set(rounds.rounds_completed() != rounds_before ? HoldSite::RoundCompletion
-               : forward                                 ? hold_site_of(t.msg.type)
-                                                         : HoldSite::Handshake,
+               : forward                                  ? hold_site_of(t.msg.type)
+                                                          : HoldSite::Handshake,
                rounds.num_agents());
     clock.observe(t, StoreServerMetrics::kAgentOp);
     if (!go_on) break;

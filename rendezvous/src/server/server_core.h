@@ -79,11 +79,11 @@ class ServerCore final : public ConnectionEvents, public KeyspaceHost {
   rdzv::RoundState rounds{keyspaces};
   std::optional<boost::asio::steady_timer> tick_timer;
   std::optional<boost::asio::steady_timer> trim_timer;  // on the first thread
-  std::unordered_map<store::ConnId, ConnPtr> agents;  // agents' connections, under mu
+  std::unordered_map<store::ConnId, ConnPtr> agents;    // agents' connections, under mu
   // The rounds' clock: steady time. The rounds themselves find this server's own stalls in the
   // gaps between its ticks (RoundState::on_tick), so no agent is blamed for them.
   static std::chrono::steady_clock::time_point rdzv_now_locked() { return std::chrono::steady_clock::now(); }
-  store::ConnId next_id = 1;                          // under mu
+  store::ConnId next_id = 1;  // under mu
   std::atomic<bool> started{false}, stopped{false}, accepting{false};
 
  private:

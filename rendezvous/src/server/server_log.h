@@ -17,8 +17,17 @@
 namespace ddprun::server {
 
 enum class Warn {
-  BadInput, Accept, ConnectionLimit, JobLimit, BufferLimit, Exception, AgentRefused, StoreStranger, Deadline,
-  MemoryLimit, kCount
+  BadInput,
+  Accept,
+  ConnectionLimit,
+  JobLimit,
+  BufferLimit,
+  Exception,
+  AgentRefused,
+  StoreStranger,
+  Deadline,
+  MemoryLimit,
+  kCount
 };
 
 class WarnLimiter {

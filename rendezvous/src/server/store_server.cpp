@@ -72,9 +72,8 @@ std::unique_ptr<Listener> ServerCore::make_listener(const std::string& name) {
 }
 
 void ServerCore::start_accepting(Keyspace* ks) {
-  ks->listener->start([this, ks](tcp::socket sock, const tcp::endpoint& from, size_t i) {
-    on_socket(ks, std::move(sock), from, i);
-  });
+  ks->listener->start(
+      [this, ks](tcp::socket sock, const tcp::endpoint& from, size_t i) { on_socket(ks, std::move(sock), from, i); });
 }
 
 // `from`: the peer as accept gave it (asking the socket later fails once the peer reset).

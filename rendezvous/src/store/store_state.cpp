@@ -15,7 +15,6 @@ namespace ddprun::store {
 using wire::Op;
 using namespace detail;
 
-
 std::optional<int64_t> StoreState::integer(const std::string& key) const {
   auto it = kv_.find(key);
   int64_t v = 0;
@@ -253,7 +252,7 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   // 64 Ki keys hold the lock for 42 s; one pass over them, for 60 ms).
   auto it = waiters_.find(conn);
   if (it != waiters_.end() && !it->second.registering) {  // an earlier WAIT's (a client never has two)
-    if (remove_waiter_step(conn)) return {.more = true};   // a large one: a slice per call
+    if (remove_waiter_step(conn)) return {.more = true};  // a large one: a slice per call
     it = waiters_.end();
   }
   const bool first = it == waiters_.end();
@@ -285,8 +284,8 @@ ApplyResult StoreState::op_wait(ConnId conn, wire::Request& req, Reply& w, std::
   waiter.next = end;
   if (end < req.keys.size()) return {.more = true};
   waiter.registering = false;
-  waiter.seen.reset();  // its views end with the request
-  if (waiter.remaining == 0) {  // every key there (or stored while the slices ran)
+  waiter.seen.reset();               // its views end with the request
+  if (waiter.remaining == 0) {       // every key there (or stored while the slices ran)
     req.values = finish_waiter(it);  // freed with the request (a WAIT has no values)
     w.u8(wire::kWaitStop);
   }
@@ -348,60 +347,42 @@ ApplyResult StoreState::apply(ConnId conn, wire::Dialect d, wire::Request& req, 
     return {.more = true};
   Reply& w = reply;
   switch (req.op) {
-    case Op::Validate:
-      return {true, "VALIDATE after the connection was already validated"};
-    case Op::Ping:
-      w.u32(req.u32);
-      return {};
+    case Op::Validate: return {true, "VALIDATE after the connection was already validated"};
+    case Op::Ping: w.u32(req.u32); return {};
     case Op::Set: {
       const auto it = kv_.find(req.keys[0]);
       if (auto why = room_at(it, req.keys[0], req.values[0].size())) return refuse(*why);
       set_value_at(it, req.keys[0], make_value(std::move(req.values[0])), others);
       return {};
     }
-    case Op::CompareSet:
-      return op_compare_set(conn, req, w, others);
+    case Op::CompareSet: return op_compare_set(conn, req, w, others);
     case Op::Get: {
       auto it = kv_.find(req.keys[0]);
       w.blob(it == kv_.end() ? Value() : it->second);
       return {};
     }
-    case Op::Add:
-      return op_add(conn, req, w, others);
-    case Op::Check:
-      return op_check(conn, req, w);
-    case Op::Wait:
-      return op_wait(conn, req, w, others);
-    case Op::GetNumKeys:
-      w.i64(static_cast<int64_t>(kv_.size()));
-      return {};
-    case Op::DeleteKey:
-      return op_delete_key(conn, req, w, others);
-    case Op::Append:
-      return op_append(conn, req, w, others);
-    case Op::MultiGet:
-      return op_multi_get(conn, req, w, others);
-    case Op::MultiSet:
-      return op_multi_set(conn, req, w, others);
+    case Op::Add: return op_add(conn, req, w, others);
+    case Op::Check: return op_check(conn, req, w);
+    case Op::Wait: return op_wait(conn, req, w, others);
+    case Op::GetNumKeys: w.i64(static_cast<int64_t>(kv_.size())); return {};
+    case Op::DeleteKey: return op_delete_key(conn, req, w, others);
+    case Op::Append: return op_append(conn, req, w, others);
+    case Op::MultiGet: return op_multi_get(conn, req, w, others);
+    case Op::MultiSet: return op_multi_set(conn, req, w, others);
     case Op::CancelWait:
       remove_waiter(conn);
       w.u8(wire::kWaitCanceled);
       return {};
-    case Op::QueuePush:
-      return op_queue_push(conn, req, w, others);
-    case Op::QueuePop:
-      return op_queue_pop(conn, req, w, others);
+    case Op::QueuePush: return op_queue_push(conn, req, w, others);
+    case Op::QueuePop: return op_queue_pop(conn, req, w, others);
     case Op::QueueLen: {
       auto q = queues_.find(req.keys[0]);
       w.i64(q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size()));
       return {};
     }
-    case Op::ListKeys:
-      return op_list_keys(conn, req, w, others);
-    case Op::Barrier:
-      return op_barrier(conn, req, w, others);
-    case Op::WatchKey:
-      return op_watch_key(conn, req, w, others);
+    case Op::ListKeys: return op_list_keys(conn, req, w, others);
+    case Op::Barrier: return op_barrier(conn, req, w, others);
+    case Op::WatchKey: return op_watch_key(conn, req, w, others);
   }
   return {true, "unhandled operation"};
 }

@@ -15,25 +15,24 @@ const char* dialect_name(Dialect d) {
 }
 
 const char* op_name(Op op) {
-  static constexpr const char* kNames[] = {
-      "VALIDATE", "SET", "COMPARE_SET", "GET", "ADD", "CHECK", "WAIT", "GETNUMKEYS", "DELETE_KEY",
-      "APPEND", "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING", "QUEUE_PUSH", "QUEUE_POP",
-      "QUEUE_LEN", "LIST_KEYS", "BARRIER", "WATCH_KEY"};
+  static constexpr const char* kNames[] = {"VALIDATE",  "SET",       "COMPARE_SET", "GET",        "ADD",
+                                           "CHECK",     "WAIT",      "GETNUMKEYS",  "DELETE_KEY", "APPEND",
+                                           "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING",       "QUEUE_PUSH",
+                                           "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS",   "BARRIER",    "WATCH_KEY"};
   auto i = static_cast<size_t>(op);
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 namespace {
 // D2 codes are the Op order for Validate..Barrier (0..18).
-constexpr Op kD2[] = {Op::Validate, Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check,
-                      Op::Wait, Op::GetNumKeys, Op::DeleteKey, Op::Append, Op::MultiGet,
-                      Op::MultiSet, Op::CancelWait, Op::Ping, Op::QueuePush, Op::QueuePop,
-                      Op::QueueLen, Op::ListKeys, Op::Barrier};
-constexpr Op kD0[] = {Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check, Op::Wait,
-                      Op::GetNumKeys, Op::WatchKey, Op::DeleteKey};
-constexpr Op kD1[] = {Op::Set, Op::CompareSet, Op::Get, Op::Add, Op::Check, Op::Wait,
-                      Op::GetNumKeys, Op::DeleteKey, Op::Append, Op::MultiGet, Op::MultiSet,
-                      Op::CancelWait};
+constexpr Op kD2[] = {Op::Validate, Op::Set,      Op::CompareSet, Op::Get,       Op::Add,
+                      Op::Check,    Op::Wait,     Op::GetNumKeys, Op::DeleteKey, Op::Append,
+                      Op::MultiGet, Op::MultiSet, Op::CancelWait, Op::Ping,      Op::QueuePush,
+                      Op::QueuePop, Op::QueueLen, Op::ListKeys,   Op::Barrier};
+constexpr Op kD0[] = {Op::Set,  Op::CompareSet, Op::Get,      Op::Add,      Op::Check,
+                      Op::Wait, Op::GetNumKeys, Op::WatchKey, Op::DeleteKey};
+constexpr Op kD1[] = {Op::Set,        Op::CompareSet, Op::Get,    Op::Add,      Op::Check,    Op::Wait,
+                      Op::GetNumKeys, Op::DeleteKey,  Op::Append, Op::MultiGet, Op::MultiSet, Op::CancelWait};
 
 template <size_t N>
 std::optional<Op> lookup(const Op (&table)[N], uint8_t code) {
@@ -72,9 +71,7 @@ std::optional<uint8_t> code_for_op(Dialect d, Op op) {
 uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
 }
-uint64_t load_u64(const uint8_t* p) {
-  return uint64_t(load_u32(p)) | uint64_t(load_u32(p + 4)) << 32;
-}
+uint64_t load_u64(const uint8_t* p) { return uint64_t(load_u32(p)) | uint64_t(load_u32(p + 4)) << 32; }
 
 Writer& Writer::u32(uint32_t v) {
   char b[4];
@@ -113,8 +110,9 @@ class Reader {
   bool blob(std::string& out, uint64_t limit, const char* what) {
     uint64_t n = 0;
     if (!u64(n)) return false;
-    if (n > limit) return bad(std::string(what) + " length " + std::to_string(n) + " exceeds the limit of " +
-                              std::to_string(limit) + " bytes");
+    if (n > limit)
+      return bad(std::string(what) + " length " + std::to_string(n) + " exceeds the limit of " + std::to_string(limit) +
+                 " bytes");
     if (!have(n)) return false;
     out.assign(reinterpret_cast<const char*>(buf_.data() + pos_), n);
     pos_ += n;
@@ -223,8 +221,10 @@ ParseResult parse_request(std::span<const uint8_t> buf, Dialect d, const Limits&
       ok = r.count(n);
       if (ok) {
         // Every key needs at least its 8-byte length: reject before allocating for a lie.
-        if (n * 8 > limits.max_request_bytes) { r.bad("key count too large for the request limit"); ok = false; }
-        else ok = keys_n(n);
+        if (n * 8 > limits.max_request_bytes) {
+          r.bad("key count too large for the request limit");
+          ok = false;
+        } else ok = keys_n(n);
       }
       break;
     }
@@ -323,11 +323,17 @@ ParseResult RequestFramer::scan(std::span<const uint8_t> buf, Dialect d, const L
       case Op::QueueLen:
       case Op::WatchKey: blobs_left_ = 1; break;
       case Op::Add:
-      case Op::Barrier: blobs_left_ = 1; tail_ = 8; break;
+      case Op::Barrier:
+        blobs_left_ = 1;
+        tail_ = 8;
+        break;
       case Op::Check:
       case Op::Wait:
       case Op::MultiGet: stage_ = Stage::Count; break;
-      case Op::MultiSet: stage_ = Stage::Count; blobs_per_count_ = 2; break;
+      case Op::MultiSet:
+        stage_ = Stage::Count;
+        blobs_per_count_ = 2;
+        break;
       case Op::GetNumKeys:
       case Op::CancelWait:
       case Op::ListKeys: break;

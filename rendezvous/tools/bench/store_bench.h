@@ -28,7 +28,6 @@
 
 namespace ddprun_store_bench {
 
-
 using Clock = std::chrono::steady_clock;
 using ddprun::wire::Dialect;
 using ddprun::wire::Op;
@@ -304,7 +303,6 @@ class Bench {
       start(c);
     }
   }
-
 
  public:
   Clock::time_point t_begin_ = Clock::now();

@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
   std::string store_at;
   app.add_option("--store-at", store_at,
                  "HOST:PORT: the workers use this store, not the round's (PyTorch's own TCPStore server, say)");
-  app.add_option("--store-pid", store_pid, "the process serving the workers' store (--offer-store, --store-at): its "
+  app.add_option("--store-pid", store_pid,
+                 "the process serving the workers' store (--offer-store, --store-at): its "
                  "CPU time and peak RSS");
   bool kill_one = false;
   app.add_flag("--kill-one", kill_one,
@@ -155,14 +156,16 @@ int main(int argc, char** argv) {
   }
   const int64_t churn = churn_count(o);
   if (churn && (o.min_nodes == 0 || o.min_nodes > o.agents - churn || o.store_at_port || o.store_offer_port)) {
-    std::fprintf(stderr, "ddprun_scale_sim: --churn %g makes %lld of %d agents leave: give --min-nodes at most %lld "
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: --churn %g makes %lld of %d agents leave: give --min-nodes at most %lld "
                  "(else the job ends with them) and keep the round's own store on the server (no --store-at or "
-                 "--offer-store)\n", o.churn_pct, static_cast<long long>(churn), o.agents,
-                 static_cast<long long>(o.agents - churn));
+                 "--offer-store)\n",
+                 o.churn_pct, static_cast<long long>(churn), o.agents, static_cast<long long>(o.agents - churn));
     return 2;
   }
   if (o.expect_restart && o.workers && !o.store_offer_port) {
-    std::fprintf(stderr, "ddprun_scale_sim: --expect-restart needs --offer-store PORT (the workers' store on node rank "
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: --expect-restart needs --offer-store PORT (the workers' store on node rank "
                  "0, which outlives the server; a store on the server goes with it and its workers would fail), or "
                  "--no-workers\n");
     return 2;
@@ -175,9 +178,10 @@ int main(int argc, char** argv) {
   const int64_t mine = (o.agents - o.part + o.parts - 1) / o.parts;
   const int64_t my_world = mine * o.nproc;
   if (o.gloo && world > 4096) {
-    std::fprintf(stderr, "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "
-                 "(world^2); use it with at most 4096 workers\n", static_cast<long long>(world),
-                 static_cast<long long>(world * world));
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: --gloo with %lld workers would read %lld addresses from the store "
+                 "(world^2); use it with at most 4096 workers\n",
+                 static_cast<long long>(world), static_cast<long long>(world * world));
     return 2;
   }
   if (kill_one && (o.min_nodes == 0 || o.min_nodes >= o.agents || o.store_at_port || o.store_offer_port)) {
@@ -194,7 +198,8 @@ int main(int argc, char** argv) {
   setrlimit(RLIMIT_NOFILE, &rl);
   const int64_t need = mine + churn + (o.workers ? (o.relay ? mine + churn : my_world + churn * o.nproc) : 0) + 64;
   if (static_cast<int64_t>(rl.rlim_cur) < need) {
-    std::fprintf(stderr, "ddprun_scale_sim: %lld agents with %d workers each need %lld file descriptors, the limit "
+    std::fprintf(stderr,
+                 "ddprun_scale_sim: %lld agents with %d workers each need %lld file descriptors, the limit "
                  "(ulimit -Hn) is %llu; raise it or simulate fewer (--agents, --nproc, --no-workers)\n",
                  static_cast<long long>(mine), o.workers ? (o.relay ? 1 : o.nproc) : 0, static_cast<long long>(need),
                  static_cast<unsigned long long>(rl.rlim_cur));
@@ -285,12 +290,11 @@ int main(int argc, char** argv) {
               "errors=%lld server_cpu_s=%.2f server_peak_rss_mib=%.1f probe_ops=%zu probe_p50_us=%.0f "
               "probe_p99_us=%.0f store_host_cpu_s=%.2f store_host_peak_rss_mib=%.1f",
               o.agents, o.nproc, static_cast<long long>(world), !o.token.empty(), o.threads, o.relay ? 1 : 0, o.part,
-              o.parts,
-              ms(0, t_connected).c_str(), ms(j0, p1_round).c_str(), ms(j0, p1_joined).c_str(),
-              ms(j0, p1_barrier).c_str(), ms(j0, p1_done).c_str(),
-              static_cast<long long>(s.rounds.load()), static_cast<long long>(s.workers_done.load()),
-              static_cast<long long>(s.duplicate_ranks.load()), static_cast<long long>(s.errors.load()), cpu, rss,
-              prober ? prober->ops() : 0, prober ? prober->quantile(0.5) : -1.0, prober ? prober->quantile(0.99) : -1.0,
+              o.parts, ms(0, t_connected).c_str(), ms(j0, p1_round).c_str(), ms(j0, p1_joined).c_str(),
+              ms(j0, p1_barrier).c_str(), ms(j0, p1_done).c_str(), static_cast<long long>(s.rounds.load()),
+              static_cast<long long>(s.workers_done.load()), static_cast<long long>(s.duplicate_ranks.load()),
+              static_cast<long long>(s.errors.load()), cpu, rss, prober ? prober->ops() : 0,
+              prober ? prober->quantile(0.5) : -1.0, prober ? prober->quantile(0.99) : -1.0,
               store_after.cpu_s - store_before.cpu_s, store_after.peak_rss_mib);
   // After a death (--kill-one), from it: every survivor told (RESTART), every survivor's new
   // ROUND, every surviving worker joined the new store, past its barrier, done.

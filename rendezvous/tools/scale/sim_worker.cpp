@@ -159,7 +159,7 @@ void Worker::gloo_next(Loop& loop) {
   }
   if (gloo_peer_ == 0 && step_ != Step::GlooGet)
     send(loop, store_request(wire::Op::Set, {gloo_key(rank_)},
-                                   {std::string(static_cast<size_t>(world_) * kGlooAddrBytes, 'g')}));
+                             {std::string(static_cast<size_t>(world_) * kGlooAddrBytes, 'g')}));
   if (gloo_peer_ == rank_) ++gloo_peer_;
   if (gloo_peer_ >= world_) {
     finish();

@@ -302,7 +302,7 @@ TEST_CASE("early exit watch: the listener reports the exit and /proc holds the s
     CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 5));
     pollfd pf{listener, POLLIN, 0};
     CHECK(::poll(&pf, 1, 0) == 0);  // its child still uses the filter
-    ::close(gate[1]);                // the child's read returns: it exits
+    ::close(gate[1]);               // the child's read returns: it exits
     wait_hup(listener);
     ::close(gate[0]);
     close_watched(p, listener);

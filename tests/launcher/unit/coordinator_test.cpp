@@ -234,8 +234,8 @@ TEST_CASE("remote: a node with other job-wide settings is refused, the error nam
   auto second = f.make(k);
   second->join();
   const auto end = one(*second, Notice::Kind::JobFailed);
-  CHECK_THAT(end.failed.reason, Catch::Contains("--max_restarts") && Catch::Contains("runs with 3") &&
-                                    Catch::Contains("asked for 1"));
+  CHECK_THAT(end.failed.reason,
+             Catch::Contains("--max_restarts") && Catch::Contains("runs with 3") && Catch::Contains("asked for 1"));
 }
 
 TEST_CASE("remote: a connect with nothing listening gives up when interrupted", "[coordinator]") {
@@ -262,8 +262,14 @@ TEST_CASE("remote: a connect with nothing listening gives up when interrupted", 
 TEST_CASE("notices: what each server message means to the agent", "[coordinator]") {
   auto j = settings(4, 2, "nj");
   CHECK_FALSE(notice_of(rdzv::to_message(rdzv::Heartbeat{}), j, "h"));
-  auto r = notice_of(rdzv::to_message(rdzv::Round{.round = 3, .restart_count = 1, .max_restarts = 2, .node_rank = 1,
-                                                  .nnodes = 2, .world_size = 7, .base_rank = 3, .store_port = 4242}),
+  auto r = notice_of(rdzv::to_message(rdzv::Round{.round = 3,
+                                                  .restart_count = 1,
+                                                  .max_restarts = 2,
+                                                  .node_rank = 1,
+                                                  .nnodes = 2,
+                                                  .world_size = 7,
+                                                  .base_rank = 3,
+                                                  .store_port = 4242}),
                      j, "10.0.0.1");
   REQUIRE(r);
   CHECK(static_cast<int>(r->kind) == static_cast<int>(Notice::Kind::Round));
@@ -326,9 +332,9 @@ TEST_CASE("standing: a failure reported while the server is down reaches the res
   auto c = f.make(settings(1, 1));
   c->join();
   make_progress(one(*c, Notice::Kind::Round).layout);
-  f.server.reset();              // the daemon dies ...
+  f.server.reset();                  // the daemon dies ...
   c->report_failure(failure(0, 5));  // ... the report goes nowhere (or fails to send) ...
-  f.server = f.start();          // ... and it comes back: the re-join carries the failure again
+  f.server = f.start();              // ... and it comes back: the re-join carries the failure again
   const auto restart = one(*c, Notice::Kind::Restart);
   CHECK(restart.restart.restart_count == 1);
   CHECK_THAT(restart.restart.reason, Catch::Contains("exit code 5"));

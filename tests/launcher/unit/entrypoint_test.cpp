@@ -52,9 +52,9 @@ TEST_CASE("entry points that run with Python, as torchrun's default", "[entrypoi
   const auto script = d.file("train", "print(1)\n", false);
   const auto prog = d.file("prog", "#!/bin/sh\n", true);
   const auto py = d.file("t.py", "", true);
-  CHECK(runs_with_python(entry(script), probe_entrypoint(script)));  // exists, not executable
+  CHECK(runs_with_python(entry(script), probe_entrypoint(script)));    // exists, not executable
   CHECK_FALSE(runs_with_python(entry(prog), probe_entrypoint(prog)));  // a program: exec'd
-  CHECK(runs_with_python(entry(py), probe_entrypoint(py)));           // .py, even when executable
+  CHECK(runs_with_python(entry(py), probe_entrypoint(py)));            // .py, even when executable
   CHECK(runs_with_python(entry("missing.py"), probe_entrypoint("missing.py")));
   CHECK_FALSE(runs_with_python(entry("echo"), probe_entrypoint(d.path() / "echo")));  // PATH lookup
   auto m = entry("pkg.mod");
@@ -146,8 +146,8 @@ TEST_CASE("a Python shim is resolved to the interpreter it runs; anything else i
   const auto shim = d.file("python3", "#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n", true);
   CHECK(resolve_python_shim(shim) == std::optional<std::string>("/usr/bin/python3"));
   CHECK_FALSE(resolve_python_shim("/usr/bin/python3"));                               // the interpreter itself
-  CHECK_FALSE(resolve_python_shim(d.file("says_hi", "#!/bin/sh\necho hi\n", true)));   // not a path
-  CHECK_FALSE(resolve_python_shim(d.file("fails", "#!/bin/sh\nexit 3\n", true)));      // no answer
+  CHECK_FALSE(resolve_python_shim(d.file("says_hi", "#!/bin/sh\necho hi\n", true)));  // not a path
+  CHECK_FALSE(resolve_python_shim(d.file("fails", "#!/bin/sh\nexit 3\n", true)));     // no answer
   CHECK_FALSE(resolve_python_shim(d.file("names_a_script", "#!/bin/sh\nprintf %s " + shim + "\n", true)));
 }
 

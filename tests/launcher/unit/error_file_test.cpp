@@ -35,8 +35,8 @@ TEST_CASE("other JSON is shown as is", "[errorfile]") {
 }
 
 TEST_CASE("not JSON: shown raw, never throws", "[errorfile]") {
-  for (const std::string bad : {"", "{", "{\"message\": ", "[1,2", "\"abc", "{\"a\":\"\\x\"}",
-                                "not json at all", "{\"a\": 1} trailing"}) {
+  for (const std::string bad :
+       {"", "{", "{\"message\": ", "[1,2", "\"abc", "{\"a\":\"\\x\"}", "not json at all", "{\"a\": 1} trailing"}) {
     INFO(bad);
     auto r = parse_error_file(bad);
     CHECK_FALSE(r.valid_json);
@@ -69,7 +69,8 @@ TEST_CASE("an error file that is not UTF-8 is read, its bad bytes as U+FFFD", "[
 TEST_CASE("error file edge cases: control characters, big numbers, the nesting limit", "[errorfile]") {
   auto r = parse_error_file(
       R"({"message": {"message": "a\u0001b\u001b[0m\ud83d\ude00", "extraInfo": {"timestamp": 9007199254740993}}})");
-  CHECK(r.message == "a\x01" "b\x1b[0m\xf0\x9f\x98\x80");
+  CHECK(r.message == "a\x01"
+                     "b\x1b[0m\xf0\x9f\x98\x80");
   CHECK(r.timestamp == "9007199254740993");
   r = parse_error_file(R"({"message": {"message": "m", "extraInfo": {"timestamp": 18446744073709551615}}})");
   CHECK(r.timestamp == "18446744073709551615");
@@ -90,7 +91,7 @@ TEST_CASE("a configuration error is exit code 78 with ConfigError in the error f
   CHECK_FALSE(says_config_error(78, false, &other));   // a script's own exit 78
   CHECK_FALSE(says_config_error(78, false, nullptr));  // no error file
   CHECK_FALSE(says_config_error(1, false, &config));
-  CHECK_FALSE(says_config_error(78, true, &config));   // killed by signal 78? never a config error
+  CHECK_FALSE(says_config_error(78, true, &config));  // killed by signal 78? never a config error
   const std::string junk = "ConfigError: not JSON";
   CHECK_FALSE(says_config_error(78, false, &junk));
 }

@@ -81,8 +81,7 @@ TEST_CASE("every rank stuck at the same tick: all are named", "[hang]") {
   CHECK(m.find("every local rank is stuck at the same tick") != std::string::npos);
 }
 
-TEST_CASE("a rank slow to start is not stuck before anyone ticked, nor for the time before the first tick",
-          "[hang]") {
+TEST_CASE("a rank slow to start is not stuck before anyone ticked, nor for the time before the first tick", "[hang]") {
   HangWatch w(5);
   w.start_attempt(0, 2);
   CHECK(w.observe(4, Ticks{0, 0}).kind == HangVerdict::Kind::None);
@@ -109,10 +108,9 @@ TEST_CASE("the hang message names the stuck rank, since when, and what the other
              {.local_rank = 1, .ticks = 5, .last_move_s = 2, .stalled_s = 31.7, .stalled = true, .stuck = true},
              {.local_rank = 2, .ticks = 9, .last_move_s = 33, .stalled_s = 0.25, .stalled = false, .stuck = false}};
   const std::string m = format_hang_message(v, {{4, 100, "a"}, {5, 101, "16:58:02 UTC"}, {6, 102, "c"}}, 30);
-  CHECK(m ==
-        "hang: r5 (local rank 1, pid 101) made no progress for 31 s (since 16:58:02 UTC, at tick 5) "
-        "(--hang_timeout=30); the others: r4 at tick 6, stalled 30 s too (ahead: waiting for the stuck ranks?), "
-        "r6 at tick 9, moving (last tick 0.2 s ago)");
+  CHECK(m == "hang: r5 (local rank 1, pid 101) made no progress for 31 s (since 16:58:02 UTC, at tick 5) "
+             "(--hang_timeout=30); the others: r4 at tick 6, stalled 30 s too (ahead: waiting for the stuck ranks?), "
+             "r6 at tick 9, moving (last tick 0.2 s ago)");
 }
 
 TEST_CASE("the never-ticked message says how to tick", "[hang]") {

@@ -151,7 +151,7 @@ TEST_CASE("the spawn template: command, interpreter, exit watch, spares", "[laun
   CHECK(p.spawn.argv == std::vector<std::string>{"/bin/sh", "-u", "train.py", "--lr", "1"});
   CHECK_FALSE(p.interpreter.empty());
   CHECK(p.spawn.exit_watch);
-  CHECK(p.spares);  // restarts and a Python entry point
+  CHECK(p.spares);                      // restarts and a Python entry point
   CHECK(p.spawn.cpu_affinity.empty());  // no --numa_binding
   CHECK_FALSE(plan({"--max_restarts=1", "--early_exit_watch=0", "--warm_spares=0", "train.py"}).spawn.exit_watch);
   CHECK_FALSE(plan({"--max_restarts=1", "--warm_spares=0", "train.py"}).spares);

@@ -82,7 +82,8 @@ TEST_CASE("Every JSON log line reads back with a strict UTF-8 reader, keys and v
   r.host = "h\xfe";
   const std::string msg = std::string("bad \xff\xc3 ctl \x01\x1b[31m \b\f") + std::string(1, '\0');
   r.message = msg;
-  std::vector<LogField> f{{"k\xff", std::string("v\x80")}, {"big", int64_t{9007199254740993}},
+  std::vector<LogField> f{{"k\xff", std::string("v\x80")},
+                          {"big", int64_t{9007199254740993}},
                           {"inf", std::numeric_limits<double>::infinity()}};
   r.fields = &f;
   const std::string line = json_log_line(r);

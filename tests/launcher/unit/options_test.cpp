@@ -87,8 +87,11 @@ TEST_CASE("everything after the entry point belongs to it", "[options]") {
 }
 
 TEST_CASE("PET_ environment variables fill flags; the command line wins", "[options]") {
-  EnvMap env{{"PET_NPROC_PER_NODE", "4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "0"},
-             {"PET_NO_PYTHON", "1"}, {"PET_RDZV_ID", "kubeflow"}};
+  EnvMap env{{"PET_NPROC_PER_NODE", "4"},
+             {"PET_MAX_RESTARTS", "3"},
+             {"PET_STANDALONE", "0"},
+             {"PET_NO_PYTHON", "1"},
+             {"PET_RDZV_ID", "kubeflow"}};
   auto o = ok({"x"}, env);
   CHECK(o.nodes.nproc_per_node == 4);
   CHECK(o.faults.max_restarts == 3);
@@ -252,8 +255,8 @@ TEST_CASE("--early_exit_watch: on by default, 1/0, both spellings, PET_", "[opti
 
 TEST_CASE("--help lists the environment knobs", "[options]") {
   auto r = parse({"--help"});
-  CHECK_THAT(r.message, Catch::Contains("DDPRUN_DEFAULT_STORE_PORT") &&
-                            Catch::Contains("PYTHON_EXEC") && Catch::Contains("DDPRUN_COLLECTIVE_TIMEOUT_S"));
+  CHECK_THAT(r.message, Catch::Contains("DDPRUN_DEFAULT_STORE_PORT") && Catch::Contains("PYTHON_EXEC") &&
+                            Catch::Contains("DDPRUN_COLLECTIVE_TIMEOUT_S"));
 }
 
 TEST_CASE("--help leaves out the knobs for tests and benchmarks", "[options]") {
@@ -266,7 +269,8 @@ TEST_CASE("--help leaves out the knobs for tests and benchmarks", "[options]") {
 TEST_CASE("--help says when a worker's exit 99 means preempted", "[options]") {
   auto r = parse({"--help"});
   CHECK_THAT(r.message, !Catch::Contains("or a worker exited 99"));
-  CHECK_THAT(r.message, Catch::Contains("DDPRUN_PREEMPT_FILE") && Catch::Contains("Any other worker exit 99 is an ordinary failure"));
+  CHECK_THAT(r.message, Catch::Contains("DDPRUN_PREEMPT_FILE") &&
+                            Catch::Contains("Any other worker exit 99 is an ordinary failure"));
 }
 
 TEST_CASE("torchrun 2.11's log filter flags: both spellings, ',,' escapes a comma, PET_", "[options]") {
@@ -289,9 +293,8 @@ TEST_CASE("--numa-binding takes torchrun 2.11's modes", "[options]") {
     CHECK(ok({"--numa_binding", m, "x"}).platform.numa_binding == parse_numa_mode(m));
   }
   CHECK(ok({"--numa-binding=core-complex", "x"}).platform.numa_binding == NumaMode::CoreComplex);
-  CHECK_THAT(error_of({"--numa-binding=nodes", "x"}),
-             Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
-                 Catch::Contains("node, socket, exclusive or core-complex"));
+  CHECK_THAT(error_of({"--numa-binding=nodes", "x"}), Catch::Contains("--numa_binding") && Catch::Contains("'nodes'") &&
+                                                          Catch::Contains("node, socket, exclusive or core-complex"));
 }
 
 TEST_CASE("--logs-specs and --event-log-handler are accepted, with what they mean here", "[options]") {

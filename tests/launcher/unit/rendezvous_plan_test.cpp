@@ -33,7 +33,7 @@ TEST_CASE("one node: a local round on our own store, port as torchrun picks it",
   CHECK(p.server_io_threads == 1);
   CHECK(p.store_host == "127.0.0.1");
   CHECK(p.listen_host == "127.0.0.1");  // the workers come over loopback: nobody else may
-  CHECK_FALSE(p.serve_rendezvous);       // the round runs in-process
+  CHECK_FALSE(p.serve_rendezvous);      // the round runs in-process
   CHECK(p.join.fixed_store_port);
   CHECK(p.join.max_restarts == 3);
   CHECK(plan({"--master_addr=10.1.2.3"}).listen_host.empty());  // workers come from elsewhere
@@ -61,8 +61,9 @@ TEST_CASE("one node with c10d or --standalone: the endpoint's port, our store", 
 TEST_CASE("one node with c10d joins a rendezvous served by someone else, as torchrun does", "[plan]") {
   const auto resolve = [](std::vector<std::string> args, bool here, bool served) {
     const LaunchOptions o = opts(std::move(args));
-    return resolve_plan(o.nodes, o.rendezvous, o.faults.max_restarts, {}, [&](const std::string&) { return here; },
-                        [&](const std::string&, uint16_t) { return served; });
+    return resolve_plan(
+        o.nodes, o.rendezvous, o.faults.max_restarts, {}, [&](const std::string&) { return here; },
+        [&](const std::string&, uint16_t) { return served; });
   };
   // A standing server answers on the endpoint's port of this host: join it as a client.
   auto standing = resolve({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29411"}, true, true);

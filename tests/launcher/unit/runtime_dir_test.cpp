@@ -42,12 +42,12 @@ TEST_CASE("the runtime directory: XDG_RUNTIME_DIR/ddprun when it is this user's 
   CHECK(runtime_dir_path("/run/user/1000/", dir(1000, 0700), 1000) == "/run/user/1000/ddprun");
   CHECK(runtime_dir_path("/run/user/1000", dir(1000, 0700), 0) == "/tmp/ddprun-0");  // another user's (after su)
   CHECK(runtime_dir_path("", PathFacts{}, 1000) == "/tmp/ddprun-1000");
-  CHECK(runtime_dir_path("relative", dir(0, 0700), 0) == "/tmp/ddprun-0");             // not absolute
-  CHECK(runtime_dir_path("/run/user/7", PathFacts{}, 7) == "/tmp/ddprun-7");          // missing
-  CHECK(runtime_dir_path("/tmp/x", dir(7, 0777), 7) == "/tmp/ddprun-7");              // others may write it
-  CHECK(runtime_dir_path("/tmp/x", dir(7, 0720), 7) == "/tmp/ddprun-7");              // the group may write it
-  CHECK(runtime_dir_path("/tmp/x", link(7), 7) == "/tmp/ddprun-7");                   // a link
-  CHECK(runtime_dir_path("/home/u/rt", dir(7, 0755), 7) == "/home/u/rt/ddprun");      // readable is fine
+  CHECK(runtime_dir_path("relative", dir(0, 0700), 0) == "/tmp/ddprun-0");        // not absolute
+  CHECK(runtime_dir_path("/run/user/7", PathFacts{}, 7) == "/tmp/ddprun-7");      // missing
+  CHECK(runtime_dir_path("/tmp/x", dir(7, 0777), 7) == "/tmp/ddprun-7");          // others may write it
+  CHECK(runtime_dir_path("/tmp/x", dir(7, 0720), 7) == "/tmp/ddprun-7");          // the group may write it
+  CHECK(runtime_dir_path("/tmp/x", link(7), 7) == "/tmp/ddprun-7");               // a link
+  CHECK(runtime_dir_path("/home/u/rt", dir(7, 0755), 7) == "/home/u/rt/ddprun");  // readable is fine
 }
 
 TEST_CASE("a private directory: this user's, a directory and not a link, mode 0700", "[runtimedir]") {

@@ -231,4 +231,3 @@ TEST_CASE("GPU samples: no devices (no driver) leave every GPU field empty", "[s
   CHECK_FALSE(ranks[0].gpu_index);
   CHECK_FALSE(ranks[0].gpu_utilization);
 }
-

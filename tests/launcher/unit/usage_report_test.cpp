@@ -17,12 +17,11 @@ TEST_CASE("Without GPU samples the table has wall, CPU, CPU/wall and peak RSS pe
       {.global_rank = 4, .local_rank = 0, .attempt = 2, .wall_s = 100, .cpu_s = 12, .peak_rss_bytes = 412ull << 20}};
   r.earlier_workers = 3;
   r.earlier_cpu_s = 7.25;
-  CHECK(format_usage_table(r) ==
-        "resource use of attempt 2 on n1 (2 workers; no GPU sampled):\n"
-        "    rank  wall     CPU     CPU/wall  peak RSS\n"
-        "    r4    100.0 s  12.0 s  12%       412 MiB\n"
-        "    r5    100.0 s  95.5 s  96%       3.0 GiB\n"
-        "    earlier attempts: 3 workers, 7.25 s of CPU");
+  CHECK(format_usage_table(r) == "resource use of attempt 2 on n1 (2 workers; no GPU sampled):\n"
+                                 "    rank  wall     CPU     CPU/wall  peak RSS\n"
+                                 "    r4    100.0 s  12.0 s  12%       412 MiB\n"
+                                 "    r5    100.0 s  95.5 s  96%       3.0 GiB\n"
+                                 "    earlier attempts: 3 workers, 7.25 s of CPU");
   CHECK(low_gpu_utilisation_warning(r).empty());  // nothing sampled: nothing to say
 }
 
@@ -71,18 +70,22 @@ TEST_CASE("The failed rank's row is marked; a worker never reaped shows dashes",
   r.ranks = {
       {.global_rank = 1, .attempt = 0, .wall_s = 2, .cpu_s = 1, .peak_rss_bytes = 2048, .failure = "exit code 1"},
       {.global_rank = 0, .attempt = 0, .measured = false}};
-  CHECK(format_usage_table(r) ==
-        "resource use of attempt 0 on n1 (2 workers; no GPU sampled):\n"
-        "    rank  wall    CPU     CPU/wall  peak RSS\n"
-        "    r0    -       -       -         -\n"
-        "    r1    2.00 s  1.00 s  50%       2.0 KiB   <- failed: exit code 1");
+  CHECK(format_usage_table(r) == "resource use of attempt 0 on n1 (2 workers; no GPU sampled):\n"
+                                 "    rank  wall    CPU     CPU/wall  peak RSS\n"
+                                 "    r0    -       -       -         -\n"
+                                 "    r1    2.00 s  1.00 s  50%       2.0 KiB   <- failed: exit code 1");
 }
 
 TEST_CASE("No GPU warning for a run too short to judge", "[usage]") {
   UsageReport r;
   r.host = "g";
   // An 8-second job: its GPU sampled for 7 s, mostly start-up.
-  r.ranks = {{.global_rank = 0, .wall_s = 8, .cpu_s = 8, .gpu_index = 0, .gpu_seconds = 1.4, .gpu_util_mean = 0.2,
+  r.ranks = {{.global_rank = 0,
+              .wall_s = 8,
+              .cpu_s = 8,
+              .gpu_index = 0,
+              .gpu_seconds = 1.4,
+              .gpu_util_mean = 0.2,
               .gpu_sampled_s = 7}};
   CHECK(low_gpu_utilisation_warning(r).empty());
   r.ranks[0].gpu_sampled_s = kMinGpuJudgeS - 1;
@@ -114,8 +117,8 @@ std::vector<unsigned char> page_with(std::vector<std::pair<size_t, uint64_t>> wo
 TEST_CASE("The step statistics are read from their words of the progress page", "[usage]") {
   CHECK(kStepStatsOffset == 16);
   CHECK(kStepStatsEnd == 56);
-  const auto p = page_with({{0, kProgressMagic}, {8, 41}, {16, 1}, {24, 40}, {32, 4'000'000'000}, {40, 1'000'000'000},
-                            {48, 250'000'000}});
+  const auto p = page_with(
+      {{0, kProgressMagic}, {8, 41}, {16, 1}, {24, 40}, {32, 4'000'000'000}, {40, 1'000'000'000}, {48, 250'000'000}});
   const auto s = parse_step_stats(p.data(), p.size());
   REQUIRE(s);
   CHECK(s->steps == 40);
@@ -175,13 +178,12 @@ TEST_CASE("The all-reduce columns appear when a rank reported, '-' for the ranks
               .allreduce_share = 0.003,
               .allreduce_hidden = 0.997},
              {.global_rank = 3, .wall_s = 10, .cpu_s = 9, .peak_rss_bytes = 2048, .allreduce_share = 0.0}};
-  CHECK(format_usage_table(r) ==
-        "resource use of attempt 0 on n1 (4 workers; no GPU sampled):\n"
-        "    rank  wall    CPU     CPU/wall  peak RSS  all-reduce/step  hidden\n"
-        "    r0    10.0 s  9.00 s  90%       2.0 KiB   25%              75%\n"
-        "    r1    10.0 s  1.00 s  10%       2.0 KiB   -                -\n"
-        "    r2    10.0 s  9.00 s  90%       2.0 KiB   <1%              >99%\n"
-        "    r3    10.0 s  9.00 s  90%       2.0 KiB   0%               -");
+  CHECK(format_usage_table(r) == "resource use of attempt 0 on n1 (4 workers; no GPU sampled):\n"
+                                 "    rank  wall    CPU     CPU/wall  peak RSS  all-reduce/step  hidden\n"
+                                 "    r0    10.0 s  9.00 s  90%       2.0 KiB   25%              75%\n"
+                                 "    r1    10.0 s  1.00 s  10%       2.0 KiB   -                -\n"
+                                 "    r2    10.0 s  9.00 s  90%       2.0 KiB   <1%              >99%\n"
+                                 "    r3    10.0 s  9.00 s  90%       2.0 KiB   0%               -");
   // With the GPU columns: after them.
   r.ranks[1].gpu_index = 0;
   r.ranks[1].gpu_seconds = 5;

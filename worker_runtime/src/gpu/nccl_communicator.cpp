@@ -315,8 +315,8 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
       if (st == ncclSuccess) return;
       if (st != ncclInProgress) {
         abort();
-        throw CommError(std::string("nccl ") + what + ": " + ncclGetErrorString(st) + " (" +
-                        ncclGetLastError(comm_) + ")");
+        throw CommError(std::string("nccl ") + what + ": " + ncclGetErrorString(st) + " (" + ncclGetLastError(comm_) +
+                        ")");
       }
       if (Clock::now() > deadline) {
         abort();
@@ -451,7 +451,7 @@ class NcclCommunicator final : public Communicator, public detail::StreamTiming 
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
   void* scratch_ = nullptr;
   std::unique_ptr<CollectiveChecker> checker_;  // DDPRUN_DEBUG_COLLECTIVES=1 only
-  std::unique_ptr<PositionBoard> board_;         // more than one rank: where each is, for a timeout
+  std::unique_ptr<PositionBoard> board_;        // more than one rank: where each is, for a timeout
   void* sig_dev_ = nullptr;                     // size_ signatures
   CollectiveSignature* sig_host_ = nullptr;     // pinned: size_ gathered + 1 staged
   std::atomic<bool> aborted_{false};

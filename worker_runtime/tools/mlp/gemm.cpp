@@ -85,25 +85,37 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int kc, const float* a, con
     const __m256 b0 = _mm256_load_ps(b + p * NR), b1 = _mm256_load_ps(b + p * NR + 8);
     const float* ap = a + p * MR;
     __m256 av = _mm256_broadcast_ss(ap + 0);
-    c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
     av = _mm256_broadcast_ss(ap + 1);
-    c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
     av = _mm256_broadcast_ss(ap + 2);
-    c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
     av = _mm256_broadcast_ss(ap + 3);
-    c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
     av = _mm256_broadcast_ss(ap + 4);
-    c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
     av = _mm256_broadcast_ss(ap + 5);
-    c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
   }
   alignas(32) float acc[MR][NR];
-  _mm256_store_ps(acc[0], c00); _mm256_store_ps(acc[0] + 8, c01);
-  _mm256_store_ps(acc[1], c10); _mm256_store_ps(acc[1] + 8, c11);
-  _mm256_store_ps(acc[2], c20); _mm256_store_ps(acc[2] + 8, c21);
-  _mm256_store_ps(acc[3], c30); _mm256_store_ps(acc[3] + 8, c31);
-  _mm256_store_ps(acc[4], c40); _mm256_store_ps(acc[4] + 8, c41);
-  _mm256_store_ps(acc[5], c50); _mm256_store_ps(acc[5] + 8, c51);
+  _mm256_store_ps(acc[0], c00);
+  _mm256_store_ps(acc[0] + 8, c01);
+  _mm256_store_ps(acc[1], c10);
+  _mm256_store_ps(acc[1] + 8, c11);
+  _mm256_store_ps(acc[2], c20);
+  _mm256_store_ps(acc[2] + 8, c21);
+  _mm256_store_ps(acc[3], c30);
+  _mm256_store_ps(acc[3] + 8, c31);
+  _mm256_store_ps(acc[4], c40);
+  _mm256_store_ps(acc[4] + 8, c41);
+  _mm256_store_ps(acc[5], c50);
+  _mm256_store_ps(acc[5] + 8, c51);
   if (n == NR) {
     for (int r = 0; r < m; ++r) {
       float* c = C + r * ldc;
@@ -353,8 +365,8 @@ void sgemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, const float*
   }
 }
 
-void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
-                     int ldb, float* C, int ldc, bool accumulate) {
+void sgemm_reference(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                     float* C, int ldc, bool accumulate) {
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double s = accumulate ? C[i * ldc + j] : 0.0;

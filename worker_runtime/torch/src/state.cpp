@@ -160,9 +160,8 @@ void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& m
   if (!is_sgd && !is_adam && !is_adamw) {
     const std::string name = prefix + "optim/torch_archive";
     if (ckpt.has(name)) return load_archive(opt, ckpt, name);
-    if (std::any_of(ckpt.sections.begin(), ckpt.sections.end(), [&](const auto& s) {
-          return s.first.rfind(prefix + "optim/", 0) == 0;
-        }))
+    if (std::any_of(ckpt.sections.begin(), ckpt.sections.end(),
+                    [&](const auto& s) { return s.first.rfind(prefix + "optim/", 0) == 0; }))
       throw DdpError("checkpoint: the checkpoint holds SGD/Adam/AdamW state, not state of " +
                      readable_type(typeid(opt)) + "; resume with the optimizer that saved it");
     return;  // saved before any step: no state
@@ -189,10 +188,8 @@ void load_optimizer(::torch::optim::Optimizer& opt, const ::torch::nn::Module& m
         if (ckpt.has(base + "max_exp_avg_sq")) st->max_exp_avg_sq(get_like(ckpt, base + "max_exp_avg_sq", p));
         state[key] = std::move(st);
       };
-      if (is_adam)
-        fill(std::make_unique<::torch::optim::AdamParamState>());
-      else
-        fill(std::make_unique<::torch::optim::AdamWParamState>());
+      if (is_adam) fill(std::make_unique<::torch::optim::AdamParamState>());
+      else fill(std::make_unique<::torch::optim::AdamWParamState>());
     }
   }
 }

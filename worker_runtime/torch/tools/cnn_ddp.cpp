@@ -166,8 +166,9 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-bn", sync_bn, "that batch norm is a SyncBatchNorm over all ranks (CPU)");
   app.add_flag("--convert-plain-bn", convert_plain_bn,
                "call convert_sync_batchnorm on the model with its plain BatchNorm2d (refused)");
-  app.add_option("--unused-mode", unused_mode, "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
-                                               "rank (some steps on one rank, some on all) | always")
+  app.add_option("--unused-mode", unused_mode,
+                 "when `aux` is skipped: none | step (every 3rd step, all ranks) | "
+                 "rank (some steps on one rank, some on all) | always")
       ->check(CLI::IsMember({"none", "step", "rank", "always"}));
   app.add_option("--find-unused", find_unused, "DdpOptions::find_unused_parameters (1/0)");
   app.add_option("--gradient-as-bucket-view", grad_as_bucket_view, "DdpOptions::gradient_as_bucket_view (1/0)");
@@ -228,8 +229,9 @@ int main(int argc, char** argv) {
       at::globalContext().setBenchmarkCuDNN(false);
     }
     dw::RuntimeOptions ro;
-    ro.device = device_flag == "cuda" ? dw::DeviceKind::Cuda : device_flag == "auto" ? dw::DeviceKind::Auto
-                                                                                    : dw::DeviceKind::Cpu;
+    ro.device = device_flag == "cuda"   ? dw::DeviceKind::Cuda
+                : device_flag == "auto" ? dw::DeviceKind::Auto
+                                        : dw::DeviceKind::Cpu;
     ro.real_communicator_at_world_size_1 = force_collective;
     auto rt = dw::init(ro);
     const int rank = rt->rank(), world = rt->world_size();
@@ -303,8 +305,11 @@ int main(int argc, char** argv) {
           std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
     torch::optim::Optimizer& opt = *opt_holder;
 
-    dw::SamplerOptions sampler_options{.dataset_size = static_cast<size_t>(samples), .num_replicas = world,
-                                       .rank = rank, .shuffle = shuffle, .seed = seed};
+    dw::SamplerOptions sampler_options{.dataset_size = static_cast<size_t>(samples),
+                                       .num_replicas = world,
+                                       .rank = rank,
+                                       .shuffle = shuffle,
+                                       .seed = seed};
     if (pytorch_shuffle) sampler_options.permutation = lt::pytorch_permutation;
     dw::DistributedSampler sampler(sampler_options);
     const size_t per_step = static_cast<size_t>(batch) * static_cast<size_t>(accum);
@@ -351,10 +356,8 @@ int main(int argc, char** argv) {
         for (auto i : ids) batch_log << i << ' ';
         batch_log << '\n';
       }
-      if (!ddp || optimizer_zero_grad)
-        opt.zero_grad(/*set_to_none=*/optimizer_zero_grad);
-      else
-        ddp->zero_grad();
+      if (!ddp || optimizer_zero_grad) opt.zero_grad(/*set_to_none=*/optimizer_zero_grad);
+      else ddp->zero_grad();
       const auto all = torch::tensor(ids, torch::kLong).to(device);
       for (int a = 0; a < accum; ++a) {
         const auto part = all.narrow(0, static_cast<int64_t>(a) * batch, batch);
@@ -395,8 +398,9 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     if (!dump_final.empty()) dump_state(per_rank(dump_final, rank), *net);
-    if (time_steps && timed > 0) std::printf("rank %d step_ms=%.4f cpu_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed,
-                                           1e3 * cpu_s / timed, timed);
+    if (time_steps && timed > 0)
+      std::printf("rank %d step_ms=%.4f cpu_ms=%.4f steps=%d\n", rank, 1e3 * timed_s / timed, 1e3 * cpu_s / timed,
+                  timed);
     // Per rank: the parameters (equal on every rank) and the whole state (batch norm's running
     // statistics are each rank's own after the last forward).
     std::printf("rank %d parameters_checksum=%016llx state_checksum=%016llx\n", rank,

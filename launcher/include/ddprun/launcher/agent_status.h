@@ -20,11 +20,11 @@ namespace ddprun::launcher {
 inline constexpr int kStatusSchemaVersion = 1;
 
 struct RankStatus {
-  int rank = 0;        // global rank
+  int rank = 0;  // global rank
   int local_rank = 0;
   pid_t pid = -1;
-  std::string state;   // running, succeeded, failed
-  double uptime_s = 0; // since it started (to its end once it ended)
+  std::string state;                  // running, succeeded, failed
+  double uptime_s = 0;                // since it started (to its end once it ended)
   std::optional<double> cpu_percent;  // of one core, over the interval since the previous sample
   std::optional<uint64_t> rss_bytes;
   std::optional<int> gpu_index;
@@ -38,10 +38,10 @@ struct AgentStatus {
   int node_rank = 0;
   int num_nodes = 1;
   pid_t agent_pid = -1;
-  std::string state;      // rendezvous, running, stopping
-  int attempt = 0;        // restarts of the job so far (0 = the first attempt)
+  std::string state;  // rendezvous, running, stopping
+  int attempt = 0;    // restarts of the job so far (0 = the first attempt)
   int max_restarts = 0;
-  double uptime_s = 0;    // since the agent started
+  double uptime_s = 0;                   // since the agent started
   std::optional<int> last_failure_rank;  // global rank of the last failure this node saw
   std::string last_failure;              // "exit code 1 (attempt 0)", "" when none
   std::vector<RankStatus> ranks;

@@ -53,7 +53,7 @@ namespace ddprun::launcher {
 inline constexpr size_t kProgressFileBytes = 4096;
 inline constexpr size_t kProgressCounterOffset = 8;
 inline constexpr uint64_t kProgressMagic = 0x3147525052504444ULL;  // bytes "DDPRPRG1"
-inline constexpr size_t kStepStatsOffset = 16;  // the version word; the four totals follow
+inline constexpr size_t kStepStatsOffset = 16;                     // the version word; the four totals follow
 inline constexpr uint64_t kStepStatsVersion = 1;
 inline constexpr size_t kStepStatsEnd = kStepStatsOffset + 5 * 8;
 

@@ -36,8 +36,8 @@ struct LaunchPlan {
 // What make_launch_plan asks the machine; each has a default that asks the real one (tests
 // give fixed answers).
 struct PlanProbes {
-  std::function<bool(const std::string&)> is_local_host;  // an address of this host?
-  std::function<bool()> kernel_reports_exit_early;       // process.h
+  std::function<bool(const std::string&)> is_local_host;          // an address of this host?
+  std::function<bool()> kernel_reports_exit_early;                // process.h
   std::function<bool(const std::string&, uint16_t)> port_served;  // does something listen there?
   // libmunge on this host, talking to munged at `socket` ("" = its default); nullptr and `why`
   // when it cannot be used (rdzv::MungeClient::open).

@@ -148,7 +148,7 @@ struct OutputOptions {
   StdStreamSpec redirects;
   StdStreamSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // unset: every local rank prints
-  bool no_prefix = false;  // --no_prefix: worker lines reach the console without "[r3]: "
+  bool no_prefix = false;                           // --no_prefix: worker lines reach the console without "[r3]: "
   // --log_line_prefix_template: the console prefix rendered from `text` (output.h's
   // render_line_prefix; `role` for ${role_name}). Empty text: the default prefix.
   struct LinePrefix {
@@ -188,7 +188,7 @@ struct OutputOptions {
 // Restarts, signals and stopping.
 struct FaultOptions {
   int max_restarts = 0;
-  double monitor_interval = 0.1;  // accepted for compatibility; ddprun never polls
+  double monitor_interval = 0.1;       // accepted for compatibility; ddprun never polls
   std::vector<int> signals_to_handle;  // signal numbers
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   double shutdown_timeout_s = 30.0;
@@ -269,8 +269,7 @@ struct ParseOutcome {
 };
 
 // argv[0] is the program name. Never throws.
-ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvMap& env,
-                                const SystemInfo& sys);
+ParseOutcome parse_command_line(const std::vector<std::string>& argv, const EnvMap& env, const SystemInfo& sys);
 
 // The pieces, exposed for tests. Each throws UsageError naming `flag`.
 int parse_nproc_per_node(const std::string& value, const SystemInfo& sys);

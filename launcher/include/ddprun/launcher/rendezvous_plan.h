@@ -32,7 +32,7 @@ struct MungeCredential {  // no token, inside an srun step: munge proves members
   rdzv::MungeCredentialMaker make;   // this agent's credential, per connection
   rdzv::MungeCredentialCheck check;  // the hosting agent's check of every agent's
 };
-struct NoCredential {  // open to anyone who can reach it
+struct NoCredential {        // open to anyone who can reach it
   std::string why_no_munge;  // inside an srun step: why munge could not be used
 };
 using RendezvousCredential = std::variant<NoCredential, TokenCredential, MungeCredential>;
@@ -57,7 +57,7 @@ struct RendezvousPlan {
   // host_server: the address to listen on ("" = every address). One node whose workers reach
   // the store over loopback listens on loopback only: nobody else has business there.
   std::string listen_host;
-  uint16_t listen_port = 0;        // host_server: where to listen (0 = a free port)
+  uint16_t listen_port = 0;         // host_server: where to listen (0 = a free port)
   bool free_port_fallback = false;  // listen_port taken: use a free port instead (no port given)
   int server_io_threads = 1;        // 1 for one node's few workers; 0 (one per core) for a job
   bool serve_rendezvous = false;    // the server answers the agents' protocol (many nodes only)

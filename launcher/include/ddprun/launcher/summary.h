@@ -23,7 +23,7 @@ struct FailureDetails {
   pid_t pid = -1;
   WorkerStatus status;
   std::chrono::system_clock::time_point when;
-  double after_s = 0;  // since the worker started
+  double after_s = 0;            // since the worker started
   std::deque<std::string> tail;  // its last stderr lines
   std::string error_file;
   std::optional<std::string> error_file_content;
@@ -51,9 +51,9 @@ struct SummaryInput {
   std::optional<FailureDetails> failure;  // this node's latest
   // The job's end as the coordinator said it (none: it did not fail, or it never answered).
   std::optional<rdzv::JobFailed> job_failed;
-  bool multi_node = false;  // whether to print the job-wide verdict (one node: it is ours)
-  std::string agent_error;  // an error of the agent itself (coordinator gone, ...)
-  std::string interpreter;  // Python workers' interpreter (entrypoint.h), for missing_module_hint
+  bool multi_node = false;      // whether to print the job-wide verdict (one node: it is ours)
+  std::string agent_error;      // an error of the agent itself (coordinator gone, ...)
+  std::string interpreter;      // Python workers' interpreter (entrypoint.h), for missing_module_hint
   bool workers_started = true;  // false: stopped before any worker ran (connecting, joining)
   // --exit_barrier_timeout stopped these workers ("r0 exited 0 and 5 s later ... still
   // running: r1 (local rank 1, pid 42)"); empty when it did not.

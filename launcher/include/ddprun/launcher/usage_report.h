@@ -20,10 +20,10 @@ struct RankUsage {
   int global_rank = 0;
   int local_rank = 0;
   int attempt = 0;
-  double wall_s = 0;             // from its start to its exit
-  double cpu_s = 0;              // user + system time of its process and the children it reaped
-  uint64_t peak_rss_bytes = 0;   // its largest resident set
-  std::optional<int> gpu_index;  // the GPU it used, where sampled
+  double wall_s = 0;                    // from its start to its exit
+  double cpu_s = 0;                     // user + system time of its process and the children it reaped
+  uint64_t peak_rss_bytes = 0;          // its largest resident set
+  std::optional<int> gpu_index;         // the GPU it used, where sampled
   std::optional<double> gpu_seconds;    // integral of its GPU's utilisation over time
   std::optional<double> gpu_util_mean;  // 0..1, over the time sampled
   // From the worker's step statistics (hang.h's StepStats), where it wrote them: the time in

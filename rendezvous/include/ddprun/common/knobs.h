@@ -42,9 +42,8 @@ inline constexpr Knob kStoreLock{
 inline constexpr Knob kCollectiveTimeout{"DDPRUN_COLLECTIVE_TIMEOUT_S", "600", "worker runtime",
                                          "seconds a collective (and NCCL/Gloo set-up) may wait for its peers before it "
                                          "fails (CommError); PyTorch's default"};
-inline constexpr Knob kStoreTimeout{
-    "DDPRUN_STORE_TIMEOUT_S", "300", "worker runtime",
-    "seconds a worker waits for the store and for its peers' keys"};
+inline constexpr Knob kStoreTimeout{"DDPRUN_STORE_TIMEOUT_S", "300", "worker runtime",
+                                    "seconds a worker waits for the store and for its peers' keys"};
 inline constexpr Knob kDevice{"DDPRUN_DEVICE", "auto", "worker runtime",
                               "cpu, cuda or auto (cuda when this build has it and a GPU is visible)"};
 inline constexpr Knob kShm{"DDPRUN_SHM", "1", "worker runtime",
@@ -71,10 +70,9 @@ inline constexpr Knob kRunsDir{
     "`ddprun dump` with no argument finds the newest running job (a directory of this user, "
     "mode 0700, made when missing)"};
 
-inline constexpr Knob kAll[] = {kPythonExec,   kDefaultPython,    kDefaultStorePort, kSysfsRoot,
-                                kStoreLock,    kCollectiveTimeout, kStoreTimeout,    kDevice,
-                                kShm,          kDebugCollectives, kRdzvToken,        kMungeSocket,
-                                kRunsDir};
+inline constexpr Knob kAll[] = {kPythonExec,        kDefaultPython, kDefaultStorePort, kSysfsRoot, kStoreLock,
+                                kCollectiveTimeout, kStoreTimeout,  kDevice,           kShm,       kDebugCollectives,
+                                kRdzvToken,         kMungeSocket,   kRunsDir};
 
 // Knobs for tests and benchmarks only: read as always, documented next to their readers
 // (launcher/README.md, docs/PROTOCOL.md), but not listed in --help.

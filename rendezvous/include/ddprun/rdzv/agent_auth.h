@@ -63,8 +63,8 @@ struct AgentCredentials {
   std::string token;
   MungeCredentialMaker munge;
   AgentCredentials() = default;
-  AgentCredentials(std::string t) : token(std::move(t)) {}  // NOLINT: implicit on purpose
-  AgentCredentials(const char* t) : token(t) {}             // NOLINT
+  AgentCredentials(std::string t) : token(std::move(t)) {}           // NOLINT: implicit on purpose
+  AgentCredentials(const char* t) : token(t) {}                      // NOLINT
   AgentCredentials(MungeCredentialMaker m) : munge(std::move(m)) {}  // NOLINT
 };
 

@@ -234,7 +234,7 @@ class RoundState {
     std::unordered_map<int64_t, ConnId> rank_holder;   // --node_rank -> its member (checked on read)
     std::unordered_map<int64_t, ConnId> resumed_rank;  // resumed node rank -> its member (checked on read)
     ConnSet in_round;                                  // the participants, as a set
-    size_t survivors_back = 0;  // maybe_complete: participants[0, this) are back or gone
+    size_t survivors_back = 0;                         // maybe_complete: participants[0, this) are back or gone
   };
 
   void on_join(ConnId conn, const Join& m, Clock::time_point now, std::vector<Outbound>& out);

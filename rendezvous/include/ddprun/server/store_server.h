@@ -53,10 +53,10 @@ inline constexpr std::chrono::milliseconds kDefaultFirstBytesTimeout{30000};
 inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{5000};
 
 struct StoreServerOptions {
-  std::string host = "";      // "" = dual-stack any address (falls back to 0.0.0.0)
-  uint16_t port = 29500;      // 0 = ephemeral; port() tells which
-  int backlog = 0;            // 0 = the system maximum (SOMAXCONN)
-  wire::Limits limits{};      // per-request limits; a request over them closes its connection
+  std::string host = "";       // "" = dual-stack any address (falls back to 0.0.0.0)
+  uint16_t port = 29500;       // 0 = ephemeral; port() tells which
+  int backlog = 0;             // 0 = the system maximum (SOMAXCONN)
+  wire::Limits limits{};       // per-request limits; a request over them closes its connection
   store::StoreLimits store{};  // per keyspace (a job's round store, the main store) and per reply
   // Open connections of every keyspace together; past it (or past the descriptor limit less a
   // reserve) a new connection is closed at once.
@@ -140,14 +140,14 @@ struct StoreServerStats {
   uint64_t connections_open = 0;
   uint64_t connections_closed_for_bad_input = 0;
   uint64_t requests = 0;
-  uint64_t agents_connected = 0;  // connections speaking the agents' rendezvous protocol
-  uint64_t connections_refused_over_limit = 0;  // closed at accept: --max-connections or descriptors
-  uint64_t accept_errors = 0;                   // EMFILE and the like
-  uint64_t agents_refused = 0;                  // agents refused by the token handshake
-  uint64_t store_clients_refused = 0;           // workers' store connections from strangers' addresses
+  uint64_t agents_connected = 0;                 // connections speaking the agents' rendezvous protocol
+  uint64_t connections_refused_over_limit = 0;   // closed at accept: --max-connections or descriptors
+  uint64_t accept_errors = 0;                    // EMFILE and the like
+  uint64_t agents_refused = 0;                   // agents refused by the token handshake
+  uint64_t store_clients_refused = 0;            // workers' store connections from strangers' addresses
   uint64_t connections_closed_for_deadline = 0;  // silent, or an agent not through the handshake in time
   uint64_t strangers_refused = 0;                // closed at accept: --max-stranger-connections
-  uint64_t longest_lock_hold_us = 0;  // the longest any operation held a state lock
+  uint64_t longest_lock_hold_us = 0;             // the longest any operation held a state lock
   // What held it: the operation and its count, e.g. "round completion, 16000 agents".
   std::string longest_lock_holder;
   // Each operation's longest hold (lock_holds.h in the server), longest first.
@@ -181,14 +181,14 @@ struct StoreServerMetrics {
   uint64_t requests_by_op[kOps] = {};
   uint64_t duration_buckets[kBuckets] = {};  // not cumulative; the last is past every bound
   uint64_t duration_sum_ns = 0;
-  uint64_t keys = 0;         // keys (and queues) of every store: the main one, each round's
-  uint64_t stored_bytes = 0;  // bytes of their keys and values (and the keys waiters name)
-  uint64_t keyspaces = 0;    // the main store and each round's (live or retiring)
-  uint64_t jobs = 0;         // rendezvous jobs
-  uint64_t agents = 0;       // agents in those jobs
-  uint64_t refused_jobs = 0;            // --max-jobs
-  uint64_t closed_for_memory = 0;       // --max-memory
-  uint64_t closed_for_buffers = 0;      // --max-connection-buffered-bytes, --max-buffered-bytes
+  uint64_t keys = 0;                // keys (and queues) of every store: the main one, each round's
+  uint64_t stored_bytes = 0;        // bytes of their keys and values (and the keys waiters name)
+  uint64_t keyspaces = 0;           // the main store and each round's (live or retiring)
+  uint64_t jobs = 0;                // rendezvous jobs
+  uint64_t agents = 0;              // agents in those jobs
+  uint64_t refused_jobs = 0;        // --max-jobs
+  uint64_t closed_for_memory = 0;   // --max-memory
+  uint64_t closed_for_buffers = 0;  // --max-connection-buffered-bytes, --max-buffered-bytes
 };
 
 // The least request limit that fits a SET (or MULTI_SET of one) of the longest key and value.

@@ -210,7 +210,7 @@ struct GlooOptions {
   // Local address for Gloo's TCP pairs: a hostname/IP, or "" = derive (GLOO_SOCKET_IFNAME,
   // loopback when MASTER_ADDR is loopback, else this host's name).
   std::string hostname;
-  std::string iface;       // network interface name (GLOO_SOCKET_IFNAME); wins over hostname
+  std::string iface;  // network interface name (GLOO_SOCKET_IFNAME); wins over hostname
   std::string key_prefix = "ddprun/gloo/";
   // When every rank runs on this host, all-reduce through shared memory (see
   // src/shm_allreduce.h) for the dtypes that path handles; Gloo carries the rest and every

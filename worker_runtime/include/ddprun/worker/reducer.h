@@ -71,7 +71,7 @@ struct CommBucket {
   void* data = nullptr;
   size_t count = 0;  // elements
   DType dtype = DType::F32;
-  size_t index = 0;  // bucket number in launch order
+  size_t index = 0;     // bucket number in launch order
   bool average = true;  // ReducerOptions::average: whether the result should be the average
 };
 // PyTorch's register_comm_hook: replaces a bucket's all-reduce. Called on every rank for every
@@ -182,6 +182,7 @@ class DDPRUN_WORKER_API Reducer {
     ~NoSyncGuard() { r_.set_sync(prev_); }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
    private:
     Reducer& r_;
     bool prev_;
@@ -201,7 +202,7 @@ class DDPRUN_WORKER_API Reducer {
     // Collectives that had finished when backward ended (finalize() was called): reduced
     // during backward; the rest was reduced after it.
     size_t buckets_done_early = 0, bytes_done_early = 0;
-    double comm_cpu_ms = 0;  // CPU time of the thread(s) running this pass's collectives in them
+    double comm_cpu_ms = 0;        // CPU time of the thread(s) running this pass's collectives in them
     bool inline_progress = false;  // Progress::Inline: comm_ms ran on the training thread
   };
   const OverlapStats& overlap() const;

@@ -291,10 +291,8 @@ class DistributedDataParallel : public DdpEngine {
 
  private:
   static std::shared_ptr<::torch::nn::Module> as_shared(const M& m) {
-    if constexpr (detail::is_module_holder<M>::value)
-      return m.ptr();  // a ModuleHolder
-    else
-      return m;        // a shared_ptr to the module
+    if constexpr (detail::is_module_holder<M>::value) return m.ptr();  // a ModuleHolder
+    else return m;                                                     // a shared_ptr to the module
   }
   M m_;
 };
