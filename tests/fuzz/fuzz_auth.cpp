@@ -19,14 +19,6 @@
 namespace ddprun::fuzz {
 namespace {
 
-#define AUTH_CHECK(cond, what)                                                                            \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
-      std::abort();                                                                                       \
-    }                                                                                                     \
-  } while (0)
-
 const std::string kToken = "the fuzzed job's token, 16+ bytes";
 const std::string kClientNonce(64, 'a'), kServerNonce(64, 'b');
 
@@ -56,16 +48,16 @@ void after_handshake(rdzv::SessionMac& opener, rdzv::SessionMac& honest, rdzv::M
   rdzv::Message got = sent;
   const auto v = opener.open(got);
   if (!seal) {
-    AUTH_CHECK(v != rdzv::SessionMac::Verdict::Ok, "a message the fuzzer sealed passed the MAC check");
+    FUZZ_CHECK(v != rdzv::SessionMac::Verdict::Ok, "a message the fuzzer sealed passed the MAC check");
   } else if (before + 1 == honest.sent()) {
-    AUTH_CHECK(v == rdzv::SessionMac::Verdict::Ok, "a rightly sealed message in sequence was refused");
+    FUZZ_CHECK(v == rdzv::SessionMac::Verdict::Ok, "a rightly sealed message in sequence was refused");
   }
   if (v == rdzv::SessionMac::Verdict::Ok) {
-    AUTH_CHECK(opener.accepted() == before + 1, "an accepted message moves the sequence by one");
-    AUTH_CHECK(got.type == m.type, "opening keeps the type");
+    FUZZ_CHECK(opener.accepted() == before + 1, "an accepted message moves the sequence by one");
+    FUZZ_CHECK(got.type == m.type, "opening keeps the type");
   } else {
-    AUTH_CHECK(opener.accepted() == before, "a refused message changes nothing");
-    AUTH_CHECK(got.fields == sent.fields, "a refused message is left as it came");
+    FUZZ_CHECK(opener.accepted() == before, "a refused message changes nothing");
+    FUZZ_CHECK(got.fields == sent.fields, "a refused message is left as it came");
   }
 }
 
@@ -84,12 +76,12 @@ void server_side(uint8_t mode, const uint8_t* in, size_t size) {
       m->set("proof", rdzv::agent_proof(kToken, kServerNonce, kClientNonce));
     if ((mode & kProve) && m->type == rdzv::MsgType::Hello) m->set("client_nonce", kClientNonce);
     const auto step = server.on_message(*m);
-    AUTH_CHECK(!(refused && step.admitted), "a refused connection is never admitted");
+    FUZZ_CHECK(!(refused && step.admitted), "a refused connection is never admitted");
     refused = refused || step.refused;
-    AUTH_CHECK(!step.refused || (step.reply && step.reply->type == rdzv::MsgType::Error), "a refusal says why");
+    FUZZ_CHECK(!step.refused || (step.reply && step.reply->type == rdzv::MsgType::Error), "a refusal says why");
     if (step.session) {
-      AUTH_CHECK(!(mode & kOpen), "an open rendezvous has no session key");
-      AUTH_CHECK(step.admitted, "a session key comes with the admission");
+      FUZZ_CHECK(!(mode & kOpen), "an open rendezvous has no session key");
+      FUZZ_CHECK(step.admitted, "a session key comes with the admission");
       opener = step.session;
     }
   }
@@ -126,8 +118,8 @@ void agent_side(uint8_t mode, const uint8_t* in, size_t size) {
     }
     if (agent.done()) {
       opener = agent.session();
-      AUTH_CHECK(opener.has_value(), "an agent with a token finishes only with a session key");
-      AUTH_CHECK(m->type == rdzv::MsgType::Welcome, "the handshake ends with WELCOME");
+      FUZZ_CHECK(opener.has_value(), "an agent with a token finishes only with a session key");
+      FUZZ_CHECK(m->type == rdzv::MsgType::Welcome, "the handshake ends with WELCOME");
     }
   }
 }

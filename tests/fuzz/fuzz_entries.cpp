@@ -18,15 +18,6 @@
 namespace ddprun::fuzz {
 namespace {
 
-// Aborts (a crash to libFuzzer, a failure to the replay test) when an invariant breaks.
-#define FUZZ_CHECK(cond, what)                                                                            \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
-      std::abort();                                                                                       \
-    }                                                                                                     \
-  } while (0)
-
 using wire::Dialect;
 using wire::ParseResult;
 using wire::ParseStatus;

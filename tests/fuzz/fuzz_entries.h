@@ -10,7 +10,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string_view>
+
+// Aborts (a crash to libFuzzer, a failure to the replay test) when an invariant breaks.
+#define FUZZ_CHECK(cond, what)                                                                            \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
+      std::fprintf(stderr, "fuzz invariant broken at %s:%d: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
+      std::abort();                                                                                       \
+    }                                                                                                     \
+  } while (0)
 
 namespace ddprun::fuzz {
 

@@ -13,17 +13,22 @@ nlohmann::ordered_json value_json(const LogFieldValue& v) {
   return std::visit([](const auto& x) { return nlohmann::ordered_json(x); }, v);  // NaN and infinity dump as null
 }
 
-std::string time_text(std::chrono::system_clock::time_point t) {
+// `t` as "2026-12-06T12:38:23.976123Z" (UTC, microseconds: the JSON lines) or, local, as
+// "2026-12-06 12:38:23.976" (milliseconds: --log_timestamps).
+std::string time_text(std::chrono::system_clock::time_point t, bool utc = true) {
   using namespace std::chrono;
-  const auto us = duration_cast<microseconds>(t.time_since_epoch()).count();
-  std::time_t secs = static_cast<std::time_t>(us / 1000000);
-  long frac = static_cast<long>(us % 1000000);
-  if (frac < 0) frac += 1000000, --secs;
+  const long long unit = utc ? 1000000 : 1000;
+  const auto ticks = utc ? duration_cast<microseconds>(t.time_since_epoch()).count()
+                         : duration_cast<milliseconds>(t.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(ticks / unit);
+  long frac = static_cast<long>(ticks % unit);
+  if (frac < 0) frac += unit, --secs;
   std::tm tm{};
-  gmtime_r(&secs, &tm);
+  if (utc) gmtime_r(&secs, &tm);
+  else localtime_r(&secs, &tm);
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+  std::snprintf(buf, sizeof buf, utc ? "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ" : "%04d-%02d-%02d %02d:%02d:%02d.%03ld",
+                tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
   return buf;
 }
 
@@ -55,19 +60,7 @@ std::string text_log_pattern(bool timestamps) {
   return timestamps ? "%Y-%m-%d %H:%M:%S.%e [ddprun] %^%l%$: %v" : "[ddprun] %^%l%$: %v";
 }
 
-std::string local_time_text(std::chrono::system_clock::time_point t) {
-  using namespace std::chrono;
-  const auto ms = duration_cast<milliseconds>(t.time_since_epoch()).count();
-  std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  long frac = static_cast<long>(ms % 1000);
-  if (frac < 0) frac += 1000, --secs;
-  std::tm tm{};
-  localtime_r(&secs, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02d %02d:%02d:%02d.%03ld", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
-  return buf;
-}
+std::string local_time_text(std::chrono::system_clock::time_point t) { return time_text(t, /*utc=*/false); }
 
 std::string stamp_lines(std::string_view text, std::string_view stamp) {
   std::string out;
