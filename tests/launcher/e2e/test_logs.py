@@ -283,7 +283,7 @@ class UsageTable(unittest.TestCase):
         rss1 = float(rows["r1"][6]) * {"MiB": 1, "GiB": 1024}[rows["r1"][7]]
         self.assertGreaterEqual(rss1, 200, p.stderr)
 
-    def test_gpu_columns_and_the_low_utilisation_warning(self):
+    def test_gpu_columns_and_no_utilisation_warning_for_a_short_run(self):
         # NVML is a stand-in (tests/launcher/fake_nvml) answering from a file that each worker
         # fills itself: rank 0 on GPU 0 at 40%, rank 1 on GPU 1 at 95%; sampled every 2 s.
         fake = os.environ.get("DDPRUN_TEST_FAKE_NVML_DIR") or os.path.join(
@@ -308,10 +308,10 @@ class UsageTable(unittest.TestCase):
         self.assertEqual((rows["r0"][-4], rows["r0"][-1]), ("0", "40%"), p.stderr)
         self.assertEqual((rows["r1"][-4], rows["r1"][-1]), ("1", "95%"), p.stderr)
         self.assertGreater(float(rows["r1"][-3]), 1.0, p.stderr)  # GPU-seconds: 0.95 x at least 2 s
-        warn = [l for l in lines if "mean GPU utilisation below 85%" in l]
-        self.assertEqual(len(warn), 1, p.stderr)
-        self.assertIn("r0 40%", warn[0])
-        self.assertNotIn("r1 ", warn[0].split(";")[0])
+        # r0 ran at 40%, below --gpu_util_warn, but its GPU was sampled for seconds, not the
+        # minute a judgement needs (mostly start-up): no warning (usage_report_test.cpp checks the
+        # warning past that minute).
+        self.assertFalse([l for l in lines if "mean GPU utilisation below" in l], p.stderr)
 
     def train(self):
         """libddprun_worker's example program (the all-reduce columns come from its Reducer)."""
