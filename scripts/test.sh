@@ -10,7 +10,7 @@
 #
 # Stages, in this order (docs/FUZZING.md has what each costs on a 2-core box):
 #   suite  the main build (build/) and every ctest test
-#   fuzz   DDPRUN_TEST_FUZZ_SECONDS=N seconds per fuzz target (--full: default 45; 0 skips it)
+#   fuzz   DDPRUN_TEST_FUZZ_SECONDS=N seconds per fuzz target (--full: default 30; 0 skips it)
 #   asan   the suite again, built with ASan+UBSan (build-asan; what is left out and why: below)
 #   tsan   the server, client, agent and worker-runtime tests built with TSan (build-tsan)
 # Without --full, fuzz and the sanitizer stages run only when asked for by these variables.
@@ -26,7 +26,7 @@ jobs="${DDPRUN_TEST_JOBS:-2}"
 full=0
 if [[ "${1:-}" == --full ]]; then full=1; shift; fi
 if ((full)); then
-  fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-45}"
+  fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-30}"
   sanitizers="${DDPRUN_TEST_SANITIZERS:-asan,tsan}"
 else
   fuzz_seconds="${DDPRUN_TEST_FUZZ_SECONDS:-0}"
